@@ -1,0 +1,70 @@
+"""Argument checks shared by the variants, the sweep and the CLIs (no torch import).
+
+Each check raises before any work starts, naming the bad value and what is valid.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable, Sequence
+
+
+def check_page_size(page_size: object) -> int:
+    """Return `page_size` if it is an integer >= 1, else raise TypeError/ValueError."""
+    if isinstance(page_size, bool) or not isinstance(page_size, numbers.Integral):
+        raise TypeError(
+            f"page_size must be an integer >= 1, got {page_size!r} of type {type(page_size).__name__}"
+        )
+    if page_size < 1:
+        raise ValueError(f"page_size must be an integer >= 1, got {page_size!r}")
+    return int(page_size)
+
+
+def check_seq_len(seq_len: object) -> int:
+    """Return `seq_len` if it is an integer >= 1 (a sweep's sequence length)."""
+    if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral):
+        raise TypeError(f"seq_len must be an integer >= 1, got {seq_len!r} of type {type(seq_len).__name__}")
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be an integer >= 1, got {seq_len!r}")
+    return int(seq_len)
+
+
+def check_choice(what: str, value: object, choices: Iterable[str]) -> str:
+    """Return `value` if it is one of `choices`, else a ValueError that lists them."""
+    valid = tuple(choices)
+    if value not in valid:
+        raise ValueError(f"unknown {what} {value!r}; valid: {', '.join(valid)}")
+    return str(value)
+
+
+def split_csv(option: str, text: str) -> list[str]:
+    """Split a comma-separated option value, refusing empty items."""
+    items = [item.strip() for item in text.split(",")]
+    if not text.strip() or any(not item for item in items):
+        raise ValueError(f"{option}: {text!r} has an empty item; give a comma-separated list")
+    return items
+
+
+def parse_positive_ints(option: str, text: str) -> tuple[int, ...]:
+    """Parse '2048,8192' into (2048, 8192); every item must be an integer >= 1."""
+    values = []
+    for item in split_csv(option, text):
+        try:
+            value = int(item)
+        except ValueError:
+            raise ValueError(
+                f"{option}: {item!r} is not an integer; give comma-separated integers >= 1, e.g. 2048,8192"
+            ) from None
+        if value < 1:
+            raise ValueError(f"{option}: {value} is not >= 1; give comma-separated integers >= 1, e.g. 2048,8192")
+        values.append(value)
+    return tuple(values)
+
+
+def parse_choices(option: str, text: str, choices: Sequence[str]) -> tuple[str, ...]:
+    """Parse 'a,b' into ('a', 'b'), each item one of `choices`."""
+    items = split_csv(option, text)
+    for item in items:
+        if item not in choices:
+            raise ValueError(f"{option}: unknown value {item!r}; valid: {', '.join(choices)}")
+    return tuple(items)

@@ -1,0 +1,117 @@
+"""Seeded workloads that look like SGLang's: request rows of a `req_to_token` pool.
+
+SGLang keeps, per request slot, the KV token index of every token of the request
+in an int32 `req_to_token[max_reqs, max_context_len]` tensor on the GPU. Token
+indices come in pages: page `g` owns tokens `g*page_size ... g*page_size + page_size-1`,
+and a request's pages come from a free list that gets shuffled as requests come
+and go (fragmented) or, in a fresh pool, in order (contiguous). Every page of a
+request is full except possibly the last one, and a chunked send starts at a
+page-aligned offset. A sent chunk is the row slice `req_to_token[row, start:end]`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kvpages.checks import check_page_size
+from kvpages.sweep import Point
+from kvpages.variants import check_kv_indices, reference_page_indices
+
+ROTATION_TARGET_BYTES = 64 * 2**20
+"""Rows to rotate among are chosen so that together they span this many bytes..."""
+MIN_ROTATION = 2
+MAX_ROTATION = 16
+"""...within these bounds. 64 MiB exceeds the 50 MiB L2 of an H100/H200 and the L2
+of server CPUs, so long rows are not timed out of a warm cache. Short rows stay
+cache resident whatever we do, as they are in production, where the scheduler wrote
+those indices moments before the send."""
+
+TORCH_DTYPES: dict[str, torch.dtype] = {"int32": torch.int32, "int64": torch.int64}
+
+
+def rotation_for(point: Point) -> int:
+    """How many distinct request rows the timed rounds rotate among for `point`."""
+    row_bytes = point.seq_len * point.itemsize
+    return max(MIN_ROTATION, min(MAX_ROTATION, math.ceil(ROTATION_TARGET_BYTES / row_bytes)))
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The inputs of one point: request slices of one pool, and the expected page indices."""
+
+    point: Point
+    req_to_token: torch.Tensor
+    kv_indices: tuple[torch.Tensor, ...]
+    expected: tuple[np.ndarray, ...]
+
+    @property
+    def rotation(self) -> int:
+        return len(self.kv_indices)
+
+
+def make_workload(point: Point, rotation: int | None = None, chunk_offset_pages: int = 0) -> Workload:
+    """Build `rotation` request rows for `point` and slice one chunk of `point.seq_len` tokens from each.
+
+    The chunk starts `chunk_offset_pages` pages into its request (a later chunk of
+    a chunked prefill). Page 0 is never handed out (SGLang reserves slot 0 for padding).
+    The result is the same for the same point, whatever the device.
+    """
+    rows = rotation_for(point) if rotation is None else rotation
+    if rows < 1:
+        raise ValueError(f"rotation must be >= 1, got {rows}")
+    if chunk_offset_pages < 0:
+        raise ValueError(f"chunk_offset_pages must be >= 0, got {chunk_offset_pages}")
+    page_size = point.page_size
+    start = chunk_offset_pages * page_size
+    row_tokens = start + point.seq_len
+    pages_per_row = math.ceil(row_tokens / page_size)
+    # A pool with some slack, so a shuffled free list leaves holes between requests.
+    pool_pages = rows * pages_per_row + max(1, rows * pages_per_row // 8)
+
+    generator = torch.Generator().manual_seed(point.seed)
+    free_pages = torch.arange(1, pool_pages + 1, dtype=torch.int64)
+    if point.layout == "fragmented":
+        free_pages = free_pages[torch.randperm(pool_pages, generator=generator)]
+    row_pages = free_pages[: rows * pages_per_row].reshape(rows, pages_per_row)
+    tokens = row_pages[:, :, None] * page_size + torch.arange(page_size)
+    req_to_token = tokens.reshape(rows, -1)[:, :row_tokens].to(TORCH_DTYPES[point.dtype])
+    req_to_token = req_to_token.to(point.device).contiguous()
+
+    kv_indices = tuple(req_to_token[row, start:row_tokens] for row in range(rows))
+    expected = tuple(reference_page_indices(kv, page_size) for kv in kv_indices)
+    return Workload(point, req_to_token, kv_indices, expected)
+
+
+def validate_page_layout(kv_indices: torch.Tensor, page_size: int) -> None:
+    """Check the invariant the conversion relies on; raise ValueError naming the first violation.
+
+    Token `i` of the slice belongs to page `i // page_size`; the page's first token
+    must be a non-negative multiple of page_size and its tokens consecutive.
+    """
+    check_kv_indices(kv_indices)
+    check_page_size(page_size)
+    n = kv_indices.numel()
+    if n == 0:
+        return
+    kv = kv_indices.to(torch.int64)
+    positions = torch.arange(n, device=kv.device)
+    firsts = kv[::page_size]
+    bad = (firsts < 0) | (firsts % page_size != 0)
+    if bool(bad.any()):
+        page = int(bad.nonzero()[0])
+        raise ValueError(
+            f"kv_indices break the page invariant: position {page * page_size} (first token of page {page}) "
+            f"holds {int(firsts[page])}, which is not a non-negative multiple of page_size={page_size}"
+        )
+    expected = firsts.repeat_interleave(page_size)[:n] + positions % page_size
+    wrong = kv != expected
+    if bool(wrong.any()):
+        i = int(wrong.nonzero()[0])
+        raise ValueError(
+            f"kv_indices break the page invariant: position {i} holds {int(kv[i])}, expected {int(expected[i])} "
+            f"(tokens of a page must be consecutive; page_size={page_size})"
+        )

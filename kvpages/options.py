@@ -1,0 +1,104 @@
+"""The sweep's command-line options, parsed and checked before anything runs (no torch import).
+
+The pytest plugin registers these options from `OPTIONS`; each one overrides
+one field of the chosen preset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvpages.checks import check_choice, parse_choices, parse_positive_ints, split_csv
+from kvpages.sweep import DEVICES, DTYPES, LAYOUTS, PRESETS, Sweep, get_preset
+
+DEVICE_CHOICES = ("auto",) + DEVICES
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    help: str
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--kv-preset", f"named sweep: {', '.join(PRESETS)} (default: default)"),
+    Option("--kv-seq-lens", "comma-separated sequence lengths, e.g. 2048,8192 (overrides the preset)"),
+    Option("--kv-page-sizes", "comma-separated page sizes, e.g. 1,64 (overrides the preset)"),
+    Option("--kv-dtypes", f"comma-separated index dtypes from {', '.join(DTYPES)} (overrides the preset)"),
+    Option("--kv-layouts", f"comma-separated page layouts from {', '.join(LAYOUTS)} (overrides the preset)"),
+    Option("--kv-variants", "comma-separated variant names (default: all registered; see `kvpages list`)"),
+    Option("--kv-device", f"{', '.join(DEVICE_CHOICES)} (default: auto = cuda when available)"),
+    Option("--kv-seed", "seed of the generated inputs (default: the preset's, 0)"),
+    Option("--kv-time-budget", "timed seconds per benchmark (default: the preset's)"),
+    Option("--kv-results", "folder that receives the run folder (default: <rootdir>/results)"),
+)
+
+
+def _float_seconds(option: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{option}: {text!r} is not a number of seconds, e.g. 0.25") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{option}: {text!r} must be a positive number of seconds, e.g. 0.25")
+    return value
+
+
+def _seed(option: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{option}: {text!r} is not an integer seed, e.g. 0") from None
+    if value < 0:
+        raise ValueError(f"{option}: {value} must be >= 0")
+    return value
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """The parsed options: a preset with its overrides, the variants, the device and the results folder."""
+
+    preset: str
+    sweep: Sweep
+    variants: tuple[str, ...] | None
+    device: str
+    results_dir: str | None
+    raw: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def parse(cls, get: Callable[[str], str | None]) -> "BenchOptions":
+        """Parse from `get(flag)`, which returns the given string or None; raises ValueError on bad values."""
+        preset_name = get("--kv-preset") or "default"
+        try:
+            sweep = get_preset(preset_name)
+        except ValueError as exc:
+            raise ValueError(f"--kv-preset: {exc}") from None
+        parsers = {
+            "--kv-seq-lens": ("seq_lens", lambda f, t: parse_positive_ints(f, t)),
+            "--kv-page-sizes": ("page_sizes", lambda f, t: parse_positive_ints(f, t)),
+            "--kv-dtypes": ("dtypes", lambda f, t: parse_choices(f, t, DTYPES)),
+            "--kv-layouts": ("layouts", lambda f, t: parse_choices(f, t, LAYOUTS)),
+            "--kv-seed": ("seed", _seed),
+            "--kv-time-budget": ("time_budget_s", _float_seconds),
+        }
+        changes = {}
+        for flag, (field_name, parse) in parsers.items():
+            text = get(flag)
+            if text is not None:
+                changes[field_name] = parse(flag, text)
+        if changes:
+            sweep = sweep.replace(**changes)
+        variants_text = get("--kv-variants")
+        variants = tuple(split_csv("--kv-variants", variants_text)) if variants_text is not None else None
+        device = get("--kv-device") or "auto"
+        try:
+            check_choice("device", device, DEVICE_CHOICES)
+        except ValueError as exc:
+            raise ValueError(f"--kv-device: {exc}") from None
+        raw = tuple((o.flag, get(o.flag)) for o in OPTIONS if get(o.flag) is not None)
+        return cls(preset_name, sweep, variants, device, get("--kv-results"), raw)
+
+    def as_strings(self) -> dict[str, str]:
+        """The options as given on the command line (for meta.json)."""
+        return dict(self.raw)

@@ -1,0 +1,109 @@
+"""The pytest plugin: `--kv-*` options, the generated benchmarks and the run folder.
+
+Registered through the `pytest11` entry point, so it is active wherever kvpages is
+installed; it imports torch only when a kvpages benchmark is collected (or an
+option needs it to be checked). Benchmarks are parametrized from the variant
+registry and the sweep, so a new variant is benchmarked without touching bench/.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from kvpages.options import OPTIONS, BenchOptions
+
+OPTIONS_KEY = pytest.StashKey[BenchOptions]()
+SESSION_KEY = pytest.StashKey["object"]()
+START_KEY = pytest.StashKey[float]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvpages", "kvpages D2H sweep (benchmarks in bench/)")
+    for option in OPTIONS:
+        group.addoption(option.flag, default=None, help=option.help)
+    group.addoption(
+        "--kv-analyze",
+        action="store_true",
+        default=False,
+        help="after the run, write its charts and REPORT.md into the run folder",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[START_KEY] = time.perf_counter()
+    try:
+        options = BenchOptions.parse(config.getoption)
+    except (ValueError, TypeError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if options.variants is not None:
+        from kvpages.variants import get_variant
+
+        for name in options.variants:
+            try:
+                get_variant(name)
+            except ValueError as exc:
+                raise pytest.UsageError(f"--kv-variants: {exc}") from None
+    if options.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise pytest.UsageError(
+                f"--kv-device: 'cuda' is not available here (torch {torch.__version__}, "
+                f"CUDA build: {torch.version.cuda}); valid here: auto, cpu"
+            )
+    config.stash[OPTIONS_KEY] = options
+
+
+def kv_session(config: pytest.Config):
+    """The session's `KvSession`, created (and torch imported) on first use."""
+    if SESSION_KEY not in config.stash:
+        from kvpages.harness import KvSession
+
+        config.stash[SESSION_KEY] = KvSession(
+            config.stash[OPTIONS_KEY], Path(str(config.rootpath)), tuple(config.invocation_params.args)
+        )
+    return config.stash[SESSION_KEY]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "kv_case" not in metafunc.fixturenames:
+        return
+    cases = kv_session(metafunc.config).cases()
+    metafunc.parametrize("kv_case", cases, ids=[case.id for case in cases])
+
+
+@pytest.fixture(name="kv_session")
+def kv_session_fixture(request: pytest.FixtureRequest):
+    """The sweep session: `kv_session.run(benchmark, kv_case)` checks, meters, times and records a case."""
+    return kv_session(request.config)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if SESSION_KEY in config.stash:
+        config.stash[SESSION_KEY].finish(exitstatus, time.perf_counter() - config.stash[START_KEY])
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if SESSION_KEY not in config.stash:
+        return
+    writer = config.stash[SESSION_KEY].writer
+    if writer is None:
+        terminalreporter.write_line("kvpages: timing disabled or nothing ran; no run folder written")
+        return
+    from kvpages.analysis import load_run, summary_text
+
+    run = load_run(writer.path)
+    terminalreporter.section("kvpages summary")
+    terminalreporter.write_line(summary_text(run))
+    terminalreporter.write_line(f"run folder: {writer.path} ({writer.meta.end_note})")
+    if config.getoption("--kv-analyze"):
+        from kvpages.plots import plot_run
+        from kvpages.report import write_report
+
+        for chart in plot_run(run):
+            terminalreporter.write_line(f"chart: {chart}")
+        terminalreporter.write_line(f"report: {write_report(run)}")
