@@ -283,6 +283,7 @@ class PointComparison:
     ratio: float
     ci_low: float
     ci_high: float
+    noise: float  # half the larger relative IQR of the two rows
     verdict: str  # "faster", "slower", "same within noise"
 
 
@@ -300,8 +301,10 @@ class RunComparison:
 def compare_runs(a: Run, b: Run) -> RunComparison:
     """Align two runs on (variant, dtype, layout, seq_len, page_size); B/A ratios with bootstrap CIs.
 
-    Without samples for both rows, the CI falls back to the IQRs: the ratio range
-    q1_B/q3_A .. q3_B/q1_A.
+    A point is slower (faster) when the whole CI of B/A lies above (below) 1 and the
+    ratio is further from 1 than the runs' spread: half the larger IQR/median of
+    the two rows. Without samples for both rows, the CI falls back to the IQRs:
+    the ratio range q1_B/q3_A .. q3_B/q1_A.
     """
     a_rows = {row_key(r): r for _, r in a.ok_rows().iterrows()}
     b_rows = {row_key(r): r for _, r in b.ok_rows().iterrows()}
@@ -317,7 +320,13 @@ def compare_runs(a: Run, b: Run) -> RunComparison:
         else:
             ratio = rb["median_us"] / ra["median_us"]
             lo, hi = rb["q1_us"] / ra["q3_us"], rb["q3_us"] / ra["q1_us"]
-        verdict = "slower" if lo > 1 else "faster" if hi < 1 else "same within noise"
+        noise = 0.5 * max(ra["iqr_us"] / ra["median_us"], rb["iqr_us"] / rb["median_us"])
+        if lo > 1 and ratio > 1 + noise:
+            verdict = "slower"
+        elif hi < 1 and ratio < 1 - noise:
+            verdict = "faster"
+        else:
+            verdict = "same within noise"
         points.append(PointComparison(key, float(ra["median_us"]), float(rb["median_us"]), float(ratio),
-                                      float(lo), float(hi), verdict))
+                                      float(lo), float(hi), float(noise), verdict))
     return RunComparison(points, sorted(set(a_rows) - set(b_rows)), sorted(set(b_rows) - set(a_rows)))

@@ -149,40 +149,51 @@ def create_run_dir(results_dir: Path, device_label: str) -> Path:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, then rename it over `path`."""
+    """Write `text` to a temporary file beside `path`, then rename it over `path`.
+
+    A reader, or a run interrupted at any point, sees the old file or the new one,
+    never a torn one. (No fsync: this guards against interruption and crashes of
+    the process, not against power loss, and keeps bookkeeping off the run's clock.)
+    """
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", newline="") as f:
         f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def _csv_text(columns: tuple[str, ...], records: list[dict[str, object]]) -> str:
+def _csv_text(columns: tuple[str, ...], records: list[dict[str, object]], header: bool = True) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
+    if header:
+        writer.writeheader()
     for record in records:
         writer.writerow({k: ("" if v is None else v) for k, v in record.items()})
     return buffer.getvalue()
 
 
 class RunWriter:
-    """Owns one run folder; `add` rewrites the CSVs atomically after each finished row."""
+    """Owns one run folder; `add` rewrites the CSVs atomically after each finished row.
+
+    The CSV text of earlier rows is kept, so each row costs one serialisation and one write.
+    """
 
     def __init__(self, path: Path, meta: RunMeta) -> None:
         self.path = path
         self.meta = meta
         self.rows: list[Row] = []
         self.samples: list[SampleSet] = []
+        self._rows_text = _csv_text(COLUMNS, [])
+        self._samples_text = _csv_text(SAMPLE_COLUMNS, [])
         self._write_meta()
 
     def add(self, row: Row, samples: SampleSet | None = None) -> None:
         self.rows.append(row)
-        write_atomic(self.path / RESULTS_CSV, _csv_text(COLUMNS, [dataclasses.asdict(r) for r in self.rows]))
+        self._rows_text += _csv_text(COLUMNS, [dataclasses.asdict(row)], header=False)
+        write_atomic(self.path / RESULTS_CSV, self._rows_text)
         if samples is not None:
             self.samples.append(samples)
-            write_atomic(self.path / SAMPLES_CSV, _csv_text(SAMPLE_COLUMNS, [_sample_record(s) for s in self.samples]))
+            self._samples_text += _csv_text(SAMPLE_COLUMNS, [_sample_record(samples)], header=False)
+            write_atomic(self.path / SAMPLES_CSV, self._samples_text)
 
     def finish(self, completed: bool, end_note: str, timing: dict[str, float]) -> None:
         self.meta.finished_utc = utc_now()

@@ -1,0 +1,41 @@
+# kvpages: `make bench` runs the default sweep, `make test` runs the tests.
+# Both create (or reuse) a virtual environment in $(VENV) and install what they need.
+#
+#   TORCH=torch==2.13.0  (default) the CPU wheel; on a CPU machine never leave torch unpinned
+#   TORCH=system         reuse the torch of $(PYTHON) (e.g. your CUDA build): the venv sees its site-packages
+#   PRESET=default       the sweep `make bench` runs: quick, default or full
+#   PYTEST_ARGS=...      extra options for pytest, e.g. PYTEST_ARGS="--kv-page-sizes 1,64"
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+PRESET ?= default
+PYTEST_ARGS ?=
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.kvpages-installed
+VENV_FLAGS := $(if $(filter system,$(TORCH)),--system-site-packages,)
+
+.PHONY: bench test gpu-check clean-venv
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+ifeq ($(TORCH),system)
+	$(BIN)/python -c "import torch; print('using torch', torch.__version__, 'from', torch.__file__)"
+else
+	$(BIN)/python -m pip install -q "$(TORCH)"
+endif
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+bench: $(STAMP)
+	$(BIN)/python -m pytest bench/ --benchmark-only --kv-preset $(PRESET) --kv-analyze -q $(PYTEST_ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests/ bench/ --benchmark-disable --kv-preset quick -q $(PYTEST_ARGS)
+
+gpu-check: $(STAMP)
+	bash bench/gpu_check.sh
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,122 @@
+"""The `kvpages` command: list variants; plot, report, summarize and compare run folders.
+
+Only `list` imports torch (it reads the variant registry); the analysis commands
+need only pandas and matplotlib. User errors print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvpages.analysis import RunError, compare_runs, load_run, summary_text
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage dump
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from kvpages.variants import all_variants
+
+    variants = all_variants()
+    width = max(len(v.name) for v in variants)
+    for v in variants:
+        needs = ",".join(v.requires) or "-"
+        print(f"{v.name:<{width}}  moves={v.moves.value:<6}  requires={needs:<4}  {v.description}")
+        if args.verbose:
+            print("    " + v.doc.replace("\n", "\n    ") + "\n")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from kvpages.plots import plot_run
+
+    run = load_run(args.run)
+    formats = ("png", "svg") if args.svg else ("png",)
+    for path in plot_run(run, formats):
+        print(path)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from kvpages.report import render, write_report
+
+    run = load_run(args.run)
+    path = write_report(run)
+    print(render(run))
+    print(f"written: {path}", file=sys.stderr)
+    return 0
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    print(summary_text(load_run(args.run)))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    if args.fail_above is not None and not args.fail_above >= 0:
+        raise RunError(f"--fail-above: {args.fail_above} must be a percentage >= 0")
+    a, b = load_run(args.a), load_run(args.b)
+    result = compare_runs(a, b)
+    print(f"A = {a.run_id} ({a.device_name})\nB = {b.run_id} ({b.device_name})")
+    header = f"{'variant':<24} {'dtype':<6} {'layout':<11} {'seq_len':>8} {'page':>5} {'A_us':>10} {'B_us':>10} {'B/A':>7}  {'95% CI':<17} verdict"
+    print(header)
+    for p in result.points:
+        variant, dtype, layout, seq_len, page_size = p.key
+        ci = f"[{p.ci_low:.3f}, {p.ci_high:.3f}]"
+        print(f"{variant:<24} {dtype:<6} {layout:<11} {seq_len:>8} {page_size:>5} {p.a_median_us:>10.3f} "
+              f"{p.b_median_us:>10.3f} {p.ratio:>7.3f}  {ci:<17} {p.verdict}")
+    for label, keys in (("only in A", result.only_a), ("only in B", result.only_b)):
+        for key in keys:
+            print(f"{label}: {' '.join(str(k) for k in key)}")
+    counts = {v: sum(p.verdict == v for p in result.points) for v in ("faster", "slower", "same within noise")}
+    print(f"{len(result.points)} points: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
+    if args.fail_above is not None:
+        regressions = result.regressions(args.fail_above)
+        if regressions:
+            print(f"FAIL: {len(regressions)} point(s) slower by more than {args.fail_above:g}% beyond noise", file=sys.stderr)
+            return 1
+        print(f"OK: no point slower by more than {args.fail_above:g}% beyond noise")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kvpages", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = sub.add_parser("list", help="list the registered variants")
+    p.add_argument("-v", "--verbose", action="store_true", help="also print each variant's docstring (its hypothesis)")
+    p.set_defaults(func=cmd_list)
+    for name, func, text in (
+        ("plot", cmd_plot, "regenerate the charts of a run folder (or results CSV) into that folder"),
+        ("report", cmd_report, "write REPORT.md into a run folder and print it"),
+        ("summary", cmd_summary, "print bytes and median latency per page size at a few sequence lengths"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("run", type=Path, help="run folder, e.g. results/<run-id>, or its results.csv")
+        if name == "plot":
+            p.add_argument("--svg", action="store_true", help="also write SVG")
+        p.set_defaults(func=func)
+    p = sub.add_parser("compare", help="compare run B against run A point by point")
+    p.add_argument("a", type=Path, help="baseline run folder")
+    p.add_argument("b", type=Path, help="run folder to compare")
+    p.add_argument("--fail-above", type=float, metavar="PCT",
+                   help="exit 1 if any point is slower by more than PCT percent beyond noise")
+    p.set_defaults(func=cmd_compare)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except RunError as exc:
+        print(f"kvpages: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

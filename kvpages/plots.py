@@ -1,0 +1,167 @@
+"""Charts of a run, regenerated from its files alone (no torch import).
+
+`plot_run(run)` writes, per (dtype, layout) of the run:
+1. `latency_<dtype>_<layout>.png`: median latency vs seq_len, a panel per page size, IQR bands;
+2. `bytes_<dtype>_<layout>.png`: measured D2H bytes vs seq_len with the ideal ceil(seq_len/page_size)*itemsize;
+3. `ratio_<dtype>_<layout>.png`: heatmap of device_stride/host_stride median latency over seq_len x page_size;
+4. `link_model_<dtype>_<layout>.png`: modeled transfer time per link profile (a model, not a measurement).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.colors import TwoSlopeNorm  # noqa: E402
+
+from kvpages.analysis import BASELINE, CANDIDATE, Run, with_link_model  # noqa: E402
+from kvpages.links import LINK_PROFILES  # noqa: E402
+from kvpages.sweep import ITEMSIZE  # noqa: E402
+
+FORMATS = ("png", "svg")
+
+
+def _variants(frame) -> list[str]:
+    names = sorted(frame["variant"].unique())
+    return sorted(names, key=lambda v: (v != BASELINE, v != CANDIDATE, v))
+
+
+def _colors(variants: list[str]) -> dict[str, str]:
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {v: cycle[i % len(cycle)] for i, v in enumerate(variants)}
+
+
+def _panels(n: int, width: float = 4.2, height: float = 3.6):
+    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False, constrained_layout=True)
+    return fig, list(axes[0])
+
+
+def _title(run: Run, what: str, dtype: str, layout: str) -> str:
+    crossed = "" if run.link_crossed else " (CPU run: no PCIe link crossed)"
+    return f"{what}, {dtype} {layout}{crossed}\n{run.device_name} | run {run.run_id}"
+
+
+def _save(fig, path: Path, formats: tuple[str, ...]) -> list[Path]:
+    written = []
+    for fmt in formats:
+        out = path.with_suffix(f".{fmt}")
+        fig.savefig(out, dpi=110)
+        written.append(out)
+    plt.close(fig)
+    return written
+
+
+def plot_latency(run: Run, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
+    page_sizes = sorted(frame["page_size"].unique())
+    variants = _variants(frame)
+    colors = _colors(variants)
+    fig, axes = _panels(len(page_sizes))
+    for ax, page_size in zip(axes, page_sizes):
+        for v in variants:
+            rows = frame[(frame["page_size"] == page_size) & (frame["variant"] == v)].sort_values("seq_len")
+            if rows.empty:
+                continue
+            ax.plot(rows["seq_len"], rows["median_us"], marker="o", ms=3, color=colors[v], label=v)
+            ax.fill_between(rows["seq_len"], rows["q1_us"], rows["q3_us"], color=colors[v], alpha=0.2, lw=0)
+        ax.set(xscale="log", yscale="log", title=f"page_size={page_size}", xlabel="seq_len (tokens)",
+               ylabel="median latency per call (µs)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8, title="variant (band: IQR)", title_fontsize=8)
+    fig.suptitle(_title(run, "D2H page-index latency", dtype, layout), fontsize=10)
+    return _save(fig, stem, formats)
+
+
+def plot_bytes(run: Run, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
+    page_sizes = sorted(frame["page_size"].unique())
+    variants = _variants(frame)
+    colors = _colors(variants)
+    fig, axes = _panels(len(page_sizes))
+    markers = "os^Dvx*"
+    for ax, page_size in zip(axes, page_sizes):
+        seq = np.array(sorted(frame["seq_len"].unique()))
+        ax.plot(seq, np.ceil(seq / page_size) * ITEMSIZE[dtype], color="black", ls="--", lw=1,
+                label="ideal ceil(seq_len/page_size)*itemsize")
+        for i, v in enumerate(variants):
+            rows = frame[(frame["page_size"] == page_size) & (frame["variant"] == v)].sort_values("seq_len")
+            if not rows.empty:
+                ax.plot(rows["seq_len"], rows["d2h_bytes"], marker=markers[i % len(markers)], ms=4, lw=1,
+                        color=colors[v], label=v, alpha=0.8)
+        ax.set(xscale="log", yscale="log", title=f"page_size={page_size}", xlabel="seq_len (tokens)",
+               ylabel="measured D2H bytes per call (B)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(_title(run, "Measured D2H bytes", dtype, layout), fontsize=10)
+    return _save(fig, stem, formats)
+
+
+def plot_ratio(run: Run, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
+    pivot = {
+        v: frame[frame["variant"] == v].pivot_table(index="page_size", columns="seq_len", values="median_us")
+        for v in (BASELINE, CANDIDATE)
+    }
+    if pivot[BASELINE].empty or pivot[CANDIDATE].empty:
+        return []
+    ratio = (pivot[CANDIDATE] / pivot[BASELINE]).sort_index()
+    values = ratio.to_numpy(dtype=float)
+    log = np.log2(values)
+    span = max(float(np.nanmax(np.abs(log))), 0.1)
+    fig, ax = plt.subplots(figsize=(1.2 * values.shape[1] + 2.5, 0.7 * values.shape[0] + 2), constrained_layout=True)
+    image = ax.imshow(log, cmap="RdBu_r", norm=TwoSlopeNorm(vcenter=0.0, vmin=-span, vmax=span), aspect="auto")
+    for (i, j), value in np.ndenumerate(values):
+        if np.isfinite(value):
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=8,
+                    color="white" if abs(np.log2(value)) > 0.6 * span else "black")
+    ax.set_xticks(range(values.shape[1]), [str(s) for s in ratio.columns], rotation=45)
+    ax.set_yticks(range(values.shape[0]), [str(p) for p in ratio.index])
+    ax.set(xlabel="seq_len (tokens)", ylabel="page_size (tokens)")
+    bar = fig.colorbar(image, ax=ax)
+    ticks = np.linspace(-span, span, 5)
+    bar.set_ticks(ticks, labels=[f"{2 ** t:.2g}" for t in ticks])
+    bar.set_label(f"{CANDIDATE} / {BASELINE} median latency (<1: {CANDIDATE} faster)")
+    ax.set_title(_title(run, f"{CANDIDATE} / {BASELINE} latency", dtype, layout), fontsize=10)
+    return _save(fig, stem, formats)
+
+
+def plot_link_model(run: Run, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
+    modeled = with_link_model(frame)
+    page_sizes = sorted(frame["page_size"].unique())
+    variants = _variants(frame)
+    colors = _colors(variants)
+    fig, grid = plt.subplots(len(page_sizes), len(LINK_PROFILES), figsize=(3.6 * len(LINK_PROFILES), 3.0 * len(page_sizes)),
+                             squeeze=False, constrained_layout=True, sharex=True, sharey=True)
+    for r, page_size in enumerate(page_sizes):
+        for c, profile in enumerate(LINK_PROFILES):
+            ax = grid[r][c]
+            for v in variants:
+                rows = modeled[(modeled["page_size"] == page_size) & (modeled["variant"] == v)].sort_values("seq_len")
+                if not rows.empty:
+                    ax.plot(rows["seq_len"], rows[profile.column], marker="o", ms=3, color=colors[v], label=v)
+            ax.set(xscale="log", yscale="log")
+            ax.grid(True, which="both", alpha=0.3)
+            if r == 0:
+                ax.set_title(f"{profile.label}\n{profile.latency_us:g} µs + bytes / {profile.bandwidth_gb_s:g} GB/s", fontsize=9)
+            if c == 0:
+                ax.set_ylabel(f"page_size={page_size}\nmodeled transfer time (µs)")
+            if r == len(page_sizes) - 1:
+                ax.set_xlabel("seq_len (tokens)")
+    grid[0][0].legend(fontsize=7)
+    fig.suptitle(_title(run, "MODEL: transfers x latency + measured bytes / bandwidth", dtype, layout), fontsize=10)
+    return _save(fig, stem, formats)
+
+
+CHARTS = (("latency", plot_latency), ("bytes", plot_bytes), ("ratio", plot_ratio), ("link_model", plot_link_model))
+
+
+def plot_run(run: Run, formats: tuple[str, ...] = ("png",), out_dir: Path | None = None) -> list[Path]:
+    """Write every chart of `run` into `out_dir` (default: the run folder); returns the files written."""
+    out_dir = out_dir or run.path
+    ok = run.ok_rows()
+    written: list[Path] = []
+    for (dtype, layout), frame in ok.groupby(["dtype", "layout"], sort=True):
+        for name, chart in CHARTS:
+            written += chart(run, frame, dtype, layout, out_dir / f"{name}_{dtype}_{layout}", formats)
+    return written

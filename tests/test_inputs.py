@@ -1,0 +1,87 @@
+"""The workload generator looks like SGLang's req_to_token, and the validator guards its invariant."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import devices
+from kvpages.inputs import MAX_ROTATION, MIN_ROTATION, make_workload, rotation_for, validate_page_layout
+from kvpages.sweep import Point
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("layout", ["fragmented", "contiguous"])
+@pytest.mark.parametrize("page_size", [1, 5, 16, 64])
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_generated_slices_keep_the_page_invariant(device, layout, page_size, dtype):
+    point = Point(1000, page_size, dtype, device, layout, seed=3)
+    workload = make_workload(point, rotation=4, chunk_offset_pages=2)
+    assert workload.req_to_token.device.type == device
+    assert workload.req_to_token.dtype == getattr(torch, dtype)
+    for kv in workload.kv_indices:
+        assert kv.numel() == 1000 and kv.dtype == getattr(torch, dtype)
+        validate_page_layout(kv, page_size)
+        assert int(kv.min()) >= page_size  # page 0 is reserved
+    # rows use disjoint pages, as a pool never hands one page to two requests
+    pages = [set((kv[::page_size] // page_size).tolist()) for kv in workload.kv_indices]
+    assert sum(map(len, pages)) == len(set().union(*pages))
+
+
+def test_fragmented_pages_are_shuffled_and_contiguous_are_in_order():
+    frag = make_workload(Point(64 * 50, 64, layout="fragmented"), rotation=2).kv_indices[0]
+    cont = make_workload(Point(64 * 50, 64, layout="contiguous"), rotation=2).kv_indices[0]
+    frag_pages, cont_pages = frag[::64] // 64, cont[::64] // 64
+    assert bool((cont_pages.diff() == 1).all())
+    assert not bool((frag_pages.diff() == 1).all())
+
+
+def test_partial_last_page_and_page_aligned_chunk_offset():
+    workload = make_workload(Point(100, 16), rotation=2, chunk_offset_pages=3)
+    row = workload.req_to_token[0]
+    assert torch.equal(workload.kv_indices[0], row[48:148])
+    assert workload.expected[0].size == 7  # 6 full pages and one of 4 tokens
+
+
+def test_same_seed_same_inputs_other_seed_other_inputs():
+    a = make_workload(Point(4096, 16, seed=1), rotation=2)
+    b = make_workload(Point(4096, 16, seed=1), rotation=2)
+    c = make_workload(Point(4096, 16, seed=2), rotation=2)
+    assert torch.equal(a.req_to_token, b.req_to_token)
+    assert not torch.equal(a.req_to_token, c.req_to_token)
+
+
+def test_rotation_spans_caches_within_bounds():
+    assert rotation_for(Point(512, 1)) == MAX_ROTATION
+    assert rotation_for(Point(2 ** 23, 1, "int64")) == MIN_ROTATION
+    assert len(make_workload(Point(512, 1)).kv_indices) == MAX_ROTATION
+
+
+@pytest.mark.parametrize(
+    "kv, page_size, words",
+    [
+        ([3, 4, 5, 6], 4, "position 0 (first token of page 0) holds 3, which is not a non-negative multiple of page_size=4"),
+        ([0, 1, 2, 3, 9, 10], 4, "position 4 (first token of page 1) holds 9"),
+        ([0, 1, 3, 4], 4, "position 2 holds 3, expected 2"),
+        ([-4, -3], 2, "holds -4, which is not a non-negative multiple"),
+    ],
+)
+def test_validator_names_the_first_violation(kv, page_size, words):
+    with pytest.raises(ValueError) as err:
+        validate_page_layout(torch.tensor(kv, dtype=torch.int32), page_size)
+    assert words in str(err.value)
+
+
+def test_validator_accepts_empty_and_checks_arguments():
+    validate_page_layout(torch.empty(0, dtype=torch.int64), 8)
+    with pytest.raises(TypeError, match="kv_indices must be a 1-D torch.Tensor"):
+        validate_page_layout([0, 1], 2)
+    with pytest.raises(ValueError, match="page_size must be an integer >= 1, got 0"):
+        validate_page_layout(torch.arange(4), 0)
+
+
+def test_bad_generator_arguments():
+    with pytest.raises(ValueError, match="rotation must be >= 1, got 0"):
+        make_workload(Point(8, 2), rotation=0)
+    with pytest.raises(ValueError, match="chunk_offset_pages must be >= 0, got -1"):
+        make_workload(Point(8, 2), chunk_offset_pages=-1)

@@ -1,0 +1,220 @@
+"""The sweep through real pytest sessions (pytester): options, usage errors, run folders, interruption."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from kvpages.analysis import load_run
+from kvpages.variants import variant_names
+
+BENCH = (Path(__file__).parents[1] / "bench" / "test_d2h.py").read_text()
+FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider")
+
+
+@pytest.fixture
+def bench(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(test_d2h=BENCH)
+    return pytester
+
+
+def run_dirs(root: Path) -> list[Path]:
+    return sorted(p for p in (root / "results").glob("*") if p.is_dir()) if (root / "results").exists() else []
+
+
+def test_quick_preset_writes_a_complete_run(bench):
+    result = bench.runpytest("--kv-preset", "quick", "--kv-analyze", *FAST)
+    n_variants = len(variant_names())
+    result.assert_outcomes(passed=4 * (n_variants - 1), skipped=4)  # the pinned variant needs CUDA
+    result.stdout.fnmatch_lines(["*kvpages summary*", "*CPU run: no PCIe link was crossed*", "run folder: *"])
+    [folder] = run_dirs(bench.path)
+    assert folder.name.endswith("-cpu")
+    run = load_run(folder)
+    assert len(run.rows) == 4 * n_variants
+    assert set(run.rows["status"]) == {"ok", "skipped"}
+    skipped = run.rows[run.rows["status"] == "skipped"]
+    assert set(skipped["variant"]) == {"device_stride_pinned"} and skipped["note"].str.contains("CUDA").all()
+    ok = run.ok_rows()
+    assert (ok["d2h_bytes"] == ok["expected_d2h_bytes"]).all()
+    assert (ok["link"] == "none (cpu)").all()
+    host = ok[ok["variant"] == "host_stride"]
+    assert (host["d2h_bytes"] == host["seq_len"] * 4).all()
+    dev = ok[ok["variant"] == "device_stride"]
+    assert (dev["d2h_bytes"] == -(-dev["seq_len"] // dev["page_size"]) * 4).all()
+    assert (ok["d2h_transfers"] == 1).all()
+    assert (ok["q1_us"] <= ok["median_us"]).all() and (ok["median_us"] <= ok["q3_us"]).all()
+    for _, row in ok.iterrows():
+        samples = run.samples[(row["variant"], row["dtype"], row["layout"], row["seq_len"], row["page_size"])]
+        assert len(samples) == row["rounds"] >= 10
+        assert samples.min() == pytest.approx(row["min_us"]) and samples.max() == pytest.approx(row["max_us"])
+    meta = run.meta
+    assert meta.completed and meta.end_note == f"all {4 * n_variants} rows recorded"
+    assert meta.preset == "quick" and meta.options["--kv-preset"] == "quick"
+    assert meta.command.startswith("pytest ") and "--kv-analyze" in meta.command
+    env = meta.environment
+    assert env.torch_version == torch.__version__ and env.device == "cpu" and not env.link_crossed
+    assert "no PCIe link was crossed" in env.link_note
+    assert {"check_s", "meter_s", "timing_s", "write_s", "session_s"} <= set(meta.timing)
+    for name in ("REPORT.md", "latency_int32_fragmented.png", "bytes_int32_fragmented.png",
+                 "ratio_int32_fragmented.png", "link_model_int32_fragmented.png"):
+        assert (folder / name).stat().st_size > 0
+
+
+def test_options_narrow_the_sweep_and_feed_benchmark_json(bench):
+    result = bench.runpytest(
+        "--kv-seq-lens", "100,300", "--kv-page-sizes", "3", "--kv-variants", "host_stride,device_stride",
+        "--kv-dtypes", "int64", "--kv-layouts", "contiguous", "--kv-seed", "7", "--kv-results", "out",
+        "--benchmark-json", "bench.json", *FAST,
+    )
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*s100-p3-int64-contiguous*"])
+    [folder] = sorted((bench.path / "out").iterdir())
+    rows = load_run(folder).rows
+    assert sorted(rows["variant"].unique()) == ["device_stride", "host_stride"]
+    assert set(rows["seq_len"]) == {100, 300} and set(rows["dtype"]) == {"int64"}
+    data = json.loads((bench.path / "bench.json").read_text())
+    infos = {b["extra_info"]["variant"] + str(b["extra_info"]["seq_len"]): b for b in data["benchmarks"]}
+    assert infos["host_stride300"]["extra_info"]["d2h_bytes"] == 300 * 8
+    assert infos["device_stride300"]["extra_info"]["d2h_bytes"] == 100 * 8
+    assert infos["device_stride100"]["extra_info"]["d2h_transfers"] == 1
+    assert infos["device_stride100"]["group"] == "s100-p3-int64-contiguous"
+
+
+def test_each_rows_repro_command_reruns_that_case(bench):
+    bench.runpytest("--kv-seq-lens", "64", "--kv-page-sizes", "16", "--kv-variants", "device_shift", *FAST)
+    [folder] = run_dirs(bench.path)
+    repro = load_run(folder).rows["repro"].iloc[0]
+    args = shlex.split(repro)
+    assert args[:3] == ["pytest", "bench/", "--benchmark-only"]
+    result = bench.runpytest("test_d2h.py", *args[3:], "--kv-results", "again", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*device_shift-s64-p16-int32-fragmented*"])
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("--kv-page-sizes", "0"), "--kv-page-sizes: 0 is not >= 1"),
+        (("--kv-page-sizes", "1,,4"), "has an empty item"),
+        (("--kv-seq-lens", "-5"), "--kv-seq-lens: -5 is not >= 1"),
+        (("--kv-seq-lens", "abc"), "--kv-seq-lens: 'abc' is not an integer"),
+        (("--kv-variants", "host_stride,bogus"), "--kv-variants: unknown variant 'bogus'; valid: host_stride, device_stride"),
+        (("--kv-preset", "huge"), "--kv-preset: unknown preset 'huge'; valid: quick, default, full"),
+        (("--kv-dtypes", "float32"), "--kv-dtypes: unknown value 'float32'; valid: int32, int64"),
+        (("--kv-layouts", "sparse"), "--kv-layouts: unknown value 'sparse'; valid: fragmented, contiguous"),
+        (("--kv-device", "tpu"), "--kv-device: unknown device 'tpu'; valid: auto, cpu, cuda"),
+        (("--kv-time-budget", "0"), "--kv-time-budget: '0' must be a positive number of seconds"),
+        (("--kv-seed", "x"), "--kv-seed: 'x' is not an integer seed"),
+    ],
+)
+def test_bad_options_are_usage_errors_before_anything_runs(bench, args, words):
+    result = bench.runpytest(*FAST, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert words in result.stderr.str()
+    assert run_dirs(bench.path) == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_device_without_cuda_is_a_usage_error(bench):
+    result = bench.runpytest("--kv-device", "cuda", *FAST)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--kv-device: 'cuda' is not available here" in result.stderr.str()
+    assert "valid here: auto, cpu" in result.stderr.str()
+
+
+def test_timing_disabled_checks_every_benchmark_but_writes_no_run(bench):
+    result = bench.runpytest("--benchmark-disable", "--kv-preset", "quick", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4 * (len(variant_names()) - 1), skipped=4)
+    result.stdout.fnmatch_lines(["kvpages: timing disabled or nothing ran; no run folder written"])
+    assert run_dirs(bench.path) == []
+
+
+BROKEN = '''
+from kvpages.variants import Moves, variant
+
+@variant("broken_off_by_one", moves=Moves.PAGES)
+def broken_off_by_one(kv_indices, page_size):
+    """Wrong on purpose: adds one to every page index."""
+    return (kv_indices[::page_size] // page_size + 1).cpu().numpy()
+
+@variant("broken_copies_twice", moves=Moves.PAGES)
+def broken_copies_twice(kv_indices, page_size):
+    """Right values, but hands every token index to the host first."""
+    kv_indices.cpu()
+    return (kv_indices[::page_size] // page_size).cpu().numpy()
+'''
+
+
+def test_a_wrong_variant_fails_loudly_and_its_row_says_so(bench):
+    bench.makeconftest(BROKEN)
+    result = bench.runpytest_subprocess(
+        "--kv-variants", "broken_off_by_one,broken_copies_twice,device_stride", "--kv-seq-lens", "256",
+        "--kv-page-sizes", "16", *FAST,
+    )
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines([
+        "*broken_off_by_one-s256-p16*wrong output: 16 page indices differ; first at 0*",
+        "*broken_copies_twice-s256-p16*measured 1088 D2H bytes, expected 64*",
+    ])
+    [folder] = run_dirs(bench.path)
+    run = load_run(folder)
+    status = dict(zip(run.rows["variant"], run.rows["status"]))
+    assert status == {"broken_off_by_one": "mismatch", "broken_copies_twice": "mismatch", "device_stride": "ok"}
+    assert not run.meta.completed and "session failed" in run.meta.end_note
+
+
+def _start_slow_run(path: Path) -> subprocess.Popen:
+    (path / "test_d2h.py").write_text(BENCH)
+    seq_lens = ",".join(str(524288 + i) for i in range(12))
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", "test_d2h.py", "--benchmark-only", "--kv-variants", "device_stride",
+         "--kv-page-sizes", "1", "--kv-seq-lens", seq_lens, "--kv-time-budget", "0.5", "-p", "no:cacheprovider"],
+        cwd=path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+def _wait_for_rows(path: Path, rows: int, proc: subprocess.Popen) -> Path:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for csv in (path / "results").glob("*/results.csv"):
+            if len(csv.read_text().splitlines()) > rows:
+                return csv.parent
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        time.sleep(0.05)
+    raise AssertionError("no rows appeared")
+
+
+@pytest.mark.parametrize("sig, words", [(signal.SIGINT, "interrupted after"), (signal.SIGKILL, "killed before it could finish")])
+def test_an_interrupted_run_keeps_its_finished_rows(tmp_path, sig, words):
+    proc = _start_slow_run(tmp_path)
+    try:
+        folder = _wait_for_rows(tmp_path, 1, proc)
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    run = load_run(folder)
+    assert 1 <= len(run.rows) < 12
+    assert (run.rows["status"] == "ok").all()
+    assert all(len(v) for v in run.samples.values())
+    assert not run.meta.completed and words in run.meta.end_note
+    pd.read_csv(folder / "results.csv")  # parseable by plain pandas too
+    assert not list(folder.glob(".*.tmp"))
+
+
+def test_runs_never_overwrite_each_other(bench):
+    for _ in range(2):
+        bench.runpytest("--kv-seq-lens", "32", "--kv-page-sizes", "4", "--kv-variants", "host_stride", *FAST)
+    folders = run_dirs(bench.path)
+    assert len(folders) == 2 and folders[0].name != folders[1].name
+    assert all((f / "results.csv").exists() for f in folders)
