@@ -214,5 +214,5 @@ def _sample_record(s: SampleSet) -> dict[str, object]:
         "seq_len": s.seq_len,
         "page_size": s.page_size,
         "rounds": len(s.samples_us),
-        "samples_us": " ".join(repr(x) for x in s.samples_us),
+        "samples_us": " ".join(repr(float(x)) for x in s.samples_us),
     }

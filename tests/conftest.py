@@ -19,3 +19,43 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def devices() -> list:
     """cpu, plus cuda (marked, so it skips with a reason where there is none)."""
     return ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+# ----------------------------------------------------------------------------- synthetic runs
+
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from kvpages.results import Environment, Row, RunMeta, RunWriter, SampleSet  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def reference_runs() -> list[Path]:
+    """The run folders committed under results/, oldest first."""
+    return sorted(p.parent for p in (REPO / "results").glob("*/meta.json"))
+
+
+def synthetic_run(folder: Path, medians_us: dict[tuple[str, int, int], float], spread: float = 0.01,
+                  rounds: int = 200, seed: int = 0, run_id: str | None = None) -> Path:
+    """A run folder whose (variant, seq_len, page_size) rows have samples around the given medians.
+
+    For testing the analysis only; it never goes into results/.
+    """
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True)
+    env = Environment("0", "3", "t", "n", "b", "p", "cpu-model", 2, 2, "cpu", "test-cpu", None, None, None,
+                      None, None, False, "CPU run: no PCIe link was crossed.")
+    writer = RunWriter(folder, RunMeta(run_id or folder.name, "test", {}, "pytest bench/", "t0", env))
+    for (variant, seq_len, page_size), median in medians_us.items():
+        samples = median * (1 + spread * rng.standard_normal(rounds))
+        q1, q3 = np.percentile(samples, [25, 75])
+        itemsize_bytes = (seq_len if variant == "host_stride" else -(-seq_len // page_size)) * 4
+        row = Row(variant, "cpu", "test-cpu", "int32", "fragmented", seq_len, page_size, -(-seq_len // page_size),
+                  2, itemsize_bytes, itemsize_bytes, 1, "none (cpu)", float(np.median(samples)), float(q3 - q1),
+                  float(q1), float(q3), float(samples.min()), float(samples.max()), float(samples.mean()),
+                  float(samples.std()), rounds, 1, "ok", "", "pytest bench/")
+        writer.add(row, SampleSet(variant, "int32", "fragmented", seq_len, page_size, tuple(samples)))
+    writer.finish(True, "all rows recorded", {})
+    return folder
