@@ -35,7 +35,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest tests/ bench/ --benchmark-disable --kv-preset quick -q $(PYTEST_ARGS)
 
 gpu-check: $(STAMP)
-	bash bench/gpu_check.sh
+	PYTHON=$(BIN)/python bash bench/gpu_check.sh $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

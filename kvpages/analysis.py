@@ -152,11 +152,19 @@ def bootstrap_ratio(base: np.ndarray, other: np.ndarray, seed: int = 0) -> tuple
     """Ratio of medians other/base and its bootstrap confidence interval (percentile method)."""
     rng = np.random.default_rng(seed)
     ratio = float(np.median(other) / np.median(base))
-    base_medians = np.median(rng.choice(base, (BOOTSTRAP_RESAMPLES, base.size)), axis=1)
-    other_medians = np.median(rng.choice(other, (BOOTSTRAP_RESAMPLES, other.size)), axis=1)
+    base_medians = _resampled_medians(base, rng)
+    other_medians = _resampled_medians(other, rng)
     tail = (1 - CONFIDENCE) / 2 * 100
     lo, hi = np.percentile(other_medians / base_medians, [tail, 100 - tail])
     return ratio, float(lo), float(hi)
+
+
+def _resampled_medians(data: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Medians of BOOTSTRAP_RESAMPLES resamples (with replacement) of `data`; np.median's definition."""
+    n = data.size
+    resamples = data[rng.integers(0, n, (BOOTSTRAP_RESAMPLES, n))]
+    middle = [n // 2] if n % 2 else [n // 2 - 1, n // 2]
+    return np.partition(resamples, middle, axis=1)[:, middle].mean(axis=1)
 
 
 def with_link_model(rows: pd.DataFrame) -> pd.DataFrame:

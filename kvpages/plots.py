@@ -17,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from kvpages.analysis import BASELINE, CANDIDATE, Run, with_link_model  # noqa: E402
 from kvpages.links import LINK_PROFILES  # noqa: E402
@@ -38,6 +39,15 @@ def _colors(variants: list[str]) -> dict[str, str]:
 def _panels(n: int, width: float = 4.2, height: float = 3.6):
     fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False, constrained_layout=True)
     return fig, list(axes[0])
+
+
+def _log_axes(ax) -> None:
+    """Log-log axes with plain numbers (1, 20, 300) rather than 2x10^1 on the ticks."""
+    ax.set(xscale="log", yscale="log")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda value, _: f"{value:g}" if str(f"{value:g}")[0] in "25" else ""))
+    ax.grid(True, which="both", alpha=0.3)
 
 
 def _title(run: Run, what: str, dtype: str, layout: str) -> str:
@@ -67,9 +77,8 @@ def plot_latency(run: Run, frame, dtype: str, layout: str, stem: Path, formats) 
                 continue
             ax.plot(rows["seq_len"], rows["median_us"], marker="o", ms=3, color=colors[v], label=v)
             ax.fill_between(rows["seq_len"], rows["q1_us"], rows["q3_us"], color=colors[v], alpha=0.2, lw=0)
-        ax.set(xscale="log", yscale="log", title=f"page_size={page_size}", xlabel="seq_len (tokens)",
-               ylabel="median latency per call (µs)")
-        ax.grid(True, which="both", alpha=0.3)
+        _log_axes(ax)
+        ax.set(title=f"page_size={page_size}", xlabel="seq_len (tokens)", ylabel="median latency per call (µs)")
     axes[0].legend(fontsize=8, title="variant (band: IQR)", title_fontsize=8)
     fig.suptitle(_title(run, "D2H page-index latency", dtype, layout), fontsize=10)
     return _save(fig, stem, formats)
@@ -83,13 +92,13 @@ def plot_bytes(run: Run, frame, dtype: str, layout: str, stem: Path, formats) ->
     markers = "os^Dvx*"
     for ax, page_size in zip(axes, page_sizes):
         seq = np.array(sorted(frame["seq_len"].unique()))
-        ax.plot(seq, np.ceil(seq / page_size) * ITEMSIZE[dtype], color="black", ls="--", lw=1,
-                label="ideal ceil(seq_len/page_size)*itemsize")
-        for i, v in enumerate(variants):
+        for i, v in enumerate(variants):  # hollow markers shrinking in turn, so equal values stay visible
             rows = frame[(frame["page_size"] == page_size) & (frame["variant"] == v)].sort_values("seq_len")
             if not rows.empty:
-                ax.plot(rows["seq_len"], rows["d2h_bytes"], marker=markers[i % len(markers)], ms=4, lw=1,
-                        color=colors[v], label=v, alpha=0.8)
+                ax.plot(rows["seq_len"], rows["d2h_bytes"], marker=markers[i % len(markers)], ms=max(3, 10 - 2 * i),
+                        mfc="none", lw=1, color=colors[v], label=v)
+        ax.plot(seq, np.ceil(seq / page_size) * ITEMSIZE[dtype], color="black", ls="--", lw=1, zorder=5,
+                label="ideal ceil(seq_len/page_size)*itemsize")
         ax.set(xscale="log", yscale="log", title=f"page_size={page_size}", xlabel="seq_len (tokens)",
                ylabel="measured D2H bytes per call (B)")
         ax.grid(True, which="both", alpha=0.3)
@@ -121,7 +130,7 @@ def plot_ratio(run: Run, frame, dtype: str, layout: str, stem: Path, formats) ->
     bar = fig.colorbar(image, ax=ax)
     ticks = np.linspace(-span, span, 5)
     bar.set_ticks(ticks, labels=[f"{2 ** t:.2g}" for t in ticks])
-    bar.set_label(f"{CANDIDATE} / {BASELINE} median latency (<1: {CANDIDATE} faster)")
+    bar.set_label(f"latency ratio (<1: {CANDIDATE} faster)")
     ax.set_title(_title(run, f"{CANDIDATE} / {BASELINE} latency", dtype, layout), fontsize=10)
     return _save(fig, stem, formats)
 
@@ -140,8 +149,7 @@ def plot_link_model(run: Run, frame, dtype: str, layout: str, stem: Path, format
                 rows = modeled[(modeled["page_size"] == page_size) & (modeled["variant"] == v)].sort_values("seq_len")
                 if not rows.empty:
                     ax.plot(rows["seq_len"], rows[profile.column], marker="o", ms=3, color=colors[v], label=v)
-            ax.set(xscale="log", yscale="log")
-            ax.grid(True, which="both", alpha=0.3)
+            _log_axes(ax)
             if r == 0:
                 ax.set_title(f"{profile.label}\n{profile.latency_us:g} µs + bytes / {profile.bandwidth_gb_s:g} GB/s", fontsize=9)
             if c == 0:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvpages.analysis import (
-    BASELINE, CANDIDATE, CONFIDENCE, NOISY_IQR_FRACTION, Run, crossovers, ratio_points, with_link_model,
+    BASELINE, CANDIDATE, CONFIDENCE, NOISY_IQR_FRACTION, RatioPoint, Run, crossovers, ratio_points, with_link_model,
 )
 from kvpages.links import LINK_PROFILES
 from kvpages.results import write_atomic
@@ -61,8 +61,7 @@ def caveats(run: Run) -> list[str]:
     return out
 
 
-def results_section(run: Run) -> str:
-    points = ratio_points(run)
+def results_section(run: Run, points: list[RatioPoint]) -> str:
     ok = run.ok_rows()
     parts = []
     for (dtype, layout, page_size), group in ok.groupby(["dtype", "layout", "page_size"], sort=True):
@@ -83,8 +82,8 @@ def results_section(run: Run) -> str:
     return "\n\n".join(parts) if parts else f"No point has both {BASELINE} and {CANDIDATE} timed."
 
 
-def crossover_section(run: Run) -> str:
-    found = crossovers(ratio_points(run))
+def crossover_section(points: list[RatioPoint]) -> str:
+    found = crossovers(points)
     if not found:
         return "No crossover can be computed: no point has both variants timed."
     rows = [[c.page_size, c.dtype, c.layout, c.describe()] for c in found]
@@ -114,6 +113,7 @@ def link_model_section(run: Run) -> str:
 def render(run: Run) -> str:
     command = run.meta.command if run.meta else "(unknown: no meta.json)"
     charts = sorted(p.name for p in run.path.glob("*.png"))
+    points = ratio_points(run)
     sections = [
         f"# kvpages report: {run.run_id}",
         "## Environment\n\n" + environment_paragraph(run),
@@ -121,8 +121,8 @@ def render(run: Run) -> str:
         "## Caveats\n\n" + ("\n".join(f"- {c}" for c in caveats(run)) or "- none"),
         f"## {CANDIDATE} vs {BASELINE}\n\nBytes and median latency per call; ratio = {CANDIDATE} / {BASELINE}, "
         f"with the {CONFIDENCE:.0%} bootstrap confidence interval of the ratio of medians from the raw samples.\n\n"
-        + results_section(run),
-        "## Crossover\n\n" + crossover_section(run),
+        + results_section(run, points),
+        "## Crossover\n\n" + crossover_section(points),
         "## Link model\n\n" + link_model_section(run),
     ]
     if charts:

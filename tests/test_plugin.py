@@ -24,7 +24,7 @@ FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider
 
 @pytest.fixture
 def bench(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makepyfile(test_d2h=BENCH)
+    pytester.makepyfile(test_kv_sweep=BENCH)
     return pytester
 
 
@@ -96,7 +96,7 @@ def test_each_rows_repro_command_reruns_that_case(bench):
     repro = load_run(folder).rows["repro"].iloc[0]
     args = shlex.split(repro)
     assert args[:3] == ["pytest", "bench/", "--benchmark-only"]
-    result = bench.runpytest("test_d2h.py", *args[3:], "--kv-results", "again", "-p", "no:cacheprovider")
+    result = bench.runpytest("test_kv_sweep.py", *args[3:], "--kv-results", "again", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*device_shift-s64-p16-int32-fragmented*"])
 

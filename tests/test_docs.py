@@ -1,0 +1,47 @@
+"""The docs derive from the registries: the README lists every variant and preset, results/README.md every column."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import REPO
+from kvpages.results import COLUMNS, SAMPLE_COLUMNS
+from kvpages.sweep import PRESETS
+from kvpages.variants import all_variants
+
+README = (REPO / "README.md").read_text()
+
+
+def test_readme_starts_with_the_two_commands():
+    first_block = README.split("```bash\n", 1)[1].split("```", 1)[0]
+    assert [line.split("#")[0].strip() for line in first_block.strip().splitlines()] == ["make bench", "make test"]
+
+
+def test_readme_lists_every_variant_with_its_description_and_requirements():
+    for v in all_variants():
+        row = next(line for line in README.splitlines() if line.startswith(f"| `{v.name}` |"))
+        assert v.description in row
+        assert ("cuda" in row) == ("cuda" in v.requires)
+
+
+def test_readme_preset_table_matches_the_presets():
+    rows = {m.group(1): line for line in README.splitlines() if (m := re.match(r"\| `(\w+)` \|", line))}
+    for name, sweep in PRESETS.items():
+        cells = [c.strip() for c in rows[name].split("|")[1:-1]]
+        numbers = {int(n) for n in re.findall(r"\d+", cells[1])}
+        if cells[1].startswith("default +"):
+            numbers |= set(PRESETS["default"].seq_lens)
+        assert set(sweep.seq_lens) == numbers
+        assert {int(n) for n in re.findall(r"\d+", cells[2])} == set(sweep.page_sizes)
+        assert {d.strip() for d in cells[3].split(",")} == set(sweep.dtypes)
+        assert cells[4].startswith(f"{sweep.time_budget_s:g} s")
+
+
+def test_results_readme_documents_every_column():
+    text = (REPO / "results" / "README.md").read_text()
+    for column in COLUMNS + SAMPLE_COLUMNS:
+        assert f"`{column}`" in text, column
+
+
+def test_ci_runs_the_readme_test_command():
+    assert "make test" in (REPO / ".ci" / "run").read_text()

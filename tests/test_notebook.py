@@ -1,0 +1,38 @@
+"""The committed notebook runs top to bottom in a real kernel against the committed reference run."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from conftest import REPO, reference_runs
+
+NOTEBOOK = REPO / "notebooks" / "analysis.ipynb"
+
+
+def test_notebook_is_committed_without_outputs():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+
+
+@pytest.mark.skipif(not reference_runs(), reason="no run committed under results/")
+def test_notebook_executes_against_the_reference_run(monkeypatch):
+    monkeypatch.delenv("KVPAGES_RUN", raising=False)
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    text = "\n".join(
+        out.get("text", "") + str(out.get("data", {}).get("text/plain", "")) + str(out.get("data", {}).get("text/markdown", ""))
+        for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
+    )
+    assert reference_runs()[-1].name in text
+    assert "page_size=64" in text and "crossover" in text
+    images = [out for cell in nb.cells for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
+    assert len(images) >= 4
+    errors = [out for cell in nb.cells for out in cell.get("outputs", []) if out.output_type == "error"]
+    assert errors == []
