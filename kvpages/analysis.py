@@ -280,6 +280,21 @@ def _variant_order(column: pd.Series) -> pd.Series:
     return column.map(lambda v: (v != BASELINE, v != CANDIDATE, v))
 
 
+def relative_noise(a: pd.Series, b: pd.Series) -> float:
+    """The spread two rows' medians are compared against: half the larger IQR/median of the two."""
+    return 0.5 * max(a["iqr_us"] / a["median_us"], b["iqr_us"] / b["median_us"])
+
+
+def fastest(rows: pd.DataFrame) -> str:
+    """The variant with the lowest median among `rows` (one point), joined by ' ≈ ' with any
+    variant whose median is within the noise (see `relative_noise`) of it."""
+    ordered = rows.sort_values("median_us")
+    best = ordered.iloc[0]
+    tied = [r["variant"] for _, r in ordered.iterrows()
+            if r["median_us"] <= best["median_us"] * (1 + relative_noise(best, r))]
+    return " ≈ ".join(tied)
+
+
 # ----------------------------------------------------------------------------- compare
 
 
@@ -328,7 +343,7 @@ def compare_runs(a: Run, b: Run) -> RunComparison:
         else:
             ratio = rb["median_us"] / ra["median_us"]
             lo, hi = rb["q1_us"] / ra["q3_us"], rb["q3_us"] / ra["q1_us"]
-        noise = 0.5 * max(ra["iqr_us"] / ra["median_us"], rb["iqr_us"] / rb["median_us"])
+        noise = relative_noise(ra, rb)
         if lo > 1 and ratio > 1 + noise:
             verdict = "slower"
         elif hi < 1 and ratio < 1 - noise:

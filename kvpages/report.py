@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
-
 from kvpages.analysis import (
-    BASELINE, CANDIDATE, CONFIDENCE, NOISY_IQR_FRACTION, RatioPoint, Run, crossovers, ratio_points, with_link_model,
+    BASELINE, CANDIDATE, CONFIDENCE, NOISY_IQR_FRACTION, RatioPoint, Run, crossovers, fastest, ratio_points, with_link_model,
 )
 from kvpages.links import LINK_PROFILES
 from kvpages.results import write_atomic
@@ -65,7 +63,7 @@ def results_section(run: Run, points: list[RatioPoint]) -> str:
     ok = run.ok_rows()
     parts = []
     for (dtype, layout, page_size), group in ok.groupby(["dtype", "layout", "page_size"], sort=True):
-        best = group.loc[group.groupby("seq_len")["median_us"].idxmin()].set_index("seq_len")["variant"]
+        best = {seq_len: fastest(rows) for seq_len, rows in group.groupby("seq_len")}
         rows = []
         for p in points:
             if (p.dtype, p.layout, p.page_size) != (dtype, layout, page_size):
@@ -77,7 +75,7 @@ def results_section(run: Run, points: list[RatioPoint]) -> str:
             ])
         if rows:
             header = ["seq_len", f"{BASELINE} B", f"{CANDIDATE} B", "bytes ratio", f"{BASELINE} µs",
-                      f"{CANDIDATE} µs", "latency ratio", f"{CONFIDENCE:.0%} CI", "best variant"]
+                      f"{CANDIDATE} µs", "latency ratio", f"{CONFIDENCE:.0%} CI", "fastest (≈: within noise)"]
             parts.append(f"### page_size {page_size} ({dtype}, {layout})\n\n{_table(header, rows)}")
     return "\n\n".join(parts) if parts else f"No point has both {BASELINE} and {CANDIDATE} timed."
 
@@ -135,10 +133,3 @@ def write_report(run: Run) -> Path:
     path = run.path / REPORT_MD
     write_atomic(path, render(run))
     return path
-
-
-def best_variants(run: Run) -> pd.DataFrame:
-    """The fastest variant per point (lowest median)."""
-    ok = run.ok_rows()
-    keys = ["dtype", "layout", "page_size", "seq_len"]
-    return ok.loc[ok.groupby(keys)["median_us"].idxmin(), keys + ["variant", "median_us"]].reset_index(drop=True)
