@@ -6,6 +6,7 @@ reference, metered in its own pass, then timed by pytest-benchmark) -> Row -> ru
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import shlex
 import time
@@ -61,6 +62,18 @@ def outputs_match(out: object, expected: np.ndarray) -> str | None:
         i = int(differ[0])
         return f"{differ.size} page indices differ; first at {i}: got {out[i]}, expected {expected[i]}"
     return None
+
+
+EXTRA_INFO = ("variant", "device", "device_name", "dtype", "layout", "seq_len", "page_size", "num_pages", "rotation",
+              "expected_d2h_bytes", "d2h_bytes", "d2h_transfers", "link")
+"""Row fields copied into each benchmark's pytest-benchmark `extra_info`."""
+STAT_FIELDS = ("median", "iqr", "q1", "q3", "min", "max", "mean", "stddev")
+
+
+def with_stats(row: Row, stats, iterations: int) -> Row:
+    """`row` with pytest-benchmark's statistics (seconds per call) in microseconds."""
+    times = {f"{name}_us": getattr(stats, name) * 1e6 for name in STAT_FIELDS}
+    return dataclasses.replace(row, **times, rounds=stats.rounds, iterations=iterations)
 
 
 class KvSession:
@@ -148,20 +161,10 @@ class KvSession:
                 measured,
             )
 
+        row = self._row(case, measured, status="ok", note="", rotation=workload.rotation)
         benchmark.group = point.id
         benchmark.extra_info.update(
-            variant=variant.name,
-            seq_len=point.seq_len,
-            page_size=point.page_size,
-            num_pages=point.num_pages,
-            dtype=point.dtype,
-            layout=point.layout,
-            device=point.device,
-            rotation=workload.rotation,
-            d2h_bytes=measured.d2h_bytes,
-            expected_d2h_bytes=expected_bytes,
-            d2h_transfers=measured.d2h_transfers,
-            link=measured.link,
+            {k: v for k, v in dataclasses.asdict(row).items() if k in EXTRA_INFO and v is not None}
         )
         with self.phase("timing"):
             result, index = self._time(benchmark, variant.fn, workload)
@@ -174,8 +177,7 @@ class KvSession:
                 variant.name, point.dtype, point.layout, point.seq_len, point.page_size,
                 tuple(t * 1e6 for t in stats.data),
             )
-            self._record(self._row(case, measured, status="ok", note="", stats=stats,
-                                   iterations=benchmark.stats.iterations, rotation=workload.rotation), samples)
+            self._record(with_stats(row, stats, benchmark.stats.iterations), samples)
 
     def _time(self, benchmark, fn: Callable, workload: Workload) -> tuple[object, int]:
         """Warm up (untimed), then time one call per round, rotating inputs; returns the last result and its input."""
@@ -210,12 +212,9 @@ class KvSession:
             self._record(self._row(case, measured, status="mismatch", note=note))
         pytest.fail(f"{case.id}: {note}", pytrace=False)
 
-    def _row(self, case: Case, measured, *, status: str, note: str, stats=None, iterations=None, rotation=0) -> Row:
+    def _row(self, case: Case, measured, *, status: str, note: str, rotation: int = 0) -> Row:
+        """The row of `case` without timings (`with_stats` adds them)."""
         point, variant = case.point, case.variant
-
-        def us(name: str) -> float | None:
-            return None if stats is None else getattr(stats, name) * 1e6
-
         return Row(
             variant=variant.name,
             device=point.device,
@@ -230,16 +229,8 @@ class KvSession:
             d2h_bytes=None if measured is None else measured.d2h_bytes,
             d2h_transfers=None if measured is None else measured.d2h_transfers,
             link="" if measured is None else measured.link,
-            median_us=us("median"),
-            iqr_us=us("iqr"),
-            q1_us=us("q1"),
-            q3_us=us("q3"),
-            min_us=us("min"),
-            max_us=us("max"),
-            mean_us=us("mean"),
-            stddev_us=us("stddev"),
-            rounds=None if stats is None else stats.rounds,
-            iterations=iterations,
+            median_us=None, iqr_us=None, q1_us=None, q3_us=None, min_us=None, max_us=None, mean_us=None,
+            stddev_us=None, rounds=None, iterations=None,
             status=status,
             note=note,
             repro=self.repro(case),
