@@ -5,6 +5,7 @@ Every figure comes from a run's results.csv and samples.csv.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ class RunError(ValueError):
     """A run folder or file that cannot be read; the message names the file and what is wrong."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Run:
     """A loaded run: its rows, its raw samples by row key, and its meta (None for a bare CSV)."""
 
@@ -160,11 +161,17 @@ def bootstrap_ratio(base: np.ndarray, other: np.ndarray, seed: int = 0) -> tuple
 
 
 def _resampled_medians(data: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Medians of BOOTSTRAP_RESAMPLES resamples (with replacement) of `data`; np.median's definition."""
-    n = data.size
-    resamples = data[rng.integers(0, n, (BOOTSTRAP_RESAMPLES, n))]
+    """Medians of BOOTSTRAP_RESAMPLES resamples (with replacement) of `data`, as np.median defines them.
+
+    Resampling positions of the sorted data is resampling the data; sorting the small
+    integer positions (a radix sort) then gives each resample's middle order statistics.
+    """
+    ordered = np.sort(data)
+    n = ordered.size
+    dtype = np.uint16 if n <= np.iinfo(np.uint16).max else np.int64
+    positions = np.sort(rng.integers(0, n, (BOOTSTRAP_RESAMPLES, n), dtype=dtype), axis=1, kind="stable")
     middle = [n // 2] if n % 2 else [n // 2 - 1, n // 2]
-    return np.partition(resamples, middle, axis=1)[:, middle].mean(axis=1)
+    return ordered[positions[:, middle]].mean(axis=1)
 
 
 def with_link_model(rows: pd.DataFrame) -> pd.DataFrame:
@@ -199,8 +206,9 @@ class RatioPoint:
         return self.ci_high < 1.0
 
 
+@functools.lru_cache(maxsize=64)
 def ratio_points(run: Run, baseline: str = BASELINE, candidate: str = CANDIDATE) -> list[RatioPoint]:
-    """Every point where both variants were timed, with the bootstrap CI of the latency ratio."""
+    """Every point where both variants were timed, with the bootstrap CI of the latency ratio (cached per run)."""
     ok = run.ok_rows()
     base = ok[ok["variant"] == baseline].set_index(["dtype", "layout", "page_size", "seq_len"])
     cand = ok[ok["variant"] == candidate].set_index(["dtype", "layout", "page_size", "seq_len"])
@@ -273,11 +281,13 @@ def summary_text(run: Run) -> str:
     return "\n".join(lines)
 
 
+def variant_sort_key(name: str) -> tuple:
+    """The baseline first, then the candidate, then the rest by name."""
+    return (name != BASELINE, name != CANDIDATE, name)
+
+
 def _variant_order(column: pd.Series) -> pd.Series:
-    """Sort key: the baseline first, then the candidate, then the rest by name."""
-    if column.name != "variant":
-        return column
-    return column.map(lambda v: (v != BASELINE, v != CANDIDATE, v))
+    return column.map(variant_sort_key) if column.name == "variant" else column
 
 
 def relative_noise(a: pd.Series, b: pd.Series) -> float:

@@ -133,7 +133,7 @@ class KvSession:
             pytest.skip(f"{variant.name}: {reason}")
         try:
             workload = self.workload(point)
-        except torch.OutOfMemoryError as exc:
+        except torch.cuda.OutOfMemoryError as exc:  # an alias of torch.OutOfMemoryError in recent torch
             self._workload = None
             note = f"out of memory generating the inputs: {str(exc).splitlines()[0]}"
             if record:

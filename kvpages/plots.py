@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from kvpages.analysis import BASELINE, CANDIDATE, Run, with_link_model  # noqa: E402
+from kvpages.analysis import BASELINE, CANDIDATE, Run, variant_sort_key, with_link_model  # noqa: E402
 from kvpages.links import LINK_PROFILES  # noqa: E402
 from kvpages.sweep import ITEMSIZE  # noqa: E402
 
@@ -27,8 +27,7 @@ FORMATS = ("png", "svg")
 
 
 def _variants(frame) -> list[str]:
-    names = sorted(frame["variant"].unique())
-    return sorted(names, key=lambda v: (v != BASELINE, v != CANDIDATE, v))
+    return sorted(frame["variant"].unique(), key=variant_sort_key)
 
 
 def _colors(variants: list[str]) -> dict[str, str]:

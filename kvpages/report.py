@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvpages.analysis import (
-    BASELINE, CANDIDATE, CONFIDENCE, NOISY_IQR_FRACTION, RatioPoint, Run, crossovers, fastest, ratio_points, with_link_model,
+    BASELINE, CANDIDATE, CONFIDENCE, NOISY_IQR_FRACTION, RatioPoint, Run, crossovers, fastest, ratio_points, variant_sort_key,
+    with_link_model,
 )
 from kvpages.links import LINK_PROFILES
 from kvpages.results import write_atomic
@@ -80,6 +81,29 @@ def results_section(run: Run, points: list[RatioPoint]) -> str:
     return "\n\n".join(parts) if parts else f"No point has both {BASELINE} and {CANDIDATE} timed."
 
 
+def variants_section(run: Run) -> str:
+    """Per page size: every timed variant's bytes and latency against the baseline, the fastest marked."""
+    ok = run.ok_rows()
+    others = sorted(set(ok["variant"]) - {BASELINE}, key=variant_sort_key)
+    ratios = {(v, p.dtype, p.layout, p.page_size, p.seq_len): p for v in others for p in ratio_points(run, BASELINE, v)}
+    parts = []
+    for (dtype, layout, page_size), group in ok.groupby(["dtype", "layout", "page_size"], sort=True):
+        rows = []
+        for seq_len, at in group.groupby("seq_len"):
+            quickest = set(fastest(at).split(" ≈ "))
+            for _, r in at.sort_values("variant", key=lambda c: c.map(variant_sort_key)).iterrows():
+                p = ratios.get((r["variant"], dtype, layout, page_size, seq_len))
+                bytes_ratio = f"{p.candidate_bytes / p.baseline_bytes:.4g}" if p else ("1" if r["variant"] == BASELINE else "")
+                latency = f"{p.ratio:.3f}" if p else ("1" if r["variant"] == BASELINE else "")
+                ci = f"[{p.ci_low:.3f}, {p.ci_high:.3f}]" if p else ""
+                rows.append([seq_len, f"`{r['variant']}`", r["d2h_bytes"], bytes_ratio, _us(r["median_us"]),
+                             _us(r["iqr_us"]), latency, ci, "yes" if r["variant"] in quickest else ""])
+        header = ["seq_len", "variant", "D2H B", f"bytes / {BASELINE}", "median µs", "IQR µs",
+                  f"latency / {BASELINE}", f"{CONFIDENCE:.0%} CI", "fastest"]
+        parts.append(f"### page_size {page_size} ({dtype}, {layout})\n\n{_table(header, rows)}")
+    return "\n\n".join(parts)
+
+
 def crossover_section(points: list[RatioPoint]) -> str:
     found = crossovers(points)
     if not found:
@@ -121,6 +145,8 @@ def render(run: Run) -> str:
         f"with the {CONFIDENCE:.0%} bootstrap confidence interval of the ratio of medians from the raw samples.\n\n"
         + results_section(run, points),
         "## Crossover\n\n" + crossover_section(points),
+        f"## Every variant vs {BASELINE}\n\n`fastest`: the lowest median, and any variant within the noise of it "
+        "(half the larger IQR/median of the two rows).\n\n" + variants_section(run),
         "## Link model\n\n" + link_model_section(run),
     ]
     if charts:
