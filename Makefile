@@ -2,7 +2,8 @@
 # Both create (or reuse) a virtual environment in $(VENV) and install what they need.
 #
 #   TORCH=torch==2.13.0  (default) the CPU wheel; on a CPU machine never leave torch unpinned
-#   TORCH=system         reuse the torch of $(PYTHON) (e.g. your CUDA build): the venv sees its site-packages
+#   TORCH=system         reuse the torch of $(PYTHON) (e.g. your CUDA build): the venv sees its site-packages;
+#                        with VENV=/path/to/an/existing/venv that has torch, that venv is used as it is
 #   PRESET=default       the sweep `make bench` runs: quick, default or full
 #   PYTEST_ARGS=...      extra options for pytest, e.g. PYTEST_ARGS="--kv-page-sizes 1,64"
 
@@ -21,7 +22,8 @@ VENV_FLAGS := $(if $(filter system,$(TORCH)),--system-site-packages,)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 ifeq ($(TORCH),system)
-	$(BIN)/python -c "import torch; print('using torch', torch.__version__, 'from', torch.__file__)"
+	@$(BIN)/python -c "import torch; print('using torch', torch.__version__, 'from', torch.__file__)" 2>/dev/null || \
+		{ echo "TORCH=system: $(PYTHON) has no torch to reuse; install your torch build into it, or leave TORCH unset for torch==2.13.0 (CPU)" >&2; rm -rf $(VENV); exit 2; }
 else
 	$(BIN)/python -m pip install -q "$(TORCH)"
 endif

@@ -197,11 +197,14 @@ def profiler_d2h(fn: Callable[[torch.Tensor, int], object], kv_indices: torch.Te
             trace = json.load(f)
     finally:
         os.unlink(path)
-    return tuple(
-        ProfiledCopy(event["name"], int(event["args"]["bytes"]))
-        for event in trace.get("traceEvents", [])
-        if event.get("cat") == "gpu_memcpy" and str(event.get("name", "")).startswith("Memcpy DtoH")
-    )
+    copies = []
+    for event in trace.get("traceEvents", []):
+        if event.get("cat") == "gpu_memcpy" and str(event.get("name", "")).startswith("Memcpy DtoH"):
+            nbytes = event.get("args", {}).get("bytes")
+            if nbytes is None:
+                raise MeterMismatchError(f"the profiler's {event['name']!r} record carries no byte count; cannot cross-check")
+            copies.append(ProfiledCopy(event["name"], int(nbytes)))
+    return tuple(copies)
 
 
 def crosscheck(measured: D2HMeasurement, profiled: tuple[ProfiledCopy, ...], what: str) -> None:
