@@ -6,6 +6,7 @@ Every figure comes from a run's results.csv and samples.csv.
 from __future__ import annotations
 
 import functools
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,16 +69,14 @@ def _read_text(path: Path) -> str:
     if not data.strip():
         raise RunError(f"{path}: empty file")
     if b"\0" in data[:4096]:
-        raise RunError(f"{path}: binary file, expected a kvpages CSV")
+        raise RunError(f"{path}: binary file, expected kvpages text (CSV or JSON)")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise RunError(f"{path}: not UTF-8 text, expected a kvpages CSV") from None
+        raise RunError(f"{path}: not UTF-8 text, expected kvpages text (CSV or JSON)") from None
 
 
 def _read_csv(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
-    import io
-
     text = _read_text(path)
     try:
         frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
@@ -207,7 +206,7 @@ class RatioPoint:
 
 
 @functools.lru_cache(maxsize=64)
-def ratio_points(run: Run, baseline: str = BASELINE, candidate: str = CANDIDATE) -> list[RatioPoint]:
+def ratio_points(run: Run, baseline: str = BASELINE, candidate: str = CANDIDATE) -> tuple[RatioPoint, ...]:
     """Every point where both variants were timed, with the bootstrap CI of the latency ratio (cached per run)."""
     ok = run.ok_rows()
     base = ok[ok["variant"] == baseline].set_index(["dtype", "layout", "page_size", "seq_len"])
@@ -222,9 +221,9 @@ def ratio_points(run: Run, baseline: str = BASELINE, candidate: str = CANDIDATE)
             ratio, lo, hi = bootstrap_ratio(b_samples, c_samples)
         else:
             ratio = lo = hi = float(c["median_us"] / b["median_us"])
-        points.append(RatioPoint(key[0], key[1], int(key[2]), int(key[3]), float(b["median_us"]),
+        points.append(RatioPoint(dtype, layout, int(page_size), int(seq_len), float(b["median_us"]),
                                  float(c["median_us"]), ratio, lo, hi, int(b["d2h_bytes"]), int(c["d2h_bytes"])))
-    return points
+    return tuple(points)
 
 
 @dataclass(frozen=True)
@@ -241,7 +240,7 @@ class Crossover:
         return f"seq_len {self.seq_len}"
 
 
-def crossovers(points: list[RatioPoint]) -> list[Crossover]:
+def crossovers(points: tuple[RatioPoint, ...]) -> list[Crossover]:
     """Per (dtype, layout, page size): the smallest seq_len at which the candidate beats the baseline,
     i.e. the upper end of the 95% CI of candidate/baseline is below 1."""
     groups: dict[tuple, list[RatioPoint]] = {}
@@ -295,14 +294,13 @@ def relative_noise(a: pd.Series, b: pd.Series) -> float:
     return 0.5 * max(a["iqr_us"] / a["median_us"], b["iqr_us"] / b["median_us"])
 
 
-def fastest(rows: pd.DataFrame) -> str:
-    """The variant with the lowest median among `rows` (one point), joined by ' ≈ ' with any
-    variant whose median is within the noise (see `relative_noise`) of it."""
+def fastest(rows: pd.DataFrame) -> tuple[str, ...]:
+    """The variant with the lowest median among `rows` (one point), then any variant whose median
+    is within the noise (see `relative_noise`) of it."""
     ordered = rows.sort_values("median_us")
     best = ordered.iloc[0]
-    tied = [r["variant"] for _, r in ordered.iterrows()
-            if r["median_us"] <= best["median_us"] * (1 + relative_noise(best, r))]
-    return " ≈ ".join(tied)
+    return tuple(r["variant"] for _, r in ordered.iterrows()
+                 if r["median_us"] <= best["median_us"] * (1 + relative_noise(best, r)))
 
 
 # ----------------------------------------------------------------------------- compare

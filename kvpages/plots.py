@@ -23,9 +23,6 @@ from kvpages.analysis import BASELINE, CANDIDATE, Run, variant_sort_key, with_li
 from kvpages.links import LINK_PROFILES  # noqa: E402
 from kvpages.sweep import ITEMSIZE  # noqa: E402
 
-FORMATS = ("png", "svg")
-
-
 def _variants(frame) -> list[str]:
     return sorted(frame["variant"].unique(), key=variant_sort_key)
 

@@ -60,11 +60,11 @@ def caveats(run: Run) -> list[str]:
     return out
 
 
-def results_section(run: Run, points: list[RatioPoint]) -> str:
+def results_section(run: Run, points: tuple[RatioPoint, ...]) -> str:
     ok = run.ok_rows()
     parts = []
     for (dtype, layout, page_size), group in ok.groupby(["dtype", "layout", "page_size"], sort=True):
-        best = {seq_len: fastest(rows) for seq_len, rows in group.groupby("seq_len")}
+        best = {seq_len: " ≈ ".join(fastest(rows)) for seq_len, rows in group.groupby("seq_len")}
         rows = []
         for p in points:
             if (p.dtype, p.layout, p.page_size) != (dtype, layout, page_size):
@@ -90,7 +90,7 @@ def variants_section(run: Run) -> str:
     for (dtype, layout, page_size), group in ok.groupby(["dtype", "layout", "page_size"], sort=True):
         rows = []
         for seq_len, at in group.groupby("seq_len"):
-            quickest = set(fastest(at).split(" ≈ "))
+            quickest = fastest(at)
             for _, r in at.sort_values("variant", key=lambda c: c.map(variant_sort_key)).iterrows():
                 p = ratios.get((r["variant"], dtype, layout, page_size, seq_len))
                 bytes_ratio = f"{p.candidate_bytes / p.baseline_bytes:.4g}" if p else ("1" if r["variant"] == BASELINE else "")
@@ -104,7 +104,7 @@ def variants_section(run: Run) -> str:
     return "\n\n".join(parts)
 
 
-def crossover_section(points: list[RatioPoint]) -> str:
+def crossover_section(points: tuple[RatioPoint, ...]) -> str:
     found = crossovers(points)
     if not found:
         return "No crossover can be computed: no point has both variants timed."

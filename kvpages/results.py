@@ -64,6 +64,10 @@ class Row:
     note: str
     repro: str
 
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown row status {self.status!r}; valid: {', '.join(STATUSES)}")
+
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Row))
 INT_COLUMNS = ("seq_len", "page_size", "num_pages", "rotation", "expected_d2h_bytes", "d2h_bytes", "d2h_transfers", "rounds", "iterations")
