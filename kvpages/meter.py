@@ -197,9 +197,18 @@ def profiler_d2h(fn: Callable[[torch.Tensor, int], object], kv_indices: torch.Te
             trace = json.load(f)
     finally:
         os.unlink(path)
+    return dtoh_copies(trace)
+
+
+MEMCPY_CATEGORIES = ("gpu_memcpy", "Memcpy")
+"""Chrome-trace categories of CUDA memcpy records: current Kineto, and older Kineto."""
+
+
+def dtoh_copies(trace: dict) -> tuple[ProfiledCopy, ...]:
+    """The device-to-host memcpy records ('Memcpy DtoH (Device -> Pageable|Pinned)') of a Chrome trace."""
     copies = []
     for event in trace.get("traceEvents", []):
-        if event.get("cat") == "gpu_memcpy" and str(event.get("name", "")).startswith("Memcpy DtoH"):
+        if event.get("cat") in MEMCPY_CATEGORIES and str(event.get("name", "")).startswith("Memcpy DtoH"):
             nbytes = event.get("args", {}).get("bytes")
             if nbytes is None:
                 raise MeterMismatchError(f"the profiler's {event['name']!r} record carries no byte count; cannot cross-check")

@@ -9,7 +9,7 @@ import torch
 from conftest import devices
 from kvpages.inputs import make_workload
 from kvpages.meter import (
-    D2HMeasurement, MeterMismatchError, ProfiledCopy, Transfer, crosscheck, measure_d2h, profiler_d2h,
+    D2HMeasurement, MeterMismatchError, ProfiledCopy, Transfer, crosscheck, dtoh_copies, measure_d2h, profiler_d2h,
 )
 from kvpages.sweep import Point
 from kvpages.variants import get_variant, variant_names
@@ -101,6 +101,20 @@ def test_crosscheck_fails_loudly_on_a_mismatch():
         crosscheck(measured, (ProfiledCopy("Memcpy DtoH (Device -> Pageable)", 2048),), "case")
     with pytest.raises(MeterMismatchError):
         crosscheck(measured, (ProfiledCopy("Memcpy DtoH (Device -> Pinned)", 4096),), "pinnedness differs")
+
+
+def test_dtoh_records_are_read_from_current_and_older_chrome_traces():
+    trace = {"traceEvents": [
+        {"cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)", "args": {"bytes": 32768}},
+        {"cat": "Memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "args": {"bytes": 512}},
+        {"cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "args": {"bytes": 64}},
+        {"cat": "kernel", "name": "Memcpy DtoH lookalike kernel", "args": {}},
+        {"cat": "cpu_op", "name": "aten::copy_"},
+    ]}
+    copies = dtoh_copies(trace)
+    assert [(c.nbytes, c.pinned) for c in copies] == [(32768, False), (512, True)]
+    with pytest.raises(MeterMismatchError, match="carries no byte count"):
+        dtoh_copies({"traceEvents": [{"cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)", "args": {}}]})
 
 
 @pytest.mark.cuda
