@@ -274,7 +274,7 @@ def summary_text(run: Run) -> str:
         base = chosen[chosen["variant"] == BASELINE].set_index("seq_len")["median_us"]
         table = chosen[["seq_len", "variant", "d2h_bytes", "median_us"]].copy()
         table[f"vs_{BASELINE}"] = [m / base.get(s, np.nan) for s, m in zip(table["seq_len"], table["median_us"])]
-        table = table.sort_values(["seq_len", "variant"], key=_variant_order)
+        table = table.sort_values(["seq_len", "variant"], key=variant_order)
         lines.append(f"\npage_size={page_size} ({dtype}, {layout})")
         lines.append(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     return "\n".join(lines)
@@ -285,7 +285,8 @@ def variant_sort_key(name: str) -> tuple:
     return (name != BASELINE, name != CANDIDATE, name)
 
 
-def _variant_order(column: pd.Series) -> pd.Series:
+def variant_order(column: pd.Series) -> pd.Series:
+    """A `sort_values(key=...)` that orders the variant column by `variant_sort_key`."""
     return column.map(variant_sort_key) if column.name == "variant" else column
 
 

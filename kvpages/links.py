@@ -10,6 +10,7 @@ contains. No torch import.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -56,3 +57,14 @@ LINK_PROFILES: tuple[LinkProfile, ...] = (
     ),
 )
 """The profiles the charts and the report price rows at."""
+
+
+def profile_for(pcie_link: str | None, link: str) -> LinkProfile | None:
+    """The profile of a measured link: PCIe generation from meta.json's `pcie_link` ('Gen5 x16 ...')
+    and pinned/pageable from a row's `link` ('pcie pinned'); None when there is no such profile."""
+    generation = re.match(r"Gen(\d+)", pcie_link or "")
+    kind = {"pcie pinned": "pinned", "pcie pageable": "pageable"}.get(link)
+    if generation is None or kind is None:
+        return None
+    name = f"pcie{generation.group(1)}_{kind}"
+    return next((p for p in LINK_PROFILES if p.name == name), None)

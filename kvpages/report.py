@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvpages.analysis import (
-    BASELINE, CANDIDATE, CONFIDENCE, NOISY_IQR_FRACTION, RatioPoint, Run, crossovers, fastest, ratio_points, variant_sort_key,
-    with_link_model,
+    BASELINE, CANDIDATE, CONFIDENCE, NOISY_IQR_FRACTION, RatioPoint, Run, crossovers, fastest, ratio_points, variant_order,
+    variant_sort_key, with_link_model,
 )
-from kvpages.links import LINK_PROFILES
+from kvpages.links import LINK_PROFILES, profile_for
 from kvpages.results import write_atomic
 
 REPORT_MD = "REPORT.md"
@@ -91,7 +91,7 @@ def variants_section(run: Run) -> str:
         rows = []
         for seq_len, at in group.groupby("seq_len"):
             quickest = fastest(at)
-            for _, r in at.sort_values("variant", key=lambda c: c.map(variant_sort_key)).iterrows():
+            for _, r in at.sort_values("variant", key=variant_order).iterrows():
                 p = ratios.get((r["variant"], dtype, layout, page_size, seq_len))
                 bytes_ratio = f"{p.candidate_bytes / p.baseline_bytes:.4g}" if p else ("1" if r["variant"] == BASELINE else "")
                 latency = f"{p.ratio:.3f}" if p else ("1" if r["variant"] == BASELINE else "")
@@ -129,7 +129,30 @@ def link_model_section(run: Run) -> str:
     else:
         lead += "This CPU run crossed no link: its measured column contains no transfer time at all."
     sources = "\n".join(f"- {p.label}: {p.latency_us:g} µs + bytes / {p.bandwidth_gb_s:g} GB/s. {p.source}" for p in LINK_PROFILES)
-    return f"{lead}\n\n{_table(header, rows)}\n\n{sources}"
+    return f"{lead}\n\n{_table(header, rows)}\n\n{sources}" + model_vs_measurement(run)
+
+
+def model_vs_measurement(run: Run) -> str:
+    """On a run that crossed a link: each row's median beside the model of the link it crossed
+    (PCIe generation from meta.json); the difference is what the model leaves out."""
+    if not run.link_crossed:
+        return ""
+    pcie = run.meta.environment.pcie_link if run.meta else None
+    rows = []
+    for _, r in run.ok_rows().sort_values(["page_size", "seq_len", "variant"], key=variant_order).iterrows():
+        profile = profile_for(pcie, r["link"])
+        if profile is None:
+            continue
+        modeled = profile.modeled_us(r["d2h_bytes"], r["d2h_transfers"])
+        rows.append([r["page_size"], r["seq_len"], f"`{r['variant']}`", r["link"], profile.label, _us(r["median_us"]),
+                     _us(modeled), f"{r['median_us'] - modeled:+.2f}"])
+    if not rows:
+        return f"\n\nNo link profile matches this run's link (PCIe: {pcie}), so the model is not compared with it."
+    header = ["page_size", "seq_len", "variant", "link", "profile", "measured µs", "modeled µs", "measured - modeled µs"]
+    return ("\n\n### Model vs measurement\n\nEach timed row beside the model of the link it crossed. The "
+            "difference is what the model leaves out (device kernels, Python, synchronisation) or gets wrong "
+            "(the profile's latency and bandwidth).\n\n" + _table(header, rows))
+
 
 
 def render(run: Run) -> str:

@@ -164,3 +164,25 @@ def test_kvpages_list_prints_the_registry():
     done = subprocess.run([sys.executable, "-m", "kvpages", "list"], capture_output=True, text=True, check=True)
     for v in all_variants():
         assert v.name in done.stdout and v.description in done.stdout
+
+
+def test_a_cuda_run_compares_the_model_with_the_measurement(tmp_path):
+    from kvpages.links import profile_for
+
+    folder = synthetic_run(tmp_path / "cuda", medians({(8192, 64): 0.5}))
+    csv = (folder / "results.csv").read_text().replace("none (cpu)", "pcie pageable")
+    (folder / "results.csv").write_text(csv)
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["environment"].update(device="cuda", pcie_link="Gen5 x16 (max Gen5 x16)", link_crossed=True,
+                               link_note="CUDA run: d2h_bytes crossed the device-host link.")
+    (folder / "meta.json").write_text(json.dumps(meta))
+    run = load_run(folder)
+    profile = profile_for("Gen5 x16 (max Gen5 x16)", "pcie pageable")
+    assert profile is not None and profile.name == "pcie5_pageable"
+    assert profile_for("Gen4 x16", "pcie pinned").name == "pcie4_pinned"
+    assert profile_for(None, "pcie pinned") is None and profile_for("Gen5 x16", "none (cpu)") is None
+    text = render(run)
+    assert "### Model vs measurement" in text and "no PCIe link was crossed" not in text
+    host = run.ok_rows().set_index("variant").loc["host_stride"]
+    modeled = profile.modeled_us(host["d2h_bytes"], host["d2h_transfers"])
+    assert f"| {modeled:.2f} | {host['median_us'] - modeled:+.2f} |" in text
