@@ -191,13 +191,14 @@ class RunWriter:
         self._write_meta()
 
     def add(self, row: Row, samples: SampleSet | None = None) -> None:
-        self.rows.append(row)
-        self._rows_text += _csv_text(COLUMNS, [dataclasses.asdict(row)], header=False)
-        write_atomic(self.path / RESULTS_CSV, self._rows_text)
+        """Record a finished row; its samples are written first, so every row on disk has them."""
         if samples is not None:
             self.samples.append(samples)
             self._samples_text += _csv_text(SAMPLE_COLUMNS, [_sample_record(samples)], header=False)
             write_atomic(self.path / SAMPLES_CSV, self._samples_text)
+        self.rows.append(row)
+        self._rows_text += _csv_text(COLUMNS, [dataclasses.asdict(row)], header=False)
+        write_atomic(self.path / RESULTS_CSV, self._rows_text)
 
     def finish(self, completed: bool, end_note: str, timing: dict[str, float]) -> None:
         self.meta.finished_utc = utc_now()
