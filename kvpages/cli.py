@@ -37,7 +37,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     run = load_run(args.run)
     formats = ("png", "svg") if args.svg else ("png",)
-    for path in plot_run(run, formats):
+    charts = plot_run(run, formats)
+    if not charts:
+        raise RunError(f"{args.run}: no timed rows (status ok), so there is nothing to plot")
+    for path in charts:
         print(path)
     return 0
 
@@ -113,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except RunError as exc:
+    except (RunError, OSError) as exc:  # OSError: e.g. a run folder we may not write charts into
         print(f"kvpages: error: {exc}", file=sys.stderr)
         return 2
 

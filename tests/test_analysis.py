@@ -121,6 +121,19 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, make, words):
         assert done.stderr.startswith(f"kvpages: error: {target}")
 
 
+def test_nothing_to_plot_and_an_unwritable_folder_are_one_line_errors(tmp_path, crossing_run):
+    skipped_only = tmp_path / "skipped"
+    skipped_only.mkdir()
+    (skipped_only / "meta.json").write_bytes((crossing_run / "meta.json").read_bytes())
+    lines = (crossing_run / "results.csv").read_text().splitlines()
+    (skipped_only / "results.csv").write_text(lines[0] + "\n" + lines[1].replace(",ok,", ",skipped,") + "\n")
+    done = cli("plot", str(skipped_only))
+    assert done.returncode == 2 and "no timed rows (status ok), so there is nothing to plot" in done.stderr
+    (crossing_run / "latency_int32_fragmented.png").mkdir()  # a folder where a chart must go
+    done = cli("plot", str(crossing_run))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
 def test_incompatible_schema_version_and_nothing_in_common(tmp_path, crossing_run):
     meta = json.loads((crossing_run / "meta.json").read_text())
     meta["schema_version"] = 99
