@@ -45,6 +45,9 @@ def caveats(run: Run) -> list[str]:
         out.append("This is a CPU run: no PCIe link was crossed. `.cpu()` is a no-op here, so the latencies "
                    "measure only the device-side work and Python overhead; the bytes are what each variant "
                    "would hand across the link. Use the link model or a CUDA run for transfer costs.")
+    out.append("Variants are timed one after another, not interleaved, so a slow drift of the machine between "
+               "benchmarks is not cancelled out. Differences smaller than the spread between repeated runs "
+               "(`kvpages compare A B`) are not evidence.")
     if run.meta is not None and not run.meta.completed:
         out.append(f"The run did not complete: {run.meta.end_note}.")
     ok = run.ok_rows()
