@@ -22,13 +22,14 @@ from kvpages.sweep import Point
 from kvpages.variants import check_kv_indices, reference_page_indices
 
 ROTATION_TARGET_BYTES = 64 * 2**20
-"""Rows to rotate among are chosen so that together they span this many bytes..."""
+"""Timed rounds rotate among request rows that together span this many bytes..."""
 MIN_ROTATION = 2
-MAX_ROTATION = 16
-"""...within these bounds. 64 MiB exceeds the 50 MiB L2 of an H100/H200 and the L2
-of server CPUs, so long rows are not timed out of a warm cache. Short rows stay
-cache resident whatever we do, as they are in production, where the scheduler wrote
-those indices moments before the send."""
+MAX_ROTATION = 32
+"""...within these bounds. With 32 rows, slices of 524288 int32 tokens (2 MiB) or longer
+span 64 MiB, more than the 50-60 MB L2 of an H100/H200 and the caches of the CPUs we run
+on, so long rows are not timed out of a warm cache. Shorter rows stay partly cache
+resident whatever we do; so may they in production, where the scheduler wrote those
+indices shortly before the send."""
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"int32": torch.int32, "int64": torch.int64}
 

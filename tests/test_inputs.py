@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from conftest import devices
-from kvpages.inputs import MAX_ROTATION, MIN_ROTATION, make_workload, rotation_for, validate_page_layout
+from kvpages.inputs import (
+    MAX_ROTATION, MIN_ROTATION, ROTATION_TARGET_BYTES, make_workload, rotation_for, validate_page_layout,
+)
 from kvpages.sweep import Point
 
 
@@ -53,6 +55,7 @@ def test_same_seed_same_inputs_other_seed_other_inputs():
 
 def test_rotation_spans_caches_within_bounds():
     assert rotation_for(Point(512, 1)) == MAX_ROTATION
+    assert rotation_for(Point(524288, 64)) * 524288 * 4 == ROTATION_TARGET_BYTES  # the longest default rows span it
     assert rotation_for(Point(2 ** 23, 1, "int64")) == MIN_ROTATION
     assert len(make_workload(Point(512, 1)).kv_indices) == MAX_ROTATION
 
