@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, reference_runs, synthetic_run
-from kvpages.analysis import RunError, bootstrap_ratio, compare_runs, crossovers, load_run, ratio_points
+from kvpages.analysis import bootstrap_ratio, compare_runs, crossovers, load_run, ratio_points
 from kvpages.cli import main
 from kvpages.report import render
 
