@@ -201,6 +201,10 @@ class RatioPoint:
     candidate_bytes: int
 
     @property
+    def bytes_ratio(self) -> float:
+        return self.candidate_bytes / self.baseline_bytes
+
+    @property
     def candidate_wins(self) -> bool:
         return self.ci_high < 1.0
 

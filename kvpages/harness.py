@@ -151,17 +151,16 @@ class KvSession:
             if point.device == "cuda":
                 profiled = profiler_d2h(variant.fn, workload.kv_indices[0], point.page_size)
                 crosscheck(measured, profiled, case.id)
-        expected_bytes = variant.expected_d2h_bytes(point.seq_len, point.page_size, point.itemsize)
-        if measured.d2h_bytes != expected_bytes:
+        row = self._row(case, measured, status="ok", note="", rotation=workload.rotation)
+        if measured.d2h_bytes != row.expected_d2h_bytes:
             self._fail(
                 case,
                 record,
-                f"measured {measured.d2h_bytes} D2H bytes, expected {expected_bytes} "
+                f"measured {measured.d2h_bytes} D2H bytes, expected {row.expected_d2h_bytes} "
                 f"({variant.moves.value} x {point.itemsize} bytes)",
                 measured,
             )
 
-        row = self._row(case, measured, status="ok", note="", rotation=workload.rotation)
         benchmark.group = point.id
         benchmark.extra_info.update(
             {k: v for k, v in dataclasses.asdict(row).items() if k in EXTRA_INFO and v is not None}

@@ -24,6 +24,10 @@ def _us(value: float) -> str:
     return f"{value:.3g}" if value >= 100 else f"{value:.2f}"
 
 
+def _ci(point: RatioPoint) -> str:
+    return f"[{point.ci_low:.3f}, {point.ci_high:.3f}]"
+
+
 def environment_paragraph(run: Run) -> str:
     if run.meta is None:
         return f"Run {run.run_id} on {run.device_name}; no meta.json beside the CSV, so the environment is unknown."
@@ -73,8 +77,8 @@ def results_section(run: Run, points: tuple[RatioPoint, ...]) -> str:
             if (p.dtype, p.layout, p.page_size) != (dtype, layout, page_size):
                 continue
             rows.append([
-                p.seq_len, p.baseline_bytes, p.candidate_bytes, f"{p.candidate_bytes / p.baseline_bytes:.4g}",
-                _us(p.baseline_us), _us(p.candidate_us), f"{p.ratio:.3f}", f"[{p.ci_low:.3f}, {p.ci_high:.3f}]",
+                p.seq_len, p.baseline_bytes, p.candidate_bytes, f"{p.bytes_ratio:.4g}",
+                _us(p.baseline_us), _us(p.candidate_us), f"{p.ratio:.3f}", _ci(p),
                 best.get(p.seq_len, ""),
             ])
         if rows:
@@ -96,9 +100,9 @@ def variants_section(run: Run) -> str:
             quickest = fastest(at)
             for _, r in at.sort_values("variant", key=variant_order).iterrows():
                 p = ratios.get((r["variant"], dtype, layout, page_size, seq_len))
-                bytes_ratio = f"{p.candidate_bytes / p.baseline_bytes:.4g}" if p else ("1" if r["variant"] == BASELINE else "")
+                bytes_ratio = f"{p.bytes_ratio:.4g}" if p else ("1" if r["variant"] == BASELINE else "")
                 latency = f"{p.ratio:.3f}" if p else ("1" if r["variant"] == BASELINE else "")
-                ci = f"[{p.ci_low:.3f}, {p.ci_high:.3f}]" if p else ""
+                ci = _ci(p) if p else ""
                 rows.append([seq_len, f"`{r['variant']}`", r["d2h_bytes"], bytes_ratio, _us(r["median_us"]),
                              _us(r["iqr_us"]), latency, ci, "yes" if r["variant"] in quickest else ""])
         header = ["seq_len", "variant", "D2H B", f"bytes / {BASELINE}", "median µs", "IQR µs",

@@ -185,7 +185,6 @@ class RunWriter:
         self.path = path
         self.meta = meta
         self.rows: list[Row] = []
-        self.samples: list[SampleSet] = []
         self._rows_text = _csv_text(COLUMNS, [])
         self._samples_text = _csv_text(SAMPLE_COLUMNS, [])
         self._write_meta()
@@ -193,7 +192,6 @@ class RunWriter:
     def add(self, row: Row, samples: SampleSet | None = None) -> None:
         """Record a finished row; its samples are written first, so every row on disk has them."""
         if samples is not None:
-            self.samples.append(samples)
             self._samples_text += _csv_text(SAMPLE_COLUMNS, [_sample_record(samples)], header=False)
             write_atomic(self.path / SAMPLES_CSV, self._samples_text)
         self.rows.append(row)
