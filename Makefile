@@ -6,18 +6,24 @@
 #                        with VENV=/path/to/an/existing/venv that has torch, that venv is used as it is
 #   PRESET=default       the sweep `make bench` runs: quick, default or full
 #   PYTEST_ARGS=...      extra options for pytest, e.g. PYTEST_ARGS="--kv-page-sizes 1,64"
+#   NOISE_PRESET=quick   the sweep `make noise` runs twice, back to back
+#
+# `make gpu-check` needs no venv and no network: it runs bench/gpu_check.sh with $(PYTHON) as it is
+# (e.g. PYTHON=/opt/conda/bin/python, or PYTHON=.venv/bin/python).
 
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 PRESET ?= default
 PYTEST_ARGS ?=
+NOISE_PRESET ?= quick
+NOISE_DIR ?= .noise
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvpages-installed
 VENV_FLAGS := $(if $(filter system,$(TORCH)),--system-site-packages,)
 
-.PHONY: bench test gpu-check clean-venv
+.PHONY: bench test lint noise gpu-check clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -33,11 +39,22 @@ endif
 bench: $(STAMP)
 	$(BIN)/python -m pytest bench/ --benchmark-only --kv-preset $(PRESET) --kv-analyze -q $(PYTEST_ARGS)
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest tests/ bench/ --benchmark-disable --kv-preset quick -q $(PYTEST_ARGS)
 
-gpu-check: $(STAMP)
-	PYTHON=$(BIN)/python bash bench/gpu_check.sh $(PYTEST_ARGS)
+lint: $(STAMP)
+	$(BIN)/python -m ruff check kvpages tests bench
+	$(BIN)/python -m mypy
+
+# Two runs of the same code, back to back, into a new folder under $(NOISE_DIR)/; then their A/A figures.
+noise: $(STAMP)
+	@dir=$(NOISE_DIR)/$$(date -u +%Y%m%dT%H%M%SZ); mkdir -p $$dir && \
+	for i in 1 2; do $(BIN)/python -m pytest bench/ --benchmark-only --kv-preset $(NOISE_PRESET) -q \
+		-p no:cacheprovider --kv-results $$dir $(PYTEST_ARGS) || exit $$?; done && \
+	$(BIN)/kvpages noise $$(ls -d $$dir/*/)
+
+gpu-check:
+	PYTHON=$(PYTHON) bash bench/gpu_check.sh $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,24 +1,34 @@
 #!/usr/bin/env bash
-# make gpu-check: on a CUDA machine, in one go (a few minutes):
-#   1. the CUDA-marked tests (variants on CUDA, the meter against the CUDA profiler),
-#   2. a `quick` sweep on the GPU, written as a run folder to results/ with charts and REPORT.md.
+# make gpu-check: on a CUDA machine, in one go (about 2-4 minutes on an H200), with this machine's own
+# python and torch, no pip and no network:
+#   0. preflight: every package the steps need, and a CUDA device; one line naming what is missing if not,
+#   1. the CUDA-marked tests (variants and inputs on CUDA, the meter against the CUDA profiler, the sweep's
+#      CUDA twins: cross-check process, pinned variant, run folder),
+#   2. a `quick` sweep on the GPU (profiler cross-check in its own process), written as a run folder to
+#      results/ with charts, ratios.csv and REPORT.md,
+#   3. the same sweep with the cross-check off, to show the timing process is not skewed by it.
 # Uses $PYTHON (default: python3). Works without installing kvpages: the plugin is then loaded by name.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 
-if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    echo "gpu-check: torch sees no CUDA device ($("$PYTHON" -c 'import torch; print("torch", torch.__version__, "CUDA build", torch.version.cuda)')); nothing to check" >&2
-    exit 2
-fi
 if ! "$PYTHON" -c "import importlib.metadata as m; m.distribution('kvpages')" 2>/dev/null; then
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTEST_PLUGINS=kvpages.plugin
 fi
-"$PYTHON" -c "import torch; print('gpu-check on', torch.cuda.get_device_name(), 'torch', torch.__version__, 'CUDA', torch.version.cuda)"
-nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv || true
+"$PYTHON" -m kvpages.preflight --cuda
+nvidia-smi --query-gpu=name,uuid,driver_version,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current \
+    --format=csv || true
 
-echo "== CUDA-marked tests (variants, inputs, meter vs profiler)"
-"$PYTHON" -m pytest tests/test_variants.py tests/test_inputs.py tests/test_meter.py -m cuda -q -p no:cacheprovider
+echo "== CUDA-marked tests (variants, inputs, meter vs profiler, sweep twins)"
+"$PYTHON" -m pytest tests/test_variants.py tests/test_inputs.py tests/test_meter.py tests/test_plugin.py \
+    -m cuda -q -p no:cacheprovider
 
-echo "== quick sweep on the GPU"
-"$PYTHON" -m pytest bench/ --benchmark-only --kv-preset quick --kv-device cuda --kv-analyze -q -p no:cacheprovider "$@"
+echo "== quick sweep on the GPU (profiler cross-check in its own process)"
+"$PYTHON" -m pytest bench/ --benchmark-only --kv-preset quick --kv-device cuda --kv-analyze -q \
+    -p no:cacheprovider "$@"
+
+echo "== the same sweep without the cross-check"
+"$PYTHON" -m pytest bench/ --benchmark-only --kv-preset quick --kv-device cuda --kv-crosscheck off --kv-analyze \
+    -q -p no:cacheprovider "$@"
+runs=$(ls -d results/*-cuda-*/ | tail -2)
+"$PYTHON" -m kvpages compare $runs

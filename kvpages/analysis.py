@@ -1,13 +1,16 @@
-"""Load run folders and compute what the charts, the report and `compare` show (no torch import).
+"""Load run folders and analyse them once: what the charts, the report, the notebook and `compare` show.
 
-Every figure comes from a run's results.csv and samples.csv.
+`analyze(run)` computes one typed `Analysis` of a run (every variant against the baseline
+with repetition-level confidence intervals, the crossovers, the fastest variants per point,
+the noise floor); the renderers only format it. Every figure comes from a run's
+results.csv and samples.csv. No torch import.
 """
 
 from __future__ import annotations
 
-import functools
 import io
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,16 +19,35 @@ import pandas as pd
 
 from kvpages.links import LINK_PROFILES
 from kvpages.results import (
-    COLUMNS, FLOAT_COLUMNS, INT_COLUMNS, KEY_COLUMNS, META_JSON, RESULTS_CSV, SAMPLE_COLUMNS,
-    SAMPLES_CSV, SCHEMA_VERSION, Environment, RunMeta,
+    COLUMNS,
+    FLOAT_COLUMNS,
+    INT_COLUMNS,
+    KEY_COLUMNS,
+    META_JSON,
+    OPTIONAL_COLUMNS,
+    READABLE_SCHEMAS,
+    RESULTS_CSV,
+    SAMPLES_CSV,
+    Environment,
+    RatioRow,
+    RunMeta,
+)
+from kvpages.stats import (
+    CONFIDENCE,
+    Interval,
+    block_medians,
+    median_interval,
+    paired_log_ratios,
+    shift_interval,
+    unknown,
 )
 
 BASELINE = "host_stride"
 CANDIDATE = "device_stride"
-NOISY_IQR_FRACTION = 0.10
-"""A row whose IQR is at least this fraction of its median is flagged as noisy."""
-BOOTSTRAP_RESAMPLES = 2000
-CONFIDENCE = 0.95
+NOISY_SPREAD = 0.10
+"""A row whose block medians vary by at least this much (log-sd, ~ the CV) is flagged as noisy."""
+MEDIAN_RTOL = 1e-9
+"""load_run recomputes each ok row's median from samples.csv; beyond this relative difference it refuses the folder."""
 
 
 class RunError(ValueError):
@@ -38,7 +60,8 @@ class Run:
 
     path: Path
     rows: pd.DataFrame
-    samples: dict[tuple, np.ndarray]
+    samples: dict[tuple, list[np.ndarray]]
+    """Per row key, the per-round times of each repetition (block), in repetition order."""
     meta: RunMeta | None
 
     @property
@@ -56,6 +79,9 @@ class Run:
 
     def ok_rows(self) -> pd.DataFrame:
         return self.rows[self.rows["status"] == "ok"]
+
+    def blocks(self, key: tuple) -> list[np.ndarray] | None:
+        return self.samples.get(key)
 
 
 def row_key(row: pd.Series | dict) -> tuple:
@@ -89,7 +115,12 @@ def _read_csv(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
 
 
 def _typed_rows(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
+    frame = frame.copy()
+    for column in OPTIONAL_COLUMNS:
+        if column not in frame.columns:
+            frame[column] = ""
     rows = frame[list(COLUMNS)].copy()
+    column = ""
     try:
         for column in INT_COLUMNS:
             rows[column] = pd.to_numeric(rows[column].replace("", None)).astype("Int64")
@@ -109,13 +140,14 @@ def _read_meta(path: Path) -> RunMeta:
     if not isinstance(data, dict):
         raise RunError(f"{path}: expected a JSON object")
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise RunError(f"{path}: schema version {version!r}; this kvpages reads schema version {SCHEMA_VERSION}")
+    if version not in READABLE_SCHEMAS:
+        readable = ", ".join(str(v) for v in READABLE_SCHEMAS)
+        raise RunError(f"{path}: schema version {version!r}; this kvpages reads schema versions {readable}")
     try:
         env = Environment(**data.pop("environment"))
         return RunMeta(environment=env, **data)
     except (TypeError, KeyError) as exc:
-        raise RunError(f"{path}: fields do not match schema version {SCHEMA_VERSION} ({exc})") from None
+        raise RunError(f"{path}: fields do not match schema version {version} ({exc})") from None
 
 
 def load_run(path: str | Path) -> Run:
@@ -127,50 +159,48 @@ def load_run(path: str | Path) -> Run:
         folder, csv_path = path, path / RESULTS_CSV
         if not csv_path.exists():
             raise RunError(f"{path}: no {RESULTS_CSV} here; not a kvpages run folder")
-        meta = _read_meta(folder / META_JSON)
+        meta: RunMeta | None = _read_meta(folder / META_JSON)
     else:
         folder, csv_path = path.parent, path
         meta = _read_meta(folder / META_JSON) if (folder / META_JSON).exists() else None
-    rows = _typed_rows(_read_csv(csv_path, COLUMNS), csv_path)
-    samples: dict[tuple, np.ndarray] = {}
+    required = tuple(c for c in COLUMNS if c not in OPTIONAL_COLUMNS)
+    rows = _typed_rows(_read_csv(csv_path, required), csv_path)
     samples_path = folder / SAMPLES_CSV
-    if samples_path.exists():
-        frame = _read_csv(samples_path, SAMPLE_COLUMNS)
-        for record in frame.to_dict("records"):
-            try:
-                values = np.array([float(x) for x in record["samples_us"].split()])
-            except ValueError:
-                raise RunError(f"{samples_path}: samples_us holds a non-number") from None
-            samples[row_key(record)] = values
+    samples = _read_samples(samples_path) if samples_path.exists() else {}
+    _check_medians(rows, samples, csv_path)
     return Run(folder, rows, samples, meta)
 
 
-# ----------------------------------------------------------------------------- statistics
+def _read_samples(path: Path) -> dict[tuple, list[np.ndarray]]:
+    """samples.csv by row key; version 1 files (no `repetition` column) hold one block per row."""
+    frame = _read_csv(path, KEY_COLUMNS + ("rounds", "samples_us"))
+    by_key: dict[tuple, list[tuple[int, np.ndarray]]] = {}
+    for i, record in enumerate(frame.to_dict("records")):
+        try:
+            values = np.array(record["samples_us"].split(), dtype=np.float64)
+            repetition = int(record.get("repetition") or 0)
+        except ValueError:
+            raise RunError(f"{path}: line {i + 2}: samples_us or repetition holds a non-number") from None
+        by_key.setdefault(row_key(record), []).append((repetition, values))
+    return {key: [v for _, v in sorted(blocks, key=lambda b: b[0])] for key, blocks in by_key.items()}
 
 
-def bootstrap_ratio(base: np.ndarray, other: np.ndarray, seed: int = 0) -> tuple[float, float, float]:
-    """Ratio of medians other/base and its bootstrap confidence interval (percentile method)."""
-    rng = np.random.default_rng(seed)
-    ratio = float(np.median(other) / np.median(base))
-    base_medians = _resampled_medians(base, rng)
-    other_medians = _resampled_medians(other, rng)
-    tail = (1 - CONFIDENCE) / 2 * 100
-    lo, hi = np.percentile(other_medians / base_medians, [tail, 100 - tail])
-    return ratio, float(lo), float(hi)
+def _check_medians(rows: pd.DataFrame, samples: dict[tuple, list[np.ndarray]], path: Path) -> None:
+    """Refuse a results.csv whose ok rows' medians are not those of their samples (a hand edit, a mix-up)."""
+    if not samples:
+        return
+    for _, row in rows[rows["status"] == "ok"].iterrows():
+        key = row_key(row)
+        blocks = samples.get(key)
+        if blocks is None:
+            raise RunError(f"{path}: row {' '.join(map(str, key))} has no samples in {SAMPLES_CSV}")
+        median = float(np.median(np.concatenate(blocks)))
+        if not math.isclose(median, float(row["median_us"]), rel_tol=MEDIAN_RTOL, abs_tol=1e-12):
+            raise RunError(f"{path}: row {' '.join(map(str, key))} says median_us {row['median_us']!r}, but its "
+                           f"samples in {SAMPLES_CSV} give {median!r}; the folder was edited or mixed up")
 
 
-def _resampled_medians(data: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Medians of BOOTSTRAP_RESAMPLES resamples (with replacement) of `data`, as np.median defines them.
-
-    Resampling positions of the sorted data is resampling the data; sorting the small
-    integer positions (a radix sort) then gives each resample's middle order statistics.
-    """
-    ordered = np.sort(data)
-    n = ordered.size
-    dtype = np.uint16 if n <= np.iinfo(np.uint16).max else np.int64
-    positions = np.sort(rng.integers(0, n, (BOOTSTRAP_RESAMPLES, n), dtype=dtype), axis=1, kind="stable")
-    middle = [n // 2] if n % 2 else [n // 2 - 1, n // 2]
-    return ordered[positions[:, middle]].mean(axis=1)
+# ----------------------------------------------------------------------------- analysis
 
 
 def with_link_model(rows: pd.DataFrame) -> pd.DataFrame:
@@ -179,55 +209,49 @@ def with_link_model(rows: pd.DataFrame) -> pd.DataFrame:
     for profile in LINK_PROFILES:
         out[profile.column] = [
             profile.modeled_us(float(b), float(t)) if pd.notna(b) and pd.notna(t) else np.nan
-            for b, t in zip(rows["d2h_bytes"], rows["d2h_transfers"])
+            for b, t in zip(rows["d2h_bytes"], rows["d2h_transfers"], strict=True)
         ]
     return out
 
 
-@dataclass(frozen=True)
-class RatioPoint:
-    """`candidate` vs `baseline` at one point: medians, ratio candidate/baseline and its CI."""
-
-    dtype: str
-    layout: str
-    page_size: int
-    seq_len: int
-    baseline_us: float
-    candidate_us: float
-    ratio: float
-    ci_low: float
-    ci_high: float
-    baseline_bytes: int
-    candidate_bytes: int
-
-    @property
-    def bytes_ratio(self) -> float:
-        return self.candidate_bytes / self.baseline_bytes
-
-    @property
-    def candidate_wins(self) -> bool:
-        return self.ci_high < 1.0
+POINT_COLUMNS = ("dtype", "layout", "page_size", "seq_len")
 
 
-@functools.lru_cache(maxsize=64)
-def ratio_points(run: Run, baseline: str = BASELINE, candidate: str = CANDIDATE) -> tuple[RatioPoint, ...]:
-    """Every point where both variants were timed, with the bootstrap CI of the latency ratio (cached per run)."""
-    ok = run.ok_rows()
-    base = ok[ok["variant"] == baseline].set_index(["dtype", "layout", "page_size", "seq_len"])
-    cand = ok[ok["variant"] == candidate].set_index(["dtype", "layout", "page_size", "seq_len"])
-    points = []
-    for key in sorted(set(base.index) & set(cand.index)):
-        b, c = base.loc[key], cand.loc[key]
-        dtype, layout, page_size, seq_len = key
-        b_samples = run.samples.get((baseline, dtype, layout, int(seq_len), int(page_size)))
-        c_samples = run.samples.get((candidate, dtype, layout, int(seq_len), int(page_size)))
-        if b_samples is not None and c_samples is not None:
-            ratio, lo, hi = bootstrap_ratio(b_samples, c_samples)
-        else:
-            ratio = lo = hi = float(c["median_us"] / b["median_us"])
-        points.append(RatioPoint(dtype, layout, int(page_size), int(seq_len), float(b["median_us"]),
-                                 float(c["median_us"]), ratio, lo, hi, int(b["d2h_bytes"]), int(c["d2h_bytes"])))
-    return tuple(points)
+def verdict(interval: Interval) -> str:
+    if interval.ci_high < 1:
+        return "faster"
+    if interval.ci_low > 1:
+        return "slower"
+    return "within noise"
+
+
+def _log_block_medians(run: Run, key: tuple) -> np.ndarray | None:
+    blocks = run.blocks(key)
+    return None if blocks is None else np.log(block_medians(blocks))
+
+
+def paired_logs(run: Run, baseline_key: tuple, variant_key: tuple) -> np.ndarray | None:
+    """Per repetition, log(variant / baseline) of the block medians; None without samples for both."""
+    base, other = run.blocks(baseline_key), run.blocks(variant_key)
+    if base is None or other is None or len(base) != len(other):
+        return None
+    return paired_log_ratios(block_medians(base), block_medians(other))
+
+
+def _ratio(run: Run, variant: pd.Series, baseline: pd.Series) -> RatioRow:
+    logs = paired_logs(run, row_key(baseline), row_key(variant))
+    # A bare CSV has no repetitions to judge from.
+    interval = unknown(float(variant["median_us"] / baseline["median_us"]), 0) if logs is None else median_interval(logs)
+    return RatioRow(
+        variant=str(variant["variant"]), baseline=str(baseline["variant"]), dtype=str(variant["dtype"]),
+        layout=str(variant["layout"]), seq_len=int(variant["seq_len"]), page_size=int(variant["page_size"]),
+        ratio=interval.ratio, ci_low=interval.ci_low, ci_high=interval.ci_high, confidence=interval.confidence,
+        repetitions=interval.n,
+        bytes_ratio=float(variant["d2h_bytes"] / baseline["d2h_bytes"]),
+        variant_median_us=float(variant["median_us"]), baseline_median_us=float(baseline["median_us"]),
+        variant_d2h_bytes=int(variant["d2h_bytes"]), baseline_d2h_bytes=int(baseline["d2h_bytes"]),
+        verdict=verdict(interval),
+    )
 
 
 @dataclass(frozen=True)
@@ -244,18 +268,94 @@ class Crossover:
         return f"seq_len {self.seq_len}"
 
 
-def crossovers(points: tuple[RatioPoint, ...]) -> list[Crossover]:
-    """Per (dtype, layout, page size): the smallest seq_len at which the candidate beats the baseline,
-    i.e. the upper end of the 95% CI of candidate/baseline is below 1."""
-    groups: dict[tuple, list[RatioPoint]] = {}
-    for p in points:
-        groups.setdefault((p.dtype, p.layout, p.page_size), []).append(p)
+def crossovers(ratios: tuple[RatioRow, ...], variant: str = CANDIDATE) -> list[Crossover]:
+    """Per (dtype, layout, page size): the smallest seq_len at which `variant` beats the baseline,
+    i.e. the upper end of the confidence interval of variant/baseline is below 1."""
+    groups: dict[tuple, list[RatioRow]] = {}
+    for r in ratios:
+        if r.variant == variant:
+            groups.setdefault((r.dtype, r.layout, r.page_size), []).append(r)
     out = []
     for (dtype, layout, page_size), group in sorted(groups.items()):
-        group.sort(key=lambda p: p.seq_len)
-        wins = [p.seq_len for p in group if p.candidate_wins]
-        out.append(Crossover(dtype, layout, page_size, wins[0] if wins else None, tuple(p.seq_len for p in group)))
+        group.sort(key=lambda r: r.seq_len)
+        wins = [r.seq_len for r in group if r.ci_high < 1]
+        out.append(Crossover(dtype, layout, page_size, wins[0] if wins else None, tuple(r.seq_len for r in group)))
     return out
+
+
+def fastest(run: Run, rows: pd.DataFrame) -> tuple[str, ...]:
+    """At one point: the variant with the lowest median, then every variant tied with it, i.e. whose
+    paired ratio to it has a confidence interval that reaches 1 (no repetitions: equal medians only)."""
+    ordered = rows.sort_values("median_us")
+    best = ordered.iloc[0]
+    tied = []
+    for _, r in ordered.iterrows():
+        logs = paired_logs(run, row_key(best), row_key(r))
+        tie = r["median_us"] == best["median_us"] if logs is None else median_interval(logs).ci_low <= 1
+        if tie:
+            tied.append(str(r["variant"]))
+    return tuple(tied)
+
+
+@dataclass(frozen=True)
+class NoiseFloor:
+    """The spread between this run's repetitions: log-sd of each ok row's block medians (~ its CV)."""
+
+    repetitions: int
+    median_spread: float
+    max_spread: float
+    median_ci_half_width: float
+    """The median, over ratios, of the relative half-width of the ratio's confidence interval."""
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything the report, the charts, the notebook and `compare` show of one run, computed once."""
+
+    run: Run
+    baseline: str
+    ratios: tuple[RatioRow, ...]
+    crossovers: tuple[Crossover, ...]
+    fastest: dict[tuple, tuple[str, ...]]
+    """Per point (dtype, layout, page_size, seq_len): the fastest variants, tied within noise."""
+    noise: NoiseFloor
+
+    def ratios_of(self, variant: str) -> tuple[RatioRow, ...]:
+        return tuple(r for r in self.ratios if r.variant == variant)
+
+    def ratio_at(self, variant: str, dtype: str, layout: str, page_size: int, seq_len: int) -> RatioRow | None:
+        return next((r for r in self.ratios if (r.variant, r.dtype, r.layout, r.page_size, r.seq_len)
+                     == (variant, dtype, layout, page_size, seq_len)), None)
+
+    def ratios_frame(self) -> pd.DataFrame:
+        return pd.DataFrame([r.__dict__ for r in self.ratios])
+
+
+def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
+    """Analyse `run` once: every timed variant against `baseline` at every point where both were timed."""
+    ok = run.ok_rows()
+    ratios: list[RatioRow] = []
+    best: dict[tuple, tuple[str, ...]] = {}
+    for key, at in ok.groupby(list(POINT_COLUMNS), sort=True):
+        point = tuple(key)
+        best[point] = fastest(run, at)
+        base = at[at["variant"] == baseline]
+        if base.empty:
+            continue
+        for _, row in at.sort_values("variant", key=variant_order).iterrows():
+            if row["variant"] != baseline:
+                ratios.append(_ratio(run, row, base.iloc[0]))
+    found = tuple(crossovers(tuple(ratios)))
+    spreads = ok["rep_spread"].dropna()
+    finite = [(r.ci_high - r.ci_low) / 2 / r.ratio for r in ratios if math.isfinite(r.ci_high)]
+    repetitions = int(ok["repetitions"].dropna().max()) if ok["repetitions"].notna().any() else 1
+    noise = NoiseFloor(
+        repetitions=repetitions,
+        median_spread=float(spreads.median()) if len(spreads) else math.nan,
+        max_spread=float(spreads.max()) if len(spreads) else math.nan,
+        median_ci_half_width=float(np.median(finite)) if finite else math.nan,
+    )
+    return Analysis(run, baseline, tuple(ratios), found, best, noise)
 
 
 def summary_seq_lens(seq_lens: list[int]) -> list[int]:
@@ -265,19 +365,27 @@ def summary_seq_lens(seq_lens: list[int]) -> list[int]:
     return sorted({ordered[0], middle, ordered[-1]})
 
 
-def summary_text(run: Run) -> str:
-    """Per page size: D2H bytes and median latency of each variant at a few sequence lengths."""
+def summary_text(analysis: Analysis) -> str:
+    """Per page size: D2H bytes, median latency and the ratio to the baseline (with its CI) at a few lengths."""
+    run = analysis.run
     ok = run.ok_rows()
     if ok.empty:
         return "no timed rows"
     lines = []
     if not run.link_crossed:
         lines.append("CPU run: no PCIe link was crossed; bytes are those handed to the host boundary.")
-    for (dtype, layout, page_size), group in ok.groupby(["dtype", "layout", "page_size"], sort=True):
+    lines.append(f"{analysis.noise.repetitions} interleaved repetitions per (variant, point); "
+                 f"ratios are paired per repetition, with {CONFIDENCE:.0%} CIs.")
+    for key, group in ok.groupby(["dtype", "layout", "page_size"], sort=True):
+        dtype, layout, page_size = str(key[0]), str(key[1]), int(key[2])  # type: ignore[call-overload]
         chosen = group[group["seq_len"].isin(summary_seq_lens(group["seq_len"].tolist()))]
-        base = chosen[chosen["variant"] == BASELINE].set_index("seq_len")["median_us"]
         table = chosen[["seq_len", "variant", "d2h_bytes", "median_us"]].copy()
-        table[f"vs_{BASELINE}"] = [m / base.get(s, np.nan) for s, m in zip(table["seq_len"], table["median_us"])]
+        cells = []
+        for s, v in zip(table["seq_len"], table["variant"], strict=True):
+            r = analysis.ratio_at(v, dtype, layout, page_size, s)
+            cells.append("1" if v == analysis.baseline else (f"{r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+                                                            if r else ""))
+        table[f"vs_{analysis.baseline} [{CONFIDENCE:.0%} CI]"] = cells
         table = table.sort_values(["seq_len", "variant"], key=variant_order)
         lines.append(f"\npage_size={page_size} ({dtype}, {layout})")
         lines.append(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
@@ -294,75 +402,76 @@ def variant_order(column: pd.Series) -> pd.Series:
     return column.map(variant_sort_key) if column.name == "variant" else column
 
 
-def relative_noise(a: pd.Series, b: pd.Series) -> float:
-    """The spread two rows' medians are compared against: half the larger IQR/median of the two."""
-    return 0.5 * max(a["iqr_us"] / a["median_us"], b["iqr_us"] / b["median_us"])
-
-
-def fastest(rows: pd.DataFrame) -> tuple[str, ...]:
-    """The variant with the lowest median among `rows` (one point), then any variant whose median
-    is within the noise (see `relative_noise`) of it."""
-    ordered = rows.sort_values("median_us")
-    best = ordered.iloc[0]
-    return tuple(r["variant"] for _, r in ordered.iterrows()
-                 if r["median_us"] <= best["median_us"] * (1 + relative_noise(best, r)))
-
-
 # ----------------------------------------------------------------------------- compare
 
 
 @dataclass(frozen=True)
 class PointComparison:
+    """One key in both runs: B against A, with the confidence interval of B/A and its verdict."""
+
     key: tuple
-    a_median_us: float
-    b_median_us: float
-    ratio: float
-    ci_low: float
-    ci_high: float
-    noise: float  # half the larger relative IQR of the two rows
+    a_value: float
+    b_value: float
+    interval: Interval
     verdict: str  # "faster", "slower", "same within noise"
 
 
 @dataclass(frozen=True)
 class RunComparison:
-    points: list[PointComparison]
+    relative: list[PointComparison]
+    """Per (variant, point): B's variant/baseline ratio over A's (gated: robust to machine and process)."""
+    absolute: list[PointComparison]
+    """Per (variant, point): B's median over A's (informational: absolute times move between processes)."""
     only_a: list[tuple]
     only_b: list[tuple]
+    baseline: str
 
     def regressions(self, fail_above_pct: float) -> list[PointComparison]:
-        """Points where B is slower than A by more than `fail_above_pct` percent beyond noise."""
-        return [p for p in self.points if p.verdict == "slower" and p.ci_low > 1 + fail_above_pct / 100]
+        """Relative points whose whole CI of B/A lies above 1 + fail_above_pct / 100."""
+        return [p for p in self.relative if p.interval.ci_low > 1 + fail_above_pct / 100]
 
 
-def compare_runs(a: Run, b: Run) -> RunComparison:
-    """Align two runs on (variant, dtype, layout, seq_len, page_size); B/A ratios with bootstrap CIs.
+def _compare_verdict(interval: Interval) -> str:
+    v = verdict(interval)
+    return "same within noise" if v == "within noise" else v
 
-    A point is slower (faster) when the whole CI of B/A lies above (below) 1 and the
-    ratio is further from 1 than the runs' spread: half the larger IQR/median of
-    the two rows. Without samples for both rows, the CI falls back to the IQRs:
-    the ratio range q1_B/q3_A .. q3_B/q1_A.
+
+def compare_runs(a: Run, b: Run, baseline: str = BASELINE) -> RunComparison:
+    """Align two runs on (variant, dtype, layout, seq_len, page_size) and judge B against A.
+
+    Relative: each run's paired per-repetition log-ratios variant/baseline, compared by their
+    Hodges-Lehmann shift and its Mann-Whitney interval, so what drifts with the machine or the
+    process cancels within each run.
+    Absolute: each run's log block medians, compared the same way. Without repetitions
+    (1 each), no interval can be formed and the verdict is 'same within noise'.
     """
     a_rows = {row_key(r): r for _, r in a.ok_rows().iterrows()}
     b_rows = {row_key(r): r for _, r in b.ok_rows().iterrows()}
     common = sorted(set(a_rows) & set(b_rows))
     if not common:
         raise RunError(f"{a.path} and {b.path}: no timed (variant, point) in common; nothing to compare")
-    points = []
+    absolute, relative = [], []
     for key in common:
         ra, rb = a_rows[key], b_rows[key]
-        sa, sb = a.samples.get(key), b.samples.get(key)
-        if sa is not None and sb is not None:
-            ratio, lo, hi = bootstrap_ratio(sa, sb)
-        else:
-            ratio = rb["median_us"] / ra["median_us"]
-            lo, hi = rb["q1_us"] / ra["q3_us"], rb["q3_us"] / ra["q1_us"]
-        noise = relative_noise(ra, rb)
-        if lo > 1 and ratio > 1 + noise:
-            verdict = "slower"
-        elif hi < 1 and ratio < 1 - noise:
-            verdict = "faster"
-        else:
-            verdict = "same within noise"
-        points.append(PointComparison(key, float(ra["median_us"]), float(rb["median_us"]), float(ratio),
-                                      float(lo), float(hi), float(noise), verdict))
-    return RunComparison(points, sorted(set(a_rows) - set(b_rows)), sorted(set(b_rows) - set(a_rows)))
+        la, lb = _log_block_medians(a, key), _log_block_medians(b, key)
+        interval = _between(la, lb, float(rb["median_us"] / ra["median_us"]))
+        absolute.append(PointComparison(key, float(ra["median_us"]), float(rb["median_us"]), interval,
+                                        _compare_verdict(interval)))
+        base_key = (baseline,) + key[1:]
+        if key[0] == baseline or base_key not in a_rows or base_key not in b_rows:
+            continue
+        pa, pb = paired_logs(a, base_key, key), paired_logs(b, base_key, key)
+        ratio_a = float(ra["median_us"] / a_rows[base_key]["median_us"])
+        ratio_b = float(rb["median_us"] / b_rows[base_key]["median_us"])
+        interval = _between(pa, pb, ratio_b / ratio_a)
+        a_value = math.exp(float(np.median(pa))) if pa is not None else ratio_a
+        b_value = math.exp(float(np.median(pb))) if pb is not None else ratio_b
+        relative.append(PointComparison(key, a_value, b_value, interval, _compare_verdict(interval)))
+    return RunComparison(relative, absolute, sorted(set(a_rows) - set(b_rows)), sorted(set(b_rows) - set(a_rows)),
+                         baseline)
+
+
+def _between(a_logs: np.ndarray | None, b_logs: np.ndarray | None, fallback: float) -> Interval:
+    if a_logs is None or b_logs is None or a_logs.size < 2 or b_logs.size < 2:
+        return unknown(fallback, 0)
+    return shift_interval(a_logs, b_logs)

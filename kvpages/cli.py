@@ -1,4 +1,4 @@
-"""The `kvpages` command: list variants; plot, report, summarize and compare run folders.
+"""The `kvpages` command: list variants; plot, report, summarize, compare and noise-check run folders.
 
 Only `list` imports torch (it reads the variant registry); the analysis commands
 need only pandas and matplotlib. User errors print one line and exit 2.
@@ -11,7 +11,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvpages.analysis import RunError, compare_runs, load_run, summary_text
+from kvpages.analysis import CANDIDATE, Analysis, RunError, analyze, compare_runs, load_run, summary_text
+from kvpages.noise import aa_figures
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,12 +33,16 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _analysis(path: Path) -> Analysis:
+    return analyze(load_run(path))
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from kvpages.plots import plot_run
 
-    run = load_run(args.run)
+    analysis = _analysis(args.run)
     formats = ("png", "svg") if args.svg else ("png",)
-    charts = plot_run(run, formats)
+    charts = plot_run(analysis, formats)
     if not charts:
         raise RunError(f"{args.run}: no timed rows (status ok), so there is nothing to plot")
     for path in charts:
@@ -48,42 +53,69 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from kvpages.report import render, write_report
 
-    run = load_run(args.run)
-    path = write_report(run)
-    print(render(run))
-    print(f"written: {path}", file=sys.stderr)
+    analysis = _analysis(args.run)
+    path = write_report(analysis)
+    print(render(analysis))
+    print(f"written: {path} and {path.parent / 'ratios.csv'}", file=sys.stderr)
     return 0
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
-    print(summary_text(load_run(args.run)))
+    print(summary_text(_analysis(args.run)))
     return 0
 
 
+def _check_pct(flag: str, value: float | None) -> None:
+    if value is not None and not value >= 0:
+        raise RunError(f"{flag}: {value} must be a percentage >= 0")
+
+
+def _print_comparison(title: str, points, what: str) -> None:
+    print(f"\n{title}")
+    print(f"{'variant':<24} {'dtype':<6} {'layout':<11} {'seq_len':>8} {'page':>5} {'A ' + what:>10} "
+          f"{'B ' + what:>10} {'B/A':>7}  {'95% CI':<17} verdict")
+    for p in points:
+        variant, dtype, layout, seq_len, page_size = p.key
+        i = p.interval
+        ci = f"[{i.ci_low:.3f}, {i.ci_high:.3f}]" if i.n else "[n/a]"
+        print(f"{variant:<24} {dtype:<6} {layout:<11} {seq_len:>8} {page_size:>5} {p.a_value:>10.3f} "
+              f"{p.b_value:>10.3f} {i.ratio:>7.3f}  {ci:<17} {p.verdict}")
+
+
+def _counts(points) -> str:
+    counts = {v: sum(p.verdict == v for p in points) for v in ("faster", "slower", "same within noise")}
+    return f"{len(points)} points: " + ", ".join(f"{n} {v}" for v, n in counts.items())
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
-    if args.fail_above is not None and not args.fail_above >= 0:
-        raise RunError(f"--fail-above: {args.fail_above} must be a percentage >= 0")
+    _check_pct("--fail-above", args.fail_above)
     a, b = load_run(args.a), load_run(args.b)
     result = compare_runs(a, b)
     print(f"A = {a.run_id} ({a.device_name})\nB = {b.run_id} ({b.device_name})")
-    header = f"{'variant':<24} {'dtype':<6} {'layout':<11} {'seq_len':>8} {'page':>5} {'A_us':>10} {'B_us':>10} {'B/A':>7}  {'95% CI':<17} verdict"
-    print(header)
-    for p in result.points:
-        variant, dtype, layout, seq_len, page_size = p.key
-        ci = f"[{p.ci_low:.3f}, {p.ci_high:.3f}]"
-        print(f"{variant:<24} {dtype:<6} {layout:<11} {seq_len:>8} {page_size:>5} {p.a_median_us:>10.3f} "
-              f"{p.b_median_us:>10.3f} {p.ratio:>7.3f}  {ci:<17} {p.verdict}")
+    _print_comparison(f"Relative (gated): each variant / {result.baseline} within its run, B over A", result.relative,
+                      "ratio")
+    _print_comparison("Absolute (not gated: absolute times move between processes and machines): median µs, B over A",
+                      result.absolute, "µs")
     for label, keys in (("only in A", result.only_a), ("only in B", result.only_b)):
         for key in keys:
             print(f"{label}: {' '.join(str(k) for k in key)}")
-    counts = {v: sum(p.verdict == v for p in result.points) for v in ("faster", "slower", "same within noise")}
-    print(f"{len(result.points)} points: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
+    print(f"relative: {_counts(result.relative)}")
+    print(f"absolute: {_counts(result.absolute)}")
     if args.fail_above is not None:
         regressions = result.regressions(args.fail_above)
         if regressions:
-            print(f"FAIL: {len(regressions)} point(s) slower by more than {args.fail_above:g}% beyond noise", file=sys.stderr)
+            print(f"FAIL: {len(regressions)} point(s) slower relative to {result.baseline} by more than "
+                  f"{args.fail_above:g}% beyond noise (whole 95% CI above {1 + args.fail_above / 100:g})", file=sys.stderr)
             return 1
-        print(f"OK: no point slower by more than {args.fail_above:g}% beyond noise")
+        print(f"OK: no point slower relative to {result.baseline} by more than {args.fail_above:g}% beyond noise")
+    return 0
+
+
+def cmd_noise(args: argparse.Namespace) -> int:
+    _check_pct("--fail-above", args.fail_above)
+    a, b = _analysis(args.a), _analysis(args.b)
+    figures = aa_figures(a, b, args.variant, args.fail_above)
+    print(figures.text())
     return 0
 
 
@@ -107,8 +139,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("a", type=Path, help="baseline run folder")
     p.add_argument("b", type=Path, help="run folder to compare")
     p.add_argument("--fail-above", type=float, metavar="PCT",
-                   help="exit 1 if any point is slower by more than PCT percent beyond noise")
+                   help="exit 1 if any variant's ratio to the baseline is worse in B by more than PCT percent "
+                        "beyond noise")
     p.set_defaults(func=cmd_compare)
+    p = sub.add_parser("noise", help="A/A figures of two runs of the same code: do their intervals hold each other?")
+    p.add_argument("a", type=Path, help="first run folder")
+    p.add_argument("b", type=Path, help="second run folder, same code and machine")
+    p.add_argument("--variant", default=CANDIDATE, help=f"the variant whose ratio to the baseline is checked "
+                                                        f"(default {CANDIDATE})")
+    p.add_argument("--fail-above", type=float, default=10.0, metavar="PCT",
+                   help="the compare gate to try on the pair (default 10)")
+    p.set_defaults(func=cmd_noise)
     return parser
 
 

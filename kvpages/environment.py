@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -19,14 +20,16 @@ CPU_LINK_NOTE = (
     "CPU run: no PCIe link was crossed. `.cpu()` is a no-op on a CPU tensor, so d2h_bytes count "
     "the bytes handed to the host boundary and latencies contain no transfer time."
 )
-CUDA_LINK_NOTE = "CUDA run: d2h_bytes crossed the device-host link, as the CUDA profiler cross-check confirmed."
+CUDA_LINK_NOTE = "CUDA run: d2h_bytes crossed the device-host link"
+CROSSCHECK_NOTES = {True: ", as the CUDA profiler cross-check (in its own process) confirmed.",
+                    False: "; the profiler cross-check was off, so only the meter counted them."}
 
 
 def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
-    """stdout of `cmd`, or None if the tool is missing or fails (optional facts only)."""
+    """stdout of `cmd`, or None if the tool is missing, not executable, hangs or fails (optional facts only)."""
     try:
         done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=20, check=False)
-    except (FileNotFoundError, subprocess.TimeoutExpired):
+    except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
 
@@ -51,18 +54,44 @@ def git_state(repo: Path) -> tuple[str | None, bool | None]:
     return commit, bool(status)
 
 
-def nvidia_smi_facts(index: int) -> tuple[str | None, str | None]:
-    """(driver version, 'GenN xW (max GenM xV)') from nvidia-smi, if it is there."""
-    out = _run([
-        "nvidia-smi",
-        f"--id={index}",
-        "--query-gpu=driver_version,pcie.link.gen.current,pcie.link.width.current,pcie.link.gen.max,pcie.link.width.max",
-        "--format=csv,noheader,nounits",
-    ])
-    if not out:
+SMI_FIELDS = "driver_version,pcie.link.gen.current,pcie.link.width.current,pcie.link.gen.max,pcie.link.width.max"
+_SMI_LINE = re.compile(r"^\s*([0-9][0-9.]*)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*$")
+
+
+def gpu_uuid() -> str | None:
+    """The UUID of torch's current CUDA device as nvidia-smi names it ('GPU-...'), or None."""
+    uuid = str(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", "") or "")
+    if not uuid:
+        return None
+    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+
+
+def parse_smi(out: str | None) -> tuple[str | None, str | None]:
+    """(driver, 'GenN xW (max GenM xV)') from the first well-formed line of nvidia-smi's CSV, else (None, None).
+
+    Warning lines and anything else that is not five numbers are ignored.
+    """
+    for line in (out or "").splitlines():
+        match = _SMI_LINE.match(line)
+        if match:
+            driver, gen, width, gen_max, width_max = match.groups()
+            return driver, f"Gen{gen} x{width} (max Gen{gen_max} x{width_max})"
+    return None, None
+
+
+def nvidia_smi_facts(uuid: str | None) -> tuple[str | None, str | None]:
+    """(driver version, PCIe link) of the GPU with `uuid`, from nvidia-smi; (None, None) when it cannot tell.
+
+    nvidia-smi numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES, so the GPU is named by UUID.
+    """
+    if uuid is None:
         return None, None
-    driver, gen, width, gen_max, width_max = (part.strip() for part in out.splitlines()[0].split(","))
-    return driver, f"Gen{gen} x{width} (max Gen{gen_max} x{width_max})"
+    return parse_smi(_run(["nvidia-smi", f"--id={uuid}", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"]))
+
+
+def pcie_link_now() -> str | None:
+    """The current device's PCIe link now (call it right after a timed loop: an idle link downshifts)."""
+    return nvidia_smi_facts(gpu_uuid())[1]
 
 
 def device_name(device: str) -> str:
@@ -71,12 +100,13 @@ def device_name(device: str) -> str:
     return cpu_model()
 
 
-def capture(device: str, repo: Path) -> Environment:
+def capture(device: str, repo: Path, crosschecked: bool = False) -> Environment:
     """The environment of a run on `device` ('cpu' or 'cuda'), from the checkout at `repo`."""
     commit, dirty = git_state(repo)
-    driver = pcie = None
+    driver = pcie = uuid = None
     if device == "cuda":
-        driver, pcie = nvidia_smi_facts(torch.cuda.current_device())
+        uuid = gpu_uuid()
+        driver, pcie = nvidia_smi_facts(uuid)
     return Environment(
         kvpages_version=kvpages.__version__,
         python_version=sys.version.split()[0],
@@ -90,10 +120,11 @@ def capture(device: str, repo: Path) -> Environment:
         device=device,
         device_name=device_name(device),
         cuda_version=torch.version.cuda if device == "cuda" else None,
-        driver_version=driver,
-        pcie_link=pcie,
+        driver_version=driver or "unknown",
+        pcie_link=pcie or "unknown",
         git_commit=commit,
         git_dirty=dirty,
         link_crossed=device == "cuda",
-        link_note=CPU_LINK_NOTE if device == "cpu" else CUDA_LINK_NOTE,
+        link_note=CPU_LINK_NOTE if device == "cpu" else CUDA_LINK_NOTE + CROSSCHECK_NOTES[crosschecked],
+        gpu_uuid=uuid,
     )

@@ -1,47 +1,40 @@
-"""Runs one (variant, point) case: check, meter, time, record.
+"""The sweep session: wires the schedule, the inputs, the checks, the meter and the timer to the run folder.
 
-Data flows one way: sweep point -> workload -> variant (checked against the
-reference, metered in its own pass, then timed by pytest-benchmark) -> Row -> run folder.
+Data flows one way: sweep -> schedule of blocks -> workload -> variant (checked against
+the reference and metered in the first block of each case, then timed in every block)
+-> Rows when a point's last block finishes -> run folder.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import shlex
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from kvpages import crosscheck as profiler_check
 from kvpages import environment
 from kvpages.inputs import Workload, make_workload, validate_page_layout
-from kvpages.meter import crosscheck, measure_d2h, profiler_d2h
+from kvpages.meter import D2HMeasurement, measure_d2h
 from kvpages.options import BenchOptions
 from kvpages.results import Row, RunMeta, RunWriter, SampleSet, create_run_dir, utc_now
+from kvpages.schedule import Block, plan
+from kvpages.stats import row_statistics
 from kvpages.sweep import Point
+from kvpages.timer import WARMUP_FIRST_S, WARMUP_LATER_S, rounds_for, synchronizer, time_block, warm_up
 from kvpages.variants import Variant, get_variant, variant_names
 
-WARMUP_MIN_S = 0.005
-"""Warm-up runs every rotation input once, and for at least this long (untimed)."""
-
-
-@dataclass(frozen=True)
-class Case:
-    """One benchmark: a variant at a point."""
-
-    variant: Variant
-    point: Point
-
-    @property
-    def id(self) -> str:
-        return f"{self.variant.name}-{self.point.id}"
+EXTRA_INFO = ("variant", "device", "device_name", "dtype", "layout", "seq_len", "page_size", "num_pages", "rotation",
+              "expected_d2h_bytes", "d2h_bytes", "d2h_transfers", "link")
+"""Row fields copied into each benchmark's pytest-benchmark `extra_info` (with `repetition` and `order`)."""
 
 
 def resolve_device(choice: str) -> str:
@@ -64,22 +57,27 @@ def outputs_match(out: object, expected: np.ndarray) -> str | None:
     return None
 
 
-EXTRA_INFO = ("variant", "device", "device_name", "dtype", "layout", "seq_len", "page_size", "num_pages", "rotation",
-              "expected_d2h_bytes", "d2h_bytes", "d2h_transfers", "link")
-"""Row fields copied into each benchmark's pytest-benchmark `extra_info`."""
-STAT_FIELDS = ("median", "iqr", "q1", "q3", "min", "max", "mean", "stddev")
+def is_out_of_memory(exc: BaseException) -> bool:
+    """A CUDA or CPU allocation failure (torch raises a plain RuntimeError for the CPU allocator)."""
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(exc)
+    )
 
 
-def with_stats(row: Row, stats, iterations: int) -> Row:
-    """`row` with pytest-benchmark's statistics (seconds per call) in microseconds."""
-    times = {f"{name}_us": getattr(stats, name) * 1e6 for name in STAT_FIELDS}
-    return dataclasses.replace(row, **times, rounds=stats.rounds, iterations=iterations)
+@dataclass
+class CaseState:
+    """What the session knows of one (variant, point) while its blocks run."""
+
+    measured: D2HMeasurement | None = None
+    failed: str | None = None  # the status of a row already recorded for it (mismatch, skipped, ...)
+    blocks: list[SampleSet] = field(default_factory=list)
 
 
 class KvSession:
-    """The state of one pytest session of the sweep: options, device, current workload, run folder."""
+    """The state of one pytest session of the sweep: options, device, schedule, current workload, run folder."""
 
-    def __init__(self, options: BenchOptions, rootdir: Path, invocation_args: tuple[str, ...]) -> None:
+    def __init__(self, options: BenchOptions, rootdir: Path, invocation_args: tuple[str, ...],
+                 timing: bool = True) -> None:
         self.options = options
         self.device = resolve_device(options.device)
         self.rootdir = rootdir
@@ -89,17 +87,19 @@ class KvSession:
         self.started_utc = utc_now()
         self.phase_s: dict[str, float] = defaultdict(float)
         self.writer: RunWriter | None = None
-        self.planned = 0
+        self.repetitions = options.sweep.repetitions if timing else 1
+        names = options.variants or variant_names()
+        self.variants: dict[str, Variant] = {name: get_variant(name) for name in names}
+        self.passes = min(options.sweep.passes, self.repetitions)
+        self.blocks = plan(tuple(self.variants), list(options.sweep.points(self.device)), self.repetitions,
+                           options.sweep.seed, self.passes)
+        self.planned = len(self.blocks) // self.repetitions
+        self.crosscheck = profiler_check.enabled(options.crosscheck, self.device)
+        self._crosscheck_answers: dict[str, str | None] | None = None
+        self._cases: dict[str, CaseState] = defaultdict(CaseState)
         self._workload: Workload | None = None
-
-    # ------------------------------------------------------------------ plan
-
-    def cases(self) -> list[Case]:
-        names = self.options.variants or variant_names()
-        variants = [get_variant(name) for name in names]
-        cases = [Case(v, point) for point in self.options.sweep.points(self.device) for v in variants]
-        self.planned = len(cases)
-        return cases
+        self._built: dict[Point, Workload] = {}
+        self._pcie_loaded: str | None = None
 
     # ------------------------------------------------------------------ run
 
@@ -112,108 +112,142 @@ class KvSession:
             self.phase_s[name] += time.perf_counter() - start
 
     def workload(self, point: Point) -> Workload:
-        """The (cached) workload of `point`, generated and validated once per point."""
+        """The workload of `point`: generated and validated once, then re-copied into fresh memory for every
+        pass over the points, so each pass samples another placement of the inputs (as a new process would)."""
         if self._workload is None or self._workload.point != point:
-            self._workload = None  # free the previous point's memory first
+            self._workload = None  # free the previous pass's copy first
             with self.phase("generate"):
-                workload = make_workload(point)
-                for kv in workload.kv_indices:
-                    validate_page_layout(kv, point.page_size)
-            self._workload = workload
+                built = self._built.get(point)
+                if built is None:
+                    built = make_workload(point)
+                    for kv in built.kv_indices:
+                        validate_page_layout(kv, point.page_size)
+                    if self.passes > 1:
+                        self._built[point] = built
+                    self._workload = built
+                else:
+                    self._workload = built.fresh_copy()
         return self._workload
 
-    def run(self, benchmark, case: Case) -> None:
-        """Check, meter, time and record one case; called by the benchmark in bench/."""
-        point, variant = case.point, case.variant
+    def crosscheck_answer(self, block: Block) -> str | None:
+        """The profiler cross-check's answer for this case; the check process runs once, before any timing."""
+        if self._crosscheck_answers is None:
+            cases = [profiler_check.CheckCase(b.variant, b.point) for b in self.blocks
+                     if b.repetition == 0 and self.variants[b.variant].unavailable_reason(self.device) is None]
+            with self.phase("crosscheck"):
+                self._crosscheck_answers = profiler_check.run_crosscheck(cases)
+        return self._crosscheck_answers.get(block.case_id)
+
+    def run(self, benchmark, block: Block) -> None:
+        """Check and meter (first block of a case), time and collect one block; called by bench/."""
+        point, variant = block.point, self.variants[block.variant]
+        state = self._cases[block.case_id]
         record = not benchmark.disabled
+        try:
+            self._run(benchmark, block, variant, state, record)
+        finally:
+            if block.last_of_point:
+                self._built.pop(point, None)
+                if record:
+                    self._flush(point)
+
+    def _run(self, benchmark, block: Block, variant: Variant, state: CaseState, record: bool) -> None:
+        point = block.point
+        if state.failed is not None:
+            pytest.skip(f"{block.case_id}: recorded as {state.failed} in an earlier repetition")
         reason = variant.unavailable_reason(point.device)
         if reason is not None:
-            if record:
-                self._record(self._row(case, None, status="skipped", note=reason))
-            pytest.skip(f"{variant.name}: {reason}")
+            self._stop(block, state, record, "skipped", reason, pytest.skip)
+        if self.crosscheck and state.measured is None:
+            answer = self.crosscheck_answer(block)
+            if answer is not None:
+                self._stop(block, state, record, "mismatch", f"profiler cross-check: {answer}", _fail)
         try:
             workload = self.workload(point)
-        except torch.cuda.OutOfMemoryError as exc:  # an alias of torch.OutOfMemoryError in recent torch
+            if state.measured is None:
+                with self.phase("check"):
+                    for kv, expected in zip(workload.kv_indices, workload.expected, strict=True):
+                        problem = outputs_match(variant.fn(kv, point.page_size), expected)
+                        if problem:
+                            self._stop(block, state, record, "mismatch", f"wrong output: {problem}", _fail)
+        except (RuntimeError, MemoryError) as exc:
+            if not is_out_of_memory(exc):
+                raise
             self._workload = None
-            note = f"out of memory generating the inputs: {str(exc).splitlines()[0]}"
-            if record:
-                self._record(self._row(case, None, status="out_of_memory", note=note))
-            pytest.skip(note)
+            self._built.pop(point, None)
+            note = f"out of memory: {str(exc).splitlines()[0]}"
+            self._stop(block, state, record, "out_of_memory", note, pytest.skip)
 
-        with self.phase("check"):
-            for kv, expected in zip(workload.kv_indices, workload.expected):
-                problem = outputs_match(variant.fn(kv, point.page_size), expected)
-                if problem:
-                    self._fail(case, record, f"wrong output: {problem}")
-
-        with self.phase("meter"):
-            measured = measure_d2h(variant.fn, workload.kv_indices[0], point.page_size)
-            if point.device == "cuda":
-                profiled = profiler_d2h(variant.fn, workload.kv_indices[0], point.page_size)
-                crosscheck(measured, profiled, case.id)
-        row = self._row(case, measured, status="ok", note="", rotation=workload.rotation)
-        if measured.d2h_bytes != row.expected_d2h_bytes:
-            self._fail(
-                case,
-                record,
-                f"measured {measured.d2h_bytes} D2H bytes, expected {row.expected_d2h_bytes} "
-                f"({variant.moves.value} x {point.itemsize} bytes)",
-                measured,
-            )
+        if state.measured is None:
+            with self.phase("meter"):
+                measured = measure_d2h(variant.fn, workload.kv_indices[0], point.page_size)
+            expected_bytes = variant.expected_d2h_bytes(point.seq_len, point.page_size, point.itemsize)
+            if measured.d2h_bytes != expected_bytes:
+                state.measured = measured
+                self._stop(block, state, record, "mismatch",
+                           f"measured {measured.d2h_bytes} D2H bytes, expected {expected_bytes} "
+                           f"({variant.moves.value} x {point.itemsize} bytes)", _fail)
+            state.measured = measured
 
         benchmark.group = point.id
-        benchmark.extra_info.update(
-            {k: v for k, v in dataclasses.asdict(row).items() if k in EXTRA_INFO and v is not None}
-        )
+        row = self._row(block, state.measured, status="ok", note="", rotation=workload.rotation)
+        benchmark.extra_info.update({k: getattr(row, k) for k in EXTRA_INFO if getattr(row, k) is not None})
+        benchmark.extra_info.update(repetition=block.repetition, order=block.order)
         with self.phase("timing"):
-            result, index = self._time(benchmark, variant.fn, workload)
-        problem = outputs_match(result, workload.expected[index])
+            sync = synchronizer(point.device)
+            rounds = 1  # timing disabled: pytest-benchmark calls it once
+            if not benchmark.disabled:
+                sweep = self.options.sweep
+                per_call_s = warm_up(variant.fn, workload.kv_indices, point.page_size, sync,
+                                     WARMUP_FIRST_S if block.repetition == 0 else WARMUP_LATER_S)
+                rounds = rounds_for(per_call_s, sweep.time_budget_s / sweep.repetitions, sweep.min_rounds,
+                                    sweep.max_rounds)
+            result = time_block(benchmark, variant.fn, workload.kv_indices, point.page_size, sync, rounds)
+        if point.device == "cuda" and self._pcie_loaded is None and record:  # right after a timed loop
+            self._pcie_loaded = environment.pcie_link_now() or "unknown"
+        problem = outputs_match(result.output, workload.expected[result.input_index])
         if problem:
-            self._fail(case, record, f"wrong output in the last timed round: {problem}", measured)
+            self._stop(block, state, record, "mismatch", f"wrong output in a timed round: {problem}", _fail)
         if record:
-            stats = benchmark.stats.stats
-            samples = SampleSet(
-                variant.name, point.dtype, point.layout, point.seq_len, point.page_size,
-                tuple(t * 1e6 for t in stats.data),
-            )
-            self._record(with_stats(row, stats, benchmark.stats.iterations), samples)
-
-    def _time(self, benchmark, fn: Callable, workload: Workload) -> tuple[object, int]:
-        """Warm up (untimed), then time one call per round, rotating inputs; returns the last result and its input."""
-        page_size = workload.point.page_size
-        inputs = workload.kv_indices
-        sync = torch.cuda.synchronize if workload.point.device == "cuda" else (lambda: None)
-        sweep = self.options.sweep
-        rounds = 1
-        if not benchmark.disabled:
-            calls, start = 0, time.perf_counter()
-            while calls < len(inputs) or time.perf_counter() - start < WARMUP_MIN_S:
-                sync()
-                fn(inputs[calls % len(inputs)], page_size)
-                calls += 1
-            per_call_s = (time.perf_counter() - start) / calls
-            rounds = max(sweep.min_rounds, min(sweep.max_rounds, int(sweep.time_budget_s / per_call_s)))
-        order = itertools.cycle(range(len(inputs)))
-        last = [0]
-
-        def setup():
-            sync()  # nothing queued before a round may leak into it
-            last[0] = next(order)
-            return (inputs[last[0]], page_size), {}
-
-        result = benchmark.pedantic(fn, setup=setup, rounds=rounds, warmup_rounds=0, iterations=1)
-        return result, last[0]
+            state.blocks.append(SampleSet(
+                variant.name, point.dtype, point.layout, point.seq_len, point.page_size, block.repetition,
+                block.order, tuple(t * 1e6 for t in benchmark.stats.stats.data),
+            ))
 
     # ------------------------------------------------------------------ record
 
-    def _fail(self, case: Case, record: bool, note: str, measured=None) -> None:
+    def _stop(self, block: Block, state: CaseState, record: bool, status: str, note: str, how) -> None:
+        """Record the case's row as `status` now (it runs no further blocks), then skip or fail the test."""
+        state.failed = status
+        state.blocks.clear()
         if record:
-            self._record(self._row(case, measured, status="mismatch", note=note))
-        pytest.fail(f"{case.id}: {note}", pytrace=False)
+            self._write([self._row(block, state.measured, status=status, note=note)])
+        how(f"{block.case_id}: {note}")
 
-    def _row(self, case: Case, measured, *, status: str, note: str, rotation: int = 0) -> Row:
-        """The row of `case` without timings (`with_stats` adds them)."""
-        point, variant = case.point, case.variant
+    def _flush(self, point: Point) -> None:
+        """Write the rows (and samples) of `point`'s cases that timed every repetition."""
+        rows, samples = [], []
+        for name in self.variants:
+            block_id = f"{name}-{point.id}"
+            state = self._cases.get(block_id)
+            if state is None or state.failed is not None or len(state.blocks) != self.repetitions:
+                continue
+            blocks = sorted(state.blocks, key=lambda b: b.repetition)
+            stats = row_statistics([np.asarray(b.samples_us) for b in blocks])
+            template = Block(name, point, 0, 0, False)
+            rows.append(self._row(template, state.measured, status="ok", note="", rotation=point.rotation,
+                                  rounds=sum(len(b.samples_us) for b in blocks), iterations=1,
+                                  repetitions=len(blocks), **stats))
+            samples += blocks
+            state.blocks.clear()
+        if rows:
+            self._write(rows, samples)
+
+    def _row(self, block: Block, measured: D2HMeasurement | None, *, status: str, note: str, rotation: int = 0,
+             **timings) -> Row:
+        point, variant = block.point, self.variants[block.variant]
+        empty = dict.fromkeys(("median_us", "iqr_us", "q1_us", "q3_us", "min_us", "max_us", "mean_us", "stddev_us",
+                               "rounds", "iterations", "repetitions", "rep_spread"))
         return Row(
             variant=variant.name,
             device=point.device,
@@ -228,32 +262,32 @@ class KvSession:
             d2h_bytes=None if measured is None else measured.d2h_bytes,
             d2h_transfers=None if measured is None else measured.d2h_transfers,
             link="" if measured is None else measured.link,
-            median_us=None, iqr_us=None, q1_us=None, q3_us=None, min_us=None, max_us=None, mean_us=None,
-            stddev_us=None, rounds=None, iterations=None,
+            **{**empty, **timings},
             status=status,
             note=note,
-            repro=self.repro(case),
+            repro=self.repro(block),
         )
 
-    def repro(self, case: Case) -> str:
-        """The command that re-runs just this case."""
-        point = case.point
+    def repro(self, block: Block) -> str:
+        """The command that re-runs just this case, with this run's repetitions."""
+        point = block.point
         return shlex.join([
             "pytest", "bench/", "--benchmark-only",
             "--kv-device", point.device,
-            "--kv-variants", case.variant.name,
+            "--kv-variants", block.variant,
             "--kv-seq-lens", str(point.seq_len),
             "--kv-page-sizes", str(point.page_size),
             "--kv-dtypes", point.dtype,
             "--kv-layouts", point.layout,
             "--kv-seed", str(point.seed),
             "--kv-time-budget", repr(self.options.sweep.time_budget_s),
+            "--kv-repetitions", str(self.options.sweep.repetitions),
         ])
 
-    def _record(self, row: Row, samples: SampleSet | None = None) -> None:
+    def _write(self, rows: list[Row], samples: list[SampleSet] | None = None) -> None:
         with self.phase("write"):
             if self.writer is None:
-                env = environment.capture(self.device, self.rootdir)
+                env = environment.capture(self.device, self.rootdir, self.crosscheck)
                 label = "cpu" if self.device == "cpu" else f"cuda-{self.device_name}"
                 path = create_run_dir(self.results_dir, label)
                 meta = RunMeta(
@@ -263,9 +297,12 @@ class KvSession:
                     command=self.command,
                     started_utc=self.started_utc,
                     environment=env,
+                    repetitions=self.repetitions,
+                    order_seed=self.options.sweep.seed,
+                    crosscheck="on (own process)" if self.crosscheck else "off",
                 )
                 self.writer = RunWriter(path, meta)
-            self.writer.add(row, samples)
+            self.writer.add(rows, samples or ())
 
     def finish(self, exitstatus: int, total_s: float) -> None:
         """Close the run folder: completed only if every planned case ran and the session passed."""
@@ -280,6 +317,14 @@ class KvSession:
             completed, note = False, f"all {done} rows recorded, but the session failed (exit status {int(exitstatus)})"
         else:
             completed, note = True, f"all {done} rows recorded"
+        if self._pcie_loaded is not None:
+            self.writer.meta.environment = dataclasses.replace(self.writer.meta.environment,
+                                                               pcie_link_loaded=self._pcie_loaded)
         timing = {f"{name}_s": value for name, value in sorted(self.phase_s.items())}
         timing["session_s"] = total_s
         self.writer.finish(completed, note, timing)
+
+
+def _fail(message: str) -> None:
+    pytest.fail(message, pytrace=False)
+

@@ -11,7 +11,6 @@ page-aligned offset. A sent chunk is the row slice `req_to_token[row, start:end]
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,23 +20,7 @@ from kvpages.checks import check_page_size
 from kvpages.sweep import Point
 from kvpages.variants import check_kv_indices, reference_page_indices
 
-ROTATION_TARGET_BYTES = 64 * 2**20
-"""Timed rounds rotate among request rows that together span this many bytes..."""
-MIN_ROTATION = 2
-MAX_ROTATION = 32
-"""...within these bounds. With 32 rows, slices of 524288 int32 tokens (2 MiB) or longer
-span 64 MiB, more than the 50-60 MB L2 of an H100/H200 and the caches of the CPUs we run
-on, so long rows are not timed out of a warm cache. Shorter rows stay partly cache
-resident whatever we do; so may they in production, where the scheduler wrote those
-indices shortly before the send."""
-
 TORCH_DTYPES: dict[str, torch.dtype] = {"int32": torch.int32, "int64": torch.int64}
-
-
-def rotation_for(point: Point) -> int:
-    """How many distinct request rows the timed rounds rotate among for `point`."""
-    row_bytes = point.seq_len * point.itemsize
-    return max(MIN_ROTATION, min(MAX_ROTATION, math.ceil(ROTATION_TARGET_BYTES / row_bytes)))
 
 
 @dataclass(frozen=True)
@@ -53,6 +36,13 @@ class Workload:
     def rotation(self) -> int:
         return len(self.kv_indices)
 
+    def fresh_copy(self) -> Workload:
+        """The same inputs in newly allocated memory (the expected outputs are shared: they are never written)."""
+        pool = self.req_to_token.clone()
+        start = self.req_to_token.shape[1] - self.point.seq_len
+        kv_indices = tuple(pool[row, start:] for row in range(pool.shape[0]))
+        return Workload(self.point, pool, kv_indices, self.expected)
+
 
 def make_workload(point: Point, rotation: int | None = None, chunk_offset_pages: int = 0) -> Workload:
     """Build `rotation` request rows for `point` and slice one chunk of `point.seq_len` tokens from each.
@@ -61,17 +51,12 @@ def make_workload(point: Point, rotation: int | None = None, chunk_offset_pages:
     a chunked prefill). Page 0 is never handed out (SGLang reserves slot 0 for padding).
     The result is the same for the same point, whatever the device.
     """
-    rows = rotation_for(point) if rotation is None else rotation
-    if rows < 1:
-        raise ValueError(f"rotation must be >= 1, got {rows}")
-    if chunk_offset_pages < 0:
-        raise ValueError(f"chunk_offset_pages must be >= 0, got {chunk_offset_pages}")
+    geometry = point.geometry(rotation, chunk_offset_pages)
+    rows, row_tokens, pages_per_row, pool_pages = (
+        geometry.rows, geometry.row_tokens, geometry.pages_per_row, geometry.pool_pages
+    )
     page_size = point.page_size
     start = chunk_offset_pages * page_size
-    row_tokens = start + point.seq_len
-    pages_per_row = math.ceil(row_tokens / page_size)
-    # A pool with some slack, so a shuffled free list leaves holes between requests.
-    pool_pages = rows * pages_per_row + max(1, rows * pages_per_row // 8)
 
     generator = torch.Generator().manual_seed(point.seed)
     free_pages = torch.arange(1, pool_pages + 1, dtype=torch.int64)

@@ -60,9 +60,10 @@ LINK_PROFILES: tuple[LinkProfile, ...] = (
 
 
 def profile_for(pcie_link: str | None, link: str) -> LinkProfile | None:
-    """The profile of a measured link: PCIe generation from meta.json's `pcie_link` ('Gen5 x16 ...')
+    """The profile of a measured link: the PCIe generation the link trains to, from meta.json's
+    `pcie_link` ('Gen1 x16 (max Gen5 x16)': an idle link drops to Gen1, so the maximum counts),
     and pinned/pageable from a row's `link` ('pcie pinned'); None when there is no such profile."""
-    generation = re.match(r"Gen(\d+)", pcie_link or "")
+    generation = re.search(r"max Gen(\d+)", pcie_link or "") or re.match(r"Gen(\d+)", pcie_link or "")
     kind = {"pcie pinned": "pinned", "pcie pageable": "pageable"}.get(link)
     if generation is None or kind is None:
         return None

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvpages.checks import check_choice, parse_choices, parse_positive_ints, split_csv
+from kvpages.crosscheck import MODES as CROSSCHECK_MODES
 from kvpages.sweep import DEVICES, DTYPES, LAYOUTS, PRESETS, Sweep, get_preset
 
 DEVICE_CHOICES = ("auto",) + DEVICES
@@ -30,7 +31,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kv-variants", "comma-separated variant names (default: all registered; see `kvpages list`)"),
     Option("--kv-device", f"{', '.join(DEVICE_CHOICES)} (default: auto = cuda when available)"),
     Option("--kv-seed", "seed of the generated inputs (default: the preset's, 0)"),
-    Option("--kv-time-budget", "timed seconds per benchmark (default: the preset's)"),
+    Option("--kv-time-budget", "timed seconds per (variant, point), all repetitions together (default: the preset's)"),
+    Option("--kv-repetitions", "interleaved repetitions (blocks) per (variant, point) (default: the preset's)"),
+    Option("--kv-passes", "sweeps over the points that the repetitions are dealt to (default: the preset's)"),
+    Option("--kv-crosscheck", f"profiler cross-check of the meter, in its own process: {', '.join(CROSSCHECK_MODES)} "
+                              "(default: auto = on for CUDA runs)"),
     Option("--kv-results", "folder that receives the run folder (default: <rootdir>/results)"),
 )
 
@@ -42,6 +47,16 @@ def _float_seconds(option: str, text: str) -> float:
         raise ValueError(f"{option}: {text!r} is not a number of seconds, e.g. 0.25") from None
     if not value > 0 or value == float("inf"):
         raise ValueError(f"{option}: {text!r} must be a positive number of seconds, e.g. 0.25")
+    return value
+
+
+def _count(option: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{option}: {text!r} is not an integer; give an integer >= 1, e.g. 10") from None
+    if value < 1:
+        raise ValueError(f"{option}: {value} is not >= 1; give an integer >= 1, e.g. 10")
     return value
 
 
@@ -65,9 +80,10 @@ class BenchOptions:
     device: str
     results_dir: str | None
     raw: tuple[tuple[str, str], ...]
+    crosscheck: str = "auto"
 
     @classmethod
-    def parse(cls, get: Callable[[str], str | None]) -> "BenchOptions":
+    def parse(cls, get: Callable[[str], str | None]) -> BenchOptions:
         """Parse from `get(flag)`, which returns the given string or None; raises ValueError on bad values."""
         preset_name = get("--kv-preset") or "default"
         try:
@@ -81,6 +97,8 @@ class BenchOptions:
             "--kv-layouts": ("layouts", lambda f, t: parse_choices(f, t, LAYOUTS)),
             "--kv-seed": ("seed", _seed),
             "--kv-time-budget": ("time_budget_s", _float_seconds),
+            "--kv-repetitions": ("repetitions", _count),
+            "--kv-passes": ("passes", _count),
         }
         changes = {}
         for flag, (field_name, parse) in parsers.items():
@@ -88,7 +106,12 @@ class BenchOptions:
             if text is not None:
                 changes[field_name] = parse(flag, text)
         if changes:
-            sweep = sweep.replace(**changes)
+            try:
+                sweep = sweep.replace(**changes)
+            except ValueError as exc:
+                sizes = ("--kv-seq-lens", "--kv-page-sizes", "--kv-dtypes")
+                given = " ".join(f"{flag} {get(flag)}" for flag in sizes if get(flag) is not None)
+                raise ValueError(f"{given or '--kv-preset ' + preset_name}: {exc}") from None
         variants_text = get("--kv-variants")
         variants = tuple(split_csv("--kv-variants", variants_text)) if variants_text is not None else None
         device = get("--kv-device") or "auto"
@@ -96,8 +119,13 @@ class BenchOptions:
             check_choice("device", device, DEVICE_CHOICES)
         except ValueError as exc:
             raise ValueError(f"--kv-device: {exc}") from None
-        raw = tuple((o.flag, get(o.flag)) for o in OPTIONS if get(o.flag) is not None)
-        return cls(preset_name, sweep, variants, device, get("--kv-results"), raw)
+        crosscheck = get("--kv-crosscheck") or "auto"
+        try:
+            check_choice("cross-check mode", crosscheck, CROSSCHECK_MODES)
+        except ValueError as exc:
+            raise ValueError(f"--kv-crosscheck: {exc}") from None
+        raw = tuple((o.flag, str(get(o.flag))) for o in OPTIONS if get(o.flag) is not None)
+        return cls(preset_name, sweep, variants, device, get("--kv-results"), raw, crosscheck)
 
     def as_strings(self) -> dict[str, str]:
         """The options as given on the command line (for meta.json)."""

@@ -3,7 +3,8 @@
 `plot_run(run)` writes, per (dtype, layout) of the run:
 1. `latency_<dtype>_<layout>.png`: median latency vs seq_len, a panel per page size, IQR bands;
 2. `bytes_<dtype>_<layout>.png`: measured D2H bytes vs seq_len with the ideal ceil(seq_len/page_size)*itemsize;
-3. `ratio_<dtype>_<layout>.png`: heatmap of device_stride/host_stride median latency over seq_len x page_size;
+3. `ratio_<dtype>_<layout>.png`: heatmap of the device_stride/host_stride latency ratio (paired over
+   repetitions, from the analysis) over seq_len x page_size, cells within noise marked;
 4. `link_model_<dtype>_<layout>.png`: modeled transfer time per link profile (a model, not a measurement).
 """
 
@@ -14,14 +15,15 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.colors import TwoSlopeNorm  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.colors import TwoSlopeNorm
+from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-from kvpages.analysis import BASELINE, CANDIDATE, Run, variant_sort_key, with_link_model  # noqa: E402
-from kvpages.links import LINK_PROFILES  # noqa: E402
-from kvpages.sweep import ITEMSIZE  # noqa: E402
+from kvpages.analysis import CANDIDATE, Analysis, Run, variant_sort_key, with_link_model
+from kvpages.links import LINK_PROFILES
+from kvpages.sweep import ITEMSIZE
+
 
 def _variants(frame) -> list[str]:
     return sorted(frame["variant"].unique(), key=variant_sort_key)
@@ -33,16 +35,23 @@ def _colors(variants: list[str]) -> dict[str, str]:
 
 
 def _panels(n: int, width: float = 4.2, height: float = 3.6):
-    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False, constrained_layout=True)
+    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False)
+    fig.subplots_adjust(left=0.9 / (width * n), right=1 - 0.15 / (width * n), bottom=0.15, top=0.78, wspace=0.3)
     return fig, list(axes[0])
 
 
 def _log_axes(ax) -> None:
-    """Log-log axes with plain numbers (1, 20, 300) rather than 2x10^1 on the ticks."""
+    """Log-log axes with plain numbers (1, 2, 5, 10, 20, 50) rather than 2x10^1 on the y ticks.
+
+    Minor ticks only at 2 and 5 on y, none on x: a grid of 20 log panels otherwise spends
+    seconds laying out hundreds of unlabelled minor ticks.
+    """
     ax.set(xscale="log", yscale="log")
     plain = FuncFormatter(lambda value, _: f"{value:g}")
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_formatter(FuncFormatter(lambda value, _: f"{value:g}" if str(f"{value:g}")[0] in "25" else ""))
+    ax.yaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+    ax.yaxis.set_minor_formatter(plain)
     ax.grid(True, which="both", alpha=0.3)
 
 
@@ -61,12 +70,12 @@ def _save(fig, path: Path, formats: tuple[str, ...]) -> list[Path]:
     return written
 
 
-def plot_latency(run: Run, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
+def plot_latency(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
     page_sizes = sorted(frame["page_size"].unique())
     variants = _variants(frame)
     colors = _colors(variants)
     fig, axes = _panels(len(page_sizes))
-    for ax, page_size in zip(axes, page_sizes):
+    for ax, page_size in zip(axes, page_sizes, strict=True):
         for v in variants:
             rows = frame[(frame["page_size"] == page_size) & (frame["variant"] == v)].sort_values("seq_len")
             if rows.empty:
@@ -76,17 +85,17 @@ def plot_latency(run: Run, frame, dtype: str, layout: str, stem: Path, formats) 
         _log_axes(ax)
         ax.set(title=f"page_size={page_size}", xlabel="seq_len (tokens)", ylabel="median latency per call (µs)")
     axes[0].legend(fontsize=8, title="variant (band: IQR)", title_fontsize=8)
-    fig.suptitle(_title(run, "D2H page-index latency", dtype, layout), fontsize=10)
+    fig.suptitle(_title(analysis.run, "D2H page-index latency", dtype, layout), fontsize=10)
     return _save(fig, stem, formats)
 
 
-def plot_bytes(run: Run, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
+def plot_bytes(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
     page_sizes = sorted(frame["page_size"].unique())
     variants = _variants(frame)
     colors = _colors(variants)
     fig, axes = _panels(len(page_sizes))
     markers = "os^Dvx*"
-    for ax, page_size in zip(axes, page_sizes):
+    for ax, page_size in zip(axes, page_sizes, strict=True):
         seq = np.array(sorted(frame["seq_len"].unique()))
         for i, v in enumerate(variants):  # hollow markers shrinking in turn, so equal values stay visible
             rows = frame[(frame["page_size"] == page_size) & (frame["variant"] == v)].sort_values("seq_len")
@@ -97,47 +106,57 @@ def plot_bytes(run: Run, frame, dtype: str, layout: str, stem: Path, formats) ->
                 label="ideal ceil(seq_len/page_size)*itemsize")
         ax.set(xscale="log", yscale="log", title=f"page_size={page_size}", xlabel="seq_len (tokens)",
                ylabel="measured D2H bytes per call (B)")
-        ax.grid(True, which="both", alpha=0.3)
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.grid(True, which="major", alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle(_title(run, "Measured D2H bytes", dtype, layout), fontsize=10)
+    fig.suptitle(_title(analysis.run, "Measured D2H bytes", dtype, layout), fontsize=10)
     return _save(fig, stem, formats)
 
 
-def plot_ratio(run: Run, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
-    pivot = {
-        v: frame[frame["variant"] == v].pivot_table(index="page_size", columns="seq_len", values="median_us")
-        for v in (BASELINE, CANDIDATE)
-    }
-    if pivot[BASELINE].empty or pivot[CANDIDATE].empty:
+def plot_ratio(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
+    ratios = [r for r in analysis.ratios_of(CANDIDATE) if (r.dtype, r.layout) == (dtype, layout)]
+    if not ratios:
         return []
-    ratio = (pivot[CANDIDATE] / pivot[BASELINE]).sort_index()
-    values = ratio.to_numpy(dtype=float)
+    page_sizes = sorted({r.page_size for r in ratios})
+    seq_lens = sorted({r.seq_len for r in ratios})
+    values = np.full((len(page_sizes), len(seq_lens)), np.nan)
+    noise = np.zeros_like(values, dtype=bool)
+    for r in ratios:
+        i, j = page_sizes.index(r.page_size), seq_lens.index(r.seq_len)
+        values[i, j] = r.ratio
+        noise[i, j] = r.verdict == "within noise"
     log = np.log2(values)
     span = max(float(np.nanmax(np.abs(log))), 0.1)
-    fig, ax = plt.subplots(figsize=(1.2 * values.shape[1] + 2.5, 0.7 * values.shape[0] + 2), constrained_layout=True)
+    width, height = 1.2 * len(seq_lens) + 2.5, 0.7 * len(page_sizes) + 2
+    fig, ax = plt.subplots(figsize=(width, height))
+    fig.subplots_adjust(left=1.0 / width, right=1 - 1.4 / width, bottom=1.1 / height, top=1 - 0.75 / height)
     image = ax.imshow(log, cmap="RdBu_r", norm=TwoSlopeNorm(vcenter=0.0, vmin=-span, vmax=span), aspect="auto")
     for (i, j), value in np.ndenumerate(values):
         if np.isfinite(value):
-            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=8,
+            ax.text(j, i, f"{value:.2f}" + ("~" if noise[i, j] else ""), ha="center", va="center", fontsize=8,
                     color="white" if abs(np.log2(value)) > 0.6 * span else "black")
-    ax.set_xticks(range(values.shape[1]), [str(s) for s in ratio.columns], rotation=45)
-    ax.set_yticks(range(values.shape[0]), [str(p) for p in ratio.index])
+    ax.set_xticks(range(len(seq_lens)), [str(s) for s in seq_lens], rotation=45)
+    ax.set_yticks(range(len(page_sizes)), [str(p) for p in page_sizes])
     ax.set(xlabel="seq_len (tokens)", ylabel="page_size (tokens)")
     bar = fig.colorbar(image, ax=ax)
     ticks = np.linspace(-span, span, 5)
-    bar.set_ticks(ticks, labels=[f"{2 ** t:.2g}" for t in ticks])
-    bar.set_label(f"latency ratio (<1: {CANDIDATE} faster)")
-    ax.set_title(_title(run, f"{CANDIDATE} / {BASELINE} latency", dtype, layout), fontsize=10)
+    bar.set_ticks(list(ticks), labels=[f"{2 ** t:.2g}" for t in ticks])
+    bar.set_label(f"latency ratio (<1: {CANDIDATE} faster; ~: within noise)")
+    ax.set_title(_title(analysis.run, f"{CANDIDATE} / {analysis.baseline} latency", dtype, layout), fontsize=10)
     return _save(fig, stem, formats)
 
 
-def plot_link_model(run: Run, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
+def plot_link_model(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
     modeled = with_link_model(frame)
     page_sizes = sorted(frame["page_size"].unique())
     variants = _variants(frame)
     colors = _colors(variants)
-    fig, grid = plt.subplots(len(page_sizes), len(LINK_PROFILES), figsize=(3.6 * len(LINK_PROFILES), 3.0 * len(page_sizes)),
-                             squeeze=False, constrained_layout=True, sharex=True, sharey=True)
+    width, height = 3.6 * len(LINK_PROFILES), 3.0 * len(page_sizes) + 1.0
+    fig, grid = plt.subplots(len(page_sizes), len(LINK_PROFILES), figsize=(width, height), squeeze=False,
+                             sharex=True, sharey=True)
+    fig.subplots_adjust(left=1.0 / width, right=1 - 0.2 / width, bottom=0.6 / height, top=1 - 1.2 / height,
+                        wspace=0.08, hspace=0.12)
     for r, page_size in enumerate(page_sizes):
         for c, profile in enumerate(LINK_PROFILES):
             ax = grid[r][c]
@@ -153,19 +172,21 @@ def plot_link_model(run: Run, frame, dtype: str, layout: str, stem: Path, format
             if r == len(page_sizes) - 1:
                 ax.set_xlabel("seq_len (tokens)")
     grid[0][0].legend(fontsize=7)
-    fig.suptitle(_title(run, "MODEL: transfers x latency + measured bytes / bandwidth", dtype, layout), fontsize=10)
+    fig.suptitle(_title(analysis.run, "MODEL: transfers x latency + measured bytes / bandwidth", dtype, layout),
+                 fontsize=10)
     return _save(fig, stem, formats)
 
 
 CHARTS = (("latency", plot_latency), ("bytes", plot_bytes), ("ratio", plot_ratio), ("link_model", plot_link_model))
 
 
-def plot_run(run: Run, formats: tuple[str, ...] = ("png",), out_dir: Path | None = None) -> list[Path]:
-    """Write every chart of `run` into `out_dir` (default: the run folder); returns the files written."""
-    out_dir = out_dir or run.path
-    ok = run.ok_rows()
+def plot_run(analysis: Analysis, formats: tuple[str, ...] = ("png",), out_dir: Path | None = None) -> list[Path]:
+    """Write every chart of the analysed run into `out_dir` (default: the run folder); returns the files written."""
+    out_dir = out_dir or analysis.run.path
+    ok = analysis.run.ok_rows()
     written: list[Path] = []
-    for (dtype, layout), frame in ok.groupby(["dtype", "layout"], sort=True):
+    for key, frame in ok.groupby(["dtype", "layout"], sort=True):
+        dtype, layout = str(key[0]), str(key[1])
         for name, chart in CHARTS:
-            written += chart(run, frame, dtype, layout, out_dir / f"{name}_{dtype}_{layout}", formats)
+            written += chart(analysis, frame, dtype, layout, out_dir / f"{name}_{dtype}_{layout}", formats)
     return written

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+from kvpages.capacity import check_fits, host_available_bytes
 from kvpages.options import OPTIONS, BenchOptions
 
+if TYPE_CHECKING:
+    from kvpages.harness import KvSession
+
 OPTIONS_KEY = pytest.StashKey[BenchOptions]()
-SESSION_KEY = pytest.StashKey["object"]()
+SESSION_KEY = pytest.StashKey["KvSession"]()
 START_KEY = pytest.StashKey[float]()
 
 
@@ -46,24 +51,35 @@ def pytest_configure(config: pytest.Config) -> None:
                 get_variant(name)
             except ValueError as exc:
                 raise pytest.UsageError(f"--kv-variants: {exc}") from None
-    if options.device == "cuda":
-        import torch
+    free: dict[str, int | None] = {"host": host_available_bytes()}
+    device = "cpu" if options.device == "cpu" else "cuda"
+    if options.device == "cuda" or (options.device == "auto" and config.getoption("--kv-seq-lens") is not None):
+        import torch  # only when a CUDA device is asked for, or sizes given by hand may need it checked
 
-        if not torch.cuda.is_available():
+        if torch.cuda.is_available():
+            free["cuda"] = torch.cuda.mem_get_info()[0]
+        elif options.device == "cuda":
             raise pytest.UsageError(
                 f"--kv-device: 'cuda' is not available here (torch {torch.__version__}, "
                 f"CUDA build: {torch.version.cuda}); valid here: auto, cpu"
             )
+        else:
+            device = "cpu"
+    try:
+        check_fits(options.sweep, device, free)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--kv-seq-lens: {exc}") from None
     config.stash[OPTIONS_KEY] = options
 
 
-def kv_session(config: pytest.Config):
+def kv_session(config: pytest.Config) -> KvSession:
     """The session's `KvSession`, created (and torch imported) on first use."""
     if SESSION_KEY not in config.stash:
         from kvpages.harness import KvSession
 
         config.stash[SESSION_KEY] = KvSession(
-            config.stash[OPTIONS_KEY], Path(str(config.rootpath)), tuple(config.invocation_params.args)
+            config.stash[OPTIONS_KEY], Path(str(config.rootpath)), tuple(config.invocation_params.args),
+            timing=not config.getoption("benchmark_disable", False),
         )
     return config.stash[SESSION_KEY]
 
@@ -71,13 +87,13 @@ def kv_session(config: pytest.Config):
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "kv_case" not in metafunc.fixturenames:
         return
-    cases = kv_session(metafunc.config).cases()
-    metafunc.parametrize("kv_case", cases, ids=[case.id for case in cases])
+    blocks = kv_session(metafunc.config).blocks
+    metafunc.parametrize("kv_case", blocks, ids=[block.id for block in blocks])
 
 
 @pytest.fixture(name="kv_session")
 def kv_session_fixture(request: pytest.FixtureRequest):
-    """The sweep session: `kv_session.run(benchmark, kv_case)` checks, meters, times and records a case."""
+    """The sweep session: `kv_session.run(benchmark, kv_case)` checks, meters and times one block."""
     return kv_session(request.config)
 
 
@@ -94,16 +110,28 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if writer is None:
         terminalreporter.write_line("kvpages: timing disabled or nothing ran; no run folder written")
         return
-    from kvpages.analysis import load_run, summary_text
+    try:
+        from kvpages.analysis import analyze, load_run, summary_text
 
-    run = load_run(writer.path)
-    terminalreporter.section("kvpages summary")
-    terminalreporter.write_line(summary_text(run))
-    terminalreporter.write_line(f"run folder: {writer.path} ({writer.meta.end_note})")
-    if config.getoption("--kv-analyze"):
-        from kvpages.plots import plot_run
-        from kvpages.report import write_report
+        analysis = analyze(load_run(writer.path))
+        terminalreporter.section("kvpages summary")
+        terminalreporter.write_line(summary_text(analysis))
+        terminalreporter.write_line(f"run folder: {writer.path} ({writer.meta.end_note})")
+        if config.getoption("--kv-analyze"):
+            from kvpages.plots import plot_run
+            from kvpages.report import write_report
 
-        for chart in plot_run(run):
-            terminalreporter.write_line(f"chart: {chart}")
-        terminalreporter.write_line(f"report: {write_report(run)}")
+            for chart in plot_run(analysis):
+                terminalreporter.write_line(f"chart: {chart}")
+            terminalreporter.write_line(f"report: {write_report(analysis)} (with ratios.csv)")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ANALYSIS_PACKAGES:
+            raise
+        terminalreporter.write_line(
+            f"kvpages: the run folder {writer.path} is complete, but {exc.name} is not installed, so there is no "
+            f"summary, chart or report; pip install {' '.join(ANALYSIS_PACKAGES)} (or run `kvpages report` "
+            "on another machine)"
+        )
+
+
+ANALYSIS_PACKAGES = ("pandas", "matplotlib")

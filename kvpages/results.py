@@ -2,10 +2,12 @@
 
 A run folder `results/<run-id>/` holds
 - `results.csv`: one `Row` per (variant, point);
-- `samples.csv`: one `SampleSet` per timed row, the per-round times in microseconds;
-- `meta.json`: a `RunMeta` (environment, command, options, start/end, completed).
+- `samples.csv`: one `SampleSet` per timed repetition (block) of a row, its per-round
+  times in microseconds, with the block's repetition and its position in the run order;
+- `meta.json`: a `RunMeta` (environment, command, options, start/end, completed);
+- `ratios.csv` (analysed runs): one `RatioRow` per (variant, baseline, point).
 Every file is rewritten to a temporary file and renamed over the old one after
-each finished row, so an interrupted run keeps every finished row, parseable.
+each finished point, so an interrupted run keeps every finished row, parseable.
 """
 
 from __future__ import annotations
@@ -16,14 +18,18 @@ import io
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: repetitions (samples.csv has one line per block, with `repetition` and `order`). Version 1 is still read."""
+READABLE_SCHEMAS = (1, 2)
 RESULTS_CSV = "results.csv"
 SAMPLES_CSV = "samples.csv"
 META_JSON = "meta.json"
+RATIOS_CSV = "ratios.csv"
 
 STATUSES = ("ok", "skipped", "mismatch", "out_of_memory")
 """ok: checked, metered and timed; skipped: cannot run on this device (see note);
@@ -60,6 +66,8 @@ class Row:
     stddev_us: float | None
     rounds: int | None
     iterations: int | None
+    repetitions: int | None
+    rep_spread: float | None
     status: str
     note: str
     repro: str
@@ -70,23 +78,60 @@ class Row:
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Row))
-INT_COLUMNS = ("seq_len", "page_size", "num_pages", "rotation", "expected_d2h_bytes", "d2h_bytes", "d2h_transfers", "rounds", "iterations")
-FLOAT_COLUMNS = tuple(c for c in COLUMNS if c.endswith("_us"))
+INT_COLUMNS = ("seq_len", "page_size", "num_pages", "rotation", "expected_d2h_bytes", "d2h_bytes", "d2h_transfers",
+               "rounds", "iterations", "repetitions")
+FLOAT_COLUMNS = tuple(c for c in COLUMNS if c.endswith("_us")) + ("rep_spread",)
+OPTIONAL_COLUMNS = ("repetitions", "rep_spread")
+"""Columns schema version 1 did not have; reading such a run leaves them empty."""
 
 
 @dataclass(frozen=True)
 class SampleSet:
-    """The raw per-round times of one timed row."""
+    """The raw per-round times of one timed block: repetition `repetition` of a row, the
+    `order`-th block the run timed."""
 
     variant: str
     dtype: str
     layout: str
     seq_len: int
     page_size: int
+    repetition: int
+    order: int
     samples_us: tuple[float, ...]
 
 
-SAMPLE_COLUMNS = KEY_COLUMNS + ("rounds", "samples_us")
+SAMPLE_COLUMNS = KEY_COLUMNS + ("repetition", "order", "rounds", "samples_us")
+
+
+@dataclass(frozen=True)
+class RatioRow:
+    """`variant` against `baseline` at one point of an analysed run (ratios.csv).
+
+    ratio: median over repetitions of the paired block-median ratios variant/baseline, with the
+    order-statistic interval of that median at `confidence` (kvpages.stats); bytes_ratio: measured D2H bytes.
+    verdict: 'faster' or 'slower' when the interval excludes 1, else 'within noise'.
+    """
+
+    variant: str
+    baseline: str
+    dtype: str
+    layout: str
+    seq_len: int
+    page_size: int
+    ratio: float
+    ci_low: float
+    ci_high: float
+    confidence: float
+    repetitions: int
+    bytes_ratio: float
+    variant_median_us: float
+    baseline_median_us: float
+    variant_d2h_bytes: int
+    baseline_d2h_bytes: int
+    verdict: str
+
+
+RATIO_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RatioRow))
 
 
 @dataclass(frozen=True)
@@ -111,6 +156,9 @@ class Environment:
     git_dirty: bool | None
     link_crossed: bool
     link_note: str
+    gpu_uuid: str | None = None
+    pcie_link_loaded: str | None = None
+    """The PCIe link as nvidia-smi saw it right after the first timed block (an idle link downshifts)."""
 
 
 @dataclass
@@ -128,6 +176,9 @@ class RunMeta:
     end_note: str = "running (or killed before it could finish)"
     schema_version: int = SCHEMA_VERSION
     timing: dict[str, float] = field(default_factory=dict)
+    repetitions: int = 1
+    order_seed: int = 0
+    crosscheck: str = "off"
 
 
 def utc_now() -> str:
@@ -189,13 +240,13 @@ class RunWriter:
         self._samples_text = _csv_text(SAMPLE_COLUMNS, [])
         self._write_meta()
 
-    def add(self, row: Row, samples: SampleSet | None = None) -> None:
-        """Record a finished row; its samples are written first, so every row on disk has them."""
-        if samples is not None:
-            self._samples_text += _csv_text(SAMPLE_COLUMNS, [_sample_record(samples)], header=False)
+    def add(self, rows: Sequence[Row], samples: Sequence[SampleSet] = ()) -> None:
+        """Record finished rows; their samples are written first, so every row on disk has them."""
+        if samples:
+            self._samples_text += _csv_text(SAMPLE_COLUMNS, [_sample_record(s) for s in samples], header=False)
             write_atomic(self.path / SAMPLES_CSV, self._samples_text)
-        self.rows.append(row)
-        self._rows_text += _csv_text(COLUMNS, [dataclasses.asdict(row)], header=False)
+        self.rows.extend(rows)
+        self._rows_text += _csv_text(COLUMNS, [dataclasses.asdict(row) for row in rows], header=False)
         write_atomic(self.path / RESULTS_CSV, self._rows_text)
 
     def finish(self, completed: bool, end_note: str, timing: dict[str, float]) -> None:
@@ -216,6 +267,15 @@ def _sample_record(s: SampleSet) -> dict[str, object]:
         "layout": s.layout,
         "seq_len": s.seq_len,
         "page_size": s.page_size,
+        "repetition": s.repetition,
+        "order": s.order,
         "rounds": len(s.samples_us),
         "samples_us": " ".join(repr(float(x)) for x in s.samples_us),
     }
+
+
+def write_ratios(path: Path, ratios: list[RatioRow]) -> Path:
+    """Write ratios.csv into the run folder `path` and return its path."""
+    out = path / RATIOS_CSV
+    write_atomic(out, _csv_text(RATIO_COLUMNS, [dataclasses.asdict(r) for r in ratios]))
+    return out

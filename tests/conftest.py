@@ -28,6 +28,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from kvpages.results import Environment, Row, RunMeta, RunWriter, SampleSet  # noqa: E402
+from kvpages.stats import row_statistics  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,8 +39,10 @@ def reference_runs() -> list[Path]:
 
 
 def synthetic_run(folder: Path, medians_us: dict[tuple[str, int, int], float], spread: float = 0.01,
-                  rounds: int = 200, seed: int = 0, run_id: str | None = None) -> Path:
-    """A run folder whose (variant, seq_len, page_size) rows have samples around the given medians.
+                  rounds: int = 50, seed: int = 0, run_id: str | None = None, repetitions: int = 10,
+                  rep_spread: float = 0.01) -> Path:
+    """A run folder whose (variant, seq_len, page_size) rows have `repetitions` blocks of samples around the
+    given medians: each block's level varies by `rep_spread`, its rounds by `spread` around it.
 
     For testing the analysis only; it never goes into results/.
     """
@@ -47,15 +50,23 @@ def synthetic_run(folder: Path, medians_us: dict[tuple[str, int, int], float], s
     folder.mkdir(parents=True)
     env = Environment("0", "3", "t", "n", "b", "p", "cpu-model", 2, 2, "cpu", "test-cpu", None, None, None,
                       None, None, False, "CPU run: no PCIe link was crossed.")
-    writer = RunWriter(folder, RunMeta(run_id or folder.name, "test", {}, "pytest bench/", "t0", env))
+    writer = RunWriter(folder, RunMeta(run_id or folder.name, "test", {}, "pytest bench/", "t0", env,
+                                       repetitions=repetitions))
+    order = 0
     for (variant, seq_len, page_size), median in medians_us.items():
-        samples = median * (1 + spread * rng.standard_normal(rounds))
-        q1, q3 = np.percentile(samples, [25, 75])
+        blocks = []
+        for r in range(repetitions):
+            level = median * np.exp(rep_spread * rng.standard_normal())
+            blocks.append(SampleSet(variant, "int32", "fragmented", seq_len, page_size, r, order,
+                                    tuple(level * (1 + spread * rng.standard_normal(rounds)))))
+            order += 1
+        stats = row_statistics([np.asarray(b.samples_us) for b in blocks])
         itemsize_bytes = (seq_len if variant == "host_stride" else -(-seq_len // page_size)) * 4
         row = Row(variant, "cpu", "test-cpu", "int32", "fragmented", seq_len, page_size, -(-seq_len // page_size),
-                  2, itemsize_bytes, itemsize_bytes, 1, "none (cpu)", float(np.median(samples)), float(q3 - q1),
-                  float(q1), float(q3), float(samples.min()), float(samples.max()), float(samples.mean()),
-                  float(samples.std()), rounds, 1, "ok", "", "pytest bench/")
-        writer.add(row, SampleSet(variant, "int32", "fragmented", seq_len, page_size, tuple(samples)))
+                  2, itemsize_bytes, itemsize_bytes, 1, "none (cpu)", stats["median_us"], stats["iqr_us"],
+                  stats["q1_us"], stats["q3_us"], stats["min_us"], stats["max_us"], stats["mean_us"],
+                  stats["stddev_us"], rounds * repetitions, 1, repetitions, stats["rep_spread"], "ok", "",
+                  "pytest bench/")
+        writer.add([row], blocks)
     writer.finish(True, "all rows recorded", {})
     return folder

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
-
 from conftest import REPO, reference_runs, synthetic_run
-from kvpages.analysis import bootstrap_ratio, compare_runs, crossovers, load_run, ratio_points
+
+from kvpages.analysis import analyze, compare_runs, crossovers, load_run
 from kvpages.cli import main
-from kvpages.report import render
+from kvpages.report import ci_text, ratio_text, render, write_report
+from kvpages.results import RATIO_COLUMNS
+from kvpages.stats import block_medians, median_interval, median_rank, paired_log_ratios, shift_interval
 
 SEQ = (512, 8192, 131072)
 
@@ -33,61 +38,126 @@ def crossing_run(tmp_path: Path) -> Path:
     return synthetic_run(tmp_path / "run-a", medians(factors))
 
 
-def test_bootstrap_ratio_covers_the_truth():
-    rng = np.random.default_rng(1)
-    base = 10 * (1 + 0.05 * rng.standard_normal(300))
-    same = 10 * (1 + 0.05 * rng.standard_normal(300))
-    double = 20 * (1 + 0.05 * rng.standard_normal(300))
-    ratio, lo, hi = bootstrap_ratio(base, same)
-    assert lo < 1 < hi and lo < ratio < hi
-    ratio, lo, hi = bootstrap_ratio(base, double)
-    assert 1.9 < lo < ratio < hi < 2.1
-    assert bootstrap_ratio(base, double) == bootstrap_ratio(base, double)  # seeded
+def test_median_rank_gives_the_sign_test_interval():
+    assert median_rank(10) == (2, pytest.approx(1 - 2 * 11 / 1024))  # [x(2), x(9)]: 97.9%
+    assert median_rank(6) == (1, pytest.approx(1 - 2 / 64))
+    assert median_rank(5) == (1, pytest.approx(0.9375))  # no 95% interval from 5: the range, at its coverage
+    assert median_rank(20)[0] == 6
+
+
+def test_median_interval_is_calibrated_and_shift_interval_finds_shifts():
+    rng = np.random.default_rng(3)
+    hits = sum(median_interval(rng.normal(0.0, 0.1, 10)).contains(1.0) for _ in range(2000))
+    assert 0.96 < hits / 2000 < 0.99  # nominal 97.9%
+    a, b = rng.normal(0, 0.05, 10), rng.normal(np.log(1.3), 0.05, 10)
+    moved = shift_interval(a, b)
+    assert 1.2 < moved.ci_low < moved.ratio < moved.ci_high < 1.4
+    same = shift_interval(a, rng.normal(0, 0.05, 10))
+    assert same.contains(1.0)
+    assert not median_interval(np.array([0.1])).known and not shift_interval(a[:1], b).known
+
+
+def test_pairing_cancels_drift_shared_by_a_repetition():
+    rng = np.random.default_rng(0)
+    drift = np.exp(rng.normal(0, 0.3, 10))  # each repetition's machine state: +-30%
+    base = 10 * drift * np.exp(rng.normal(0, 0.01, 10))
+    cand = 20 * drift * np.exp(rng.normal(0, 0.01, 10))
+    paired = median_interval(paired_log_ratios(base, cand))
+    unpaired = shift_interval(np.log(base), np.log(cand))
+    assert 1.95 < paired.ci_low < 2 < paired.ci_high < 2.05
+    assert unpaired.ci_high - unpaired.ci_low > 10 * (paired.ci_high - paired.ci_low)
+    assert block_medians([np.array([1.0, 3.0, 2.0]), np.array([5.0])]).tolist() == [2.0, 5.0]
 
 
 def test_crossover_per_page_size_including_not_within_range(crossing_run):
-    found = {c.page_size: c for c in crossovers(ratio_points(load_run(crossing_run)))}
+    found = {c.page_size: c for c in analyze(load_run(crossing_run)).crossovers}
     assert found[64].seq_len == 8192 and found[64].describe() == "seq_len 8192"
     assert found[1].seq_len is None
     assert found[1].describe() == "not within the swept range (512..131072)"
+    assert crossovers(analyze(load_run(crossing_run)).ratios, "nobody") == []
 
 
-def test_report_numbers_come_from_the_run(crossing_run):
-    run = load_run(crossing_run)
-    text = render(run)
-    assert "| 64 | int32 | fragmented | seq_len 8192 |" in text
-    assert "| 1 | int32 | fragmented | not within the swept range (512..131072) |" in text
-    assert "no PCIe link was crossed" in text
-    ratio = next(p for p in ratio_points(run) if (p.page_size, p.seq_len) == (64, 131072))
-    assert f"| {ratio.ratio:.3f} | [{ratio.ci_low:.3f}, {ratio.ci_high:.3f}] |" in text
-    assert "pytest bench/" in text
+def test_every_ratio_and_interval_in_the_report_is_a_row_of_ratios_csv(crossing_run):
+    analysis = analyze(load_run(crossing_run))
+    report = write_report(analysis).read_text()
+    table = pd.read_csv(crossing_run / "ratios.csv")
+    assert len(table) == len(analysis.ratios) == 6
+    assert set(RATIO_COLUMNS) <= set(table.columns)
+    for r in analysis.ratios:
+        row = table[(table["variant"] == r.variant) & (table["seq_len"] == r.seq_len) & (table["page_size"] == r.page_size)]
+        assert row["ratio"].item() == pytest.approx(r.ratio, rel=1e-12)
+        assert (row["ci_low"].item(), row["ci_high"].item()) == pytest.approx((r.ci_low, r.ci_high), rel=1e-12)
+        assert f"| {ratio_text(r)} | {ci_text(r)} |" in report
+    printed = re.findall(r"\| (\d+\.\d{3}) \| \[(\d+\.\d{3}), (\d+\.\d{3})\] \|", report)
+    assert printed, "the report prints ratios with their intervals"
+    table_cells = {(f"{r.ratio:.3f}", f"{r.ci_low:.3f}", f"{r.ci_high:.3f}") for r in table.itertuples()}
+    assert set(printed) <= table_cells
+    assert "no PCIe link was crossed" in report and "pytest bench/" in report and "Kalibera and Jones" in report
+    assert "| 64 | int32 | fragmented | seq_len 8192 |" in report
 
 
-def test_noisy_rows_and_skipped_variants_become_caveats(tmp_path):
-    folder = synthetic_run(tmp_path / "noisy", medians({(512, 16): 1.0}), spread=0.3)
-    text = render(load_run(folder))
-    assert "Noisy rows (IQR/median >= 10%)" in text
+def test_noisy_rows_and_the_noise_floor_are_stated(tmp_path):
+    folder = synthetic_run(tmp_path / "noisy", medians({(512, 16): 1.0}), rep_spread=0.3)
+    text = render(analyze(load_run(folder)))
+    assert "Noisy rows (block medians vary by >= 10% between repetitions)" in text
+    assert "below this run's noise floor: 1 of 1 ratios here are within noise" in text
 
 
-def test_compare_verdicts_and_the_gate(tmp_path, capsys):
-    a = synthetic_run(tmp_path / "a", medians({(512, 16): 1.0, (8192, 16): 1.0, (131072, 16): 1.0}), seed=1)
-    b_medians = medians({(512, 16): 1.0, (8192, 16): 1.0})
-    b_medians[("device_stride", 8192, 16)] = 13.0  # 30% slower
-    b_medians[("host_stride", 512, 16)] = 7.0  # 30% faster
-    b_medians[("device_stride", 2048, 16)] = 5.0  # only in B
-    b = synthetic_run(tmp_path / "b", b_medians, seed=2)
+def test_compare_gates_on_ratios_quiet_on_a_rerun_and_catches_a_regression(tmp_path, capsys):
+    points = {(512, 16): 1.0, (8192, 16): 1.0, (131072, 16): 1.0}
+    a = synthetic_run(tmp_path / "a", medians(points), seed=1, rep_spread=0.05)
+    rerun = synthetic_run(tmp_path / "rerun", {k: 1.7 * v for k, v in medians(points).items()}, seed=2,
+                          rep_spread=0.05)  # another process: everything 1.7x slower, ratios unchanged
+    assert main(["compare", str(a), str(rerun), "--fail-above", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "OK: no point slower relative to host_stride by more than 10% beyond noise" in out
+    assert "absolute: 6 points: 0 faster, 6 slower, 0 same within noise" in out
+    slower = medians(points)
+    slower[("device_stride", 8192, 16)] = 13.0  # 30% slower
+    slower[("device_stride", 2048, 16)] = 5.0  # only in B
+    b = synthetic_run(tmp_path / "b", slower, seed=3, rep_spread=0.05)
     result = compare_runs(load_run(a), load_run(b))
-    verdicts = {p.key[0] + str(p.key[3]): p.verdict for p in result.points}
-    assert verdicts == {"host_stride512": "faster", "device_stride512": "same within noise",
-                        "host_stride8192": "same within noise", "device_stride8192": "slower"}
-    assert [k[3] for k in result.only_a] == [131072, 131072] and [k[3] for k in result.only_b] == [2048]
-    assert main(["compare", str(a), str(b), "--fail-above", "20"]) == 1
-    out = capsys.readouterr()
-    assert "FAIL: 1 point(s) slower by more than 20% beyond noise" in out.err
-    assert "only in A: host_stride int32 fragmented 131072 16" in out.out
-    assert "only in B: device_stride int32 fragmented 2048 16" in out.out
-    assert main(["compare", str(a), str(b), "--fail-above", "40"]) == 0
+    verdicts = {p.key[3]: p.verdict for p in result.relative}
+    assert verdicts == {512: "same within noise", 8192: "slower", 131072: "same within noise"}
+    assert [k[3] for k in result.only_b] == [2048] and result.only_a == []
+    assert main(["compare", str(a), str(b), "--fail-above", "10"]) == 1
+    captured = capsys.readouterr()
+    assert "FAIL: 1 point(s) slower relative to host_stride by more than 10% beyond noise" in captured.err
+    assert "only in B: device_stride int32 fragmented 2048 16" in captured.out
+    assert main(["compare", str(a), str(b), "--fail-above", "60"]) == 0
     assert main(["compare", str(a), str(b)]) == 0
+
+
+def test_noise_prints_the_aa_figures(tmp_path, capsys):
+    points = {(512, 16): 1.0, (8192, 16): 2.0, (131072, 16): 0.5}
+    a = synthetic_run(tmp_path / "a", medians(points), seed=1, rep_spread=0.05)
+    b = synthetic_run(tmp_path / "b", medians(points), seed=2, rep_spread=0.05)
+    assert main(["noise", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    for words in ("A/A noise check of device_stride/host_stride", "points with the ratio in both runs: 3",
+                  "95% CIs overlap: 3/3 (100%)", "A's ratio inside B's CI:", "median CI width / ratio:",
+                  "crossover A: p16: seq_len 131072", "--fail-above 10: OK"):
+        assert words in out
+
+
+def test_load_run_refuses_a_results_csv_that_its_samples_contradict(tmp_path, crossing_run):
+    csv = crossing_run / "results.csv"
+    frame = pd.read_csv(csv)
+    frame.loc[1, "median_us"] = frame.loc[1, "median_us"] * 1.01  # a hand edit
+    frame.to_csv(csv, index=False)
+    done = cli("report", str(crossing_run))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "row device_stride int32 fragmented 512 64 says median_us" in done.stderr
+    assert "the folder was edited or mixed up" in done.stderr
+
+
+@pytest.mark.skipif(not any(json.loads((p / "meta.json").read_text())["schema_version"] == 1 for p in reference_runs()),
+                    reason="no schema-1 run committed")
+def test_a_schema_1_run_still_loads_without_intervals():
+    old = next(p for p in reference_runs() if json.loads((p / "meta.json").read_text())["schema_version"] == 1)
+    analysis = analyze(load_run(old))
+    assert analysis.ratios and all(not math.isfinite(r.ci_high) for r in analysis.ratios)
+    assert "1 repetition per (variant, point), so it has no repetition-level spread" in render(analysis)
 
 
 def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
@@ -140,7 +210,7 @@ def test_incompatible_schema_version_and_nothing_in_common(tmp_path, crossing_ru
     write(tmp_path / "old" / "meta.json", json.dumps(meta).encode())
     write(tmp_path / "old" / "results.csv", (crossing_run / "results.csv").read_bytes())
     done = cli("report", str(tmp_path / "old"))
-    assert done.returncode == 2 and "meta.json: schema version 99; this kvpages reads schema version 1" in done.stderr
+    assert done.returncode == 2 and "meta.json: schema version 99; this kvpages reads schema versions 1, 2" in done.stderr
     other = synthetic_run(tmp_path / "other", {("host_stride", 77, 7): 1.0})
     done = cli("compare", str(crossing_run), str(other))
     assert done.returncode == 2 and "no timed (variant, point) in common" in done.stderr
@@ -163,10 +233,10 @@ def test_plot_report_compare_on_the_committed_reference_run_without_torch(tmp_pa
     done = cli("report", str(run))
     assert done.returncode == 0, done.stderr
     assert (run / "REPORT.md").read_text() == done.stdout.rstrip("\n") + "\n"
-    assert "## Crossover" in done.stdout
+    assert "## Crossover" in done.stdout and (run / "ratios.csv").stat().st_size > 0
     done = cli("compare", str(run), str(run / "results.csv"), "--fail-above", "0")
     assert done.returncode == 0, done.stderr
-    assert "slower" not in done.stdout.split("points:")[-1].split(",")[1] or " 0 slower" in done.stdout
+    assert "relative: " in done.stdout and " 0 slower" in done.stdout.split("relative: ")[-1]
     done = cli("summary", str(run))
     assert done.returncode == 0 and "page_size=64" in done.stdout
 
@@ -186,16 +256,19 @@ def test_a_cuda_run_compares_the_model_with_the_measurement(tmp_path):
     csv = (folder / "results.csv").read_text().replace("none (cpu)", "pcie pageable")
     (folder / "results.csv").write_text(csv)
     meta = json.loads((folder / "meta.json").read_text())
-    meta["environment"].update(device="cuda", pcie_link="Gen5 x16 (max Gen5 x16)", link_crossed=True,
+    meta["environment"].update(device="cuda", pcie_link="Gen1 x16 (max Gen5 x16)", link_crossed=True,
+                               pcie_link_loaded="Gen5 x16 (max Gen5 x16)",
                                link_note="CUDA run: d2h_bytes crossed the device-host link.")
     (folder / "meta.json").write_text(json.dumps(meta))
     run = load_run(folder)
-    profile = profile_for("Gen5 x16 (max Gen5 x16)", "pcie pageable")
+    profile = profile_for("Gen1 x16 (max Gen5 x16)", "pcie pageable")  # an idle link: the maximum counts
     assert profile is not None and profile.name == "pcie5_pageable"
     assert profile_for("Gen4 x16", "pcie pinned").name == "pcie4_pinned"
     assert profile_for(None, "pcie pinned") is None and profile_for("Gen5 x16", "none (cpu)") is None
-    text = render(run)
+    assert profile_for("unknown", "pcie pinned") is None
+    text = render(analyze(run))
     assert "### Model vs measurement" in text and "no PCIe link was crossed" not in text
+    assert "under load Gen5 x16 (max Gen5 x16)" in text
     host = run.ok_rows().set_index("variant").loc["host_stride"]
     modeled = profile.modeled_us(host["d2h_bytes"], host["d2h_transfers"])
     assert f"| {modeled:.2f} | {host['median_us'] - modeled:+.2f} |" in text

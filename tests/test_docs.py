@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 
 from conftest import REPO
-from kvpages.results import COLUMNS, SAMPLE_COLUMNS
+
+from kvpages.options import OPTIONS
+from kvpages.results import COLUMNS, RATIO_COLUMNS, SAMPLE_COLUMNS
 from kvpages.sweep import PRESETS
 from kvpages.variants import all_variants
 
@@ -35,13 +37,19 @@ def test_readme_preset_table_matches_the_presets():
         assert {int(n) for n in re.findall(r"\d+", cells[2])} == set(sweep.page_sizes)
         assert {d.strip() for d in cells[3].split(",")} == set(sweep.dtypes)
         assert cells[4].startswith(f"{sweep.time_budget_s:g} s")
+        assert cells[5] == f"{sweep.repetitions} x {sweep.passes}"
 
 
 def test_results_readme_documents_every_column():
     text = (REPO / "results" / "README.md").read_text()
-    for column in COLUMNS + SAMPLE_COLUMNS:
+    for column in COLUMNS + SAMPLE_COLUMNS + RATIO_COLUMNS:
         assert f"`{column}`" in text, column
 
 
 def test_ci_runs_the_readme_test_command():
     assert "make test" in (REPO / ".ci" / "run").read_text()
+
+
+def test_readme_documents_every_option():
+    for option in OPTIONS:
+        assert f"`{option.flag}`" in README, option.flag

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import devices
-from kvpages.inputs import (
-    MAX_ROTATION, MIN_ROTATION, ROTATION_TARGET_BYTES, make_workload, rotation_for, validate_page_layout,
-)
-from kvpages.sweep import Point
+
+from kvpages.inputs import make_workload, validate_page_layout
+from kvpages.sweep import MAX_ROTATION, MIN_ROTATION, ROTATION_TARGET_BYTES, Point
 
 
 @pytest.mark.parametrize("device", devices())
@@ -54,10 +52,28 @@ def test_same_seed_same_inputs_other_seed_other_inputs():
 
 
 def test_rotation_spans_caches_within_bounds():
-    assert rotation_for(Point(512, 1)) == MAX_ROTATION
-    assert rotation_for(Point(524288, 64)) * 524288 * 4 == ROTATION_TARGET_BYTES  # the longest default rows span it
-    assert rotation_for(Point(2 ** 23, 1, "int64")) == MIN_ROTATION
+    assert Point(512, 1).rotation == MAX_ROTATION
+    assert Point(524288, 64).rotation * 524288 * 4 == ROTATION_TARGET_BYTES  # the longest default rows span it
+    assert Point(2 ** 23, 1, "int64").rotation == MIN_ROTATION
     assert len(make_workload(Point(512, 1)).kv_indices) == MAX_ROTATION
+
+
+@pytest.mark.parametrize("point", [Point(1000, 16, "int64", layout="contiguous"), Point(512, 1)])
+def test_the_geometry_is_the_pool_the_generator_builds(point):
+    workload = make_workload(point, chunk_offset_pages=3)
+    geometry = point.geometry(chunk_offset_pages=3)
+    assert workload.req_to_token.shape == (geometry.rows, geometry.row_tokens)
+    assert int(workload.req_to_token.max()) <= geometry.max_token_index
+    assert geometry.pool_bytes == workload.req_to_token.numel() * workload.req_to_token.element_size()
+
+
+def test_a_fresh_copy_holds_the_same_inputs_in_new_memory():
+    workload = make_workload(Point(700, 16), chunk_offset_pages=2)
+    copy = workload.fresh_copy()
+    assert copy.req_to_token.data_ptr() != workload.req_to_token.data_ptr()
+    for a, b in zip(workload.kv_indices, copy.kv_indices, strict=True):
+        assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
+    assert copy.expected is workload.expected
 
 
 @pytest.mark.parametrize(
@@ -77,7 +93,7 @@ def test_validator_names_the_first_violation(kv, page_size, words):
 
 def test_validator_accepts_empty_and_checks_arguments():
     validate_page_layout(torch.empty(0, dtype=torch.int64), 8)
-    with pytest.raises(TypeError, match="kv_indices must be a 1-D torch.Tensor"):
+    with pytest.raises(TypeError, match=r"kv_indices must be a 1-D torch\.Tensor"):
         validate_page_layout([0, 1], 2)
     with pytest.raises(ValueError, match="page_size must be an integer >= 1, got 0"):
         validate_page_layout(torch.arange(4), 0)

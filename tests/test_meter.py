@@ -5,11 +5,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from conftest import devices
+
 from kvpages.inputs import make_workload
 from kvpages.meter import (
-    D2HMeasurement, MeterMismatchError, ProfiledCopy, Transfer, crosscheck, dtoh_copies, measure_d2h, profiler_d2h,
+    D2HMeasurement,
+    MeterMismatchError,
+    Profile,
+    ProfiledCopy,
+    Transfer,
+    crosscheck,
+    dtoh_copies,
+    measure_d2h,
+    profile_of,
+    profiler_d2h,
 )
 from kvpages.sweep import Point
 from kvpages.variants import get_variant, variant_names
@@ -94,13 +103,34 @@ def test_link_labels():
     assert D2HMeasurement(mixed).link == "pcie mixed"
 
 
+def seen(*copies: ProfiledCopy, gpu_events: int = 3) -> Profile:
+    return Profile(tuple(copies), gpu_events)
+
+
 def test_crosscheck_fails_loudly_on_a_mismatch():
     measured = D2HMeasurement((Transfer("Tensor.cpu", 4096, True, False), Transfer("Tensor.cpu", 0, True, False)))
-    crosscheck(measured, (ProfiledCopy("Memcpy DtoH (Device -> Pageable)", 4096),), "ok")
-    with pytest.raises(MeterMismatchError, match="the meter counted 4096 bytes in 1 D2H transfers.*recorded 2048 bytes"):
-        crosscheck(measured, (ProfiledCopy("Memcpy DtoH (Device -> Pageable)", 2048),), "case")
+    crosscheck(measured, seen(ProfiledCopy("Memcpy DtoH (Device -> Pageable)", 4096)), "ok")
+    with pytest.raises(MeterMismatchError, match=r"the meter counted 4096 bytes in 1 D2H transfers.*recorded 2048 bytes"):
+        crosscheck(measured, seen(ProfiledCopy("Memcpy DtoH (Device -> Pageable)", 2048)), "case")
     with pytest.raises(MeterMismatchError):
-        crosscheck(measured, (ProfiledCopy("Memcpy DtoH (Device -> Pinned)", 4096),), "pinnedness differs")
+        crosscheck(measured, seen(ProfiledCopy("Memcpy DtoH (Device -> Pinned)", 4096)), "pinnedness differs")
+
+
+def test_a_profile_with_no_gpu_activity_is_its_own_error():
+    measured = D2HMeasurement((Transfer("Tensor.cpu", 4096, True, False),))
+    with pytest.raises(MeterMismatchError, match=r"case: the profiler saw no GPU activity at all.*--kv-crosscheck off"):
+        crosscheck(measured, seen(gpu_events=0), "case")
+    cpu_only = D2HMeasurement((Transfer("Tensor.cpu", 4096, False, False),))
+    crosscheck(cpu_only, seen(gpu_events=0), "a CPU run crosses no link: nothing to see")
+
+
+def test_gpu_activity_is_counted_from_kernels_copies_and_sets():
+    trace = {"traceEvents": [
+        {"cat": "kernel", "name": "elementwise"}, {"cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)",
+                                                  "args": {"bytes": 8}},
+        {"cat": "gpu_memset", "name": "Memset"}, {"cat": "cpu_op", "name": "aten::copy_"},
+    ]}
+    assert profile_of(trace).gpu_events == 3 and profile_of({"traceEvents": []}).gpu_events == 0
 
 
 def test_dtoh_records_are_read_from_current_and_older_chrome_traces():

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-
 import nbformat
 import pytest
-from nbclient import NotebookClient
-
 from conftest import REPO, reference_runs
+from nbclient import NotebookClient
 
 NOTEBOOK = REPO / "notebooks" / "analysis.ipynb"
 

@@ -16,10 +16,12 @@ import pytest
 import torch
 
 from kvpages.analysis import load_run, row_key
+from kvpages.sweep import PRESETS
 from kvpages.variants import variant_names
 
 BENCH = (Path(__file__).parents[1] / "bench" / "test_d2h.py").read_text()
 FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider")
+CPU = ("--kv-device", "cpu")  # what these tests assert is CPU behaviour; the CUDA twins are marked cuda
 
 
 @pytest.fixture
@@ -33,10 +35,11 @@ def run_dirs(root: Path) -> list[Path]:
 
 
 def test_quick_preset_writes_a_complete_run(bench):
-    result = bench.runpytest("--kv-preset", "quick", "--kv-analyze", *FAST)
-    n_variants = len(variant_names())
-    result.assert_outcomes(passed=4 * (n_variants - 1), skipped=4)  # the pinned variant needs CUDA
-    result.stdout.fnmatch_lines(["*kvpages summary*", "*CPU run: no PCIe link was crossed*", "run folder: *"])
+    result = bench.runpytest("--kv-preset", "quick", "--kv-analyze", *CPU, *FAST)
+    n_variants, reps = len(variant_names()), PRESETS["quick"].repetitions
+    result.assert_outcomes(passed=4 * (n_variants - 1) * reps, skipped=4 * reps)  # the pinned variant needs CUDA
+    result.stdout.fnmatch_lines(["*kvpages summary*", "*CPU run: no PCIe link was crossed*",
+                                 f"{reps} interleaved repetitions*", "run folder: *"])
     [folder] = run_dirs(bench.path)
     assert folder.name.endswith("-cpu")
     run = load_run(folder)
@@ -51,21 +54,26 @@ def test_quick_preset_writes_a_complete_run(bench):
     assert (host["d2h_bytes"] == host["seq_len"] * 4).all()
     dev = ok[ok["variant"] == "device_stride"]
     assert (dev["d2h_bytes"] == -(-dev["seq_len"] // dev["page_size"]) * 4).all()
-    assert (ok["d2h_transfers"] == 1).all()
+    assert (ok["d2h_transfers"] == 1).all() and (ok["repetitions"] == reps).all()
     assert (ok["q1_us"] <= ok["median_us"]).all() and (ok["median_us"] <= ok["q3_us"]).all()
     for _, row in ok.iterrows():
-        samples = run.samples[(row["variant"], row["dtype"], row["layout"], row["seq_len"], row["page_size"])]
-        assert len(samples) == row["rounds"] >= 10
-        assert samples.min() == pytest.approx(row["min_us"]) and samples.max() == pytest.approx(row["max_us"])
+        blocks = run.samples[row_key(row)]
+        assert len(blocks) == reps and sum(len(b) for b in blocks) == row["rounds"] >= 10 * reps
+        assert min(b.min() for b in blocks) == pytest.approx(row["min_us"])
+    samples = pd.read_csv(folder / "samples.csv")
+    assert samples["order"].is_unique  # every timed block, by its place in the run (skipped blocks have none)
+    for _, blocks in samples.groupby(["seq_len", "page_size", "repetition"]):
+        assert len(blocks) == n_variants - 1  # a repetition runs its point's variants back to back
+        assert blocks["order"].max() - blocks["order"].min() < n_variants
     meta = run.meta
     assert meta.completed and meta.end_note == f"all {4 * n_variants} rows recorded"
-    assert meta.preset == "quick" and meta.options["--kv-preset"] == "quick"
-    assert meta.command.startswith("pytest ") and "--kv-analyze" in meta.command
+    assert meta.preset == "quick" and meta.options["--kv-preset"] == "quick" and meta.repetitions == reps
+    assert meta.command.startswith("pytest ") and "--kv-analyze" in meta.command and meta.crosscheck == "off"
     env = meta.environment
     assert env.torch_version == torch.__version__ and env.device == "cpu" and not env.link_crossed
     assert "no PCIe link was crossed" in env.link_note
     assert {"check_s", "meter_s", "timing_s", "write_s", "session_s"} <= set(meta.timing)
-    for name in ("REPORT.md", "latency_int32_fragmented.png", "bytes_int32_fragmented.png",
+    for name in ("REPORT.md", "ratios.csv", "latency_int32_fragmented.png", "bytes_int32_fragmented.png",
                  "ratio_int32_fragmented.png", "link_model_int32_fragmented.png"):
         assert (folder / name).stat().st_size > 0
 
@@ -74,31 +82,35 @@ def test_options_narrow_the_sweep_and_feed_benchmark_json(bench):
     result = bench.runpytest(
         "--kv-seq-lens", "100,300", "--kv-page-sizes", "3", "--kv-variants", "host_stride,device_stride",
         "--kv-dtypes", "int64", "--kv-layouts", "contiguous", "--kv-seed", "7", "--kv-results", "out",
-        "--benchmark-json", "bench.json", *FAST,
+        "--kv-repetitions", "3", "--benchmark-json", "bench.json", *CPU, *FAST,
     )
-    result.assert_outcomes(passed=4)
-    result.stdout.fnmatch_lines(["*s100-p3-int64-contiguous*"])
+    result.assert_outcomes(passed=12)
+    result.stdout.fnmatch_lines(["*s100-p3-int64-contiguous-r2*"])
     [folder] = sorted((bench.path / "out").iterdir())
     rows = load_run(folder).rows
     assert sorted(rows["variant"].unique()) == ["device_stride", "host_stride"]
     assert set(rows["seq_len"]) == {100, 300} and set(rows["dtype"]) == {"int64"}
     data = json.loads((bench.path / "bench.json").read_text())
-    infos = {b["extra_info"]["variant"] + str(b["extra_info"]["seq_len"]): b for b in data["benchmarks"]}
-    assert infos["host_stride300"]["extra_info"]["d2h_bytes"] == 300 * 8
-    assert infos["device_stride300"]["extra_info"]["d2h_bytes"] == 100 * 8
-    assert infos["device_stride100"]["extra_info"]["d2h_transfers"] == 1
-    assert infos["device_stride100"]["group"] == "s100-p3-int64-contiguous"
+    assert len(data["benchmarks"]) == 12
+    infos = {(b["extra_info"]["variant"], b["extra_info"]["seq_len"], b["extra_info"]["repetition"]): b
+             for b in data["benchmarks"]}
+    assert len(infos) == 12 and sorted({b["extra_info"]["order"] for b in data["benchmarks"]}) == list(range(12))
+    assert infos[("host_stride", 300, 0)]["extra_info"]["d2h_bytes"] == 300 * 8
+    assert infos[("device_stride", 300, 1)]["extra_info"]["d2h_bytes"] == 100 * 8
+    assert infos[("device_stride", 100, 2)]["extra_info"]["d2h_transfers"] == 1
+    assert infos[("device_stride", 100, 2)]["group"] == "s100-p3-int64-contiguous"
 
 
 def test_each_rows_repro_command_reruns_that_case(bench):
-    bench.runpytest("--kv-seq-lens", "64", "--kv-page-sizes", "16", "--kv-variants", "device_shift", *FAST)
+    bench.runpytest("--kv-seq-lens", "64", "--kv-page-sizes", "16", "--kv-variants", "device_shift",
+                    "--kv-repetitions", "2", *CPU, *FAST)
     [folder] = run_dirs(bench.path)
     repro = load_run(folder).rows["repro"].iloc[0]
     args = shlex.split(repro)
-    assert args[:3] == ["pytest", "bench/", "--benchmark-only"]
+    assert args[:3] == ["pytest", "bench/", "--benchmark-only"] and args[-2:] == ["--kv-repetitions", "2"]
     result = bench.runpytest("test_kv_sweep.py", *args[3:], "--kv-results", "again", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*device_shift-s64-p16-int32-fragmented*"])
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*device_shift-s64-p16-int32-fragmented-r1*"])
 
 
 @pytest.mark.parametrize(
@@ -115,13 +127,23 @@ def test_each_rows_repro_command_reruns_that_case(bench):
         (("--kv-device", "tpu"), "--kv-device: unknown device 'tpu'; valid: auto, cpu, cuda"),
         (("--kv-time-budget", "0"), "--kv-time-budget: '0' must be a positive number of seconds"),
         (("--kv-seed", "x"), "--kv-seed: 'x' is not an integer seed"),
+        (("--kv-repetitions", "0"), "--kv-repetitions: 0 is not >= 1"),
+        (("--kv-passes", "two"), "--kv-passes: 'two' is not an integer"),
+        (("--kv-crosscheck", "maybe"), "--kv-crosscheck: unknown cross-check mode 'maybe'; valid: auto, on, off"),
+        (("--kv-seq-lens", "3000000000"), "--kv-seq-lens 3000000000: seq_len 3000000000 at page_size 1 needs token "
+                                          "indices up to"),
+        (("--kv-seq-lens", "3000000000"), "the largest valid seq_len for int32 at page_size 1 is"),
+        (("--kv-seq-lens", "600000000", "--kv-page-sizes", "1"), "--kv-seq-lens: seq_len 600000000 at page_size 1 "
+                                                                 "(int32) needs about"),
     ],
 )
 def test_bad_options_are_usage_errors_before_anything_runs(bench, args, words):
-    result = bench.runpytest(*FAST, *args)
+    start = time.perf_counter()
+    result = bench.runpytest(*FAST, *CPU, *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert words in result.stderr.str()
     assert run_dirs(bench.path) == []
+    print(f"refused in {time.perf_counter() - start:.2f} s: {result.stderr.str().strip()}")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -133,7 +155,7 @@ def test_cuda_device_without_cuda_is_a_usage_error(bench):
 
 
 def test_timing_disabled_checks_every_benchmark_but_writes_no_run(bench):
-    result = bench.runpytest("--benchmark-disable", "--kv-preset", "quick", "-p", "no:cacheprovider")
+    result = bench.runpytest("--benchmark-disable", "--kv-preset", "quick", "-p", "no:cacheprovider", *CPU)
     result.assert_outcomes(passed=4 * (len(variant_names()) - 1), skipped=4)
     result.stdout.fnmatch_lines(["kvpages: timing disabled or nothing ran; no run folder written"])
     assert run_dirs(bench.path) == []
@@ -159,16 +181,16 @@ def test_a_wrong_variant_fails_loudly_and_its_row_says_so(bench):
     bench.makeconftest(BROKEN)
     result = bench.runpytest_subprocess(
         "--kv-variants", "broken_off_by_one,broken_copies_twice,device_stride", "--kv-seq-lens", "256",
-        "--kv-page-sizes", "16", *FAST,
+        "--kv-page-sizes", "16", "--kv-repetitions", "2", *CPU, *FAST,
     )
-    result.assert_outcomes(passed=1, failed=2)
+    result.assert_outcomes(passed=2, failed=2, skipped=2)  # a failed case runs no further repetitions
     result.stdout.fnmatch_lines([
         "*broken_off_by_one-s256-p16*wrong output: 16 page indices differ; first at 0*",
         "*broken_copies_twice-s256-p16*measured 1088 D2H bytes, expected 64*",
     ])
     [folder] = run_dirs(bench.path)
     run = load_run(folder)
-    status = dict(zip(run.rows["variant"], run.rows["status"]))
+    status = dict(zip(run.rows["variant"], run.rows["status"], strict=True))
     assert status == {"broken_off_by_one": "mismatch", "broken_copies_twice": "mismatch", "device_stride": "ok"}
     assert not run.meta.completed and "session failed" in run.meta.end_note
 
@@ -178,7 +200,8 @@ def _start_slow_run(path: Path) -> subprocess.Popen:
     seq_lens = ",".join(str(524288 + i) for i in range(12))
     return subprocess.Popen(
         [sys.executable, "-m", "pytest", "test_d2h.py", "--benchmark-only", "--kv-variants", "device_stride",
-         "--kv-page-sizes", "1", "--kv-seq-lens", seq_lens, "--kv-time-budget", "0.5", "-p", "no:cacheprovider"],
+         "--kv-page-sizes", "1", "--kv-seq-lens", seq_lens, "--kv-time-budget", "0.5", "-p", "no:cacheprovider",
+         "--kv-repetitions", "2", "--kv-passes", "1", "--kv-device", "cpu"],
         cwd=path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
 
@@ -206,7 +229,8 @@ def test_an_interrupted_run_keeps_its_finished_rows(tmp_path, sig, words):
     run = load_run(folder)
     assert 1 <= len(run.rows) < 12
     assert (run.rows["status"] == "ok").all()
-    assert all(len(run.samples[row_key(r)]) == r["rounds"] for _, r in run.rows.iterrows())
+    assert all(len(run.samples[row_key(r)]) == r["repetitions"] == 2 for _, r in run.rows.iterrows())
+    assert all(sum(map(len, run.samples[row_key(r)])) == r["rounds"] for _, r in run.rows.iterrows())
     assert not run.meta.completed and words in run.meta.end_note
     pd.read_csv(folder / "results.csv")  # parseable by plain pandas too
     assert not list(folder.glob(".*.tmp"))
@@ -214,7 +238,8 @@ def test_an_interrupted_run_keeps_its_finished_rows(tmp_path, sig, words):
 
 def test_runs_never_overwrite_each_other(bench):
     for _ in range(2):
-        bench.runpytest("--kv-seq-lens", "32", "--kv-page-sizes", "4", "--kv-variants", "host_stride", *FAST)
+        bench.runpytest("--kv-seq-lens", "32", "--kv-page-sizes", "4", "--kv-variants", "host_stride",
+                        "--kv-repetitions", "1", *CPU, *FAST)
     folders = run_dirs(bench.path)
     assert len(folders) == 2 and folders[0].name != folders[1].name
     assert all((f / "results.csv").exists() for f in folders)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from kvpages.capacity import check_fits
 from kvpages.options import BenchOptions
-from kvpages.sweep import PRESETS, Point, Sweep, get_preset
+from kvpages.schedule import plan
+from kvpages.sweep import INDEX_MAX, PRESETS, Point, Sweep, get_preset, largest_seq_len
 
 
 def test_presets_are_the_documented_ones():
@@ -57,3 +59,61 @@ def test_options_override_the_preset():
     assert options.sweep.seq_lens == (3, 5) and options.sweep.page_sizes == PRESETS["quick"].page_sizes
     assert options.sweep.time_budget_s == 0.5 and options.variants == ("host_stride",)
     assert options.device == "auto" and options.as_strings() == given | {}
+
+
+def test_a_point_whose_indices_overflow_its_dtype_is_refused_naming_the_largest_valid_seq_len():
+    largest = largest_seq_len(1, "int32")
+    assert Point(largest, 1).geometry().max_token_index <= INDEX_MAX["int32"]
+    assert Point(largest + 1, 1, check_range=False).geometry().max_token_index > INDEX_MAX["int32"]
+    with pytest.raises(ValueError, match=f"seq_len 3000000000 at page_size 1 needs token indices up to .*beyond "
+                                         f"int32's maximum 2147483647; the largest valid seq_len for int32 at "
+                                         f"page_size 1 is {largest}"):
+        Point(3_000_000_000, 1)
+    Point(3_000_000_000, 1, "int64")  # fits int64
+    with pytest.raises(ValueError, match="beyond int32's maximum"):
+        Sweep("t", seq_lens=(512, 3_000_000_000), page_sizes=(1,))
+
+
+def test_memory_estimates_refuse_what_cannot_fit():
+    sweep = Sweep("t", seq_lens=(600_000_000,), page_sizes=(1,), passes=1, repetitions=1)
+    needed = Point(600_000_000, 1).geometry().memory_bytes("cpu")["host"]
+    assert needed > 24 * 2**30  # more than this 24 GiB box has
+    with pytest.raises(ValueError, match=r"seq_len 600000000 at page_size 1 \(int32\) needs about .* GiB of host "
+                                         r"memory to build and check its 2 request rows, but only 16.0 GiB is free"):
+        check_fits(sweep, "cpu", {"host": 16 * 2**30})
+    with pytest.raises(ValueError, match="GiB of cuda memory"):
+        check_fits(sweep, "cuda", {"host": 2**50, "cuda": 2**30})
+    check_fits(sweep, "cpu", {"host": None})  # unknown: not checked
+    check_fits(PRESETS["full"], "cpu", {"host": 20 * 2**30})  # the full preset fits this box
+    many = Sweep("t", seq_lens=(131072,), page_sizes=(1, 2, 3, 4, 5, 6, 7, 8), passes=2, repetitions=2)
+    with pytest.raises(ValueError, match="the sweep keeps every point's inputs for its 2 passes"):
+        check_fits(many, "cpu", {"host": 300 * 2**20})
+
+
+def test_the_schedule_interleaves_seeded_shuffles_and_spreads_repetitions_over_passes():
+    points = [Point(8, 1), Point(16, 1)]
+    blocks = plan(("a", "b", "c"), points, repetitions=4, seed=0, passes=2)
+    assert [b.order for b in blocks] == list(range(24))
+    assert plan(("a", "b", "c"), points, 4, 0, 2) == blocks  # seeded
+    assert plan(("a", "b", "c"), points, 4, 1, 2) != blocks
+    # pass 0 holds repetitions 0 and 2 of every point, pass 1 repetitions 1 and 3
+    assert [(b.point.seq_len, b.repetition) for b in blocks[:6]] == [(8, 0)] * 3 + [(8, 2)] * 3
+    assert {b.repetition for b in blocks[12:]} == {1, 3}
+    for point in points:
+        for r in range(4):
+            assert sorted(b.variant for b in blocks if b.point == point and b.repetition == r) == ["a", "b", "c"]
+    assert sum(b.last_of_point for b in blocks) == 2
+    assert next(b for b in blocks if b.last_of_point).order > max(b.order for b in blocks if b.repetition == 2)
+    orders = {tuple(b.variant for b in blocks[i:i + 3]) for i in range(0, 24, 3)}
+    assert len(orders) > 1  # the order changes between repetitions
+    with pytest.raises(ValueError, match="passes must be between 1 and the repetitions"):
+        plan(("a",), points, 2, 0, 3)
+
+
+def test_bad_repetitions_and_passes():
+    with pytest.raises(ValueError, match="repetitions must be an integer >= 1, got 0"):
+        Sweep("t", seq_lens=(1,), page_sizes=(1,), repetitions=0)
+    with pytest.raises(ValueError, match="--kv-repetitions: 'x' is not an integer"):
+        BenchOptions.parse({"--kv-repetitions": "x"}.get)
+    with pytest.raises(ValueError, match="--kv-crosscheck: unknown cross-check mode 'maybe'; valid: auto, on, off"):
+        BenchOptions.parse({"--kv-crosscheck": "maybe"}.get)

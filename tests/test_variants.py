@@ -1,18 +1,25 @@
-"""Every variant returns exactly the reference for every valid input; the registry and bad input."""
+"""Every variant returns exactly the reference on edge cases and CUDA workloads; the registry and bad input.
+
+No hypothesis here: bench/gpu_check.sh collects this file on CUDA images that may lack it
+(the property tests are in test_properties.py).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from conftest import devices
+
 from kvpages.inputs import make_workload
 from kvpages.sweep import Point
 from kvpages.variants import (
-    Moves, all_variants, get_variant, reference_page_indices, variant, variant_names,
+    Moves,
+    all_variants,
+    get_variant,
+    reference_page_indices,
+    variant,
+    variant_names,
 )
 
 VARIANT_NAMES = variant_names()
@@ -95,25 +102,6 @@ def test_variant_matches_reference_on_edge_cases(name, dtype, kv, page_size, dev
     assert_exact(v(tensor, page_size), reference_page_indices(tensor, page_size))
 
 
-@pytest.mark.parametrize("name", VARIANT_NAMES)
-@settings(max_examples=40, deadline=None)
-@given(
-    seq_len=st.integers(1, 3000),
-    page_size=st.one_of(st.integers(1, 256), st.sampled_from([1, 16, 32, 64, 128, 256])),
-    dtype=st.sampled_from(["int32", "int64"]),
-    layout=st.sampled_from(["fragmented", "contiguous"]),
-    chunk_offset_pages=st.integers(0, 5),
-    seed=st.integers(0, 2 ** 16),
-)
-def test_variant_matches_reference_on_random_layouts(name, seq_len, page_size, dtype, layout, chunk_offset_pages, seed):
-    v = runnable(name, "cpu")
-    workload = make_workload(Point(seq_len, page_size, dtype, "cpu", layout, seed), rotation=2,
-                             chunk_offset_pages=chunk_offset_pages)
-    for kv, expected in zip(workload.kv_indices, workload.expected):
-        assert_exact(v(kv, page_size), expected)
-        assert expected.size == -(-seq_len // page_size)
-
-
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", VARIANT_NAMES)
 @pytest.mark.parametrize("page_size", [1, 3, 16, 64, 128, 256])
@@ -121,7 +109,7 @@ def test_variant_matches_reference_on_cuda_workloads(name, page_size):
     v = runnable(name, "cuda")
     for dtype in ("int32", "int64"):
         workload = make_workload(Point(70_001, page_size, dtype, "cuda"), rotation=3, chunk_offset_pages=2)
-        for kv, expected in zip(workload.kv_indices, workload.expected):
+        for kv, expected in zip(workload.kv_indices, workload.expected, strict=True):
             assert_exact(v(kv, page_size), expected)
 
 

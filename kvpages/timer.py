@@ -1,0 +1,73 @@
+"""Times one block of a variant with pytest-benchmark: warm up, then one call per round.
+
+Every round starts on an idle device (a synchronize in pytest-benchmark's untimed setup),
+so no queued work leaks into it; the variants return only once their data is on the host.
+Rounds rotate among the point's request rows, so long rows are not timed from a warm cache.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvpages.variants import VariantFn
+
+WARMUP_FIRST_S = 0.005
+"""The first block of a (variant, point) warms up for at least this long (untimed)..."""
+WARMUP_LATER_S = 0.001
+"""...later blocks, after the other variants ran, for at least this long; every warm-up covers every input."""
+
+
+def synchronizer(device: str) -> Callable[[], None]:
+    return torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+
+def warm_up(fn: VariantFn, inputs: Sequence[torch.Tensor], page_size: int, sync: Callable[[], None],
+            min_s: float) -> float:
+    """Call `fn` on every input, and for at least `min_s`, untimed; return the mean seconds per call.
+
+    Each result is held until the next call returns, as pytest-benchmark's timed loop holds
+    round N's result while round N+1 runs; so a variant that allocates its output (a pinned
+    host buffer, say) has as many buffers live here as in the timed rounds, and the timed
+    rounds pay for no first-time allocation (no cudaHostAlloc inside a timed round).
+    """
+    held = None
+    calls, start = 0, time.perf_counter()
+    while calls < len(inputs) or time.perf_counter() - start < min_s:
+        sync()
+        held = fn(inputs[calls % len(inputs)], page_size)  # noqa: F841 (held on purpose, see above)
+        calls += 1
+    sync()
+    return (time.perf_counter() - start) / calls
+
+
+@dataclass(frozen=True)
+class BlockResult:
+    """The last timed round's output and the index of its input."""
+
+    output: object
+    input_index: int
+
+
+def time_block(benchmark, fn: VariantFn, inputs: Sequence[torch.Tensor], page_size: int,
+               sync: Callable[[], None], rounds: int) -> BlockResult:
+    """Time `rounds` rounds of one call each with `benchmark.pedantic`, rotating inputs."""
+    order = itertools.cycle(range(len(inputs)))
+    last = [0]
+
+    def setup():
+        sync()
+        last[0] = next(order)
+        return (inputs[last[0]], page_size), {}
+
+    output = benchmark.pedantic(fn, setup=setup, rounds=rounds, warmup_rounds=0, iterations=1)
+    return BlockResult(output, last[0])
+
+
+def rounds_for(per_call_s: float, budget_s: float, min_rounds: int, max_rounds: int) -> int:
+    """Rounds that fill `budget_s` at `per_call_s`, within [min_rounds, max_rounds]."""
+    return max(min_rounds, min(max_rounds, int(budget_s / max(per_call_s, 1e-9))))

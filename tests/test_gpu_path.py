@@ -1,0 +1,242 @@
+"""The GPU path's first run, tested as far as a CPU allows: nvidia-smi facts, warm-up, out-of-memory rows,
+the gpu-check preflight, the profiler cross-check's own process, and the CUDA twins of the sweep."""
+
+from __future__ import annotations
+
+import gc
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO
+
+from kvpages import environment
+from kvpages.analysis import load_run
+from kvpages.crosscheck import CheckCase, CrosscheckError, run_crosscheck
+from kvpages.sweep import Point
+from kvpages.timer import warm_up
+
+BENCH = (REPO / "bench" / "test_d2h.py").read_text()
+FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider")
+
+
+# ----------------------------------------------------------------------------- nvidia-smi
+
+
+def fake_smi(folder: Path, body: str, executable: bool = True) -> Path:
+    folder.mkdir(exist_ok=True)
+    script = folder / "nvidia-smi"
+    script.write_text("#!/bin/sh\n" + body + "\n")
+    script.chmod(stat.S_IRWXU if executable else stat.S_IRUSR | stat.S_IWUSR)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "body, executable, expected",
+    [
+        ('echo "$@" > "$(dirname "$0")/args"; echo "550.54.15, 5, 16, 5, 16"', True,
+         ("550.54.15", "Gen5 x16 (max Gen5 x16)")),
+        ('echo "WARNING: infoROM is corrupted at gpu 0000:4E:00.0"; echo "550.54.15, 1, 16, 5, 16"', True,
+         ("550.54.15", "Gen1 x16 (max Gen5 x16)")),
+        ('echo "No devices were found"', True, (None, None)),
+        ('echo "550.54.15, [N/A], 16"', True, (None, None)),
+        ('exit 9', True, (None, None)),
+        ('echo "550.54.15, 5, 16, 5, 16"', False, (None, None)),  # not executable: an OSError, caught
+    ],
+)
+def test_odd_nvidia_smi_output_gives_unknown_not_a_traceback(tmp_path, monkeypatch, body, executable, expected):
+    folder = fake_smi(tmp_path / "bin", body, executable)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    assert environment.nvidia_smi_facts("GPU-1234abcd") == expected
+    if (folder / "args").exists():  # nvidia-smi is asked by UUID, not by torch's device index
+        assert "--id=GPU-1234abcd" in (folder / "args").read_text()
+
+
+def test_no_nvidia_smi_at_all(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert environment.nvidia_smi_facts("GPU-1") == (None, None) and environment.nvidia_smi_facts(None) == (None, None)
+
+
+# ----------------------------------------------------------------------------- warm-up
+
+
+def test_warm_up_holds_each_result_until_the_next_call_returns():
+    """As pytest-benchmark's timed loop does: so an allocating variant has as many buffers live as when timed."""
+    alive: list[int] = []
+    outputs: list[weakref.ref] = []
+
+    def variant(kv, page_size):
+        gc.collect()
+        alive.append(sum(ref() is not None for ref in outputs))
+        out = np.array(kv.numpy()[::page_size] // page_size)
+        outputs.append(weakref.ref(out))
+        return out
+
+    inputs = [torch.arange(64, dtype=torch.int32) for _ in range(3)]
+    warm_up(variant, inputs, 4, lambda: None, min_s=0.0)
+    assert len(alive) == 3 and alive[0] == 0 and alive[1:] == [1, 1]
+
+
+# ----------------------------------------------------------------------------- out of memory
+
+LIMITED = textwrap.dedent('''
+    import resource, sys
+    import torch, pytest  # loaded before the limit: only the sweep's own allocations may fail
+    vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (400 << 20), resource.RLIM_INFINITY))
+    sys.exit(pytest.main(sys.argv[1:]))
+''')
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc to set an address-space limit")
+def test_a_cpu_allocation_failure_becomes_an_out_of_memory_row(tmp_path):
+    (tmp_path / "test_d2h.py").write_text(BENCH)
+    done = subprocess.run(
+        [sys.executable, "-c", LIMITED, "test_d2h.py", *FAST, "--kv-device", "cpu", "--kv-seq-lens", "64,40000000",
+         "--kv-page-sizes", "64", "--kv-variants", "device_stride", "--kv-repetitions", "1",
+         "--kv-results", "out"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    [folder] = list((tmp_path / "out").iterdir())
+    rows = load_run(folder).rows.set_index("seq_len")
+    assert rows.loc[64, "status"] == "ok"
+    assert rows.loc[40000000, "status"] == "out_of_memory"
+    assert "out of memory: " in rows.loc[40000000, "note"] and "can't allocate memory" in rows.loc[40000000, "note"]
+
+
+# ----------------------------------------------------------------------------- gpu-check preflight
+
+
+def shadow(folder: Path, *modules: str) -> dict[str, str]:
+    """An environment in which importing `modules` fails as if they were not installed."""
+    for name in modules:
+        (folder / name).mkdir(parents=True)
+        (folder / name / "__init__.py").write_text(f'raise ModuleNotFoundError("No module named {name!r}", name={name!r})\n')
+    return {**os.environ, "PYTHONPATH": f"{folder}{os.pathsep}{REPO}", "PYTHON": sys.executable}
+
+
+def test_gpu_check_without_pandas_stops_with_one_line_saying_how_to_get_it(tmp_path):
+    env = shadow(tmp_path, "pandas", "pytest_benchmark")
+    done = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh")], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    line = done.stderr
+    assert "lacks pytest-benchmark (the timer (--benchmark-only)), pandas (the summary and report)" in line
+    assert "-m pip install pytest-benchmark pandas" in line
+    assert "pip download -d wheels pytest-benchmark pandas" in line and "--no-index --find-links wheels" in line
+
+
+def test_gpu_check_without_cuda_says_so_after_the_packages(tmp_path):
+    done = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh")], env={**os.environ, "PYTHON": sys.executable},
+                          capture_output=True, text=True, timeout=120)
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: gpu_check.sh would run for real")
+    assert done.returncode == 2 and "sees no CUDA device; nothing to check here" in done.stderr
+    assert done.stderr.count("\n") == 1
+
+
+def test_the_cuda_tests_gpu_check_collects_need_no_hypothesis(tmp_path):
+    env = shadow(tmp_path, "hypothesis")
+    no_plugin = ("-p", "no:hypothesispytest")  # without hypothesis installed, its pytest plugin is not registered
+    files = [str(REPO / "tests" / f) for f in ("test_variants.py", "test_inputs.py", "test_meter.py", "test_plugin.py")]
+    done = subprocess.run([sys.executable, "-m", "pytest", *files, "-m", "cuda", "-q", "-p", "no:cacheprovider",
+                           "--co", *no_plugin], env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:]  # a collection error would exit 2
+    properties = subprocess.run([sys.executable, "-m", "pytest", str(REPO / "tests" / "test_properties.py"), "-q",
+                                 "-p", "no:cacheprovider", "-rs", *no_plugin], env=env, capture_output=True,
+                                text=True, timeout=300, cwd=REPO)
+    assert "1 skipped" in properties.stdout and "hypothesis is not installed" in properties.stdout
+
+
+def test_a_sweep_without_pandas_still_writes_its_run_and_says_what_is_missing(tmp_path):
+    (tmp_path / "test_d2h.py").write_text(BENCH)
+    env = shadow(tmp_path / "shadow", "pandas")
+    done = subprocess.run([sys.executable, "-m", "pytest", "test_d2h.py", *FAST, "--kv-device", "cpu",
+                           "--kv-seq-lens", "64", "--kv-page-sizes", "4", "--kv-variants", "host_stride",
+                           "--kv-repetitions", "1", "--kv-analyze"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "Traceback" not in done.stdout
+    assert "is complete, but pandas is not installed, so there is no summary, chart or report" in done.stdout
+    [folder] = list((tmp_path / "results").iterdir())
+    assert (folder / "results.csv").exists() and (folder / "samples.csv").exists()
+
+
+# ----------------------------------------------------------------------------- profiler cross-check process
+
+
+def test_the_crosscheck_process_answers_for_every_case():
+    cases = [CheckCase(v, Point(256, 16)) for v in ("host_stride", "device_stride")]
+    assert run_crosscheck(cases) == {c.id: None for c in cases}  # CPU: no link crossed, nothing to disagree on
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where a CUDA point cannot be built")
+def test_a_failing_crosscheck_process_is_one_clear_error():
+    with pytest.raises(CrosscheckError, match=r"the profiler cross-check process exited 1: .*CUDA"):
+        run_crosscheck([CheckCase("host_stride", Point(8, 1, device="cuda"))])
+
+
+def test_a_sweep_with_the_crosscheck_on_runs_it_in_its_own_process(pytester):
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    result = pytester.runpytest(*FAST, "--kv-device", "cpu", "--kv-crosscheck", "on", "--kv-seq-lens", "256",
+                                "--kv-page-sizes", "16", "--kv-variants", "host_stride,device_stride",
+                                "--kv-repetitions", "2")
+    result.assert_outcomes(passed=4)
+    [folder] = list((pytester.path / "results").iterdir())
+    meta = load_run(folder).meta
+    assert meta.crosscheck == "on (own process)" and meta.timing["crosscheck_s"] > 0
+
+
+# ----------------------------------------------------------------------------- CUDA twins
+
+HIDDEN_COPY = '''
+import torch
+from kvpages.variants import Moves, variant
+
+@variant("hidden_copy", moves=Moves.PAGES)
+def hidden_copy(kv_indices, page_size):
+    """Right values and metered bytes, but one more D2H copy that only the profiler sees."""
+    with torch._C.DisableTorchFunction():
+        kv_indices.cpu()
+    return (kv_indices[::page_size] // page_size).cpu().numpy()
+'''
+
+
+@pytest.mark.cuda
+def test_cuda_quick_sweep_writes_a_complete_run(pytester):
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    result = pytester.runpytest(*FAST, "--kv-device", "cuda", "--kv-preset", "quick", "--kv-analyze")
+    assert result.ret == 0
+    [folder] = list((pytester.path / "results").iterdir())
+    assert "-cuda-" in folder.name
+    run = load_run(folder)
+    assert run.meta.completed and (run.rows["status"] == "ok").all()
+    pinned = run.ok_rows()[run.ok_rows()["variant"] == "device_stride_pinned"]
+    assert (pinned["link"] == "pcie pinned").all()
+    env = run.meta.environment
+    assert env.link_crossed and env.gpu_uuid and env.gpu_uuid.startswith("GPU-")
+    assert run.meta.crosscheck == "on (own process)" and env.pcie_link_loaded is not None
+    assert (folder / "ratios.csv").exists() and (folder / "REPORT.md").exists()
+
+
+@pytest.mark.cuda
+def test_cuda_crosscheck_disagreement_becomes_a_mismatch_row(pytester):
+    pytester.makeconftest(HIDDEN_COPY)
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    result = pytester.runpytest_subprocess(*FAST, "--kv-device", "cuda", "--kv-seq-lens", "4096", "--kv-page-sizes",
+                                           "64", "--kv-variants", "hidden_copy,device_stride", "--kv-repetitions", "2")
+    result.assert_outcomes(passed=2, failed=1, skipped=1)
+    [folder] = list((pytester.path / "results").iterdir())
+    rows = load_run(folder).rows.set_index("variant")
+    assert rows.loc["hidden_copy", "status"] == "mismatch" and rows.loc["device_stride", "status"] == "ok"
+    assert "profiler cross-check: " in rows.loc["hidden_copy", "note"]
+    assert "the CUDA profiler recorded 16640 bytes in 2" in rows.loc["hidden_copy", "note"]
