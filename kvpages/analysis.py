@@ -28,6 +28,12 @@ from kvpages.results import (
     READABLE_SCHEMAS,
     RESULTS_CSV,
     SAMPLES_CSV,
+    SCENARIO_COLUMNS,
+    SCENARIO_FLOAT_COLUMNS,
+    SCENARIO_INT_COLUMNS,
+    SCENARIO_SAMPLE_COLUMNS,
+    SCENARIO_SAMPLES_CSV,
+    SCENARIOS_CSV,
     Environment,
     RatioRow,
     RunMeta,
@@ -63,6 +69,10 @@ class Run:
     samples: dict[tuple, list[np.ndarray]]
     """Per row key, the per-round times of each repetition (block), in repetition order."""
     meta: RunMeta | None
+    scenarios: pd.DataFrame | None = None
+    """scenarios.csv (whole requests and steps), or None for a run without them."""
+    scenario_samples: dict[tuple, dict[str, list[np.ndarray]]] | None = None
+    """Per (scenario, variant): {'blocked': blocks, 'ready': blocks}, in repetition order."""
 
     @property
     def run_id(self) -> str:
@@ -168,7 +178,44 @@ def load_run(path: str | Path) -> Run:
     samples_path = folder / SAMPLES_CSV
     samples = _read_samples(samples_path) if samples_path.exists() else {}
     _check_medians(rows, samples, csv_path)
-    return Run(folder, rows, samples, meta)
+    scenarios, scenario_samples = _read_scenarios(folder)
+    return Run(folder, rows, samples, meta, scenarios, scenario_samples)
+
+
+def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, dict[str, list[np.ndarray]]] | None]:
+    path = folder / SCENARIOS_CSV
+    if not path.exists():
+        return None, None
+    frame = _read_csv(path, SCENARIO_COLUMNS)[list(SCENARIO_COLUMNS)].copy()
+    column = ""
+    try:
+        for column in SCENARIO_INT_COLUMNS:
+            frame[column] = pd.to_numeric(frame[column].replace("", None)).astype("Int64")
+        for column in SCENARIO_FLOAT_COLUMNS:
+            frame[column] = pd.to_numeric(frame[column].replace("", None)).astype("float64")
+    except (ValueError, TypeError) as exc:
+        raise RunError(f"{path}: column {column!r} holds a non-number ({exc})") from None
+    samples: dict[tuple, dict[str, list[np.ndarray]]] = {}
+    samples_path = folder / SCENARIO_SAMPLES_CSV
+    if samples_path.exists():
+        records = _read_csv(samples_path, SCENARIO_SAMPLE_COLUMNS).to_dict("records")
+        try:
+            records.sort(key=lambda r: int(r["repetition"]))
+            for r in records:
+                entry = samples.setdefault((r["scenario"], r["variant"]), {"blocked": [], "ready": []})
+                for what in ("blocked", "ready"):
+                    entry[what].append(np.array(r[f"{what}_us"].split(), dtype=np.float64))
+        except ValueError:
+            raise RunError(f"{samples_path}: a repetition or sample is not a number") from None
+    for _, row in frame[frame["status"] == "ok"].iterrows():
+        blocks = samples.get((row["scenario"], row["variant"]))
+        if blocks is None:
+            raise RunError(f"{path}: row {row['scenario']} {row['variant']} has no samples in {SCENARIO_SAMPLES_CSV}")
+        median = float(np.median(np.concatenate(blocks["blocked"])))
+        if not math.isclose(median, float(row["blocked_median_us"]), rel_tol=MEDIAN_RTOL, abs_tol=1e-12):
+            raise RunError(f"{path}: row {row['scenario']} {row['variant']} says blocked_median_us "
+                           f"{row['blocked_median_us']!r}, but its samples give {median!r}; the folder was edited or mixed up")
+    return frame, samples
 
 
 def _read_samples(path: Path) -> dict[tuple, list[np.ndarray]]:
@@ -309,6 +356,39 @@ class NoiseFloor:
 
 
 @dataclass(frozen=True)
+class ScenarioRatio:
+    """A step variant against the baseline step variant on one scenario, for one latency (blocked or ready)."""
+
+    scenario: str
+    variant: str
+    baseline: str
+    latency: str  # blocked | ready
+    interval: Interval
+    verdict: str
+
+
+def scenario_ratios(run: Run, baseline: str) -> tuple[ScenarioRatio, ...]:
+    """Paired per-repetition ratios of block medians, every ok step variant against `baseline`, per scenario."""
+    if run.scenarios is None or run.scenario_samples is None:
+        return ()
+    ok = run.scenarios[run.scenarios["status"] == "ok"]
+    out = []
+    for scenario, rows in ok.groupby("scenario", sort=False):
+        base = run.scenario_samples.get((scenario, baseline))
+        if base is None:
+            continue
+        for variant in rows["variant"]:
+            other = run.scenario_samples[(scenario, variant)]
+            if variant == baseline or len(other["blocked"]) != len(base["blocked"]):
+                continue
+            for latency in ("blocked", "ready"):
+                logs = paired_log_ratios(block_medians(base[latency]), block_medians(other[latency]))
+                interval = median_interval(logs)
+                out.append(ScenarioRatio(str(scenario), str(variant), baseline, latency, interval, verdict(interval)))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class Analysis:
     """Everything the report, the charts, the notebook and `compare` show of one run, computed once."""
 
@@ -319,6 +399,12 @@ class Analysis:
     fastest: dict[tuple, tuple[str, ...]]
     """Per point (dtype, layout, page_size, seq_len): the fastest variants, tied within noise."""
     noise: NoiseFloor
+    scenario_ratios: tuple[ScenarioRatio, ...] = ()
+    scenario_baseline: str = "per_request[host_stride]"
+
+    def scenario_ratio(self, scenario: str, variant: str, latency: str) -> ScenarioRatio | None:
+        return next((r for r in self.scenario_ratios
+                     if (r.scenario, r.variant, r.latency) == (scenario, variant, latency)), None)
 
     def ratios_of(self, variant: str) -> tuple[RatioRow, ...]:
         return tuple(r for r in self.ratios if r.variant == variant)
@@ -355,7 +441,8 @@ def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
         max_spread=float(spreads.max()) if len(spreads) else math.nan,
         median_ci_half_width=float(np.median(finite)) if finite else math.nan,
     )
-    return Analysis(run, baseline, tuple(ratios), found, best, noise)
+    step_baseline = f"per_request[{baseline}]"
+    return Analysis(run, baseline, tuple(ratios), found, best, noise, scenario_ratios(run, step_baseline), step_baseline)
 
 
 def summary_seq_lens(seq_lens: list[int]) -> list[int]:
@@ -365,12 +452,36 @@ def summary_seq_lens(seq_lens: list[int]) -> list[int]:
     return sorted({ordered[0], middle, ordered[-1]})
 
 
+SUMMARY_STEP_VARIANTS = ("per_request[host_stride]", "per_request[device_stride]", "batched_device_stride",
+                         "batched_device_stride_pinned")
+
+
+def scenario_summary(analysis: Analysis) -> list[str]:
+    """Lines for the whole requests and steps: bytes, transfers, blocked and ready, and blocked vs the baseline."""
+    frame = analysis.run.scenarios
+    if frame is None:
+        return []
+    ok = frame[(frame["status"] == "ok") & frame["variant"].isin(SUMMARY_STEP_VARIANTS)]
+    if ok.empty:
+        return []
+    table = ok[["scenario", "variant", "d2h_transfers", "d2h_bytes", "blocked_median_us", "ready_median_us"]].copy()
+    cells = []
+    for scenario, variant in zip(table["scenario"], table["variant"], strict=True):
+        r = analysis.scenario_ratio(scenario, variant, "blocked")
+        cells.append("1" if variant == analysis.scenario_baseline else
+                     (f"{r.interval.ratio:.3f} [{r.interval.ci_low:.3f}, {r.interval.ci_high:.3f}]" if r else ""))
+    table[f"blocked vs baseline [{CONFIDENCE:.0%} CI]"] = cells
+    return ["", "whole requests and steps (per request or per step; blocked = ready on a CPU run):",
+            table.to_string(index=False, float_format=lambda v: f"{v:.2f}")]
+
+
 def summary_text(analysis: Analysis) -> str:
-    """Per page size: D2H bytes, median latency and the ratio to the baseline (with its CI) at a few lengths."""
+    """Per page size: D2H bytes, median latency and the ratio to the baseline (with its CI) at a few lengths;
+    then the whole requests and steps."""
     run = analysis.run
     ok = run.ok_rows()
     if ok.empty:
-        return "no timed rows"
+        return "\n".join(scenario_summary(analysis)) or "no timed rows"
     lines = []
     if not run.link_crossed:
         lines.append("CPU run: no PCIe link was crossed; bytes are those handed to the host boundary.")
@@ -389,12 +500,14 @@ def summary_text(analysis: Analysis) -> str:
         table = table.sort_values(["seq_len", "variant"], key=variant_order)
         lines.append(f"\npage_size={page_size} ({dtype}, {layout})")
         lines.append(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    return "\n".join(lines)
+    return "\n".join(lines + scenario_summary(analysis))
 
 
 def variant_sort_key(name: str) -> tuple:
-    """The baseline first, then the candidate, then the rest by name."""
-    return (name != BASELINE, name != CANDIDATE, name)
+    """The baseline first, then the candidate, then the rest by name; step variants likewise
+    (per_request[host_stride], per_request[device_stride], the other per-request ones, the batched ones)."""
+    inner = name[len("per_request["):-1] if name.startswith("per_request[") else name
+    return (inner != BASELINE, inner != CANDIDATE, inner != name, name)
 
 
 def variant_order(column: pd.Series) -> pd.Series:

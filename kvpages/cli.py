@@ -21,6 +21,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from kvpages.steps import all_step_variants
     from kvpages.variants import all_variants
 
     variants = all_variants()
@@ -30,6 +31,29 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"{v.name:<{width}}  moves={v.moves.value:<6}  requires={needs:<4}  {v.description}")
         if args.verbose:
             print("    " + v.doc.replace("\n", "\n    ") + "\n")
+    print("\nstep variants (whole requests and steps; `kvpages scenarios` lists the scenarios):")
+    steps = all_step_variants()
+    width = max(len(v.name) for v in steps)
+    for s in steps:
+        needs = ",".join(s.requires) or "-"
+        d2h = "one D2H per step" if s.batched else "one D2H per request"
+        print(f"{s.name:<{width}}  {d2h:<19}  requires={needs:<4}  {s.description}")
+        if args.verbose and s.batched:
+            print("    " + s.doc.replace("\n", "\n    ") + "\n")
+    return 0
+
+
+def cmd_scenarios(args: argparse.Namespace) -> int:
+    from kvpages.scenarios import LENGTHS, SCENARIO_PRESETS, describe
+
+    print(f"scenarios of preset {args.preset!r} (kvpages/scenarios.py); step lengths: " + "; ".join(LENGTHS.values()))
+    for scenario in SCENARIO_PRESETS[args.preset]:
+        lines = list(describe(scenario))
+        print(lines[0])
+        for line in lines[1:] if args.verbose else lines[1:4]:
+            print(line)
+        if not args.verbose and len(lines) > 4:
+            print(f"  ... {len(lines) - 4} more call(s) (-v lists them)")
     return 0
 
 
@@ -125,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="list the registered variants")
     p.add_argument("-v", "--verbose", action="store_true", help="also print each variant's docstring (its hypothesis)")
     p.set_defaults(func=cmd_list)
+    p = sub.add_parser("scenarios", help="print the calls each whole-request and step scenario of a preset makes")
+    p.add_argument("--preset", default="default", choices=("quick", "default", "full"), help="the preset (default: default)")
+    p.add_argument("-v", "--verbose", action="store_true", help="list every call")
+    p.set_defaults(func=cmd_scenarios)
     for name, func, text in (
         ("plot", cmd_plot, "regenerate the charts of a run folder (or results CSV) into that folder"),
         ("report", cmd_report, "write REPORT.md into a run folder and print it"),

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -31,6 +32,9 @@ from kvpages.stats import row_statistics
 from kvpages.sweep import Point
 from kvpages.timer import WARMUP_FIRST_S, WARMUP_LATER_S, rounds_for, synchronizer, time_block, warm_up
 from kvpages.variants import Variant, get_variant, variant_names
+
+if TYPE_CHECKING:
+    from kvpages.scenario_run import ScenarioRunner
 
 EXTRA_INFO = ("variant", "device", "device_name", "dtype", "layout", "seq_len", "page_size", "num_pages", "rotation",
               "expected_d2h_bytes", "d2h_bytes", "d2h_transfers", "link")
@@ -93,13 +97,31 @@ class KvSession:
         self.passes = min(options.sweep.passes, self.repetitions)
         self.blocks = plan(tuple(self.variants), list(options.sweep.points(self.device)), self.repetitions,
                            options.sweep.seed, self.passes)
-        self.planned = len(self.blocks) // self.repetitions
+        self.planned = 0  # rows, once the points' benchmarks are collected (points_blocks)
         self.crosscheck = profiler_check.enabled(options.crosscheck, self.device)
         self._crosscheck_answers: dict[str, str | None] | None = None
         self._cases: dict[str, CaseState] = defaultdict(CaseState)
         self._workload: Workload | None = None
         self._built: dict[Point, Workload] = {}
+        from kvpages.steps import get_step_variant, step_variant_names
+
+        self.step_variant_names: tuple[str, ...] = tuple(
+            get_step_variant(n).name for n in (options.step_variants or step_variant_names()))
+        self._scenarios: ScenarioRunner | None = None
         self._pcie_loaded: str | None = None
+
+    def points_blocks(self) -> tuple[Block, ...]:
+        """The points' blocks, for the benchmarks in bench/test_d2h.py; their rows count as planned."""
+        self.planned = len(self.blocks) // self.repetitions
+        return self.blocks
+
+    def scenario_runner(self) -> ScenarioRunner:
+        """The runner of this session's scenarios, planned (after the points' blocks) on first use."""
+        if self._scenarios is None:
+            from kvpages.scenario_run import ScenarioRunner
+
+            self._scenarios = ScenarioRunner(self, self.options.scenarios, first_order=len(self.blocks))
+        return self._scenarios
 
     # ------------------------------------------------------------------ run
 
@@ -284,35 +306,57 @@ class KvSession:
             "--kv-repetitions", str(self.options.sweep.repetitions),
         ])
 
+    def scenario_repro(self, scenario, variant: str) -> str:
+        """The command that re-runs just this (scenario, step variant)."""
+        common = ["pytest", "bench/test_steps.py", "--benchmark-only", "--kv-device", self.device,
+                  "--kv-step-variants", variant, "--kv-page-sizes", str(scenario.page_size), "--kv-dtypes", scenario.dtype,
+                  "--kv-repetitions", str(self.options.sweep.repetitions),
+                  "--kv-time-budget", repr(self.options.scenario_budget_s)]
+        if scenario.kind == "step":
+            return shlex.join([*common, "--kv-step-sizes", str(scenario.batch), "--kv-step-lens", scenario.lengths_spec])
+        return shlex.join([*common, "--kv-request-lens", str(scenario.prompt_len), "--kv-chunk-size",
+                           str(scenario.chunk_size), "--kv-prefix", str(scenario.prefix)])
+
+    def _writer(self) -> RunWriter:
+        """The run folder, created when the first row is recorded."""
+        if self.writer is None:
+            env = environment.capture(self.device, self.rootdir, self.crosscheck)
+            label = "cpu" if self.device == "cpu" else f"cuda-{self.device_name}"
+            path = create_run_dir(self.results_dir, label)
+            meta = RunMeta(
+                run_id=path.name,
+                preset=self.options.preset,
+                options=self.options.as_strings(),
+                command=self.command,
+                started_utc=self.started_utc,
+                environment=env,
+                repetitions=self.repetitions,
+                order_seed=self.options.sweep.seed,
+                crosscheck="on (own process)" if self.crosscheck else "off",
+            )
+            self.writer = RunWriter(path, meta)
+        return self.writer
+
     def _write(self, rows: list[Row], samples: list[SampleSet] | None = None) -> None:
         with self.phase("write"):
-            if self.writer is None:
-                env = environment.capture(self.device, self.rootdir, self.crosscheck)
-                label = "cpu" if self.device == "cpu" else f"cuda-{self.device_name}"
-                path = create_run_dir(self.results_dir, label)
-                meta = RunMeta(
-                    run_id=path.name,
-                    preset=self.options.preset,
-                    options=self.options.as_strings(),
-                    command=self.command,
-                    started_utc=self.started_utc,
-                    environment=env,
-                    repetitions=self.repetitions,
-                    order_seed=self.options.sweep.seed,
-                    crosscheck="on (own process)" if self.crosscheck else "off",
-                )
-                self.writer = RunWriter(path, meta)
-            self.writer.add(rows, samples or ())
+            self._writer().add(rows, samples or ())
+
+    def write_scenarios(self, rows, samples=()) -> None:
+        with self.phase("write"):
+            self._writer().add_scenarios(rows, samples)
 
     def finish(self, exitstatus: int, total_s: float) -> None:
         """Close the run folder: completed only if every planned case ran and the session passed."""
+        if self._scenarios is not None:
+            self._scenarios.close()
         if self.writer is None:
             return
-        done = len(self.writer.rows)
+        done = len(self.writer.rows) + len(self.writer.scenario_rows)
+        planned = self.planned + (self._scenarios.planned if self._scenarios is not None else 0)
         if exitstatus == pytest.ExitCode.INTERRUPTED:
-            completed, note = False, f"interrupted after {done} of {self.planned} rows"
-        elif done < self.planned:
-            completed, note = False, f"only {done} of {self.planned} rows were recorded (deselected or failed cases)"
+            completed, note = False, f"interrupted after {done} of {planned} rows"
+        elif done < planned:
+            completed, note = False, f"only {done} of {planned} rows were recorded (deselected or failed cases)"
         elif exitstatus != pytest.ExitCode.OK:
             completed, note = False, f"all {done} rows recorded, but the session failed (exit status {int(exitstatus)})"
         else:

@@ -11,6 +11,8 @@ page-aligned offset. A sent chunk is the row slice `req_to_token[row, start:end]
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +46,30 @@ class Workload:
         return Workload(self.point, pool, kv_indices, self.expected)
 
 
+def make_pool(lengths: Sequence[int], page_size: int, dtype: str, device: str, layout: str, seed: int,
+              pad_to: int | None = None) -> torch.Tensor:
+    """A `req_to_token` pool with one row per length, its pages taken in turn from one free list.
+
+    The free list holds pages 1..pool_pages (page 0 is SGLang's padding slot), with some slack,
+    shuffled for `fragmented`; row r's tokens are its pages' tokens in order, padded with 0.
+    """
+    pages_per_row = [math.ceil(n / page_size) for n in lengths]
+    handed_out = sum(pages_per_row)
+    pool_pages = handed_out + max(1, handed_out // 8)
+    generator = torch.Generator().manual_seed(seed)
+    free_pages = torch.arange(1, pool_pages + 1, dtype=torch.int64)
+    if layout == "fragmented":
+        free_pages = free_pages[torch.randperm(pool_pages, generator=generator)]
+    width = max(lengths) if pad_to is None else pad_to
+    pool = torch.zeros((len(lengths), width), dtype=torch.int64)
+    offset = 0
+    for row, (n, pages) in enumerate(zip(lengths, pages_per_row, strict=True)):
+        tokens = free_pages[offset:offset + pages, None] * page_size + torch.arange(page_size)
+        pool[row, :n] = tokens.reshape(-1)[:n]
+        offset += pages
+    return pool.to(TORCH_DTYPES[dtype]).to(device).contiguous()
+
+
 def make_workload(point: Point, rotation: int | None = None, chunk_offset_pages: int = 0) -> Workload:
     """Build `rotation` request rows for `point` and slice one chunk of `point.seq_len` tokens from each.
 
@@ -52,24 +78,39 @@ def make_workload(point: Point, rotation: int | None = None, chunk_offset_pages:
     The result is the same for the same point, whatever the device.
     """
     geometry = point.geometry(rotation, chunk_offset_pages)
-    rows, row_tokens, pages_per_row, pool_pages = (
-        geometry.rows, geometry.row_tokens, geometry.pages_per_row, geometry.pool_pages
-    )
+    rows, row_tokens = geometry.rows, geometry.row_tokens
+    start = chunk_offset_pages * point.page_size
+    req_to_token = make_pool([row_tokens] * rows, point.page_size, point.dtype, point.device, point.layout, point.seed)
     page_size = point.page_size
-    start = chunk_offset_pages * page_size
-
-    generator = torch.Generator().manual_seed(point.seed)
-    free_pages = torch.arange(1, pool_pages + 1, dtype=torch.int64)
-    if point.layout == "fragmented":
-        free_pages = free_pages[torch.randperm(pool_pages, generator=generator)]
-    row_pages = free_pages[: rows * pages_per_row].reshape(rows, pages_per_row)
-    tokens = row_pages[:, :, None] * page_size + torch.arange(page_size)
-    req_to_token = tokens.reshape(rows, -1)[:, :row_tokens].to(TORCH_DTYPES[point.dtype])
-    req_to_token = req_to_token.to(point.device).contiguous()
 
     kv_indices = tuple(req_to_token[row, start:row_tokens] for row in range(rows))
     expected = tuple(reference_page_indices(kv, page_size) for kv in kv_indices)
     return Workload(point, req_to_token, kv_indices, expected)
+
+
+@dataclass(frozen=True)
+class ScenarioWorkload:
+    """A scenario's slices, in `copies` sets of its rows (timed rounds alternate between them)."""
+
+    pool: torch.Tensor
+    slices: tuple[tuple[torch.Tensor, ...], ...]
+    expected: tuple[tuple[np.ndarray, ...], ...]
+
+
+def make_scenario_workload(scenario, device: str, copies: int, seed: int = 0) -> ScenarioWorkload:
+    """The pool of `copies` sets of the scenario's rows, and each set's calls as slices with their references."""
+    lengths = tuple(scenario.lengths) * copies
+    pool = make_pool(lengths, scenario.page_size, scenario.dtype, device, scenario.layout, seed)
+    per_copy = len(scenario.lengths)
+    slices, expected = [], []
+    for k in range(copies):
+        views = tuple(pool[k * per_copy + c.row, c.start:c.end] for c in scenario.calls())
+        slices.append(views)
+        expected.append(tuple(reference_page_indices(v, scenario.page_size) for v in views))
+        for call, view in zip(scenario.calls(), views, strict=True):
+            if call.start % scenario.page_size == 0:  # a decode prefix may start mid-page
+                validate_page_layout(view, scenario.page_size)
+    return ScenarioWorkload(pool, tuple(slices), tuple(expected))
 
 
 def validate_page_layout(kv_indices: torch.Tensor, page_size: int) -> None:

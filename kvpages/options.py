@@ -11,6 +11,15 @@ from dataclasses import dataclass
 
 from kvpages.checks import check_choice, parse_choices, parse_positive_ints, split_csv
 from kvpages.crosscheck import MODES as CROSSCHECK_MODES
+from kvpages.scenarios import (
+    MIXED_LENGTHS,
+    SCENARIO_BUDGET_S,
+    SCENARIO_CHOICES,
+    SCENARIO_PRESETS,
+    Scenario,
+    parse_lengths,
+    scenarios_from,
+)
 from kvpages.sweep import DEVICES, DTYPES, LAYOUTS, PRESETS, Sweep, get_preset
 
 DEVICE_CHOICES = ("auto",) + DEVICES
@@ -36,6 +45,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kv-passes", "sweeps over the points that the repetitions are dealt to (default: the preset's)"),
     Option("--kv-crosscheck", f"profiler cross-check of the meter, in its own process: {', '.join(CROSSCHECK_MODES)} "
                               "(default: auto = on for CUDA runs)"),
+    Option("--kv-scenarios", "whole requests and steps: preset (the preset's) or none (default: preset)"),
+    Option("--kv-request-lens", "request scenarios by hand: comma-separated prompt lengths (both sides of each)"),
+    Option("--kv-chunk-size", "chunked-prefill size of the request scenarios (default 8192)"),
+    Option("--kv-prefix", "decode-side prefix of the request scenarios, in tokens (default 0)"),
+    Option("--kv-step-sizes", "step scenarios by hand: comma-separated requests per step (B)"),
+    Option("--kv-step-lens", "request lengths of a step: comma-separated integers, or fixed:L, uniform:LO,HI, "
+                             "lognormal:MEDIAN,SIGMA,MAX (default lognormal:4096,1.0,65536)"),
+    Option("--kv-step-variants", "comma-separated step variant names (default: all; see `kvpages list`)"),
     Option("--kv-results", "folder that receives the run folder (default: <rootdir>/results)"),
 )
 
@@ -70,6 +87,34 @@ def _seed(option: str, text: str) -> int:
     return value
 
 
+def _scenarios(get: Callable[[str], str | None], preset_name: str, sweep: Sweep) -> tuple[Scenario, ...]:
+    """The preset's scenarios, none, or those given by hand (at the sweep's page sizes and dtypes)."""
+    choice = get("--kv-scenarios") or "preset"
+    try:
+        check_choice("scenario choice", choice, SCENARIO_CHOICES)
+    except ValueError as exc:
+        raise ValueError(f"--kv-scenarios: {exc}") from None
+    by_hand = ("--kv-request-lens", "--kv-step-sizes", "--kv-chunk-size", "--kv-prefix", "--kv-step-lens")
+    given = {flag: str(get(flag)) for flag in by_hand if get(flag) is not None}
+    if choice == "none":
+        return ()
+    if not given:
+        return SCENARIO_PRESETS[preset_name]
+    request_lens = parse_positive_ints("--kv-request-lens", given["--kv-request-lens"]) if "--kv-request-lens" in given else ()
+    step_sizes = parse_positive_ints("--kv-step-sizes", given["--kv-step-sizes"]) if "--kv-step-sizes" in given else ()
+    chunk = parse_positive_ints("--kv-chunk-size", given.get("--kv-chunk-size", "8192"))[0]
+    try:
+        prefix = int(given.get("--kv-prefix", "0"))
+    except ValueError:
+        raise ValueError(f"--kv-prefix: {given['--kv-prefix']!r} is not an integer number of tokens >= 0") from None
+    lengths = given.get("--kv-step-lens") or MIXED_LENGTHS
+    try:
+        parse_lengths(lengths)
+        return scenarios_from(sweep.page_sizes, sweep.dtypes, request_lens, chunk, prefix, step_sizes, lengths)
+    except ValueError as exc:
+        raise ValueError(" ".join(f"{flag} {value}" for flag, value in given.items()) + f": {exc}") from None
+
+
 @dataclass(frozen=True)
 class BenchOptions:
     """The parsed options: a preset with its overrides, the variants, the device and the results folder."""
@@ -81,6 +126,9 @@ class BenchOptions:
     results_dir: str | None
     raw: tuple[tuple[str, str], ...]
     crosscheck: str = "auto"
+    scenarios: tuple[Scenario, ...] = ()
+    scenario_budget_s: float = 0.08
+    step_variants: tuple[str, ...] | None = None
 
     @classmethod
     def parse(cls, get: Callable[[str], str | None]) -> BenchOptions:
@@ -124,8 +172,14 @@ class BenchOptions:
             check_choice("cross-check mode", crosscheck, CROSSCHECK_MODES)
         except ValueError as exc:
             raise ValueError(f"--kv-crosscheck: {exc}") from None
+        scenarios = _scenarios(get, preset_name, sweep)
+        step_text = get("--kv-step-variants")
+        step_variants = tuple(split_csv("--kv-step-variants", step_text)) if step_text is not None else None
+        budget = changes.get("time_budget_s")
+        scenario_budget_s = float(budget) if isinstance(budget, float) else SCENARIO_BUDGET_S[preset_name]
         raw = tuple((o.flag, str(get(o.flag))) for o in OPTIONS if get(o.flag) is not None)
-        return cls(preset_name, sweep, variants, device, get("--kv-results"), raw, crosscheck)
+        return cls(preset_name, sweep, variants, device, get("--kv-results"), raw, crosscheck, scenarios,
+                   scenario_budget_s, step_variants)
 
     def as_strings(self) -> dict[str, str]:
         """The options as given on the command line (for meta.json)."""

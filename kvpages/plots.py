@@ -177,6 +177,42 @@ def plot_link_model(analysis: Analysis, frame, dtype: str, layout: str, stem: Pa
     return _save(fig, stem, formats)
 
 
+def _scenario_panels(analysis: Analysis, kind: str, x: str, xlabel: str, what: str, stem: Path, formats) -> list[Path]:
+    frame = analysis.run.scenarios
+    if frame is None:
+        return []
+    ok = frame[(frame["status"] == "ok") & (frame["kind"] == kind) & (frame["busy_us"] == 0)]
+    if ok.empty:
+        return []
+    panels = sorted({(str(side), int(p)) for side, p in zip(ok["side"], ok["page_size"], strict=True)})
+    variants = _variants(ok)
+    colors = _colors(variants)
+    fig, axes = _panels(len(panels))
+    for ax, (side, page_size) in zip(axes, panels, strict=True):
+        for v in variants:
+            rows = ok[(ok["side"] == side) & (ok["page_size"] == page_size) & (ok["variant"] == v)].sort_values(x)
+            if rows.empty:
+                continue
+            ax.plot(rows[x], rows["blocked_median_us"], marker="o", ms=3, color=colors[v], label=v)
+            ax.fill_between(rows[x], rows["blocked_q1_us"], rows["blocked_q3_us"], color=colors[v], alpha=0.2, lw=0)
+        _log_axes(ax)
+        chunks = sorted({int(c) for c in ok["chunk_size"] if int(c)})
+        chunk = f", C={'/'.join(map(str, chunks))}" if kind == "request" and chunks else ""
+        ax.set(title=f"{side}, page_size={page_size}{chunk}", xlabel=xlabel, ylabel=f"blocked µs per {what} (median)")
+    axes[0].legend(fontsize=7, title="step variant (band: IQR)", title_fontsize=7)
+    fig.suptitle(_title(analysis.run, f"Whole {what}s: scheduler-thread time", str(ok["dtype"].iloc[0]),
+                        str(ok["layout"].iloc[0])), fontsize=10)
+    return _save(fig, stem, formats)
+
+
+def plot_scenarios(analysis: Analysis, out_dir: Path, formats) -> list[Path]:
+    """Per-request cost against L (a panel per side and page size) and per-step cost against B."""
+    return (_scenario_panels(analysis, "request", "tokens", "prompt length L (tokens)", "request",
+                             out_dir / "scenario_requests", formats)
+            + _scenario_panels(analysis, "step", "requests", "requests per step B", "step",
+                               out_dir / "scenario_steps", formats))
+
+
 CHARTS = (("latency", plot_latency), ("bytes", plot_bytes), ("ratio", plot_ratio), ("link_model", plot_link_model))
 
 
@@ -189,4 +225,4 @@ def plot_run(analysis: Analysis, formats: tuple[str, ...] = ("png",), out_dir: P
         dtype, layout = str(key[0]), str(key[1])
         for name, chart in CHARTS:
             written += chart(analysis, frame, dtype, layout, out_dir / f"{name}_{dtype}_{layout}", formats)
-    return written
+    return written + plot_scenarios(analysis, out_dir, formats)

@@ -51,6 +51,14 @@ def pytest_configure(config: pytest.Config) -> None:
                 get_variant(name)
             except ValueError as exc:
                 raise pytest.UsageError(f"--kv-variants: {exc}") from None
+    if options.step_variants is not None:
+        from kvpages.steps import get_step_variant
+
+        for name in options.step_variants:
+            try:
+                get_step_variant(name)
+            except ValueError as exc:
+                raise pytest.UsageError(f"--kv-step-variants: {exc}") from None
     free: dict[str, int | None] = {"host": host_available_bytes()}
     device = "cpu" if options.device == "cpu" else "cuda"
     if options.device == "cuda" or (options.device == "auto" and config.getoption("--kv-seq-lens") is not None):
@@ -85,16 +93,24 @@ def kv_session(config: pytest.Config) -> KvSession:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "kv_case" not in metafunc.fixturenames:
-        return
-    blocks = kv_session(metafunc.config).blocks
-    metafunc.parametrize("kv_case", blocks, ids=[block.id for block in blocks])
+    if "kv_case" in metafunc.fixturenames:
+        blocks = kv_session(metafunc.config).points_blocks()
+        metafunc.parametrize("kv_case", blocks, ids=[block.id for block in blocks])
+    if "kv_scenario" in metafunc.fixturenames:
+        scenario_blocks = kv_session(metafunc.config).scenario_runner().blocks
+        metafunc.parametrize("kv_scenario", scenario_blocks, ids=[block.id for block in scenario_blocks])
 
 
 @pytest.fixture(name="kv_session")
 def kv_session_fixture(request: pytest.FixtureRequest):
     """The sweep session: `kv_session.run(benchmark, kv_case)` checks, meters and times one block."""
     return kv_session(request.config)
+
+
+@pytest.fixture(name="kv_scenarios")
+def kv_scenarios_fixture(request: pytest.FixtureRequest):
+    """The scenario runner: `kv_scenarios.run(benchmark, kv_scenario)` checks, meters and times one block."""
+    return kv_session(request.config).scenario_runner()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -208,6 +208,56 @@ def model_vs_measurement(analysis: Analysis) -> str:
             "(the profile's latency and bandwidth).\n\n" + _table(header, rows))
 
 
+def _ratio_cell(analysis: Analysis, scenario: str, variant: str, latency: str) -> str:
+    if variant == analysis.scenario_baseline:
+        return "1"
+    r = analysis.scenario_ratio(scenario, variant, latency)
+    if r is None:
+        return ""
+    i = r.interval
+    ci = f"[{i.ci_low:.3f}, {i.ci_high:.3f}]" if i.known else "[n/a]"
+    return f"{i.ratio:.3f} {ci}"
+
+
+def scenarios_section(analysis: Analysis) -> str:
+    """Per request and per step: measured over whole requests and steps, against the per-request baseline."""
+    frame = analysis.run.scenarios
+    if frame is None or frame.empty:
+        return ""
+    lead = (f"Each row is measured over a whole request (every call it makes) or a whole scheduler step (all its "
+            f"requests), never multiplied from points. `blocked`: until the calling (scheduler) thread got control "
+            f"back; `ready`: until the page indices were usable on the host. Ratios are paired over repetitions "
+            f"against `{analysis.scenario_baseline}` (what SGLang does today), with {CONFIDENCE:.0%} intervals as in "
+            f"Method. D2H bytes and transfers are per request or step, as the meter counted them.")
+    if not analysis.run.link_crossed:
+        lead += (" On this CPU run there is no device queue and no worker-thread wait: blocked equals ready for "
+                 "every variant, and the busy-queue scenarios are skipped.")
+    parts = [lead]
+    ok = frame[frame["status"] == "ok"]
+    for kind, title in (("request", "Per request"), ("step", "Per step")):
+        rows = []
+        chosen = ok[ok["kind"] == kind].sort_values(["side", "page_size", "busy_us", "requests", "tokens", "variant"],
+                                                    key=variant_order)
+        for _, r in chosen.iterrows():
+            rows.append([r["side"], r["page_size"], r["tokens"] if kind == "request" else r["requests"],
+                         r["chunk_size"] if kind == "request" else r["busy_us"], f"`{r['variant']}`", r["calls"],
+                         r["d2h_bytes"], r["d2h_transfers"], _us(r["blocked_median_us"]), _us(r["ready_median_us"]),
+                         _ratio_cell(analysis, r["scenario"], r["variant"], "blocked"),
+                         _ratio_cell(analysis, r["scenario"], r["variant"], "ready")])
+        if rows:
+            header = ["side", "page_size", "L (tokens)" if kind == "request" else "B (requests)",
+                      "C (chunk)" if kind == "request" else "busy µs", "variant", "calls", "D2H B", "transfers",
+                      "blocked µs", "ready µs", f"blocked / baseline [{CONFIDENCE:.0%} CI]",
+                      f"ready / baseline [{CONFIDENCE:.0%} CI]"]
+            parts.append(f"### {title}\n\n" + _table(header, rows))
+    others = frame[frame["status"] != "ok"]
+    notes = [f"- {variant}: {len(group)} scenario(s) {group['status'].iloc[0].replace('_', ' ')}: {note}"
+             for (variant, note), group in others.groupby(["variant", "note"])]
+    if notes:
+        parts.append("\n".join(notes))
+    return "\n\n".join(parts)
+
+
 def render(analysis: Analysis) -> str:
     run = analysis.run
     command = run.meta.command if run.meta else "(unknown: no meta.json)"
@@ -227,6 +277,9 @@ def render(analysis: Analysis) -> str:
         "that reaches 1.\n\n" + variants_section(analysis),
         "## Link model\n\n" + link_model_section(analysis),
     ]
+    scenarios = scenarios_section(analysis)
+    if scenarios:
+        sections.append("## Per request and per step\n\n" + scenarios)
     if charts:
         sections.append("## Charts\n\n" + "\n".join(f"![{name}]({name})" for name in charts))
     return "\n\n".join(sections) + "\n"

@@ -30,6 +30,8 @@ RESULTS_CSV = "results.csv"
 SAMPLES_CSV = "samples.csv"
 META_JSON = "meta.json"
 RATIOS_CSV = "ratios.csv"
+SCENARIOS_CSV = "scenarios.csv"
+SCENARIO_SAMPLES_CSV = "scenario_samples.csv"
 
 STATUSES = ("ok", "skipped", "mismatch", "out_of_memory")
 """ok: checked, metered and timed; skipped: cannot run on this device (see note);
@@ -101,6 +103,71 @@ class SampleSet:
 
 
 SAMPLE_COLUMNS = KEY_COLUMNS + ("repetition", "order", "rounds", "samples_us")
+
+
+@dataclass(frozen=True)
+class ScenarioRow:
+    """One (scenario, step variant): a whole request (all its calls) or a whole scheduler step, measured as one.
+
+    Bytes and transfers per request or step, as the meter counted them; latencies per request or
+    step in microseconds: `blocked` until the calling (scheduler) thread got control back, `ready`
+    until the page indices were usable on the host (equal, except for variants whose wait runs on
+    a worker thread; on a CPU run always equal).
+    """
+
+    scenario: str
+    kind: str  # request | step
+    side: str  # prefill | decode
+    variant: str
+    device: str
+    dtype: str
+    layout: str
+    requests: int
+    tokens: int
+    chunk_size: int
+    page_size: int
+    busy_us: int
+    calls: int
+    expected_d2h_bytes: int
+    d2h_bytes: int | None
+    d2h_transfers: int | None
+    link: str
+    blocked_median_us: float | None
+    blocked_q1_us: float | None
+    blocked_q3_us: float | None
+    ready_median_us: float | None
+    ready_q1_us: float | None
+    ready_q3_us: float | None
+    rounds: int | None
+    repetitions: int | None
+    status: str
+    note: str
+    repro: str
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown row status {self.status!r}; valid: {', '.join(STATUSES)}")
+
+
+SCENARIO_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ScenarioRow))
+SCENARIO_INT_COLUMNS = ("requests", "tokens", "chunk_size", "page_size", "busy_us", "calls", "expected_d2h_bytes",
+                        "d2h_bytes", "d2h_transfers", "rounds", "repetitions")
+SCENARIO_FLOAT_COLUMNS = tuple(c for c in SCENARIO_COLUMNS if c.endswith("_us") and c != "busy_us")
+
+
+@dataclass(frozen=True)
+class ScenarioSampleSet:
+    """One timed block of a (scenario, step variant): per round, blocked and ready microseconds."""
+
+    scenario: str
+    variant: str
+    repetition: int
+    order: int
+    blocked_us: tuple[float, ...]
+    ready_us: tuple[float, ...]
+
+
+SCENARIO_SAMPLE_COLUMNS = ("scenario", "variant", "repetition", "order", "rounds", "blocked_us", "ready_us")
 
 
 @dataclass(frozen=True)
@@ -238,6 +305,10 @@ class RunWriter:
         self.rows: list[Row] = []
         self._rows_text = _csv_text(COLUMNS, [])
         self._samples_text = _csv_text(SAMPLE_COLUMNS, [])
+        self.scenario_rows: list[ScenarioRow] = []
+        self._scenarios_text = _csv_text(SCENARIO_COLUMNS, [])
+        self._scenario_samples_text = _csv_text(SCENARIO_SAMPLE_COLUMNS, [])
+        write_atomic(self.path / RESULTS_CSV, self._rows_text)  # a run of scenarios alone has no point rows
         self._write_meta()
 
     def add(self, rows: Sequence[Row], samples: Sequence[SampleSet] = ()) -> None:
@@ -248,6 +319,18 @@ class RunWriter:
         self.rows.extend(rows)
         self._rows_text += _csv_text(COLUMNS, [dataclasses.asdict(row) for row in rows], header=False)
         write_atomic(self.path / RESULTS_CSV, self._rows_text)
+
+    def add_scenarios(self, rows: Sequence[ScenarioRow], samples: Sequence[ScenarioSampleSet] = ()) -> None:
+        """Record finished scenario rows, their samples first."""
+        if samples:
+            records = [{"scenario": b.scenario, "variant": b.variant, "repetition": b.repetition, "order": b.order,
+                        "rounds": len(b.blocked_us), "blocked_us": " ".join(repr(float(x)) for x in b.blocked_us),
+                        "ready_us": " ".join(repr(float(x)) for x in b.ready_us)} for b in samples]
+            self._scenario_samples_text += _csv_text(SCENARIO_SAMPLE_COLUMNS, records, header=False)
+            write_atomic(self.path / SCENARIO_SAMPLES_CSV, self._scenario_samples_text)
+        self.scenario_rows.extend(rows)
+        self._scenarios_text += _csv_text(SCENARIO_COLUMNS, [dataclasses.asdict(r) for r in rows], header=False)
+        write_atomic(self.path / SCENARIOS_CSV, self._scenarios_text)
 
     def finish(self, completed: bool, end_note: str, timing: dict[str, float]) -> None:
         self.meta.finished_utc = utc_now()

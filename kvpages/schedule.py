@@ -12,18 +12,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
-from kvpages.sweep import Point
+
+class Target(Protocol):
+    """What a block measures at: a sweep Point or a Scenario (kvpages.scenarios); anything with an id."""
+
+    @property
+    def id(self) -> str: ...
+
+
+T = TypeVar("T", bound=Target)
 
 
 @dataclass(frozen=True)
-class Block:
+class Block(Generic[T]):
     """One timed block: repetition `repetition` of `variant` at `point`, the `order`-th block of the run."""
 
     variant: str
-    point: Point
+    point: T
     repetition: int
     order: int
     last_of_point: bool
@@ -37,8 +46,8 @@ class Block:
         return f"{self.case_id}-r{self.repetition}"
 
 
-def plan(variants: Sequence[str], points: Sequence[Point], repetitions: int, seed: int,
-         passes: int = 1) -> tuple[Block, ...]:
+def plan(variants: Sequence[str], points: Sequence[T], repetitions: int, seed: int,
+         passes: int = 1, first_order: int = 0) -> tuple[Block[T], ...]:
     """Every block of the run, in run order.
 
     The repetitions are dealt to `passes` sweeps over the points (repetition r to pass
@@ -52,12 +61,12 @@ def plan(variants: Sequence[str], points: Sequence[Point], repetitions: int, see
     if not variants:
         raise ValueError("no variants to schedule")
     rng = np.random.default_rng(seed)
-    blocks: list[Block] = []
+    blocks: list[Block[T]] = []
     for pass_index in range(passes):
         reps = range(pass_index, repetitions, passes)
         for point in points:
             per_point = [(variants[i], r) for r in reps for i in rng.permutation(len(variants))]
             for k, (name, r) in enumerate(per_point):
                 last = pass_index == passes - 1 and k == len(per_point) - 1
-                blocks.append(Block(name, point, r, len(blocks), last_of_point=last))
+                blocks.append(Block(name, point, r, first_order + len(blocks), last_of_point=last))
     return tuple(blocks)

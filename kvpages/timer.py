@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-from kvpages.variants import VariantFn
-
 WARMUP_FIRST_S = 0.005
 """The first block of a (variant, point) warms up for at least this long (untimed)..."""
 WARMUP_LATER_S = 0.001
@@ -26,7 +24,7 @@ def synchronizer(device: str) -> Callable[[], None]:
     return torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
 
-def warm_up(fn: VariantFn, inputs: Sequence[torch.Tensor], page_size: int, sync: Callable[[], None],
+def warm_up(fn: Callable, inputs: Sequence, page_size: int, sync: Callable[[], None],
             min_s: float) -> float:
     """Call `fn` on every input, and for at least `min_s`, untimed; return the mean seconds per call.
 
@@ -53,9 +51,12 @@ class BlockResult:
     input_index: int
 
 
-def time_block(benchmark, fn: VariantFn, inputs: Sequence[torch.Tensor], page_size: int,
+def time_block(benchmark, fn: Callable, inputs: Sequence, page_size: int,
                sync: Callable[[], None], rounds: int) -> BlockResult:
-    """Time `rounds` rounds of one call each with `benchmark.pedantic`, rotating inputs."""
+    """Time `rounds` rounds of one call each with `benchmark.pedantic`, rotating inputs.
+
+    `sync` runs in the untimed setup before every round (it may also queue device work).
+    """
     order = itertools.cycle(range(len(inputs)))
     last = [0]
 

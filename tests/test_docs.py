@@ -7,7 +7,7 @@ import re
 from conftest import REPO
 
 from kvpages.options import OPTIONS
-from kvpages.results import COLUMNS, RATIO_COLUMNS, SAMPLE_COLUMNS
+from kvpages.results import COLUMNS, RATIO_COLUMNS, SAMPLE_COLUMNS, SCENARIO_COLUMNS, SCENARIO_SAMPLE_COLUMNS
 from kvpages.sweep import PRESETS
 from kvpages.variants import all_variants
 
@@ -27,7 +27,10 @@ def test_readme_lists_every_variant_with_its_description_and_requirements():
 
 
 def test_readme_preset_table_matches_the_presets():
-    rows = {m.group(1): line for line in README.splitlines() if (m := re.match(r"\| `(\w+)` \|", line))}
+    rows: dict[str, str] = {}
+    for line in README.splitlines():  # the first table that names the presets is the sweep's
+        if m := re.match(r"\| `(\w+)` \|", line):
+            rows.setdefault(m.group(1), line)
     for name, sweep in PRESETS.items():
         cells = [c.strip() for c in rows[name].split("|")[1:-1]]
         numbers = {int(n) for n in re.findall(r"\d+", cells[1])}
@@ -42,7 +45,7 @@ def test_readme_preset_table_matches_the_presets():
 
 def test_results_readme_documents_every_column():
     text = (REPO / "results" / "README.md").read_text()
-    for column in COLUMNS + SAMPLE_COLUMNS + RATIO_COLUMNS:
+    for column in COLUMNS + SAMPLE_COLUMNS + RATIO_COLUMNS + SCENARIO_COLUMNS + SCENARIO_SAMPLE_COLUMNS:
         assert f"`{column}`" in text, column
 
 

@@ -147,7 +147,11 @@ def test_gpu_check_without_cuda_says_so_after_the_packages(tmp_path):
 def test_the_cuda_tests_gpu_check_collects_need_no_hypothesis(tmp_path):
     env = shadow(tmp_path, "hypothesis")
     no_plugin = ("-p", "no:hypothesispytest")  # without hypothesis installed, its pytest plugin is not registered
-    files = [str(REPO / "tests" / f) for f in ("test_variants.py", "test_inputs.py", "test_meter.py", "test_plugin.py")]
+    script = (REPO / "bench" / "gpu_check.sh").read_text()
+    names = ("test_variants.py", "test_inputs.py", "test_meter.py", "test_plugin.py", "test_gpu_path.py",
+             "test_scenarios.py")
+    assert all(f"tests/{name}" in script for name in names)
+    files = [str(REPO / "tests" / name) for name in names]
     done = subprocess.run([sys.executable, "-m", "pytest", *files, "-m", "cuda", "-q", "-p", "no:cacheprovider",
                            "--co", *no_plugin], env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stdout[-3000:]  # a collection error would exit 2

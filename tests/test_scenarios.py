@@ -1,0 +1,217 @@
+"""Whole requests and scheduler steps: the scenario model, the step variants, and their runs (pytester)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from kvpages.analysis import analyze, load_run
+from kvpages.inputs import make_scenario_workload
+from kvpages.report import render
+from kvpages.results import SCENARIO_COLUMNS
+from kvpages.scenario_run import measure_step
+from kvpages.scenarios import (
+    LENGTHS,
+    SCENARIO_PRESETS,
+    RequestScenario,
+    StepScenario,
+    draw_lengths,
+    parse_lengths,
+    prefill_chunks,
+)
+from kvpages.steps import BASELINE_STEP, get_step_variant, step_variant_names
+from kvpages.variants import reference_page_indices
+
+REPO = Path(__file__).resolve().parents[1]
+SCENARIO_BENCH = (REPO / "bench" / "test_steps.py").read_text()
+FAST = ("--benchmark-only", "--kv-time-budget", "0.002", "-p", "no:cacheprovider", "--kv-device", "cpu")
+
+
+def test_prefill_chunks_follow_send_kv_chunk():
+    # every chunk but the last ends on a page boundary; the next starts there, re-sending the partial page
+    assert prefill_chunks(20000, 8192, 64) == [(0, 8192), (8192, 16384), (16384, 20000)]
+    assert prefill_chunks(1000, 300, 64) == [(0, 256), (256, 576), (576, 896), (896, 1000)]
+    assert prefill_chunks(100, 30, 64) == [(0, 0), (0, 0), (0, 64), (64, 100)]  # empty sends are still converted
+    assert prefill_chunks(5, 8192, 64) == [(0, 5)]
+
+
+def test_a_request_expands_into_its_prefill_calls_and_its_decode_call():
+    prefill = RequestScenario(20000, 8192, 64, "prefill")
+    assert [(c.start, c.end) for c in prefill.calls()] == [(0, 8192), (8192, 16384), (16384, 20000)]
+    decode = RequestScenario(20000, 8192, 64, "decode", prefix=100)
+    assert [(c.start, c.end) for c in decode.calls()] == [(100, 20000)]
+    step = StepScenario(3, "500,700", 16)
+    assert [(c.row, c.start, c.end) for c in step.calls()] == [(0, 0, 500), (1, 0, 700), (2, 0, 500)]
+
+
+def test_length_distributions_are_named_seeded_and_documented():
+    assert set(LENGTHS) == {"fixed", "uniform", "lognormal"}
+    drawn = draw_lengths("lognormal:4096,1.0,65536", 200, seed=3)
+    assert drawn == draw_lengths("lognormal:4096,1.0,65536", 200, seed=3) != draw_lengths("lognormal:4096,1.0,65536", 200, 4)
+    assert min(drawn) >= 1 and max(drawn) <= 65536 and 2000 < float(np.median(drawn)) < 8000
+    assert set(draw_lengths("uniform:10,12", 50, 0)) == {10, 11, 12}
+    assert draw_lengths("fixed:7", 3, 0) == (7, 7, 7)
+    assert parse_lengths("512,2048") == ("list", (512.0, 2048.0))
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda: RequestScenario(1000, 0, 64), "chunk size must be an integer >= 1, got 0"),
+        (lambda: RequestScenario(1000, 256, 64, "decode", prefix=1000), "prefix 1000 must be >= 0 and < the prompt length 1000"),
+        (lambda: StepScenario(0, "fixed:100", 16), "a step needs B >= 1 requests, got 0"),
+        (lambda: StepScenario(2, "zipf:1.1", 16), "unknown length distribution 'zipf'; valid: fixed, uniform, lognormal"),
+        (lambda: StepScenario(2, "uniform:9,3", 16), "uniform:LO,HI"),
+        (lambda: StepScenario(2, "12,abc", 16), "give comma-separated integers >= 1"),
+        (lambda: StepScenario(4, "fixed:1000000000", 1), "beyond int32's maximum 2147483647"),
+    ],
+)
+def test_bad_scenarios_are_refused_naming_the_value(make, words):
+    with pytest.raises(ValueError, match=None) as err:
+        make()
+    assert words in str(err.value)
+
+
+@pytest.mark.parametrize("scenario", [StepScenario(5, "uniform:1,900", 16, layout="fragmented", seed=2),
+                                      RequestScenario(3000, 700, 64, "prefill"),
+                                      RequestScenario(3000, 700, 64, "decode", prefix=33)])
+@pytest.mark.parametrize("name", step_variant_names())
+def test_every_step_variant_matches_the_reference_call_by_call(scenario, name):
+    variant = get_step_variant(name)
+    if variant.unavailable_reason("cpu"):
+        pytest.skip(variant.unavailable_reason("cpu"))
+    workload = make_scenario_workload(scenario, "cpu", copies=2)
+    for slices in workload.slices:
+        out = variant.fn(slices, scenario.page_size)
+        assert len(out) == len(slices)
+        for got, kv in zip(out, slices, strict=True):
+            np.testing.assert_array_equal(got, reference_page_indices(kv, scenario.page_size))
+
+
+def test_a_batched_step_makes_one_transfer_and_per_request_one_per_request():
+    scenario = StepScenario(6, "uniform:100,300", 16)
+    slices = make_scenario_workload(scenario, "cpu", copies=1).slices[0]
+    per = measure_step(get_step_variant(BASELINE_STEP), lambda a: a, slices, 16)
+    batched = measure_step(get_step_variant("batched_device_stride"), lambda a: a, slices, 16)
+    assert per.d2h_transfers == 6 and per.d2h_bytes == sum(s.numel() for s in slices) * 4
+    assert batched.d2h_transfers == 1 and batched.d2h_bytes == sum(-(-s.numel() // 16) for s in slices) * 4
+
+
+@pytest.fixture
+def scenario_bench(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(test_kv_scenarios=SCENARIO_BENCH)
+    return pytester
+
+
+def test_quick_scenarios_write_scenarios_csv_with_both_latencies(scenario_bench):
+    result = scenario_bench.runpytest("--kv-preset", "quick", "--kv-repetitions", "3", "--kv-analyze", *FAST)
+    assert result.ret == 0
+    [folder] = list((scenario_bench.path / "results").iterdir())
+    frame = pd.read_csv(folder / "scenarios.csv")
+    assert list(frame.columns) == list(SCENARIO_COLUMNS)
+    assert set(frame["scenario"]) == {s.id for s in SCENARIO_PRESETS["quick"]}
+    ok = frame[frame["status"] == "ok"]
+    assert set(ok["kind"]) == {"request", "step"}
+    assert (ok["blocked_median_us"] == ok["ready_median_us"]).all()  # CPU: nothing waits on a worker
+    assert (ok["d2h_bytes"] == ok["expected_d2h_bytes"]).all() and (ok["repetitions"] == 3).all()
+    step = ok[ok["kind"] == "step"].set_index("variant")
+    assert step.loc["batched_device_stride", "d2h_transfers"] == 1 and step.loc[BASELINE_STEP, "d2h_transfers"] == 8
+    request = ok[ok["kind"] == "request"].set_index("variant")
+    assert request.loc[BASELINE_STEP, "calls"] == 4 and request.loc[BASELINE_STEP, "d2h_bytes"] == 32768 * 4
+    busy = frame[frame["busy_us"] > 0]
+    assert (busy["status"] == "skipped").all() and busy["note"].str.contains("CUDA").all()
+    samples = pd.read_csv(folder / "scenario_samples.csv")
+    assert len(samples) == 3 * len(ok) and samples["order"].is_unique
+    run = load_run(folder)
+    text = render(analyze(run))
+    assert "## Per request and per step" in text and "blocked equals ready for every variant" in text
+    for chart in ("scenario_requests.png", "scenario_steps.png"):
+        assert (folder / chart).stat().st_size > 0
+    result.stdout.fnmatch_lines(["*whole requests and steps*"])
+
+
+WORKER = '''
+import time
+from kvpages.steps import Pending, step_variant
+from kvpages.variants import Moves
+
+@step_variant("slow_worker", moves=Moves.PAGES, batched=True)
+def slow_worker(kv_slices, page_size):
+    """Returns at once; the data is ready 3 ms later, on the worker thread."""
+    import torch
+    host = torch.cat([kv[::page_size] // page_size for kv in kv_slices]).cpu().numpy()
+    sizes = [-(-kv.numel() // page_size) for kv in kv_slices]
+
+    def wait():
+        time.sleep(0.003)
+        import numpy as np
+        return list(np.split(host, np.cumsum(sizes)[:-1]))
+
+    return Pending(wait)
+'''
+
+
+def test_a_wait_on_the_worker_thread_shows_ready_after_blocked(scenario_bench):
+    scenario_bench.makeconftest(WORKER)
+    result = scenario_bench.runpytest("--kv-step-sizes", "4", "--kv-step-lens", "fixed:512", "--kv-page-sizes", "16",
+                                      "--kv-step-variants", f"{BASELINE_STEP},slow_worker", "--kv-repetitions", "2",
+                                      *FAST)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    [folder] = list((scenario_bench.path / "results").iterdir())
+    rows = pd.read_csv(folder / "scenarios.csv").set_index("variant")
+    worker = rows.loc["slow_worker"]
+    assert worker["ready_median_us"] > worker["blocked_median_us"] + 2500  # the 3 ms wait is the worker's
+    assert worker["blocked_median_us"] < 2000
+    ratios = analyze(load_run(folder)).scenario_ratios
+    assert {(r.variant, r.latency) for r in ratios} == {("slow_worker", "blocked"), ("slow_worker", "ready")}
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("--kv-request-lens", "1000", "--kv-chunk-size", "0"), "--kv-chunk-size: 0 is not >= 1"),
+        (("--kv-request-lens", "1000", "--kv-prefix", "1000"), "prefix 1000 must be >= 0 and < the prompt length 1000"),
+        (("--kv-step-sizes", "0"), "--kv-step-sizes: 0 is not >= 1"),
+        (("--kv-step-sizes", "4", "--kv-step-lens", "pareto:2"), "unknown length distribution 'pareto'"),
+        (("--kv-step-sizes", "4", "--kv-step-lens", "1,two"), "give comma-separated integers >= 1"),
+        (("--kv-step-sizes", "4", "--kv-step-lens", "fixed:1000000000", "--kv-page-sizes", "1"),
+         "beyond int32's maximum 2147483647"),
+        (("--kv-scenarios", "some"), "--kv-scenarios: unknown scenario choice 'some'; valid: preset, none"),
+        (("--kv-step-variants", "nope"), "--kv-step-variants: unknown step variant 'nope'; valid: per_request[host_stride]"),
+    ],
+)
+def test_bad_scenario_options_are_usage_errors(scenario_bench, args, words):
+    result = scenario_bench.runpytest(*FAST, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert words in result.stderr.str()
+    assert not (scenario_bench.path / "results").exists()
+
+
+def test_kvpages_scenarios_prints_the_calls():
+    done = subprocess.run([sys.executable, "-m", "kvpages", "scenarios", "--preset", "quick", "-v"],
+                          capture_output=True, text=True, check=True)
+    assert "req-prefill-L32768-C8192-p64-int32: request, 1 request(s), 4 call(s), 32768 tokens" in done.stdout
+    assert "call 3: req_to_token[row 0, 24576:32768]  8192 tokens -> 128 pages" in done.stdout
+
+
+@pytest.mark.cuda
+def test_cuda_busy_queue_blocks_a_blocking_copy_but_not_a_non_blocking_one(scenario_bench):
+    result = scenario_bench.runpytest(
+        "--benchmark-only", "--kv-time-budget", "0.05", "-p", "no:cacheprovider", "--kv-device", "cuda",
+        "--kv-preset", "quick", "--kv-repetitions", "2", "--kv-crosscheck", "off",
+        "--kv-step-variants", f"{BASELINE_STEP},batched_device_stride_pinned")
+    assert result.ret == 0
+    [folder] = list((scenario_bench.path / "results").iterdir())
+    frame = pd.read_csv(folder / "scenarios.csv")
+    busy = frame[frame["busy_us"] > 0].set_index("variant")
+    assert (busy["status"] == "ok").all()
+    assert busy.loc[BASELINE_STEP, "blocked_median_us"] > 400  # a blocking .cpu() waits for the 500 µs kernel
+    pinned = busy.loc["batched_device_stride_pinned"]
+    assert pinned["blocked_median_us"] < 200 < pinned["ready_median_us"]
+    assert torch.cuda.is_available()
