@@ -129,16 +129,20 @@ def _typed_rows(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     for column in OPTIONAL_COLUMNS:
         if column not in frame.columns:
             frame[column] = ""
-    rows = frame[list(COLUMNS)].copy()
+    return _typed(frame[list(COLUMNS)].copy(), INT_COLUMNS, FLOAT_COLUMNS, path)
+
+
+def _typed(frame: pd.DataFrame, ints: tuple[str, ...], floats: tuple[str, ...], path: Path) -> pd.DataFrame:
+    """`frame` (all strings) with its integer and float columns parsed; empty cells become missing."""
     column = ""
     try:
-        for column in INT_COLUMNS:
-            rows[column] = pd.to_numeric(rows[column].replace("", None)).astype("Int64")
-        for column in FLOAT_COLUMNS:
-            rows[column] = pd.to_numeric(rows[column].replace("", None)).astype("float64")
+        for column in ints:
+            frame[column] = pd.to_numeric(frame[column].replace("", None)).astype("Int64")
+        for column in floats:
+            frame[column] = pd.to_numeric(frame[column].replace("", None)).astype("float64")
     except (ValueError, TypeError) as exc:
         raise RunError(f"{path}: column {column!r} holds a non-number ({exc})") from None
-    return rows
+    return frame
 
 
 def _read_meta(path: Path) -> RunMeta:
@@ -186,15 +190,8 @@ def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, dict
     path = folder / SCENARIOS_CSV
     if not path.exists():
         return None, None
-    frame = _read_csv(path, SCENARIO_COLUMNS)[list(SCENARIO_COLUMNS)].copy()
-    column = ""
-    try:
-        for column in SCENARIO_INT_COLUMNS:
-            frame[column] = pd.to_numeric(frame[column].replace("", None)).astype("Int64")
-        for column in SCENARIO_FLOAT_COLUMNS:
-            frame[column] = pd.to_numeric(frame[column].replace("", None)).astype("float64")
-    except (ValueError, TypeError) as exc:
-        raise RunError(f"{path}: column {column!r} holds a non-number ({exc})") from None
+    frame = _typed(_read_csv(path, SCENARIO_COLUMNS)[list(SCENARIO_COLUMNS)].copy(), SCENARIO_INT_COLUMNS,
+                   SCENARIO_FLOAT_COLUMNS, path)
     samples: dict[tuple, dict[str, list[np.ndarray]]] = {}
     samples_path = folder / SCENARIO_SAMPLES_CSV
     if samples_path.exists():

@@ -67,24 +67,22 @@ def _float_seconds(option: str, text: str) -> float:
     return value
 
 
-def _count(option: str, text: str) -> int:
+def _integer(option: str, text: str, minimum: int, what: str, example: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"{option}: {text!r} is not an integer; give an integer >= 1, e.g. 10") from None
-    if value < 1:
-        raise ValueError(f"{option}: {value} is not >= 1; give an integer >= 1, e.g. 10")
+        raise ValueError(f"{option}: {text!r} is not an integer; give {what} >= {minimum}, e.g. {example}") from None
+    if value < minimum:
+        raise ValueError(f"{option}: {value} is not >= {minimum}; give {what} >= {minimum}, e.g. {example}")
     return value
+
+
+def _count(option: str, text: str) -> int:
+    return _integer(option, text, 1, "an integer", "10")
 
 
 def _seed(option: str, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{option}: {text!r} is not an integer seed, e.g. 0") from None
-    if value < 0:
-        raise ValueError(f"{option}: {value} must be >= 0")
-    return value
+    return _integer(option, text, 0, "an integer seed", "0")
 
 
 def _scenarios(get: Callable[[str], str | None], preset_name: str, sweep: Sweep) -> tuple[Scenario, ...]:
@@ -103,10 +101,7 @@ def _scenarios(get: Callable[[str], str | None], preset_name: str, sweep: Sweep)
     request_lens = parse_positive_ints("--kv-request-lens", given["--kv-request-lens"]) if "--kv-request-lens" in given else ()
     step_sizes = parse_positive_ints("--kv-step-sizes", given["--kv-step-sizes"]) if "--kv-step-sizes" in given else ()
     chunk = parse_positive_ints("--kv-chunk-size", given.get("--kv-chunk-size", "8192"))[0]
-    try:
-        prefix = int(given.get("--kv-prefix", "0"))
-    except ValueError:
-        raise ValueError(f"--kv-prefix: {given['--kv-prefix']!r} is not an integer number of tokens >= 0") from None
+    prefix = _integer("--kv-prefix", given.get("--kv-prefix", "0"), 0, "a number of tokens", "0")
     lengths = given.get("--kv-step-lens") or MIXED_LENGTHS
     try:
         parse_lengths(lengths)

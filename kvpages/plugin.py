@@ -2,8 +2,10 @@
 
 Registered through the `pytest11` entry point, so it is active wherever kvpages is
 installed; it imports torch only when a kvpages benchmark is collected (or an
-option needs it to be checked). Benchmarks are parametrized from the variant
-registry and the sweep, so a new variant is benchmarked without touching bench/.
+option needs it to be checked). Benchmarks are parametrized from the schedule of
+blocks (kvpages.schedule): `kv_case` (bench/test_d2h.py) over the sweep's points and
+variants, `kv_scenario` (bench/test_steps.py) over the whole-request and step scenarios
+and the step variants, so a new variant is benchmarked without touching bench/.
 """
 
 from __future__ import annotations
@@ -46,19 +48,11 @@ def pytest_configure(config: pytest.Config) -> None:
     if options.variants is not None:
         from kvpages.variants import get_variant
 
-        for name in options.variants:
-            try:
-                get_variant(name)
-            except ValueError as exc:
-                raise pytest.UsageError(f"--kv-variants: {exc}") from None
+        _check_names("--kv-variants", options.variants, get_variant)
     if options.step_variants is not None:
         from kvpages.steps import get_step_variant
 
-        for name in options.step_variants:
-            try:
-                get_step_variant(name)
-            except ValueError as exc:
-                raise pytest.UsageError(f"--kv-step-variants: {exc}") from None
+        _check_names("--kv-step-variants", options.step_variants, get_step_variant)
     free: dict[str, int | None] = {"host": host_available_bytes()}
     device = "cpu" if options.device == "cpu" else "cuda"
     if options.device == "cuda" or (options.device == "auto" and config.getoption("--kv-seq-lens") is not None):
@@ -78,6 +72,15 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as exc:
         raise pytest.UsageError(f"--kv-seq-lens: {exc}") from None
     config.stash[OPTIONS_KEY] = options
+
+
+def _check_names(flag: str, names: tuple[str, ...], lookup) -> None:
+    """Each name must be registered: a usage error that lists the valid ones otherwise."""
+    for name in names:
+        try:
+            lookup(name)
+        except ValueError as exc:
+            raise pytest.UsageError(f"{flag}: {exc}") from None
 
 
 def kv_session(config: pytest.Config) -> KvSession:

@@ -38,6 +38,11 @@ STATUSES = ("ok", "skipped", "mismatch", "out_of_memory")
 mismatch: wrong output or D2H bytes (see note); out_of_memory: the point did not fit."""
 
 KEY_COLUMNS = ("variant", "dtype", "layout", "seq_len", "page_size")
+
+
+def check_status(status: str) -> None:
+    if status not in STATUSES:
+        raise ValueError(f"unknown row status {status!r}; valid: {', '.join(STATUSES)}")
 """A row's identity within a run (the device is the run's)."""
 
 
@@ -75,8 +80,7 @@ class Row:
     repro: str
 
     def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"unknown row status {self.status!r}; valid: {', '.join(STATUSES)}")
+        check_status(self.status)
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Row))
@@ -145,8 +149,7 @@ class ScenarioRow:
     repro: str
 
     def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"unknown row status {self.status!r}; valid: {', '.join(STATUSES)}")
+        check_status(self.status)
 
 
 SCENARIO_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ScenarioRow))

@@ -204,7 +204,9 @@ class ScenarioRunner:
         timed = Timed()
         fn = step_call(variant, finish, self._worker, timed)
         sync = synchronizer(self.device)
-        busy = self._busy.setdefault(scenario.busy_us, BusyQueue(scenario.busy_us if self.device == "cuda" else 0))
+        if scenario.busy_us not in self._busy:  # calibrated once per duration
+            self._busy[scenario.busy_us] = BusyQueue(scenario.busy_us if self.device == "cuda" else 0)
+        busy = self._busy[scenario.busy_us]
 
         def before_round() -> None:
             sync()

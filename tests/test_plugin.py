@@ -126,7 +126,7 @@ def test_each_rows_repro_command_reruns_that_case(bench):
         (("--kv-layouts", "sparse"), "--kv-layouts: unknown value 'sparse'; valid: fragmented, contiguous"),
         (("--kv-device", "tpu"), "--kv-device: unknown device 'tpu'; valid: auto, cpu, cuda"),
         (("--kv-time-budget", "0"), "--kv-time-budget: '0' must be a positive number of seconds"),
-        (("--kv-seed", "x"), "--kv-seed: 'x' is not an integer seed"),
+        (("--kv-seed", "x"), "--kv-seed: 'x' is not an integer; give an integer seed >= 0"),
         (("--kv-repetitions", "0"), "--kv-repetitions: 0 is not >= 1"),
         (("--kv-passes", "two"), "--kv-passes: 'two' is not an integer"),
         (("--kv-crosscheck", "maybe"), "--kv-crosscheck: unknown cross-check mode 'maybe'; valid: auto, on, off"),

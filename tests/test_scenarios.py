@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from kvpages.analysis import analyze, load_run
 from kvpages.inputs import make_scenario_workload
@@ -213,5 +212,5 @@ def test_cuda_busy_queue_blocks_a_blocking_copy_but_not_a_non_blocking_one(scena
     assert (busy["status"] == "ok").all()
     assert busy.loc[BASELINE_STEP, "blocked_median_us"] > 400  # a blocking .cpu() waits for the 500 µs kernel
     pinned = busy.loc["batched_device_stride_pinned"]
-    assert pinned["blocked_median_us"] < 200 < pinned["ready_median_us"]
-    assert torch.cuda.is_available()
+    assert pinned["ready_median_us"] > 400  # the data still waits for the kernel...
+    assert pinned["blocked_median_us"] < 0.5 * pinned["ready_median_us"]  # ...but the scheduler thread does not
