@@ -29,6 +29,13 @@ def check_seq_len(seq_len: object) -> int:
     return int(seq_len)
 
 
+def check_count(what: str, value: object) -> int:
+    """Return `value` if it is an integer >= 1 (a count: repetitions, passes, a chunk size), else a ValueError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{what} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
 def check_choice(what: str, value: object, choices: Iterable[str]) -> str:
     """Return `value` if it is one of `choices`, else a ValueError that lists them."""
     valid = tuple(choices)

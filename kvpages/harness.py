@@ -29,7 +29,7 @@ from kvpages.options import BenchOptions
 from kvpages.results import Row, RunMeta, RunWriter, SampleSet, create_run_dir, utc_now
 from kvpages.schedule import Block, plan
 from kvpages.stats import row_statistics
-from kvpages.steps import get_step_variant, step_variant_names
+from kvpages.steps import step_variant_names
 from kvpages.sweep import Point
 from kvpages.timer import WARMUP_FIRST_S, WARMUP_LATER_S, rounds_for, synchronizer, time_block, warm_up
 from kvpages.variants import Variant, get_variant, variant_names
@@ -104,8 +104,7 @@ class KvSession:
         self._cases: dict[str, CaseState] = defaultdict(CaseState)
         self._workload: Workload | None = None
         self._built: dict[Point, Workload] = {}
-        self.step_variant_names: tuple[str, ...] = tuple(
-            get_step_variant(n).name for n in (options.step_variants or step_variant_names()))
+        self.step_variant_names: tuple[str, ...] = options.step_variants or step_variant_names()
         self._scenarios: ScenarioRunner | None = None
         self._pcie_loaded: str | None = None
 

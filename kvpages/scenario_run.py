@@ -27,7 +27,9 @@ from kvpages.meter import D2HMeasurement, D2HMeter
 from kvpages.results import ScenarioRow, ScenarioSampleSet
 from kvpages.scenarios import SCENARIO_ROTATION, Scenario
 from kvpages.schedule import Block, plan
+from kvpages.stats import quartiles
 from kvpages.steps import Arrays, Pending, StepVariant, get_step_variant
+from kvpages.sweep import ITEMSIZE
 from kvpages.timer import WARMUP_FIRST_S, WARMUP_LATER_S, rounds_for, synchronizer, time_block, warm_up
 
 
@@ -92,11 +94,16 @@ def step_call(variant: StepVariant, finish: Callable[[Arrays], Arrays], worker: 
     return run
 
 
+def call_here(variant: StepVariant, finish, slices: Sequence[torch.Tensor], page_size: int) -> Arrays:
+    """One request or step with any wait in this thread (for the check and the meter, not the timing)."""
+    out = variant.fn(slices, page_size)
+    return finish(out.wait() if isinstance(out, Pending) else out)
+
+
 def measure_step(variant: StepVariant, finish, slices: Sequence[torch.Tensor], page_size: int) -> D2HMeasurement:
     """What one request or step hands to the host (the wait too, in this thread)."""
     with D2HMeter(tuple(slices)) as meter:
-        out = variant.fn(slices, page_size)
-        finish(out.wait() if isinstance(out, Pending) else out)
+        call_here(variant, finish, slices, page_size)
     return D2HMeasurement(tuple(meter.transfers))
 
 
@@ -176,9 +183,7 @@ class ScenarioRunner:
             if state.measured is None:
                 with self.session.phase("check"):
                     for slices, expected in zip(workload.slices, workload.expected, strict=True):
-                        out = variant.fn(slices, scenario.page_size)
-                        problem = arrays_match(finish(out.wait() if isinstance(out, Pending) else out),
-                                               [finish([e])[0] for e in expected])
+                        problem = arrays_match(call_here(variant, finish, slices, scenario.page_size), finish(list(expected)))
                         if problem:
                             self._stop(block, state, record, "mismatch", f"wrong output: {problem}", _fail)
         except (RuntimeError, MemoryError) as exc:
@@ -223,7 +228,7 @@ class ScenarioRunner:
             timed.blocked.clear()
             timed.ready.clear()
             result = time_block(benchmark, fn, workload.slices, scenario.page_size, before_round, rounds)
-        problem = arrays_match(result.output, [finish([e])[0] for e in workload.expected[result.input_index]])
+        problem = arrays_match(result.output, finish(list(workload.expected[result.input_index])))
         if problem:
             self._stop(block, state, record, "mismatch", f"wrong output in a timed round: {problem}", _fail)
         if record:
@@ -232,8 +237,6 @@ class ScenarioRunner:
                                                   tuple(t * 1e6 for t in timed.ready[-rounds:])))
 
     def _expected_bytes(self, variant: StepVariant, scenario: Scenario) -> int:
-        from kvpages.sweep import ITEMSIZE
-
         return variant.expected_d2h_bytes([c.tokens for c in scenario.calls()], scenario.page_size,
                                           ITEMSIZE[scenario.dtype])
 
@@ -264,9 +267,7 @@ class ScenarioRunner:
              "rounds", "repetitions"))
         if blocks:
             for what in ("blocked", "ready"):
-                data = np.concatenate([np.asarray(getattr(b, f"{what}_us")) for b in blocks])
-                q1, median, q3 = np.percentile(data, [25, 50, 75])
-                stats.update({f"{what}_median_us": float(median), f"{what}_q1_us": float(q1), f"{what}_q3_us": float(q3)})
+                stats.update(quartiles([np.asarray(getattr(b, f"{what}_us")) for b in blocks], f"{what}_"))
             stats.update(rounds=sum(len(b.blocked_us) for b in blocks), repetitions=len(blocks))
         measured = state.measured
         return ScenarioRow(

@@ -18,13 +18,14 @@ a scenario converts, in order.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from kvpages.checks import check_choice, check_page_size, check_seq_len
+from kvpages.checks import check_choice, check_count, check_page_size, check_seq_len
 from kvpages.sweep import DTYPES, INDEX_MAX, ITEMSIZE
 
 SIDES = ("prefill", "decode")
@@ -72,8 +73,7 @@ class RequestScenario:
     def __post_init__(self) -> None:
         check_seq_len(self.prompt_len)
         check_page_size(self.page_size)
-        if isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size < 1:
-            raise ValueError(f"chunk size must be an integer >= 1, got {self.chunk_size!r}")
+        check_count("chunk size", self.chunk_size)
         if not 0 <= self.prefix < self.prompt_len:
             raise ValueError(f"prefix {self.prefix} must be >= 0 and < the prompt length {self.prompt_len}")
         check_choice("side", self.side, SIDES)
@@ -182,8 +182,9 @@ class StepScenario:
     def rows_per_round(self) -> int:
         return self.batch
 
-    @property
+    @functools.cached_property
     def lengths(self) -> tuple[int, ...]:
+        """The B request lengths, drawn once (a frozen dataclass may still cache in its __dict__)."""
         return draw_lengths(self.lengths_spec, self.batch, self.seed)
 
     def calls(self) -> tuple[Call, ...]:
@@ -222,10 +223,6 @@ def _check_pool(scenario: Scenario, rows: int, longest: int) -> None:
         raise ValueError(f"scenario with {rows} request(s) of up to {longest} tokens at page_size {scenario.page_size} "
                          f"needs token indices up to {needed}, beyond {scenario.dtype}'s maximum "
                          f"{INDEX_MAX[scenario.dtype]}; use shorter or fewer requests")
-
-
-def expected_pages(scenario: Scenario) -> list[int]:
-    return [math.ceil(c.tokens / scenario.page_size) for c in scenario.calls()]
 
 
 def describe(scenario: Scenario) -> Iterator[str]:

@@ -103,13 +103,19 @@ def relative_spread(medians: np.ndarray) -> float:
     return float(np.std(np.log(medians), ddof=1)) if medians.size > 1 else 0.0
 
 
+def quartiles(blocks_us: list[np.ndarray], prefix: str = "") -> dict[str, float]:
+    """`{prefix}q1_us`, `{prefix}median_us`, `{prefix}q3_us` of every round of every block, pooled."""
+    q1, median, q3 = np.percentile(np.concatenate(blocks_us), [25, 50, 75])
+    return {f"{prefix}q1_us": float(q1), f"{prefix}median_us": float(median), f"{prefix}q3_us": float(q3)}
+
+
 def row_statistics(blocks_us: list[np.ndarray]) -> dict[str, float]:
     """A row's statistics: of every round of every block pooled (microseconds), and the spread between
     the block medians (`rep_spread`). results.csv's timing columns are exactly these."""
     data = np.concatenate(blocks_us)
-    q1, median, q3 = np.percentile(data, [25, 50, 75])
+    q = quartiles(blocks_us)
     return {
-        "median_us": float(median), "q1_us": float(q1), "q3_us": float(q3), "iqr_us": float(q3 - q1),
+        **q, "iqr_us": q["q3_us"] - q["q1_us"],
         "min_us": float(data.min()), "max_us": float(data.max()), "mean_us": float(data.mean()),
         "stddev_us": float(data.std(ddof=1)) if data.size > 1 else 0.0,
         "rep_spread": relative_spread(block_medians(blocks_us)),

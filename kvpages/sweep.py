@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kvpages.checks import check_choice, check_page_size, check_seq_len
+from kvpages.checks import check_choice, check_count, check_page_size, check_seq_len
 
 DTYPES: tuple[str, ...] = ("int32", "int64")
 """Index dtypes: int32 is what SGLang's `req_to_token` holds."""
@@ -193,10 +193,8 @@ class Sweep:
             check_choice("layout", layout, LAYOUTS)
         if not (self.time_budget_s > 0 and math.isfinite(self.time_budget_s)):
             raise ValueError(f"time budget must be a positive number of seconds, got {self.time_budget_s!r}")
-        if isinstance(self.repetitions, bool) or not isinstance(self.repetitions, int) or self.repetitions < 1:
-            raise ValueError(f"repetitions must be an integer >= 1, got {self.repetitions!r}")
-        if isinstance(self.passes, bool) or not isinstance(self.passes, int) or self.passes < 1:
-            raise ValueError(f"passes must be an integer >= 1, got {self.passes!r}")
+        check_count("repetitions", self.repetitions)
+        check_count("passes", self.passes)
         if not 1 <= self.min_rounds <= self.max_rounds:
             raise ValueError(f"need 1 <= min_rounds <= max_rounds, got {self.min_rounds} and {self.max_rounds}")
         for _ in self.points("cpu"):  # each point checks that its token indices fit its dtype
