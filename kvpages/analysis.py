@@ -31,6 +31,7 @@ from kvpages.results import (
     SCENARIO_COLUMNS,
     SCENARIO_FLOAT_COLUMNS,
     SCENARIO_INT_COLUMNS,
+    SCENARIO_OPTIONAL_COLUMNS,
     SCENARIO_SAMPLE_COLUMNS,
     SCENARIO_SAMPLES_CSV,
     SCENARIOS_CSV,
@@ -190,12 +191,15 @@ def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, dict
     path = folder / SCENARIOS_CSV
     if not path.exists():
         return None, None
-    frame = _typed(_read_csv(path, SCENARIO_COLUMNS)[list(SCENARIO_COLUMNS)].copy(), SCENARIO_INT_COLUMNS,
-                   SCENARIO_FLOAT_COLUMNS, path)
+    frame = _read_csv(path, tuple(c for c in SCENARIO_COLUMNS if c not in SCENARIO_OPTIONAL_COLUMNS))
+    for column in SCENARIO_OPTIONAL_COLUMNS:
+        if column not in frame.columns:
+            frame[column] = ""
+    frame = _typed(frame[list(SCENARIO_COLUMNS)].copy(), SCENARIO_INT_COLUMNS, SCENARIO_FLOAT_COLUMNS, path)
     samples: dict[tuple, dict[str, list[np.ndarray]]] = {}
     samples_path = folder / SCENARIO_SAMPLES_CSV
     if samples_path.exists():
-        records = _read_csv(samples_path, SCENARIO_SAMPLE_COLUMNS).to_dict("records")
+        records = _read_csv(samples_path, SCENARIO_SAMPLE_COLUMNS[:-1]).to_dict("records")  # busy_us: optional
         try:
             records.sort(key=lambda r: int(r["repetition"]))
             for r in records:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+import shutil
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -75,6 +77,7 @@ class CaseState:
 
     measured: D2HMeasurement | None = None
     failed: str | None = None  # the status of a row already recorded for it (mismatch, skipped, ...)
+    note: str = ""  # the note of its ok row (e.g. the cross-check could not confirm the meter)
     blocks: list[SampleSet] = field(default_factory=list)
 
 
@@ -100,7 +103,9 @@ class KvSession:
                            options.sweep.seed, self.passes)
         self.planned = 0  # rows, once the points' benchmarks are collected (points_blocks)
         self.crosscheck = profiler_check.enabled(options.crosscheck, self.device)
-        self._crosscheck_answers: dict[str, str | None] | None = None
+        self._crosscheck_answers: dict[str, profiler_check.CheckAnswer] | None = None
+        self.crosscheck_unavailable: str | None = None  # why the cross-check could not run (it is never retried)
+        self._trace_dir: Path | None = None  # where the cross-check process leaves its profile
         self._cases: dict[str, CaseState] = defaultdict(CaseState)
         self._workload: Workload | None = None
         self._built: dict[Point, Workload] = {}
@@ -149,14 +154,29 @@ class KvSession:
                     self._workload = built.fresh_copy()
         return self._workload
 
-    def crosscheck_answer(self, block: Block) -> str | None:
-        """The profiler cross-check's answer for this case; the check process runs once, before any timing."""
+    def crosscheck_answer(self, block: Block) -> profiler_check.CheckAnswer | None:
+        """The profiler cross-check's answer for this case (None: unavailable, see `crosscheck_unavailable`).
+
+        The check process runs once, before any timing; when it fails, the failure is remembered and
+        the session goes on timing, with the reason in every row's note (it never starts it again).
+        """
+        return self._run_crosscheck().get(block.case_id)
+
+    def _run_crosscheck(self) -> dict[str, profiler_check.CheckAnswer]:
         if self._crosscheck_answers is None:
             cases = [profiler_check.CheckCase(b.variant, b.point) for b in self.blocks
                      if b.repetition == 0 and self.variants[b.variant].unavailable_reason(self.device) is None]
+            self._crosscheck_answers = {}
+            if not cases:
+                return self._crosscheck_answers
+            self._trace_dir = Path(tempfile.mkdtemp(prefix="kvpages-crosscheck-"))
             with self.phase("crosscheck"):
-                self._crosscheck_answers = profiler_check.run_crosscheck(cases)
-        return self._crosscheck_answers.get(block.case_id)
+                try:
+                    self._crosscheck_answers = profiler_check.run_crosscheck(
+                        cases, trace_out=self._trace_dir / profiler_check.TRACE_FILE)
+                except profiler_check.CrosscheckError as exc:
+                    self.crosscheck_unavailable = str(exc)
+        return self._crosscheck_answers
 
     def run(self, benchmark, block: Block) -> None:
         """Check and meter (first block of a case), time and collect one block; called by bench/."""
@@ -180,8 +200,12 @@ class KvSession:
             self._stop(block, state, record, "skipped", reason, pytest.skip)
         if self.crosscheck and state.measured is None:
             answer = self.crosscheck_answer(block)
-            if answer is not None:
-                self._stop(block, state, record, "mismatch", f"profiler cross-check: {answer}", _fail)
+            if answer is None:
+                state.note = f"cross-check unavailable: {self.crosscheck_unavailable}"
+            elif answer.outcome == "mismatch":
+                self._stop(block, state, record, "mismatch", f"profiler cross-check: {answer.detail}", _fail)
+            elif answer.outcome == "lost_records":
+                state.note = f"cross-check inconclusive: {answer.detail}"
         try:
             workload = self.workload(point)
             if state.measured is None:
@@ -255,7 +279,7 @@ class KvSession:
             blocks = sorted(state.blocks, key=lambda b: b.repetition)
             stats = row_statistics([np.asarray(b.samples_us) for b in blocks])
             template = Block(name, point, 0, 0, False)
-            rows.append(self._row(template, state.measured, status="ok", note="", rotation=point.rotation,
+            rows.append(self._row(template, state.measured, status="ok", note=state.note, rotation=point.rotation,
                                   rounds=sum(len(b.samples_us) for b in blocks), iterations=1,
                                   repetitions=len(blocks), **stats))
             samples += blocks
@@ -318,7 +342,9 @@ class KvSession:
     def _writer(self) -> RunWriter:
         """The run folder, created when the first row is recorded."""
         if self.writer is None:
-            env = environment.capture(self.device, self.rootdir, self.crosscheck)
+            if self.crosscheck:  # before the environment says whether it confirmed the meter
+                self._run_crosscheck()
+            env = environment.capture(self.device, self.rootdir, self.crosscheck and not self.crosscheck_unavailable)
             label = "cpu" if self.device == "cpu" else f"cuda-{self.device_name}"
             path = create_run_dir(self.results_dir, label)
             meta = RunMeta(
@@ -330,10 +356,19 @@ class KvSession:
                 environment=env,
                 repetitions=self.repetitions,
                 order_seed=self.options.sweep.seed,
-                crosscheck="on (own process)" if self.crosscheck else "off",
+                crosscheck=self.crosscheck_status(),
             )
             self.writer = RunWriter(path, meta)
+            if self._trace_dir is not None and (self._trace_dir / profiler_check.TRACE_FILE).exists():
+                shutil.move(self._trace_dir / profiler_check.TRACE_FILE, path / profiler_check.TRACE_FILE)
         return self.writer
+
+    def crosscheck_status(self) -> str:
+        if not self.crosscheck:
+            return "off"
+        if self.crosscheck_unavailable is not None:
+            return f"unavailable: {self.crosscheck_unavailable}"
+        return "on (own process)"
 
     def _write(self, rows: list[Row], samples: list[SampleSet] | None = None) -> None:
         with self.phase("write"):
@@ -347,6 +382,8 @@ class KvSession:
         """Close the run folder: completed only if every planned case ran and the session passed."""
         if self._scenarios is not None:
             self._scenarios.close()
+        if self._trace_dir is not None:
+            shutil.rmtree(self._trace_dir, ignore_errors=True)
         if self.writer is None:
             return
         done = len(self.writer.rows) + len(self.writer.scenario_rows)

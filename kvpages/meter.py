@@ -11,16 +11,12 @@ still counts the bytes handed across the host boundary, and `Transfer.crossed_li
 says that no link was crossed. A hand-off's result is host side, so
 `.cpu().numpy()` is one transfer, not two.
 
-`profiler_d2h` reads the `Memcpy DtoH` records of the PyTorch profiler and `crosscheck`
-fails loudly when they disagree with the meter; kvpages runs them in a process of its own
-(kvpages.crosscheck), never in the one that times.
+The CUDA profiler's view of the same calls is compared with the meter's in a process of its
+own (kvpages.crosscheck), never in the one that times.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -161,104 +157,3 @@ def measure_d2h(fn: Callable[[torch.Tensor, int], object], kv_indices: torch.Ten
     with D2HMeter((kv_indices,)) as meter:
         fn(kv_indices, page_size)
     return D2HMeasurement(tuple(meter.transfers))
-
-
-# ----------------------------------------------------------------------------- CUDA profiler
-
-
-@dataclass(frozen=True)
-class ProfiledCopy:
-    """One `Memcpy DtoH` record of the CUDA profiler."""
-
-    name: str
-    nbytes: int
-
-    @property
-    def pinned(self) -> bool:
-        return "Pinned" in self.name
-
-
-class MeterMismatchError(AssertionError):
-    """The meter and the CUDA profiler disagree on what crossed the link."""
-
-
-GPU_CATEGORIES = ("kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset")
-"""Chrome-trace categories of device activity (kernels, copies, sets), current and older Kineto."""
-MEMCPY_CATEGORIES = ("gpu_memcpy", "Memcpy")
-"""Chrome-trace categories of CUDA memcpy records: current Kineto, and older Kineto."""
-
-
-@dataclass(frozen=True)
-class Profile:
-    """What the profiler saw of one call: its DtoH copies, and how many device events it saw at all."""
-
-    copies: tuple[ProfiledCopy, ...]
-    gpu_events: int
-
-
-def profiler_d2h(fn: Callable[[torch.Tensor, int], object], kv_indices: torch.Tensor, page_size: int) -> Profile:
-    """Run `fn` once under the PyTorch profiler and return its device-to-host memcpy records.
-
-    Profiles in the calling process: kvpages calls it only from its cross-check process
-    (kvpages.crosscheck), never from the process that times.
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda = kv_indices.device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    if cuda:
-        torch.cuda.synchronize()
-    with profile(activities=activities) as prof:
-        fn(kv_indices, page_size)
-        if cuda:
-            torch.cuda.synchronize()
-    fd, path = tempfile.mkstemp(suffix=".json", prefix="kvpages-trace-")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            trace = json.load(f)
-    finally:
-        os.unlink(path)
-    return profile_of(trace)
-
-
-def profile_of(trace: dict) -> Profile:
-    events = trace.get("traceEvents", [])
-    return Profile(dtoh_copies(trace), sum(1 for e in events if e.get("cat") in GPU_CATEGORIES))
-
-
-def dtoh_copies(trace: dict) -> tuple[ProfiledCopy, ...]:
-    """The device-to-host memcpy records ('Memcpy DtoH (Device -> Pageable|Pinned)') of a Chrome trace."""
-    copies = []
-    for event in trace.get("traceEvents", []):
-        if event.get("cat") in MEMCPY_CATEGORIES and str(event.get("name", "")).startswith("Memcpy DtoH"):
-            nbytes = event.get("args", {}).get("bytes")
-            if nbytes is None:
-                raise MeterMismatchError(f"the profiler's {event['name']!r} record carries no byte count; cannot cross-check")
-            copies.append(ProfiledCopy(event["name"], int(nbytes)))
-    return tuple(copies)
-
-
-NO_GPU_ACTIVITY = (
-    "the profiler saw no GPU activity at all (CUPTI may be missing, or held by another tool such as nsys or "
-    "ncu), so the meter cannot be cross-checked; rerun with --kv-crosscheck off to time without it"
-)
-
-
-def crosscheck(measured: D2HMeasurement, profiled: Profile, what: str) -> None:
-    """Raise MeterMismatchError unless the meter's link-crossing transfers match the profiler's DtoH copies.
-
-    Zero-byte hand-offs issue no memcpy, so they are left out of the comparison. A profile
-    with no device activity at all, for a call that crossed the link, is its own error.
-    """
-    metered = sorted((t.nbytes, t.pinned) for t in measured.transfers if t.crossed_link and t.nbytes)
-    if metered and profiled.gpu_events == 0:
-        raise MeterMismatchError(f"{what}: {NO_GPU_ACTIVITY}")
-    seen = sorted((c.nbytes, c.pinned) for c in profiled.copies if c.nbytes)
-    if metered != seen:
-        raise MeterMismatchError(
-            f"{what}: the meter counted {sum(b for b, _ in metered)} bytes in {len(metered)} D2H transfers "
-            f"{metered}, the CUDA profiler recorded {sum(b for b, _ in seen)} bytes in {len(seen)} "
-            f"'Memcpy DtoH' copies {seen}"
-        )

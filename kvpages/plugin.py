@@ -53,25 +53,33 @@ def pytest_configure(config: pytest.Config) -> None:
         from kvpages.steps import get_step_variant
 
         _check_names("--kv-step-variants", options.step_variants, get_step_variant)
-    free: dict[str, int | None] = {"host": host_available_bytes()}
-    device = "cpu" if options.device == "cpu" else "cuda"
-    if options.device == "cuda" or (options.device == "auto" and config.getoption("--kv-seq-lens") is not None):
-        import torch  # only when a CUDA device is asked for, or sizes given by hand may need it checked
+    if options.device == "cuda":
+        import torch  # only when a CUDA device is asked for
 
-        if torch.cuda.is_available():
-            free["cuda"] = torch.cuda.mem_get_info()[0]
-        elif options.device == "cuda":
+        if not torch.cuda.is_available():
             raise pytest.UsageError(
                 f"--kv-device: 'cuda' is not available here (torch {torch.__version__}, "
                 f"CUDA build: {torch.version.cuda}); valid here: auto, cpu"
             )
-        else:
-            device = "cpu"
+    config.stash[OPTIONS_KEY] = options
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Refuse a sweep that will not fit in memory, before anything runs; only when a kvpages benchmark was
+    collected (a plain test session, `make test` on a GPU box say, estimates nothing)."""
+    config = session.config
+    if SESSION_KEY not in config.stash:
+        return
+    kv = config.stash[SESSION_KEY]
+    free: dict[str, int | None] = {"host": host_available_bytes()}
+    if kv.device == "cuda":
+        import torch
+
+        free["cuda"] = torch.cuda.mem_get_info()[0]
     try:
-        check_fits(options.sweep, device, free)
+        check_fits(kv.options.sweep, kv.device, free)
     except ValueError as exc:
         raise pytest.UsageError(f"--kv-seq-lens: {exc}") from None
-    config.stash[OPTIONS_KEY] = options
 
 
 def _check_names(flag: str, names: tuple[str, ...], lookup) -> None:

@@ -1,10 +1,17 @@
-"""`python -m kvpages.preflight [--cuda]`: can this Python run the sweep? Checked before anything runs.
+"""`python -m kvpages.preflight [--cuda] [--profiler]`: can this Python run the sweep? Checked before anything runs.
 
 bench/gpu_check.sh runs it first: stock PyTorch CUDA images ship neither pandas, matplotlib,
 pytest nor pytest-benchmark, and a GPU lease must not be spent finding that out one
 traceback at a time. It prints one line naming everything missing and how to get it,
-online or offline, and exits 2; with --cuda it also needs torch to see a CUDA device.
-Standard library only, so it runs on any Python.
+online or offline. Exit codes:
+
+- 0: ready;
+- 2: packages are missing (one line names them);
+- 3: `--cuda`, and torch sees no CUDA device;
+- 4: `--profiler`, and one tiny profile (a 16 KiB device-to-host copy, in a child process, through the
+  same path as the sweep's cross-check) does not show the copy: the sweep's cross-check would be unavailable.
+
+The package check is standard library only, so it runs on any Python.
 """
 
 from __future__ import annotations
@@ -62,6 +69,8 @@ def advice(absent: list[Need]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvpages.preflight", description=__doc__.splitlines()[0])
     parser.add_argument("--cuda", action="store_true", help="also require a CUDA device visible to torch")
+    parser.add_argument("--profiler", action="store_true",
+                        help="also profile one device-to-host copy in a child process (exit 4 if it is not seen)")
     args = parser.parse_args(argv)
     absent = missing()
     if absent:
@@ -73,9 +82,32 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print(f"gpu-check: torch {torch.__version__} (CUDA build {torch.version.cuda}) sees no CUDA device; "
                   "nothing to check here", file=sys.stderr)
-            return 2
+            return 3
         print(f"gpu-check on {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    if args.profiler:
+        problem = profiler_problem()
+        if problem:
+            print(f"gpu-check: the profiler cross-check is unavailable here: {problem}", file=sys.stderr)
+            return 4
+        print("gpu-check: the profiler sees device-to-host copies (one session, in a child process)")
     return 0
+
+
+PROBE_TIMEOUT_S = 120.0
+
+
+def profiler_problem() -> str | None:
+    """None when one profiled device_stride call on CUDA (4096 tokens, page size 1: 16 KiB) agrees with the
+    meter, in a child process as the sweep runs it; else what went wrong."""
+    from kvpages.crosscheck import CheckCase, CrosscheckError, run_crosscheck
+    from kvpages.sweep import Point
+
+    case = CheckCase("device_stride", Point(4096, 1, device="cuda"))
+    try:
+        answer = run_crosscheck([case], timeout_s=PROBE_TIMEOUT_S)[case.id]
+    except CrosscheckError as exc:
+        return str(exc)
+    return None if answer.outcome == "agree" else f"{answer.outcome}: {answer.detail}"
 
 
 if __name__ == "__main__":

@@ -147,6 +147,8 @@ class ScenarioRow:
     status: str
     note: str
     repro: str
+    busy_measured_us: float | None = None
+    """The device busy time each timed round actually had (CUDA events around the queued kernel), median."""
 
     def __post_init__(self) -> None:
         check_status(self.status)
@@ -156,6 +158,8 @@ SCENARIO_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ScenarioRow))
 SCENARIO_INT_COLUMNS = ("requests", "tokens", "chunk_size", "page_size", "busy_us", "calls", "expected_d2h_bytes",
                         "d2h_bytes", "d2h_transfers", "rounds", "repetitions")
 SCENARIO_FLOAT_COLUMNS = tuple(c for c in SCENARIO_COLUMNS if c.endswith("_us") and c != "busy_us")
+SCENARIO_OPTIONAL_COLUMNS = ("busy_measured_us",)
+"""Columns added since scenarios.csv first appeared; reading an older run leaves them empty."""
 
 
 @dataclass(frozen=True)
@@ -168,9 +172,11 @@ class ScenarioSampleSet:
     order: int
     blocked_us: tuple[float, ...]
     ready_us: tuple[float, ...]
+    busy_us: tuple[float, ...] = ()
+    """Per round, the device busy time queued before it (busy-queue scenarios on CUDA; else empty)."""
 
 
-SCENARIO_SAMPLE_COLUMNS = ("scenario", "variant", "repetition", "order", "rounds", "blocked_us", "ready_us")
+SCENARIO_SAMPLE_COLUMNS = ("scenario", "variant", "repetition", "order", "rounds", "blocked_us", "ready_us", "busy_us")
 
 
 @dataclass(frozen=True)
@@ -328,7 +334,8 @@ class RunWriter:
         if samples:
             records = [{"scenario": b.scenario, "variant": b.variant, "repetition": b.repetition, "order": b.order,
                         "rounds": len(b.blocked_us), "blocked_us": " ".join(repr(float(x)) for x in b.blocked_us),
-                        "ready_us": " ".join(repr(float(x)) for x in b.ready_us)} for b in samples]
+                        "ready_us": " ".join(repr(float(x)) for x in b.ready_us),
+                        "busy_us": " ".join(repr(float(x)) for x in b.busy_us)} for b in samples]
             self._scenario_samples_text += _csv_text(SCENARIO_SAMPLE_COLUMNS, records, header=False)
             write_atomic(self.path / SCENARIO_SAMPLES_CSV, self._scenario_samples_text)
         self.scenario_rows.extend(rows)

@@ -40,26 +40,65 @@ def finish_for(scenario: Scenario) -> Callable[[Arrays], Arrays]:
     return lambda arrays: arrays
 
 
+SPIN_UP_MS = 30.0
+"""Before calibrating, keep the GPU busy this long, so its clock has boosted (an idle H200 reads 345 MHz, 1980 MHz
+under load: a kernel calibrated at idle would run about 5x shorter once the clock boosts)."""
+PROBE_CYCLES = 1_000_000
+PROBES = 5
+
+
+def cycles_for(busy_us: float, probe_cycles: int, probe_elapsed_us: list[float]) -> int:
+    """Sleep cycles that keep the device busy `busy_us` at the fastest clock the probes saw (their minimum time)."""
+    return int(busy_us * probe_cycles / min(probe_elapsed_us))
+
+
 class BusyQueue:
-    """Queues `busy_us` of device work (a sleeping kernel) on the current stream, without waiting for it."""
+    """Queues `busy_us` of device work (a sleeping kernel) on the current stream, without waiting for it.
+
+    Calibrated once, after a spin-up, from the fastest of several probes; each queued kernel is
+    bracketed by CUDA events (in the untimed setup of a round), so `measured_us()` gives the busy
+    time each round actually had, which scenarios.csv records.
+    """
 
     def __init__(self, busy_us: int) -> None:
         self.cycles = 0
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         if busy_us:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            probe = 1_000_000
-            torch.cuda._sleep(probe)  # first launch outside the calibration
-            torch.cuda.synchronize()
-            start.record()
-            torch.cuda._sleep(probe)
-            end.record()
-            end.synchronize()
-            cycles_per_us = probe / (start.elapsed_time(end) * 1e3)
-            self.cycles = int(busy_us * cycles_per_us)
+            self.cycles = cycles_for(busy_us, PROBE_CYCLES, self._probe())
+
+    @staticmethod
+    def _elapsed_us(cycles: int) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3
+
+    def _probe(self) -> list[float]:
+        spun_us, cycles = 0.0, PROBE_CYCLES
+        while spun_us < SPIN_UP_MS * 1e3:  # spin up the clock first
+            spun_us += self._elapsed_us(cycles)
+            cycles = min(cycles * 2, 50_000_000)
+        return [self._elapsed_us(PROBE_CYCLES) for _ in range(PROBES)]
 
     def __call__(self) -> None:
         if self.cycles:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
             torch.cuda._sleep(self.cycles)
+            end.record()
+            self._events.append((start, end))
+
+    def reset(self) -> None:
+        self._events.clear()
+
+    def measured_us(self) -> list[float]:
+        """The busy time each round since `reset()` actually had (waits for the device)."""
+        if not self._events:
+            return []
+        self._events[-1][1].synchronize()
+        return [start.elapsed_time(end) * 1e3 for start, end in self._events]
 
 
 @dataclass
@@ -227,14 +266,16 @@ class ScenarioRunner:
                                     sweep.min_rounds, sweep.max_rounds)
             timed.blocked.clear()
             timed.ready.clear()
+            busy.reset()
             result = time_block(benchmark, fn, workload.slices, scenario.page_size, before_round, rounds)
+            busy_us = tuple(busy.measured_us()[-rounds:])
         problem = arrays_match(result.output, finish(list(workload.expected[result.input_index])))
         if problem:
             self._stop(block, state, record, "mismatch", f"wrong output in a timed round: {problem}", _fail)
         if record:
             state.blocks.append(ScenarioSampleSet(scenario.id, variant.name, block.repetition, block.order,
                                                   tuple(t * 1e6 for t in timed.blocked[-rounds:]),
-                                                  tuple(t * 1e6 for t in timed.ready[-rounds:])))
+                                                  tuple(t * 1e6 for t in timed.ready[-rounds:]), busy_us))
 
     def _expected_bytes(self, variant: StepVariant, scenario: Scenario) -> int:
         return variant.expected_d2h_bytes([c.tokens for c in scenario.calls()], scenario.page_size,
@@ -264,11 +305,13 @@ class ScenarioRunner:
              blocks: list[ScenarioSampleSet] | None = None) -> ScenarioRow:
         stats: dict[str, float | int | None] = dict.fromkeys(
             ("blocked_median_us", "blocked_q1_us", "blocked_q3_us", "ready_median_us", "ready_q1_us", "ready_q3_us",
-             "rounds", "repetitions"))
+             "rounds", "repetitions", "busy_measured_us"))
         if blocks:
             for what in ("blocked", "ready"):
                 stats.update(quartiles([np.asarray(getattr(b, f"{what}_us")) for b in blocks], f"{what}_"))
             stats.update(rounds=sum(len(b.blocked_us) for b in blocks), repetitions=len(blocks))
+            busy = [t for b in blocks for t in b.busy_us]
+            stats["busy_measured_us"] = float(np.median(busy)) if busy else None
         measured = state.measured
         return ScenarioRow(
             scenario=scenario.id, kind=scenario.kind, side=scenario.side, variant=variant.name,

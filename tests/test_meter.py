@@ -1,4 +1,4 @@
-"""The D2H meter counts each hand-off to the host once, with exact bytes."""
+"""The D2H meter counts each hand-off to the host once, with exact bytes (its profiler cross-check: test_crosscheck.py)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,7 @@ import torch
 from conftest import devices
 
 from kvpages.inputs import make_workload
-from kvpages.meter import (
-    D2HMeasurement,
-    MeterMismatchError,
-    Profile,
-    ProfiledCopy,
-    Transfer,
-    crosscheck,
-    dtoh_copies,
-    measure_d2h,
-    profile_of,
-    profiler_d2h,
-)
+from kvpages.meter import D2HMeasurement, Transfer, measure_d2h
 from kvpages.sweep import Point
 from kvpages.variants import get_variant, variant_names
 
@@ -101,62 +90,3 @@ def test_link_labels():
     assert D2HMeasurement((Transfer("Tensor.copy_", 8, True, True),)).link == "pcie pinned"
     mixed = (Transfer("Tensor.cpu", 8, True, False), Transfer("Tensor.copy_", 8, True, True))
     assert D2HMeasurement(mixed).link == "pcie mixed"
-
-
-def seen(*copies: ProfiledCopy, gpu_events: int = 3) -> Profile:
-    return Profile(tuple(copies), gpu_events)
-
-
-def test_crosscheck_fails_loudly_on_a_mismatch():
-    measured = D2HMeasurement((Transfer("Tensor.cpu", 4096, True, False), Transfer("Tensor.cpu", 0, True, False)))
-    crosscheck(measured, seen(ProfiledCopy("Memcpy DtoH (Device -> Pageable)", 4096)), "ok")
-    with pytest.raises(MeterMismatchError, match=r"the meter counted 4096 bytes in 1 D2H transfers.*recorded 2048 bytes"):
-        crosscheck(measured, seen(ProfiledCopy("Memcpy DtoH (Device -> Pageable)", 2048)), "case")
-    with pytest.raises(MeterMismatchError):
-        crosscheck(measured, seen(ProfiledCopy("Memcpy DtoH (Device -> Pinned)", 4096)), "pinnedness differs")
-
-
-def test_a_profile_with_no_gpu_activity_is_its_own_error():
-    measured = D2HMeasurement((Transfer("Tensor.cpu", 4096, True, False),))
-    with pytest.raises(MeterMismatchError, match=r"case: the profiler saw no GPU activity at all.*--kv-crosscheck off"):
-        crosscheck(measured, seen(gpu_events=0), "case")
-    cpu_only = D2HMeasurement((Transfer("Tensor.cpu", 4096, False, False),))
-    crosscheck(cpu_only, seen(gpu_events=0), "a CPU run crosses no link: nothing to see")
-
-
-def test_gpu_activity_is_counted_from_kernels_copies_and_sets():
-    trace = {"traceEvents": [
-        {"cat": "kernel", "name": "elementwise"}, {"cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)",
-                                                  "args": {"bytes": 8}},
-        {"cat": "gpu_memset", "name": "Memset"}, {"cat": "cpu_op", "name": "aten::copy_"},
-    ]}
-    assert profile_of(trace).gpu_events == 3 and profile_of({"traceEvents": []}).gpu_events == 0
-
-
-def test_dtoh_records_are_read_from_current_and_older_chrome_traces():
-    trace = {"traceEvents": [
-        {"cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)", "args": {"bytes": 32768}},
-        {"cat": "Memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "args": {"bytes": 512}},
-        {"cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "args": {"bytes": 64}},
-        {"cat": "kernel", "name": "Memcpy DtoH lookalike kernel", "args": {}},
-        {"cat": "cpu_op", "name": "aten::copy_"},
-    ]}
-    copies = dtoh_copies(trace)
-    assert [(c.nbytes, c.pinned) for c in copies] == [(32768, False), (512, True)]
-    with pytest.raises(MeterMismatchError, match="carries no byte count"):
-        dtoh_copies({"traceEvents": [{"cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)", "args": {}}]})
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("name", variant_names())
-@pytest.mark.parametrize("page_size", [1, 64])
-def test_meter_agrees_with_the_cuda_profiler(name, page_size):
-    v = get_variant(name)
-    kv = make_workload(Point(8192, page_size, device="cuda"), rotation=1).kv_indices[0]
-    v.fn(kv, page_size)  # warm up lazy initialisation outside the profiled call
-    measured = measure_d2h(v.fn, kv, page_size)
-    profiled = profiler_d2h(v.fn, kv, page_size)
-    crosscheck(measured, profiled, name)
-    assert measured.d2h_bytes == v.expected_d2h_bytes(8192, page_size, 4)
-    expected_link = "pcie pinned" if name == "device_stride_pinned" else "pcie pageable"
-    assert measured.link == expected_link

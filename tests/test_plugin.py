@@ -146,6 +146,12 @@ def test_bad_options_are_usage_errors_before_anything_runs(bench, args, words):
     print(f"refused in {time.perf_counter() - start:.2f} s: {result.stderr.str().strip()}")
 
 
+def test_a_session_without_kvpages_benchmarks_estimates_no_memory(pytester):
+    pytester.makepyfile(test_plain="def test_one():\n    assert True\n")
+    result = pytester.runpytest("--kv-seq-lens", "600000000", "--kv-page-sizes", "1", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)  # the same options refuse a sweep (above): here nothing is measured
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_cuda_device_without_cuda_is_a_usage_error(bench):
     result = bench.runpytest("--kv-device", "cuda", *FAST)
