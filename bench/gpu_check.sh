@@ -1,36 +1,269 @@
 #!/usr/bin/env bash
-# make gpu-check: on a CUDA machine, in one go (about 2-4 minutes on an H200), with this machine's own
-# python and torch, no pip and no network:
-#   0. preflight: every package the steps need, and a CUDA device; one line naming what is missing if not,
-#   1. the CUDA-marked tests (variants and inputs on CUDA, the meter against the CUDA profiler, the sweep's
-#      CUDA twins: cross-check process and a disagreement routed to a mismatch row, pinned variant, run
-#      folder; the busy-queue step: a blocking copy waits for a queued 500 us kernel, a pinned one does not),
-#   2. a `quick` sweep on the GPU (profiler cross-check in its own process), points and scenarios (whole
-#      requests, steps, the busy queue, the pinned worker-thread wait), written as a run folder to
-#      results/ with charts, ratios.csv, scenarios.csv and REPORT.md,
-#   3. the same sweep with the cross-check off, to show the timing process is not skewed by it.
-# Uses $PYTHON (default: python3). Works without installing kvpages: the plugin is then loaded by name.
-set -euo pipefail
-cd "$(dirname "$0")/.."
+# make gpu-check: on a CUDA machine, in one go (about 3 minutes on an H200, at most GPU_CHECK_TOTAL_S = 280 s),
+# with this machine's own python and torch, no pip and no network. The results come first, the tests last:
+#   1. preflight: every package the steps need, and a CUDA device; one line naming what is missing if not,
+#   2. a `quick` sweep on the GPU with the profiler cross-check off: points and scenarios (whole requests,
+#      steps, the busy queue, the pinned worker-thread wait), written as a run folder to results/ with charts
+#      (scenario_busy.png: blocked against ready behind a busy queue), ratios.csv, scenarios.csv and REPORT.md,
+#   3. the profiler preflight: one tiny CUDA profile in a child process must see the device-to-host copy,
+#   4. the same sweep with the cross-check on (in its own process); skipped, saying why, if step 3 failed,
+#   5. `kvpages compare` of the two run folders (A: cross-check off, B: on): the timing process is not skewed,
+#   6. the CUDA-marked tests (variants and inputs on CUDA, the meter against the CUDA profiler, the sweep's
+#      CUDA twins, the busy-queue step: a blocking copy waits for a queued 500 us kernel, a pinned one does not).
+# A failing step does not stop the others: each failure is collected (name and exit code) and named in a
+# one-line summary at the end. Each step runs under `timeout`, cut to what is left of the whole budget.
+#
+# Usage: bash bench/gpu_check.sh [--archive DIR] [--device cuda|cpu] [--] [pytest options for both sweeps]
+#   --archive DIR   tee everything printed, from the first line, into DIR/gpu_check.log (stderr merged into
+#                   stdout, so the log keeps the order), and after each sweep and at the end (re)write
+#                   DIR/runs.tar.gz, atomically, with the run folders this invocation made, as results/<run-id>/...
+#                   (`tar xzf DIR/runs.tar.gz` at the repository root puts them in place). DIR, relative to the
+#                   current folder, is created; it holds nothing else (but a runs.tar.gz.part while one is written).
+#   --device cpu    rehearse the same steps on the CPU: sweeps on cpu, no profiler preflight, no nvidia-smi; the
+#                   CUDA tests then all skip. (Default: --device cuda.)
+#   Everything else (or everything after `--`) goes to both sweeps, e.g. --kv-page-sizes 1,64; their run folders
+#   go to results/, or to the folder of a --kv-results given here (relative to the repository root, where the
+#   sweeps run). An option that starts with --arch or --dev before `--` is taken for a misspelt --archive or --device.
+# Environment: PYTHON (default python3); step limits in seconds: GPU_CHECK_SWEEP_S (each sweep, 150),
+#   GPU_CHECK_TESTS_S (the CUDA tests, 240), GPU_CHECK_TOTAL_S (the whole script, 280).
+# Exit codes: 0 every step passed; 1 some step failed or timed out (the last line names them);
+#   2 python packages are missing (preflight's one line says how to get them); 3 no CUDA device (one line);
+#   64 a usage error of this script (one line); 130 or 143 interrupted by SIGINT or SIGTERM: the running step is
+#   stopped, the run folder it had begun is archived, and the summary printed.
+# Works without installing kvpages: the plugin is then loaded by name.
+set -uo pipefail  # no -e: a failing step is collected and the next one runs
+
+usage_error() {
+    echo "gpu_check.sh: $1 (usage: bash bench/gpu_check.sh [--archive DIR] [--device cuda|cpu] [--] [pytest options])" >&2
+    exit 64
+}
+
+ARCHIVE='' DEVICE=cuda
+while (($#)); do
+    case $1 in
+        --archive)
+            (($# >= 2)) && [[ -n $2 && $2 != -* ]] || usage_error "--archive needs a folder, e.g. --archive out"
+            ARCHIVE=$2; shift 2 ;;
+        --archive=*)
+            ARCHIVE=${1#*=}; [[ -n $ARCHIVE ]] || usage_error "--archive needs a folder, e.g. --archive=out"; shift ;;
+        --device|--device=*)
+            if [[ $1 == --device ]]; then DEVICE=${2-}; shift $(($# >= 2 ? 2 : 1)); else DEVICE=${1#*=}; shift; fi
+            [[ $DEVICE == cuda || $DEVICE == cpu ]] || usage_error "--device '$DEVICE': choose cuda or cpu" ;;
+        --) shift; break ;;
+        --arch*|--dev*) usage_error "unknown option '$1': this script's own are --archive DIR and --device cuda|cpu" ;;
+        *) break ;;
+    esac
+done
+for var in GPU_CHECK_SWEEP_S GPU_CHECK_TESTS_S GPU_CHECK_TOTAL_S; do
+    value=${!var-}
+    [[ -z $value || $value =~ ^[1-9][0-9]*$ ]] || usage_error "$var='$value': give a whole number of seconds, e.g. 150"
+done
+SWEEP_S=${GPU_CHECK_SWEEP_S:-150} TESTS_S=${GPU_CHECK_TESTS_S:-240} TOTAL_S=${GPU_CHECK_TOTAL_S:-280}
+KILL_AFTER=10  # a step that ignores SIGTERM at its limit gets SIGKILL this much later
+
+if [[ -n $ARCHIVE ]]; then
+    mkdir -p -- "$ARCHIVE" 2>/dev/null && ARCHIVE=$(cd -- "$ARCHIVE" && pwd) \
+        || usage_error "--archive '$ARCHIVE': cannot create that folder"
+    LOG=$ARCHIVE/gpu_check.log
+    : > "$LOG" || usage_error "--archive '$ARCHIVE': cannot write $LOG"
+    exec 3>&1 4>&2                           # the caller's stdout and stderr, restored before exiting
+    exec > >(trap '' INT TERM; exec tee -a "$LOG") 2>&1  # tee outlives a signal to the group, to log the end
+    TEE_PID=$!
+fi
+
+finish() {  # exit with $1 once the log holds everything printed
+    if [[ -n $ARCHIVE ]]; then
+        exec 1>&3 2>&4 3>&- 4>&-
+        wait "$TEE_PID" 2>/dev/null || sleep 0.5  # bash < 4.4 cannot wait for a process substitution
+    fi
+    exit "$1"
+}
+
+cd "$(dirname "$0")/.." || finish 1
 PYTHON=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1  # through tee and pipes, each line is out before a caller's time limit can strike
 
 if ! "$PYTHON" -c "import importlib.metadata as m; m.distribution('kvpages')" 2>/dev/null; then
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTEST_PLUGINS=kvpages.plugin
 fi
-"$PYTHON" -m kvpages.preflight --cuda
-nvidia-smi --query-gpu=name,uuid,driver_version,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current \
-    --format=csv || true
 
-echo "== CUDA-marked tests (variants, inputs, meter vs profiler, sweep twins)"
-"$PYTHON" -m pytest tests/test_variants.py tests/test_inputs.py tests/test_meter.py tests/test_plugin.py \
-    tests/test_gpu_path.py tests/test_scenarios.py -m cuda -q -p no:cacheprovider
+# Where the sweeps write: the last --kv-results among the pass-through options (as pytest reads them), else
+# results/, passed explicitly; the run folders a sweep made are those that were not there before it.
+args=("$@")
+RESULTS=''
+for ((i = 0; i < ${#args[@]}; i++)); do
+    case ${args[i]} in
+        --kv-results) ((i + 1 < ${#args[@]})) && RESULTS=${args[i + 1]} ;;
+        --kv-results=*) RESULTS=${args[i]#*=} ;;
+    esac
+done
+[[ -n $RESULTS ]] || { RESULTS=results; args=(--kv-results results "${args[@]}"); }
 
-echo "== quick sweep on the GPU (profiler cross-check in its own process)"
-"$PYTHON" -m pytest bench/ --benchmark-only --kv-preset quick --kv-device cuda --kv-analyze -q \
-    -p no:cacheprovider "$@"
+echo "== gpu_check.sh --device $DEVICE${ARCHIVE:+ --archive $ARCHIVE}${*:+ -- $*} ($(date -u +%Y-%m-%dT%H:%M:%SZ)," \
+     "${HOSTNAME:-unknown host}, python: $PYTHON, run folders into $RESULTS/)"
+DEADLINE=$((SECONDS + TOTAL_S))
+FAILED=()       # "name (why)" of every failed step
+STEPS=0         # steps run
+RUNS=()         # the run folders this invocation made, by name, in $RESULTS
+STEP_PID=''     # the running step's timeout process, and its name
+STEP_NAME=''
+SWEEP_BEFORE=-  # the run folders before the running sweep started ('-': no sweep running)
 
-echo "== the same sweep without the cross-check"
-"$PYTHON" -m pytest bench/ --benchmark-only --kv-preset quick --kv-device cuda --kv-crosscheck off --kv-analyze \
-    -q -p no:cacheprovider "$@"
-runs=$(ls -d results/*-cuda-*/ | tail -2)
-"$PYTHON" -m kvpages compare $runs
+fail() {  # record a failed step: name, why
+    FAILED+=("$1 ($2)")
+    echo "== $1 failed: $2"
+}
+
+bounded() {  # limit in seconds, command...: run it under timeout, in the background so that a signal to this
+    local rc  # script is handled at once (the trap below passes it on to the step); returns its exit status
+    timeout --kill-after="$KILL_AFTER" "$@" &
+    STEP_PID=$!
+    wait "$STEP_PID"
+    rc=$?
+    STEP_PID=''
+    return "$rc"
+}
+
+run_step() {  # name, limit in seconds, command...: a step, cut to what is left of the budget; returns its status
+    local name=$1 limit=$2 left rc
+    shift 2
+    STEPS=$((STEPS + 1))
+    left=$((DEADLINE - SECONDS - KILL_AFTER))
+    if ((left < 5)); then
+        fail "$name" "not run: the GPU_CHECK_TOTAL_S=$TOTAL_S s budget is spent"
+        return 124
+    fi
+    ((left < limit)) && limit=$left
+    echo "== $name (at most $limit s): $*"
+    STEP_NAME=$name
+    bounded "$limit" "$@"
+    rc=$?
+    case $rc in
+        0) ;;
+        124|137) fail "$name" "exit $rc: timed out after $limit s" ;;
+        *) fail "$name" "exit $rc" ;;
+    esac
+    return "$rc"
+}
+
+list_runs() {
+    if [[ -d $RESULTS ]]; then find "$RESULTS" -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort; fi
+}
+
+collect_runs() {  # add the run folders made since SWEEP_BEFORE to RUNS; sets SWEEP_RUN to the last ('' if none)
+    local new
+    new=$(comm -13 <(echo "$SWEEP_BEFORE") <(list_runs))
+    SWEEP_BEFORE=- SWEEP_RUN=''
+    if [[ -n $new ]]; then
+        mapfile -t -O "${#RUNS[@]}" RUNS <<< "$new"
+        SWEEP_RUN=$RESULTS/$(tail -n 1 <<< "$new")
+    fi
+}
+
+pack() {  # (re)write $ARCHIVE/runs.tar.gz with the run folders made so far, atomically
+    [[ -n $ARCHIVE ]] && ((${#RUNS[@]})) || return 0
+    local part=$ARCHIVE/runs.tar.gz.part listed
+    if tar -czf "$part" -C "$RESULTS" --transform='s,^,results/,' "${RUNS[@]}" && mv -f "$part" "$ARCHIVE/runs.tar.gz"
+    then
+        printf -v listed 'results/%s ' "${RUNS[@]}"
+        echo "== archive: $ARCHIVE/runs.tar.gz holds ${listed% }"
+    else
+        fail archive "could not write $ARCHIVE/runs.tar.gz"
+    fi
+}
+
+sweep() {  # name, --kv-crosscheck mode, what it is: a quick sweep; sets SWEEP_RUN to its run folder ('' if none)
+    local name=$1 mode=$2 what=$3 rc
+    echo "== $what"
+    SWEEP_BEFORE=$(list_runs)
+    run_step "$name" "$SWEEP_S" "$PYTHON" -m pytest bench/ --benchmark-only --kv-preset quick --kv-device "$DEVICE" \
+        --kv-crosscheck "$mode" --kv-analyze -q -p no:cacheprovider "${args[@]}"
+    rc=$?
+    collect_runs
+    if [[ -z $SWEEP_RUN ]] && ((rc == 0)); then
+        fail "$name" "exit 0, but no run folder appeared in $RESULTS/"
+    fi
+    pack
+}
+
+summarize() {  # the last line: which steps failed, or that all passed; returns 1 if any failed
+    local where=${ARCHIVE:+; log and runs in $ARCHIVE}
+    if ((${#FAILED[@]})); then
+        local listed
+        printf -v listed '%s, ' "${FAILED[@]}"
+        echo "gpu-check: FAILED ${#FAILED[@]} of $STEPS steps: ${listed%, }$where" >&2
+        return 1
+    fi
+    echo "gpu-check: all $STEPS steps passed$where"
+}
+
+interrupted() {  # signal name, exit code: stop the running step, keep what it wrote, archive, summarize
+    trap - INT TERM
+    echo "== interrupted by SIG$1"
+    if [[ -n $STEP_PID ]]; then
+        kill -TERM "$STEP_PID" 2>/dev/null  # timeout passes it on to the step's processes
+        wait "$STEP_PID"
+        FAILED+=("$STEP_NAME (interrupted by SIG$1)")
+    fi
+    [[ $SWEEP_BEFORE == - ]] || collect_runs
+    pack
+    summarize
+    finish "$2"
+}
+trap 'interrupted INT 130' INT
+trap 'interrupted TERM 143' TERM
+
+# ----------------------------------------------------------------------------- 1. preflight
+STEPS=1 STEP_NAME=preflight
+if [[ $DEVICE == cuda ]]; then
+    bounded 120 "$PYTHON" -m kvpages.preflight --cuda
+else
+    bounded 120 "$PYTHON" -m kvpages.preflight
+fi
+rc=$?
+case $rc in
+    0) ;;
+    2|3) finish "$rc" ;;  # preflight said what is missing, in one line
+    *) fail preflight "exit $rc, not one of its 0, 2 (packages) or 3 (no CUDA device); going on" ;;
+esac
+if [[ $DEVICE == cuda ]]; then
+    nvidia-smi --query-gpu=name,uuid,driver_version,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current \
+        --format=csv || true
+else
+    echo "== rehearsal on the CPU (--device cpu): the same steps, sweeps on cpu; the CUDA tests will all skip"
+fi
+
+# ----------------------------------------------------------------------------- 2.-4. the sweeps
+sweep sweep-off off "quick sweep, profiler cross-check off"
+OFF_RUN=$SWEEP_RUN
+if [[ $DEVICE == cuda ]]; then
+    run_step profiler 135 "$PYTHON" -m kvpages.preflight --profiler
+    profiler=$?
+else
+    echo "== profiler: not checked in a CPU rehearsal (the cross-check on the CPU profiles no link)"
+    profiler=0
+fi
+ON_RUN=''
+if ((profiler == 0)); then
+    sweep sweep-on on "the same sweep, profiler cross-check on (in its own process)"
+    ON_RUN=$SWEEP_RUN
+else
+    echo "== sweep-on skipped: the profiler preflight failed (exit $profiler), so its cross-check could not run"
+fi
+
+# ----------------------------------------------------------------------------- 5. compare
+if [[ -n $OFF_RUN && -n $ON_RUN ]]; then
+    echo "== compare: A = cross-check off, B = cross-check on"
+    run_step compare 60 "$PYTHON" -m kvpages compare "$OFF_RUN" "$ON_RUN"
+else
+    echo "== compare skipped: it needs the run folders of both sweeps (off: ${OFF_RUN:-none}, on: ${ON_RUN:-none})"
+fi
+
+# ----------------------------------------------------------------------------- 6. the CUDA-marked tests
+echo "== CUDA-marked tests (variants, inputs, meter vs profiler, sweep twins, busy queue)"
+run_step cuda-tests "$TESTS_S" "$PYTHON" -m pytest tests/test_variants.py tests/test_inputs.py tests/test_meter.py \
+    tests/test_plugin.py tests/test_gpu_path.py tests/test_scenarios.py -m cuda -q -p no:cacheprovider
+
+pack
+summarize
+finish $?

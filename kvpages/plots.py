@@ -5,7 +5,13 @@
 2. `bytes_<dtype>_<layout>.png`: measured D2H bytes vs seq_len with the ideal ceil(seq_len/page_size)*itemsize;
 3. `ratio_<dtype>_<layout>.png`: heatmap of the device_stride/host_stride latency ratio (paired over
    repetitions, from the analysis) over seq_len x page_size, cells within noise marked;
-4. `link_model_<dtype>_<layout>.png`: modeled transfer time per link profile (a model, not a measurement).
+4. `link_model_<dtype>_<layout>.png`: modeled transfer time per link profile (a model, not a measurement);
+and, from the scenarios of the run:
+5. `scenario_requests.png`: blocked time per whole request against the prompt length, a panel per side and page size;
+6. `scenario_steps.png`: blocked time per whole step against the requests per step;
+7. `scenario_busy.png` (CUDA runs only): the busy-queue scenarios, blocked (scheduler thread) against ready (data
+   on host) per step variant, medians with IQR bars, a panel per scenario, the queued busy time as a reference
+   line (measured when scenarios.csv has `busy_measured_us`, else the nominal `busy_us`).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
@@ -205,12 +212,82 @@ def _scenario_panels(analysis: Analysis, kind: str, x: str, xlabel: str, what: s
     return _save(fig, stem, formats)
 
 
+def _busy_reference(rows) -> tuple[float, str]:
+    """The busy time queued before each call: measured (median over the panel's variants) when recorded, else nominal."""
+    if "busy_measured_us" in rows.columns:
+        measured = pd.to_numeric(rows["busy_measured_us"], errors="coerce").dropna()
+        if not measured.empty:
+            return float(measured.median()), "measured busy queue"
+    return float(rows["busy_us"].iloc[0]), "nominal busy queue"
+
+
+def _busy_panel_title(row) -> str:
+    if row["kind"] == "step":
+        where = f"step, B={int(row['requests'])}"
+    else:
+        where = f"{row['side']} request, L={int(row['tokens'])}, C={int(row['chunk_size'])}"
+    return f"{where}, page_size={int(row['page_size'])}\n{int(row['busy_us'])} µs kernel queued before each call"
+
+
+def plot_busy_queue(analysis: Analysis, stem: Path, formats) -> list[Path]:
+    """Blocked against ready per step variant in the busy-queue scenarios (`busy_us` > 0), a panel per scenario.
+
+    Only CUDA runs have them: on a CPU run those rows are 'skipped', and no chart is written.
+    """
+    run = analysis.run
+    frame = run.scenarios
+    if frame is None:
+        return []
+    ok = frame[(frame["status"] == "ok") & (frame["busy_us"] > 0)]
+    if ok.empty:
+        return []
+    scenarios = list(ok.sort_values(["kind", "busy_us", "requests", "tokens", "page_size"])["scenario"].unique())
+    widths = [1.4 * ok[ok["scenario"] == s]["variant"].nunique() + 1.2 for s in scenarios]
+    legend_width = 2.6
+    width, height = max(sum(widths) + legend_width + 1.0, 9.0), 5.0
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(width, height), squeeze=False,
+                             gridspec_kw={"width_ratios": widths})
+    fig.subplots_adjust(left=0.9 / width, right=1 - (legend_width + 0.1) / width, bottom=0.22, top=0.78, wspace=0.3)
+    bar = 0.38
+    for ax, scenario in zip(axes[0], scenarios, strict=True):
+        rows = ok[ok["scenario"] == scenario]
+        rows = rows.set_index("variant").loc[_variants(rows)].reset_index()
+        x = np.arange(len(rows))
+        for offset, what, style in ((-bar / 2, "blocked", {"color": "tab:blue"}),
+                                    (bar / 2, "ready", {"color": "white", "edgecolor": "tab:orange", "hatch": "//"})):
+            median = rows[f"{what}_median_us"].to_numpy(dtype=float)
+            errors = np.vstack([median - rows[f"{what}_q1_us"].to_numpy(dtype=float),
+                                rows[f"{what}_q3_us"].to_numpy(dtype=float) - median])
+            label = "blocked: scheduler thread" if what == "blocked" else "ready: data on host"
+            ax.bar(x + offset, median, bar, yerr=np.clip(errors, 0, None), capsize=3, ecolor="black", lw=1,
+                   label=f"{label} (median, IQR)", **style)
+            for xi, value in zip(x + offset, median, strict=True):
+                ax.annotate(f"{value:.0f}", (xi, value), xytext=(0, 4), textcoords="offset points", ha="center",
+                            va="bottom", fontsize=7)
+        reference, label = _busy_reference(rows)
+        ax.axhline(reference, color="black", ls="--", lw=1, label=f"{label} ({reference:.0f} µs)")
+        ax.set_xticks(x, list(rows["variant"]), rotation=20, ha="right", fontsize=8)
+        ax.set_xlim(-0.6, len(rows) - 0.4)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.set_title(_busy_panel_title(rows.iloc[0]), fontsize=9)
+        ax.set_ylabel(f"µs per {rows['kind'].iloc[0]}")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
+    device = run.meta.environment.device_name if run.meta else run.device_name
+    fig.suptitle(f"Behind a busy device queue: blocked (scheduler thread) vs ready (data on host), "
+                 f"{ok['dtype'].iloc[0]} {ok['layout'].iloc[0]}\n{device} | run {run.run_id}", fontsize=10)
+    return _save(fig, stem, formats)
+
+
 def plot_scenarios(analysis: Analysis, out_dir: Path, formats) -> list[Path]:
-    """Per-request cost against L (a panel per side and page size) and per-step cost against B."""
+    """Per-request cost against L (a panel per side and page size), per-step cost against B, and (CUDA runs) the
+    busy-queue scenarios' blocked against ready time."""
     return (_scenario_panels(analysis, "request", "tokens", "prompt length L (tokens)", "request",
                              out_dir / "scenario_requests", formats)
             + _scenario_panels(analysis, "step", "requests", "requests per step B", "step",
-                               out_dir / "scenario_steps", formats))
+                               out_dir / "scenario_steps", formats)
+            + plot_busy_queue(analysis, out_dir / "scenario_busy", formats))
 
 
 CHARTS = (("latency", plot_latency), ("bytes", plot_bytes), ("ratio", plot_ratio), ("link_model", plot_link_model))

@@ -121,43 +121,6 @@ def shadow(folder: Path, *modules: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{folder}{os.pathsep}{REPO}", "PYTHON": sys.executable}
 
 
-def test_gpu_check_without_pandas_stops_with_one_line_saying_how_to_get_it(tmp_path):
-    env = shadow(tmp_path, "pandas", "pytest_benchmark")
-    done = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh")], env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 2
-    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
-    line = done.stderr
-    assert "lacks pytest-benchmark (the timer (--benchmark-only)), pandas (the summary and report)" in line
-    assert "-m pip install pytest-benchmark pandas" in line
-    assert "pip download -d wheels pytest-benchmark pandas" in line and "--no-index --find-links wheels" in line
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: gpu_check.sh would run for real")
-def test_gpu_check_without_cuda_says_so_after_the_packages(tmp_path):
-    done = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh")], env={**os.environ, "PYTHON": sys.executable},
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "sees no CUDA device; nothing to check here" in done.stderr
-    assert done.stderr.count("\n") == 1
-
-
-def test_the_cuda_tests_gpu_check_collects_need_no_hypothesis(tmp_path):
-    env = shadow(tmp_path, "hypothesis")
-    no_plugin = ("-p", "no:hypothesispytest")  # without hypothesis installed, its pytest plugin is not registered
-    script = (REPO / "bench" / "gpu_check.sh").read_text()
-    names = ("test_variants.py", "test_inputs.py", "test_meter.py", "test_plugin.py", "test_gpu_path.py",
-             "test_scenarios.py")
-    assert all(f"tests/{name}" in script for name in names)
-    files = [str(REPO / "tests" / name) for name in names]
-    done = subprocess.run([sys.executable, "-m", "pytest", *files, "-m", "cuda", "-q", "-p", "no:cacheprovider",
-                           "--co", *no_plugin], env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert done.returncode == 0, done.stdout[-3000:]  # a collection error would exit 2
-    properties = subprocess.run([sys.executable, "-m", "pytest", str(REPO / "tests" / "test_properties.py"), "-q",
-                                 "-p", "no:cacheprovider", "-rs", *no_plugin], env=env, capture_output=True,
-                                text=True, timeout=300, cwd=REPO)
-    assert "1 skipped" in properties.stdout and "hypothesis is not installed" in properties.stdout
-
-
 def test_a_sweep_without_pandas_still_writes_its_run_and_says_what_is_missing(tmp_path):
     (tmp_path / "test_d2h.py").write_text(BENCH)
     env = shadow(tmp_path / "shadow", "pandas")
