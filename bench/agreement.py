@@ -22,9 +22,9 @@ import pandas as pd
 import torch
 from torch.utils.benchmark import Timer
 
-from kvpages.inputs import make_workload
-from kvpages.sweep import Point
-from kvpages.variants import get_variant
+from kvpages.core.sweep import Point
+from kvpages.measure.inputs import make_workload
+from kvpages.measure.variants import get_variant
 
 TOLERANCE = 0.20
 TARGET_S = 0.005
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'page':>5} {'seq_len':>8} {'suite':>8} {'[95% CI]':>18} {'t.u.b':>8} {'t.u.b/suite':>11}")
     for r in ratios.itertuples():
         point = Point(int(r.seq_len), int(r.page_size), r.dtype, device, r.layout)
-        rows = make_workload(point).kv_indices
+        rows = make_workload(point).inputs
         for f in (fn, base):  # warm up
             for kv in rows:
                 f(kv, point.page_size)

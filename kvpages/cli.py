@@ -11,8 +11,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvpages.analysis import CANDIDATE, Analysis, RunError, analyze, compare_runs, load_run, summary_text
-from kvpages.noise import aa_figures
+from kvpages.analysis.compare import compare_runs
+from kvpages.analysis.noise import aa_figures
+from kvpages.analysis.ratios import Analysis, analyze
+from kvpages.core.names import CANDIDATE
+from kvpages.core.presets import PRESETS
+from kvpages.render.summary import summary_text
+from kvpages.schema.reader import RunError, load_run
 
 
 class _Parser(argparse.ArgumentParser):
@@ -21,8 +26,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from kvpages.steps import all_step_variants
-    from kvpages.variants import all_variants
+    from kvpages.measure.steps import all_step_variants
+    from kvpages.measure.variants import all_variants
 
     variants = all_variants()
     width = max(len(v.name) for v in variants)
@@ -44,10 +49,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_scenarios(args: argparse.Namespace) -> int:
-    from kvpages.scenarios import LENGTHS, SCENARIO_PRESETS, describe
+    from kvpages.core.scenarios import LENGTHS, describe
 
-    print(f"scenarios of preset {args.preset!r} (kvpages/scenarios.py); step lengths: " + "; ".join(LENGTHS.values()))
-    for scenario in SCENARIO_PRESETS[args.preset]:
+    print(f"scenarios of preset {args.preset!r} (kvpages/core/presets.py); step lengths: " + "; ".join(LENGTHS.values()))
+    for scenario in PRESETS[args.preset].scenarios:
         lines = list(describe(scenario))
         print(lines[0])
         for line in lines[1:] if args.verbose else lines[1:4]:
@@ -62,7 +67,7 @@ def _analysis(path: Path) -> Analysis:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from kvpages.plots import plot_run
+    from kvpages.render.plots import plot_run
 
     analysis = _analysis(args.run)
     formats = ("png", "svg") if args.svg else ("png",)
@@ -75,7 +80,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from kvpages.report import render, write_report
+    from kvpages.render.report import render, write_report
 
     analysis = _analysis(args.run)
     path = write_report(analysis)
@@ -150,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="also print each variant's docstring (its hypothesis)")
     p.set_defaults(func=cmd_list)
     p = sub.add_parser("scenarios", help="print the calls each whole-request and step scenario of a preset makes")
-    p.add_argument("--preset", default="default", choices=("quick", "default", "full"), help="the preset (default: default)")
+    p.add_argument("--preset", default="default", choices=tuple(PRESETS), help="the preset (default: default)")
     p.add_argument("-v", "--verbose", action="store_true", help="list every call")
     p.set_defaults(func=cmd_scenarios)
     for name, func, text in (

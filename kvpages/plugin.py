@@ -3,7 +3,7 @@
 Registered through the `pytest11` entry point, so it is active wherever kvpages is
 installed; it imports torch only when a kvpages benchmark is collected (or an
 option needs it to be checked). Benchmarks are parametrized from the schedule of
-blocks (kvpages.schedule): `kv_case` (bench/test_d2h.py) over the sweep's points and
+blocks (kvpages.measure.schedule): `kv_case` (bench/test_d2h.py) over the sweep's points and
 variants, `kv_scenario` (bench/test_steps.py) over the whole-request and step scenarios
 and the step variants, so a new variant is benchmarked without touching bench/.
 """
@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from kvpages.capacity import check_fits, host_available_bytes
-from kvpages.options import OPTIONS, BenchOptions
+from kvpages.core.capacity import check_fits, host_available_bytes
+from kvpages.core.options import OPTIONS, BenchOptions
 
 if TYPE_CHECKING:
-    from kvpages.harness import KvSession
+    from kvpages.measure.session import KvSession
 
 OPTIONS_KEY = pytest.StashKey[BenchOptions]()
 SESSION_KEY = pytest.StashKey["KvSession"]()
@@ -46,11 +46,11 @@ def pytest_configure(config: pytest.Config) -> None:
     except (ValueError, TypeError) as exc:
         raise pytest.UsageError(str(exc)) from None
     if options.variants is not None:
-        from kvpages.variants import get_variant
+        from kvpages.measure.variants import get_variant
 
         _check_names("--kv-variants", options.variants, get_variant)
     if options.step_variants is not None:
-        from kvpages.steps import get_step_variant
+        from kvpages.measure.steps import get_step_variant
 
         _check_names("--kv-step-variants", options.step_variants, get_step_variant)
     if options.device == "cuda":
@@ -94,7 +94,7 @@ def _check_names(flag: str, names: tuple[str, ...], lookup) -> None:
 def kv_session(config: pytest.Config) -> KvSession:
     """The session's `KvSession`, created (and torch imported) on first use."""
     if SESSION_KEY not in config.stash:
-        from kvpages.harness import KvSession
+        from kvpages.measure.session import KvSession
 
         config.stash[SESSION_KEY] = KvSession(
             config.stash[OPTIONS_KEY], Path(str(config.rootpath)), tuple(config.invocation_params.args),
@@ -104,24 +104,23 @@ def kv_session(config: pytest.Config) -> KvSession:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "kv_case" in metafunc.fixturenames:
-        blocks = kv_session(metafunc.config).points_blocks()
-        metafunc.parametrize("kv_case", blocks, ids=[block.id for block in blocks])
-    if "kv_scenario" in metafunc.fixturenames:
-        scenario_blocks = kv_session(metafunc.config).scenario_runner().blocks
-        metafunc.parametrize("kv_scenario", scenario_blocks, ids=[block.id for block in scenario_blocks])
+    for fixture, family in (("kv_case", "point_blocks"), ("kv_scenario", "scenario_blocks")):
+        if fixture in metafunc.fixturenames:
+            session = kv_session(metafunc.config)
+            blocks = session.collected(getattr(session, family))
+            metafunc.parametrize(fixture, blocks, ids=[block.id for block in blocks])
 
 
 @pytest.fixture(name="kv_session")
 def kv_session_fixture(request: pytest.FixtureRequest):
-    """The sweep session: `kv_session.run(benchmark, kv_case)` checks, meters and times one block."""
-    return kv_session(request.config)
+    """The runner: `kv_session.run(benchmark, kv_case)` checks, meters and times one block of a point."""
+    return kv_session(request.config).runner
 
 
 @pytest.fixture(name="kv_scenarios")
 def kv_scenarios_fixture(request: pytest.FixtureRequest):
-    """The scenario runner: `kv_scenarios.run(benchmark, kv_scenario)` checks, meters and times one block."""
-    return kv_session(request.config).scenario_runner()
+    """The same runner: `kv_scenarios.run(benchmark, kv_scenario)` times one block of a request or step."""
+    return kv_session(request.config).runner
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -138,15 +137,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.write_line("kvpages: timing disabled or nothing ran; no run folder written")
         return
     try:
-        from kvpages.analysis import analyze, load_run, summary_text
+        from kvpages.analysis.ratios import analyze
+        from kvpages.render.summary import summary_text
+        from kvpages.schema.reader import load_run
 
         analysis = analyze(load_run(writer.path))
         terminalreporter.section("kvpages summary")
         terminalreporter.write_line(summary_text(analysis))
         terminalreporter.write_line(f"run folder: {writer.path} ({writer.meta.end_note})")
         if config.getoption("--kv-analyze"):
-            from kvpages.plots import plot_run
-            from kvpages.report import write_report
+            from kvpages.render.plots import plot_run
+            from kvpages.render.report import write_report
 
             for chart in plot_run(analysis):
                 terminalreporter.write_line(f"chart: {chart}")

@@ -99,12 +99,13 @@ PROBE_TIMEOUT_S = 120.0
 def profiler_problem() -> str | None:
     """None when one profiled device_stride call on CUDA (4096 tokens, page size 1: 16 KiB) agrees with the
     meter, in a child process as the sweep runs it; else what went wrong."""
-    from kvpages.crosscheck import CheckCase, CrosscheckError, run_crosscheck
-    from kvpages.sweep import Point
+    from kvpages.core.sweep import Point
+    from kvpages.measure.crosscheck import CheckCase, CrosscheckError, run_crosscheck
+    from kvpages.measure.targets import PointTarget
 
-    case = CheckCase("device_stride", Point(4096, 1, device="cuda"))
+    case = CheckCase("device_stride", PointTarget(Point(4096, 1, device="cuda")))
     try:
-        answer = run_crosscheck([case], timeout_s=PROBE_TIMEOUT_S)[case.id]
+        answer = run_crosscheck([case], "cuda", timeout_s=PROBE_TIMEOUT_S)[case.id]
     except CrosscheckError as exc:
         return str(exc)
     return None if answer.outcome == "agree" else f"{answer.outcome}: {answer.detail}"

@@ -27,8 +27,9 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from kvpages.results import Environment, Row, RunMeta, RunWriter, SampleSet  # noqa: E402
-from kvpages.stats import row_statistics  # noqa: E402
+from kvpages.core.stats import row_statistics  # noqa: E402
+from kvpages.schema.rows import POINTS, Environment, Row, RunMeta, SampleSet  # noqa: E402
+from kvpages.schema.writer import RunWriter  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,6 +68,6 @@ def synthetic_run(folder: Path, medians_us: dict[tuple[str, int, int], float], s
                   stats["q1_us"], stats["q3_us"], stats["min_us"], stats["max_us"], stats["mean_us"],
                   stats["stddev_us"], rounds * repetitions, 1, repetitions, stats["rep_spread"], "ok", "",
                   "pytest bench/")
-        writer.add([row], blocks)
+        writer.add(POINTS, [row], blocks)
     writer.finish(True, "all rows recorded", {})
     return folder

@@ -14,11 +14,13 @@ import pandas as pd
 import pytest
 from conftest import REPO, reference_runs, synthetic_run
 
-from kvpages.analysis import analyze, compare_runs, crossovers, load_run
+from kvpages.analysis.compare import compare_runs
+from kvpages.analysis.ratios import analyze, crossovers
 from kvpages.cli import main
-from kvpages.report import ci_text, ratio_text, render, write_report
-from kvpages.results import RATIO_COLUMNS
-from kvpages.stats import block_medians, median_interval, median_rank, paired_log_ratios, shift_interval
+from kvpages.core.stats import block_medians, median_interval, median_rank, paired_log_ratios, shift_interval
+from kvpages.render.report import ci_text, ratio_text, render, write_report
+from kvpages.schema.reader import load_run
+from kvpages.schema.rows import RATIO_COLUMNS
 
 SEQ = (512, 8192, 131072)
 
@@ -151,11 +153,19 @@ def test_load_run_refuses_a_results_csv_that_its_samples_contradict(tmp_path, cr
     assert "the folder was edited or mixed up" in done.stderr
 
 
-@pytest.mark.skipif(not any(json.loads((p / "meta.json").read_text())["schema_version"] == 1 for p in reference_runs()),
-                    reason="no schema-1 run committed")
-def test_a_schema_1_run_still_loads_without_intervals():
-    old = next(p for p in reference_runs() if json.loads((p / "meta.json").read_text())["schema_version"] == 1)
-    analysis = analyze(load_run(old))
+def test_a_schema_1_run_still_loads_without_intervals(tmp_path):
+    """Schema 1 (before repetitions): no `repetitions`/`rep_spread` columns, one samples line per row, no
+    `repetition` or `order`; made here from a schema-2 folder by removing what schema 1 did not have."""
+    folder = synthetic_run(tmp_path / "v1", {("host_stride", 512, 64): 2.0, ("device_stride", 512, 64): 3.0},
+                           repetitions=1)
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["schema_version"] = 1
+    (folder / "meta.json").write_text(json.dumps(meta))
+    rows = pd.read_csv(folder / "results.csv", dtype=str, keep_default_na=False)
+    rows.drop(columns=["repetitions", "rep_spread"]).to_csv(folder / "results.csv", index=False)
+    samples = pd.read_csv(folder / "samples.csv", dtype=str, keep_default_na=False)
+    samples.drop(columns=["repetition", "order"]).to_csv(folder / "samples.csv", index=False)
+    analysis = analyze(load_run(folder))
     assert analysis.ratios and all(not math.isfinite(r.ci_high) for r in analysis.ratios)
     assert "1 repetition per (variant, point), so it has no repetition-level spread" in render(analysis)
 
@@ -242,7 +252,7 @@ def test_plot_report_compare_on_the_committed_reference_run_without_torch(tmp_pa
 
 
 def test_kvpages_list_prints_the_registry():
-    from kvpages.variants import all_variants
+    from kvpages.measure.variants import all_variants
 
     done = subprocess.run([sys.executable, "-m", "kvpages", "list"], capture_output=True, text=True, check=True)
     for v in all_variants():
@@ -250,7 +260,7 @@ def test_kvpages_list_prints_the_registry():
 
 
 def test_a_cuda_run_compares_the_model_with_the_measurement(tmp_path):
-    from kvpages.links import profile_for
+    from kvpages.core.links import profile_for
 
     folder = synthetic_run(tmp_path / "cuda", medians({(8192, 64): 0.5}))
     csv = (folder / "results.csv").read_text().replace("none (cpu)", "pcie pageable")

@@ -12,8 +12,9 @@ import pytest
 import torch
 from conftest import REPO
 
-from kvpages.analysis import load_run
-from kvpages.crosscheck import (
+from kvpages.core.sweep import Point
+from kvpages.measure.busy import PROBE_CYCLES, cycles_for
+from kvpages.measure.crosscheck import (
     AGREE,
     RANGE_PREFIX,
     WARM_UP_RANGE,
@@ -29,10 +30,10 @@ from kvpages.crosscheck import (
     run_crosscheck,
     timeout_for,
 )
-from kvpages.meter import D2HMeasurement, Transfer
-from kvpages.scenario_run import PROBE_CYCLES, cycles_for
-from kvpages.sweep import Point
-from kvpages.variants import get_variant, variant_names
+from kvpages.measure.meter import D2HMeasurement, Transfer
+from kvpages.measure.targets import PointTarget
+from kvpages.measure.variants import get_variant, variant_names
+from kvpages.schema.reader import load_run
 
 BENCH = (REPO / "bench" / "test_d2h.py").read_text()
 FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider")
@@ -75,7 +76,7 @@ CASES = ("device_stride-s8192-p64-int32-fragmented", "host_stride-s8192-p64-int3
 
 
 def cuda_session_trace() -> dict:
-    """One session as kvpages.crosscheck.profile_cases records it, in Kineto's Chrome-trace format: a warm-up
+    """One session as kvpages.measure.crosscheck.profile_cases records it, in Kineto's Chrome-trace format: a warm-up
     range that lost its record (as session starts do on CUPTI < 13.1), then five cases."""
     events = _range(WARM_UP_RANGE, 100, 50) + _copy(110, 1, None, 64)
     events += _range(RANGE_PREFIX + CASES[0], 200, 50) + _kernel(205, 2) + _copy(215, 3, PAGEABLE, 512)
@@ -144,9 +145,9 @@ def test_answers_refuse_unknown_outcomes():
 
 
 def test_one_session_answers_for_every_case_and_records_its_trace(tmp_path):
-    cases = [CheckCase(v, Point(256, p)) for v in ("host_stride", "device_stride") for p in (1, 16)]
+    cases = [CheckCase(v, PointTarget(Point(256, p))) for v in ("host_stride", "device_stride") for p in (1, 16)]
     trace_out = tmp_path / "trace.json.gz"
-    assert run_crosscheck(cases, trace_out=trace_out) == {c.id: AGREE for c in cases}  # CPU: no link crossed
+    assert run_crosscheck(cases, "cpu", trace_out=trace_out) == {c.id: AGREE for c in cases}  # CPU: no link crossed
     with gzip.open(trace_out, "rt") as f:
         trace = json.load(f)  # recorded by torch's profiler in the child: one range per case, in one session
     assert set(case_profiles(trace)) == {c.id for c in cases}
@@ -156,12 +157,12 @@ def test_one_session_answers_for_every_case_and_records_its_trace(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where a CUDA point cannot be built")
 def test_a_failing_crosscheck_process_is_one_clear_error():
     with pytest.raises(CrosscheckError, match=r"the profiler cross-check process exited 1: .*CUDA"):
-        run_crosscheck([CheckCase("host_stride", Point(8, 1, device="cuda"))])
+        run_crosscheck([CheckCase("host_stride", PointTarget(Point(8, 1, device="cuda")))], "cuda")
 
 
 def test_a_crosscheck_process_that_does_not_finish_is_stopped():
     with pytest.raises(CrosscheckError, match=r"did not finish within 0.01 s \(1 cases\)"):
-        run_crosscheck([CheckCase("host_stride", Point(8, 1))], timeout_s=0.01)
+        run_crosscheck([CheckCase("host_stride", PointTarget(Point(8, 1)))], "cpu", timeout_s=0.01)
     assert timeout_for(20) == 120  # the quick preset's 20 cases
 
 
@@ -181,7 +182,7 @@ def test_a_sweep_with_the_crosscheck_on_runs_it_in_its_own_process(pytester):
 UNUSABLE_PROFILER = '''
 import sys
 from pathlib import Path
-from kvpages.variants import Moves, variant
+from kvpages.measure.variants import Moves, variant
 
 if sys.argv[0].endswith("crosscheck.py"):  # imported by the cross-check process: it fails there
     with open(Path(__file__).parent / "child_starts.txt", "a") as f:
@@ -224,11 +225,11 @@ def test_preflight_profiler_without_cuda_is_exit_4_in_one_line():
 
 @pytest.mark.cuda
 def test_meter_agrees_with_the_cuda_profiler_in_one_child_session(tmp_path):
-    cases = [CheckCase(name, Point(8192, p, device="cuda")) for name in variant_names() for p in (1, 64)]
-    answers = run_crosscheck(cases, trace_out=tmp_path / "trace.json.gz")
+    cases = [CheckCase(name, PointTarget(Point(8192, p, device="cuda"))) for name in variant_names() for p in (1, 64)]
+    answers = run_crosscheck(cases, "cuda", trace_out=tmp_path / "trace.json.gz")
     assert answers == {c.id: AGREE for c in cases}, {k: a for k, a in answers.items() if a != AGREE}
     for case in cases:
-        assert get_variant(case.variant).expected_d2h_bytes(8192, case.point.page_size, 4) > 0
+        assert get_variant(case.variant).expected_d2h_bytes(8192, case.target.page_size, 4) > 0
 
 
 # ----------------------------------------------------------------------------- the busy queue's calibration

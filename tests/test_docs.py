@@ -6,10 +6,10 @@ import re
 
 from conftest import REPO
 
-from kvpages.options import OPTIONS
-from kvpages.results import COLUMNS, RATIO_COLUMNS, SAMPLE_COLUMNS, SCENARIO_COLUMNS, SCENARIO_SAMPLE_COLUMNS
-from kvpages.sweep import PRESETS
-from kvpages.variants import all_variants
+from kvpages.core.options import OPTIONS
+from kvpages.core.presets import PRESETS
+from kvpages.measure.variants import all_variants
+from kvpages.schema.rows import COLUMNS, RATIO_COLUMNS, SAMPLE_COLUMNS, SCENARIO_COLUMNS, SCENARIO_SAMPLE_COLUMNS
 
 README = (REPO / "README.md").read_text()
 
@@ -31,11 +31,12 @@ def test_readme_preset_table_matches_the_presets():
     for line in README.splitlines():  # the first table that names the presets is the sweep's
         if m := re.match(r"\| `(\w+)` \|", line):
             rows.setdefault(m.group(1), line)
-    for name, sweep in PRESETS.items():
+    for name, preset in PRESETS.items():
+        sweep = preset.sweep
         cells = [c.strip() for c in rows[name].split("|")[1:-1]]
         numbers = {int(n) for n in re.findall(r"\d+", cells[1])}
         if cells[1].startswith("default +"):
-            numbers |= set(PRESETS["default"].seq_lens)
+            numbers |= set(PRESETS["default"].sweep.seq_lens)
         assert set(sweep.seq_lens) == numbers
         assert {int(n) for n in re.findall(r"\d+", cells[2])} == set(sweep.page_sizes)
         assert {d.strip() for d in cells[3].split(",")} == set(sweep.dtypes)

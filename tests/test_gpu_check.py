@@ -22,9 +22,11 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from kvpages.analysis import analyze, load_run
-from kvpages.plots import _busy_reference, plot_run
-from kvpages.results import Environment, RunMeta, RunWriter, ScenarioRow, ScenarioSampleSet
+from kvpages.analysis.ratios import analyze
+from kvpages.render.plots import _busy_reference, plot_run
+from kvpages.schema.reader import load_run
+from kvpages.schema.rows import SCENARIOS, Environment, RunMeta, ScenarioRow, ScenarioSampleSet
+from kvpages.schema.writer import RunWriter
 
 SCRIPT = REPO / "bench" / "gpu_check.sh"
 REHEARSAL = ("--device", "cpu", "--kv-time-budget", "0.002")
@@ -263,7 +265,7 @@ def scenario_run(folder: Path, busy_status: str, busy_measured_us: float | None 
                          "repro": "pytest bench/test_steps.py",
                          "busy_measured_us": busy_measured_us if busy_us and status == "ok" else None}
             rows.append(ScenarioRow(**{k: v for k, v in values_of.items() if k in names}))
-    writer.add_scenarios(rows, samples)
+    writer.add(SCENARIOS, rows, samples)
     writer.finish(True, "all rows recorded", {})
     return folder
 

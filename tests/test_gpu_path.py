@@ -17,9 +17,9 @@ import pytest
 import torch
 from conftest import REPO
 
-from kvpages import environment
-from kvpages.analysis import load_run
-from kvpages.timer import warm_up
+from kvpages.measure import environment
+from kvpages.measure.timer import warm_up
+from kvpages.schema.reader import load_run
 
 BENCH = (REPO / "bench" / "test_d2h.py").read_text()
 FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider")
@@ -139,7 +139,7 @@ def test_a_sweep_without_pandas_still_writes_its_run_and_says_what_is_missing(tm
 
 HIDDEN_COPY = '''
 import torch
-from kvpages.variants import Moves, variant
+from kvpages.measure.variants import Moves, variant
 
 @variant("hidden_copy", moves=Moves.PAGES)
 def hidden_copy(kv_indices, page_size):

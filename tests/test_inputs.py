@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import devices
 
-from kvpages.inputs import make_workload, validate_page_layout
-from kvpages.sweep import MAX_ROTATION, MIN_ROTATION, ROTATION_TARGET_BYTES, Point
+from kvpages.core.sweep import MAX_ROTATION, MIN_ROTATION, ROTATION_TARGET_BYTES, Point
+from kvpages.measure.inputs import make_workload, validate_page_layout
 
 
 @pytest.mark.parametrize("device", devices())
@@ -17,20 +17,20 @@ from kvpages.sweep import MAX_ROTATION, MIN_ROTATION, ROTATION_TARGET_BYTES, Poi
 def test_generated_slices_keep_the_page_invariant(device, layout, page_size, dtype):
     point = Point(1000, page_size, dtype, device, layout, seed=3)
     workload = make_workload(point, rotation=4, chunk_offset_pages=2)
-    assert workload.req_to_token.device.type == device
-    assert workload.req_to_token.dtype == getattr(torch, dtype)
-    for kv in workload.kv_indices:
+    assert workload.pool.device.type == device
+    assert workload.pool.dtype == getattr(torch, dtype)
+    for kv in workload.inputs:
         assert kv.numel() == 1000 and kv.dtype == getattr(torch, dtype)
         validate_page_layout(kv, page_size)
         assert int(kv.min()) >= page_size  # page 0 is reserved
     # rows use disjoint pages, as a pool never hands one page to two requests
-    pages = [set((kv[::page_size] // page_size).tolist()) for kv in workload.kv_indices]
+    pages = [set((kv[::page_size] // page_size).tolist()) for kv in workload.inputs]
     assert sum(map(len, pages)) == len(set().union(*pages))
 
 
 def test_fragmented_pages_are_shuffled_and_contiguous_are_in_order():
-    frag = make_workload(Point(64 * 50, 64, layout="fragmented"), rotation=2).kv_indices[0]
-    cont = make_workload(Point(64 * 50, 64, layout="contiguous"), rotation=2).kv_indices[0]
+    frag = make_workload(Point(64 * 50, 64, layout="fragmented"), rotation=2).inputs[0]
+    cont = make_workload(Point(64 * 50, 64, layout="contiguous"), rotation=2).inputs[0]
     frag_pages, cont_pages = frag[::64] // 64, cont[::64] // 64
     assert bool((cont_pages.diff() == 1).all())
     assert not bool((frag_pages.diff() == 1).all())
@@ -38,8 +38,8 @@ def test_fragmented_pages_are_shuffled_and_contiguous_are_in_order():
 
 def test_partial_last_page_and_page_aligned_chunk_offset():
     workload = make_workload(Point(100, 16), rotation=2, chunk_offset_pages=3)
-    row = workload.req_to_token[0]
-    assert torch.equal(workload.kv_indices[0], row[48:148])
+    row = workload.pool[0]
+    assert torch.equal(workload.inputs[0], row[48:148])
     assert workload.expected[0].size == 7  # 6 full pages and one of 4 tokens
 
 
@@ -47,31 +47,31 @@ def test_same_seed_same_inputs_other_seed_other_inputs():
     a = make_workload(Point(4096, 16, seed=1), rotation=2)
     b = make_workload(Point(4096, 16, seed=1), rotation=2)
     c = make_workload(Point(4096, 16, seed=2), rotation=2)
-    assert torch.equal(a.req_to_token, b.req_to_token)
-    assert not torch.equal(a.req_to_token, c.req_to_token)
+    assert torch.equal(a.pool, b.pool)
+    assert not torch.equal(a.pool, c.pool)
 
 
 def test_rotation_spans_caches_within_bounds():
     assert Point(512, 1).rotation == MAX_ROTATION
     assert Point(524288, 64).rotation * 524288 * 4 == ROTATION_TARGET_BYTES  # the longest default rows span it
     assert Point(2 ** 23, 1, "int64").rotation == MIN_ROTATION
-    assert len(make_workload(Point(512, 1)).kv_indices) == MAX_ROTATION
+    assert len(make_workload(Point(512, 1)).inputs) == MAX_ROTATION
 
 
 @pytest.mark.parametrize("point", [Point(1000, 16, "int64", layout="contiguous"), Point(512, 1)])
 def test_the_geometry_is_the_pool_the_generator_builds(point):
     workload = make_workload(point, chunk_offset_pages=3)
     geometry = point.geometry(chunk_offset_pages=3)
-    assert workload.req_to_token.shape == (geometry.rows, geometry.row_tokens)
-    assert int(workload.req_to_token.max()) <= geometry.max_token_index
-    assert geometry.pool_bytes == workload.req_to_token.numel() * workload.req_to_token.element_size()
+    assert workload.pool.shape == (geometry.rows, geometry.row_tokens)
+    assert int(workload.pool.max()) <= geometry.max_token_index
+    assert geometry.pool_bytes == workload.pool.numel() * workload.pool.element_size()
 
 
 def test_a_fresh_copy_holds_the_same_inputs_in_new_memory():
     workload = make_workload(Point(700, 16), chunk_offset_pages=2)
     copy = workload.fresh_copy()
-    assert copy.req_to_token.data_ptr() != workload.req_to_token.data_ptr()
-    for a, b in zip(workload.kv_indices, copy.kv_indices, strict=True):
+    assert copy.pool.data_ptr() != workload.pool.data_ptr()
+    for a, b in zip(workload.inputs, copy.inputs, strict=True):
         assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
     assert copy.expected is workload.expected
 

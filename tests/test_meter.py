@@ -7,10 +7,10 @@ import pytest
 import torch
 from conftest import devices
 
-from kvpages.inputs import make_workload
-from kvpages.meter import D2HMeasurement, Transfer, measure_d2h
-from kvpages.sweep import Point
-from kvpages.variants import get_variant, variant_names
+from kvpages.core.sweep import Point
+from kvpages.measure.inputs import make_workload
+from kvpages.measure.meter import D2HMeasurement, Transfer, measure_d2h
+from kvpages.measure.variants import get_variant, variant_names
 
 
 def ops(fn, kv) -> list[tuple[str, int]]:
@@ -66,7 +66,7 @@ def test_host_to_host_copies_are_not_transfers():
 @pytest.mark.parametrize("seq_len", [8192, 1000])
 @pytest.mark.parametrize("page_size", [1, 64])
 def test_host_stride_moves_every_token_and_device_stride_one_index_per_page(seq_len, page_size):
-    kv = make_workload(Point(seq_len, page_size), rotation=1).kv_indices[0]
+    kv = make_workload(Point(seq_len, page_size), rotation=1).inputs[0]
     host = measure_d2h(get_variant("host_stride").fn, kv, page_size)
     dev = measure_d2h(get_variant("device_stride").fn, kv, page_size)
     assert (host.d2h_bytes, host.d2h_transfers) == (seq_len * 4, 1)
@@ -80,7 +80,7 @@ def test_every_variant_moves_what_it_declares(name):
     if v.unavailable_reason("cpu"):
         pytest.skip(v.unavailable_reason("cpu"))
     for dtype, itemsize in (("int32", 4), ("int64", 8)):
-        kv = make_workload(Point(777, 16, dtype), rotation=1).kv_indices[0]
+        kv = make_workload(Point(777, 16, dtype), rotation=1).inputs[0]
         assert measure_d2h(v.fn, kv, 16).d2h_bytes == v.expected_d2h_bytes(777, 16, itemsize)
 
 

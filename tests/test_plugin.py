@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 import torch
 
-from kvpages.analysis import load_run, row_key
-from kvpages.sweep import PRESETS
-from kvpages.variants import variant_names
+from kvpages.core.presets import PRESETS
+from kvpages.measure.variants import variant_names
+from kvpages.schema.reader import load_run, row_key
 
 BENCH = (Path(__file__).parents[1] / "bench" / "test_d2h.py").read_text()
 FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider")
@@ -36,7 +36,7 @@ def run_dirs(root: Path) -> list[Path]:
 
 def test_quick_preset_writes_a_complete_run(bench):
     result = bench.runpytest("--kv-preset", "quick", "--kv-analyze", *CPU, *FAST)
-    n_variants, reps = len(variant_names()), PRESETS["quick"].repetitions
+    n_variants, reps = len(variant_names()), PRESETS["quick"].sweep.repetitions
     result.assert_outcomes(passed=4 * (n_variants - 1) * reps, skipped=4 * reps)  # the pinned variant needs CUDA
     result.stdout.fnmatch_lines(["*kvpages summary*", "*CPU run: no PCIe link was crossed*",
                                  f"{reps} interleaved repetitions*", "run folder: *"])
@@ -107,7 +107,8 @@ def test_each_rows_repro_command_reruns_that_case(bench):
     [folder] = run_dirs(bench.path)
     repro = load_run(folder).rows["repro"].iloc[0]
     args = shlex.split(repro)
-    assert args[:3] == ["pytest", "bench/", "--benchmark-only"] and args[-2:] == ["--kv-repetitions", "2"]
+    assert args[:3] == ["pytest", "bench/", "--benchmark-only"]
+    assert " --kv-repetitions 2 " in repro and repro.endswith(" --kv-scenarios none")  # this run's options, narrowed
     result = bench.runpytest("test_kv_sweep.py", *args[3:], "--kv-results", "again", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*device_shift-s64-p16-int32-fragmented-r1*"])
@@ -168,7 +169,7 @@ def test_timing_disabled_checks_every_benchmark_but_writes_no_run(bench):
 
 
 BROKEN = '''
-from kvpages.variants import Moves, variant
+from kvpages.measure.variants import Moves, variant
 
 @variant("broken_off_by_one", moves=Moves.PAGES)
 def broken_off_by_one(kv_indices, page_size):

@@ -13,9 +13,9 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from test_variants import assert_exact, runnable  # noqa: E402
 
-from kvpages.inputs import make_workload  # noqa: E402
-from kvpages.sweep import Point  # noqa: E402
-from kvpages.variants import variant_names  # noqa: E402
+from kvpages.core.sweep import Point  # noqa: E402
+from kvpages.measure.inputs import make_workload  # noqa: E402
+from kvpages.measure.variants import variant_names  # noqa: E402
 
 
 @pytest.mark.parametrize("name", variant_names())
@@ -32,6 +32,6 @@ def test_variant_matches_reference_on_random_layouts(name, seq_len, page_size, d
     v = runnable(name, "cpu")
     workload = make_workload(Point(seq_len, page_size, dtype, "cpu", layout, seed), rotation=2,
                              chunk_offset_pages=chunk_offset_pages)
-    for kv, expected in zip(workload.kv_indices, workload.expected, strict=True):
+    for kv, expected in zip(workload.inputs, workload.expected, strict=True):
         assert_exact(v(kv, page_size), expected)
         assert expected.size == -(-seq_len // page_size)

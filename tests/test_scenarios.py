@@ -10,22 +10,24 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvpages.analysis import analyze, load_run
-from kvpages.inputs import make_scenario_workload
-from kvpages.report import render
-from kvpages.results import SCENARIO_COLUMNS
-from kvpages.scenario_run import measure_step
-from kvpages.scenarios import (
+from kvpages.analysis.ratios import analyze
+from kvpages.core.names import STEP_BASELINE
+from kvpages.core.presets import PRESETS
+from kvpages.core.scenarios import (
     LENGTHS,
-    SCENARIO_PRESETS,
     RequestScenario,
     StepScenario,
     draw_lengths,
     parse_lengths,
     prefill_chunks,
 )
-from kvpages.steps import BASELINE_STEP, get_step_variant, step_variant_names
-from kvpages.variants import reference_page_indices
+from kvpages.measure.inputs import make_scenario_workload
+from kvpages.measure.steps import get_step_variant, step_variant_names
+from kvpages.measure.targets import ScenarioTarget, measure
+from kvpages.measure.variants import reference_page_indices
+from kvpages.render.report import render
+from kvpages.schema.reader import load_run
+from kvpages.schema.rows import SCENARIO_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO_BENCH = (REPO / "bench" / "test_steps.py").read_text()
@@ -86,7 +88,7 @@ def test_every_step_variant_matches_the_reference_call_by_call(scenario, name):
     if variant.unavailable_reason("cpu"):
         pytest.skip(variant.unavailable_reason("cpu"))
     workload = make_scenario_workload(scenario, "cpu", copies=2)
-    for slices in workload.slices:
+    for slices in workload.inputs:
         out = variant.fn(slices, scenario.page_size)
         assert len(out) == len(slices)
         for got, kv in zip(out, slices, strict=True):
@@ -95,9 +97,10 @@ def test_every_step_variant_matches_the_reference_call_by_call(scenario, name):
 
 def test_a_batched_step_makes_one_transfer_and_per_request_one_per_request():
     scenario = StepScenario(6, "uniform:100,300", 16)
-    slices = make_scenario_workload(scenario, "cpu", copies=1).slices[0]
-    per = measure_step(get_step_variant(BASELINE_STEP), lambda a: a, slices, 16)
-    batched = measure_step(get_step_variant("batched_device_stride"), lambda a: a, slices, 16)
+    slices = make_scenario_workload(scenario, "cpu", copies=1).inputs[0]
+    target = ScenarioTarget(scenario)
+    per = measure(target, STEP_BASELINE, slices)
+    batched = measure(target, "batched_device_stride", slices)
     assert per.d2h_transfers == 6 and per.d2h_bytes == sum(s.numel() for s in slices) * 4
     assert batched.d2h_transfers == 1 and batched.d2h_bytes == sum(-(-s.numel() // 16) for s in slices) * 4
 
@@ -114,15 +117,15 @@ def test_quick_scenarios_write_scenarios_csv_with_both_latencies(scenario_bench)
     [folder] = list((scenario_bench.path / "results").iterdir())
     frame = pd.read_csv(folder / "scenarios.csv")
     assert list(frame.columns) == list(SCENARIO_COLUMNS)
-    assert set(frame["scenario"]) == {s.id for s in SCENARIO_PRESETS["quick"]}
+    assert set(frame["scenario"]) == {s.id for s in PRESETS["quick"].scenarios}
     ok = frame[frame["status"] == "ok"]
     assert set(ok["kind"]) == {"request", "step"}
     assert (ok["blocked_median_us"] == ok["ready_median_us"]).all()  # CPU: nothing waits on a worker
     assert (ok["d2h_bytes"] == ok["expected_d2h_bytes"]).all() and (ok["repetitions"] == 3).all()
     step = ok[ok["kind"] == "step"].set_index("variant")
-    assert step.loc["batched_device_stride", "d2h_transfers"] == 1 and step.loc[BASELINE_STEP, "d2h_transfers"] == 8
+    assert step.loc["batched_device_stride", "d2h_transfers"] == 1 and step.loc[STEP_BASELINE, "d2h_transfers"] == 8
     request = ok[ok["kind"] == "request"].set_index("variant")
-    assert request.loc[BASELINE_STEP, "calls"] == 4 and request.loc[BASELINE_STEP, "d2h_bytes"] == 32768 * 4
+    assert request.loc[STEP_BASELINE, "calls"] == 4 and request.loc[STEP_BASELINE, "d2h_bytes"] == 32768 * 4
     busy = frame[frame["busy_us"] > 0]
     assert (busy["status"] == "skipped").all() and busy["note"].str.contains("CUDA").all()
     assert frame["busy_measured_us"].isna().all()  # no device queue on a CPU run
@@ -138,8 +141,8 @@ def test_quick_scenarios_write_scenarios_csv_with_both_latencies(scenario_bench)
 
 WORKER = '''
 import time
-from kvpages.steps import Pending, step_variant
-from kvpages.variants import Moves
+from kvpages.measure.steps import Pending, step_variant
+from kvpages.measure.variants import Moves
 
 @step_variant("slow_worker", moves=Moves.PAGES, batched=True)
 def slow_worker(kv_slices, page_size):
@@ -160,7 +163,7 @@ def slow_worker(kv_slices, page_size):
 def test_a_wait_on_the_worker_thread_shows_ready_after_blocked(scenario_bench):
     scenario_bench.makeconftest(WORKER)
     result = scenario_bench.runpytest("--kv-step-sizes", "4", "--kv-step-lens", "fixed:512", "--kv-page-sizes", "16",
-                                      "--kv-step-variants", f"{BASELINE_STEP},slow_worker", "--kv-repetitions", "2",
+                                      "--kv-step-variants", f"{STEP_BASELINE},slow_worker", "--kv-repetitions", "2",
                                       *FAST)
     assert result.ret == 0, result.stdout.str()[-3000:]
     [folder] = list((scenario_bench.path / "results").iterdir())
@@ -205,7 +208,7 @@ def test_cuda_busy_queue_blocks_a_blocking_copy_but_not_a_non_blocking_one(scena
     result = scenario_bench.runpytest(
         "--benchmark-only", "--kv-time-budget", "0.05", "-p", "no:cacheprovider", "--kv-device", "cuda",
         "--kv-preset", "quick", "--kv-repetitions", "2", "--kv-crosscheck", "off",
-        "--kv-step-variants", f"{BASELINE_STEP},batched_device_stride_pinned")
+        "--kv-step-variants", f"{STEP_BASELINE},batched_device_stride_pinned")
     assert result.ret == 0
     [folder] = list((scenario_bench.path / "results").iterdir())
     frame = pd.read_csv(folder / "scenarios.csv")
@@ -214,8 +217,8 @@ def test_cuda_busy_queue_blocks_a_blocking_copy_but_not_a_non_blocking_one(scena
     queued = busy["busy_measured_us"]  # what each round's kernel actually kept the device busy (CUDA events)
     assert (queued > 0.5 * busy["busy_us"]).all() and queued.notna().all()
     # a blocking .cpu() waits for the queued kernel
-    assert busy.loc[BASELINE_STEP, "blocked_median_us"] > 0.8 * queued.loc[BASELINE_STEP]
+    assert busy.loc[STEP_BASELINE, "blocked_median_us"] > 0.8 * queued.loc[STEP_BASELINE]
     pinned = busy.loc["batched_device_stride_pinned"]
     assert pinned["ready_median_us"] > 0.8 * pinned["busy_measured_us"]  # the data still waits for the kernel...
     assert pinned["blocked_median_us"] < 0.5 * pinned["ready_median_us"]  # ...but the scheduler thread does not
-    assert busy.loc[BASELINE_STEP, "busy_measured_us"] == pytest.approx(busy.loc[BASELINE_STEP, "busy_us"], rel=0.3)
+    assert busy.loc[STEP_BASELINE, "busy_measured_us"] == pytest.approx(busy.loc[STEP_BASELINE, "busy_us"], rel=0.3)

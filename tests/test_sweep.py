@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from kvpages.capacity import check_fits
-from kvpages.options import BenchOptions
-from kvpages.schedule import plan
-from kvpages.sweep import INDEX_MAX, PRESETS, Point, Sweep, get_preset, largest_seq_len
+from kvpages.core.capacity import check_fits
+from kvpages.core.options import BenchOptions
+from kvpages.core.presets import PRESETS, get_preset
+from kvpages.core.sweep import INDEX_MAX, Point, Sweep, largest_seq_len
+from kvpages.measure.schedule import plan
 
 
 def test_presets_are_the_documented_ones():
     assert list(PRESETS) == ["quick", "default", "full"]
-    default = PRESETS["default"]
+    default = PRESETS["default"].sweep
     assert default.seq_lens == (512, 2048, 8192, 32768, 131072, 524288)
     assert default.page_sizes == (1, 16, 64, 128) and default.dtypes == ("int32",)
-    full = PRESETS["full"]
+    full = PRESETS["full"].sweep
     assert {32, 256} <= set(full.page_sizes) and "int64" in full.dtypes
     assert max(full.seq_lens) > max(default.seq_lens)
 
@@ -56,9 +57,9 @@ def test_bad_sweeps():
 def test_options_override_the_preset():
     given = {"--kv-preset": "quick", "--kv-seq-lens": "3,5", "--kv-variants": "host_stride", "--kv-time-budget": "0.5"}
     options = BenchOptions.parse(given.get)
-    assert options.sweep.seq_lens == (3, 5) and options.sweep.page_sizes == PRESETS["quick"].page_sizes
+    assert options.sweep.seq_lens == (3, 5) and options.sweep.page_sizes == PRESETS["quick"].sweep.page_sizes
     assert options.sweep.time_budget_s == 0.5 and options.variants == ("host_stride",)
-    assert options.device == "auto" and options.as_strings() == given | {}
+    assert options.device_choice == "auto" and options.as_strings() == given | {}
 
 
 def test_a_point_whose_indices_overflow_its_dtype_is_refused_naming_the_largest_valid_seq_len():
@@ -84,7 +85,7 @@ def test_memory_estimates_refuse_what_cannot_fit():
     with pytest.raises(ValueError, match="GiB of cuda memory"):
         check_fits(sweep, "cuda", {"host": 2**50, "cuda": 2**30})
     check_fits(sweep, "cpu", {"host": None})  # unknown: not checked
-    check_fits(PRESETS["full"], "cpu", {"host": 20 * 2**30})  # the full preset fits this box
+    check_fits(PRESETS["full"].sweep, "cpu", {"host": 20 * 2**30})  # the full preset fits this box
     many = Sweep("t", seq_lens=(131072,), page_sizes=(1, 2, 3, 4, 5, 6, 7, 8), passes=2, repetitions=2)
     with pytest.raises(ValueError, match="the sweep keeps every point's inputs for its 2 passes"):
         check_fits(many, "cpu", {"host": 300 * 2**20})
@@ -117,3 +118,34 @@ def test_bad_repetitions_and_passes():
         BenchOptions.parse({"--kv-repetitions": "x"}.get)
     with pytest.raises(ValueError, match="--kv-crosscheck: unknown cross-check mode 'maybe'; valid: auto, on, off"):
         BenchOptions.parse({"--kv-crosscheck": "maybe"}.get)
+
+
+@pytest.mark.parametrize("given", [
+    {},
+    {"--kv-preset": "quick", "--kv-seq-lens": "3,5", "--kv-time-budget": "0.5", "--kv-device": "cpu"},
+    {"--kv-page-sizes": "1,64", "--kv-dtypes": "int64", "--kv-layouts": "contiguous,fragmented", "--kv-seed": "3",
+     "--kv-repetitions": "4", "--kv-passes": "2", "--kv-crosscheck": "on", "--kv-variants": "a,b",
+     "--kv-results": "out"},
+    {"--kv-request-lens": "1000,2000", "--kv-chunk-size": "256", "--kv-prefix": "10", "--kv-step-sizes": "4",
+     "--kv-step-lens": "uniform:10,20", "--kv-step-variants": "x", "--kv-scenarios": "preset"},
+])
+def test_options_render_back_to_what_parses_to_them(given):
+    options = BenchOptions.parse(given.get)
+    args = options.to_args()
+    again = BenchOptions.parse(dict(zip(args[::2], args[1::2], strict=True)).get)
+    assert again == options and again.to_args() == args
+
+
+def test_every_option_renders_back():
+    """A new option in OPTIONS must parse and render: the repro commands are made from it."""
+    from kvpages.core.options import OPTIONS
+
+    samples = {"--kv-preset": "quick", "--kv-seq-lens": "8", "--kv-page-sizes": "2", "--kv-dtypes": "int64",
+               "--kv-layouts": "contiguous", "--kv-variants": "v", "--kv-device": "cpu", "--kv-seed": "1",
+               "--kv-time-budget": "0.25", "--kv-repetitions": "3", "--kv-passes": "1", "--kv-crosscheck": "off",
+               "--kv-scenarios": "none", "--kv-request-lens": "64", "--kv-chunk-size": "32", "--kv-prefix": "0",
+               "--kv-step-sizes": "2", "--kv-step-lens": "fixed:16", "--kv-step-variants": "s", "--kv-results": "r"}
+    assert set(samples) == {o.flag for o in OPTIONS}
+    for option in OPTIONS:
+        rendered = BenchOptions.parse({option.flag: samples[option.flag]}.get).to_args()
+        assert rendered == (option.flag, samples[option.flag])

@@ -11,9 +11,9 @@ import pytest
 import torch
 from conftest import devices
 
-from kvpages.inputs import make_workload
-from kvpages.sweep import Point
-from kvpages.variants import (
+from kvpages.core.sweep import Point
+from kvpages.measure.inputs import make_workload
+from kvpages.measure.variants import (
     Moves,
     all_variants,
     get_variant,
@@ -109,7 +109,7 @@ def test_variant_matches_reference_on_cuda_workloads(name, page_size):
     v = runnable(name, "cuda")
     for dtype in ("int32", "int64"):
         workload = make_workload(Point(70_001, page_size, dtype, "cuda"), rotation=3, chunk_offset_pages=2)
-        for kv, expected in zip(workload.kv_indices, workload.expected, strict=True):
+        for kv, expected in zip(workload.inputs, workload.expected, strict=True):
             assert_exact(v(kv, page_size), expected)
 
 

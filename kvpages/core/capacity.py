@@ -1,0 +1,61 @@
+"""Will a sweep's points fit in memory? Estimated before anything is built (no torch import).
+
+`PoolGeometry.memory_bytes` (kvpages.core.sweep) estimates each point's peak; `check_fits`
+refuses a sweep with a point beyond the memory that is free now, naming the estimate.
+"""
+
+from __future__ import annotations
+
+from kvpages.core.sweep import Sweep
+
+HEADROOM = 0.9
+"""A point may use at most this fraction of the memory that is free when the run starts."""
+
+
+def host_available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo, or None where there is no such file."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def check_fits(sweep: Sweep, device: str, free: dict[str, int | None]) -> None:
+    """Raise ValueError when a point's estimated peak, or the inputs a multi-pass sweep keeps for
+    all its points at once plus the largest peak, exceed HEADROOM x the free memory.
+
+    `free` maps 'host' and, on CUDA runs, 'cuda' to free bytes (None: unknown, not checked).
+    """
+    points = list(sweep.points(device))
+    kept: dict[str, int] = {}
+    for point in points:
+        geometry = point.geometry()
+        for where, needed in geometry.memory_bytes(device).items():
+            available = free.get(where)
+            if available is not None and needed > HEADROOM * available:
+                raise ValueError(
+                    f"seq_len {point.seq_len} at page_size {point.page_size} ({point.dtype}) needs about "
+                    f"{_gib(needed)} of {where} memory to build and check its {point.rotation} request rows, "
+                    f"but only {_gib(available)} is free (at most {HEADROOM:.0%} of it may be used); "
+                    f"choose shorter --kv-seq-lens"
+                )
+        if min(sweep.passes, sweep.repetitions) > 1:
+            where = "host" if device == "cpu" else "cuda"
+            kept[where] = kept.get(where, 0) + geometry.pool_bytes
+    for where, total in kept.items():
+        available = free.get(where)
+        peak = max(p.geometry().memory_bytes(device)[where] for p in points)
+        if available is not None and total + peak > HEADROOM * available:
+            raise ValueError(
+                f"the sweep keeps every point's inputs for its {sweep.passes} passes: about {_gib(total)} of {where} "
+                f"memory, plus {_gib(peak)} for the largest point, but only {_gib(available)} is free (at most "
+                f"{HEADROOM:.0%} of it may be used); give fewer --kv-passes or shorter --kv-seq-lens"
+            )

@@ -1,0 +1,39 @@
+"""The names the two sides share: the baseline and the candidate, and the per-request step variants.
+
+Built here once and parsed here once: the measuring side registers `per_request[<v>]` for every
+variant v, and the analysis side orders and picks step variants by these functions. No torch.
+"""
+
+from __future__ import annotations
+
+BASELINE = "host_stride"
+"""Pre-PR SGLang (<= 0.5.15): every ratio is a variant over this one."""
+CANDIDATE = "device_stride"
+"""The merged PR (SGLang >= 0.5.16): the variant the report's main tables and charts are about."""
+
+_PER_REQUEST = ("per_request[", "]")
+
+
+def per_request_name(variant: str) -> str:
+    """The step variant that converts each request of a step on its own with `variant`."""
+    return f"{_PER_REQUEST[0]}{variant}{_PER_REQUEST[1]}"
+
+
+def per_request_of(step_variant: str) -> str | None:
+    """The variant inside `per_request[<v>]`, or None for a step variant of its own (a batched one)."""
+    head, tail = _PER_REQUEST
+    if step_variant.startswith(head) and step_variant.endswith(tail):
+        return step_variant[len(head):-len(tail)]
+    return None
+
+
+STEP_BASELINE = per_request_name(BASELINE)
+STEP_CANDIDATE = per_request_name(CANDIDATE)
+
+
+def variant_sort_key(name: str) -> tuple:
+    """The baseline first, then the candidate, then the rest by name; step variants likewise
+    (per_request[baseline], per_request[candidate], then the batched ones, then the other per-request ones)."""
+    inner = per_request_of(name)
+    plain = name if inner is None else inner
+    return (plain != BASELINE, plain != CANDIDATE, inner is not None, name)

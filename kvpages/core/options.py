@@ -1,0 +1,242 @@
+"""The `--kv-*` options: one table, parsed and checked before anything runs, and rendered back (no torch).
+
+`OPTIONS` is the only list of them: the pytest plugin registers it, `BenchOptions.parse` reads it,
+and `BenchOptions.to_args` renders it back, the inverse of parsing, which is how every row's
+repro command is made (so an option added here cannot be forgotten there). Each option sets one
+field of `BenchOptions` (None: not given); the sweep and the scenarios follow from the preset
+and those fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kvpages.core.checks import check_choice, parse_choices, parse_positive_ints, split_csv
+from kvpages.core.presets import PRESETS, Preset, get_preset
+from kvpages.core.scenarios import MIXED_LENGTHS, Scenario, parse_lengths, scenarios_from
+from kvpages.core.sweep import DEVICES, DTYPES, LAYOUTS, Sweep
+
+DEVICE_CHOICES = ("auto",) + DEVICES
+CROSSCHECK_MODES = ("auto", "on", "off")
+"""auto: on for CUDA runs, off for CPU runs (there is no link to cross-check)."""
+SCENARIO_CHOICES = ("preset", "none")
+DEFAULT_CHUNK_SIZE = 8192
+
+
+def _float_seconds(option: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{option}: {text!r} is not a number of seconds, e.g. 0.25") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{option}: {text!r} must be a positive number of seconds, e.g. 0.25")
+    return value
+
+
+def _integer(option: str, text: str, minimum: int, what: str, example: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{option}: {text!r} is not an integer; give {what} >= {minimum}, e.g. {example}") from None
+    if value < minimum:
+        raise ValueError(f"{option}: {value} is not >= {minimum}; give {what} >= {minimum}, e.g. {example}")
+    return value
+
+
+def _choice(choices: tuple[str, ...], what: str) -> Callable[[str, str], str]:
+    def parse(option: str, text: str) -> str:
+        try:
+            return check_choice(what, text, choices)
+        except ValueError as exc:
+            raise ValueError(f"{option}: {exc}") from None
+
+    return parse
+
+
+def _lengths(option: str, text: str) -> str:
+    try:
+        parse_lengths(text)  # checked again, with the step sizes, when the scenarios are built
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
+    return text
+
+
+def _names(option: str, text: str) -> tuple[str, ...]:
+    return tuple(split_csv(option, text))
+
+
+def _joined(value: Any) -> str:
+    return ",".join(str(v) for v in value) if isinstance(value, tuple) else str(value)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One `--kv-*` flag: the `BenchOptions` field it sets, how its text is parsed, and how it is rendered back."""
+
+    flag: str
+    field: str
+    help: str
+    parse: Callable[[str, str], Any]
+    render: Callable[[Any], str] = _joined
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--kv-preset", "preset", f"named sweep: {', '.join(PRESETS)} (default: default)",
+           _choice(tuple(PRESETS), "preset")),
+    Option("--kv-seq-lens", "seq_lens", "comma-separated sequence lengths, e.g. 2048,8192 (overrides the preset)",
+           parse_positive_ints),
+    Option("--kv-page-sizes", "page_sizes", "comma-separated page sizes, e.g. 1,64 (overrides the preset)",
+           parse_positive_ints),
+    Option("--kv-dtypes", "dtypes", f"comma-separated index dtypes from {', '.join(DTYPES)} (overrides the preset)",
+           lambda f, t: parse_choices(f, t, DTYPES)),
+    Option("--kv-layouts", "layouts", f"comma-separated page layouts from {', '.join(LAYOUTS)} (overrides the preset)",
+           lambda f, t: parse_choices(f, t, LAYOUTS)),
+    Option("--kv-variants", "variants", "comma-separated variant names (default: all registered; see `kvpages list`)",
+           _names),
+    Option("--kv-device", "device", f"{', '.join(DEVICE_CHOICES)} (default: auto = cuda when available)",
+           _choice(DEVICE_CHOICES, "device")),
+    Option("--kv-seed", "seed", "seed of the generated inputs (default: the preset's, 0)",
+           lambda f, t: _integer(f, t, 0, "an integer seed", "0")),
+    Option("--kv-time-budget", "time_budget_s",
+           "timed seconds per (variant, point), all repetitions together (default: the preset's)", _float_seconds, repr),
+    Option("--kv-repetitions", "repetitions", "interleaved repetitions (blocks) per (variant, point) (default: the preset's)",
+           lambda f, t: _integer(f, t, 1, "an integer", "10")),
+    Option("--kv-passes", "passes", "sweeps over the points that the repetitions are dealt to (default: the preset's)",
+           lambda f, t: _integer(f, t, 1, "an integer", "10")),
+    Option("--kv-crosscheck", "crosscheck", f"profiler cross-check of the meter, in its own process: "
+           f"{', '.join(CROSSCHECK_MODES)} (default: auto = on for CUDA runs)", _choice(CROSSCHECK_MODES, "cross-check mode")),
+    Option("--kv-scenarios", "scenarios", "whole requests and steps: preset (the preset's) or none (default: preset)",
+           _choice(SCENARIO_CHOICES, "scenario choice")),
+    Option("--kv-request-lens", "request_lens",
+           "request scenarios by hand: comma-separated prompt lengths (both sides of each)", parse_positive_ints),
+    Option("--kv-chunk-size", "chunk_size", f"chunked-prefill size of the request scenarios (default {DEFAULT_CHUNK_SIZE})",
+           lambda f, t: _integer(f, t, 1, "a number of tokens", str(DEFAULT_CHUNK_SIZE))),
+    Option("--kv-prefix", "prefix", "decode-side prefix of the request scenarios, in tokens (default 0)",
+           lambda f, t: _integer(f, t, 0, "a number of tokens", "0")),
+    Option("--kv-step-sizes", "step_sizes", "step scenarios by hand: comma-separated requests per step (B)",
+           parse_positive_ints),
+    Option("--kv-step-lens", "step_lens", "request lengths of a step: comma-separated integers, or fixed:L, "
+           f"uniform:LO,HI, lognormal:MEDIAN,SIGMA,MAX (default {MIXED_LENGTHS})", _lengths),
+    Option("--kv-step-variants", "step_variants", "comma-separated step variant names (default: all; see `kvpages list`)",
+           _names),
+    Option("--kv-results", "results_dir", "folder that receives the run folder (default: <rootdir>/results)",
+           lambda f, t: t),
+)
+
+SWEEP_FIELDS = ("seq_lens", "page_sizes", "dtypes", "layouts", "seed", "time_budget_s", "repetitions", "passes")
+"""The options that override one field of the preset's `Sweep` (same names)."""
+BY_HAND = ("request_lens", "chunk_size", "prefix", "step_sizes", "step_lens")
+"""The options that give scenarios by hand instead of the preset's."""
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """The `--kv-*` options as given, one field per option (None: not given), and what follows from them."""
+
+    preset: str | None = None
+    seq_lens: tuple[int, ...] | None = None
+    page_sizes: tuple[int, ...] | None = None
+    dtypes: tuple[str, ...] | None = None
+    layouts: tuple[str, ...] | None = None
+    variants: tuple[str, ...] | None = None
+    device: str | None = None
+    seed: int | None = None
+    time_budget_s: float | None = None
+    repetitions: int | None = None
+    passes: int | None = None
+    crosscheck: str | None = None
+    scenarios: str | None = None
+    request_lens: tuple[int, ...] | None = None
+    chunk_size: int | None = None
+    prefix: int | None = None
+    step_sizes: tuple[int, ...] | None = None
+    step_lens: str | None = None
+    step_variants: tuple[str, ...] | None = None
+    results_dir: str | None = None
+
+    @classmethod
+    def parse(cls, get: Callable[[str], str | None]) -> BenchOptions:
+        """Parse from `get(flag)`, which returns the given string or None; raises ValueError naming the flag."""
+        values = {}
+        for option in OPTIONS:
+            text = get(option.flag)
+            if text is not None:
+                values[option.field] = option.parse(option.flag, str(text))
+        options = cls(**values)
+        options.sweep  # noqa: B018 (checked now, before anything runs)
+        options.scenario_set  # noqa: B018
+        return options
+
+    def to_args(self) -> tuple[str, ...]:
+        """The flags that parse back to these options (the inverse of `parse`)."""
+        args: list[str] = []
+        for option in OPTIONS:
+            value = getattr(self, option.field)
+            if value is not None:
+                args += [option.flag, option.render(value)]
+        return tuple(args)
+
+    def replace(self, **changes: Any) -> BenchOptions:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def preset_name(self) -> str:
+        return self.preset or "default"
+
+    @functools.cached_property
+    def the_preset(self) -> Preset:
+        return get_preset(self.preset_name)
+
+    @functools.cached_property
+    def sweep(self) -> Sweep:
+        """The preset's sweep with the given axes and settings replaced (validated again)."""
+        changes = {name: getattr(self, name) for name in SWEEP_FIELDS if getattr(self, name) is not None}
+        try:
+            return self.the_preset.sweep.replace(**changes)
+        except ValueError as exc:
+            sizes = ("seq_lens", "page_sizes", "dtypes")
+            given = " ".join(f"{o.flag} {o.render(getattr(self, o.field))}" for o in OPTIONS
+                             if o.field in sizes and getattr(self, o.field) is not None)
+            raise ValueError(f"{given or '--kv-preset ' + self.preset_name}: {exc}") from None
+
+    @functools.cached_property
+    def scenario_set(self) -> tuple[Scenario, ...]:
+        """The preset's scenarios, none, or those given by hand (at the sweep's page sizes and dtypes)."""
+        if self.scenarios == "none":
+            return ()
+        given = [o for o in OPTIONS if o.field in BY_HAND and getattr(self, o.field) is not None]
+        if not given:
+            return self.the_preset.scenarios
+        try:
+            return scenarios_from(self.sweep.page_sizes, self.sweep.dtypes, self.request_lens or (),
+                                  self.chunk_size or DEFAULT_CHUNK_SIZE, self.prefix or 0, self.step_sizes or (),
+                                  self.step_lens or MIXED_LENGTHS)
+        except ValueError as exc:
+            flags = " ".join(f"{o.flag} {o.render(getattr(self, o.field))}" for o in given)
+            raise ValueError(f"{flags}: {exc}") from None
+
+    @property
+    def scenario_budget_s(self) -> float:
+        """--kv-time-budget when given, else the preset's scenario budget."""
+        return self.time_budget_s if self.time_budget_s is not None else self.the_preset.scenario_budget_s
+
+    @property
+    def device_choice(self) -> str:
+        return self.device or "auto"
+
+    @property
+    def crosscheck_mode(self) -> str:
+        return self.crosscheck or "auto"
+
+    def as_strings(self) -> dict[str, str]:
+        """The options as given on the command line (for meta.json)."""
+        args = self.to_args()
+        return dict(zip(args[::2], args[1::2], strict=True))
+
+
+def crosscheck_enabled(mode: str, device: str) -> bool:
+    return mode == "on" or (mode == "auto" and device == "cuda")

@@ -1,0 +1,72 @@
+"""The named presets: one `Preset` per name holds the sweep, its whole requests and steps, and their budget.
+
+pytest's parametrization, the `--kv-*` options, `kvpages scenarios`, the README's table and the
+tests all read `PRESETS`. No torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvpages.core.checks import check_choice
+from kvpages.core.scenarios import (
+    BUSY_US,
+    MIXED_LENGTHS,
+    RequestScenario,
+    Scenario,
+    StepScenario,
+    request_scenarios,
+    step_scenarios,
+)
+from kvpages.core.sweep import DTYPES, Sweep
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named run: the sweep's points, the scenarios, and the timed seconds per (scenario, step variant)."""
+
+    sweep: Sweep
+    scenarios: tuple[Scenario, ...]
+    scenario_budget_s: float
+    """Timed seconds per (scenario, step variant), all repetitions together."""
+    purpose: str
+
+    @property
+    def name(self) -> str:
+        return self.sweep.name
+
+
+_DEFAULT_SEQ_LENS = (512, 2048, 8192, 32768, 131072, 524288)
+_DEFAULT_SCENARIOS: tuple[Scenario, ...] = (
+    *request_scenarios((2048, 8192, 32768, 131072), 8192, (1, 64)),
+    *step_scenarios((1, 8, 32, 128), MIXED_LENGTHS, (1, 64)),
+    StepScenario(32, MIXED_LENGTHS, 64, busy_us=BUSY_US),
+)
+
+PRESETS: dict[str, Preset] = {
+    preset.name: preset
+    for preset in (
+        Preset(Sweep("quick", seq_lens=(512, 8192), page_sizes=(1, 64), time_budget_s=0.06, repetitions=6, passes=6),
+               (RequestScenario(32768, 8192, 64, "prefill"), StepScenario(8, MIXED_LENGTHS, 64),
+                StepScenario(8, MIXED_LENGTHS, 64, busy_us=BUSY_US)),
+               0.03, "seconds; what CI and the GPU check run"),
+        Preset(Sweep("default", seq_lens=_DEFAULT_SEQ_LENS, page_sizes=(1, 16, 64, 128)), _DEFAULT_SCENARIOS, 0.08,
+               "`make bench`"),
+        Preset(Sweep(
+            "full",
+            # 1M and 2M tokens: the longest contexts served today; a point that does not
+            # fit the device is recorded as skipped (out of memory), not dropped.
+            seq_lens=_DEFAULT_SEQ_LENS + (1048576, 2097152),
+            page_sizes=(1, 16, 32, 64, 128, 256),
+            dtypes=DTYPES,
+            time_budget_s=0.5,
+        ), _DEFAULT_SCENARIOS, 0.2, "every page size, both dtypes, up to 2M tokens"),
+    )
+}
+"""Named runs: `quick` (seconds, what CI runs), `default` (`make bench`), `full`."""
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called `name`; an unknown name raises a ValueError listing the presets."""
+    check_choice("preset", name, PRESETS)
+    return PRESETS[name]

@@ -1,0 +1,263 @@
+"""Whole requests and scheduler steps, as frozen data: the calls SGLang's PD disaggregation makes (no torch).
+
+Facts from SGLang 0.5.23 (python/sglang/srt/disaggregation/):
+
+- prefill, `_send_kv_chunk`: one conversion per chunk of a request, on
+  `req_to_token[row, start_send_idx:end]` with `end = min(extend_end, len(origin_input_ids))`; for every
+  chunk but the last, `end` is floored to a page boundary and the next chunk starts at `end`, so a
+  partial page is sent again with the next chunk; the conversion runs even when the send is empty;
+- decode, `pop_preallocated` then `_transfer_page_indices`: one conversion per request of
+  `req_to_token[row][prefix_len:origin_input_len]`, followed by `.astype(np.int32)` (for ZMQ);
+- every request is converted on its own: nothing gathers a step's requests into one D2H.
+
+A `RequestScenario` is one request on one side (prefill: all its chunks; decode: its one call); a
+`StepScenario` is one decode-side scheduler step of B requests whose lengths are given or drawn from
+a named, seeded distribution (`LENGTHS` documents them). `calls()` lists the (row, start, end) slices
+a scenario converts, in order.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvpages.core.checks import check_choice, check_count, check_page_size, check_seq_len
+from kvpages.core.sweep import DTYPES, INDEX_MAX, ITEMSIZE, max_token_index, pool_pages
+
+SIDES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One conversion: `req_to_token[row, start:end]` turned into page indices."""
+
+    row: int
+    start: int
+    end: int
+
+    @property
+    def tokens(self) -> int:
+        return self.end - self.start
+
+
+def prefill_chunks(prompt_len: int, chunk_size: int, page_size: int) -> list[tuple[int, int]]:
+    """The (start, end) slices `_send_kv_chunk` converts for one request of `prompt_len` tokens."""
+    slices, start, extend_end = [], 0, 0
+    while extend_end < prompt_len:
+        extend_end = min(extend_end + chunk_size, prompt_len)
+        last = extend_end == prompt_len
+        end = extend_end if last else extend_end // page_size * page_size
+        slices.append((start, end))  # converted even when start == end (an empty send)
+        start = end
+    return slices
+
+
+@dataclass(frozen=True)
+class RequestScenario:
+    """One request: prompt length L, decode-side prefix P, chunk size C, page size p; one side of it."""
+
+    prompt_len: int
+    chunk_size: int
+    page_size: int
+    side: str = "prefill"
+    prefix: int = 0
+    dtype: str = "int32"
+    layout: str = "fragmented"
+    busy_us: int = 0
+    """Device work queued before each call (CUDA only): a sleeping kernel of this many microseconds."""
+
+    def __post_init__(self) -> None:
+        check_seq_len(self.prompt_len)
+        check_page_size(self.page_size)
+        check_count("chunk size", self.chunk_size)
+        if not 0 <= self.prefix < self.prompt_len:
+            raise ValueError(f"prefix {self.prefix} must be >= 0 and < the prompt length {self.prompt_len}")
+        check_choice("side", self.side, SIDES)
+        check_choice("dtype", self.dtype, DTYPES)
+        _check_pool(self, self.rows_per_round, self.prompt_len)
+
+    kind = "request"
+
+    @property
+    def requests(self) -> int:
+        return 1
+
+    @property
+    def rows_per_round(self) -> int:
+        return 1
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        return (self.prompt_len,)
+
+    def calls(self) -> tuple[Call, ...]:
+        if self.side == "decode":
+            return (Call(0, self.prefix, self.prompt_len),)
+        return tuple(Call(0, s, e) for s, e in prefill_chunks(self.prompt_len, self.chunk_size, self.page_size))
+
+    @property
+    def id(self) -> str:
+        busy = f"-busy{self.busy_us}us" if self.busy_us else ""
+        prefix = f"-P{self.prefix}" if self.prefix else ""
+        return f"req-{self.side}-L{self.prompt_len}{prefix}-C{self.chunk_size}-p{self.page_size}-{self.dtype}{busy}"
+
+
+LENGTHS = {
+    "fixed": "fixed:L — every request has L tokens",
+    "uniform": "uniform:LO,HI — integers drawn uniformly from [LO, HI]",
+    "lognormal": "lognormal:MEDIAN,SIGMA,MAX — exp(N(log MEDIAN, SIGMA)), rounded, clipped to [1, MAX]",
+}
+"""The named length distributions of a step, drawn with the scenario's seed."""
+
+
+def parse_lengths(text: str) -> tuple[str, tuple[float, ...]]:
+    """'lognormal:4096,1.0,65536' -> ('lognormal', (4096, 1.0, 65536)); '512,2048' -> ('list', (512, 2048))."""
+    if ":" not in text:
+        try:
+            values = tuple(int(v) for v in text.split(","))
+        except ValueError:
+            raise ValueError(f"lengths {text!r}: give comma-separated integers >= 1, or one of "
+                             f"{'; '.join(LENGTHS.values())}") from None
+        if not values or min(values) < 1:
+            raise ValueError(f"lengths {text!r}: every length must be >= 1")
+        return "list", tuple(float(v) for v in values)
+    name, _, args = text.partition(":")
+    check_choice("length distribution", name, LENGTHS)
+    try:
+        params = tuple(float(v) for v in args.split(","))
+    except ValueError:
+        raise ValueError(f"lengths {text!r}: {LENGTHS[name]}") from None
+    arity = {"fixed": 1, "uniform": 2, "lognormal": 3}[name]
+    if len(params) != arity or min(params) <= 0 or (name == "uniform" and params[0] > params[1]):
+        raise ValueError(f"lengths {text!r}: {LENGTHS[name]}, all positive")
+    return name, params
+
+
+def draw_lengths(spec: str, count: int, seed: int) -> tuple[int, ...]:
+    name, params = parse_lengths(spec)
+    rng = np.random.default_rng(seed)
+    if name == "list":
+        return tuple(int(params[i % len(params)]) for i in range(count))
+    if name == "fixed":
+        return (int(params[0]),) * count
+    if name == "uniform":
+        return tuple(int(v) for v in rng.integers(int(params[0]), int(params[1]) + 1, count))
+    median, sigma, cap = params
+    drawn = np.exp(rng.normal(math.log(median), sigma, count))
+    return tuple(int(v) for v in np.clip(np.rint(drawn), 1, cap))
+
+
+@dataclass(frozen=True)
+class StepScenario:
+    """One decode-side scheduler step: B requests, each converted on its own (or batched, by a step variant)."""
+
+    batch: int
+    lengths_spec: str
+    page_size: int
+    dtype: str = "int32"
+    layout: str = "fragmented"
+    seed: int = 0
+    busy_us: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
+            raise ValueError(f"a step needs B >= 1 requests, got {self.batch!r}")
+        check_page_size(self.page_size)
+        check_choice("dtype", self.dtype, DTYPES)
+        parse_lengths(self.lengths_spec)
+        _check_pool(self, self.batch, max(self.lengths))
+
+    kind = "step"
+    side = "decode"
+
+    @property
+    def requests(self) -> int:
+        return self.batch
+
+    @property
+    def rows_per_round(self) -> int:
+        return self.batch
+
+    @functools.cached_property
+    def lengths(self) -> tuple[int, ...]:
+        """The B request lengths, drawn once (a frozen dataclass may still cache in its __dict__)."""
+        return draw_lengths(self.lengths_spec, self.batch, self.seed)
+
+    def calls(self) -> tuple[Call, ...]:
+        return tuple(Call(i, 0, length) for i, length in enumerate(self.lengths))
+
+    @property
+    def prompt_len(self) -> int:
+        return sum(self.lengths)
+
+    @property
+    def chunk_size(self) -> int:
+        return 0
+
+    @property
+    def id(self) -> str:
+        busy = f"-busy{self.busy_us}us" if self.busy_us else ""
+        return f"step-B{self.batch}-{self.lengths_spec.replace(':', '_').replace(',', '_')}-p{self.page_size}-{self.dtype}{busy}"
+
+
+Scenario = RequestScenario | StepScenario
+
+SCENARIO_ROTATION = 2
+"""Timed rounds alternate between this many copies of a scenario's rows (different pages)."""
+
+
+def pool_max_index(lengths: tuple[int, ...], page_size: int, copies: int = SCENARIO_ROTATION) -> int:
+    """The largest token index of the pool kvpages.measure.inputs.make_pool builds for `copies` sets of these rows."""
+    return max_token_index(pool_pages(copies * sum(math.ceil(n / page_size) for n in lengths)), page_size)
+
+
+def _check_pool(scenario: Scenario, rows: int, longest: int) -> None:
+    needed = pool_max_index(scenario.lengths, scenario.page_size)
+    if needed > INDEX_MAX[scenario.dtype]:
+        raise ValueError(f"scenario with {rows} request(s) of up to {longest} tokens at page_size {scenario.page_size} "
+                         f"needs token indices up to {needed}, beyond {scenario.dtype}'s maximum "
+                         f"{INDEX_MAX[scenario.dtype]}; use shorter or fewer requests")
+
+
+def describe(scenario: Scenario) -> Iterator[str]:
+    """Lines for `kvpages scenarios`: the calls a scenario expands into."""
+    calls = scenario.calls()
+    itemsize = ITEMSIZE[scenario.dtype]
+    yield (f"{scenario.id}: {scenario.kind}, {scenario.requests} request(s), {len(calls)} call(s), "
+           f"{sum(c.tokens for c in calls)} tokens")
+    for i, c in enumerate(calls):
+        pages = math.ceil(c.tokens / scenario.page_size)
+        yield (f"  call {i}: req_to_token[row {c.row}, {c.start}:{c.end}]  {c.tokens} tokens -> {pages} pages "
+               f"({c.tokens * itemsize} B all tokens, {pages * itemsize} B pages)")
+
+
+def request_scenarios(lens: tuple[int, ...], chunk: int, page_sizes: tuple[int, ...], prefix: int = 0,
+                      dtype: str = "int32") -> tuple[RequestScenario, ...]:
+    """Both sides of a request for every prompt length and page size."""
+    return tuple(RequestScenario(L, chunk, p, side, prefix if side == "decode" else 0, dtype)
+                 for p in page_sizes for side in SIDES for L in lens)
+
+
+def step_scenarios(batches: tuple[int, ...], lengths: str, page_sizes: tuple[int, ...],
+                   dtype: str = "int32") -> tuple[StepScenario, ...]:
+    return tuple(StepScenario(b, lengths, p, dtype) for p in page_sizes for b in batches)
+
+
+MIXED_LENGTHS = "lognormal:4096,1.0,65536"
+"""The default step's request lengths: median 4096 tokens, heavy-tailed, at most 65536."""
+BUSY_US = 500
+"""The in-flight work of the busy scenario: a 500 µs kernel queued before each call (CUDA only)."""
+
+def scenarios_from(page_sizes: tuple[int, ...], dtypes: tuple[str, ...], request_lens: tuple[int, ...] = (),
+                   chunk_size: int = 8192, prefix: int = 0, step_sizes: tuple[int, ...] = (),
+                   step_lens: str = MIXED_LENGTHS) -> tuple[Scenario, ...]:
+    """Scenarios given by hand: both sides of each request length, and a step of each size, at every page size."""
+    out: list[Scenario] = []
+    for dtype in dtypes:
+        out += request_scenarios(request_lens, chunk_size, page_sizes, prefix, dtype)
+        out += step_scenarios(step_sizes, step_lens, page_sizes, dtype)
+    return tuple(out)

@@ -1,0 +1,220 @@
+"""The sweep: frozen points and their axes (the named presets are in kvpages.core.presets).
+
+A `Point` is one input configuration; a `Sweep` is the cross product of its axes; `pool_pages`
+is how big a `req_to_token` pool kvpages builds for the pages it hands out. No torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from kvpages.core.checks import check_choice, check_count, check_page_size, check_seq_len
+
+DTYPES: tuple[str, ...] = ("int32", "int64")
+"""Index dtypes: int32 is what SGLang's `req_to_token` holds."""
+ITEMSIZE: dict[str, int] = {"int32": 4, "int64": 8}
+INDEX_MAX: dict[str, int] = {"int32": 2**31 - 1, "int64": 2**63 - 1}
+"""The largest token index each dtype holds."""
+DEVICES: tuple[str, ...] = ("cpu", "cuda")
+LAYOUTS: tuple[str, ...] = ("fragmented", "contiguous")
+"""fragmented: pages come from a shuffled free list; contiguous: consecutive pages."""
+
+ROTATION_TARGET_BYTES = 64 * 2**20
+"""Timed rounds rotate among request rows that together span this many bytes..."""
+MIN_ROTATION = 2
+MAX_ROTATION = 32
+"""...within these bounds. With 32 rows, slices of 524288 int32 tokens (2 MiB) or longer
+span 64 MiB, more than the 50-60 MB L2 of an H100/H200 and the caches of the CPUs we run
+on, so long rows are not timed out of a warm cache. Shorter rows stay partly cache
+resident whatever we do; so may they in production, where the scheduler wrote those
+indices shortly before the send."""
+
+
+def pool_pages(handed_out: int) -> int:
+    """The pages of a pool that hands out `handed_out` pages: some slack, so a shuffled free list leaves holes
+    between requests. Pages 1..pool_pages are handed out (page 0 is SGLang's padding slot)."""
+    return handed_out + max(1, handed_out // 8)
+
+
+def max_token_index(pages: int, page_size: int) -> int:
+    """The largest token index of a pool of `pages` pages (pages 1..pages, page 0 unused)."""
+    return pages * page_size + page_size - 1
+
+
+@dataclass(frozen=True)
+class Point:
+    """One input configuration: a request slice of `seq_len` tokens in pages of `page_size`."""
+
+    seq_len: int
+    page_size: int
+    dtype: str = "int32"
+    device: str = "cpu"
+    layout: str = "fragmented"
+    seed: int = 0
+    check_range: bool = dataclasses.field(default=True, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        check_seq_len(self.seq_len)
+        check_page_size(self.page_size)
+        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("device", self.device, DEVICES)
+        check_choice("layout", self.layout, LAYOUTS)
+        if self.check_range:
+            needed = self.geometry().max_token_index
+            if needed > INDEX_MAX[self.dtype]:
+                raise ValueError(
+                    f"seq_len {self.seq_len} at page_size {self.page_size} needs token indices up to {needed}, "
+                    f"beyond {self.dtype}'s maximum {INDEX_MAX[self.dtype]}; the largest valid seq_len for "
+                    f"{self.dtype} at page_size {self.page_size} is {largest_seq_len(self.page_size, self.dtype)}"
+                )
+
+    @property
+    def num_pages(self) -> int:
+        return math.ceil(self.seq_len / self.page_size)
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.dtype]
+
+    @property
+    def rotation(self) -> int:
+        """How many distinct request rows the timed rounds rotate among."""
+        row_bytes = self.seq_len * self.itemsize
+        return max(MIN_ROTATION, min(MAX_ROTATION, math.ceil(ROTATION_TARGET_BYTES / row_bytes)))
+
+    def geometry(self, rotation: int | None = None, chunk_offset_pages: int = 0) -> PoolGeometry:
+        return PoolGeometry.of(self, self.rotation if rotation is None else rotation, chunk_offset_pages)
+
+    @property
+    def id(self) -> str:
+        """Short id used in pytest ids and benchmark groups, e.g. 's8192-p64-int32-fragmented'."""
+        return f"s{self.seq_len}-p{self.page_size}-{self.dtype}-{self.layout}"
+
+
+@dataclass(frozen=True)
+class PoolGeometry:
+    """The `req_to_token` pool a point's inputs are cut from (see kvpages.measure.inputs), and what it costs.
+
+    Pages 1..pool_pages are handed out (page 0 is SGLang's padding slot), so the largest
+    token index is pool_pages * page_size + page_size - 1.
+    """
+
+    rows: int
+    row_tokens: int
+    pages_per_row: int
+    pool_pages: int
+    page_size: int
+    itemsize: int
+
+    @classmethod
+    def of(cls, point: Point, rows: int, chunk_offset_pages: int = 0) -> PoolGeometry:
+        if rows < 1:
+            raise ValueError(f"rotation must be >= 1, got {rows}")
+        if chunk_offset_pages < 0:
+            raise ValueError(f"chunk_offset_pages must be >= 0, got {chunk_offset_pages}")
+        row_tokens = chunk_offset_pages * point.page_size + point.seq_len
+        pages_per_row = math.ceil(row_tokens / point.page_size)
+        return cls(rows, row_tokens, pages_per_row, pool_pages(rows * pages_per_row), point.page_size, point.itemsize)
+
+    @property
+    def max_token_index(self) -> int:
+        return max_token_index(self.pool_pages, self.page_size)
+
+    @property
+    def generated_tokens(self) -> int:
+        return self.rows * self.pages_per_row * self.page_size
+
+    @property
+    def pool_bytes(self) -> int:
+        """The pool itself: what the session keeps of a point between passes."""
+        return self.itemsize * self.rows * self.row_tokens
+
+    def memory_bytes(self, device: str) -> dict[str, int]:
+        """Peak bytes needed on the host and, for CUDA, on the device, while the inputs are built and checked.
+
+        Building happens on the host: int64 page ids (free list, permutation, its copy), every
+        generated token in int64, and the pool in its own dtype; checking one row takes about
+        33 bytes per token (int64 copies of the row, positions and the expected row, a bool mask).
+        """
+        tokens_int64 = 8 * self.generated_tokens
+        pool = self.pool_bytes
+        page_ids = 3 * 8 * self.pool_pages
+        check_row = 33 * self.row_tokens
+        if device == "cpu":
+            return {"host": page_ids + tokens_int64 + 2 * pool + check_row}
+        return {"host": page_ids + tokens_int64 + pool, "cuda": pool + check_row}
+
+
+def largest_seq_len(page_size: int, dtype: str) -> int:
+    """The largest seq_len whose pool's token indices fit `dtype` at `page_size` (default rotation)."""
+    def fits(seq_len: int) -> bool:
+        return Point(seq_len, page_size, dtype, check_range=False).geometry().max_token_index <= INDEX_MAX[dtype]
+
+    lo, hi = 1, INDEX_MAX[dtype]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The axes of a run; `points(device)` expands their cross product.
+
+    Each (variant, point) is timed in `repetitions` blocks, dealt to `passes` sweeps over
+    the points (at most one per repetition); within a repetition the point's variants run
+    in a fresh seeded order (kvpages.measure.schedule). `time_budget_s`
+    is the timed wall time a (variant, point) aims for over all its repetitions;
+    each block's rounds are bounded by `min_rounds` and `max_rounds`.
+    """
+
+    name: str
+    seq_lens: tuple[int, ...]
+    page_sizes: tuple[int, ...]
+    dtypes: tuple[str, ...] = ("int32",)
+    layouts: tuple[str, ...] = ("fragmented",)
+    seed: int = 0
+    time_budget_s: float = 0.25
+    repetitions: int = 10
+    passes: int = 10
+    min_rounds: int = 10
+    max_rounds: int = 200
+    """Per block. The statistics work on block medians, and 200 rounds pin a block's median well; more
+    would only grow samples.csv (every round is kept) and the run."""
+
+    def __post_init__(self) -> None:
+        for axis in ("seq_lens", "page_sizes", "dtypes", "layouts"):
+            if not getattr(self, axis):
+                raise ValueError(f"sweep {self.name!r}: axis {axis} is empty")
+        for seq_len in self.seq_lens:
+            check_seq_len(seq_len)
+        for page_size in self.page_sizes:
+            check_page_size(page_size)
+        for dtype in self.dtypes:
+            check_choice("dtype", dtype, DTYPES)
+        for layout in self.layouts:
+            check_choice("layout", layout, LAYOUTS)
+        if not (self.time_budget_s > 0 and math.isfinite(self.time_budget_s)):
+            raise ValueError(f"time budget must be a positive number of seconds, got {self.time_budget_s!r}")
+        check_count("repetitions", self.repetitions)
+        check_count("passes", self.passes)
+        if not 1 <= self.min_rounds <= self.max_rounds:
+            raise ValueError(f"need 1 <= min_rounds <= max_rounds, got {self.min_rounds} and {self.max_rounds}")
+        for _ in self.points("cpu"):  # each point checks that its token indices fit its dtype
+            pass
+
+    def points(self, device: str) -> Iterator[Point]:
+        """Points ordered by dtype, layout, page size, then sequence length."""
+        for dtype, layout, page_size, seq_len in itertools.product(
+            self.dtypes, self.layouts, self.page_sizes, self.seq_lens
+        ):
+            yield Point(seq_len, page_size, dtype, device, layout, self.seed)
+
+    def replace(self, **changes: Any) -> Sweep:
+        """A copy with some axes replaced (validated again)."""
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,69 @@
+"""The busy queue: device work (a sleeping kernel) queued before a round, as an in-flight forward would be.
+
+A blocking copy waits behind it; a non-blocking copy into pinned memory does not, and its wait moves to
+the transfer worker. CUDA only: off CUDA the queue is empty.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SPIN_UP_MS = 30.0
+"""Before calibrating, keep the GPU busy this long, so its clock has boosted (an idle H200 reads 345 MHz, 1980 MHz
+under load: a kernel calibrated at idle would run about 5x shorter once the clock boosts)."""
+PROBE_CYCLES = 1_000_000
+PROBES = 5
+
+
+def cycles_for(busy_us: float, probe_cycles: int, probe_elapsed_us: list[float]) -> int:
+    """Sleep cycles that keep the device busy `busy_us` at the fastest clock the probes saw (their minimum time)."""
+    return int(busy_us * probe_cycles / min(probe_elapsed_us))
+
+
+class BusyQueue:
+    """Queues `busy_us` of device work (a sleeping kernel) on the current stream, without waiting for it.
+
+    Calibrated once, after a spin-up, from the fastest of several probes; each queued kernel is
+    bracketed by CUDA events (in the untimed setup of a round), so `measured_us()` gives the busy
+    time each round actually had, which scenarios.csv records.
+    """
+
+    def __init__(self, busy_us: int) -> None:
+        self.cycles = 0
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        if busy_us:
+            self.cycles = cycles_for(busy_us, PROBE_CYCLES, self._probe())
+
+    @staticmethod
+    def _elapsed_us(cycles: int) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3
+
+    def _probe(self) -> list[float]:
+        spun_us, cycles = 0.0, PROBE_CYCLES
+        while spun_us < SPIN_UP_MS * 1e3:  # spin up the clock first
+            spun_us += self._elapsed_us(cycles)
+            cycles = min(cycles * 2, 50_000_000)
+        return [self._elapsed_us(PROBE_CYCLES) for _ in range(PROBES)]
+
+    def __call__(self) -> None:
+        if self.cycles:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(self.cycles)
+            end.record()
+            self._events.append((start, end))
+
+    def reset(self) -> None:
+        self._events.clear()
+
+    def measured_us(self) -> list[float]:
+        """The busy time each round since `reset()` actually had (waits for the device)."""
+        if not self._events:
+            return []
+        self._events[-1][1].synchronize()
+        return [start.elapsed_time(end) * 1e3 for start, end in self._events]

@@ -1,0 +1,311 @@
+"""The profiler cross-check of the D2H meter: one profiler session, in a process of its own.
+
+Kineto keeps CUPTI attached after a profile ends (unless TEARDOWN_CUPTI=1; pytorch#144455
+reports a 10-20% slowdown after profiling), and variants that make different numbers of
+CUDA API calls would be slowed differently. So no timing process ever profiles:
+`run_crosscheck` starts `python -m kvpages.measure.crosscheck` once per session, before anything
+is timed, and that child profiles one call of every planned (variant, point) and (step variant,
+scenario).
+
+It opens ONE profiler session for all the cases. With CUPTI 12.6 Update 2 up to 13.0 (what
+cu126-cu130 torch builds ship), a process's later profiler sessions lose or shift GPU
+records (pytorch#192021: session k loses k records at its start, fixed in CUDA 13.1;
+pytorch#175790), so a session per case would turn later cases into false mismatches. Each
+case runs inside a `record_function` range named `kvpages:<case id>`, after a warm-up range
+that absorbs any loss at the start of the session, with a synchronize inside the range so no
+GPU activity falls outside the capture window. A GPU memcpy belongs to a case when the CPU-side
+`cudaMemcpy*` call that issued it (same correlation id) lies inside the case's range.
+
+Each case's answer (`CheckAnswer.outcome`):
+- `agree`: the meter's link-crossing transfers are the profiler's `Memcpy DtoH` copies;
+- `mismatch`: they differ (the row becomes a mismatch);
+- `lost_records`: a copy call in the range has no GPU record at all: the profiler lost it, so
+  nothing can be concluded (the row is timed, and its note says so). Not a byte mismatch.
+When the child process fails, times out, or its profile shows no GPU activity at all for cases
+that crossed the link, the cross-check is *unavailable*: `run_crosscheck` raises
+`CrosscheckError` once, and the session goes on timing, with "cross-check unavailable: ..." in
+every row's note (it never starts the child again).
+
+No torch import at module level.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvpages.measure.meter import D2HMeasurement
+    from kvpages.measure.targets import Target
+
+OUTCOMES = ("agree", "mismatch", "lost_records")
+TRACE_FILE = "crosscheck_trace.json.gz"
+"""The cross-check session's Chrome trace, kept in the run folder for the record."""
+RANGE_PREFIX = "kvpages:"
+WARM_UP_RANGE = RANGE_PREFIX + "warm-up"
+BASE_TIMEOUT_S = 60.0
+PER_CASE_TIMEOUT_S = 3.0
+"""The child's time limit: 60 s (interpreter, torch and CUDA start) plus 3 s per case (build, meter, profile);
+120 s for the quick preset's 20 cases."""
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset")
+"""Chrome-trace categories of device activity (kernels, copies, sets), current and older Kineto."""
+MEMCPY_CATEGORIES = ("gpu_memcpy", "Memcpy")
+"""Chrome-trace categories of GPU memcpy records: current Kineto, and older Kineto."""
+RUNTIME_CATEGORIES = ("cuda_runtime", "Runtime", "cuda_driver")
+"""Chrome-trace categories of the CPU-side CUDA API calls."""
+
+NO_GPU_ACTIVITY = (
+    "the profiler saw no GPU activity at all (CUPTI may be missing, or held by another tool such as nsys or "
+    "ncu), so the meter cannot be cross-checked"
+)
+
+
+@dataclass(frozen=True)
+class CheckCase:
+    """One (variant, target) to profile: a sweep point or a whole request or step (kvpages.measure.targets)."""
+
+    variant: str
+    target: Target
+
+    @property
+    def id(self) -> str:
+        return f"{self.variant}-{self.target.id}"
+
+
+@dataclass(frozen=True)
+class CheckAnswer:
+    """One case's answer: `outcome` is one of OUTCOMES; `detail` says what differs or what was lost."""
+
+    outcome: str
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"unknown cross-check outcome {self.outcome!r}; valid: {', '.join(OUTCOMES)}")
+
+
+AGREE = CheckAnswer("agree")
+
+
+class CrosscheckError(RuntimeError):
+    """The cross-check is unavailable: its process failed or timed out, or its profiler saw nothing."""
+
+
+def timeout_for(cases: int) -> float:
+    return BASE_TIMEOUT_S + PER_CASE_TIMEOUT_S * cases
+
+
+def run_crosscheck(cases: Sequence[CheckCase], device: str, timeout_s: float | None = None,
+                   trace_out: Path | None = None) -> dict[str, CheckAnswer]:
+    """Cross-check `cases` in one profiler session of a fresh interpreter; {case id: answer}.
+
+    Raises CrosscheckError (once: the caller remembers it) when the cross-check is unavailable.
+    `trace_out`: where the child writes the session's Chrome trace, gzipped (for the record).
+    """
+    from kvpages.measure.steps import get_step_variant
+    from kvpages.measure.targets import PointTarget
+    from kvpages.measure.variants import get_variant
+
+    def module(case: CheckCase) -> str:
+        if isinstance(case.target, PointTarget):
+            return get_variant(case.variant).fn.__module__
+        return get_step_variant(case.variant).module
+
+    # Variants registered outside kvpages (a conftest, a plugin) are imported by the check process too.
+    modules = sorted({module(c) for c in cases} - {"kvpages.measure.variants", "kvpages.measure.steps"})
+    request = json.dumps({"modules": modules, "device": device, "trace_out": None if trace_out is None else str(trace_out),
+                          "cases": [{"variant": c.variant, "target": c.target.as_json()} for c in cases]})
+    limit = timeout_for(len(cases)) if timeout_s is None else timeout_s
+    try:
+        done = subprocess.run([sys.executable, "-m", "kvpages.measure.crosscheck"], input=request, capture_output=True,
+                              text=True, timeout=limit, check=False)
+    except subprocess.TimeoutExpired:
+        raise CrosscheckError(f"the profiler cross-check process did not finish within {limit:g} s "
+                              f"({len(cases)} cases)") from None
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise CrosscheckError(f"the profiler cross-check process exited {done.returncode}: {tail}")
+    reply = json.loads(done.stdout.strip().splitlines()[-1])
+    if reply["unavailable"]:
+        raise CrosscheckError(reply["unavailable"])
+    return {c.id: CheckAnswer(**reply["answers"][c.id]) for c in cases}
+
+
+# ----------------------------------------------------------------------------- the trace (no torch)
+
+
+@dataclass(frozen=True)
+class ProfiledCopy:
+    """One `Memcpy DtoH` record of the CUDA profiler."""
+
+    name: str
+    nbytes: int
+    pinned = property(lambda self: "Pinned" in self.name, doc="'Memcpy DtoH (Device -> Pinned)'")
+
+
+@dataclass(frozen=True)
+class CaseProfile:
+    """What the profiler saw inside one case's range: its DtoH copies, and its copy calls without a GPU record."""
+
+    copies: tuple[ProfiledCopy, ...]
+    copy_calls: int
+    lost: int
+
+
+class TraceError(ValueError):
+    """A Chrome trace that cannot be read as a kvpages profile."""
+
+
+def _dtoh_copy(event: dict) -> ProfiledCopy | None:
+    if event.get("cat") not in MEMCPY_CATEGORIES or not str(event.get("name", "")).startswith("Memcpy DtoH"):
+        return None
+    nbytes = event.get("args", {}).get("bytes")
+    if nbytes is None:
+        raise TraceError(f"the profiler's {event['name']!r} record carries no byte count; cannot cross-check")
+    return ProfiledCopy(event["name"], int(nbytes))
+
+
+def gpu_events(trace: dict) -> int:
+    """How many device events (kernels, copies, sets) the trace holds."""
+    return sum(1 for e in trace.get("traceEvents", []) if e.get("cat") in GPU_CATEGORIES)
+
+
+def case_profiles(trace: dict) -> dict[str, CaseProfile]:
+    """Per `kvpages:<case id>` range of a Chrome trace: the DtoH copies issued by the copy calls inside it.
+
+    A copy call (`cudaMemcpy*` on the CPU side) belongs to the range that contains its start; its GPU
+    record is the memcpy with the same correlation id. The warm-up range is left out.
+    """
+    events = trace.get("traceEvents", [])
+    ranges = [e for e in events if str(e.get("name", "")).startswith(RANGE_PREFIX) and e.get("ph") == "X"
+              and e.get("cat") != "gpu_user_annotation" and e["name"] != WARM_UP_RANGE]
+    calls = [e for e in events if e.get("cat") in RUNTIME_CATEGORIES
+             and str(e.get("name", "")).startswith(("cudaMemcpy", "cuMemcpy"))]
+    by_correlation: dict[int, dict] = {}
+    for e in events:
+        if e.get("cat") in MEMCPY_CATEGORIES and "correlation" in e.get("args", {}):
+            by_correlation[int(e["args"]["correlation"])] = e
+    out = {}
+    for r in ranges:
+        start, end = float(r["ts"]), float(r["ts"]) + float(r.get("dur", 0))
+        inside = [c for c in calls if start <= float(c["ts"]) <= end]
+        copies, lost = [], 0
+        for call in inside:
+            gpu = by_correlation.get(int(call.get("args", {}).get("correlation", -1)))
+            if gpu is None:
+                lost += 1
+            elif (copy := _dtoh_copy(gpu)) is not None:
+                copies.append(copy)
+        out[r["name"][len(RANGE_PREFIX):]] = CaseProfile(tuple(copies), len(inside), lost)
+    return out
+
+
+def judge(measured: D2HMeasurement, seen: CaseProfile) -> CheckAnswer:
+    """Compare the meter's link-crossing transfers with what the profiler saw of the same call.
+
+    Zero-byte hand-offs issue no memcpy, so they are left out of the comparison.
+    """
+    if seen.lost:
+        return CheckAnswer("lost_records", f"the profiler lost records: {seen.lost} of {seen.copy_calls} copy call(s) "
+                                           "in this case have no GPU record (CUPTI before CUDA 13.1, pytorch#192021); "
+                                           "the meter's count stands, unchecked")
+    metered = sorted((t.nbytes, t.pinned) for t in measured.transfers if t.crossed_link and t.nbytes)
+    profiled = sorted((c.nbytes, c.pinned) for c in seen.copies if c.nbytes)
+    if metered != profiled:
+        return CheckAnswer("mismatch",
+                           f"the meter counted {sum(b for b, _ in metered)} bytes in {len(metered)} D2H transfers "
+                           f"{metered}, the CUDA profiler recorded {sum(b for b, _ in profiled)} bytes in "
+                           f"{len(profiled)} 'Memcpy DtoH' copies {profiled}")
+    return AGREE
+
+
+def answers_of(trace: dict, measured: dict[str, D2HMeasurement]) -> dict[str, CheckAnswer]:
+    """Each case's answer from one session's trace; CrosscheckError when the profiler saw no GPU activity at all
+    although some case crossed the link."""
+    crossed = any(t.crossed_link and t.nbytes for m in measured.values() for t in m.transfers)
+    if crossed and gpu_events(trace) == 0:
+        raise CrosscheckError(NO_GPU_ACTIVITY)
+    seen = case_profiles(trace)
+    empty = CaseProfile((), 0, 0)
+    return {case_id: judge(m, seen.get(case_id, empty)) for case_id, m in measured.items()}
+
+
+# ----------------------------------------------------------------------------- the child's side
+
+
+def profile_cases(cases: Sequence[CheckCase], device: str, trace_out: str | None = None) -> dict[str, CheckAnswer]:
+    """Meter every case, then profile one call of each in one session, and judge (in this process)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from kvpages.measure.targets import measure
+
+    def own(inputs):  # one input set in memory of its own: the rest of its pool is freed
+        return inputs.clone() if isinstance(inputs, torch.Tensor) else tuple(t.clone() for t in inputs)
+
+    inputs = {t: own(t.build(device).inputs[0]) for t in dict.fromkeys(c.target for c in cases)}
+    measured = {}
+    for case in cases:
+        case.target.call_here(case.variant, inputs[case.target])  # lazy initialisation outside the profile
+        measured[case.id] = measure(case.target, case.variant, inputs[case.target])
+    cuda = device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync()
+    with profile(activities=activities) as prof:
+        with record_function(WARM_UP_RANGE):  # a session may lose records at its start: lose them here
+            if cuda:
+                torch.arange(8, device="cuda").cpu()
+            sync()
+        for case in cases:
+            with record_function(RANGE_PREFIX + case.id):
+                case.target.call_here(case.variant, inputs[case.target])
+                sync()
+    trace = _trace_of(prof)
+    if trace_out:
+        with gzip.open(trace_out, "wt") as f:
+            json.dump(trace, f)
+    return answers_of(trace, measured)
+
+
+def _trace_of(prof) -> dict:
+    import os
+    import tempfile
+
+    fd, path = tempfile.mkstemp(suffix=".json", prefix="kvpages-trace-")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            return json.load(f)
+    finally:
+        os.unlink(path)
+
+
+def main() -> int:
+    import importlib
+
+    from kvpages.measure.targets import target_from_json
+
+    request = json.loads(sys.stdin.read())
+    for module in request["modules"]:
+        importlib.import_module(module)
+    cases = [CheckCase(item["variant"], target_from_json(item["target"])) for item in request["cases"]]
+    try:
+        answers = profile_cases(cases, request["device"], request.get("trace_out"))
+        reply: dict = {"unavailable": None, "answers": {k: asdict(v) for k, v in answers.items()}}
+    except (CrosscheckError, TraceError) as exc:
+        reply = {"unavailable": str(exc), "answers": {}}
+    print(json.dumps(reply))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

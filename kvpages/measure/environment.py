@@ -1,0 +1,130 @@
+"""Capture the environment of a run: versions, device, link, CPU, git state."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import kvpages
+from kvpages.schema.rows import Environment
+
+CPU_LINK_NOTE = (
+    "CPU run: no PCIe link was crossed. `.cpu()` is a no-op on a CPU tensor, so d2h_bytes count "
+    "the bytes handed to the host boundary and latencies contain no transfer time."
+)
+CUDA_LINK_NOTE = "CUDA run: d2h_bytes crossed the device-host link"
+CROSSCHECK_NOTES = {True: ", as the CUDA profiler cross-check (in its own process) confirmed.",
+                    False: "; the profiler cross-check was off, so only the meter counted them."}
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+    """stdout of `cmd`, or None if the tool is missing, not executable, hangs or fails (optional facts only)."""
+    try:
+        done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_state(repo: Path) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the checkout at `repo`; run folders under results/ do not count as dirty."""
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
+    if commit is None:
+        return None, None
+    status = _run(["git", "status", "--porcelain", "--", ".", ":(exclude)results"], cwd=repo)
+    return commit, bool(status)
+
+
+SMI_FIELDS = "driver_version,pcie.link.gen.current,pcie.link.width.current,pcie.link.gen.max,pcie.link.width.max"
+_SMI_LINE = re.compile(r"^\s*([0-9][0-9.]*)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*$")
+
+
+def gpu_uuid() -> str | None:
+    """The UUID of torch's current CUDA device as nvidia-smi names it ('GPU-...'), or None."""
+    uuid = str(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", "") or "")
+    if not uuid:
+        return None
+    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+
+
+def parse_smi(out: str | None) -> tuple[str | None, str | None]:
+    """(driver, 'GenN xW (max GenM xV)') from the first well-formed line of nvidia-smi's CSV, else (None, None).
+
+    Warning lines and anything else that is not five numbers are ignored.
+    """
+    for line in (out or "").splitlines():
+        match = _SMI_LINE.match(line)
+        if match:
+            driver, gen, width, gen_max, width_max = match.groups()
+            return driver, f"Gen{gen} x{width} (max Gen{gen_max} x{width_max})"
+    return None, None
+
+
+def nvidia_smi_facts(uuid: str | None) -> tuple[str | None, str | None]:
+    """(driver version, PCIe link) of the GPU with `uuid`, from nvidia-smi; (None, None) when it cannot tell.
+
+    nvidia-smi numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES, so the GPU is named by UUID.
+    """
+    if uuid is None:
+        return None, None
+    return parse_smi(_run(["nvidia-smi", f"--id={uuid}", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"]))
+
+
+def pcie_link_now() -> str | None:
+    """The current device's PCIe link now (call it right after a timed loop: an idle link downshifts)."""
+    return nvidia_smi_facts(gpu_uuid())[1]
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    return cpu_model()
+
+
+def capture(device: str, repo: Path, crosschecked: bool = False) -> Environment:
+    """The environment of a run on `device` ('cpu' or 'cuda'), from the checkout at `repo`."""
+    commit, dirty = git_state(repo)
+    driver = pcie = uuid = None
+    if device == "cuda":
+        uuid = gpu_uuid()
+        driver, pcie = nvidia_smi_facts(uuid)
+    return Environment(
+        kvpages_version=kvpages.__version__,
+        python_version=sys.version.split()[0],
+        torch_version=torch.__version__,
+        numpy_version=np.__version__,
+        pytest_benchmark_version=metadata.version("pytest-benchmark"),
+        platform=platform.platform(),
+        cpu_model=cpu_model(),
+        cpu_count=os.cpu_count() or 0,
+        torch_threads=torch.get_num_threads(),
+        device=device,
+        device_name=device_name(device),
+        cuda_version=torch.version.cuda if device == "cuda" else None,
+        driver_version=driver or "unknown",
+        pcie_link=pcie or "unknown",
+        git_commit=commit,
+        git_dirty=dirty,
+        link_crossed=device == "cuda",
+        link_note=CPU_LINK_NOTE if device == "cpu" else CUDA_LINK_NOTE + CROSSCHECK_NOTES[crosschecked],
+        gpu_uuid=uuid,
+    )

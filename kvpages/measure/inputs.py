@@ -1,0 +1,143 @@
+"""Seeded workloads that look like SGLang's: request rows of a `req_to_token` pool.
+
+SGLang keeps, per request slot, the KV token index of every token of the request
+in an int32 `req_to_token[max_reqs, max_context_len]` tensor on the GPU. Token
+indices come in pages: page `g` owns tokens `g*page_size ... g*page_size + page_size-1`,
+and a request's pages come from a free list that gets shuffled as requests come
+and go (fragmented) or, in a fresh pool, in order (contiguous). Every page of a
+request is full except possibly the last one, and a chunked send starts at a
+page-aligned offset. A sent chunk is the row slice `req_to_token[row, start:end]`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvpages.core.checks import check_page_size
+from kvpages.core.scenarios import Scenario
+from kvpages.core.sweep import Point, pool_pages
+from kvpages.measure.variants import check_kv_indices, reference_page_indices
+
+TORCH_DTYPES: dict[str, torch.dtype] = {"int32": torch.int32, "int64": torch.int64}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The inputs of one target: slices of one `req_to_token` pool, and the expected page indices.
+
+    `inputs` holds the sets the timed rounds rotate among: a point's request slices (one tensor
+    each), or a scenario's copies (a tuple of slices each, one per call); `expected` holds each
+    set's reference output.
+    """
+
+    pool: torch.Tensor
+    inputs: tuple[Any, ...]
+    expected: tuple[Any, ...]
+
+    @property
+    def rotation(self) -> int:
+        return len(self.inputs)
+
+    def fresh_copy(self) -> Workload:
+        """The same inputs in newly allocated memory: a copy of the pool, and every slice at the same place in it
+        (the expected outputs are shared: they are never written)."""
+        pool = self.pool.clone()
+
+        def moved(view: torch.Tensor) -> torch.Tensor:
+            return pool.as_strided(view.size(), view.stride(), view.storage_offset())
+
+        inputs = tuple(moved(x) if isinstance(x, torch.Tensor) else tuple(moved(t) for t in x) for x in self.inputs)
+        return Workload(pool, inputs, self.expected)
+
+
+def make_pool(lengths: Sequence[int], page_size: int, dtype: str, device: str, layout: str, seed: int,
+              pad_to: int | None = None) -> torch.Tensor:
+    """A `req_to_token` pool with one row per length, its pages taken in turn from one free list.
+
+    The free list holds pages 1..pool_pages (page 0 is SGLang's padding slot), with some slack,
+    shuffled for `fragmented`; row r's tokens are its pages' tokens in order, padded with 0.
+    """
+    pages_per_row = [math.ceil(n / page_size) for n in lengths]
+    pages = pool_pages(sum(pages_per_row))
+    generator = torch.Generator().manual_seed(seed)
+    free_pages = torch.arange(1, pages + 1, dtype=torch.int64)
+    if layout == "fragmented":
+        free_pages = free_pages[torch.randperm(pages, generator=generator)]
+    width = max(lengths) if pad_to is None else pad_to
+    pool = torch.zeros((len(lengths), width), dtype=torch.int64)
+    offset = 0
+    for row, (n, pages) in enumerate(zip(lengths, pages_per_row, strict=True)):
+        tokens = free_pages[offset:offset + pages, None] * page_size + torch.arange(page_size)
+        pool[row, :n] = tokens.reshape(-1)[:n]
+        offset += pages
+    return pool.to(TORCH_DTYPES[dtype]).to(device).contiguous()
+
+
+def make_workload(point: Point, rotation: int | None = None, chunk_offset_pages: int = 0) -> Workload:
+    """Build `rotation` request rows for `point` and slice one chunk of `point.seq_len` tokens from each.
+
+    The chunk starts `chunk_offset_pages` pages into its request (a later chunk of
+    a chunked prefill). Page 0 is never handed out (SGLang reserves slot 0 for padding).
+    The result is the same for the same point, whatever the device.
+    """
+    geometry = point.geometry(rotation, chunk_offset_pages)
+    rows, row_tokens = geometry.rows, geometry.row_tokens
+    start = chunk_offset_pages * point.page_size
+    req_to_token = make_pool([row_tokens] * rows, point.page_size, point.dtype, point.device, point.layout, point.seed)
+    page_size = point.page_size
+
+    kv_indices = tuple(req_to_token[row, start:row_tokens] for row in range(rows))
+    expected = tuple(reference_page_indices(kv, page_size) for kv in kv_indices)
+    return Workload(req_to_token, kv_indices, expected)
+
+
+def make_scenario_workload(scenario: Scenario, device: str, copies: int, seed: int = 0) -> Workload:
+    """The pool of `copies` sets of the scenario's rows, and each set's calls as slices with their references."""
+    lengths = tuple(scenario.lengths) * copies
+    pool = make_pool(lengths, scenario.page_size, scenario.dtype, device, scenario.layout, seed)
+    per_copy = len(scenario.lengths)
+    slices, expected = [], []
+    for k in range(copies):
+        views = tuple(pool[k * per_copy + c.row, c.start:c.end] for c in scenario.calls())
+        slices.append(views)
+        expected.append(tuple(reference_page_indices(v, scenario.page_size) for v in views))
+        for call, view in zip(scenario.calls(), views, strict=True):
+            if call.start % scenario.page_size == 0:  # a decode prefix may start mid-page
+                validate_page_layout(view, scenario.page_size)
+    return Workload(pool, tuple(slices), tuple(expected))
+
+
+def validate_page_layout(kv_indices: torch.Tensor, page_size: int) -> None:
+    """Check the invariant the conversion relies on; raise ValueError naming the first violation.
+
+    Token `i` of the slice belongs to page `i // page_size`; the page's first token
+    must be a non-negative multiple of page_size and its tokens consecutive.
+    """
+    check_kv_indices(kv_indices)
+    check_page_size(page_size)
+    n = kv_indices.numel()
+    if n == 0:
+        return
+    kv = kv_indices.to(torch.int64)
+    positions = torch.arange(n, device=kv.device)
+    firsts = kv[::page_size]
+    bad = (firsts < 0) | (firsts % page_size != 0)
+    if bool(bad.any()):
+        page = int(bad.nonzero()[0])
+        raise ValueError(
+            f"kv_indices break the page invariant: position {page * page_size} (first token of page {page}) "
+            f"holds {int(firsts[page])}, which is not a non-negative multiple of page_size={page_size}"
+        )
+    expected = firsts.repeat_interleave(page_size)[:n] + positions % page_size
+    wrong = kv != expected
+    if bool(wrong.any()):
+        i = int(wrong.nonzero()[0])
+        raise ValueError(
+            f"kv_indices break the page invariant: position {i} holds {int(kv[i])}, expected {int(expected[i])} "
+            f"(tokens of a page must be consecutive; page_size={page_size})"
+        )

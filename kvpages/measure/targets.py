@@ -1,0 +1,360 @@
+"""What the runner measures at: a sweep point (one call of a variant) or a whole request or step (a step variant).
+
+Both are `Target`s: each builds its workload, calls a variant on it, checks the output against
+the reference, declares the D2H bytes and transfers it expects, times its rounds and makes its
+rows; kvpages.measure.runner runs one loop over them. A new kind of target is one class here
+(and its blocks in kvpages.measure.session).
+
+Points are timed by pytest-benchmark's own timer, one call per round. Whole requests and steps
+record two latencies per round: `blocked`, until the calling (scheduler) thread gets control
+back, and `ready`, until the page indices are usable on the host. A step variant that returns a
+`Pending` hands its wait to a worker thread, as SGLang's transfer worker does; on CUDA, a busy
+scenario queues a sleeping kernel before each round, so a blocking copy waits for it and a
+non-blocking one does not.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from kvpages.core.options import BenchOptions
+from kvpages.core.scenarios import SCENARIO_ROTATION, RequestScenario, Scenario, StepScenario
+from kvpages.core.stats import quartiles, row_statistics
+from kvpages.core.sweep import ITEMSIZE, Point
+from kvpages.measure.busy import BusyQueue
+from kvpages.measure.inputs import Workload, make_scenario_workload, make_workload, validate_page_layout
+from kvpages.measure.meter import D2HMeasurement, D2HMeter
+from kvpages.measure.schedule import Block
+from kvpages.measure.steps import Arrays, Pending, StepVariant, get_step_variant
+from kvpages.measure.variants import get_variant
+from kvpages.schema.rows import (
+    POINTS,
+    SCENARIOS,
+    Row,
+    Samples,
+    SampleSet,
+    ScenarioRow,
+    ScenarioSampleSet,
+    Table,
+    timing_columns,
+)
+
+
+@dataclass
+class Context:
+    """What a target needs of the session that runs it."""
+
+    device: str
+    device_name: str
+    options: BenchOptions
+    worker: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="kvpages-transfer-worker"))
+    busy_queues: dict[int, BusyQueue] = field(default_factory=dict)
+
+    def busy_queue(self, busy_us: int) -> BusyQueue:
+        """The busy queue of `busy_us` (calibrated once per duration; none off CUDA)."""
+        if busy_us not in self.busy_queues:
+            self.busy_queues[busy_us] = BusyQueue(busy_us if self.device == "cuda" else 0)
+        return self.busy_queues[busy_us]
+
+
+@dataclass
+class Timer:
+    """How one block's rounds are timed: the call, the untimed setup before each round, and the per-round series."""
+
+    fn: Callable[[Any, int], Any]
+    before_round: Callable[[], None]
+    series: Callable[[Any, int], tuple[tuple[float, ...], ...]]
+    """After the block: (benchmark, rounds) -> the per-round series in microseconds."""
+    start: Callable[[], None] = lambda: None
+    """Right before the timed rounds (after the warm-up): forget what the warm-up recorded."""
+
+
+def synchronizer(device: str) -> Callable[[], None]:
+    return torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+
+def outputs_match(out: object, expected: np.ndarray) -> str | None:
+    """None when `out` equals `expected` exactly (type, dtype, shape, values), else what differs."""
+    if not isinstance(out, np.ndarray):
+        return f"returned {type(out).__name__}, expected numpy.ndarray"
+    if out.dtype != expected.dtype or out.shape != expected.shape:
+        return f"returned {out.dtype}{list(out.shape)}, expected {expected.dtype}{list(expected.shape)}"
+    differ = np.flatnonzero(out != expected)
+    if differ.size:
+        i = int(differ[0])
+        return f"{differ.size} page indices differ; first at {i}: got {out[i]}, expected {expected[i]}"
+    return None
+
+
+def arrays_match(out: object, expected: Sequence[np.ndarray]) -> str | None:
+    if not isinstance(out, list):
+        return f"returned {type(out).__name__}, expected a list of numpy.ndarray"
+    if len(out) != len(expected):
+        return f"returned {len(out)} arrays for {len(expected)} calls"
+    for i, (o, e) in enumerate(zip(out, expected, strict=True)):
+        problem = outputs_match(o, e)
+        if problem:
+            return f"call {i}: {problem}"
+    return None
+
+
+class Target(Protocol):
+    """One thing the runner measures each of its variants at; see the module doc."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def page_size(self) -> int: ...
+
+    table: Table
+
+    def unavailable_reason(self, variant: str, device: str) -> str | None: ...
+    def build(self, device: str) -> Workload: ...
+    def call_here(self, variant: str, inputs: Any) -> Any: ...
+    def check(self, out: Any, expected: Any) -> str | None: ...
+    def expected_d2h(self, variant: str) -> tuple[int, int | None]: ...
+    def budget_s(self, options: BenchOptions) -> float: ...
+    def timer(self, variant: str, ctx: Context) -> Timer: ...
+    def extra_info(self, variant: str, measured: D2HMeasurement) -> dict[str, Any]: ...
+    def samples(self, variant: str, block: Block, series: tuple[tuple[float, ...], ...]) -> Samples: ...
+    def row(self, variant: str, ctx: Context, measured: D2HMeasurement | None, status: str, note: str,
+            blocks: Sequence[Samples], repro: str) -> Row | ScenarioRow: ...
+    def narrowed(self, variant: str, options: BenchOptions, device: str) -> tuple[str, BenchOptions]: ...
+    def as_json(self) -> dict[str, Any]: ...
+
+
+def measure(target: Target, variant: str, inputs: Any) -> D2HMeasurement:
+    """What one call of `variant` at `target` hands to the host (any wait in this thread)."""
+    tensors = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    with D2HMeter(tensors) as meter:
+        target.call_here(variant, inputs)
+    return D2HMeasurement(tuple(meter.transfers))
+
+
+def _measured(measured: D2HMeasurement | None) -> dict[str, Any]:
+    return {"d2h_bytes": None if measured is None else measured.d2h_bytes,
+            "d2h_transfers": None if measured is None else measured.d2h_transfers,
+            "link": "" if measured is None else measured.link}
+
+
+@dataclass(frozen=True)
+class PointTarget:
+    """A sweep point: one call of a variant (kvpages.measure.variants) on a request slice."""
+
+    point: Point
+    table = POINTS
+
+    id = property(lambda self: self.point.id, doc="The point's id (the benchmark group).")
+    page_size = property(lambda self: self.point.page_size)
+
+    def unavailable_reason(self, variant: str, device: str) -> str | None:
+        return get_variant(variant).unavailable_reason(device)
+
+    def build(self, device: str) -> Workload:
+        built = make_workload(self.point)
+        for kv in built.inputs:
+            validate_page_layout(kv, self.point.page_size)
+        return built
+
+    def call_here(self, variant: str, inputs: Any) -> Any:
+        return get_variant(variant).fn(inputs, self.point.page_size)
+
+    def check(self, out: Any, expected: Any) -> str | None:
+        return outputs_match(out, expected)
+
+    def expected_d2h(self, variant: str) -> tuple[int, int | None]:
+        p = self.point
+        return get_variant(variant).expected_d2h_bytes(p.seq_len, p.page_size, p.itemsize), None
+
+    def budget_s(self, options: BenchOptions) -> float:
+        return options.sweep.time_budget_s
+
+    def timer(self, variant: str, ctx: Context) -> Timer:
+        return Timer(get_variant(variant).fn, synchronizer(ctx.device),
+                     lambda benchmark, rounds: (tuple(t * 1e6 for t in benchmark.stats.stats.data),))
+
+    def extra_info(self, variant: str, measured: D2HMeasurement) -> dict[str, Any]:
+        p = self.point
+        return {"variant": variant, "device": p.device, "dtype": p.dtype, "layout": p.layout, "seq_len": p.seq_len,
+                "page_size": p.page_size, "num_pages": p.num_pages, "rotation": p.rotation,
+                "expected_d2h_bytes": self.expected_d2h(variant)[0], **_measured(measured)}
+
+    def samples(self, variant: str, block: Block, series: tuple[tuple[float, ...], ...]) -> Samples:
+        p = self.point
+        return SampleSet(variant, p.dtype, p.layout, p.seq_len, p.page_size, block.repetition, block.order, series[0])
+
+    def row(self, variant: str, ctx: Context, measured: D2HMeasurement | None, status: str, note: str,
+            blocks: Sequence[Samples], repro: str) -> Row:
+        p = self.point
+        timings: dict[str, Any] = dict.fromkeys(timing_columns(Row))
+        if blocks:
+            series = [np.asarray(b.samples_us) for b in blocks if isinstance(b, SampleSet)]
+            timings.update(row_statistics(series), rounds=sum(len(s) for s in series), iterations=1,
+                           repetitions=len(series))
+        return Row(variant=variant, device=p.device, device_name=ctx.device_name, dtype=p.dtype, layout=p.layout,
+                   seq_len=p.seq_len, page_size=p.page_size, num_pages=p.num_pages, rotation=p.rotation if blocks else 0,
+                   expected_d2h_bytes=self.expected_d2h(variant)[0], **_measured(measured), **timings, status=status,
+                   note=note, repro=repro)
+
+    def narrowed(self, variant: str, options: BenchOptions, device: str) -> tuple[str, BenchOptions]:
+        p = self.point
+        return "bench/", options.replace(
+            variants=(variant,), seq_lens=(p.seq_len,), page_sizes=(p.page_size,), dtypes=(p.dtype,),
+            layouts=(p.layout,), seed=p.seed, device=device, scenarios="none", results_dir=None)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": "point", **asdict(self.point)}
+
+
+def finish_for(scenario: Scenario) -> Callable[[Arrays], Arrays]:
+    """What follows the conversion on the host: the decode side's `.astype(np.int32)` (for ZMQ)."""
+    if scenario.kind == "step" or scenario.side == "decode":
+        return lambda arrays: [a.astype(np.int32) for a in arrays]
+    return lambda arrays: arrays
+
+
+@dataclass
+class Stamps:
+    """Per round of the block being timed: blocked and ready seconds."""
+
+    blocked: list[float] = field(default_factory=list)
+    ready: list[float] = field(default_factory=list)
+
+
+def step_call(variant: StepVariant, finish: Callable[[Arrays], Arrays], worker: ThreadPoolExecutor,
+              stamps: Stamps) -> Callable[[Sequence[torch.Tensor], int], Arrays]:
+    """One request or step as the scheduler makes it, stamping when it is unblocked and when the data is ready."""
+
+    def wait_on_worker(pending: Pending) -> tuple[Arrays, float]:
+        arrays = finish(pending.wait())
+        return arrays, time.perf_counter()
+
+    def run(slices: Sequence[torch.Tensor], page_size: int) -> Arrays:
+        t0 = time.perf_counter()
+        out = variant.fn(slices, page_size)
+        if isinstance(out, Pending):
+            t1 = time.perf_counter()
+            arrays, t2 = worker.submit(wait_on_worker, out).result()
+        else:
+            arrays = finish(out)
+            t1 = t2 = time.perf_counter()
+        stamps.blocked.append(t1 - t0)
+        stamps.ready.append(t2 - t0)
+        return arrays
+
+    return run
+
+
+@dataclass(frozen=True)
+class ScenarioTarget:
+    """A whole request (every call it makes) or a whole scheduler step, with a step variant (kvpages.measure.steps)."""
+
+    scenario: Scenario
+    table = SCENARIOS
+
+    id = property(lambda self: self.scenario.id, doc="The scenario's id (the benchmark group).")
+    page_size = property(lambda self: self.scenario.page_size)
+
+    def unavailable_reason(self, variant: str, device: str) -> str | None:
+        reason = get_step_variant(variant).unavailable_reason(device)
+        if reason is None and self.scenario.busy_us and device != "cuda":
+            reason = "a busy-queue scenario needs CUDA: a CPU run has no device queue to wait behind"
+        return reason
+
+    def build(self, device: str) -> Workload:
+        return make_scenario_workload(self.scenario, device, SCENARIO_ROTATION)
+
+    def call_here(self, variant: str, inputs: Any) -> Any:
+        """One request or step with any wait in this thread (for the check and the meter, not the timing)."""
+        out = get_step_variant(variant).fn(inputs, self.scenario.page_size)
+        return finish_for(self.scenario)(out.wait() if isinstance(out, Pending) else out)
+
+    def check(self, out: Any, expected: Any) -> str | None:
+        return arrays_match(out, finish_for(self.scenario)(list(expected)))
+
+    def expected_d2h(self, variant: str) -> tuple[int, int | None]:
+        s, v = self.scenario, get_step_variant(variant)
+        calls = s.calls()
+        return v.expected_d2h_bytes([c.tokens for c in calls], s.page_size, ITEMSIZE[s.dtype]), \
+            v.expected_transfers(len(calls))
+
+    def budget_s(self, options: BenchOptions) -> float:
+        return options.scenario_budget_s
+
+    def timer(self, variant: str, ctx: Context) -> Timer:
+        stamps, busy, sync = Stamps(), ctx.busy_queue(self.scenario.busy_us), synchronizer(ctx.device)
+        fn = step_call(get_step_variant(variant), finish_for(self.scenario), ctx.worker, stamps)
+
+        def before_round() -> None:
+            sync()
+            busy()
+
+        def start() -> None:
+            stamps.blocked.clear()
+            stamps.ready.clear()
+            busy.reset()
+
+        def series(benchmark, rounds: int) -> tuple[tuple[float, ...], ...]:
+            return (tuple(t * 1e6 for t in stamps.blocked[-rounds:]), tuple(t * 1e6 for t in stamps.ready[-rounds:]),
+                    tuple(busy.measured_us()[-rounds:]))
+
+        return Timer(fn, before_round, series, start)
+
+    def extra_info(self, variant: str, measured: D2HMeasurement) -> dict[str, Any]:
+        s = self.scenario
+        return {"scenario": s.id, "variant": variant, "kind": s.kind, "calls": len(s.calls()), **_measured(measured)}
+
+    def samples(self, variant: str, block: Block, series: tuple[tuple[float, ...], ...]) -> Samples:
+        blocked, ready, busy = series
+        return ScenarioSampleSet(self.scenario.id, variant, block.repetition, block.order, blocked, ready, busy)
+
+    def row(self, variant: str, ctx: Context, measured: D2HMeasurement | None, status: str, note: str,
+            blocks: Sequence[Samples], repro: str) -> ScenarioRow:
+        s = self.scenario
+        timings: dict[str, Any] = dict.fromkeys(timing_columns(ScenarioRow))
+        sets = [b for b in blocks if isinstance(b, ScenarioSampleSet)]
+        if sets:
+            for what in ("blocked", "ready"):
+                timings.update(quartiles([np.asarray(getattr(b, f"{what}_us")) for b in sets], f"{what}_"))
+            busy = [t for b in sets for t in b.busy_us]
+            timings.update(rounds=sum(len(b.blocked_us) for b in sets), repetitions=len(sets),
+                           busy_measured_us=float(np.median(busy)) if busy else None)
+        calls = s.calls()
+        return ScenarioRow(
+            scenario=s.id, kind=s.kind, side=s.side, variant=variant, device=ctx.device, dtype=s.dtype,
+            layout=s.layout, requests=s.requests, tokens=sum(c.tokens for c in calls), chunk_size=s.chunk_size,
+            page_size=s.page_size, busy_us=s.busy_us, calls=len(calls), expected_d2h_bytes=self.expected_d2h(variant)[0],
+            **_measured(measured), **timings, status=status, note=note, repro=repro)
+
+    def narrowed(self, variant: str, options: BenchOptions, device: str) -> tuple[str, BenchOptions]:
+        s = self.scenario
+        common = options.replace(step_variants=(variant,), page_sizes=(s.page_size,), dtypes=(s.dtype,), device=device,
+                                 time_budget_s=options.scenario_budget_s, results_dir=None, scenarios=None,
+                                 request_lens=None, chunk_size=None, prefix=None, step_sizes=None, step_lens=None)
+        if isinstance(s, StepScenario):
+            return "bench/test_steps.py", common.replace(step_sizes=(s.batch,), step_lens=s.lengths_spec)
+        return "bench/test_steps.py", common.replace(request_lens=(s.prompt_len,), chunk_size=s.chunk_size,
+                                                     prefix=s.prefix)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": self.scenario.kind, **asdict(self.scenario)}
+
+
+def target_from_json(data: dict[str, Any]) -> PointTarget | ScenarioTarget:
+    """The inverse of `as_json` (the cross-check process rebuilds its targets from it)."""
+    fields = {k: v for k, v in data.items() if k != "kind"}
+    kinds: dict[str, Callable[[], PointTarget | ScenarioTarget]] = {
+        "point": lambda: PointTarget(Point(**fields)),
+        "request": lambda: ScenarioTarget(RequestScenario(**fields)),
+        "step": lambda: ScenarioTarget(StepScenario(**fields)),
+    }
+    return kinds[data["kind"]]()

@@ -1,0 +1,220 @@
+"""The variants: implementations of "KV token indices on the device -> page indices on the host".
+
+Add a variant by writing one decorated function at the bottom of this file:
+
+    @variant("my_variant", moves=Moves.PAGES)
+    def my_variant(kv_indices: torch.Tensor, page_size: int) -> np.ndarray:
+        '''One-line description (listed by `kvpages list`).
+
+        Hypothesis: what it should change, and why.
+        '''
+        ...
+
+The benchmarks, the CLI and the tests read this registry; nothing else lists variants.
+A variant's body stays literal (no argument checks): calling it through the
+registry (`get_variant(name)(kv, page_size)`) checks the arguments first, and the
+harness checks them once per point, outside anything timed.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kvpages.core.checks import check_page_size
+
+VariantFn = Callable[[torch.Tensor, int], np.ndarray]
+
+INDEX_DTYPES: tuple[torch.dtype, ...] = (torch.int32, torch.int64)
+
+
+class Moves(enum.Enum):
+    """Which elements a variant hands to the host: its expected D2H bytes."""
+
+    TOKENS = "tokens"  # every token index: seq_len * itemsize bytes
+    PAGES = "pages"  # one index per page: ceil(seq_len / page_size) * itemsize bytes
+
+    def expected_d2h_bytes(self, seq_len: int, page_size: int, itemsize: int) -> int:
+        elements = seq_len if self is Moves.TOKENS else -(-seq_len // page_size)
+        return elements * itemsize
+
+
+REQUIREMENTS: tuple[str, ...] = ("cuda",)
+
+
+def unavailable_reason(requires: tuple[str, ...], device: str) -> str | None:
+    """Why something with these requirements (a variant, a step variant) cannot run on `device`, or None."""
+    if "cuda" in requires:
+        if device != "cuda":
+            return f"requires CUDA (pinned host memory, CUDA event); this run's device is {device}"
+        if not torch.cuda.is_available():
+            return "requires CUDA, but torch.cuda.is_available() is False"
+    return None
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A registered implementation; call it to run it with checked arguments."""
+
+    name: str
+    fn: VariantFn
+    description: str
+    doc: str
+    moves: Moves
+    requires: tuple[str, ...]
+
+    def __call__(self, kv_indices: torch.Tensor, page_size: int) -> np.ndarray:
+        check_kv_indices(kv_indices)
+        check_page_size(page_size)
+        reason = self.unavailable_reason(kv_indices.device.type)
+        if reason is not None:
+            raise RuntimeError(f"variant {self.name!r} cannot run here: {reason}")
+        return self.fn(kv_indices, page_size)
+
+    def unavailable_reason(self, device: str) -> str | None:
+        """Why this variant cannot run on `device` ('cpu' or 'cuda'), or None if it can."""
+        return unavailable_reason(self.requires, device)
+
+    def expected_d2h_bytes(self, seq_len: int, page_size: int, itemsize: int) -> int:
+        return self.moves.expected_d2h_bytes(seq_len, page_size, itemsize)
+
+
+_REGISTRY: dict[str, Variant] = {}
+
+
+def variant(name: str, *, moves: Moves, requires: tuple[str, ...] = ()) -> Callable[[VariantFn], VariantFn]:
+    """Register the decorated function as variant `name`; its docstring's first line is its description."""
+    for requirement in requires:
+        if requirement not in REQUIREMENTS:
+            raise ValueError(f"variant {name!r}: unknown requirement {requirement!r}; valid: {', '.join(REQUIREMENTS)}")
+
+    def register(fn: VariantFn) -> VariantFn:
+        if name in _REGISTRY:
+            other = _REGISTRY[name].fn
+            raise ValueError(
+                f"variant {name!r} is already registered by {other.__module__}.{other.__qualname__}; "
+                "choose another name"
+            )
+        doc = inspect.getdoc(fn)
+        if not doc:
+            raise ValueError(f"variant {name!r} needs a docstring: its first line is the description")
+        _REGISTRY[name] = Variant(name, fn, doc.splitlines()[0], doc, moves, tuple(requires))
+        return fn
+
+    return register
+
+
+def variant_names() -> tuple[str, ...]:
+    """Registered names, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def get_variant(name: str) -> Variant:
+    """The variant called `name`; an unknown name raises a ValueError listing the valid names."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown variant {name!r}; valid: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def all_variants() -> tuple[Variant, ...]:
+    return tuple(_REGISTRY.values())
+
+
+def check_kv_indices(kv_indices: object) -> torch.Tensor:
+    """Return `kv_indices` if it is a 1-D int32/int64 tensor, else raise TypeError/ValueError."""
+    if not isinstance(kv_indices, torch.Tensor):
+        raise TypeError(
+            f"kv_indices must be a 1-D torch.Tensor of int32 or int64, got {type(kv_indices).__name__}"
+        )
+    if kv_indices.dtype not in INDEX_DTYPES:
+        raise TypeError(f"kv_indices has dtype {kv_indices.dtype}; valid: torch.int32, torch.int64")
+    if kv_indices.dim() != 1:
+        raise ValueError(f"kv_indices must be 1-D, got shape {tuple(kv_indices.shape)}")
+    return kv_indices
+
+
+def reference_page_indices(kv_indices: torch.Tensor, page_size: int) -> np.ndarray:
+    """The definition every variant must match: `kv[::page_size] // page_size` on a host copy."""
+    host = np.array(kv_indices.detach().cpu().numpy(), copy=True)
+    return host[::page_size] // page_size
+
+
+# --------------------------------------------------------------------------------------
+# The variants. Bodies are literal: no argument checks, nothing beyond the code path.
+# --------------------------------------------------------------------------------------
+
+
+@variant("host_stride", moves=Moves.TOKENS)
+def host_stride(kv_indices: torch.Tensor, page_size: int) -> np.ndarray:
+    """Pre-PR SGLang: copy every token index to the host, then stride and divide in numpy.
+
+    The caller did `req_to_token[req_pool_idx, start:end].cpu().numpy()` and passed the
+    result to `kv_to_page_indices`, which returns early when page_size == 1.
+    D2H bytes: seq_len * itemsize, in one transfer.
+    """
+    kv = kv_indices.cpu().numpy()
+    if page_size == 1:
+        return kv
+    return kv[::page_size] // page_size
+
+
+@variant("device_stride", moves=Moves.PAGES)
+def device_stride(kv_indices: torch.Tensor, page_size: int) -> np.ndarray:
+    """Merged PR: stride and divide on the device, copy only the page indices.
+
+    SGLang PR "[PD] Stride KV token->page indices on device before D2H copy":
+    about page_size times fewer D2H bytes for one extra kernel; the PR dropped the
+    page_size == 1 shortcut, so at page size 1 it launches that kernel for nothing.
+    """
+    return (kv_indices[::page_size] // page_size).cpu().numpy()
+
+
+@variant("device_stride_pinned", moves=Moves.PAGES, requires=("cuda",))
+def device_stride_pinned(kv_indices: torch.Tensor, page_size: int) -> np.ndarray:
+    """Newer SGLang: stride on the device, non-blocking copy into pinned memory, wait on an event.
+
+    The pinned buffer comes from PyTorch's caching host allocator, so after warm-up
+    it is a cache hit, not a cudaHostAlloc. The returned array keeps that buffer alive.
+    """
+    pages = kv_indices[::page_size] // page_size
+    host = torch.empty(pages.shape, dtype=pages.dtype, pin_memory=True)
+    host.copy_(pages, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()
+    return host.numpy()
+
+
+@variant("device_stride_shortcut", moves=Moves.PAGES)
+def device_stride_shortcut(kv_indices: torch.Tensor, page_size: int) -> np.ndarray:
+    """The merged PR with the page_size == 1 shortcut restored.
+
+    Hypothesis: page size 1 is SGLang's default on most backends, and there
+    `kv[::1] // 1` is an extra kernel (and an extra device allocation) that moves
+    the same bytes as copying the indices directly. Restoring the shortcut should
+    make page size 1 as fast as `host_stride` while keeping `device_stride`'s byte
+    savings for page sizes > 1.
+    """
+    if page_size == 1:
+        return kv_indices.cpu().numpy()
+    return (kv_indices[::page_size] // page_size).cpu().numpy()
+
+
+@variant("device_shift", moves=Moves.PAGES)
+def device_shift(kv_indices: torch.Tensor, page_size: int) -> np.ndarray:
+    """The merged PR with a right shift instead of integer division for power-of-two page sizes.
+
+    Hypothesis: integer division is a multi-instruction sequence on GPUs and a slow
+    path on CPUs, while `>> log2(page_size)` is one instruction; floor division by
+    2**k equals an arithmetic shift by k, so results are identical. If the extra
+    kernel's cost is launch overhead rather than arithmetic, this changes nothing,
+    which is worth knowing too.
+    """
+    if page_size & (page_size - 1) == 0:
+        return (kv_indices[::page_size] >> (page_size.bit_length() - 1)).cpu().numpy()
+    return (kv_indices[::page_size] // page_size).cpu().numpy()

@@ -1,0 +1,68 @@
+"""The terminal summary of an analysed run: bytes, latency and ratios at a few lengths (no torch)."""
+
+from __future__ import annotations
+
+from kvpages.analysis.ratios import Analysis, variant_order
+from kvpages.core.names import STEP_BASELINE, STEP_CANDIDATE, per_request_of
+from kvpages.core.stats import CONFIDENCE
+
+
+def summary_seq_lens(seq_lens: list[int]) -> list[int]:
+    """A few sequence lengths for short tables: the shortest, 8192 (or the middle one) and the longest."""
+    ordered = sorted(set(seq_lens))
+    middle = 8192 if 8192 in ordered else ordered[len(ordered) // 2]
+    return sorted({ordered[0], middle, ordered[-1]})
+
+
+def summary_step_variants(names) -> list[str]:
+    """The step variants a short table shows: per-request baseline and candidate, and every batched one."""
+    return [n for n in names if n in (STEP_BASELINE, STEP_CANDIDATE) or per_request_of(n) is None]
+
+
+def scenario_summary(analysis: Analysis) -> list[str]:
+    """Lines for the whole requests and steps: bytes, transfers, blocked and ready, and blocked vs the baseline."""
+    frame = analysis.run.scenarios
+    if frame is None:
+        return []
+    ok = frame[(frame["status"] == "ok") & frame["variant"].isin(summary_step_variants(frame["variant"].unique()))]
+    if ok.empty:
+        return []
+    table = ok[["scenario", "variant", "d2h_transfers", "d2h_bytes", "blocked_median_us", "ready_median_us"]].copy()
+    cells = []
+    for scenario, variant in zip(table["scenario"], table["variant"], strict=True):
+        r = analysis.scenario_ratio(scenario, variant, "blocked")
+        cells.append("1" if variant == analysis.scenario_baseline else
+                     (f"{r.interval.ratio:.3f} [{r.interval.ci_low:.3f}, {r.interval.ci_high:.3f}]" if r else ""))
+    table[f"blocked vs baseline [{CONFIDENCE:.0%} CI]"] = cells
+    return ["", "whole requests and steps (per request or per step; blocked = ready on a CPU run):",
+            table.to_string(index=False, float_format=lambda v: f"{v:.2f}")]
+
+
+def summary_text(analysis: Analysis) -> str:
+    """Per page size: D2H bytes, median latency and the ratio to the baseline (with its CI) at a few lengths;
+    then the whole requests and steps."""
+    run = analysis.run
+    ok = run.ok_rows()
+    if ok.empty:
+        return "\n".join(scenario_summary(analysis)) or "no timed rows"
+    lines = []
+    if not run.link_crossed:
+        lines.append("CPU run: no PCIe link was crossed; bytes are those handed to the host boundary.")
+    lines.append(f"{analysis.noise.repetitions} interleaved repetitions per (variant, point); "
+                 f"ratios are paired per repetition, with {CONFIDENCE:.0%} CIs.")
+    for key, group in ok.groupby(["dtype", "layout", "page_size"], sort=True):
+        dtype, layout, page_size = str(key[0]), str(key[1]), int(key[2])  # type: ignore[call-overload]
+        chosen = group[group["seq_len"].isin(summary_seq_lens(group["seq_len"].tolist()))]
+        table = chosen[["seq_len", "variant", "d2h_bytes", "median_us"]].copy()
+        cells = []
+        for s, v in zip(table["seq_len"], table["variant"], strict=True):
+            r = analysis.ratio_at(v, dtype, layout, page_size, s)
+            cells.append("1" if v == analysis.baseline else (f"{r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+                                                            if r else ""))
+        table[f"vs_{analysis.baseline} [{CONFIDENCE:.0%} CI]"] = cells
+        table = table.sort_values(["seq_len", "variant"], key=variant_order)
+        lines.append(f"\npage_size={page_size} ({dtype}, {layout})")
+        lines.append(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    return "\n".join(lines + scenario_summary(analysis))
+
+

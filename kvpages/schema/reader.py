@@ -1,0 +1,232 @@
+"""Reads a run folder back (kvpages.schema.rows), validating it: what every analysis starts from (no torch).
+
+`load_run(path)` returns a `Run`: results.csv and scenarios.csv as typed frames, their raw
+samples by row, and meta.json. A folder that was edited, mixed up or is not a run is refused
+with a `RunError` naming the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvpages.schema.rows import (
+    COLUMNS,
+    FLOAT_COLUMNS,
+    INT_COLUMNS,
+    KEY_COLUMNS,
+    META_JSON,
+    OPTIONAL_COLUMNS,
+    READABLE_SCHEMAS,
+    RESULTS_CSV,
+    SAMPLES_CSV,
+    SCENARIO_COLUMNS,
+    SCENARIO_FLOAT_COLUMNS,
+    SCENARIO_INT_COLUMNS,
+    SCENARIO_OPTIONAL_COLUMNS,
+    SCENARIO_SAMPLE_COLUMNS,
+    SCENARIO_SAMPLES_CSV,
+    SCENARIOS_CSV,
+    Environment,
+    RunMeta,
+)
+
+MEDIAN_RTOL = 1e-9
+"""load_run recomputes each ok row's median from its samples; beyond this relative difference it refuses the folder."""
+
+
+class RunError(ValueError):
+    """A run folder or file that cannot be read; the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True, eq=False)
+class Run:
+    """A loaded run: its rows, its raw samples by row key, and its meta (None for a bare CSV)."""
+
+    path: Path
+    rows: pd.DataFrame
+    samples: dict[tuple, list[np.ndarray]]
+    """Per row key, the per-round times of each repetition (block), in repetition order."""
+    meta: RunMeta | None
+    scenarios: pd.DataFrame | None = None
+    """scenarios.csv (whole requests and steps), or None for a run without them."""
+    scenario_samples: dict[tuple, dict[str, list[np.ndarray]]] | None = None
+    """Per (scenario, variant): {'blocked': blocks, 'ready': blocks}, in repetition order."""
+
+    @property
+    def run_id(self) -> str:
+        return self.meta.run_id if self.meta else self.path.name
+
+    @property
+    def device_name(self) -> str:
+        names = self.rows["device_name"].dropna().unique()
+        return ", ".join(str(n) for n in names) if len(names) else "unknown device"
+
+    @property
+    def link_crossed(self) -> bool:
+        return bool((self.rows["link"].fillna("").str.startswith("pcie")).any())
+
+    def ok_rows(self) -> pd.DataFrame:
+        return self.rows[self.rows["status"] == "ok"]
+
+    def blocks(self, key: tuple) -> list[np.ndarray] | None:
+        return self.samples.get(key)
+
+
+def row_key(row: pd.Series | dict) -> tuple:
+    return tuple(int(row[c]) if c in ("seq_len", "page_size") else str(row[c]) for c in KEY_COLUMNS)
+
+
+def _read_text(path: Path) -> str:
+    if not path.is_file():
+        raise RunError(f"{path}: no such file")
+    data = path.read_bytes()
+    if not data.strip():
+        raise RunError(f"{path}: empty file")
+    if b"\0" in data[:4096]:
+        raise RunError(f"{path}: binary file, expected kvpages text (CSV or JSON)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RunError(f"{path}: not UTF-8 text, expected kvpages text (CSV or JSON)") from None
+
+
+def _read_csv(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
+    text = _read_text(path)
+    try:
+        frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise RunError(f"{path}: not a parseable CSV ({str(exc).splitlines()[0]})") from None
+    missing = [c for c in required if c not in frame.columns]
+    if missing:
+        raise RunError(f"{path}: missing required columns: {', '.join(missing)}")
+    return frame
+
+
+def _typed_rows(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
+    frame = frame.copy()
+    for column in OPTIONAL_COLUMNS:
+        if column not in frame.columns:
+            frame[column] = ""
+    return _typed(frame[list(COLUMNS)].copy(), INT_COLUMNS, FLOAT_COLUMNS, path)
+
+
+def _typed(frame: pd.DataFrame, ints: tuple[str, ...], floats: tuple[str, ...], path: Path) -> pd.DataFrame:
+    """`frame` (all strings) with its integer and float columns parsed; empty cells become missing."""
+    column = ""
+    try:
+        for column in ints:
+            frame[column] = pd.to_numeric(frame[column].replace("", None)).astype("Int64")
+        for column in floats:
+            frame[column] = pd.to_numeric(frame[column].replace("", None)).astype("float64")
+    except (ValueError, TypeError) as exc:
+        raise RunError(f"{path}: column {column!r} holds a non-number ({exc})") from None
+    return frame
+
+
+def _read_meta(path: Path) -> RunMeta:
+    text = _read_text(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RunError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise RunError(f"{path}: expected a JSON object")
+    version = data.get("schema_version")
+    if version not in READABLE_SCHEMAS:
+        readable = ", ".join(str(v) for v in READABLE_SCHEMAS)
+        raise RunError(f"{path}: schema version {version!r}; this kvpages reads schema versions {readable}")
+    try:
+        env = Environment(**data.pop("environment"))
+        return RunMeta(environment=env, **data)
+    except (TypeError, KeyError) as exc:
+        raise RunError(f"{path}: fields do not match schema version {version} ({exc})") from None
+
+
+def load_run(path: str | Path) -> Run:
+    """Load a run folder, or a results CSV (its folder's meta.json and samples.csv are used when present)."""
+    path = Path(path)
+    if not path.exists():
+        raise RunError(f"{path}: no such file or folder")
+    if path.is_dir():
+        folder, csv_path = path, path / RESULTS_CSV
+        if not csv_path.exists():
+            raise RunError(f"{path}: no {RESULTS_CSV} here; not a kvpages run folder")
+        meta: RunMeta | None = _read_meta(folder / META_JSON)
+    else:
+        folder, csv_path = path.parent, path
+        meta = _read_meta(folder / META_JSON) if (folder / META_JSON).exists() else None
+    required = tuple(c for c in COLUMNS if c not in OPTIONAL_COLUMNS)
+    rows = _typed_rows(_read_csv(csv_path, required), csv_path)
+    samples_path = folder / SAMPLES_CSV
+    samples = _read_samples(samples_path) if samples_path.exists() else {}
+    _check_medians(rows, samples, csv_path)
+    scenarios, scenario_samples = _read_scenarios(folder)
+    return Run(folder, rows, samples, meta, scenarios, scenario_samples)
+
+
+def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, dict[str, list[np.ndarray]]] | None]:
+    path = folder / SCENARIOS_CSV
+    if not path.exists():
+        return None, None
+    frame = _read_csv(path, tuple(c for c in SCENARIO_COLUMNS if c not in SCENARIO_OPTIONAL_COLUMNS))
+    for column in SCENARIO_OPTIONAL_COLUMNS:
+        if column not in frame.columns:
+            frame[column] = ""
+    frame = _typed(frame[list(SCENARIO_COLUMNS)].copy(), SCENARIO_INT_COLUMNS, SCENARIO_FLOAT_COLUMNS, path)
+    samples: dict[tuple, dict[str, list[np.ndarray]]] = {}
+    samples_path = folder / SCENARIO_SAMPLES_CSV
+    if samples_path.exists():
+        records = _read_csv(samples_path, SCENARIO_SAMPLE_COLUMNS[:-1]).to_dict("records")  # busy_us: optional
+        try:
+            records.sort(key=lambda r: int(r["repetition"]))
+            for r in records:
+                entry = samples.setdefault((r["scenario"], r["variant"]), {"blocked": [], "ready": []})
+                for what in ("blocked", "ready"):
+                    entry[what].append(np.array(r[f"{what}_us"].split(), dtype=np.float64))
+        except ValueError:
+            raise RunError(f"{samples_path}: a repetition or sample is not a number") from None
+    for _, row in frame[frame["status"] == "ok"].iterrows():
+        blocks = samples.get((row["scenario"], row["variant"]))
+        if blocks is None:
+            raise RunError(f"{path}: row {row['scenario']} {row['variant']} has no samples in {SCENARIO_SAMPLES_CSV}")
+        median = float(np.median(np.concatenate(blocks["blocked"])))
+        if not math.isclose(median, float(row["blocked_median_us"]), rel_tol=MEDIAN_RTOL, abs_tol=1e-12):
+            raise RunError(f"{path}: row {row['scenario']} {row['variant']} says blocked_median_us "
+                           f"{row['blocked_median_us']!r}, but its samples give {median!r}; the folder was edited or mixed up")
+    return frame, samples
+
+
+def _read_samples(path: Path) -> dict[tuple, list[np.ndarray]]:
+    """samples.csv by row key; version 1 files (no `repetition` column) hold one block per row."""
+    frame = _read_csv(path, KEY_COLUMNS + ("rounds", "samples_us"))
+    by_key: dict[tuple, list[tuple[int, np.ndarray]]] = {}
+    for i, record in enumerate(frame.to_dict("records")):
+        try:
+            values = np.array(record["samples_us"].split(), dtype=np.float64)
+            repetition = int(record.get("repetition") or 0)
+        except ValueError:
+            raise RunError(f"{path}: line {i + 2}: samples_us or repetition holds a non-number") from None
+        by_key.setdefault(row_key(record), []).append((repetition, values))
+    return {key: [v for _, v in sorted(blocks, key=lambda b: b[0])] for key, blocks in by_key.items()}
+
+
+def _check_medians(rows: pd.DataFrame, samples: dict[tuple, list[np.ndarray]], path: Path) -> None:
+    """Refuse a results.csv whose ok rows' medians are not those of their samples (a hand edit, a mix-up)."""
+    if not samples:
+        return
+    for _, row in rows[rows["status"] == "ok"].iterrows():
+        key = row_key(row)
+        blocks = samples.get(key)
+        if blocks is None:
+            raise RunError(f"{path}: row {' '.join(map(str, key))} has no samples in {SAMPLES_CSV}")
+        median = float(np.median(np.concatenate(blocks)))
+        if not math.isclose(median, float(row["median_us"]), rel_tol=MEDIAN_RTOL, abs_tol=1e-12):
+            raise RunError(f"{path}: row {' '.join(map(str, key))} says median_us {row['median_us']!r}, but its "
+                           f"samples in {SAMPLES_CSV} give {median!r}; the folder was edited or mixed up")

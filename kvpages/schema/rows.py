@@ -1,0 +1,290 @@
+"""The run-folder schema: the record types and their columns (no torch import).
+
+A run folder `results/<run-id>/` holds
+- `results.csv`: one `Row` per (variant, point);
+- `samples.csv`: one `SampleSet` per timed repetition (block) of a row, its per-round
+  times in microseconds, with the block's repetition and its position in the run order;
+- `scenarios.csv` and `scenario_samples.csv`: the same for whole requests and steps
+  (`ScenarioRow`, `ScenarioSampleSet`);
+- `meta.json`: a `RunMeta` (environment, command, options, start/end, completed);
+- `ratios.csv` (analysed runs): one `RatioRow` per (variant, baseline, point).
+`Table` names each pair of row and sample files; kvpages.schema.writer writes them and
+kvpages.schema.reader reads them back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+SCHEMA_VERSION = 2
+"""2: repetitions (samples.csv has one line per block, with `repetition` and `order`). Version 1 is still read."""
+READABLE_SCHEMAS = (1, 2)
+RESULTS_CSV = "results.csv"
+SAMPLES_CSV = "samples.csv"
+META_JSON = "meta.json"
+RATIOS_CSV = "ratios.csv"
+SCENARIOS_CSV = "scenarios.csv"
+SCENARIO_SAMPLES_CSV = "scenario_samples.csv"
+
+STATUSES = ("ok", "skipped", "mismatch", "out_of_memory")
+"""ok: checked, metered and timed; skipped: cannot run on this device (see note);
+mismatch: wrong output or D2H bytes (see note); out_of_memory: the point did not fit."""
+
+KEY_COLUMNS = ("variant", "dtype", "layout", "seq_len", "page_size")
+"""A row's identity within a run (the device is the run's)."""
+TIMING = {"timing": True}
+"""Field metadata of the timing columns: empty on a row that was not timed (skipped, mismatch, ...)."""
+
+
+def timing_columns(row_type: type) -> tuple[str, ...]:
+    """The timing columns of a row type, from its fields: what a row that was not timed leaves empty."""
+    return tuple(f.name for f in fields(row_type) if f.metadata.get("timing"))
+
+
+def check_status(status: str) -> None:
+    if status not in STATUSES:
+        raise ValueError(f"unknown row status {status!r}; valid: {', '.join(STATUSES)}")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One (variant, point) of a run. Times in microseconds per call, bytes per call."""
+
+    variant: str
+    device: str
+    device_name: str
+    dtype: str
+    layout: str
+    seq_len: int
+    page_size: int
+    num_pages: int
+    rotation: int
+    expected_d2h_bytes: int
+    d2h_bytes: int | None
+    d2h_transfers: int | None
+    link: str
+    median_us: float | None = field(metadata=TIMING)
+    iqr_us: float | None = field(metadata=TIMING)
+    q1_us: float | None = field(metadata=TIMING)
+    q3_us: float | None = field(metadata=TIMING)
+    min_us: float | None = field(metadata=TIMING)
+    max_us: float | None = field(metadata=TIMING)
+    mean_us: float | None = field(metadata=TIMING)
+    stddev_us: float | None = field(metadata=TIMING)
+    rounds: int | None = field(metadata=TIMING)
+    iterations: int | None = field(metadata=TIMING)
+    repetitions: int | None = field(metadata=TIMING)
+    rep_spread: float | None = field(metadata=TIMING)
+    status: str = field(default="ok")
+    note: str = ""
+    repro: str = ""
+
+    def __post_init__(self) -> None:
+        check_status(self.status)
+
+
+COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Row))
+INT_COLUMNS = ("seq_len", "page_size", "num_pages", "rotation", "expected_d2h_bytes", "d2h_bytes", "d2h_transfers",
+               "rounds", "iterations", "repetitions")
+FLOAT_COLUMNS = tuple(c for c in COLUMNS if c.endswith("_us")) + ("rep_spread",)
+OPTIONAL_COLUMNS = ("repetitions", "rep_spread")
+"""Columns schema version 1 did not have; reading such a run leaves them empty."""
+
+
+@dataclass(frozen=True)
+class SampleSet:
+    """The raw per-round times of one timed block: repetition `repetition` of a row, the
+    `order`-th block the run timed."""
+
+    variant: str
+    dtype: str
+    layout: str
+    seq_len: int
+    page_size: int
+    repetition: int
+    order: int
+    samples_us: tuple[float, ...]
+
+
+SAMPLE_COLUMNS = KEY_COLUMNS + ("repetition", "order", "rounds", "samples_us")
+
+
+@dataclass(frozen=True)
+class ScenarioRow:
+    """One (scenario, step variant): a whole request (all its calls) or a whole scheduler step, measured as one.
+
+    Bytes and transfers per request or step, as the meter counted them; latencies per request or
+    step in microseconds: `blocked` until the calling (scheduler) thread got control back, `ready`
+    until the page indices were usable on the host (equal, except for variants whose wait runs on
+    a worker thread; on a CPU run always equal).
+    """
+
+    scenario: str
+    kind: str  # request | step
+    side: str  # prefill | decode
+    variant: str
+    device: str
+    dtype: str
+    layout: str
+    requests: int
+    tokens: int
+    chunk_size: int
+    page_size: int
+    busy_us: int
+    calls: int
+    expected_d2h_bytes: int
+    d2h_bytes: int | None
+    d2h_transfers: int | None
+    link: str
+    blocked_median_us: float | None = field(metadata=TIMING)
+    blocked_q1_us: float | None = field(metadata=TIMING)
+    blocked_q3_us: float | None = field(metadata=TIMING)
+    ready_median_us: float | None = field(metadata=TIMING)
+    ready_q1_us: float | None = field(metadata=TIMING)
+    ready_q3_us: float | None = field(metadata=TIMING)
+    rounds: int | None = field(metadata=TIMING)
+    repetitions: int | None = field(metadata=TIMING)
+    status: str = field(default="ok")
+    note: str = ""
+    repro: str = ""
+    busy_measured_us: float | None = field(default=None, metadata=TIMING)
+    """The device busy time each timed round actually had (CUDA events around the queued kernel), median."""
+
+    def __post_init__(self) -> None:
+        check_status(self.status)
+
+
+SCENARIO_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ScenarioRow))
+SCENARIO_INT_COLUMNS = ("requests", "tokens", "chunk_size", "page_size", "busy_us", "calls", "expected_d2h_bytes",
+                        "d2h_bytes", "d2h_transfers", "rounds", "repetitions")
+SCENARIO_FLOAT_COLUMNS = tuple(c for c in SCENARIO_COLUMNS if c.endswith("_us") and c != "busy_us")
+SCENARIO_OPTIONAL_COLUMNS = ("busy_measured_us",)
+"""Columns added since scenarios.csv first appeared; reading an older run leaves them empty."""
+
+
+@dataclass(frozen=True)
+class ScenarioSampleSet:
+    """One timed block of a (scenario, step variant): per round, blocked and ready microseconds."""
+
+    scenario: str
+    variant: str
+    repetition: int
+    order: int
+    blocked_us: tuple[float, ...]
+    ready_us: tuple[float, ...]
+    busy_us: tuple[float, ...] = ()
+    """Per round, the device busy time queued before it (busy-queue scenarios on CUDA; else empty)."""
+
+
+SCENARIO_SAMPLE_COLUMNS = ("scenario", "variant", "repetition", "order", "rounds", "blocked_us", "ready_us", "busy_us")
+
+
+Samples = SampleSet | ScenarioSampleSet
+"""One timed block's samples, of a point or of a scenario."""
+
+
+@dataclass(frozen=True)
+class RatioRow:
+    """`variant` against `baseline` at one point of an analysed run (ratios.csv).
+
+    ratio: median over repetitions of the paired block-median ratios variant/baseline, with the
+    order-statistic interval of that median at `confidence` (kvpages.core.stats); bytes_ratio: measured D2H bytes.
+    verdict: 'faster' or 'slower' when the interval excludes 1, else 'within noise'.
+    """
+
+    variant: str
+    baseline: str
+    dtype: str
+    layout: str
+    seq_len: int
+    page_size: int
+    ratio: float
+    ci_low: float
+    ci_high: float
+    confidence: float
+    repetitions: int
+    bytes_ratio: float
+    variant_median_us: float
+    baseline_median_us: float
+    variant_d2h_bytes: int
+    baseline_d2h_bytes: int
+    verdict: str
+
+
+RATIO_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RatioRow))
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Where a run ran. Fields that do not apply (no CUDA) are None."""
+
+    kvpages_version: str
+    python_version: str
+    torch_version: str
+    numpy_version: str
+    pytest_benchmark_version: str
+    platform: str
+    cpu_model: str
+    cpu_count: int
+    torch_threads: int
+    device: str
+    device_name: str
+    cuda_version: str | None
+    driver_version: str | None
+    pcie_link: str | None
+    git_commit: str | None
+    git_dirty: bool | None
+    link_crossed: bool
+    link_note: str
+    gpu_uuid: str | None = None
+    pcie_link_loaded: str | None = None
+    """The PCIe link as nvidia-smi saw it right after the first timed block (an idle link downshifts)."""
+
+
+@dataclass
+class RunMeta:
+    """meta.json: what ran, where, how, and whether it finished."""
+
+    run_id: str
+    preset: str
+    options: dict[str, str]
+    command: str
+    started_utc: str
+    environment: Environment
+    finished_utc: str | None = None
+    completed: bool = False
+    end_note: str = "running (or killed before it could finish)"
+    schema_version: int = SCHEMA_VERSION
+    timing: dict[str, float] = field(default_factory=dict)
+    repetitions: int = 1
+    order_seed: int = 0
+    crosscheck: str = "off"
+
+
+@dataclass(frozen=True)
+class Table:
+    """One kind of row in a run folder: its rows file, its samples file and their columns."""
+
+    rows_csv: str
+    samples_csv: str
+    columns: tuple[str, ...]
+    sample_columns: tuple[str, ...]
+
+
+POINTS = Table(RESULTS_CSV, SAMPLES_CSV, COLUMNS, SAMPLE_COLUMNS)
+SCENARIOS = Table(SCENARIOS_CSV, SCENARIO_SAMPLES_CSV, SCENARIO_COLUMNS, SCENARIO_SAMPLE_COLUMNS)
+
+
+def _spaced(values: tuple[float, ...]) -> str:
+    return " ".join(repr(float(x)) for x in values)
+
+
+def sample_record(s: SampleSet | ScenarioSampleSet) -> dict[str, object]:
+    """A samples.csv (or scenario_samples.csv) line: the key fields, `rounds`, and each series space-separated."""
+    record: dict[str, object] = {}
+    for f in fields(s):
+        value = getattr(s, f.name)
+        record[f.name] = _spaced(value) if isinstance(value, tuple) else value
+    series = s.samples_us if isinstance(s, SampleSet) else s.blocked_us
+    record["rounds"] = len(series)
+    return record

@@ -1,0 +1,83 @@
+"""The layout is the architecture: only the measuring side imports torch, it never imports analysis or
+rendering, the run-folder schema is what both sides share, and the package has no import cycle."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+PACKAGE = REPO / "kvpages"
+PATHS = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p for p in PACKAGE.rglob("*.py")}
+MODULES = sorted(PATHS)
+MEASURING = "kvpages.measure"
+FACES = ("kvpages.plugin", "kvpages.cli", "kvpages.preflight", "kvpages.__main__")
+"""The faces wire both sides together (and import torch only when a benchmark needs it)."""
+
+
+def imports_of(module: str) -> set[str]:
+    """Every kvpages module `module` imports, at any depth of its code (lazy imports included)."""
+    tree = ast.parse(PATHS[module].read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kvpages"):
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in MODULES}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("kvpages")}
+    return {m for m in found if m in MODULES and m != module}
+
+
+def test_the_layout_has_its_five_parts():
+    parts = {m.split(".")[1] for m in MODULES if m.count(".") >= 2}
+    assert parts == {"core", "schema", "measure", "analysis", "render"}
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if not m.startswith(MEASURING) and m not in FACES])
+def test_every_module_outside_the_measuring_side_imports_without_torch(module):
+    code = ("import sys; sys.modules['torch'] = None  # import torch now raises ImportError\n"
+            f"import importlib; importlib.import_module({module!r})\n"
+            "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m.startswith(MEASURING)])
+def test_the_measuring_side_imports_nothing_from_analysis_or_rendering(module):
+    assert not {m for m in imports_of(module) if m.startswith(("kvpages.analysis", "kvpages.render"))}
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m.startswith(("kvpages.core", "kvpages.schema"))])
+def test_core_and_schema_import_neither_side(module):
+    assert not {m for m in imports_of(module) if m.startswith((MEASURING, "kvpages.analysis", "kvpages.render"))}
+
+
+def test_there_is_no_import_cycle():
+    graph = {m: imports_of(m) for m in MODULES}
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(n):] + [n]) if n in path
+                                     else f"import cycle through {n}")
+            if n not in state:
+                visit(n, path + [n])
+        state[m] = 2
+
+    for m in MODULES:
+        if m not in state:
+            visit(m, [m])
+
+
+def test_no_module_over_400_lines_and_no_class_over_150():
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        assert text.count("\n") <= 400, path
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                assert node.end_lineno - node.lineno + 1 <= 150, f"{path}: class {node.name}"
