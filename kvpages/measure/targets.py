@@ -258,8 +258,8 @@ def step_call(variant: StepVariant, finish: Callable[[Arrays], Arrays], worker: 
 class ScenarioTarget:
     """A whole request (every call it makes) or a whole scheduler step, with a step variant (kvpages.measure.steps)."""
 
-    scenario: Scenario
     table = SCENARIOS
+    scenario: Scenario
 
     id = property(lambda self: self.scenario.id, doc="The scenario's id (the benchmark group).")
     page_size = property(lambda self: self.scenario.page_size)
