@@ -152,8 +152,13 @@ class D2HMeter(TorchFunctionMode):
         return out
 
 
+def measure_call(call: Callable[[], object], inputs: tuple[torch.Tensor, ...]) -> D2HMeasurement:
+    """Run `call()` once and return what it handed to the host of `inputs` (and what was computed from them)."""
+    with D2HMeter(inputs) as meter:
+        call()
+    return D2HMeasurement(tuple(meter.transfers))
+
+
 def measure_d2h(fn: Callable[[torch.Tensor, int], object], kv_indices: torch.Tensor, page_size: int) -> D2HMeasurement:
     """Run `fn(kv_indices, page_size)` once and return what it handed to the host."""
-    with D2HMeter((kv_indices,)) as meter:
-        fn(kv_indices, page_size)
-    return D2HMeasurement(tuple(meter.transfers))
+    return measure_call(lambda: fn(kv_indices, page_size), (kv_indices,))

@@ -28,7 +28,7 @@ from kvpages.measure.runner import Runner
 from kvpages.measure.schedule import Block, plan
 from kvpages.measure.steps import get_step_variant, step_variant_names
 from kvpages.measure.targets import Context, PointTarget, ScenarioTarget, Target
-from kvpages.measure.variants import get_variant, variant_names
+from kvpages.measure.variants import variant_names
 from kvpages.schema.rows import Row, RunMeta, Samples, ScenarioRow, Table
 from kvpages.schema.writer import RunWriter, create_run_dir, utc_now
 
@@ -59,8 +59,6 @@ class KvSession:
         self.passes = min(sweep.passes, self.repetitions)
         self.variants = options.variants or variant_names()
         self.step_variants = options.step_variants or step_variant_names()
-        for name in self.variants:
-            get_variant(name)
         points = [PointTarget(p) for p in sweep.points(self.device)]
         self.point_blocks = plan(self.variants, points, self.repetitions, sweep.seed, self.passes)
         per_request = [n for n in self.step_variants if not get_step_variant(n).batched]

@@ -30,9 +30,10 @@ from kvpages.core.stats import quartiles, row_statistics
 from kvpages.core.sweep import ITEMSIZE, Point
 from kvpages.measure.busy import BusyQueue
 from kvpages.measure.inputs import Workload, make_scenario_workload, make_workload, validate_page_layout
-from kvpages.measure.meter import D2HMeasurement, D2HMeter
+from kvpages.measure.meter import D2HMeasurement, measure_call
 from kvpages.measure.schedule import Block
 from kvpages.measure.steps import Arrays, Pending, StepVariant, get_step_variant
+from kvpages.measure.timer import synchronizer
 from kvpages.measure.variants import get_variant
 from kvpages.schema.rows import (
     POINTS,
@@ -75,10 +76,6 @@ class Timer:
     """After the block: (benchmark, rounds) -> the per-round series in microseconds."""
     start: Callable[[], None] = lambda: None
     """Right before the timed rounds (after the warm-up): forget what the warm-up recorded."""
-
-
-def synchronizer(device: str) -> Callable[[], None]:
-    return torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
 
 def outputs_match(out: object, expected: np.ndarray) -> str | None:
@@ -135,9 +132,7 @@ class Target(Protocol):
 def measure(target: Target, variant: str, inputs: Any) -> D2HMeasurement:
     """What one call of `variant` at `target` hands to the host (any wait in this thread)."""
     tensors = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
-    with D2HMeter(tensors) as meter:
-        target.call_here(variant, inputs)
-    return D2HMeasurement(tuple(meter.transfers))
+    return measure_call(lambda: target.call_here(variant, inputs), tensors)
 
 
 def _measured(measured: D2HMeasurement | None) -> dict[str, Any]:

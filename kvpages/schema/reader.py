@@ -31,6 +31,7 @@ from kvpages.schema.rows import (
     SCENARIO_INT_COLUMNS,
     SCENARIO_OPTIONAL_COLUMNS,
     SCENARIO_SAMPLE_COLUMNS,
+    SCENARIO_SAMPLE_OPTIONAL_COLUMNS,
     SCENARIO_SAMPLES_CSV,
     SCENARIOS_CSV,
     Environment,
@@ -109,12 +110,18 @@ def _read_csv(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
     return frame
 
 
-def _typed_rows(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
-    frame = frame.copy()
-    for column in OPTIONAL_COLUMNS:
+def _required(columns: tuple[str, ...], optional: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(c for c in columns if c not in optional)
+
+
+def _read_typed(path: Path, columns: tuple[str, ...], optional: tuple[str, ...], ints: tuple[str, ...],
+                floats: tuple[str, ...]) -> pd.DataFrame:
+    """A rows CSV with exactly `columns`, typed: the `optional` ones (added in later versions) empty when absent."""
+    frame = _read_csv(path, _required(columns, optional))
+    for column in optional:
         if column not in frame.columns:
             frame[column] = ""
-    return _typed(frame[list(COLUMNS)].copy(), INT_COLUMNS, FLOAT_COLUMNS, path)
+    return _typed(frame[list(columns)].copy(), ints, floats, path)
 
 
 def _typed(frame: pd.DataFrame, ints: tuple[str, ...], floats: tuple[str, ...], path: Path) -> pd.DataFrame:
@@ -162,8 +169,7 @@ def load_run(path: str | Path) -> Run:
     else:
         folder, csv_path = path.parent, path
         meta = _read_meta(folder / META_JSON) if (folder / META_JSON).exists() else None
-    required = tuple(c for c in COLUMNS if c not in OPTIONAL_COLUMNS)
-    rows = _typed_rows(_read_csv(csv_path, required), csv_path)
+    rows = _read_typed(csv_path, COLUMNS, OPTIONAL_COLUMNS, INT_COLUMNS, FLOAT_COLUMNS)
     samples_path = folder / SAMPLES_CSV
     samples = _read_samples(samples_path) if samples_path.exists() else {}
     _check_medians(rows, samples, csv_path)
@@ -175,15 +181,13 @@ def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, dict
     path = folder / SCENARIOS_CSV
     if not path.exists():
         return None, None
-    frame = _read_csv(path, tuple(c for c in SCENARIO_COLUMNS if c not in SCENARIO_OPTIONAL_COLUMNS))
-    for column in SCENARIO_OPTIONAL_COLUMNS:
-        if column not in frame.columns:
-            frame[column] = ""
-    frame = _typed(frame[list(SCENARIO_COLUMNS)].copy(), SCENARIO_INT_COLUMNS, SCENARIO_FLOAT_COLUMNS, path)
+    frame = _read_typed(path, SCENARIO_COLUMNS, SCENARIO_OPTIONAL_COLUMNS, SCENARIO_INT_COLUMNS,
+                        SCENARIO_FLOAT_COLUMNS)
     samples: dict[tuple, dict[str, list[np.ndarray]]] = {}
     samples_path = folder / SCENARIO_SAMPLES_CSV
     if samples_path.exists():
-        records = _read_csv(samples_path, SCENARIO_SAMPLE_COLUMNS[:-1]).to_dict("records")  # busy_us: optional
+        required = _required(SCENARIO_SAMPLE_COLUMNS, SCENARIO_SAMPLE_OPTIONAL_COLUMNS)
+        records = _read_csv(samples_path, required).to_dict("records")
         try:
             records.sort(key=lambda r: int(r["repetition"]))
             for r in records:

@@ -177,6 +177,8 @@ class ScenarioSampleSet:
 
 
 SCENARIO_SAMPLE_COLUMNS = ("scenario", "variant", "repetition", "order", "rounds", "blocked_us", "ready_us", "busy_us")
+SCENARIO_SAMPLE_OPTIONAL_COLUMNS = ("busy_us",)
+"""Columns added since scenario_samples.csv first appeared (older runs lack them)."""
 
 
 Samples = SampleSet | ScenarioSampleSet
