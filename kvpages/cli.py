@@ -101,8 +101,10 @@ def _check_pct(flag: str, value: float | None) -> None:
 
 def _print_comparison(title: str, points, what: str) -> None:
     print(f"\n{title}")
+    known = [p.interval for p in points if p.interval.known]
+    header = f"{known[0].confidence:.1%} CI" if known else "CI"
     print(f"{'variant':<24} {'dtype':<6} {'layout':<11} {'seq_len':>8} {'page':>5} {'A ' + what:>10} "
-          f"{'B ' + what:>10} {'B/A':>7}  {'95% CI':<17} verdict")
+          f"{'B ' + what:>10} {'B/A':>7}  {header:<17} verdict")
     for p in points:
         variant, dtype, layout, seq_len, page_size = p.key
         i = p.interval
@@ -130,11 +132,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
             print(f"{label}: {' '.join(str(k) for k in key)}")
     print(f"relative: {_counts(result.relative)}")
     print(f"absolute: {_counts(result.absolute)}")
+    unit = "processes" if result.unit == "process" else "repetitions within a process"
+    print(f"intervals between the runs sample {unit} (A: {result.processes[0]}, B: {result.processes[1]} processes)")
+    if result.caveat():
+        print(result.caveat())
     if args.fail_above is not None:
         regressions = result.regressions(args.fail_above)
         if regressions:
             print(f"FAIL: {len(regressions)} point(s) slower relative to {result.baseline} by more than "
-                  f"{args.fail_above:g}% beyond noise (whole 95% CI above {1 + args.fail_above / 100:g})", file=sys.stderr)
+                  f"{args.fail_above:g}% beyond noise (whole CI above {1 + args.fail_above / 100:g})", file=sys.stderr)
             return 1
         print(f"OK: no point slower relative to {result.baseline} by more than {args.fail_above:g}% beyond noise")
     return 0

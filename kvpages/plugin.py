@@ -10,6 +10,7 @@ and the step variants, so a new variant is benchmarked without touching bench/.
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +19,7 @@ import pytest
 
 from kvpages.core.capacity import check_fits, host_available_bytes
 from kvpages.core.options import OPTIONS, BenchOptions
+from kvpages.measure.workers import WORKER_DIR_FLAG, WORKER_FLAG
 
 if TYPE_CHECKING:
     from kvpages.measure.session import KvSession
@@ -37,6 +39,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="after the run, write its charts and REPORT.md into the run folder",
     )
+    group.addoption(WORKER_FLAG, type=int, default=None, metavar="K",
+                    help="internal: time only process K's share and log it (the session starts its workers)")
+    group.addoption(WORKER_DIR_FLAG, default=None, metavar="DIR", help="internal: where a worker logs its blocks")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -61,6 +66,10 @@ def pytest_configure(config: pytest.Config) -> None:
                 f"--kv-device: 'cuda' is not available here (torch {torch.__version__}, "
                 f"CUDA build: {torch.version.cuda}); valid here: auto, cpu"
             )
+    worker, worker_dir = config.getoption(WORKER_FLAG), config.getoption(WORKER_DIR_FLAG)
+    if worker is not None and (worker_dir is None or not 0 <= worker < options.sweep.processes - 1):
+        raise pytest.UsageError(f"{WORKER_FLAG} {worker}: internal option; the session starts processes "
+                                f"0..{options.sweep.processes - 2} itself, each with {WORKER_DIR_FLAG}")
     config.stash[OPTIONS_KEY] = options
 
 
@@ -96,9 +105,11 @@ def kv_session(config: pytest.Config) -> KvSession:
     if SESSION_KEY not in config.stash:
         from kvpages.measure.session import KvSession
 
+        worker_dir = config.getoption(WORKER_DIR_FLAG)
         config.stash[SESSION_KEY] = KvSession(
             config.stash[OPTIONS_KEY], Path(str(config.rootpath)), tuple(config.invocation_params.args),
-            timing=not config.getoption("benchmark_disable", False),
+            timing=not config.getoption("benchmark_disable", False), worker=config.getoption(WORKER_FLAG),
+            worker_dir=None if worker_dir is None else Path(worker_dir), configured_at=config.stash[START_KEY],
         )
     return config.stash[SESSION_KEY]
 
@@ -123,6 +134,87 @@ def kv_scenarios_fixture(request: pytest.FixtureRequest):
     return kv_session(request.config).runner
 
 
+def _block_of(item: pytest.Item):
+    """The kvpages block an item times, or None (another test, or an empty parametrization)."""
+    from kvpages.measure.schedule import Block
+
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    block = params.get("kv_case", params.get("kv_scenario"))
+    return block if isinstance(block, Block) else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a worker, keep only the cases the session selected (its -k, -m or node ids)."""
+    folder = config.getoption(WORKER_DIR_FLAG)
+    if folder is None or config.getoption(WORKER_FLAG) is None:
+        return
+    from kvpages.measure.workers import read_cases
+
+    cases = read_cases(Path(folder))
+    keep = [item for item in items if (block := _block_of(item)) is not None and block.case_id in cases]
+    dropped = [item for item in items if item not in keep]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtestloop(session: pytest.Session):
+    """With --kv-processes >= 2: before this session times its share, each earlier process's share runs in a
+    fresh pytest worker, one after another (kvpages.measure.workers)."""
+    config = session.config
+    kv = config.stash.get(SESSION_KEY, None)
+    blocks = [b for item in session.items if (b := _block_of(item)) is not None]
+    if kv is not None:
+        kv.loop_started = time.perf_counter()
+    if (kv is not None and kv.processes > 1 and kv.log is None and blocks and not config.option.collectonly
+            and not session.testsfailed):
+        _run_workers(config, kv, blocks)
+    return (yield)
+
+
+def _run_workers(config: pytest.Config, kv: KvSession, blocks: list) -> None:
+    import tempfile
+
+    from kvpages.measure.session import WorkerFailed, run_workers
+    from kvpages.measure.workers import WorkerCommand, passed_through
+
+    folder = Path(tempfile.mkdtemp(prefix="kvpages-workers-"))
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    bench = getattr(config, "_benchmarksession", None)
+    command = WorkerCommand(
+        paths=tuple(str(arg).split("[", 1)[0] for arg in config.args),
+        kv_args=kv.options.replace(crosscheck="off", results_dir=None).to_args(),
+        extra=tuple(passed_through(config.invocation_params.args)),
+        rootdir=str(config.rootpath), cwd=config.invocation_params.dir, folder=folder,
+        json_out=bool(bench is not None and (bench.json or bench.save or bench.autosave)),
+    )
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(line: str) -> None:
+        if reporter is not None:
+            reporter.write_line(line)
+
+    try:
+        run_workers(kv, command, [b.case_id for b in blocks], say)
+    except WorkerFailed as exc:
+        pytest.exit(str(exc), returncode=pytest.ExitCode.INTERNAL_ERROR)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json: dict) -> None:
+    """--benchmark-json (and --benchmark-save) hold every process's benchmarks, the workers' too."""
+    kv = config.stash.get(SESSION_KEY, None)
+    if kv is None or not kv.worker_benchmarks:
+        return
+    with_data = any("data" in b.get("stats", {}) for b in output_json["benchmarks"])
+    for entry in kv.worker_benchmarks:
+        stats = entry.get("stats", {})
+        output_json["benchmarks"].append(entry if with_data else {**entry, "stats": {
+            k: v for k, v in stats.items() if k != "data"}})
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if SESSION_KEY in config.stash:
@@ -130,7 +222,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    if SESSION_KEY not in config.stash:
+    if SESSION_KEY not in config.stash or config.stash[SESSION_KEY].log is not None:  # a worker: its log says it
         return
     writer = config.stash[SESSION_KEY].writer
     if writer is None:

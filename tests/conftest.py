@@ -28,7 +28,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from kvpages.core.stats import row_statistics  # noqa: E402
-from kvpages.schema.rows import POINTS, Environment, Row, RunMeta, SampleSet  # noqa: E402
+from kvpages.schema.rows import POINTS, Environment, ProcessInfo, Row, RunMeta, SampleSet  # noqa: E402
 from kvpages.schema.writer import RunWriter  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,9 +41,10 @@ def reference_runs() -> list[Path]:
 
 def synthetic_run(folder: Path, medians_us: dict[tuple[str, int, int], float], spread: float = 0.01,
                   rounds: int = 50, seed: int = 0, run_id: str | None = None, repetitions: int = 10,
-                  rep_spread: float = 0.01) -> Path:
+                  rep_spread: float = 0.01, processes: int = 1, process_spread: float = 0.0) -> Path:
     """A run folder whose (variant, seq_len, page_size) rows have `repetitions` blocks of samples around the
-    given medians: each block's level varies by `rep_spread`, its rounds by `spread` around it.
+    given medians: repetition r comes from process r % processes, each process shifts each row's level by
+    `process_spread`, each block's level varies by `rep_spread` around that, its rounds by `spread` around it.
 
     For testing the analysis only; it never goes into results/.
     """
@@ -51,14 +52,17 @@ def synthetic_run(folder: Path, medians_us: dict[tuple[str, int, int], float], s
     folder.mkdir(parents=True)
     env = Environment("0", "3", "t", "n", "b", "p", "cpu-model", 2, 2, "cpu", "test-cpu", None, None, None,
                       None, None, False, "CPU run: no PCIe link was crossed.")
+    infos = [ProcessInfo(p, 1000 + p, "worker" if p < processes - 1 else "session", 2.0, 1.0, 10.0, 0)
+             for p in range(processes)] if processes > 1 else []
     writer = RunWriter(folder, RunMeta(run_id or folder.name, "test", {}, "pytest bench/", "t0", env,
-                                       repetitions=repetitions))
+                                       repetitions=repetitions, processes=infos))
     order = 0
     for (variant, seq_len, page_size), median in medians_us.items():
         blocks = []
+        shifts = np.exp(process_spread * rng.standard_normal(processes))
         for r in range(repetitions):
-            level = median * np.exp(rep_spread * rng.standard_normal())
-            blocks.append(SampleSet(variant, "int32", "fragmented", seq_len, page_size, r, order,
+            level = median * shifts[r % processes] * np.exp(rep_spread * rng.standard_normal())
+            blocks.append(SampleSet(variant, "int32", "fragmented", seq_len, page_size, r, order, r % processes,
                                     tuple(level * (1 + spread * rng.standard_normal(rounds)))))
             order += 1
         stats = row_statistics([np.asarray(b.samples_us) for b in blocks])

@@ -142,8 +142,9 @@ def test_every_option_renders_back():
 
     samples = {"--kv-preset": "quick", "--kv-seq-lens": "8", "--kv-page-sizes": "2", "--kv-dtypes": "int64",
                "--kv-layouts": "contiguous", "--kv-variants": "v", "--kv-device": "cpu", "--kv-seed": "1",
-               "--kv-time-budget": "0.25", "--kv-repetitions": "3", "--kv-passes": "1", "--kv-crosscheck": "off",
-               "--kv-scenarios": "none", "--kv-request-lens": "64", "--kv-chunk-size": "32", "--kv-prefix": "0",
+               "--kv-time-budget": "0.25", "--kv-repetitions": "3", "--kv-passes": "1", "--kv-processes": "2",
+               "--kv-crosscheck": "off", "--kv-scenarios": "none", "--kv-request-lens": "64", "--kv-chunk-size": "32",
+               "--kv-prefix": "0",
                "--kv-step-sizes": "2", "--kv-step-lens": "fixed:16", "--kv-step-variants": "s", "--kv-results": "r"}
     assert set(samples) == {o.flag for o in OPTIONS}
     for option in OPTIONS:

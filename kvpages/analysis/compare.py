@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-import numpy as np
-
-from kvpages.analysis.ratios import log_block_medians, paired_logs, verdict
+from kvpages.analysis.ratios import paired_logs, verdict
 from kvpages.core.names import BASELINE
-from kvpages.core.stats import Interval, shift_interval, unknown
+from kvpages.core.stats import Interval, Levels, between_runs, unknown
 from kvpages.schema.reader import Run, RunError, row_key
 
 
@@ -33,7 +30,21 @@ class RunComparison:
     only_a: list[tuple]
     only_b: list[tuple]
     baseline: str
+    processes: tuple[int, int] = (1, 1)
+    """How many processes timed A and B: with >= 2 in both, the intervals sample processes."""
 
+    @property
+    def unit(self) -> str:
+        """What the between-run intervals sample: 'process', or 'repetition' when a run has one process."""
+        return "process" if min(self.processes) >= 2 else "repetition"
+
+    def caveat(self) -> str | None:
+        """One line when the intervals cannot cover what varies between processes; None when they do."""
+        if self.unit == "process":
+            return None
+        single = " and ".join(name for name, n in zip(("A", "B"), self.processes, strict=True) if n < 2)
+        return (f"note: run {single} was timed in one process, so these intervals cover only what varies within a "
+                "process, and a shift of a whole process reads as a change; rerun with --kv-processes 2 or more")
     def regressions(self, fail_above_pct: float) -> list[PointComparison]:
         """Relative points whose whole CI of B/A lies above 1 + fail_above_pct / 100."""
         return [p for p in self.relative if p.interval.ci_low > 1 + fail_above_pct / 100]
@@ -47,9 +58,10 @@ def _compare_verdict(interval: Interval) -> str:
 def compare_runs(a: Run, b: Run, baseline: str = BASELINE) -> RunComparison:
     """Align two runs on (variant, dtype, layout, seq_len, page_size) and judge B against A.
 
-    Relative: each run's paired per-repetition log-ratios variant/baseline, compared by their
-    Hodges-Lehmann shift and its Mann-Whitney interval, so what drifts with the machine or the
-    process cancels within each run.
+    Relative: each run's paired per-repetition log-ratios variant/baseline, so what drifts with
+    the machine cancels within each run; compared at the same level in both runs
+    (kvpages.core.stats.between_runs): the two runs' independent two-stage bootstraps when both
+    runs have >= 2 processes, else the Hodges-Lehmann shift of the repetitions.
     Absolute: each run's log block medians, compared the same way. Without repetitions
     (1 each), no interval can be formed and the verdict is 'same within noise'.
     """
@@ -61,7 +73,7 @@ def compare_runs(a: Run, b: Run, baseline: str = BASELINE) -> RunComparison:
     absolute, relative = [], []
     for key in common:
         ra, rb = a_rows[key], b_rows[key]
-        la, lb = log_block_medians(a, key), log_block_medians(b, key)
+        la, lb = a.levels(key), b.levels(key)
         interval = _between(la, lb, float(rb["median_us"] / ra["median_us"]))
         absolute.append(PointComparison(key, float(ra["median_us"]), float(rb["median_us"]), interval,
                                         _compare_verdict(interval)))
@@ -72,15 +84,15 @@ def compare_runs(a: Run, b: Run, baseline: str = BASELINE) -> RunComparison:
         ratio_a = float(ra["median_us"] / a_rows[base_key]["median_us"])
         ratio_b = float(rb["median_us"] / b_rows[base_key]["median_us"])
         interval = _between(pa, pb, ratio_b / ratio_a)
-        a_value = math.exp(float(np.median(pa))) if pa is not None else ratio_a
-        b_value = math.exp(float(np.median(pb))) if pb is not None else ratio_b
+        a_value = pa.interval().ratio if pa is not None else ratio_a
+        b_value = pb.interval().ratio if pb is not None else ratio_b
         relative.append(PointComparison(key, a_value, b_value, interval, _compare_verdict(interval)))
     return RunComparison(relative, absolute, sorted(set(a_rows) - set(b_rows)), sorted(set(b_rows) - set(a_rows)),
-                         baseline)
+                         baseline, (a.process_count, b.process_count))
 
 
-def _between(a_logs: np.ndarray | None, b_logs: np.ndarray | None, fallback: float) -> Interval:
-    if a_logs is None or b_logs is None or a_logs.size < 2 or b_logs.size < 2:
+def _between(a_logs: Levels | None, b_logs: Levels | None, fallback: float) -> Interval:
+    if a_logs is None or b_logs is None or a_logs.values.size < 2 or b_logs.values.size < 2:
         return unknown(fallback, 0)
-    return shift_interval(a_logs, b_logs)
+    return between_runs(a_logs, b_logs)
 

@@ -16,7 +16,7 @@ import pandas as pd
 
 from kvpages.core.links import LINK_PROFILES
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_BASELINE, per_request_name, variant_sort_key
-from kvpages.core.stats import Interval, block_medians, median_interval, paired_log_ratios, unknown
+from kvpages.core.stats import Interval, Levels, unknown
 from kvpages.schema.reader import Run, row_key
 from kvpages.schema.rows import RatioRow
 
@@ -46,32 +46,29 @@ def verdict(interval: Interval) -> str:
     return "within noise"
 
 
-def log_block_medians(run: Run, key: tuple) -> np.ndarray | None:
-    blocks = run.blocks(key)
-    return None if blocks is None else np.log(block_medians(blocks))
-
-
-def paired_logs(run: Run, baseline_key: tuple, variant_key: tuple) -> np.ndarray | None:
-    """Per repetition, log(variant / baseline) of the block medians; None without samples for both."""
-    base, other = run.blocks(baseline_key), run.blocks(variant_key)
-    if base is None or other is None or len(base) != len(other):
+def paired_logs(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | None = None) -> Levels | None:
+    """Per repetition, log(variant / baseline) of the block medians, with each repetition's process; None
+    without samples for both (keys: row keys, or (scenario, variant) with a `latency`)."""
+    base, other = run.levels(baseline_key, latency), run.levels(variant_key, latency)
+    if base is None or other is None or base.values.size != other.values.size:
         return None
-    return paired_log_ratios(block_medians(base), block_medians(other))
+    return Levels(other.values - base.values, base.processes)
 
 
 def _ratio(run: Run, variant: pd.Series, baseline: pd.Series) -> RatioRow:
     logs = paired_logs(run, row_key(baseline), row_key(variant))
     # A bare CSV has no repetitions to judge from.
-    interval = unknown(float(variant["median_us"] / baseline["median_us"]), 0) if logs is None else median_interval(logs)
+    interval = unknown(float(variant["median_us"] / baseline["median_us"]), 0) if logs is None else logs.interval()
     return RatioRow(
         variant=str(variant["variant"]), baseline=str(baseline["variant"]), dtype=str(variant["dtype"]),
         layout=str(variant["layout"]), seq_len=int(variant["seq_len"]), page_size=int(variant["page_size"]),
         ratio=interval.ratio, ci_low=interval.ci_low, ci_high=interval.ci_high, confidence=interval.confidence,
-        repetitions=interval.n,
+        repetitions=0 if logs is None else int(logs.values.size),
         bytes_ratio=float(variant["d2h_bytes"] / baseline["d2h_bytes"]),
         variant_median_us=float(variant["median_us"]), baseline_median_us=float(baseline["median_us"]),
         variant_d2h_bytes=int(variant["d2h_bytes"]), baseline_d2h_bytes=int(baseline["d2h_bytes"]),
         verdict=verdict(interval),
+        processes=0 if logs is None else logs.process_count, interval_unit=interval.unit,
     )
 
 
@@ -112,7 +109,7 @@ def fastest(run: Run, rows: pd.DataFrame) -> tuple[str, ...]:
     tied = []
     for _, r in ordered.iterrows():
         logs = paired_logs(run, row_key(best), row_key(r))
-        tie = r["median_us"] == best["median_us"] if logs is None else median_interval(logs).ci_low <= 1
+        tie = r["median_us"] == best["median_us"] if logs is None else logs.interval().ci_low <= 1
         if tie:
             tied.append(str(r["variant"]))
     return tuple(tied)
@@ -120,13 +117,24 @@ def fastest(run: Run, rows: pd.DataFrame) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class NoiseFloor:
-    """The spread between this run's repetitions: log-sd of each ok row's block medians (~ its CV)."""
+    """The spread of this run at each level that varies (log-sds, ~ relative spreads, as a CV)."""
 
     repetitions: int
     median_spread: float
+    """Between the repetitions of each ok row (block medians, every process pooled): the median over rows."""
     max_spread: float
     median_ci_half_width: float
     """The median, over ratios, of the relative half-width of the ratio's confidence interval."""
+    processes: int = 1
+    ratio_between_process: float = math.nan
+    """Of each ratio's paired log-ratios: the between-process component (median over ratios; nan with one process)."""
+    ratio_within_process: float = math.nan
+    """...and the within-process component, between repetitions of one process."""
+    time_between_process: float = math.nan
+    """Of each ok row's log block medians (absolute times): the between-process component, median over rows."""
+    time_within_process: float = math.nan
+    interval_unit: str = "repetition"
+    """What the intervals sample: 'process' (fresh processes) or 'repetition' (within one process)."""
 
 
 @dataclass(frozen=True)
@@ -148,17 +156,15 @@ def scenario_ratios(run: Run, baseline: str) -> tuple[ScenarioRatio, ...]:
     ok = run.scenarios[run.scenarios["status"] == "ok"]
     out = []
     for scenario, rows in ok.groupby("scenario", sort=False):
-        base = run.scenario_samples.get((scenario, baseline))
-        if base is None:
+        if (scenario, baseline) not in run.scenario_samples:
             continue
         for variant in rows["variant"]:
-            other = run.scenario_samples[(scenario, variant)]
-            if variant == baseline or len(other["blocked"]) != len(base["blocked"]):
-                continue
-            for latency in ("blocked", "ready"):
-                logs = paired_log_ratios(block_medians(base[latency]), block_medians(other[latency]))
-                interval = median_interval(logs)
-                out.append(ScenarioRatio(str(scenario), str(variant), baseline, latency, interval, verdict(interval)))
+            for latency in ("blocked", "ready") if variant != baseline else ():
+                logs = paired_logs(run, (scenario, baseline), (scenario, variant), latency)
+                if logs is not None:
+                    interval = logs.interval()
+                    out.append(ScenarioRatio(str(scenario), str(variant), baseline, latency, interval,
+                                             verdict(interval)))
     return tuple(out)
 
 
@@ -209,15 +215,35 @@ def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
     spreads = ok["rep_spread"].dropna()
     finite = [(r.ci_high - r.ci_low) / 2 / r.ratio for r in ratios if math.isfinite(r.ci_high)]
     repetitions = int(ok["repetitions"].dropna().max()) if ok["repetitions"].notna().any() else 1
+    ratio_levels = [paired_logs(run, ratio_key(r, baseline), ratio_key(r, r.variant)) for r in ratios]
+    ratio_parts = [levels.components() for levels in ratio_levels if levels is not None]
+    time_parts = [levels.components() for levels in (run.levels(row_key(row)) for _, row in ok.iterrows())
+                  if levels is not None]
     noise = NoiseFloor(
         repetitions=repetitions,
         median_spread=float(spreads.median()) if len(spreads) else math.nan,
         max_spread=float(spreads.max()) if len(spreads) else math.nan,
         median_ci_half_width=float(np.median(finite)) if finite else math.nan,
+        processes=run.process_count,
+        ratio_between_process=_median([c.between_process for c in ratio_parts]),
+        ratio_within_process=_median([c.within_process for c in ratio_parts]),
+        time_between_process=_median([c.between_process for c in time_parts]),
+        time_within_process=_median([c.within_process for c in time_parts]),
+        interval_unit=ratios[0].interval_unit if ratios else "repetition",
     )
     step_baseline = per_request_name(baseline)
     return Analysis(run, baseline, tuple(ratios), found, best, noise, scenario_ratios(run, step_baseline), step_baseline)
 
+
+
+def ratio_key(ratio: RatioRow, variant: str) -> tuple:
+    """The row key of `variant` at a ratio's point."""
+    return (variant, ratio.dtype, ratio.layout, ratio.seq_len, ratio.page_size)
+
+
+def _median(values: list[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.median(finite)) if finite else math.nan
 
 
 def variant_order(column: pd.Series) -> pd.Series:

@@ -105,8 +105,11 @@ OPTIONS: tuple[Option, ...] = (
            "timed seconds per (variant, point), all repetitions together (default: the preset's)", _float_seconds, repr),
     Option("--kv-repetitions", "repetitions", "interleaved repetitions (blocks) per (variant, point) (default: the preset's)",
            lambda f, t: _integer(f, t, 1, "an integer", "10")),
-    Option("--kv-passes", "passes", "sweeps over the points that the repetitions are dealt to (default: the preset's)",
-           lambda f, t: _integer(f, t, 1, "an integer", "10")),
+    Option("--kv-passes", "passes", "sweeps over the points that each process's repetitions are dealt to "
+           "(default: the preset's)", lambda f, t: _integer(f, t, 1, "an integer", "2")),
+    Option("--kv-processes", "processes", "fresh processes the repetitions are dealt to, one after another; the "
+           "intervals sample them (default: the preset's; 1 times in the pytest process)",
+           lambda f, t: _integer(f, t, 1, "a number of processes", "5")),
     Option("--kv-crosscheck", "crosscheck", f"profiler cross-check of the meter, in its own process: "
            f"{', '.join(CROSSCHECK_MODES)} (default: auto = on for CUDA runs)", _choice(CROSSCHECK_MODES, "cross-check mode")),
     Option("--kv-scenarios", "scenarios", "whole requests and steps: preset (the preset's) or none (default: preset)",
@@ -127,7 +130,8 @@ OPTIONS: tuple[Option, ...] = (
            lambda f, t: t),
 )
 
-SWEEP_FIELDS = ("seq_lens", "page_sizes", "dtypes", "layouts", "seed", "time_budget_s", "repetitions", "passes")
+SWEEP_FIELDS = ("seq_lens", "page_sizes", "dtypes", "layouts", "seed", "time_budget_s", "repetitions", "passes",
+                "processes")
 """The options that override one field of the preset's `Sweep` (same names)."""
 BY_HAND = ("request_lens", "chunk_size", "prefix", "step_sizes", "step_lens")
 """The options that give scenarios by hand instead of the preset's."""
@@ -148,6 +152,7 @@ class BenchOptions:
     time_budget_s: float | None = None
     repetitions: int | None = None
     passes: int | None = None
+    processes: int | None = None
     crosscheck: str | None = None
     scenarios: str | None = None
     request_lens: tuple[int, ...] | None = None
@@ -198,9 +203,9 @@ class BenchOptions:
         try:
             return self.the_preset.sweep.replace(**changes)
         except ValueError as exc:
-            sizes = ("seq_lens", "page_sizes", "dtypes")
+            shape = ("seq_lens", "page_sizes", "dtypes", "repetitions", "processes")  # what a sweep error is about
             given = " ".join(f"{o.flag} {o.render(getattr(self, o.field))}" for o in OPTIONS
-                             if o.field in sizes and getattr(self, o.field) is not None)
+                             if o.field in shape and getattr(self, o.field) is not None)
             raise ValueError(f"{given or '--kv-preset ' + self.preset_name}: {exc}") from None
 
     @functools.cached_property

@@ -166,9 +166,10 @@ def largest_seq_len(page_size: int, dtype: str) -> int:
 class Sweep:
     """The axes of a run; `points(device)` expands their cross product.
 
-    Each (variant, point) is timed in `repetitions` blocks, dealt to `passes` sweeps over
-    the points (at most one per repetition); within a repetition the point's variants run
-    in a fresh seeded order (kvpages.measure.schedule). `time_budget_s`
+    Each (variant, point) is timed in `repetitions` blocks, dealt to `processes` fresh
+    processes that run one after another, and within each process to `passes` sweeps over
+    the points (at most one per repetition it has); within a repetition the point's variants
+    run in a fresh seeded order (kvpages.measure.schedule). `time_budget_s`
     is the timed wall time a (variant, point) aims for over all its repetitions;
     each block's rounds are bounded by `min_rounds` and `max_rounds`.
     """
@@ -182,6 +183,9 @@ class Sweep:
     time_budget_s: float = 0.25
     repetitions: int = 10
     passes: int = 10
+    """Per process: sweeps over the points that a process's repetitions are dealt to."""
+    processes: int = 1
+    """Fresh processes the repetitions are dealt to, run one after another (1: time in the pytest process)."""
     min_rounds: int = 10
     max_rounds: int = 200
     """Per block. The statistics work on block medians, and 200 rounds pin a block's median well; more
@@ -203,6 +207,10 @@ class Sweep:
             raise ValueError(f"time budget must be a positive number of seconds, got {self.time_budget_s!r}")
         check_count("repetitions", self.repetitions)
         check_count("passes", self.passes)
+        check_count("processes", self.processes)
+        if self.processes > self.repetitions:
+            raise ValueError(f"{self.processes} processes but {self.repetitions} repetitions: every process times "
+                             f"at least one repetition of each case; give at most {self.repetitions} processes")
         if not 1 <= self.min_rounds <= self.max_rounds:
             raise ValueError(f"need 1 <= min_rounds <= max_rounds, got {self.min_rounds} and {self.max_rounds}")
         for _ in self.points("cpu"):  # each point checks that its token indices fit its dtype

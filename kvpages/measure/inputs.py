@@ -11,9 +11,12 @@ page-aligned offset. A sent chunk is the row slice `req_to_token[row, start:end]
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,30 +58,73 @@ class Workload:
         return Workload(pool, inputs, self.expected)
 
 
+@dataclass(frozen=True)
+class PoolCache:
+    """Pools an earlier process of the same run built, as files in the run's worker folder (kvpages.measure.workers).
+
+    A pool is a pure function of its arguments, and building a long fragmented one (a shuffle of
+    millions of pages) costs more than a second; a later process loads it into its own fresh
+    memory instead (its placement is still its own) and validates it as if it had built it.
+    """
+
+    folder: Path
+
+    def path(self, key: tuple) -> Path:
+        return self.folder / f"pool-{hashlib.sha1(repr(key).encode()).hexdigest()[:16]}.pt"
+
+    def load(self, key: tuple) -> torch.Tensor | None:
+        path = self.path(key)
+        return torch.load(path, weights_only=True) if path.exists() else None
+
+    def save(self, key: tuple, pool: torch.Tensor) -> None:
+        """Keep `pool` for later processes; a full disk only costs them the build."""
+        path = self.path(key)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            torch.save(pool, tmp)
+            os.replace(tmp, path)
+        except (OSError, RuntimeError):
+            tmp.unlink(missing_ok=True)
+
+
 def make_pool(lengths: Sequence[int], page_size: int, dtype: str, device: str, layout: str, seed: int,
-              pad_to: int | None = None) -> torch.Tensor:
+              pad_to: int | None = None, cache: PoolCache | None = None) -> torch.Tensor:
     """A `req_to_token` pool with one row per length, its pages taken in turn from one free list.
 
     The free list holds pages 1..pool_pages (page 0 is SGLang's padding slot), with some slack,
     shuffled for `fragmented`; row r's tokens are its pages' tokens in order, padded with 0.
+    With a `cache`, a pool an earlier process built is loaded instead (the same values).
     """
+    key = (tuple(lengths), page_size, dtype, layout, seed, pad_to)
+    host = cache.load(key) if cache is not None else None
+    if host is None:
+        host = _build_pool(lengths, page_size, dtype, layout, seed, pad_to)
+        if cache is not None:
+            cache.save(key, host)
+    return host.to(device).contiguous()
+
+
+def _build_pool(lengths: Sequence[int], page_size: int, dtype: str, layout: str, seed: int,
+                pad_to: int | None) -> torch.Tensor:
     pages_per_row = [math.ceil(n / page_size) for n in lengths]
     pages = pool_pages(sum(pages_per_row))
     generator = torch.Generator().manual_seed(seed)
-    free_pages = torch.arange(1, pages + 1, dtype=torch.int64)
-    if layout == "fragmented":
-        free_pages = free_pages[torch.randperm(pages, generator=generator)]
+    if layout == "fragmented":  # the same as arange(1, pages + 1)[randperm(pages)], without the gather
+        free_pages = torch.randperm(pages, generator=generator) + 1
+    else:
+        free_pages = torch.arange(1, pages + 1, dtype=torch.int64)
     width = max(lengths) if pad_to is None else pad_to
-    pool = torch.zeros((len(lengths), width), dtype=torch.int64)
+    pool = torch.zeros((len(lengths), width), dtype=TORCH_DTYPES[dtype])  # every token index fits (Point checks)
     offset = 0
     for row, (n, pages) in enumerate(zip(lengths, pages_per_row, strict=True)):
-        tokens = free_pages[offset:offset + pages, None] * page_size + torch.arange(page_size)
-        pool[row, :n] = tokens.reshape(-1)[:n]
+        own = free_pages[offset:offset + pages]
+        pool[row, :n] = own if page_size == 1 else (own[:, None] * page_size + torch.arange(page_size)).reshape(-1)[:n]
         offset += pages
-    return pool.to(TORCH_DTYPES[dtype]).to(device).contiguous()
+    return pool
 
 
-def make_workload(point: Point, rotation: int | None = None, chunk_offset_pages: int = 0) -> Workload:
+def make_workload(point: Point, rotation: int | None = None, chunk_offset_pages: int = 0,
+                  cache: PoolCache | None = None) -> Workload:
     """Build `rotation` request rows for `point` and slice one chunk of `point.seq_len` tokens from each.
 
     The chunk starts `chunk_offset_pages` pages into its request (a later chunk of
@@ -88,7 +134,8 @@ def make_workload(point: Point, rotation: int | None = None, chunk_offset_pages:
     geometry = point.geometry(rotation, chunk_offset_pages)
     rows, row_tokens = geometry.rows, geometry.row_tokens
     start = chunk_offset_pages * point.page_size
-    req_to_token = make_pool([row_tokens] * rows, point.page_size, point.dtype, point.device, point.layout, point.seed)
+    req_to_token = make_pool([row_tokens] * rows, point.page_size, point.dtype, point.device, point.layout, point.seed,
+                             cache=cache)
     page_size = point.page_size
 
     kv_indices = tuple(req_to_token[row, start:row_tokens] for row in range(rows))
@@ -96,10 +143,11 @@ def make_workload(point: Point, rotation: int | None = None, chunk_offset_pages:
     return Workload(req_to_token, kv_indices, expected)
 
 
-def make_scenario_workload(scenario: Scenario, device: str, copies: int, seed: int = 0) -> Workload:
+def make_scenario_workload(scenario: Scenario, device: str, copies: int, seed: int = 0,
+                           cache: PoolCache | None = None) -> Workload:
     """The pool of `copies` sets of the scenario's rows, and each set's calls as slices with their references."""
     lengths = tuple(scenario.lengths) * copies
-    pool = make_pool(lengths, scenario.page_size, scenario.dtype, device, scenario.layout, seed)
+    pool = make_pool(lengths, scenario.page_size, scenario.dtype, device, scenario.layout, seed, cache=cache)
     per_copy = len(scenario.lengths)
     slices, expected = [], []
     for k in range(copies):

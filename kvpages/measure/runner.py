@@ -1,31 +1,27 @@
 """The runner: one loop over the planned blocks of every target (kvpages.measure.targets).
 
-Every (variant, target) is checked against the reference and metered in its first block (and
-cross-checked against the profiler, when that is on), then timed in interleaved, seeded
-repetitions dealt to passes; its row is written when the target's last block finishes. A case
-that cannot run, or runs wrong, is recorded once with its status and runs no further blocks.
+Every (variant, target) is checked against the reference and metered in its first block of each
+process (and cross-checked against the profiler, when that is on), then timed in interleaved,
+seeded repetitions dealt to processes and passes; its row is written when the target's last
+block finishes. A case that cannot run, or runs wrong, is recorded once with its status and runs
+no further blocks. In a worker process (kvpages.measure.workers) the runner logs its blocks
+instead of writing rows, and the session folds the logs in (`merge`) before its own share.
 Data flows one way: block -> workload -> variant (checked, metered, timed) -> samples -> rows.
 """
 
 from __future__ import annotations
 
-import shlex
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from typing import Protocol
+import time
 
 import pytest
 import torch
 
-from kvpages.core.options import BenchOptions
 from kvpages.measure.crosscheck import CheckAnswer
 from kvpages.measure.inputs import Workload
-from kvpages.measure.meter import D2HMeasurement
+from kvpages.measure.records import CaseState, Host, Records, Stop
 from kvpages.measure.schedule import Block
-from kvpages.measure.targets import Context, Target, measure
+from kvpages.measure.targets import Target, measure
 from kvpages.measure.timer import WARMUP_FIRST_S, WARMUP_LATER_S, rounds_for, time_block, warm_up
-from kvpages.schema.rows import Row, Samples, ScenarioRow, Table
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -35,71 +31,38 @@ def is_out_of_memory(exc: BaseException) -> bool:
     )
 
 
-@dataclass
-class CaseState:
-    """What the runner knows of one (variant, target) while its blocks run."""
-
-    measured: D2HMeasurement | None = None
-    failed: str | None = None  # the status of a row already recorded for it (mismatch, skipped, ...)
-    note: str = ""  # the note of its ok row (e.g. the cross-check could not confirm the meter)
-    blocks: list[Samples] = field(default_factory=list)
-
-
-class Stop(Exception):
-    """A case is recorded as `status` now and runs no further blocks; the test is skipped or failed."""
-
-    def __init__(self, status: str, note: str, fail: bool) -> None:
-        super().__init__(note)
-        self.status, self.note, self.fail = status, note, fail
-
-
-class Host(Protocol):
-    """What the runner needs of its session (kvpages.measure.session.KvSession)."""
-
-    device: str
-    options: BenchOptions
-    context: Context
-    repetitions: int
-    passes: int
-    crosscheck_unavailable: str | None
-
-    def phase(self, name: str) -> AbstractContextManager[None]: ...
-    def variants_of(self, target: Target) -> Sequence[str]: ...
-    def crosscheck_answer(self, block: Block) -> CheckAnswer | None: ...
-    def after_timed_block(self, record: bool) -> None: ...
-    def write(self, table: Table, rows: Sequence[Row | ScenarioRow], samples: Sequence[Samples] = ()) -> None: ...
-
-
 class Runner:
     """Runs blocks for a session (kvpages.measure.session): the one loop every target goes through."""
 
     def __init__(self, session: Host) -> None:
         self.session = session
-        self.cases: dict[str, CaseState] = {}
+        self.records = Records(session)
         self._workload: tuple[Target, Workload] | None = None
         self._built: dict[Target, Workload] = {}
+        self.first_block_at: float | None = None  # time.time() when this process's first block started
+        self.blocks_run = 0
 
     def run(self, benchmark, block: Block) -> None:
         """Check and meter (first block of a case), time and collect one block; called by bench/."""
-        state = self.cases.setdefault(block.case_id, CaseState())
+        state = self.records.case(block.case_id)
         record = not benchmark.disabled
+        if self.first_block_at is None:
+            self.first_block_at = time.time()
+        self.blocks_run += 1
         try:
             self._run(benchmark, block, state, record)
         except Stop as stop:
-            state.failed = stop.status
-            state.blocks.clear()
             if record:
-                self.session.write(block.point.table, [self.row(block.point, block.variant, state, stop.status,
-                                                                stop.note)])
+                self.records.stop(block.point, block.variant, state, stop)
             message = f"{block.case_id}: {stop.note}"
             if stop.fail:
                 pytest.fail(message, pytrace=False)
             pytest.skip(message)
         finally:
-            if block.last_of_point:
+            if block.last_in_process:
                 self._built.pop(block.point, None)
-                if record:
-                    self._flush(block.point)
+            if block.last_of_point and record and self.session.log is None:
+                self.records.flush(block.point)
 
     def workload(self, target: Target) -> Workload:
         """The workload of `target`: generated and validated once, then re-copied into fresh memory for every
@@ -109,7 +72,7 @@ class Runner:
             with self.session.phase("generate"):
                 built = self._built.get(target)
                 if built is None:
-                    built = target.build(self.session.device)
+                    built = target.build(self.session.device, self.session.pool_cache)
                     if self.session.passes > 1:
                         self._built[target] = built
                     self._workload = (target, built)
@@ -119,6 +82,9 @@ class Runner:
 
     def _run(self, benchmark, block: Block, state: CaseState, record: bool) -> None:
         target, variant = block.point, block.variant
+        if state.pending_failure is not None:
+            message, state.pending_failure = state.pending_failure, None
+            pytest.fail(message, pytrace=False)
         if state.failed is not None:
             pytest.skip(f"{block.case_id}: recorded as {state.failed} in an earlier repetition")
         reason = target.unavailable_reason(variant, self.session.device)
@@ -140,14 +106,15 @@ class Runner:
             self._workload = None
             self._built.pop(target, None)
             raise Stop("out_of_memory", f"out of memory: {str(exc).splitlines()[0]}", fail=False) from None
-        if state.measured is None:
+        first_here = state.measured is None  # this case's first block in this process
+        if first_here:
             self._meter(target, variant, workload, state)
         assert state.measured is not None
         benchmark.group = target.id
         benchmark.extra_info.update(device_name=self.session.context.device_name,
                                     **target.extra_info(variant, state.measured),
                                     repetition=block.repetition, order=block.order)
-        self._time(benchmark, block, workload, state, record)
+        self._time(benchmark, block, workload, state, record, first_here)
 
     def _crosscheck(self, block: Block, state: CaseState) -> None:
         answer: CheckAnswer | None = self.session.crosscheck_answer(block)
@@ -168,8 +135,13 @@ class Runner:
         if transfers is not None and (measured.d2h_bytes, measured.d2h_transfers) != (expected_bytes, transfers):
             raise Stop("mismatch", f"measured {measured.d2h_bytes} D2H bytes in {measured.d2h_transfers} transfers, "
                                    f"expected {expected_bytes} in {transfers}", fail=True)
+        for process, seen in sorted(state.seen.items()):
+            if seen != (measured.d2h_bytes, measured.d2h_transfers):
+                raise Stop("mismatch", f"process {process} measured {seen[0]} D2H bytes in {seen[1]} transfers, this "
+                                       f"one {measured.d2h_bytes} in {measured.d2h_transfers}", fail=True)
 
-    def _time(self, benchmark, block: Block, workload: Workload, state: CaseState, record: bool) -> None:
+    def _time(self, benchmark, block: Block, workload: Workload, state: CaseState, record: bool,
+              first_here: bool) -> None:
         target, session = block.point, self.session
         timer = target.timer(block.variant, session.context)
         with session.phase("timing"):
@@ -177,7 +149,7 @@ class Runner:
             if not benchmark.disabled:
                 sweep = session.options.sweep
                 per_call_s = warm_up(timer.fn, workload.inputs, target.page_size, timer.before_round,
-                                     WARMUP_FIRST_S if block.repetition == 0 else WARMUP_LATER_S)
+                                     WARMUP_FIRST_S if first_here else WARMUP_LATER_S)
                 rounds = rounds_for(per_call_s, target.budget_s(session.options) / session.repetitions,
                                     sweep.min_rounds, sweep.max_rounds)
             timer.start()
@@ -188,28 +160,9 @@ class Runner:
         if problem:
             raise Stop("mismatch", f"wrong output in a timed round: {problem}", fail=True)
         if record:
-            state.blocks.append(target.samples(block.variant, block, timer.series(benchmark, rounds)))
+            samples = target.samples(block.variant, block, timer.series(benchmark, rounds))
+            state.blocks.append(samples)
+            if session.log is not None and state.measured is not None:
+                session.log.block(block.case_id, target.table, samples, state.measured.d2h_bytes,
+                                  state.measured.d2h_transfers)
 
-    def _flush(self, target: Target) -> None:
-        """Write the rows (and samples) of `target`'s cases that timed every repetition."""
-        rows, samples = [], []
-        for variant in self.session.variants_of(target):
-            state = self.cases.get(f"{variant}-{target.id}")
-            if state is None or state.failed is not None or len(state.blocks) != self.session.repetitions:
-                continue
-            blocks = sorted(state.blocks, key=lambda b: b.repetition)
-            rows.append(self.row(target, variant, state, "ok", state.note, blocks))
-            samples += blocks
-            state.blocks.clear()
-        if rows:
-            self.session.write(target.table, rows, samples)
-
-    def row(self, target: Target, variant: str, state: CaseState, status: str, note: str,
-            blocks: list[Samples] | None = None):
-        return target.row(variant, self.session.context, state.measured, status, note, blocks or [],
-                          self.repro(target, variant))
-
-    def repro(self, target: Target, variant: str) -> str:
-        """The command that re-runs just this case, with this run's options: rendered from the options table."""
-        bench, options = target.narrowed(variant, self.session.options, self.session.device)
-        return shlex.join(("pytest", bench, "--benchmark-only") + options.to_args())

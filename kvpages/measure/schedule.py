@@ -1,17 +1,19 @@
-"""The schedule: which repetition of which variant runs when, planned once as frozen data.
+"""The schedule: which repetition of which variant runs in which process, and when; planned once as frozen data.
 
-At every point, each variant is timed in `repetitions` blocks. Repetition r of a point
-runs all its variants back to back, in a fresh order drawn from a generator seeded
-with the sweep's seed, so drift of the machine hits every variant of a repetition alike
-(google/benchmark's random interleaving, asv's interleaved sampling). Points run one
-after another, so a point's inputs are built once and its rows are written as soon as
-its last block finishes. No torch import.
+At every point, each variant is timed in `repetitions` blocks. The repetitions are dealt to
+`processes` fresh processes that run one after another (repetition r to process r % processes;
+kvpages.measure.workers starts them), and within a process to `passes` sweeps over the points.
+Repetition r of a point runs all its variants back to back, in a fresh order drawn from a
+generator seeded with the sweep's seed, so drift of the machine hits every variant of a
+repetition alike (google/benchmark's random interleaving, asv's interleaved sampling). Every
+process plans the same blocks and runs its own; the last process is the session that writes
+the rows, each as soon as its point's last block finishes. No torch import.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np
@@ -29,13 +31,17 @@ T = TypeVar("T", bound=Target)
 
 @dataclass(frozen=True)
 class Block(Generic[T]):
-    """One timed block: repetition `repetition` of `variant` at `point`, the `order`-th block of the run."""
+    """One timed block: repetition `repetition` of `variant` at `point`, the `order`-th block of the run,
+    timed in process `process`; `last_in_process` and `last_of_point`: the point's last block in its
+    process, and in the whole run."""
 
     variant: str
     point: T
     repetition: int
     order: int
     last_of_point: bool
+    process: int = 0
+    last_in_process: bool = True
 
     @property
     def case_id(self) -> str:
@@ -47,26 +53,42 @@ class Block(Generic[T]):
 
 
 def plan(variants: Sequence[str], points: Sequence[T], repetitions: int, seed: int,
-         passes: int = 1, first_order: int = 0) -> tuple[Block[T], ...]:
+         passes: int = 1, processes: int = 1) -> tuple[Block[T], ...]:
     """Every block of the run, in run order.
 
-    The repetitions are dealt to `passes` sweeps over the points (repetition r to pass
-    r % passes); within a pass, points come in sweep order, and each of their repetitions
-    runs every variant in a fresh shuffled order.
+    Repetition r goes to process r % processes; a process's repetitions are dealt to `passes`
+    sweeps over the points (at most one per repetition it has); within a pass, points come in
+    sweep order, and each of their repetitions runs every variant in a fresh shuffled order.
     """
     if repetitions < 1:
         raise ValueError(f"repetitions must be >= 1, got {repetitions}")
+    if not 1 <= processes <= repetitions:
+        raise ValueError(f"processes must be between 1 and the repetitions ({repetitions}), got {processes}")
     if not 1 <= passes <= repetitions:
         raise ValueError(f"passes must be between 1 and the repetitions ({repetitions}), got {passes}")
     if not variants:
         raise ValueError("no variants to schedule")
     rng = np.random.default_rng(seed)
     blocks: list[Block[T]] = []
-    for pass_index in range(passes):
-        reps = range(pass_index, repetitions, passes)
-        for point in points:
-            per_point = [(variants[i], r) for r in reps for i in rng.permutation(len(variants))]
-            for k, (name, r) in enumerate(per_point):
-                last = pass_index == passes - 1 and k == len(per_point) - 1
-                blocks.append(Block(name, point, r, first_order + len(blocks), last_of_point=last))
+    for process in range(processes):
+        own = list(range(process, repetitions, processes))
+        own_passes = min(passes, len(own))
+        for pass_index in range(own_passes):
+            reps = own[pass_index::own_passes]
+            for point in points:
+                per_point = [(variants[i], r) for r in reps for i in rng.permutation(len(variants))]
+                for k, (name, r) in enumerate(per_point):
+                    last_here = pass_index == own_passes - 1 and k == len(per_point) - 1
+                    blocks.append(Block(name, point, r, len(blocks),
+                                        last_of_point=last_here and process == processes - 1,
+                                        process=process, last_in_process=last_here))
     return tuple(blocks)
+
+
+def in_run_order(*families: tuple[Block, ...]) -> tuple[tuple[Block, ...], ...]:
+    """The families (points, requests, steps, ...) with `order` renumbered as the run runs them: process by
+    process, and within a process each family's blocks in turn (pytest runs bench/'s files in that order)."""
+    keyed = sorted((block.process, f, i) for f, family in enumerate(families) for i, block in enumerate(family))
+    orders = {(f, i): n for n, (_, f, i) in enumerate(keyed)}
+    return tuple(tuple(replace(block, order=orders[f, i]) for i, block in enumerate(family))
+                 for f, family in enumerate(families))

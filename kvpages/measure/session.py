@@ -1,20 +1,25 @@
 """The sweep session: wires the options, the plan of blocks, the runner, the cross-check and the run folder.
 
 One session per pytest session (kvpages.plugin). It plans the blocks of the sweep's points and of
-the whole requests and steps as frozen data (kvpages.measure.schedule), hands them to one
-runner (kvpages.measure.runner), creates the run folder when the first row is recorded, and
-closes it with the run's completion and phase timings.
+the whole requests and steps as frozen data (kvpages.measure.schedule), hands this process's
+share to one runner (kvpages.measure.runner), starts the earlier processes' shares in fresh
+worker processes first (`run_workers`, kvpages.measure.workers), creates the run folder when
+the first row is recorded, and closes it with the run's completion, processes and phase timings.
+In a worker, the session logs its blocks instead and writes no run folder.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import os
 import shlex
 import shutil
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,12 +29,23 @@ import torch
 from kvpages.core.options import BenchOptions, crosscheck_enabled
 from kvpages.measure import crosscheck as profiler_check
 from kvpages.measure import environment
+from kvpages.measure.inputs import PoolCache
 from kvpages.measure.runner import Runner
-from kvpages.measure.schedule import Block, plan
+from kvpages.measure.schedule import Block, in_run_order, plan
 from kvpages.measure.steps import get_step_variant, step_variant_names
 from kvpages.measure.targets import Context, PointTarget, ScenarioTarget, Target
 from kvpages.measure.variants import variant_names
-from kvpages.schema.rows import Row, RunMeta, Samples, ScenarioRow, Table
+from kvpages.measure.workers import (
+    EndRecord,
+    WorkerCommand,
+    WorkerLog,
+    WorkerRun,
+    json_path,
+    log_path,
+    run_worker,
+    write_cases,
+)
+from kvpages.schema.rows import ProcessInfo, Row, RunMeta, Samples, ScenarioRow, Table
 from kvpages.schema.writer import RunWriter, create_run_dir, utc_now
 
 
@@ -44,8 +60,10 @@ class KvSession:
     """The state of one pytest session of the sweep: options, device, plan, runner, cross-check, run folder."""
 
     def __init__(self, options: BenchOptions, rootdir: Path, invocation_args: tuple[str, ...],
-                 timing: bool = True) -> None:
+                 timing: bool = True, worker: int | None = None, worker_dir: Path | None = None,
+                 configured_at: float = 0.0) -> None:
         self.options = options
+        self.configured_at = configured_at  # perf_counter at pytest_configure
         self.device = resolve_device(options.device_choice)
         self.rootdir = rootdir
         self.results_dir = Path(options.results_dir) if options.results_dir else rootdir / "results"
@@ -56,30 +74,38 @@ class KvSession:
         self.writer: RunWriter | None = None
         sweep = options.sweep
         self.repetitions = sweep.repetitions if timing else 1
-        self.passes = min(sweep.passes, self.repetitions)
+        self.processes = sweep.processes if timing else 1
+        self.process = self.processes - 1 if worker is None else worker
+        self.passes = min(sweep.passes, -(-self.repetitions // self.processes))  # per process
+        self.log = None if worker is None or worker_dir is None else WorkerLog(log_path(worker_dir, worker))
+        self.pool_cache = None if worker_dir is None else PoolCache(worker_dir)  # the session's: set by run_workers
         self.variants = options.variants or variant_names()
         self.step_variants = options.step_variants or step_variant_names()
         points = [PointTarget(p) for p in sweep.points(self.device)]
-        self.point_blocks = plan(self.variants, points, self.repetitions, sweep.seed, self.passes)
         per_request = [n for n in self.step_variants if not get_step_variant(n).batched]
         requests = [ScenarioTarget(s) for s in options.scenario_set if s.kind == "request"]
         steps = [ScenarioTarget(s) for s in options.scenario_set if s.kind == "step"]
-        first = len(self.point_blocks)
-        self.scenario_blocks = plan(per_request, requests, self.repetitions, sweep.seed, self.passes, first)
-        self.scenario_blocks += plan(self.step_variants, steps, self.repetitions, sweep.seed + 1, self.passes,
-                                     first + len(self.scenario_blocks))
+        families = in_run_order(
+            plan(self.variants, points, self.repetitions, sweep.seed, self.passes, self.processes),
+            plan(per_request, requests, self.repetitions, sweep.seed, self.passes, self.processes),
+            plan(self.step_variants, steps, self.repetitions, sweep.seed + 1, self.passes, self.processes))
+        self.point_blocks, self.scenario_blocks = families[0], families[1] + families[2]
         self.planned: set[str] = set()  # the cases whose benchmarks were collected
         self.runner = Runner(self)
-        self.crosscheck = crosscheck_enabled(options.crosscheck_mode, self.device)
+        self.crosscheck = crosscheck_enabled(options.crosscheck_mode, self.device) and self.log is None
         self.crosscheck_unavailable: str | None = None  # why the cross-check could not run (it is never retried)
         self._crosscheck_answers: dict[str, profiler_check.CheckAnswer] | None = None
-        self._trace_dir: Path | None = None  # where the cross-check process leaves its profile
+        self.trace_dir: Path | None = None  # where the cross-check process leaves its profile
         self._pcie_loaded: str | None = None
+        self.workers: list[WorkerRun] = []
+        self.worker_benchmarks: list[dict] = []  # the workers' pytest-benchmark JSON entries
+        self.loop_started: float | None = None  # perf_counter when this process's test loop began
 
     def collected(self, blocks: Sequence[Block]) -> Sequence[Block]:
-        """`blocks`, for a benchmark's parametrization; their cases count as planned rows."""
-        self.planned |= {b.case_id for b in blocks}
-        return blocks
+        """This process's share of `blocks`, for a benchmark's parametrization; their cases count as planned rows."""
+        own = [b for b in blocks if b.process == self.process]
+        self.planned |= {b.case_id for b in own}
+        return own
 
     def variants_of(self, target: Target) -> Sequence[str]:
         return self.variants if isinstance(target, PointTarget) else self.step_variants
@@ -101,9 +127,9 @@ class KvSession:
         failure is remembered and the session goes on timing, with the reason in every row's note
         (it never starts it again).
         """
-        return self._run_crosscheck().get(block.case_id) if self.crosscheck else None
+        return self.run_crosscheck().get(block.case_id) if self.crosscheck else None
 
-    def _run_crosscheck(self) -> dict[str, profiler_check.CheckAnswer]:
+    def run_crosscheck(self) -> dict[str, profiler_check.CheckAnswer]:
         if self._crosscheck_answers is None:
             cases = [profiler_check.CheckCase(b.variant, b.point) for b in self.point_blocks + self.scenario_blocks
                      if b.repetition == 0 and b.case_id in self.planned
@@ -111,11 +137,11 @@ class KvSession:
             self._crosscheck_answers = {}
             if not cases:
                 return self._crosscheck_answers
-            self._trace_dir = Path(tempfile.mkdtemp(prefix="kvpages-crosscheck-"))
+            self.trace_dir = Path(tempfile.mkdtemp(prefix="kvpages-crosscheck-"))
             with self.phase("crosscheck"):
                 try:
                     self._crosscheck_answers = profiler_check.run_crosscheck(
-                        cases, self.device, trace_out=self._trace_dir / profiler_check.TRACE_FILE)
+                        cases, self.device, trace_out=self.trace_dir / profiler_check.TRACE_FILE)
                 except profiler_check.CrosscheckError as exc:
                     self.crosscheck_unavailable = str(exc)
         return self._crosscheck_answers
@@ -137,25 +163,7 @@ class KvSession:
     def _writer(self) -> RunWriter:
         """The run folder, created when the first row is recorded."""
         if self.writer is None:
-            if self.crosscheck:  # before the environment says whether it confirmed the meter
-                self._run_crosscheck()
-            env = environment.capture(self.device, self.rootdir, self.crosscheck and not self.crosscheck_unavailable)
-            label = "cpu" if self.device == "cpu" else f"cuda-{self.context.device_name}"
-            path = create_run_dir(self.results_dir, label)
-            meta = RunMeta(
-                run_id=path.name,
-                preset=self.options.preset_name,
-                options=self.options.as_strings(),
-                command=self.command,
-                started_utc=self.started_utc,
-                environment=env,
-                repetitions=self.repetitions,
-                order_seed=self.options.sweep.seed,
-                crosscheck=self.crosscheck_status(),
-            )
-            self.writer = RunWriter(path, meta)
-            if self._trace_dir is not None and (self._trace_dir / profiler_check.TRACE_FILE).exists():
-                shutil.move(self._trace_dir / profiler_check.TRACE_FILE, path / profiler_check.TRACE_FILE)
+            self.writer = open_run_folder(self)
         return self.writer
 
     def write(self, table: Table, rows: Sequence[Row | ScenarioRow], samples: Sequence[Samples] = ()) -> None:
@@ -163,12 +171,16 @@ class KvSession:
             self._writer().add(table, rows, samples)
 
     def finish(self, exitstatus: int, total_s: float) -> None:
-        """Close the run folder: completed only if every planned case ran and the session passed."""
+        """Close the run folder: completed only if every planned case ran and the session passed (a worker: its log)."""
         self.context.worker.shutdown(wait=True)
-        if self._trace_dir is not None:
-            shutil.rmtree(self._trace_dir, ignore_errors=True)
+        if self.trace_dir is not None:
+            shutil.rmtree(self.trace_dir, ignore_errors=True)
+        if self.log is not None:
+            self.log.end(EndRecord(os.getpid(), self.runner.first_block_at, self.phase_s["generate"],
+                                   self.runner.blocks_run))
         if self.writer is None:
             return
+        self.writer.meta.processes = process_infos(self, total_s)
         done, planned = self.writer.recorded, len(self.planned)
         if exitstatus == pytest.ExitCode.INTERRUPTED:
             completed, note = False, f"interrupted after {done} of {planned} rows"
@@ -184,3 +196,73 @@ class KvSession:
         timing = {f"{name}_s": value for name, value in sorted(self.phase_s.items())}
         timing["session_s"] = total_s
         self.writer.finish(completed, note, timing)
+
+def open_run_folder(session: KvSession) -> RunWriter:
+    """A new run folder with its meta.json (after the cross-check, whose outcome the environment states)."""
+    if session.crosscheck:  # before the environment says whether it confirmed the meter
+        session.run_crosscheck()
+    confirmed = session.crosscheck and not session.crosscheck_unavailable
+    env = environment.capture(session.device, session.rootdir, confirmed)
+    label = "cpu" if session.device == "cpu" else f"cuda-{session.context.device_name}"
+    path = create_run_dir(session.results_dir, label)
+    meta = RunMeta(
+        run_id=path.name,
+        preset=session.options.preset_name,
+        options=session.options.as_strings(),
+        command=session.command,
+        started_utc=session.started_utc,
+        environment=env,
+        repetitions=session.repetitions,
+        order_seed=session.options.sweep.seed,
+        crosscheck=session.crosscheck_status(),
+    )
+    writer = RunWriter(path, meta)
+    if session.trace_dir is not None and (session.trace_dir / profiler_check.TRACE_FILE).exists():
+        shutil.move(session.trace_dir / profiler_check.TRACE_FILE, path / profiler_check.TRACE_FILE)
+    return writer
+
+
+def process_infos(session: KvSession, total_s: float) -> list[ProcessInfo]:
+    """The processes that timed this run, the workers first, then this session."""
+    infos = []
+    for w in session.workers:
+        end = w.end
+        startup = (end.first_block_at - w.launched_at) if end and end.first_block_at else w.wall_s
+        infos.append(ProcessInfo(w.process, end.pid if end else -1, "worker", startup,
+                                 end.generate_s if end else 0.0, w.wall_s, end.blocks if end else 0))
+    own_start = session.loop_started or 0.0
+    infos.append(ProcessInfo(session.process, os.getpid(), "session", own_start - session.configured_at,
+                             session.phase_s["generate"], total_s - sum(w.wall_s for w in session.workers),
+                             session.runner.blocks_run))
+    return infos
+
+
+class WorkerFailed(Exception):
+    """A worker process did not run to its end (killed, crashed, or refused): the run cannot be completed."""
+
+
+def run_workers(session: KvSession, command: WorkerCommand, case_ids: Sequence[str],
+                say: Callable[[str], None]) -> None:
+    """Time the earlier processes' shares, one fresh worker process after another, folding each one's log into the
+    runner as it ends; `case_ids`: the cases this session selected (a worker keeps only those)."""
+    if session.crosscheck:  # its child process runs before any timing, as in a run of one process
+        session.run_crosscheck()
+    write_cases(command.folder, case_ids)
+    session.pool_cache = PoolCache(command.folder)
+    targets = {b.case_id: (b.point, b.variant) for b in session.point_blocks + session.scenario_blocks}
+    for process in range(session.processes - 1):
+        result = run_worker(command, process)
+        session.workers.append(result)
+        if not result.ok:
+            raise WorkerFailed(f"kvpages: worker process {process} of {session.processes} exited with status "
+                               f"{result.returncode} before its end; the last lines it printed:\n{result.output_tail}")
+        session.runner.records.merge(result, targets)
+        if command.json_out:
+            session.worker_benchmarks += json.loads(json_path(command.folder, process).read_text())["benchmarks"]
+        end = result.end
+        assert end is not None
+        startup = (end.first_block_at - result.launched_at) if end.first_block_at else math.nan
+        say(f"kvpages: process {process + 1} of {session.processes} (pid {end.pid}): {end.blocks} blocks in "
+            f"{result.wall_s:.1f} s, of which start-up {startup:.1f} s and inputs {end.generate_s:.1f} s")
+    say(f"kvpages: process {session.processes} of {session.processes} (pid {os.getpid()}, this session) times its "
+        "share now")

@@ -29,7 +29,7 @@ from kvpages.core.scenarios import SCENARIO_ROTATION, RequestScenario, Scenario,
 from kvpages.core.stats import quartiles, row_statistics
 from kvpages.core.sweep import ITEMSIZE, Point
 from kvpages.measure.busy import BusyQueue
-from kvpages.measure.inputs import Workload, make_scenario_workload, make_workload, validate_page_layout
+from kvpages.measure.inputs import PoolCache, Workload, make_scenario_workload, make_workload, validate_page_layout
 from kvpages.measure.meter import D2HMeasurement, measure_call
 from kvpages.measure.schedule import Block
 from kvpages.measure.steps import Arrays, Pending, StepVariant, get_step_variant
@@ -115,7 +115,7 @@ class Target(Protocol):
     table: Table
 
     def unavailable_reason(self, variant: str, device: str) -> str | None: ...
-    def build(self, device: str) -> Workload: ...
+    def build(self, device: str, cache: PoolCache | None = None) -> Workload: ...
     def call_here(self, variant: str, inputs: Any) -> Any: ...
     def check(self, out: Any, expected: Any) -> str | None: ...
     def expected_d2h(self, variant: str) -> tuple[int, int | None]: ...
@@ -154,8 +154,8 @@ class PointTarget:
     def unavailable_reason(self, variant: str, device: str) -> str | None:
         return get_variant(variant).unavailable_reason(device)
 
-    def build(self, device: str) -> Workload:
-        built = make_workload(self.point)
+    def build(self, device: str, cache: PoolCache | None = None) -> Workload:
+        built = make_workload(self.point, cache=cache)
         for kv in built.inputs:
             validate_page_layout(kv, self.point.page_size)
         return built
@@ -185,7 +185,8 @@ class PointTarget:
 
     def samples(self, variant: str, block: Block, series: tuple[tuple[float, ...], ...]) -> Samples:
         p = self.point
-        return SampleSet(variant, p.dtype, p.layout, p.seq_len, p.page_size, block.repetition, block.order, series[0])
+        return SampleSet(variant, p.dtype, p.layout, p.seq_len, p.page_size, block.repetition, block.order,
+                         block.process, series[0])
 
     def row(self, variant: str, ctx: Context, measured: D2HMeasurement | None, status: str, note: str,
             blocks: Sequence[Samples], repro: str) -> Row:
@@ -265,8 +266,8 @@ class ScenarioTarget:
             reason = "a busy-queue scenario needs CUDA: a CPU run has no device queue to wait behind"
         return reason
 
-    def build(self, device: str) -> Workload:
-        return make_scenario_workload(self.scenario, device, SCENARIO_ROTATION)
+    def build(self, device: str, cache: PoolCache | None = None) -> Workload:
+        return make_scenario_workload(self.scenario, device, SCENARIO_ROTATION, cache=cache)
 
     def call_here(self, variant: str, inputs: Any) -> Any:
         """One request or step with any wait in this thread (for the check and the meter, not the timing)."""
@@ -310,7 +311,8 @@ class ScenarioTarget:
 
     def samples(self, variant: str, block: Block, series: tuple[tuple[float, ...], ...]) -> Samples:
         blocked, ready, busy = series
-        return ScenarioSampleSet(self.scenario.id, variant, block.repetition, block.order, blocked, ready, busy)
+        return ScenarioSampleSet(self.scenario.id, variant, block.repetition, block.order, block.process, blocked, ready,
+                                 busy)
 
     def row(self, variant: str, ctx: Context, measured: D2HMeasurement | None, status: str, note: str,
             blocks: Sequence[Samples], repro: str) -> ScenarioRow:

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-WARMUP_FIRST_S = 0.005
-"""The first block of a (variant, point) warms up for at least this long (untimed)..."""
+WARMUP_FIRST_S = 0.002
+"""A (variant, point)'s first block in a process (right after its check and meter ran it) warms up for at least
+this long (untimed)..."""
 WARMUP_LATER_S = 0.001
 """...later blocks, after the other variants ran, for at least this long; every warm-up covers every input."""
 

@@ -48,8 +48,11 @@ def summary_text(analysis: Analysis) -> str:
     lines = []
     if not run.link_crossed:
         lines.append("CPU run: no PCIe link was crossed; bytes are those handed to the host boundary.")
-    lines.append(f"{analysis.noise.repetitions} interleaved repetitions per (variant, point); "
-                 f"ratios are paired per repetition, with {CONFIDENCE:.0%} CIs.")
+    noise = analysis.noise
+    level = (f"intervals over the {noise.processes} processes" if noise.interval_unit == "process"
+             else "intervals over the repetitions of one process")
+    lines.append(f"{noise.repetitions} interleaved repetitions per (variant, point) in {noise.processes} "
+                 f"process(es); ratios are paired per repetition, {level}, {CONFIDENCE:.0%}.")
     for key, group in ok.groupby(["dtype", "layout", "page_size"], sort=True):
         dtype, layout, page_size = str(key[0]), str(key[1]), int(key[2])  # type: ignore[call-overload]
         chosen = group[group["seq_len"].isin(summary_seq_lens(group["seq_len"].tolist()))]

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvpages.core.stats import Levels
 from kvpages.schema.rows import (
     COLUMNS,
     FLOAT_COLUMNS,
@@ -25,6 +26,8 @@ from kvpages.schema.rows import (
     OPTIONAL_COLUMNS,
     READABLE_SCHEMAS,
     RESULTS_CSV,
+    SAMPLE_COLUMNS,
+    SAMPLE_OPTIONAL_COLUMNS,
     SAMPLES_CSV,
     SCENARIO_COLUMNS,
     SCENARIO_FLOAT_COLUMNS,
@@ -35,6 +38,7 @@ from kvpages.schema.rows import (
     SCENARIO_SAMPLES_CSV,
     SCENARIOS_CSV,
     Environment,
+    ProcessInfo,
     RunMeta,
 )
 
@@ -59,6 +63,9 @@ class Run:
     """scenarios.csv (whole requests and steps), or None for a run without them."""
     scenario_samples: dict[tuple, dict[str, list[np.ndarray]]] | None = None
     """Per (scenario, variant): {'blocked': blocks, 'ready': blocks}, in repetition order."""
+    processes: dict[tuple, tuple[int, ...]] | None = None
+    """Per row key, and per (scenario, variant): the process of each block, in the same order (all 0 before
+    schema version 3)."""
 
     @property
     def run_id(self) -> str:
@@ -78,6 +85,28 @@ class Run:
 
     def blocks(self, key: tuple) -> list[np.ndarray] | None:
         return self.samples.get(key)
+
+    def block_processes(self, key: tuple, count: int) -> np.ndarray:
+        """The process of each of a key's `count` blocks (a row key, or a (scenario, variant))."""
+        found = (self.processes or {}).get(key)
+        return np.array(found if found is not None and len(found) == count else (0,) * count)
+
+    def levels(self, key: tuple, latency: str | None = None) -> Levels | None:
+        """The log block medians of a row key (or of a (scenario, variant)'s `latency`), with their processes."""
+        if latency is None:
+            blocks = self.blocks(key)
+        else:
+            found = (self.scenario_samples or {}).get(key)
+            blocks = None if found is None else found[latency]
+        if blocks is None:
+            return None
+        medians = np.array([float(np.median(b)) for b in blocks])
+        return Levels(np.log(medians), self.block_processes(key, len(blocks)))
+
+    @property
+    def process_count(self) -> int:
+        """How many processes timed the run (1 for runs before schema version 3)."""
+        return max(1, len(self.meta.processes)) if self.meta else 1
 
 
 def row_key(row: pd.Series | dict) -> tuple:
@@ -151,7 +180,8 @@ def _read_meta(path: Path) -> RunMeta:
         raise RunError(f"{path}: schema version {version!r}; this kvpages reads schema versions {readable}")
     try:
         env = Environment(**data.pop("environment"))
-        return RunMeta(environment=env, **data)
+        processes = [ProcessInfo(**p) for p in data.pop("processes", [])]
+        return RunMeta(environment=env, processes=processes, **data)
     except (TypeError, KeyError) as exc:
         raise RunError(f"{path}: fields do not match schema version {version} ({exc})") from None
 
@@ -171,54 +201,69 @@ def load_run(path: str | Path) -> Run:
         meta = _read_meta(folder / META_JSON) if (folder / META_JSON).exists() else None
     rows = _read_typed(csv_path, COLUMNS, OPTIONAL_COLUMNS, INT_COLUMNS, FLOAT_COLUMNS)
     samples_path = folder / SAMPLES_CSV
-    samples = _read_samples(samples_path) if samples_path.exists() else {}
+    samples, processes = _read_samples(samples_path) if samples_path.exists() else ({}, {})
     _check_medians(rows, samples, csv_path)
-    scenarios, scenario_samples = _read_scenarios(folder)
-    return Run(folder, rows, samples, meta, scenarios, scenario_samples)
+    scenarios, scenario_samples, scenario_processes = _read_scenarios(folder)
+    return Run(folder, rows, samples, meta, scenarios, scenario_samples, {**processes, **scenario_processes})
 
 
-def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, dict[str, list[np.ndarray]]] | None]:
+ScenarioSamples = dict[tuple, dict[str, list[np.ndarray]]]
+
+
+def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, ScenarioSamples | None, dict[tuple, tuple[int, ...]]]:
     path = folder / SCENARIOS_CSV
     if not path.exists():
-        return None, None
+        return None, None, {}
     frame = _read_typed(path, SCENARIO_COLUMNS, SCENARIO_OPTIONAL_COLUMNS, SCENARIO_INT_COLUMNS,
                         SCENARIO_FLOAT_COLUMNS)
     samples: dict[tuple, dict[str, list[np.ndarray]]] = {}
+    processes: dict[tuple, tuple[int, ...]] = {}
     samples_path = folder / SCENARIO_SAMPLES_CSV
     if samples_path.exists():
         required = _required(SCENARIO_SAMPLE_COLUMNS, SCENARIO_SAMPLE_OPTIONAL_COLUMNS)
-        records = _read_csv(samples_path, required).to_dict("records")
+        by_latency: dict[str, dict[tuple, list[tuple[int, int, np.ndarray]]]] = {"blocked": {}, "ready": {}}
         try:
-            records.sort(key=lambda r: int(r["repetition"]))
-            for r in records:
-                entry = samples.setdefault((r["scenario"], r["variant"]), {"blocked": [], "ready": []})
-                for what in ("blocked", "ready"):
-                    entry[what].append(np.array(r[f"{what}_us"].split(), dtype=np.float64))
+            for r in _read_csv(samples_path, required).to_dict("records"):
+                key = (r["scenario"], r["variant"])
+                for what, found in by_latency.items():
+                    found.setdefault(key, []).append((int(r["repetition"]), int(r.get("process") or 0),
+                                                       np.array(r[f"{what}_us"].split(), dtype=np.float64)))
         except ValueError:
-            raise RunError(f"{samples_path}: a repetition or sample is not a number") from None
+            raise RunError(f"{samples_path}: a repetition, process or sample is not a number") from None
+        blocked, processes = _in_repetition_order(by_latency["blocked"])
+        ready, _ = _in_repetition_order(by_latency["ready"])
+        samples = {key: {"blocked": blocked[key], "ready": ready[key]} for key in blocked}
     for _, row in frame[frame["status"] == "ok"].iterrows():
-        blocks = samples.get((row["scenario"], row["variant"]))
-        if blocks is None:
+        entry = samples.get((row["scenario"], row["variant"]))
+        if entry is None:
             raise RunError(f"{path}: row {row['scenario']} {row['variant']} has no samples in {SCENARIO_SAMPLES_CSV}")
-        median = float(np.median(np.concatenate(blocks["blocked"])))
+        median = float(np.median(np.concatenate(entry["blocked"])))
         if not math.isclose(median, float(row["blocked_median_us"]), rel_tol=MEDIAN_RTOL, abs_tol=1e-12):
             raise RunError(f"{path}: row {row['scenario']} {row['variant']} says blocked_median_us "
                            f"{row['blocked_median_us']!r}, but its samples give {median!r}; the folder was edited or mixed up")
-    return frame, samples
+    return frame, samples, processes
 
 
-def _read_samples(path: Path) -> dict[tuple, list[np.ndarray]]:
-    """samples.csv by row key; version 1 files (no `repetition` column) hold one block per row."""
-    frame = _read_csv(path, KEY_COLUMNS + ("rounds", "samples_us"))
-    by_key: dict[tuple, list[tuple[int, np.ndarray]]] = {}
+def _read_samples(path: Path) -> tuple[dict[tuple, list[np.ndarray]], dict[tuple, tuple[int, ...]]]:
+    """samples.csv by row key, in repetition order, and each block's process; version 1 files (no `repetition`
+    column) hold one block per row, and files before version 3 (no `process`) come from one process."""
+    frame = _read_csv(path, _required(SAMPLE_COLUMNS, SAMPLE_OPTIONAL_COLUMNS))
+    by_key: dict[tuple, list[tuple[int, int, np.ndarray]]] = {}
     for i, record in enumerate(frame.to_dict("records")):
         try:
             values = np.array(record["samples_us"].split(), dtype=np.float64)
-            repetition = int(record.get("repetition") or 0)
+            repetition, process = int(record.get("repetition") or 0), int(record.get("process") or 0)
         except ValueError:
-            raise RunError(f"{path}: line {i + 2}: samples_us or repetition holds a non-number") from None
-        by_key.setdefault(row_key(record), []).append((repetition, values))
-    return {key: [v for _, v in sorted(blocks, key=lambda b: b[0])] for key, blocks in by_key.items()}
+            raise RunError(f"{path}: line {i + 2}: samples_us, repetition or process holds a non-number") from None
+        by_key.setdefault(row_key(record), []).append((repetition, process, values))
+    return _in_repetition_order(by_key)
+
+
+def _in_repetition_order(by_key: dict[tuple, list[tuple[int, int, np.ndarray]]]
+                         ) -> tuple[dict[tuple, list[np.ndarray]], dict[tuple, tuple[int, ...]]]:
+    ordered = {key: sorted(blocks, key=lambda b: b[0]) for key, blocks in by_key.items()}
+    return ({key: [v for _, _, v in blocks] for key, blocks in ordered.items()},
+            {key: tuple(p for _, p, _ in blocks) for key, blocks in ordered.items()})
 
 
 def _check_medians(rows: pd.DataFrame, samples: dict[tuple, list[np.ndarray]], path: Path) -> None:

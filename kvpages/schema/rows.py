@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-SCHEMA_VERSION = 2
-"""2: repetitions (samples.csv has one line per block, with `repetition` and `order`). Version 1 is still read."""
-READABLE_SCHEMAS = (1, 2)
+SCHEMA_VERSION = 3
+"""3: processes (each samples line has its `process`, meta.json lists the processes); 2: repetitions (samples.csv
+has one line per block, with `repetition` and `order`). Versions 1 and 2 are still read (one process)."""
+READABLE_SCHEMAS = (1, 2, 3)
 RESULTS_CSV = "results.csv"
 SAMPLES_CSV = "samples.csv"
 META_JSON = "meta.json"
@@ -94,7 +95,7 @@ OPTIONAL_COLUMNS = ("repetitions", "rep_spread")
 @dataclass(frozen=True)
 class SampleSet:
     """The raw per-round times of one timed block: repetition `repetition` of a row, the
-    `order`-th block the run timed."""
+    `order`-th block the run timed, in process `process` (an index into meta.json's processes)."""
 
     variant: str
     dtype: str
@@ -103,10 +104,13 @@ class SampleSet:
     page_size: int
     repetition: int
     order: int
+    process: int
     samples_us: tuple[float, ...]
 
 
-SAMPLE_COLUMNS = KEY_COLUMNS + ("repetition", "order", "rounds", "samples_us")
+SAMPLE_COLUMNS = KEY_COLUMNS + ("repetition", "order", "process", "rounds", "samples_us")
+SAMPLE_OPTIONAL_COLUMNS = ("repetition", "order", "process")
+"""Columns older schema versions lack (version 1: all three; version 2: process): one block per line, one process."""
 
 
 @dataclass(frozen=True)
@@ -170,14 +174,16 @@ class ScenarioSampleSet:
     variant: str
     repetition: int
     order: int
+    process: int
     blocked_us: tuple[float, ...]
     ready_us: tuple[float, ...]
     busy_us: tuple[float, ...] = ()
     """Per round, the device busy time queued before it (busy-queue scenarios on CUDA; else empty)."""
 
 
-SCENARIO_SAMPLE_COLUMNS = ("scenario", "variant", "repetition", "order", "rounds", "blocked_us", "ready_us", "busy_us")
-SCENARIO_SAMPLE_OPTIONAL_COLUMNS = ("busy_us",)
+SCENARIO_SAMPLE_COLUMNS = ("scenario", "variant", "repetition", "order", "process", "rounds", "blocked_us", "ready_us",
+                           "busy_us")
+SCENARIO_SAMPLE_OPTIONAL_COLUMNS = ("process", "busy_us")
 """Columns added since scenario_samples.csv first appeared (older runs lack them)."""
 
 
@@ -189,8 +195,10 @@ Samples = SampleSet | ScenarioSampleSet
 class RatioRow:
     """`variant` against `baseline` at one point of an analysed run (ratios.csv).
 
-    ratio: median over repetitions of the paired block-median ratios variant/baseline, with the
-    order-statistic interval of that median at `confidence` (kvpages.core.stats); bytes_ratio: measured D2H bytes.
+    ratio and its interval at `confidence`, from the paired per-repetition log-ratios of block medians
+    variant/baseline (kvpages.core.stats): with `processes` >= 2, the geometric mean of the per-process
+    medians and its Student t interval (`interval_unit` 'process'); with one process, the median of the
+    repetitions and its order-statistic interval ('repetition'). bytes_ratio: measured D2H bytes.
     verdict: 'faster' or 'slower' when the interval excludes 1, else 'within noise'.
     """
 
@@ -211,6 +219,8 @@ class RatioRow:
     variant_d2h_bytes: int
     baseline_d2h_bytes: int
     verdict: str
+    processes: int = 1
+    interval_unit: str = "repetition"
 
 
 RATIO_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RatioRow))
@@ -243,6 +253,23 @@ class Environment:
     """The PCIe link as nvidia-smi saw it right after the first timed block (an idle link downshifts)."""
 
 
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One process that timed part of a run (samples lines name it by `index`)."""
+
+    index: int
+    pid: int
+    role: str
+    """'worker' (a fresh pytest process started for its share) or 'session' (the pytest session the user ran)."""
+    startup_s: float
+    """From its start to its first block: the interpreter, torch and pytest imports, collection (workers;
+    the session's counts from pytest_configure on)."""
+    generate_s: float
+    """Building (and validating) its inputs: the rest of what a process start costs."""
+    wall_s: float
+    blocks: int
+
+
 @dataclass
 class RunMeta:
     """meta.json: what ran, where, how, and whether it finished."""
@@ -261,6 +288,8 @@ class RunMeta:
     repetitions: int = 1
     order_seed: int = 0
     crosscheck: str = "off"
+    processes: list[ProcessInfo] = field(default_factory=list)
+    """The processes the repetitions were dealt to, in run order (empty before schema version 3: one process)."""
 
 
 @dataclass(frozen=True)
@@ -271,10 +300,17 @@ class Table:
     samples_csv: str
     columns: tuple[str, ...]
     sample_columns: tuple[str, ...]
+    sample_type: type[SampleSet] | type[ScenarioSampleSet]
+
+    def samples_from(self, fields_: dict[str, object]) -> Samples:
+        """A samples record of this table from its fields (as `dataclasses.asdict` gave them, lists for tuples)."""
+        return self.sample_type(**{k: tuple(v) if isinstance(v, list) else v  # type: ignore[arg-type]
+                                   for k, v in fields_.items()})
 
 
-POINTS = Table(RESULTS_CSV, SAMPLES_CSV, COLUMNS, SAMPLE_COLUMNS)
-SCENARIOS = Table(SCENARIOS_CSV, SCENARIO_SAMPLES_CSV, SCENARIO_COLUMNS, SCENARIO_SAMPLE_COLUMNS)
+POINTS = Table(RESULTS_CSV, SAMPLES_CSV, COLUMNS, SAMPLE_COLUMNS, SampleSet)
+SCENARIOS = Table(SCENARIOS_CSV, SCENARIO_SAMPLES_CSV, SCENARIO_COLUMNS, SCENARIO_SAMPLE_COLUMNS, ScenarioSampleSet)
+TABLES = {table.rows_csv: table for table in (POINTS, SCENARIOS)}
 
 
 def _spaced(values: tuple[float, ...]) -> str:
