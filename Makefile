@@ -6,7 +6,7 @@
 #                        with VENV=/path/to/an/existing/venv that has torch, that venv is used as it is
 #   PRESET=default       the sweep `make bench` runs: quick, default or full
 #   PYTEST_ARGS=...      extra options for pytest, e.g. PYTEST_ARGS="--kv-page-sizes 1,64"
-#   NOISE_PRESET=quick   the sweep `make noise` runs twice, back to back
+#   NOISE_PRESET=default the sweep `make noise` runs twice, back to back
 #
 # `make gpu-check` needs no venv and no network: it runs bench/gpu_check.sh with $(PYTHON) as it is
 # (e.g. PYTHON=/opt/conda/bin/python, or PYTHON=.venv/bin/python), PYTEST_ARGS going to both of its sweeps.
@@ -19,7 +19,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 PRESET ?= default
 PYTEST_ARGS ?=
-NOISE_PRESET ?= quick
+NOISE_PRESET ?= default
 NOISE_DIR ?= .noise
 
 BIN := $(VENV)/bin
@@ -39,8 +39,11 @@ endif
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
+# -p no:hypothesispytest: bench/ has no property tests, and hypothesis's plugin costs ~1.5 s at the end of a session.
+BENCH_PYTEST := -q -p no:hypothesispytest
+
 bench: $(STAMP)
-	$(BIN)/python -m pytest bench/ --benchmark-only --kv-preset $(PRESET) --kv-analyze -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest bench/ --benchmark-only --kv-preset $(PRESET) --kv-analyze $(BENCH_PYTEST) $(PYTEST_ARGS)
 
 test: lint
 	$(BIN)/python -m pytest tests/ bench/ --benchmark-disable --kv-preset quick -q $(PYTEST_ARGS)
@@ -49,10 +52,11 @@ lint: $(STAMP)
 	$(BIN)/python -m ruff check kvpages tests bench
 	$(BIN)/python -m mypy
 
-# Two runs of the same code, back to back, into a new folder under $(NOISE_DIR)/; then their A/A figures.
+# Two runs of the same code, back to back, into a new folder under $(NOISE_DIR)/; then their A/A figures, the
+# noise floor of each (between and within processes) and one line: is this box fit for comparisons?
 noise: $(STAMP)
 	@dir=$(NOISE_DIR)/$$(date -u +%Y%m%dT%H%M%SZ); mkdir -p $$dir && \
-	for i in 1 2; do $(BIN)/python -m pytest bench/ --benchmark-only --kv-preset $(NOISE_PRESET) -q \
+	for i in 1 2; do $(BIN)/python -m pytest bench/ --benchmark-only --kv-preset $(NOISE_PRESET) $(BENCH_PYTEST) \
 		-p no:cacheprovider --kv-results $$dir $(PYTEST_ARGS) || exit $$?; done && \
 	$(BIN)/kvpages noise $$(ls -d $$dir/*/)
 

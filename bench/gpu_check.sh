@@ -6,7 +6,8 @@
 #      steps, the busy queue, the pinned worker-thread wait), written as a run folder to results/ with charts
 #      (scenario_busy.png: blocked against ready behind a busy queue), ratios.csv, scenarios.csv and REPORT.md,
 #   3. the profiler preflight: one tiny CUDA profile in a child process must see the device-to-host copy,
-#   4. the same sweep with the cross-check on (in its own process); skipped, saying why, if step 3 failed,
+#   4. the same sweep with the cross-check on (in its own process), its repetitions dealt to 2 fresh processes
+#      (the session and one pytest worker: the multi-process path on CUDA); skipped, saying why, if step 3 failed,
 #   5. `kvpages compare` of the two run folders (A: cross-check off, B: on): the timing process is not skewed,
 #   6. the CUDA-marked tests (variants and inputs on CUDA, the meter against the CUDA profiler, the sweep's
 #      CUDA twins, the busy-queue step: a blocking copy waits for a queued 500 us kernel, a pinned one does not).
@@ -172,12 +173,13 @@ pack() {  # (re)write $ARCHIVE/runs.tar.gz with the run folders made so far, ato
     fi
 }
 
-sweep() {  # name, --kv-crosscheck mode, what it is: a quick sweep; sets SWEEP_RUN to its run folder ('' if none)
+sweep() {  # name, --kv-crosscheck mode, what it is[, more options]: a quick sweep; sets SWEEP_RUN to its run folder
     local name=$1 mode=$2 what=$3 rc
+    shift 3
     echo "== $what"
     SWEEP_BEFORE=$(list_runs)
     run_step "$name" "$SWEEP_S" "$PYTHON" -m pytest bench/ --benchmark-only --kv-preset quick --kv-device "$DEVICE" \
-        --kv-crosscheck "$mode" --kv-analyze -q -p no:cacheprovider "${args[@]}"
+        --kv-crosscheck "$mode" --kv-analyze -q -p no:cacheprovider "$@" "${args[@]}"
     rc=$?
     collect_runs
     if [[ -z $SWEEP_RUN ]] && ((rc == 0)); then
@@ -245,7 +247,7 @@ else
 fi
 ON_RUN=''
 if ((profiler == 0)); then
-    sweep sweep-on on "the same sweep, profiler cross-check on (in its own process)"
+    sweep sweep-on on "the same sweep, profiler cross-check on (in its own process), in 2 processes" --kv-processes 2
     ON_RUN=$SWEEP_RUN
 else
     echo "== sweep-on skipped: the profiler preflight failed (exit $profiler), so its cross-check could not run"

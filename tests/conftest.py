@@ -39,6 +39,11 @@ def reference_runs() -> list[Path]:
     return sorted(p.parent for p in (REPO / "results").glob("*/meta.json"))
 
 
+FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider", "--kv-processes", "1")
+"""A timed sweep in seconds, in one process: what these tests check is one session's own behaviour (the worker
+processes have tests of their own, in test_processes.py, which give --kv-processes themselves)."""
+
+
 def synthetic_run(folder: Path, medians_us: dict[tuple[str, int, int], float], spread: float = 0.01,
                   rounds: int = 50, seed: int = 0, run_id: str | None = None, repetitions: int = 10,
                   rep_spread: float = 0.01, processes: int = 1, process_spread: float = 0.0) -> Path:

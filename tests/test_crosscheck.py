@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import FAST, REPO
 
 from kvpages.core.sweep import Point
 from kvpages.measure.busy import PROBE_CYCLES, cycles_for
@@ -36,7 +36,6 @@ from kvpages.measure.variants import get_variant, variant_names
 from kvpages.schema.reader import load_run
 
 BENCH = (REPO / "bench" / "test_d2h.py").read_text()
-FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider")
 PAGEABLE, PINNED = "Memcpy DtoH (Device -> Pageable)", "Memcpy DtoH (Device -> Pinned)"
 
 

@@ -41,7 +41,7 @@ def test_readme_preset_table_matches_the_presets():
         assert {int(n) for n in re.findall(r"\d+", cells[2])} == set(sweep.page_sizes)
         assert {d.strip() for d in cells[3].split(",")} == set(sweep.dtypes)
         assert cells[4].startswith(f"{sweep.time_budget_s:g} s")
-        assert cells[5] == f"{sweep.repetitions} x {sweep.passes}"
+        assert cells[5] == f"{sweep.processes} x {sweep.repetitions // sweep.processes} x {sweep.passes}"
 
 
 def test_results_readme_documents_every_column():

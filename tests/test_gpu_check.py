@@ -245,7 +245,7 @@ def scenario_run(folder: Path, busy_status: str, busy_measured_us: float | None 
                     blocked = blocked_us * (1 + 0.05 * rng.standard_normal(40))
                     ready = np.maximum(blocked, ready_us * (1 + 0.05 * rng.standard_normal(40)))
                     blocks.append((blocked, ready))
-                    samples.append(ScenarioSampleSet(scenario, variant, repetition, order, tuple(blocked), tuple(ready)))
+                    samples.append(ScenarioSampleSet(scenario, variant, repetition, order, 0, tuple(blocked), tuple(ready)))
                     order += 1
                 for i, what in enumerate(("blocked", "ready")):
                     values = np.concatenate([b[i] for b in blocks])

@@ -15,14 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO
+from conftest import FAST, REPO
 
 from kvpages.measure import environment
 from kvpages.measure.timer import warm_up
 from kvpages.schema.reader import load_run
 
 BENCH = (REPO / "bench" / "test_d2h.py").read_text()
-FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider")
 
 
 # ----------------------------------------------------------------------------- nvidia-smi
@@ -97,7 +96,7 @@ LIMITED = textwrap.dedent('''
 def test_a_cpu_allocation_failure_becomes_an_out_of_memory_row(tmp_path):
     (tmp_path / "test_d2h.py").write_text(BENCH)
     done = subprocess.run(
-        [sys.executable, "-c", LIMITED, "test_d2h.py", *FAST, "--kv-device", "cpu", "--kv-seq-lens", "64,40000000",
+        [sys.executable, "-c", LIMITED, "test_d2h.py", *FAST, "--kv-device", "cpu", "--kv-seq-lens", "64,100000000",
          "--kv-page-sizes", "64", "--kv-variants", "device_stride", "--kv-repetitions", "1",
          "--kv-results", "out"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
@@ -106,8 +105,8 @@ def test_a_cpu_allocation_failure_becomes_an_out_of_memory_row(tmp_path):
     [folder] = list((tmp_path / "out").iterdir())
     rows = load_run(folder).rows.set_index("seq_len")
     assert rows.loc[64, "status"] == "ok"
-    assert rows.loc[40000000, "status"] == "out_of_memory"
-    assert "out of memory: " in rows.loc[40000000, "note"] and "can't allocate memory" in rows.loc[40000000, "note"]
+    assert rows.loc[100000000, "status"] == "out_of_memory"
+    assert "out of memory: " in rows.loc[100000000, "note"] and "can't allocate memory" in rows.loc[100000000, "note"]
 
 
 # ----------------------------------------------------------------------------- gpu-check preflight

@@ -14,13 +14,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from conftest import FAST
 
 from kvpages.core.presets import PRESETS
 from kvpages.measure.variants import variant_names
 from kvpages.schema.reader import load_run, row_key
 
 BENCH = (Path(__file__).parents[1] / "bench" / "test_d2h.py").read_text()
-FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider")
 CPU = ("--kv-device", "cpu")  # what these tests assert is CPU behaviour; the CUDA twins are marked cuda
 
 

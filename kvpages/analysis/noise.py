@@ -1,8 +1,11 @@
 """A/A figures: two runs of the same code on the same machine, back to back. Do their intervals hold each other?
 
 A calibrated 95% interval of a ratio holds the other run's estimate about 83% of the time
-(two independent estimates with equal standard errors: P(|Z| < 1.96 / sqrt(2))), and two
-such intervals overlap about 99.4% of the time. No torch import.
+(two independent estimates with equal standard errors: P(|Z| < 1.96 / sqrt(2))), two such
+intervals overlap about 99.4% of the time, and a calibrated 95% comparison calls about 5% of
+the points of identical code faster or slower. `AAFigures.fit_line` holds a pair against the
+targets derived from these (kvpages' issue 13): overlap >= 95%, coverage >= 75% each way, false
+verdicts <= 10%, and says in one line whether the box is fit for comparisons. No torch import.
 """
 
 from __future__ import annotations
@@ -13,8 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvpages.analysis.compare import compare_runs
-from kvpages.analysis.ratios import Analysis
+from kvpages.analysis.ratios import Analysis, NoiseFloor
 
+CALIBRATED = {"overlap": 0.994, "coverage": 0.834, "false_verdicts": 0.05}
+"""What calibrated 95% intervals give on an A/A pair (see the module docstring)."""
+TARGETS = {"overlap": 0.95, "coverage": 0.75, "false_verdicts": 0.10, "width": 0.15}
+"""What a pair must reach for the box to be called fit for comparisons."""
 
 @dataclass(frozen=True)
 class AAFigures:
@@ -36,6 +43,23 @@ class AAFigures:
     regressions: int
     slower: int
     faster: int
+    relative_points: int
+    noise_a: NoiseFloor
+    noise_b: NoiseFloor
+
+    def fit_line(self) -> str:
+        """One line: is this box fit for comparisons, judged by this pair against the calibrated values?"""
+        n, m = max(self.points, 1), max(self.relative_points, 1)
+        overlap, coverage = self.overlap / n, min(self.a_in_b, self.b_in_a) / n
+        false = (self.slower + self.faster) / m
+        fit = (overlap >= TARGETS["overlap"] and coverage >= TARGETS["coverage"]
+               and false <= TARGETS["false_verdicts"])
+        return (f"fit for comparisons: {'yes' if fit else 'NO'}: intervals overlap at {overlap:.0%} of points "
+                f"(calibrated {CALIBRATED['overlap']:.1%}, needs >= {TARGETS['overlap']:.0%}), hold the other run's "
+                f"ratio at {coverage:.0%} (calibrated {CALIBRATED['coverage']:.0%}, needs >= {TARGETS['coverage']:.0%}), "
+                f"false verdicts {false:.0%} (calibrated {CALIBRATED['false_verdicts']:.0%}, needs <= "
+                f"{TARGETS['false_verdicts']:.0%}); the intervals are {self.median_width_a:.0%} wide (median), so "
+                "smaller differences are not resolved here")
 
     def text(self) -> str:
         n = self.points
@@ -46,18 +70,33 @@ class AAFigures:
         lines = [
             f"A/A noise check of {self.variant}/{self.baseline}: A = {self.a_run}, B = {self.b_run}",
             f"points with the ratio in both runs: {n}",
-            f"95% CIs overlap: {frac(self.overlap)} (target >= 95%)",
+            f"intervals overlap: {frac(self.overlap)} (target >= {TARGETS['overlap']:.0%})",
             f"A's ratio inside B's CI: {frac(self.a_in_b)}; B's ratio inside A's CI: {frac(self.b_in_a)} "
-            "(target >= 75% each; calibrated ~83%)",
-            f"median CI width / ratio: A {self.median_width_a:.1%}, B {self.median_width_b:.1%} (target <= 25%)",
+            f"(target >= {TARGETS['coverage']:.0%} each; calibrated ~{CALIBRATED['coverage']:.0%})",
+            f"median CI width / ratio: A {self.median_width_a:.1%}, B {self.median_width_b:.1%} "
+            f"(target <= {TARGETS['width']:.0%})",
             f"ratio moved by more than 10%: {frac(self.moved_10pct)}",
             f"crossover A: {'; '.join(self.crossovers_a) or 'none computed'}",
             f"crossover B: {'; '.join(self.crossovers_b) or 'none computed'}",
-            f"compare A B (relative, every variant): {self.slower} slower, {self.faster} faster beyond their CIs; "
+            f"compare A B (relative, every variant): {self.slower} slower, {self.faster} faster of "
+            f"{self.relative_points} points; "
             f"--fail-above {self.fail_above_pct:g}: {'FAIL' if self.regressions else 'OK'} "
             f"({self.regressions} point(s) beyond it)",
         ]
+        for name, noise in (("A", self.noise_a), ("B", self.noise_b)):
+            lines.append(f"noise floor {name}: {components_text(noise)}")
+        lines.append(self.fit_line())
         return "\n".join(lines)
+
+
+def components_text(noise: NoiseFloor) -> str:
+    """The spread at each level, as the report and `kvpages noise` state it."""
+    if noise.processes < 2:
+        return (f"1 process: between-process spread unknown; within it, ratios {noise.ratio_within_process:.1%}, "
+                f"times {noise.time_within_process:.1%} (log-sd between repetitions)")
+    return (f"{noise.processes} processes: ratios vary {noise.ratio_between_process:.1%} between processes and "
+            f"{noise.ratio_within_process:.1%} between repetitions within one; absolute times "
+            f"{noise.time_between_process:.1%} and {noise.time_within_process:.1%} (log-sd components, median over rows)")
 
 
 def _width(values: list[float]) -> float:
@@ -93,4 +132,6 @@ def aa_figures(a: Analysis, b: Analysis, variant: str, fail_above_pct: float) ->
         regressions=len(comparison.regressions(fail_above_pct)),
         slower=sum(p.verdict == "slower" for p in comparison.relative),
         faster=sum(p.verdict == "faster" for p in comparison.relative),
+        relative_points=len(comparison.relative),
+        noise_a=a.noise, noise_b=b.noise,
     )

@@ -200,12 +200,14 @@ class BenchOptions:
     def sweep(self) -> Sweep:
         """The preset's sweep with the given axes and settings replaced (validated again)."""
         changes = {name: getattr(self, name) for name in SWEEP_FIELDS if getattr(self, name) is not None}
+        if self.repetitions is not None and self.processes is None:  # fewer repetitions: at most one process each
+            changes["processes"] = min(self.the_preset.sweep.processes, self.repetitions)
         try:
             return self.the_preset.sweep.replace(**changes)
         except ValueError as exc:
-            shape = ("seq_lens", "page_sizes", "dtypes", "repetitions", "processes")  # what a sweep error is about
+            about = ("seq_lens", "page_sizes", "dtypes") + (("repetitions", "processes") if "processes" in str(exc) else ())
             given = " ".join(f"{o.flag} {o.render(getattr(self, o.field))}" for o in OPTIONS
-                             if o.field in shape and getattr(self, o.field) is not None)
+                             if o.field in about and getattr(self, o.field) is not None)
             raise ValueError(f"{given or '--kv-preset ' + self.preset_name}: {exc}") from None
 
     @functools.cached_property

@@ -36,9 +36,9 @@ class Preset:
         return self.sweep.name
 
 
-DEFAULT_SPLIT = {"processes": 6, "repetitions": 12, "passes": 1}
+DEFAULT_PROCESSES, DEFAULT_REPETITIONS = 6, 12
 """How a timed run's repetitions are spent: 6 fresh processes of 2 repetitions each, one pass each. Chosen from
-measurements on the 2-core dev box (see results/README.md, "Choosing the split"): a process start costs about
+measurements on the 2-core dev box (README.md, "Why processes, repetitions and interleaving"): a process start costs about
 2 s (interpreter, torch and pytest imports, collection) plus about 1 s for the inputs (4 s for the process that
 builds them first), and on that box a block-to-block spread of about 20% within a process outweighs the
 between-process spread of about 5% in the ratios, so more processes of few repetitions buy the most."""
@@ -58,7 +58,8 @@ PRESETS: dict[str, Preset] = {
                 StepScenario(8, MIXED_LENGTHS, 64, busy_us=BUSY_US)),
                0.03, "seconds; what CI and the GPU check run"),
         Preset(Sweep("default", seq_lens=_DEFAULT_SEQ_LENS, page_sizes=(1, 16, 64, 128), time_budget_s=0.15,
-                     **DEFAULT_SPLIT), _DEFAULT_SCENARIOS, 0.05, "`make bench`"),
+                     processes=DEFAULT_PROCESSES, repetitions=DEFAULT_REPETITIONS, passes=1),
+               _DEFAULT_SCENARIOS, 0.05, "`make bench`"),
         Preset(Sweep(
             "full",
             # 1M and 2M tokens: the longest contexts served today; a point that does not
@@ -67,7 +68,7 @@ PRESETS: dict[str, Preset] = {
             page_sizes=(1, 16, 32, 64, 128, 256),
             dtypes=DTYPES,
             time_budget_s=0.5,
-            **DEFAULT_SPLIT,
+            processes=DEFAULT_PROCESSES, repetitions=DEFAULT_REPETITIONS, passes=1,
         ), _DEFAULT_SCENARIOS, 0.2, "every page size, both dtypes, up to 2M tokens"),
     )
 }

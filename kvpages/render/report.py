@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from kvpages.analysis.noise import components_text
 from kvpages.analysis.ratios import NOISY_SPREAD, Analysis, variant_order, with_link_model
 from kvpages.core.links import LINK_PROFILES, profile_for
 from kvpages.core.names import CANDIDATE
@@ -18,16 +19,18 @@ from kvpages.schema.writer import write_atomic, write_ratios
 REPORT_MD = "REPORT.md"
 
 METHOD = (
-    "Each (variant, point) was timed in R repetitions (blocks of rounds), dealt to several passes over the whole "
-    "sweep, so a point's repetitions are spread over the run. Within a repetition the point's variants ran back "
-    "to back in a fresh order drawn from a seeded generator (each block's `repetition` and `order` are in "
-    "samples.csv), so drift of the machine hits the variants of a repetition alike, and every pass re-copies the "
-    "inputs into fresh memory. A ratio is the median over repetitions of the paired ratios of block medians, "
-    "variant/baseline; its interval is the distribution-free order-statistic interval of that median (the sign-test "
-    f"interval, at {CONFIDENCE:.0%} or the nearest coverage above it; with 5 or fewer repetitions, the range, at "
-    "the coverage it has). The repetition, not the round, is the independent unit (Kalibera and Jones, \"Rigorous "
-    "Benchmarking in Reasonable Time\", ISMM 2013), and rank-based intervals are not dragged along by a few "
-    "disturbed repetitions. A ratio is within noise when its interval contains 1."
+    "Each (variant, point) was timed in R repetitions (blocks of rounds), dealt to P fresh processes that ran one "
+    "after another (repetition r in process r % P; pyperf samples processes for the same reason: a process's "
+    "address-space layout, allocator state and code and data placement are fixed for its life), and within a "
+    "process to its passes over the sweep. Within a repetition the point's variants ran back to back in a fresh "
+    "order drawn from a seeded generator (each block's `repetition`, `order` and `process` are in samples.csv), so "
+    "drift of the machine hits the variants of a repetition alike. A ratio is the median of the paired "
+    "per-repetition ratios of block medians, variant/baseline. With 2 or more processes its interval is the "
+    f"{CONFIDENCE:.0%} percentile interval of a two-stage bootstrap that resamples processes, then each drawn "
+    "process's repetitions (Kalibera and Jones, \"Rigorous Benchmarking in Reasonable Time\", ISMM 2013), so a "
+    "shift of a whole process stays inside it; with one process, the order-statistic interval of the median (the "
+    f"sign-test interval, at {CONFIDENCE:.0%} or the nearest coverage above it), which covers only what varies "
+    "within a process (ratios.csv's `interval_unit`). A ratio is within noise when its interval contains 1."
 )
 
 
@@ -80,11 +83,12 @@ def noise_paragraph(analysis: Analysis) -> str:
     below = sum(r.verdict == "within noise" for r in analysis.ratios)
     return (
         f"Block medians of one (variant, point) vary between repetitions by {n.median_spread:.1%} (median over rows; "
-        f"at most {n.max_spread:.1%}), as the log-sd of the block medians. A ratio's {CONFIDENCE:.0%} interval "
+        f"at most {n.max_spread:.1%}; every process pooled), as the log-sd of the block medians. A ratio's "
+        f"{CONFIDENCE:.0%} interval "
         f"reaches ±{n.median_ci_half_width:.1%} of the ratio at the median point, so differences smaller than that "
         f"are below this run's noise floor: {below} of {len(analysis.ratios)} ratios here are within noise "
-        "(their interval contains 1). Absolute medians of identical code can move more than that between "
-        "processes; compare runs with `kvpages compare`, which gates on ratios."
+        f"(their interval contains 1). By level: {components_text(n)}. Compare runs with `kvpages compare`, "
+        "which gates on ratios."
     )
 
 

@@ -1,0 +1,203 @@
+"""Process-level repetition: the schedule's processes, real worker processes, and intervals at the levels that vary."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from conftest import synthetic_run
+from test_plugin import BENCH, CPU, run_dirs
+
+from kvpages.analysis.compare import compare_runs
+from kvpages.analysis.noise import aa_figures
+from kvpages.analysis.ratios import analyze
+from kvpages.core.presets import PRESETS
+from kvpages.core.stats import Levels, hierarchical_interval, median_interval
+from kvpages.core.sweep import Point, Sweep
+from kvpages.measure.schedule import in_run_order, plan
+from kvpages.measure.workers import EndRecord, StopRecord, WorkerLog, read_log
+from kvpages.schema.reader import load_run
+from kvpages.schema.rows import POINTS, SampleSet
+
+# --------------------------------------------------------------------------------------------- the schedule
+
+
+def test_repetitions_are_dealt_to_processes_and_the_last_process_writes_the_rows():
+    points = [Point(32, 4), Point(64, 4)]
+    blocks = plan(("a", "b"), points, repetitions=6, seed=0, passes=1, processes=3)
+    assert {(b.repetition, b.process) for b in blocks} == {(r, r % 3) for r in range(6)}
+    for process in range(3):  # every process times every case
+        assert {(b.variant, b.point) for b in blocks if b.process == process} == {(v, p) for v in "ab" for p in points}
+    last = [b for b in blocks if b.last_of_point]
+    assert len(last) == len(points) and all(b.process == 2 for b in last)
+    for process in range(3):
+        own = [b for b in blocks if b.process == process]
+        assert sum(b.last_in_process for b in own) == len(points)
+        assert own[-1].last_in_process
+    with pytest.raises(ValueError, match="processes must be between 1 and the repetitions"):
+        plan(("a",), points, 2, 0, 1, processes=3)
+
+
+def test_run_order_goes_process_by_process_through_every_family():
+    points = plan(("a", "b"), [Point(32, 4)], 4, 0, 1, processes=2)
+    steps = plan(("s",), [Point(64, 4)], 4, 1, 1, processes=2)
+    numbered = in_run_order(points, steps)
+    order = sorted((b.order, b.process, family) for family, blocks in enumerate(numbered) for b in blocks)
+    assert [o for o, _, _ in order] == list(range(len(points) + len(steps)))
+    assert [(p, f) for _, p, f in order] == sorted((p, f) for _, p, f in order)  # process 0 first, points then steps
+
+
+def test_more_processes_than_repetitions_is_refused_naming_both():
+    with pytest.raises(ValueError, match=r"7 processes but 6 repetitions.*at most 6"):
+        Sweep("x", (32,), (4,), repetitions=6, processes=7)
+
+
+def test_the_default_preset_samples_processes():
+    sweep = PRESETS["default"].sweep
+    assert sweep.processes >= 2 and sweep.repetitions % sweep.processes == 0
+
+
+# --------------------------------------------------------------------------------------------- the statistics
+
+
+def _two_level(rng: np.random.Generator, processes: int, per_process: int, between: float, within: float,
+               outliers: float = 0.0) -> Levels:
+    shifts = rng.normal(0.0, between, processes)
+    values, owners = [], []
+    for p in range(processes):
+        for _ in range(per_process):
+            noise = rng.normal(0.0, 0.4) if rng.random() < outliers else rng.normal(0.0, within)
+            values.append(shifts[p] + noise)
+            owners.append(p)
+    return Levels(np.array(values), np.array(owners))
+
+
+@pytest.mark.parametrize("between, within, outliers", [(0.2, 0.03, 0.0), (0.05, 0.03, 0.15), (0.0, 0.1, 0.0)])
+def test_the_process_level_interval_is_calibrated_where_a_repetition_level_one_is_not(between, within, outliers):
+    """6 processes of 2 repetitions, true ratio 1: the hierarchical bootstrap holds it about 95% of the time, for a
+    strong process effect, heavy-tailed block outliers, and no process effect at all."""
+    rng = np.random.default_rng(7)
+    hits = naive_hits = 0
+    trials = 300
+    for _ in range(trials):
+        levels = _two_level(rng, 6, 2, between, within, outliers)
+        hits += hierarchical_interval(levels).contains(1.0)
+        naive_hits += median_interval(levels.values).contains(1.0)
+    assert 0.90 <= hits / trials <= 0.99
+    if between >= 0.2:  # repetitions alone cannot see a shift of a whole process
+        assert naive_hits / trials < 0.90
+
+
+def test_variance_components_recover_the_levels():
+    rng = np.random.default_rng(3)
+    parts = [_two_level(rng, 8, 4, 0.10, 0.05).components() for _ in range(200)]
+    assert np.median([p.between_process for p in parts]) == pytest.approx(0.10, rel=0.25)
+    assert np.median([p.within_process for p in parts]) == pytest.approx(0.05, rel=0.15)
+    one = Levels(np.array([0.1, 0.2, 0.3]), np.zeros(3, dtype=int)).components()
+    assert math.isnan(one.between_process) and one.within_process == pytest.approx(0.1)
+
+
+def test_one_process_gives_a_repetition_level_interval():
+    levels = Levels(np.array([0.0, 0.01, -0.01, 0.02, 0.0, 0.01]), np.zeros(6, dtype=int))
+    interval = levels.interval()
+    assert interval.unit == "repetition" and interval.n == 6
+    two = Levels(levels.values, np.array([0, 1, 0, 1, 0, 1])).interval()
+    assert two.unit == "process" and two.n == 2 and two.confidence == 0.95
+
+
+# --------------------------------------------------------------------------------------------- compare and noise
+
+MEDIANS = {(v, s, p): m for s in (512, 8192, 131072) for p in (1, 64)
+           for v, m in (("host_stride", 10.0), ("device_stride", 20.0))}
+
+
+def test_compare_judges_processes_against_processes_and_catches_a_regression(tmp_path):
+    kw = dict(processes=6, repetitions=12, process_spread=0.05, rep_spread=0.05)
+    a = load_run(synthetic_run(tmp_path / "a", MEDIANS, seed=1, **kw))
+    b = load_run(synthetic_run(tmp_path / "b", MEDIANS, seed=2, **kw))
+    slow = {k: m * (1.3 if k[0] == "device_stride" else 1.0) for k, m in MEDIANS.items()}
+    c = load_run(synthetic_run(tmp_path / "c", slow, seed=3, **kw))
+    same = compare_runs(a, b)
+    assert same.unit == "process" and same.caveat() is None
+    assert all(p.interval.unit == "process" for p in same.relative)
+    assert not same.regressions(10)
+    slower = compare_runs(a, c)
+    assert slower.regressions(10) and sum(p.verdict == "slower" for p in slower.relative) == len(slower.relative)
+    single = load_run(synthetic_run(tmp_path / "d", MEDIANS, seed=4))
+    assert "one process" in compare_runs(single, b).caveat()
+
+
+def test_noise_states_both_levels_and_whether_the_box_is_fit(tmp_path):
+    kw = dict(processes=6, repetitions=12, process_spread=0.05, rep_spread=0.05)
+    a = analyze(load_run(synthetic_run(tmp_path / "a", MEDIANS, seed=1, **kw)))
+    b = analyze(load_run(synthetic_run(tmp_path / "b", MEDIANS, seed=2, **kw)))
+    assert a.noise.processes == 6 and a.noise.interval_unit == "process"
+    assert 0 < a.noise.time_between_process < 0.2 and 0 < a.noise.time_within_process < 0.2
+    text = aa_figures(a, b, "device_stride", 10).text()
+    assert "between processes" in text and "between repetitions within one" in text
+    assert text.splitlines()[-1].startswith("fit for comparisons: ")
+
+
+# --------------------------------------------------------------------------------------------- worker processes
+
+
+def test_a_worker_log_is_read_back_and_a_torn_last_line_is_dropped(tmp_path):
+    log = WorkerLog(tmp_path / "process-0.jsonl")
+    samples = SampleSet("host_stride", "int32", "fragmented", 32, 4, 0, 0, 0, (1.0, 2.0))
+    log.block("host_stride-s32-p4-int32-fragmented", POINTS, samples, 128, 1)
+    log.stop("device_stride-s32-p4-int32-fragmented", "mismatch", "wrong output", True)
+    log.end(EndRecord(123, 1.5, 0.25, 1))
+    with open(tmp_path / "process-0.jsonl", "a") as f:
+        f.write('{"kind": "blo')
+    block, stop, end = read_log(tmp_path / "process-0.jsonl")
+    assert block.samples == samples and (block.d2h_bytes, block.d2h_transfers) == (128, 1)
+    assert stop == StopRecord("device_stride-s32-p4-int32-fragmented", "mismatch", "wrong output", True)
+    assert end.pid == 123
+
+
+TIMED = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider")
+TWO = ("--kv-seq-lens", "512", "--kv-page-sizes", "1,64", "--kv-variants", "host_stride,device_stride",
+       "--kv-scenarios", "none", "--kv-repetitions", "4", "--kv-processes", "2", "--kv-passes", "1")
+
+
+def test_processes_time_their_share_in_fresh_pytest_workers_into_one_run_folder(pytester):
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    out = pytester.path / "bench.json"
+    result = pytester.runpytest(*TWO, *CPU, *TIMED, "--benchmark-json", str(out))
+    result.assert_outcomes(passed=8)  # this session's share: 2 of 4 repetitions of 4 cases
+    result.stdout.fnmatch_lines(["kvpages: process 1 of 2 (pid *): 8 blocks in *", "*process 2 of 2*this session*"])
+    [folder] = run_dirs(pytester.path)
+    run = load_run(folder)
+    assert len(run.rows) == 4 and (run.rows["status"] == "ok").all() and (run.rows["repetitions"] == 4).all()
+    assert all(run.processes[key] == (0, 1, 0, 1) for key in run.samples)
+    roles = [(p.index, p.role) for p in run.meta.processes]
+    assert roles == [(0, "worker"), (1, "session")] and len({p.pid for p in run.meta.processes}) == 2
+    assert run.meta.completed and all(p.startup_s > 0 and p.blocks == 8 for p in run.meta.processes)
+    names = {b["name"] for b in json.loads(out.read_text())["benchmarks"]}
+    assert len(names) == 16 and {n.rsplit("-r", 1)[1].rstrip("]") for n in names} == {"0", "1", "2", "3"}
+    assert analyze(run).ratios[0].interval_unit == "process"
+
+
+def test_a_worker_keeps_the_cases_the_session_selected(pytester):
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    result = pytester.runpytest(*TWO, *CPU, *TIMED, "-k", "host_stride")
+    result.assert_outcomes(passed=4, deselected=4)
+    [folder] = run_dirs(pytester.path)
+    run = load_run(folder)
+    assert set(run.rows["variant"]) == {"host_stride"} and (run.rows["repetitions"] == 4).all()
+    assert not run.meta.completed and "deselected" in run.meta.end_note
+
+
+def test_a_case_a_worker_stopped_is_recorded_once_naming_its_process(pytester):
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    args = [a if a != "host_stride,device_stride" else "host_stride,device_stride_pinned" for a in TWO]
+    result = pytester.runpytest(*args, *CPU, *TIMED)
+    result.assert_outcomes(passed=4, skipped=4)  # the pinned variant needs CUDA: its later tests skip
+    [folder] = run_dirs(pytester.path)
+    run = load_run(folder)
+    pinned = run.rows[run.rows["variant"] == "device_stride_pinned"]
+    assert len(pinned) == 2 and (pinned["status"] == "skipped").all()
+    assert pinned["note"].str.contains("CUDA").all() and pinned["note"].str.endswith("(in process 0)").all()
+    assert run.meta.completed
