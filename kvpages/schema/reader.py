@@ -36,6 +36,7 @@ from kvpages.schema.rows import (
     SCENARIOS_CSV,
     Environment,
     RunMeta,
+    scenario_row_id,
 )
 
 MEDIAN_RTOL = 1e-9
@@ -183,6 +184,8 @@ def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, dict
         return None, None
     frame = _read_typed(path, SCENARIO_COLUMNS, SCENARIO_OPTIONAL_COLUMNS, SCENARIO_INT_COLUMNS,
                         SCENARIO_FLOAT_COLUMNS)
+    # ids follow from the key: the same in a run written before they were a column
+    frame["id"] = [scenario_row_id(s, v) for s, v in zip(frame["scenario"], frame["variant"], strict=True)]
     samples: dict[tuple, dict[str, list[np.ndarray]]] = {}
     samples_path = folder / SCENARIO_SAMPLES_CSV
     if samples_path.exists():
