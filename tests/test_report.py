@@ -111,7 +111,8 @@ def test_cite_reproduces_a_finding_in_one_line_and_refuses_a_bad_id(reference):
         done = cli("cite", str(reference), row_id.strip("`"))
         assert done.returncode == 0, done.stderr
         assert done.stdout.count("\n") == 1 and figure.split(":")[0] in done.stdout
-        assert "commit " in done.stdout and "AMD EPYC" in done.stdout and "repro: pytest bench/" in done.stdout
+        assert "commit " in done.stdout and "CPU run: no link crossed" in done.stdout
+        assert "repro: pytest bench/" in done.stdout and "--kv-analyze" in done.stdout
     done = cli("cite", str(reference), "r-device_stride-s999-p64-int32-fragmented")
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert "did you mean r-device_stride-s" in done.stderr and "--list" in done.stderr
@@ -160,6 +161,7 @@ def test_a_ratio_repro_reruns_the_pair_at_its_point_with_the_runs_options():
     options = BenchOptions.parse(given.get)
     assert options.variants == ("device_stride", "host_stride")
     assert (options.seq_lens, options.page_sizes, options.repetitions, options.passes) == ((2048,), (64,), 10, 10)
+    assert options.scenarios == "none"  # the point's pair alone
     step = pair_repro("pytest bench/test_steps.py --benchmark-only --kv-step-variants 'per_request[device_stride]' "
                       "--kv-step-sizes 8", "per_request[device_stride]", "per_request[host_stride]")
     assert "--kv-step-variants 'per_request[device_stride],per_request[host_stride]'" in step

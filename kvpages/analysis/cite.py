@@ -37,8 +37,10 @@ def pair_repro(repro: str, variant: str, baseline: str) -> str:
         options = BenchOptions.parse(given.get)
     except ValueError:
         return ""
-    field = "step_variants" if options.step_variants is not None else "variants"
-    pair = options.replace(**{field: (variant, baseline)})
+    if options.step_variants is not None:
+        pair = options.replace(step_variants=(variant, baseline))
+    else:  # a point: its pair alone, without the preset's whole requests and steps
+        pair = options.replace(variants=(variant, baseline), scenarios="none")
     return shlex.join([*head, *pair.to_args(), ANALYZE_FLAG])
 
 

@@ -163,8 +163,10 @@ def all_ids(analysis: Analysis) -> list[str]:
 def _machine(analysis: Analysis) -> str:
     run = analysis.run
     where = run.meta.environment.device_name if run.meta else run.device_name
-    link = run.meta.environment.pcie_link if run.meta and run.meta.environment.pcie_link else None
-    return f"{where}, " + (f"PCIe {link}" if link else "CPU run: no link crossed" if not run.link_crossed else "link")
+    if not run.link_crossed:
+        return f"{where}, CPU run: no link crossed"
+    link = run.meta.environment.pcie_link if run.meta else None
+    return f"{where}, PCIe {link or 'unknown'}"
 
 
 def _commit(analysis: Analysis) -> str:

@@ -13,24 +13,21 @@ def groups(analysis: Analysis):
 
 
 def variants_section(analysis: Analysis) -> str:
-    """Per page size: every timed variant's bytes and latency against the baseline, the fastest marked."""
+    """Per page size: every other variant's bytes and latency against the baseline (the merged PR's are in the
+    report's evidence tables, with the fastest variants per point)."""
     parts = []
-    for (dtype, layout, page_size), group in groups(analysis):
-        rows = []
-        for seq_len, at in group.groupby("seq_len"):
-            quickest = analysis.fastest.get((dtype, layout, page_size, seq_len), ())
-            for _, row in at.sort_values("variant", key=variant_order).iterrows():
-                r = analysis.ratio_at(row["variant"], dtype, layout, page_size, seq_len)
-                is_base = row["variant"] == analysis.baseline
-                rows.append([seq_len, f"`{row['variant']}`", count(row["d2h_bytes"]),
-                             fraction(r.bytes_ratio) if r else ("1" if is_base else ""), us(row["median_us"]),
-                             f"{row['rep_spread']:.1%}" if row["rep_spread"] == row["rep_spread"] else "",
-                             ratio_text(r) if r else ("1" if is_base else ""), ci_text(r) if r else "",
-                             r.verdict if r else "", "yes" if row["variant"] in quickest else "", r.id if r else ""])
-        header = ["seq_len", "variant", "bytes", "bytes / pre-PR", "median µs", "spread", "latency / pre-PR",
-                  coverage(analysis), "verdict", "fastest", "id"]
-        parts.append(f"#### page_size {page_size} ({dtype}, {layout})\n\n{table(header, rows)}")
-    return "\n\n".join(parts)
+    others = [r for r in analysis.ratios if r.variant != CANDIDATE]
+    spread = analysis.run.ok_rows().set_index(["variant", "dtype", "layout", "page_size", "seq_len"])["rep_spread"]
+    for (dtype, layout, page_size), _ in groups(analysis):
+        rows = [[f"`{r.id}`", count(r.variant_d2h_bytes), fraction(r.bytes_ratio), us(r.variant_median_us),
+                 f"{spread.get((r.variant, dtype, layout, page_size, r.seq_len), float('nan')):.1%}", ratio_text(r),
+                 ci_text(r), r.verdict]
+                for r in others if (r.dtype, r.layout, r.page_size) == (dtype, layout, page_size)]
+        if rows:
+            header = ["ratios.csv id", "bytes", "bytes / pre-PR", "median µs", "spread", "time / pre-PR",
+                      coverage(analysis), "verdict"]
+            parts.append(f"#### page_size {page_size} ({dtype}, {layout})\n\n{table(header, rows)}")
+    return "\n\n".join(parts) or "No other variant was timed."
 
 
 def link_model_section(analysis: Analysis) -> str:
@@ -102,7 +99,8 @@ def scenarios_section(analysis: Analysis) -> str:
     if frame is None or frame.empty:
         return ""
     merged = same_latencies(analysis)
-    parts = []
+    parts = [f"Ratios against `{analysis.scenario_baseline}` ({label(analysis.scenario_baseline)}). A scenario's name "
+             "says its side, prompt tokens L or requests per step B, chunk tokens C, page size p, dtype and busy queue."]
     ok = frame[frame["status"] == "ok"]
     for kind, title in (("request", "Per request"), ("step", "Per step")):
         rows = []
@@ -112,15 +110,11 @@ def scenarios_section(analysis: Analysis) -> str:
             latencies = ([us(r["blocked_median_us"]), ratio_cell(analysis, r["scenario"], r["variant"], "blocked")]
                          + ([] if merged else [us(r["ready_median_us"]),
                                                ratio_cell(analysis, r["scenario"], r["variant"], "ready")]))
-            rows.append([r["side"], r["page_size"], r["tokens"] if kind == "request" else r["requests"],
-                         r["chunk_size"] if kind == "request" else r["busy_us"], label(r["variant"]), r["calls"],
-                         count(r["d2h_bytes"]), r["d2h_transfers"], *latencies, r["id"]])
+            rows.append([f"`{r['id']}`", r["calls"], count(r["d2h_bytes"]), r["d2h_transfers"], *latencies])
         if rows:
             time = ["blocked = ready µs", f"/ pre-PR [{coverage(analysis)}]"] if merged else [
                 "blocked µs", f"blocked / pre-PR [{coverage(analysis)}]", "ready µs", f"ready / pre-PR [{coverage(analysis)}]"]
-            header = ["side", "page_size", "prompt tokens" if kind == "request" else "requests per step",
-                      "chunk tokens" if kind == "request" else "busy µs", "step variant", "calls", "bytes", "transfers",
-                      *time, "id"]
+            header = ["scenarios.csv id: scenario:step variant", "calls", "bytes", "transfers", *time]
             parts.append(f"#### {title}\n\n" + table(header, rows))
     others = frame[frame["status"] != "ok"]
     notes = [f"- {variant}: {len(group)} scenario(s) {group['status'].iloc[0].replace('_', ' ')}: {note}"

@@ -19,9 +19,9 @@ def caption(analysis: Analysis, name: str) -> str:
         "ratio": f"Merged PR / pre-PR time per call at every point, on a colour scale capped at 1/4 and 4 and centred "
                  f"on 1 (▲/▼: beyond the cap); each cell prints its interval, or '~' when the verdict is same (within "
                  f"the {effect} minimum effect).",
-        "link_model": f"A model, not a measurement: the modeled merged PR / pre-PR time ratio per page size, the band "
-                      f"spanning the five link profiles, with {LAUNCH_SYNC_US:g} µs of launch and sync for the "
-                      "merged PR's device op (kvpages/core/links.py).",
+        "link_model": f"A model, not a measurement: the modeled merged PR / pre-PR time ratio per page size, the median "
+                      f"of the five link profiles (bands: their range at the smallest and largest page size), with "
+                      f"{LAUNCH_SYNC_US:g} µs of launch and sync for the merged PR's device op (kvpages/core/links.py).",
         "scenario_requests": "Time per whole request against the prompt length, a panel per side and page size "
                              "(prefill: one conversion per chunk; decode: one conversion), bands the interval of "
                              "each step variant's ratio to per_request[host_stride].",

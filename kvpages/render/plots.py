@@ -197,7 +197,8 @@ def plot_ratio(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, f
     bar.set_ticks(list(ticks), labels=[f"{2 ** t:g}" if t >= 0 else f"1/{2 ** -t:g}" for t in ticks])
     bar.set_label(f"merged PR / pre-PR (red: slower; capped, ▲▼ beyond;\n"
                   f"[ ]: {coverage(analysis)}; ~: same within {analysis.noise.min_effect:.1%})", fontsize=8)
-    ax.set_title(_title(analysis.run, f"{CANDIDATE} / {analysis.baseline} time per call", dtype, layout), fontsize=10)
+    ax.set_title(_title(analysis.run, f"merged PR ({CANDIDATE}) / pre-PR ({analysis.baseline}) time per call", dtype,
+                        layout), fontsize=10)
     return _save(fig, stem, formats)
 
 
@@ -211,7 +212,8 @@ def plot_link_model(analysis: Analysis, frame, dtype: str, layout: str, stem: Pa
     fig, ax = plt.subplots(figsize=(8.4, 4.4))
     fig.subplots_adjust(left=0.1, right=0.68, bottom=0.13, top=0.82)
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for n, page_size in enumerate(sorted({p for p, _ in keys})):
+    page_sizes = sorted({p for p, _ in keys})
+    for n, page_size in enumerate(page_sizes):
         seq = sorted(s for p, s in keys if p == page_size)
         modeled = np.array([[profile.modeled_us(cand.loc[(page_size, s), "d2h_bytes"],
                                                 cand.loc[(page_size, s), "d2h_transfers"], launches=1)
@@ -219,7 +221,8 @@ def plot_link_model(analysis: Analysis, frame, dtype: str, layout: str, stem: Pa
                                                   base.loc[(page_size, s), "d2h_transfers"])
                              for s in seq] for profile in LINK_PROFILES])
         color = palette[n % len(palette)]
-        ax.fill_between(seq, modeled.min(axis=0), modeled.max(axis=0), color=color, alpha=0.15, lw=0)
+        if page_size in (page_sizes[0], page_sizes[-1]):  # the others' bands lie between: drawn, they blur
+            ax.fill_between(seq, modeled.min(axis=0), modeled.max(axis=0), color=color, alpha=0.2, lw=0)
         ax.plot(seq, np.median(modeled, axis=0), color=color, marker="osD^v"[n % 5], ms=4, mfc="none",
                 label=f"page_size={page_size}")
     ax.axhline(1.0, color="black", lw=1, ls="--", label="1: same modeled time")
@@ -227,7 +230,8 @@ def plot_link_model(analysis: Analysis, frame, dtype: str, layout: str, stem: Pa
     ax.set(xlabel="seq_len (tokens)", ylabel="modeled time, merged PR / pre-PR")
     profiles = "\n".join(f"{p.label}: {p.latency_us:g} µs + B / {p.bandwidth_gb_s:g} GB/s" for p in LINK_PROFILES)
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False,
-              title=f"band: the {len(LINK_PROFILES)} profiles, line: their median", title_fontsize=7)
+              title=f"line: median of the {len(LINK_PROFILES)} link profiles;\n"
+                    "band (smallest, largest page size): their range", title_fontsize=7)
     fig.text(0.70, 0.14, f"{profiles}\n+ {LAUNCH_SYNC_US:g} µs launch and sync\n  for the merged PR's device op\n"
              "  (assumed; kvpages/core/links.py)", fontsize=6.5, va="bottom")
     fig.suptitle(_title(analysis.run, "MODEL, not measurement: transfers x latency + bytes / bandwidth + launch",
