@@ -15,7 +15,7 @@ import pytest
 from conftest import reference_runs, synthetic_run
 
 from kvpages.analysis.cite import pair_repro
-from kvpages.analysis.findings import CPU_ONLY, MEASURED, NEEDS_GPU
+from kvpages.analysis.findings import CPU_ONLY, MEASURED, NEEDS_GPU, findings
 from kvpages.analysis.ratios import analyze
 from kvpages.analysis.verdicts import FASTER, SAME, SLOWER, UNCLEAR, bh_adjusted, judge, sign_test_p
 from kvpages.core.names import LABELS, label
@@ -166,3 +166,20 @@ def test_a_ratio_repro_reruns_the_pair_at_its_point_with_the_runs_options():
                       "--kv-step-sizes 8", "per_request[device_stride]", "per_request[host_stride]")
     assert "--kv-step-variants 'per_request[device_stride],per_request[host_stride]'" in step
     assert pair_repro("", "a", "b") == ""
+
+
+def test_a_cuda_run_states_its_latency_findings_as_measured(tmp_path):
+    import json
+
+    points = {("host_stride", 512, 1): 10.0, ("device_stride", 512, 1): 20.0, ("host_stride", 512, 64): 10.0,
+              ("device_stride", 512, 64): 5.0}
+    folder = synthetic_run(tmp_path / "cuda", points)
+    (folder / "results.csv").write_text((folder / "results.csv").read_text().replace("none (cpu)", "pcie pageable"))
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["environment"].update(device="cuda", pcie_link="Gen5 x16", link_crossed=True, link_note="CUDA run.")
+    (folder / "meta.json").write_text(json.dumps(meta))
+    made = {f.question: f for f in findings(analyze(load_run(folder)))}
+    assert made["Bytes per call"].status == MEASURED and "1/64" in made["Bytes per call"].figure
+    assert made["Page size 1 regression"].status == MEASURED and "host-side" not in made["Page size 1 regression"].answer
+    assert made["Crossover"].status == MEASURED and "from L=512 at page size 64" in made["Crossover"].answer
+    assert "Scheduler thread blocked" not in made  # a run without scenarios asks nothing of them
