@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from kvpages.analysis.cite import Citation, CiteError, fraction, interval_of, interval_text
 from kvpages.analysis.ratios import Analysis, ScenarioRatio
+from kvpages.analysis.verdicts import SAME
 from kvpages.core.names import CANDIDATE, STEP_CANDIDATE, label
 from kvpages.schema.rows import RatioRow
 
@@ -44,8 +45,13 @@ def bytes_figure(r: RatioRow) -> str:
     return f"{r.variant_d2h_bytes:,} / {r.baseline_d2h_bytes:,} bytes = {fraction(r.bytes_ratio)} (metered, exact)"
 
 
+def verdict_text(verdict: str, min_effect: float) -> str:
+    """A verdict as a figure states it: 'same' says within what."""
+    return f"same (within the {min_effect:.1%} minimum effect)" if verdict == SAME else verdict
+
+
 def latency_figure(r: RatioRow) -> str:
-    return f"{interval_text(interval_of(r))}: {r.verdict}"
+    return f"{interval_text(interval_of(r))}: {verdict_text(r.verdict, r.min_effect)}"
 
 
 def _bytes(analysis: Analysis) -> Finding | None:
@@ -69,8 +75,9 @@ def _page1(analysis: Analysis) -> Finding | None:
     shortcut = [r for r in analysis.ratios if r.variant == "device_stride_shortcut" and r.page_size == 1]
     back = (f"; with the page_size == 1 shortcut restored it is the same at {sum(r.verdict == 'same' for r in shortcut)}"
             f" of {len(shortcut)}") if shortcut else ""
+    early = "" if analysis.run.link_crossed else f" (pre-PR returns early there: {worst.baseline_median_us:.2f} µs)"
     answer = (f"At page size 1 the bytes are equal, and the merged PR's {_work(analysis)} is slower than pre-PR at "
-              f"{slower} of {len(rows)} lengths, up to {worst.ratio:.2f}x at L={worst.seq_len}{back}.")
+              f"{slower} of {len(rows)} lengths, up to {worst.ratio:.2f}x at L={worst.seq_len}{early}{back}.")
     return Finding("Page size 1 regression", answer, latency_figure(worst), worst.id, _latency_status(analysis))
 
 
@@ -93,7 +100,7 @@ def _crossover(analysis: Analysis) -> Finding | None:
 
 
 def scenario_figure(r: ScenarioRatio) -> str:
-    return f"{interval_text(r.interval)}: {r.verdict}"
+    return f"{interval_text(r.interval)}: {verdict_text(r.verdict, r.min_effect)}"
 
 
 def _scenario_rows(analysis: Analysis, kind: str, variant: str, side: str | None = None) -> list[tuple]:
