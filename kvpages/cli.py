@@ -1,4 +1,4 @@
-"""The `kvpages` command: list variants; plot, report, summarize, compare and noise-check run folders.
+"""The `kvpages` command: list variants; plot, report, summarize, cite, compare and noise-check run folders.
 
 Only `list` imports torch (it reads the variant registry); the analysis commands
 need only pandas and matplotlib. User errors print one line and exit 2.
@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvpages.analysis.cite import CiteError
 from kvpages.analysis.compare import compare_runs
 from kvpages.analysis.noise import aa_figures
 from kvpages.analysis.ratios import Analysis, analyze
@@ -80,17 +81,30 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from kvpages.render.report import render, write_report
+    from kvpages.render.report import write_report
 
     analysis = _analysis(args.run)
     path = write_report(analysis)
-    print(render(analysis))
+    print(path.read_text(), end="")  # rendered once
     print(f"written: {path} and {path.parent / 'ratios.csv'}", file=sys.stderr)
     return 0
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
     print(summary_text(_analysis(args.run)))
+    return 0
+
+
+def cmd_cite(args: argparse.Namespace) -> int:
+    from kvpages.analysis.findings import all_ids, cite
+
+    analysis = _analysis(args.run)
+    if args.list:
+        print("\n".join(all_ids(analysis)))
+        return 0
+    if args.id is None:
+        raise RunError(f"give a row id to cite; `kvpages cite {args.run} --list` lists them")
+    print(cite(analysis, args.id).line())
     return 0
 
 
@@ -174,6 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "plot":
             p.add_argument("--svg", action="store_true", help="also write SVG")
         p.set_defaults(func=func)
+    p = sub.add_parser("cite", help="print one row's figure in one line: interval and coverage, machine, commit, command")
+    p.add_argument("run", type=Path, help="run folder, e.g. results/<run-id>")
+    p.add_argument("id", nargs="?", help="a row id of ratios.csv (r-...) or scenarios.csv (req-..., step-...)")
+    p.add_argument("--list", action="store_true", help="list the run's row ids instead")
+    p.set_defaults(func=cmd_cite)
     p = sub.add_parser("compare", help="compare run B against run A point by point")
     p.add_argument("a", type=Path, help="baseline run folder")
     p.add_argument("b", type=Path, help="run folder to compare")
@@ -196,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (RunError, OSError) as exc:  # OSError: e.g. a run folder we may not write charts into
+    except (RunError, CiteError, OSError) as exc:  # OSError: e.g. a run folder we may not write charts into
         print(f"kvpages: error: {exc}", file=sys.stderr)
         return 2
 

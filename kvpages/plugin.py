@@ -174,13 +174,26 @@ def pytest_runtestloop(session: pytest.Session):
     return (yield)
 
 
+SHM = Path("/dev/shm")
+SHM_NEEDED_BYTES = 2 << 30
+
+
+def worker_folder_parent() -> str | None:
+    """Where the workers' folder goes: RAM-backed /dev/shm when it has room (the shared input pools are written
+    there once and read by every later process), else the system's temporary folder."""
+    try:
+        return str(SHM) if shutil.disk_usage(SHM).free >= SHM_NEEDED_BYTES else None
+    except OSError:
+        return None
+
+
 def _run_workers(config: pytest.Config, kv: KvSession, blocks: list) -> None:
     import tempfile
 
     from kvpages.measure.session import WorkerFailed, run_workers
     from kvpages.measure.workers import WorkerCommand, passed_through
 
-    folder = Path(tempfile.mkdtemp(prefix="kvpages-workers-"))
+    folder = Path(tempfile.mkdtemp(prefix="kvpages-workers-", dir=worker_folder_parent()))
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
     bench = getattr(config, "_benchmarksession", None)
     command = WorkerCommand(

@@ -100,9 +100,12 @@ def test_every_ratio_and_interval_in_the_report_is_a_row_of_ratios_csv(crossing_
 
 def test_noisy_rows_and_the_noise_floor_are_stated(tmp_path):
     folder = synthetic_run(tmp_path / "noisy", medians({(512, 16): 1.0}), rep_spread=0.3)
-    text = render(analyze(load_run(folder)))
-    assert "Noisy rows (block medians vary by >= 10% between repetitions)" in text
-    assert "below this run's noise floor: 1 of 1 ratios here are within noise" in text
+    analysis = analyze(load_run(folder))
+    write_report(analysis)
+    text = render(analysis)
+    assert "2 of 2 rows are noisy (block medians vary by >= 10% between repetitions)" in text
+    assert f"**minimum effect is {analysis.noise.min_effect:.1%}**" in text and analysis.noise.min_effect > 0.1
+    assert "The list is `noisy.csv`" in text and len(pd.read_csv(folder / "noisy.csv")) == 2
 
 
 def test_compare_gates_on_ratios_quiet_on_a_rerun_and_catches_a_regression(tmp_path, capsys):
@@ -277,7 +280,7 @@ def test_a_cuda_run_compares_the_model_with_the_measurement(tmp_path):
     assert profile_for(None, "pcie pinned") is None and profile_for("Gen5 x16", "none (cpu)") is None
     assert profile_for("unknown", "pcie pinned") is None
     text = render(analyze(run))
-    assert "### Model vs measurement" in text and "no PCIe link was crossed" not in text
+    assert "#### Model vs measurement" in text and "no PCIe link was crossed" not in text
     assert "under load Gen5 x16 (max Gen5 x16)" in text
     host = run.ok_rows().set_index("variant").loc["host_stride"]
     modeled = profile.modeled_us(host["d2h_bytes"], host["d2h_transfers"])

@@ -27,7 +27,7 @@ from kvpages.measure.targets import ScenarioTarget, measure
 from kvpages.measure.variants import reference_page_indices
 from kvpages.render.report import render
 from kvpages.schema.reader import load_run
-from kvpages.schema.rows import SCENARIO_COLUMNS
+from kvpages.schema.rows import SCENARIO_COLUMNS, scenario_row_id
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO_BENCH = (REPO / "bench" / "test_steps.py").read_text()
@@ -133,7 +133,9 @@ def test_quick_scenarios_write_scenarios_csv_with_both_latencies(scenario_bench)
     assert len(samples) == 3 * len(ok) and samples["order"].is_unique
     run = load_run(folder)
     text = render(analyze(run))
-    assert "## Per request and per step" in text and "blocked equals ready for every variant" in text
+    assert "## Per request and per step" in text and "blocked equals ready for every row" in text
+    assert frame["id"].tolist() == [scenario_row_id(s, v) for s, v in zip(frame["scenario"], frame["variant"], strict=True)]
+    assert "step-B8-lognormal_4096_1.0_65536-p64-int32:per_request-host_stride" in set(frame["id"])
     for chart in ("scenario_requests.png", "scenario_steps.png"):
         assert (folder / chart).stat().st_size > 0
     result.stdout.fnmatch_lines(["*whole requests and steps*"])

@@ -14,11 +14,22 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from kvpages.analysis.cite import pair_repro
+from kvpages.analysis.verdicts import (
+    FASTER,
+    MIN_EFFECT_FLOOR,
+    SLOWER,
+    bh_adjusted,
+    discoveries,
+    judge,
+    median_p_value,
+    min_effect,
+)
 from kvpages.core.links import LINK_PROFILES
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_BASELINE, per_request_name, variant_sort_key
 from kvpages.core.stats import Interval, Levels, unknown
 from kvpages.schema.reader import Run, row_key
-from kvpages.schema.rows import RatioRow
+from kvpages.schema.rows import RatioRow, ScenarioRatioRow, ratio_id
 
 NOISY_SPREAD = 0.10
 """A row whose block medians vary by at least this much (log-sd, ~ the CV) is flagged as noisy."""
@@ -39,6 +50,7 @@ POINT_COLUMNS = ("dtype", "layout", "page_size", "seq_len")
 
 
 def verdict(interval: Interval) -> str:
+    """The interval alone, no effect size (kvpages.analysis.compare still calls it; new code calls verdicts.judge)."""
     if interval.ci_high < 1:
         return "faster"
     if interval.ci_low > 1:
@@ -55,19 +67,39 @@ def paired_logs(run: Run, baseline_key: tuple, variant_key: tuple, latency: str 
     return Levels(other.values - base.values, base.processes)
 
 
-def _ratio(run: Run, variant: pd.Series, baseline: pd.Series) -> RatioRow:
+@dataclass(frozen=True)
+class _Pair:
+    """A variant's row against the baseline's at one point, before the family is judged."""
+
+    variant: pd.Series
+    baseline: pd.Series
+    interval: Interval
+    p_value: float
+    logs: Levels | None
+
+
+def _pair(run: Run, variant: pd.Series, baseline: pd.Series) -> _Pair:
     logs = paired_logs(run, row_key(baseline), row_key(variant))
     # A bare CSV has no repetitions to judge from.
     interval = unknown(float(variant["median_us"] / baseline["median_us"]), 0) if logs is None else logs.interval()
+    return _Pair(variant, baseline, interval, median_p_value(logs), logs)
+
+
+def _ratio(pair: _Pair, effect: float, q_value: float) -> RatioRow:
+    variant, baseline, interval, logs = pair.variant, pair.baseline, pair.interval, pair.logs
+    name, base = str(variant["variant"]), str(baseline["variant"])
+    dtype, layout, seq_len, page_size = (str(variant["dtype"]), str(variant["layout"]), int(variant["seq_len"]),
+                                         int(variant["page_size"]))
     return RatioRow(
-        variant=str(variant["variant"]), baseline=str(baseline["variant"]), dtype=str(variant["dtype"]),
-        layout=str(variant["layout"]), seq_len=int(variant["seq_len"]), page_size=int(variant["page_size"]),
+        id=ratio_id(name, base, dtype, layout, seq_len, page_size),
+        variant=name, baseline=base, dtype=dtype, layout=layout, seq_len=seq_len, page_size=page_size,
         ratio=interval.ratio, ci_low=interval.ci_low, ci_high=interval.ci_high, confidence=interval.confidence,
         repetitions=0 if logs is None else int(logs.values.size),
         bytes_ratio=float(variant["d2h_bytes"] / baseline["d2h_bytes"]),
         variant_median_us=float(variant["median_us"]), baseline_median_us=float(baseline["median_us"]),
         variant_d2h_bytes=int(variant["d2h_bytes"]), baseline_d2h_bytes=int(baseline["d2h_bytes"]),
-        verdict=verdict(interval),
+        verdict=judge(interval, effect, discoveries([q_value])[0]), min_effect=effect, q_value=q_value,
+        repro=pair_repro(str(variant["repro"]), name, base),
         processes=0 if logs is None else logs.process_count, interval_unit=interval.unit,
     )
 
@@ -87,8 +119,8 @@ class Crossover:
 
 
 def crossovers(ratios: tuple[RatioRow, ...], variant: str = CANDIDATE) -> list[Crossover]:
-    """Per (dtype, layout, page size): the smallest seq_len at which `variant` beats the baseline,
-    i.e. the upper end of the confidence interval of variant/baseline is below 1."""
+    """Per (dtype, layout, page size): the smallest seq_len at which `variant` is judged faster than the
+    baseline (kvpages.analysis.verdicts.judge: the interval below 1 and beyond the minimum effect)."""
     groups: dict[tuple, list[RatioRow]] = {}
     for r in ratios:
         if r.variant == variant:
@@ -96,20 +128,20 @@ def crossovers(ratios: tuple[RatioRow, ...], variant: str = CANDIDATE) -> list[C
     out = []
     for (dtype, layout, page_size), group in sorted(groups.items()):
         group.sort(key=lambda r: r.seq_len)
-        wins = [r.seq_len for r in group if r.ci_high < 1]
+        wins = [r.seq_len for r in group if r.verdict == FASTER]
         out.append(Crossover(dtype, layout, page_size, wins[0] if wins else None, tuple(r.seq_len for r in group)))
     return out
 
 
-def fastest(run: Run, rows: pd.DataFrame) -> tuple[str, ...]:
-    """At one point: the variant with the lowest median, then every variant tied with it, i.e. whose
-    paired ratio to it has a confidence interval that reaches 1 (no repetitions: equal medians only)."""
+def fastest(run: Run, rows: pd.DataFrame, effect: float) -> tuple[str, ...]:
+    """At one point: the variant with the lowest median, then every variant tied with it, i.e. not judged
+    slower than it on its own (kvpages.analysis.verdicts.judge; no repetitions: equal medians only)."""
     ordered = rows.sort_values("median_us")
     best = ordered.iloc[0]
     tied = []
     for _, r in ordered.iterrows():
         logs = paired_logs(run, row_key(best), row_key(r))
-        tie = r["median_us"] == best["median_us"] if logs is None else logs.interval().ci_low <= 1
+        tie = r["median_us"] == best["median_us"] if logs is None else judge(logs.interval(), effect) != SLOWER
         if tie:
             tied.append(str(r["variant"]))
     return tuple(tied)
@@ -125,6 +157,8 @@ class NoiseFloor:
     max_spread: float
     median_ci_half_width: float
     """The median, over ratios, of the relative half-width of the ratio's confidence interval."""
+    min_effect: float = MIN_EFFECT_FLOOR
+    """The minimum effect a verdict needs (kvpages.analysis.verdicts.min_effect of the half-width above)."""
     processes: int = 1
     ratio_between_process: float = math.nan
     """Of each ratio's paired log-ratios: the between-process component (median over ratios; nan with one process)."""
@@ -147,25 +181,41 @@ class ScenarioRatio:
     latency: str  # blocked | ready
     interval: Interval
     verdict: str
+    id: str = ""
+    """The variant's scenarios.csv row id."""
+    min_effect: float = MIN_EFFECT_FLOOR
+    q_value: float = 1.0
+    repro: str = ""
+
+    def row(self) -> ScenarioRatioRow:
+        i = self.interval
+        return ScenarioRatioRow(self.id, self.scenario, self.variant, self.baseline, self.latency, i.ratio, i.ci_low,
+                                i.ci_high, i.confidence, i.n, self.verdict, self.min_effect, self.q_value, self.repro)
 
 
-def scenario_ratios(run: Run, baseline: str) -> tuple[ScenarioRatio, ...]:
-    """Paired per-repetition ratios of block medians, every ok step variant against `baseline`, per scenario."""
+def scenario_ratios(run: Run, baseline: str, effect: float) -> tuple[ScenarioRatio, ...]:
+    """Paired per-repetition ratios of block medians, every ok step variant against `baseline`, per scenario,
+    judged as one family (Benjamini-Hochberg over all of them, blocked and ready)."""
     if run.scenarios is None or run.scenario_samples is None:
         return ()
     ok = run.scenarios[run.scenarios["status"] == "ok"]
-    out = []
+    found: list[tuple[pd.Series, str, Interval, float]] = []
     for scenario, rows in ok.groupby("scenario", sort=False):
         if (scenario, baseline) not in run.scenario_samples:
             continue
-        for variant in rows["variant"]:
+        for _, row in rows.iterrows():
+            variant = row["variant"]
             for latency in ("blocked", "ready") if variant != baseline else ():
                 logs = paired_logs(run, (scenario, baseline), (scenario, variant), latency)
                 if logs is not None:
-                    interval = logs.interval()
-                    out.append(ScenarioRatio(str(scenario), str(variant), baseline, latency, interval,
-                                             verdict(interval)))
-    return tuple(out)
+                    found.append((row, latency, logs.interval(), median_p_value(logs)))
+    qvalues = bh_adjusted([p for *_, p in found])
+    kept = discoveries(qvalues)
+    return tuple(
+        ScenarioRatio(str(row["scenario"]), str(row["variant"]), baseline, latency, interval,
+                      judge(interval, effect, keep), str(row["id"]), effect, q,
+                      pair_repro(str(row["repro"]), str(row["variant"]), baseline))
+        for (row, latency, interval, _), q, keep in zip(found, qvalues, kept, strict=True))
 
 
 @dataclass(frozen=True)
@@ -198,32 +248,35 @@ class Analysis:
 
 
 def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
-    """Analyse `run` once: every timed variant against `baseline` at every point where both were timed."""
+    """Analyse `run` once: every timed variant against `baseline` at every point where both were timed,
+    judged as one family (kvpages.analysis.verdicts), with the run's noise floor as the minimum effect."""
     ok = run.ok_rows()
-    ratios: list[RatioRow] = []
-    best: dict[tuple, tuple[str, ...]] = {}
-    for key, at in ok.groupby(list(POINT_COLUMNS), sort=True):
-        point = tuple(key)
-        best[point] = fastest(run, at)
+    pairs: list[_Pair] = []
+    groups = list(ok.groupby(list(POINT_COLUMNS), sort=True))
+    for _, at in groups:
         base = at[at["variant"] == baseline]
         if base.empty:
             continue
         for _, row in at.sort_values("variant", key=variant_order).iterrows():
             if row["variant"] != baseline:
-                ratios.append(_ratio(run, row, base.iloc[0]))
-    found = tuple(crossovers(tuple(ratios)))
+                pairs.append(_pair(run, row, base.iloc[0]))
+    finite = [(p.interval.ci_high - p.interval.ci_low) / 2 / p.interval.ratio for p in pairs if p.interval.known]
+    half_width = float(np.median(finite)) if finite else math.nan
+    effect = min_effect(half_width)
+    qvalues = bh_adjusted([p.p_value for p in pairs])
+    ratios = tuple(_ratio(p, effect, q) for p, q in zip(pairs, qvalues, strict=True))
+    best = {tuple(key): fastest(run, at, effect) for key, at in groups}
     spreads = ok["rep_spread"].dropna()
-    finite = [(r.ci_high - r.ci_low) / 2 / r.ratio for r in ratios if math.isfinite(r.ci_high)]
     repetitions = int(ok["repetitions"].dropna().max()) if ok["repetitions"].notna().any() else 1
-    ratio_levels = [paired_logs(run, ratio_key(r, baseline), ratio_key(r, r.variant)) for r in ratios]
-    ratio_parts = [levels.components() for levels in ratio_levels if levels is not None]
+    ratio_parts = [p.logs.components() for p in pairs if p.logs is not None]
     time_parts = [levels.components() for levels in (run.levels(row_key(row)) for _, row in ok.iterrows())
                   if levels is not None]
     noise = NoiseFloor(
         repetitions=repetitions,
         median_spread=float(spreads.median()) if len(spreads) else math.nan,
         max_spread=float(spreads.max()) if len(spreads) else math.nan,
-        median_ci_half_width=float(np.median(finite)) if finite else math.nan,
+        median_ci_half_width=half_width,
+        min_effect=effect,
         processes=run.process_count,
         ratio_between_process=_median([c.between_process for c in ratio_parts]),
         ratio_within_process=_median([c.within_process for c in ratio_parts]),
@@ -232,8 +285,8 @@ def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
         interval_unit=ratios[0].interval_unit if ratios else "repetition",
     )
     step_baseline = per_request_name(baseline)
-    return Analysis(run, baseline, tuple(ratios), found, best, noise, scenario_ratios(run, step_baseline), step_baseline)
-
+    return Analysis(run, baseline, ratios, tuple(crossovers(ratios)), best, noise,
+                    scenario_ratios(run, step_baseline, effect), step_baseline)
 
 
 def ratio_key(ratio: RatioRow, variant: str) -> tuple:

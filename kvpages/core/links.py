@@ -13,6 +13,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+LAUNCH_SYNC_US = 5.0
+"""The launch and sync term: what one extra device op before the copy costs (the merged PR's stride and divide).
+An eager PyTorch op on CUDA costs a few µs of host time (dispatch and cudaLaunchKernel, which the CUDA C++ Best
+Practices Guide calls small but not free), and the blocking copy then waits for it on the stream. 5 µs is an
+assumption of that order, not a measurement: a CUDA run's 'Model vs measurement' table checks it."""
+LAUNCH_SYNC_SOURCE = ("assumed 5 µs per device op before the copy: eager dispatch + cudaLaunchKernel, a few µs of host "
+                      "time (CUDA C++ Best Practices Guide), and the stream wait of the blocking copy")
+
 
 @dataclass(frozen=True)
 class LinkProfile:
@@ -24,8 +32,9 @@ class LinkProfile:
     bandwidth_gb_s: float
     source: str
 
-    def modeled_us(self, d2h_bytes: float, d2h_transfers: float) -> float:
-        return d2h_transfers * self.latency_us + d2h_bytes / (self.bandwidth_gb_s * 1e3)
+    def modeled_us(self, d2h_bytes: float, d2h_transfers: float, launches: int = 0) -> float:
+        """transfers x latency + bytes / bandwidth, plus `launches` x LAUNCH_SYNC_US for device work before the copy."""
+        return d2h_transfers * self.latency_us + d2h_bytes / (self.bandwidth_gb_s * 1e3) + launches * LAUNCH_SYNC_US
 
     @property
     def column(self) -> str:

@@ -37,3 +37,17 @@ def variant_sort_key(name: str) -> tuple:
     inner = per_request_of(name)
     plain = name if inner is None else inner
     return (plain != BASELINE, plain != CANDIDATE, inner is not None, name)
+
+
+LABELS: dict[str, str] = {
+    BASELINE: "pre-PR (SGLang ≤ 0.5.15)",
+    CANDIDATE: "merged PR (SGLang ≥ 0.5.16)",
+}
+"""What each reader-facing name stands for: the one table every report, chart, summary and citation reads."""
+
+
+def label(name: str) -> str:
+    """`name` with what it stands for, e.g. 'host_stride, pre-PR (SGLang ≤ 0.5.15)'; per_request[v] inherits v's label."""
+    inner = per_request_of(name)
+    meaning = LABELS.get(name if inner is None else inner)
+    return name if meaning is None else f"{name}, {meaning}"

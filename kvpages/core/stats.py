@@ -150,6 +150,12 @@ class Levels:
             return median_interval(self.values, confidence)
         return hierarchical_interval(self, confidence)
 
+    def p_value(self) -> float:
+        """Two-sided p-value of 'the median is 0' from the same two-stage bootstrap (at least 1 / the resamples)."""
+        medians = _resampled_medians(self, np.random.default_rng(BOOTSTRAP_SEED))
+        tail = min(float(np.mean(medians <= 0)), float(np.mean(medians >= 0)))
+        return min(1.0, max(2 * tail, 1 / BOOTSTRAP_RESAMPLES))
+
     def components(self) -> Components:
         groups = self.by_process()
         within_df = sum(g.size - 1 for g in groups)

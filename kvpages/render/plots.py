@@ -1,14 +1,18 @@
 """Charts of a run, regenerated from its files alone (no torch import).
 
 `plot_run(run)` writes, per (dtype, layout) of the run:
-1. `latency_<dtype>_<layout>.png`: median latency vs seq_len, a panel per page size, IQR bands;
-2. `bytes_<dtype>_<layout>.png`: measured D2H bytes vs seq_len with the ideal ceil(seq_len/page_size)*itemsize;
-3. `ratio_<dtype>_<layout>.png`: heatmap of the device_stride/host_stride latency ratio (paired over
-   repetitions, from the analysis) over seq_len x page_size, cells within noise marked;
-4. `link_model_<dtype>_<layout>.png`: modeled transfer time per link profile (a model, not a measurement);
+1. `latency_<dtype>_<layout>.png`: median time vs seq_len, a panel per page size, each variant's band the
+   interval of its ratio to the baseline (the one its verdict uses) times the baseline's median;
+2. `bytes_<dtype>_<layout>.png`: metered D2H bytes vs seq_len with the ideal ceil(seq_len/page_size)*itemsize;
+3. `ratio_<dtype>_<layout>.png`: heatmap of the device_stride/host_stride ratio (paired over repetitions, from
+   the analysis) over seq_len x page_size, capped at 1/4..4 and centred on 1, cells beyond the cap marked,
+   each with its interval or '~' (same within the minimum effect);
+4. `link_model_<dtype>_<layout>.png`: one panel, the modeled merged PR / pre-PR ratio per page size, a band
+   over the link profiles, with the launch and sync term (a model, not a measurement);
 and, from the scenarios of the run:
 5. `scenario_requests.png`: blocked time per whole request against the prompt length, a panel per side and page size;
-6. `scenario_steps.png`: blocked time per whole step against the requests per step;
+6. `scenario_steps.png`: blocked time per whole step against the requests per step (bands as in 1);
+Each variant has one colour and marker in every chart (kvpages.render.style).
 7. `scenario_busy.png` (CUDA runs only): the busy-queue scenarios, blocked (scheduler thread) against ready (data
    on host) per step variant, medians with IQR bars, a panel per scenario, the queued busy time as a reference
    line (measured when scenarios.csv has `busy_measured_us`, else the nominal `busy_us`).
@@ -16,6 +20,7 @@ and, from the scenarios of the run:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -27,26 +32,48 @@ import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-from kvpages.analysis.ratios import Analysis, with_link_model
-from kvpages.core.links import LINK_PROFILES
+from kvpages.analysis.cite import interval_of
+from kvpages.analysis.ratios import Analysis
+from kvpages.analysis.verdicts import SAME
+from kvpages.core.links import LAUNCH_SYNC_US, LINK_PROFILES
 from kvpages.core.names import CANDIDATE, variant_sort_key
 from kvpages.core.sweep import ITEMSIZE
+from kvpages.render.style import legend_label, style
+from kvpages.render.text import coverage
 from kvpages.schema.reader import Run
+from kvpages.schema.rows import RatioRow
 
 
 def _variants(frame) -> list[str]:
     return sorted(frame["variant"].unique(), key=variant_sort_key)
 
 
-def _colors(variants: list[str]) -> dict[str, str]:
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    return {v: cycle[i % len(cycle)] for i, v in enumerate(variants)}
+LEGEND_WIDTH = 3.2
+"""Inches to the right of the panels for the legend, so it never covers data."""
 
 
 def _panels(n: int, width: float = 4.2, height: float = 3.6):
-    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False)
-    fig.subplots_adjust(left=0.9 / (width * n), right=1 - 0.15 / (width * n), bottom=0.15, top=0.78, wspace=0.3)
+    total = width * n + LEGEND_WIDTH
+    fig, axes = plt.subplots(1, n, figsize=(total, height), squeeze=False)
+    fig.subplots_adjust(left=0.9 / total, right=1 - (LEGEND_WIDTH + 0.1) / total, bottom=0.15, top=0.78, wspace=0.3)
     return fig, list(axes[0])
+
+
+def _legend(fig, axes, title: str) -> None:
+    """One legend for the figure, right of the panels (every panel's entries, once each)."""
+    entries: dict[str, object] = {}
+    for ax in axes:
+        for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(text, handle)
+    fig.legend(list(entries.values()), list(entries.keys()), loc="center right", fontsize=7, title=title,
+               title_fontsize=7, frameon=False)
+
+
+def _interval_band(ax, x, baseline_us, ratios, color) -> None:
+    """The ratio's interval (the one its verdict uses), drawn as a band around baseline median x ratio."""
+    low = np.array([r.ci_low if r is not None and r.known else np.nan for r in ratios]) * baseline_us
+    high = np.array([r.ci_high if r is not None and r.known else np.nan for r in ratios]) * baseline_us
+    ax.fill_between(x, low, high, color=color, alpha=0.2, lw=0)
 
 
 def _log_axes(ax) -> None:
@@ -82,45 +109,65 @@ def _save(fig, path: Path, formats: tuple[str, ...]) -> list[Path]:
 def plot_latency(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
     page_sizes = sorted(frame["page_size"].unique())
     variants = _variants(frame)
-    colors = _colors(variants)
     fig, axes = _panels(len(page_sizes))
     for ax, page_size in zip(axes, page_sizes, strict=True):
+        at = frame[frame["page_size"] == page_size]
+        base = at[at["variant"] == analysis.baseline].set_index("seq_len")["median_us"]
         for v in variants:
-            rows = frame[(frame["page_size"] == page_size) & (frame["variant"] == v)].sort_values("seq_len")
+            rows = at[at["variant"] == v].sort_values("seq_len")
             if rows.empty:
                 continue
-            ax.plot(rows["seq_len"], rows["median_us"], marker="o", ms=3, color=colors[v], label=v)
-            ax.fill_between(rows["seq_len"], rows["q1_us"], rows["q3_us"], color=colors[v], alpha=0.2, lw=0)
+            look = style(v)
+            ax.plot(rows["seq_len"], rows["median_us"], ms=4, mfc="none", label=legend_label(v), **look.kwargs())
+            if v != analysis.baseline:
+                found = [analysis.ratio_at(v, dtype, layout, page_size, int(s)) for s in rows["seq_len"]]
+                _interval_band(ax, rows["seq_len"], base.reindex(rows["seq_len"]).to_numpy(),
+                               [None if r is None else interval_of(r) for r in found], look.color)
         _log_axes(ax)
-        ax.set(title=f"page_size={page_size}", xlabel="seq_len (tokens)", ylabel="median latency per call (µs)")
-    axes[0].legend(fontsize=8, title="variant (band: IQR)", title_fontsize=8)
-    fig.suptitle(_title(analysis.run, "D2H page-index latency", dtype, layout), fontsize=10)
+        ax.set(title=f"page_size={page_size}", xlabel="seq_len (tokens)", ylabel="median time per call (µs)")
+    _legend(fig, axes, f"variant (band: ratio's {coverage(analysis)}\nx pre-PR median)")
+    fig.suptitle(_title(analysis.run, "D2H page-index time per call", dtype, layout), fontsize=10)
     return _save(fig, stem, formats)
 
 
 def plot_bytes(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
     page_sizes = sorted(frame["page_size"].unique())
     variants = _variants(frame)
-    colors = _colors(variants)
     fig, axes = _panels(len(page_sizes))
-    markers = "os^Dvx*"
     for ax, page_size in zip(axes, page_sizes, strict=True):
         seq = np.array(sorted(frame["seq_len"].unique()))
         for i, v in enumerate(variants):  # hollow markers shrinking in turn, so equal values stay visible
             rows = frame[(frame["page_size"] == page_size) & (frame["variant"] == v)].sort_values("seq_len")
             if not rows.empty:
-                ax.plot(rows["seq_len"], rows["d2h_bytes"], marker=markers[i % len(markers)], ms=max(3, 10 - 2 * i),
-                        mfc="none", lw=1, color=colors[v], label=v)
+                ax.plot(rows["seq_len"], rows["d2h_bytes"], ms=max(3, 10 - 2 * i), mfc="none", lw=1,
+                        label=legend_label(v), **style(v).kwargs())
         ax.plot(seq, np.ceil(seq / page_size) * ITEMSIZE[dtype], color="black", ls="--", lw=1, zorder=5,
                 label="ideal ceil(seq_len/page_size)*itemsize")
         ax.set(xscale="log", yscale="log", title=f"page_size={page_size}", xlabel="seq_len (tokens)",
-               ylabel="measured D2H bytes per call (B)")
+               ylabel="metered D2H bytes per call")
         ax.xaxis.set_minor_locator(NullLocator())
         ax.yaxis.set_minor_locator(NullLocator())
         ax.grid(True, which="major", alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.suptitle(_title(analysis.run, "Measured D2H bytes", dtype, layout), fontsize=10)
+    _legend(fig, axes, "variant")
+    fig.suptitle(_title(analysis.run, "Metered D2H bytes", dtype, layout), fontsize=10)
     return _save(fig, stem, formats)
+
+
+RATIO_CAP = 4.0
+"""The heatmap's colour scale runs from 1/RATIO_CAP to RATIO_CAP, centred on 1; cells beyond are marked."""
+
+
+def _cell_text(r: RatioRow) -> str:
+    beyond = "▲" if r.ratio > RATIO_CAP else "▼" if r.ratio < 1 / RATIO_CAP else ""
+    if r.verdict == SAME:
+        return f"{beyond}{r.ratio:.2f} ~"
+    interval = f"\n[{_short(r.ci_low)}, {_short(r.ci_high)}]" if math.isfinite(r.ci_high) else ""
+    return f"{beyond}{_short(r.ratio, 3)}{interval}"
+
+
+def _short(value: float, digits: int = 2) -> str:
+    """A heatmap number: whole above 100 (never 3.4e+02), else `digits` significant digits."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.{digits}g}"
 
 
 def plot_ratio(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
@@ -130,59 +177,65 @@ def plot_ratio(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, f
     page_sizes = sorted({r.page_size for r in ratios})
     seq_lens = sorted({r.seq_len for r in ratios})
     values = np.full((len(page_sizes), len(seq_lens)), np.nan)
-    noise = np.zeros_like(values, dtype=bool)
+    cap = math.log2(RATIO_CAP)
+    width, height = 1.25 * len(seq_lens) + 2.8, 0.8 * len(page_sizes) + 2.2
+    fig, ax = plt.subplots(figsize=(width, height))
+    fig.subplots_adjust(left=1.0 / width, right=1 - 1.6 / width, bottom=1.1 / height, top=1 - 0.8 / height)
+    for r in ratios:
+        values[page_sizes.index(r.page_size), seq_lens.index(r.seq_len)] = np.log2(r.ratio)
+    image = ax.imshow(np.clip(values, -cap, cap), cmap="RdBu_r", norm=TwoSlopeNorm(vcenter=0.0, vmin=-cap, vmax=cap),
+                      aspect="auto")
     for r in ratios:
         i, j = page_sizes.index(r.page_size), seq_lens.index(r.seq_len)
-        values[i, j] = r.ratio
-        noise[i, j] = r.verdict == "within noise"
-    log = np.log2(values)
-    span = max(float(np.nanmax(np.abs(log))), 0.1)
-    width, height = 1.2 * len(seq_lens) + 2.5, 0.7 * len(page_sizes) + 2
-    fig, ax = plt.subplots(figsize=(width, height))
-    fig.subplots_adjust(left=1.0 / width, right=1 - 1.4 / width, bottom=1.1 / height, top=1 - 0.75 / height)
-    image = ax.imshow(log, cmap="RdBu_r", norm=TwoSlopeNorm(vcenter=0.0, vmin=-span, vmax=span), aspect="auto")
-    for (i, j), value in np.ndenumerate(values):
-        if np.isfinite(value):
-            ax.text(j, i, f"{value:.2f}" + ("~" if noise[i, j] else ""), ha="center", va="center", fontsize=8,
-                    color="white" if abs(np.log2(value)) > 0.6 * span else "black")
+        ax.text(j, i, _cell_text(r), ha="center", va="center", fontsize=7,
+                color="white" if abs(values[i, j]) > 0.6 * cap else "black")
     ax.set_xticks(range(len(seq_lens)), [str(s) for s in seq_lens], rotation=45)
     ax.set_yticks(range(len(page_sizes)), [str(p) for p in page_sizes])
     ax.set(xlabel="seq_len (tokens)", ylabel="page_size (tokens)")
     bar = fig.colorbar(image, ax=ax)
-    ticks = np.linspace(-span, span, 5)
-    bar.set_ticks(list(ticks), labels=[f"{2 ** t:.2g}" for t in ticks])
-    bar.set_label(f"latency ratio (<1: {CANDIDATE} faster; ~: within noise)")
-    ax.set_title(_title(analysis.run, f"{CANDIDATE} / {analysis.baseline} latency", dtype, layout), fontsize=10)
+    ticks = np.arange(-cap, cap + 1)
+    bar.set_ticks(list(ticks), labels=[f"{2 ** t:g}" if t >= 0 else f"1/{2 ** -t:g}" for t in ticks])
+    bar.set_label(f"merged PR / pre-PR (red: slower; capped, ▲▼ beyond;\n"
+                  f"[ ]: {coverage(analysis)}; ~: same within {analysis.noise.min_effect:.1%})", fontsize=8)
+    ax.set_title(_title(analysis.run, f"merged PR ({CANDIDATE}) / pre-PR ({analysis.baseline}) time per call", dtype,
+                        layout), fontsize=10)
     return _save(fig, stem, formats)
 
 
 def plot_link_model(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
-    modeled = with_link_model(frame)
-    page_sizes = sorted(frame["page_size"].unique())
-    variants = _variants(frame)
-    colors = _colors(variants)
-    width, height = 3.6 * len(LINK_PROFILES), 3.0 * len(page_sizes) + 1.0
-    fig, grid = plt.subplots(len(page_sizes), len(LINK_PROFILES), figsize=(width, height), squeeze=False,
-                             sharex=True, sharey=True)
-    fig.subplots_adjust(left=1.0 / width, right=1 - 0.2 / width, bottom=0.6 / height, top=1 - 1.2 / height,
-                        wspace=0.08, hspace=0.12)
-    for r, page_size in enumerate(page_sizes):
-        for c, profile in enumerate(LINK_PROFILES):
-            ax = grid[r][c]
-            for v in variants:
-                rows = modeled[(modeled["page_size"] == page_size) & (modeled["variant"] == v)].sort_values("seq_len")
-                if not rows.empty:
-                    ax.plot(rows["seq_len"], rows[profile.column], marker="o", ms=3, color=colors[v], label=v)
-            _log_axes(ax)
-            if r == 0:
-                ax.set_title(f"{profile.label}\n{profile.latency_us:g} µs + bytes / {profile.bandwidth_gb_s:g} GB/s", fontsize=9)
-            if c == 0:
-                ax.set_ylabel(f"page_size={page_size}\nmodeled transfer time (µs)")
-            if r == len(page_sizes) - 1:
-                ax.set_xlabel("seq_len (tokens)")
-    grid[0][0].legend(fontsize=7)
-    fig.suptitle(_title(analysis.run, "MODEL: transfers x latency + measured bytes / bandwidth", dtype, layout),
-                 fontsize=10)
+    """One panel: the modeled merged PR / pre-PR ratio per page size, a band over the link profiles."""
+    base = frame[frame["variant"] == analysis.baseline].set_index(["page_size", "seq_len"])
+    cand = frame[frame["variant"] == CANDIDATE].set_index(["page_size", "seq_len"])
+    keys = base.index.intersection(cand.index)
+    if keys.empty:
+        return []
+    fig, ax = plt.subplots(figsize=(8.4, 4.4))
+    fig.subplots_adjust(left=0.1, right=0.68, bottom=0.13, top=0.82)
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    page_sizes = sorted({p for p, _ in keys})
+    for n, page_size in enumerate(page_sizes):
+        seq = sorted(s for p, s in keys if p == page_size)
+        modeled = np.array([[profile.modeled_us(cand.loc[(page_size, s), "d2h_bytes"],
+                                                cand.loc[(page_size, s), "d2h_transfers"], launches=1)
+                             / profile.modeled_us(base.loc[(page_size, s), "d2h_bytes"],
+                                                  base.loc[(page_size, s), "d2h_transfers"])
+                             for s in seq] for profile in LINK_PROFILES])
+        color = palette[n % len(palette)]
+        if page_size in (page_sizes[0], page_sizes[-1]):  # the others' bands lie between: drawn, they blur
+            ax.fill_between(seq, modeled.min(axis=0), modeled.max(axis=0), color=color, alpha=0.2, lw=0)
+        ax.plot(seq, np.median(modeled, axis=0), color=color, marker="osD^v"[n % 5], ms=4, mfc="none",
+                label=f"page_size={page_size}")
+    ax.axhline(1.0, color="black", lw=1, ls="--", label="1: same modeled time")
+    _log_axes(ax)
+    ax.set(xlabel="seq_len (tokens)", ylabel="modeled time, merged PR / pre-PR")
+    profiles = "\n".join(f"{p.label}: {p.latency_us:g} µs + B / {p.bandwidth_gb_s:g} GB/s" for p in LINK_PROFILES)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False,
+              title=f"line: median of the {len(LINK_PROFILES)} link profiles;\n"
+                    "band (smallest, largest page size): their range", title_fontsize=7)
+    fig.text(0.70, 0.14, f"{profiles}\n+ {LAUNCH_SYNC_US:g} µs launch and sync\n  for the merged PR's device op\n"
+             "  (assumed; kvpages/core/links.py)", fontsize=6.5, va="bottom")
+    fig.suptitle(_title(analysis.run, "MODEL, not measurement: transfers x latency + bytes / bandwidth + launch",
+                        dtype, layout), fontsize=9)
     return _save(fig, stem, formats)
 
 
@@ -195,20 +248,26 @@ def _scenario_panels(analysis: Analysis, kind: str, x: str, xlabel: str, what: s
         return []
     panels = sorted({(str(side), int(p)) for side, p in zip(ok["side"], ok["page_size"], strict=True)})
     variants = _variants(ok)
-    colors = _colors(variants)
     fig, axes = _panels(len(panels))
     for ax, (side, page_size) in zip(axes, panels, strict=True):
+        at = ok[(ok["side"] == side) & (ok["page_size"] == page_size)]
+        base = at[at["variant"] == analysis.scenario_baseline].set_index(x)["blocked_median_us"]
         for v in variants:
-            rows = ok[(ok["side"] == side) & (ok["page_size"] == page_size) & (ok["variant"] == v)].sort_values(x)
+            rows = at[at["variant"] == v].sort_values(x)
             if rows.empty:
                 continue
-            ax.plot(rows[x], rows["blocked_median_us"], marker="o", ms=3, color=colors[v], label=v)
-            ax.fill_between(rows[x], rows["blocked_q1_us"], rows["blocked_q3_us"], color=colors[v], alpha=0.2, lw=0)
+            look = style(v)
+            ax.plot(rows[x], rows["blocked_median_us"], ms=4, mfc="none", label=legend_label(v), **look.kwargs())
+            if v != analysis.scenario_baseline:
+                found = [analysis.scenario_ratio(str(s), v, "blocked") for s in rows["scenario"]]
+                _interval_band(ax, rows[x], base.reindex(rows[x]).to_numpy(),
+                               [None if r is None else r.interval for r in found], look.color)
         _log_axes(ax)
-        chunks = sorted({int(c) for c in ok["chunk_size"] if int(c)})
-        chunk = f", C={'/'.join(map(str, chunks))}" if kind == "request" and chunks else ""
-        ax.set(title=f"{side}, page_size={page_size}{chunk}", xlabel=xlabel, ylabel=f"blocked µs per {what} (median)")
-    axes[0].legend(fontsize=7, title="step variant (band: IQR)", title_fontsize=7)
+        chunks = sorted({int(c) for c in at["chunk_size"] if int(c)})
+        chunk = f", chunks of {'/'.join(map(str, chunks))}" if side == "prefill" and kind == "request" and chunks else ""
+        where = side if kind == "request" else "decode step"
+        ax.set(title=f"{where}, page_size={page_size}{chunk}", xlabel=xlabel, ylabel=f"blocked µs per {what} (median)")
+    _legend(fig, axes, f"step variant (band: ratio's {coverage(analysis)}\nx per_request[host_stride] median)")
     fig.suptitle(_title(analysis.run, f"Whole {what}s: scheduler-thread time", str(ok["dtype"].iloc[0]),
                         str(ok["layout"].iloc[0])), fontsize=10)
     return _save(fig, stem, formats)
@@ -255,14 +314,14 @@ def plot_busy_queue(analysis: Analysis, stem: Path, formats) -> list[Path]:
         rows = ok[ok["scenario"] == scenario]
         rows = rows.set_index("variant").loc[_variants(rows)].reset_index()
         x = np.arange(len(rows))
-        for offset, what, style in ((-bar / 2, "blocked", {"color": "tab:blue"}),
+        for offset, what, bar_style in ((-bar / 2, "blocked", {"color": "tab:blue"}),
                                     (bar / 2, "ready", {"color": "white", "edgecolor": "tab:orange", "hatch": "//"})):
             median = rows[f"{what}_median_us"].to_numpy(dtype=float)
             errors = np.vstack([median - rows[f"{what}_q1_us"].to_numpy(dtype=float),
                                 rows[f"{what}_q3_us"].to_numpy(dtype=float) - median])
             label = "blocked: scheduler thread" if what == "blocked" else "ready: data on host"
             ax.bar(x + offset, median, bar, yerr=np.clip(errors, 0, None), capsize=3, ecolor="black", lw=1,
-                   label=f"{label} (median, IQR)", **style)
+                   label=f"{label} (median, IQR)", **bar_style)
             for xi, value in zip(x + offset, median, strict=True):
                 ax.annotate(f"{value:.0f}", (xi, value), xytext=(0, 4), textcoords="offset points", ha="center",
                             va="bottom", fontsize=7)

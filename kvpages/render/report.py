@@ -1,58 +1,60 @@
 """The design-review report: `REPORT.md` in the run folder, rendered from one `Analysis` (no torch).
 
-Every ratio and interval in it is a row of the run's `ratios.csv`, which `write_report` writes beside it.
+It opens with the findings (kvpages.analysis.findings), each with its figure and the id of the row behind
+it; the evidence follows, and the long tables go to an appendix. Every ratio and interval in it is a row
+of the run's `ratios.csv` or `scenario_ratios.csv`, which `write_report` writes beside it (with
+`noisy.csv`, the noisy rows the report counts).
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
+from kvpages.analysis.findings import findings
 from kvpages.analysis.noise import components_text
-from kvpages.analysis.ratios import NOISY_SPREAD, Analysis, variant_order, with_link_model
-from kvpages.core.links import LINK_PROFILES, profile_for
-from kvpages.core.names import CANDIDATE
-from kvpages.core.stats import CONFIDENCE
-from kvpages.schema.rows import RatioRow
-from kvpages.schema.writer import write_atomic, write_ratios
+from kvpages.analysis.ratios import NOISY_SPREAD, Analysis
+from kvpages.analysis.verdicts import FDR, MIN_EFFECT_FLOOR
+from kvpages.core.names import BASELINE, CANDIDATE, LABELS, STEP_CANDIDATE, label
+from kvpages.render.appendix import (
+    groups,
+    link_model_section,
+    ratio_cell,
+    same_latencies,
+    scenarios_section,
+    variants_section,
+)
+from kvpages.render.captions import caption
+from kvpages.render.text import ci_text, count, coverage, fraction, ratio_text, table, us
+from kvpages.schema.rows import (
+    NOISY_CSV,
+    RATIOS_CSV,
+    SCENARIO_RATIO_COLUMNS,
+    SCENARIO_RATIOS_CSV,
+)
+from kvpages.schema.writer import write_atomic, write_ratios, write_table
 
 REPORT_MD = "REPORT.md"
+NOISY_COLUMNS = ("variant", "dtype", "layout", "seq_len", "page_size", "rep_spread", "median_us")
 
 METHOD = (
     "Each (variant, point) was timed in R repetitions (blocks of rounds), dealt to P fresh processes that ran one "
     "after another (repetition r in process r % P; pyperf samples processes for the same reason: a process's "
     "address-space layout, allocator state and code and data placement are fixed for its life), and within a "
     "process to its passes over the sweep. Within a repetition the point's variants ran back to back in a fresh "
-    "order drawn from a seeded generator (each block's `repetition`, `order` and `process` are in samples.csv), so "
-    "drift of the machine hits the variants of a repetition alike. A ratio is the median of the paired "
-    "per-repetition ratios of block medians, variant/baseline. With 2 or more processes its interval is the "
-    f"{CONFIDENCE:.0%} percentile interval of a two-stage bootstrap that resamples processes, then each drawn "
-    "process's repetitions (Kalibera and Jones, \"Rigorous Benchmarking in Reasonable Time\", ISMM 2013), so a "
-    "shift of a whole process stays inside it; with one process, the order-statistic interval of the median (the "
-    f"sign-test interval, at {CONFIDENCE:.0%} or the nearest coverage above it), which covers only what varies "
-    "within a process (ratios.csv's `interval_unit`). A ratio is within noise when its interval contains 1."
+    "seeded order (each block's `repetition`, `order` and `process` are in samples.csv), so drift hits them alike. "
+    "A ratio is the median of the paired per-repetition ratios of block medians, variant/baseline. With 2 or more "
+    "processes its interval is the 95% percentile interval of a two-stage bootstrap that resamples processes, then "
+    "each drawn process's repetitions (Kalibera and Jones, \"Rigorous Benchmarking in Reasonable Time\", ISMM "
+    "2013), so a shift of a whole process stays inside it; with one process, the order-statistic (sign-test) "
+    "interval of the median, which covers only what varies within a process (ratios.csv's `interval_unit`); every "
+    "header states the coverage. **Verdicts** (`kvpages.analysis.verdicts.judge`): *faster* or *slower* only "
+    "when the interval excludes 1, the effect is at least the run's minimum effect, and the comparison survives "
+    f"the Benjamini-Hochberg step at a false-discovery rate of {FDR:.0%} over its family (every variant against "
+    "the baseline at every point; separately, every scenario ratio), with p-values from the same bootstrap (the "
+    "sign test in a run of one process; `q_value` in the CSVs). *same*: the estimate is within the minimum effect; "
+    "*unclear*: beyond it, but the interval reaches 1 or the family correction drops it. Holm's family-wise "
+    "control is not used: it needs p below 0.05/72, which 12 repetitions or 2000 resamples barely reach."
 )
-
-
-def _table(header: list[str], rows: list[list[object]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _us(value: float) -> str:
-    return f"{value:.3g}" if value >= 100 else f"{value:.2f}"
-
-
-def ci_text(r: RatioRow) -> str:
-    """A ratio's interval as the report prints it (the ratios.csv row, rounded)."""
-    if not math.isfinite(r.ci_high):
-        return "[n/a: 1 repetition]"
-    return f"[{r.ci_low:.3f}, {r.ci_high:.3f}]"
-
-
-def ratio_text(r: RatioRow) -> str:
-    return f"{r.ratio:.3f}"
 
 
 def environment_paragraph(analysis: Analysis) -> str:
@@ -80,15 +82,14 @@ def noise_paragraph(analysis: Analysis) -> str:
     if n.repetitions < 2:
         return ("This run has 1 repetition per (variant, point), so it has no repetition-level spread: its ratios "
                 "carry no interval, and no difference in it can be told from noise.")
-    below = sum(r.verdict == "within noise" for r in analysis.ratios)
+    same = sum(r.verdict == "same" for r in analysis.ratios)
     return (
         f"Block medians of one (variant, point) vary between repetitions by {n.median_spread:.1%} (median over rows; "
-        f"at most {n.max_spread:.1%}; every process pooled), as the log-sd of the block medians. A ratio's "
-        f"{CONFIDENCE:.0%} interval "
-        f"reaches ±{n.median_ci_half_width:.1%} of the ratio at the median point, so differences smaller than that "
-        f"are below this run's noise floor: {below} of {len(analysis.ratios)} ratios here are within noise "
-        f"(their interval contains 1). By level: {components_text(n)}. Compare runs with `kvpages compare`, "
-        "which gates on ratios."
+        f"at most {n.max_spread:.1%}; every process pooled). A ratio's {coverage(analysis)} reaches "
+        f"±{n.median_ci_half_width:.1%} of the ratio at the median point: that is this run's noise floor, and its "
+        f"**minimum effect is {n.min_effect:.1%}** (the noise floor, at least {MIN_EFFECT_FLOOR:.0%}); {same} of "
+        f"{len(analysis.ratios)} ratios are *same* within it. By level: {components_text(n)}. Compare runs with "
+        "`kvpages compare`, which gates on ratios."
     )
 
 
@@ -96,16 +97,17 @@ def caveats(analysis: Analysis) -> list[str]:
     run = analysis.run
     out = []
     if not run.link_crossed:
-        out.append("This is a CPU run: no PCIe link was crossed. `.cpu()` is a no-op here, so the latencies "
-                   "measure only the device-side work and Python overhead; the bytes are what each variant "
-                   "would hand across the link. Use the link model or a CUDA run for transfer costs.")
+        out.append("CPU run: no PCIe link was crossed. `.cpu()` is a no-op here, so every latency is host-side work "
+                   "(numpy, dispatch, the device-side ops run on the CPU), not a transfer; the bytes are what each "
+                   "variant hands to the host. Transfer costs need a CUDA run (or the link model, a model).")
     if run.meta is not None and not run.meta.completed:
         out.append(f"The run did not complete: {run.meta.end_note}.")
     ok = run.ok_rows()
     noisy = ok[ok["rep_spread"] >= NOISY_SPREAD]
     if not noisy.empty:
-        listed = ", ".join(f"{r.variant} s{r.seq_len} p{r.page_size} ({r.rep_spread:.0%})" for r in noisy.itertuples())
-        out.append(f"Noisy rows (block medians vary by >= {NOISY_SPREAD:.0%} between repetitions): {listed}.")
+        out.append(f"{len(noisy)} of {len(ok)} rows are noisy (block medians vary by >= {NOISY_SPREAD:.0%} between "
+                   f"repetitions); the 90th percentile of that spread over all rows is "
+                   f"{ok['rep_spread'].quantile(0.9):.0%}. The list is `{NOISY_CSV}`.")
     for status in ("skipped", "out_of_memory", "mismatch"):
         rows = run.rows[run.rows["status"] == status]
         for (variant, note), group in rows.groupby(["variant", "note"]):
@@ -113,181 +115,114 @@ def caveats(analysis: Analysis) -> list[str]:
     return out
 
 
-def _groups(analysis: Analysis):
-    ok = analysis.run.ok_rows()
-    return ok.groupby(["dtype", "layout", "page_size"], sort=True)
+def findings_section(analysis: Analysis) -> str:
+    rows: list[list[object]] = [[f.question, f.answer, f.figure, f"`{f.id}`" if f.id != "-" else "-", f.status]
+                                for f in findings(analysis)]
+    return (f"Figures are ratios variant / pre-PR with their {coverage(analysis)} (see Method); each id is a row of "
+            f"`{RATIOS_CSV}` (`r-...`) or `scenarios.csv` / `{SCENARIO_RATIOS_CSV}` (`req-...`, `step-...`); "
+            "`kvpages cite <run> <id>` prints it in one line with its command.\n\n"
+            + table(["question", "answer", "figure", "row id", "status"], rows))
 
 
 def results_section(analysis: Analysis) -> str:
     parts = []
-    for (dtype, layout, page_size), _ in _groups(analysis):
+    for (dtype, layout, page_size), _ in groups(analysis):
         rows = []
         for r in analysis.ratios_of(CANDIDATE):
-            if (r.dtype, r.layout, r.page_size) != (dtype, layout, page_size):
-                continue
-            best = analysis.fastest.get((dtype, layout, page_size, r.seq_len), ())
-            rows.append([r.seq_len, r.baseline_d2h_bytes, r.variant_d2h_bytes, f"{r.bytes_ratio:.4g}",
-                         _us(r.baseline_median_us), _us(r.variant_median_us), ratio_text(r), ci_text(r),
-                         r.verdict, " ≈ ".join(best)])
+            if (r.dtype, r.layout, r.page_size) == (dtype, layout, page_size):
+                best = analysis.fastest.get((dtype, layout, page_size, r.seq_len), ())
+                rows.append([r.seq_len, count(r.baseline_d2h_bytes), count(r.variant_d2h_bytes), fraction(r.bytes_ratio),
+                             us(r.baseline_median_us), us(r.variant_median_us), ratio_text(r), ci_text(r), r.verdict,
+                             " ≈ ".join(best), f"`{r.id}`"])
         if rows:
-            header = ["seq_len", f"{analysis.baseline} B", f"{CANDIDATE} B", "bytes ratio", f"{analysis.baseline} µs",
-                      f"{CANDIDATE} µs", "latency ratio", f"{CONFIDENCE:.0%} CI", "verdict", "fastest (≈: tied)"]
-            parts.append(f"### page_size {page_size} ({dtype}, {layout})\n\n{_table(header, rows)}")
+            header = ["seq_len", "pre-PR bytes", "merged PR bytes", "bytes ratio", "pre-PR µs", "merged PR µs",
+                      "time ratio", coverage(analysis), "verdict", "fastest (≈: tied)", "id"]
+            parts.append(f"### page_size {page_size} ({dtype}, {layout})\n\n{table(header, rows)}")
     return "\n\n".join(parts) if parts else f"No point has both {analysis.baseline} and {CANDIDATE} timed."
-
-
-def variants_section(analysis: Analysis) -> str:
-    """Per page size: every timed variant's bytes and latency against the baseline, the fastest marked."""
-    parts = []
-    for (dtype, layout, page_size), group in _groups(analysis):
-        rows = []
-        for seq_len, at in group.groupby("seq_len"):
-            quickest = analysis.fastest.get((dtype, layout, page_size, seq_len), ())
-            for _, row in at.sort_values("variant", key=variant_order).iterrows():
-                r = analysis.ratio_at(row["variant"], dtype, layout, page_size, seq_len)
-                is_base = row["variant"] == analysis.baseline
-                rows.append([seq_len, f"`{row['variant']}`", row["d2h_bytes"],
-                             f"{r.bytes_ratio:.4g}" if r else ("1" if is_base else ""), _us(row["median_us"]),
-                             f"{row['rep_spread']:.1%}" if row["rep_spread"] == row["rep_spread"] else "",
-                             ratio_text(r) if r else ("1" if is_base else ""), ci_text(r) if r else "",
-                             r.verdict if r else "", "yes" if row["variant"] in quickest else ""])
-        header = ["seq_len", "variant", "D2H B", f"bytes / {analysis.baseline}", "median µs", "spread",
-                  f"latency / {analysis.baseline}", f"{CONFIDENCE:.0%} CI", "verdict", "fastest"]
-        parts.append(f"### page_size {page_size} ({dtype}, {layout})\n\n{_table(header, rows)}")
-    return "\n\n".join(parts)
 
 
 def crossover_section(analysis: Analysis) -> str:
     if not analysis.crossovers:
         return "No crossover can be computed: no point has both variants timed."
     rows = [[c.page_size, c.dtype, c.layout, c.describe()] for c in analysis.crossovers]
-    return (f"Smallest swept seq_len at which `{CANDIDATE}` beats `{analysis.baseline}`: the upper end of the "
-            f"{CONFIDENCE:.0%} interval of the latency ratio is below 1.\n\n"
-            + _table(["page_size", "dtype", "layout", "crossover"], rows))
+    return (f"Smallest swept seq_len at which the merged PR is judged *faster* than pre-PR (interval below 1, "
+            f"beyond the {analysis.noise.min_effect:.1%} minimum effect, kept by the family correction).\n\n"
+            + table(["page_size", "dtype", "layout", "crossover"], rows))
 
 
-def link_model_section(analysis: Analysis) -> str:
-    run = analysis.run
-    modeled = with_link_model(run.ok_rows())
-    modeled = modeled[modeled["variant"].isin([analysis.baseline, CANDIDATE])]
-    longest = modeled.groupby(["dtype", "layout", "page_size"])["seq_len"].transform("max")
-    chosen = modeled[modeled["seq_len"] == longest].sort_values(["page_size", "variant"])
-    header = ["page_size", "seq_len", "variant", "bytes", "transfers", "measured µs"] + [p.label + " µs" for p in LINK_PROFILES]
-    rows = [[r["page_size"], r["seq_len"], r["variant"], r["d2h_bytes"], r["d2h_transfers"], _us(r["median_us"])]
-            + [_us(r[p.column]) for p in LINK_PROFILES] for _, r in chosen.iterrows()]
-    lead = ("**Model, not measurement**: `transfers x fixed latency + bytes / bandwidth` per link profile "
-            "(sources in `kvpages/links.py`), at the longest swept seq_len. ")
-    if run.link_crossed:
-        lead += "This run crossed a real link, so its measured median sits beside the model for comparison."
-    else:
-        lead += "This CPU run crossed no link: its measured column contains no transfer time at all."
-    sources = "\n".join(f"- {p.label}: {p.latency_us:g} µs + bytes / {p.bandwidth_gb_s:g} GB/s. {p.source}" for p in LINK_PROFILES)
-    return f"{lead}\n\n{_table(header, rows)}\n\n{sources}" + model_vs_measurement(analysis)
-
-
-def model_vs_measurement(analysis: Analysis) -> str:
-    """On a run that crossed a link: each row's median beside the model of the link it crossed
-    (the PCIe generation the link trains to, from meta.json); the difference is what the model leaves out."""
-    run = analysis.run
-    if not run.link_crossed:
-        return ""
-    pcie = run.meta.environment.pcie_link if run.meta else None
-    rows = []
-    for _, r in run.ok_rows().sort_values(["page_size", "seq_len", "variant"], key=variant_order).iterrows():
-        profile = profile_for(pcie, r["link"])
-        if profile is None:
-            continue
-        modeled = profile.modeled_us(r["d2h_bytes"], r["d2h_transfers"])
-        rows.append([r["page_size"], r["seq_len"], f"`{r['variant']}`", r["link"], profile.label, _us(r["median_us"]),
-                     _us(modeled), f"{r['median_us'] - modeled:+.2f}"])
-    if not rows:
-        return f"\n\nNo link profile matches this run's link (PCIe: {pcie}), so the model is not compared with it."
-    header = ["page_size", "seq_len", "variant", "link", "profile", "measured µs", "modeled µs", "measured - modeled µs"]
-    return ("\n\n### Model vs measurement\n\nEach timed row beside the model of the link it crossed. The "
-            "difference is what the model leaves out (device kernels, Python, synchronisation) or gets wrong "
-            "(the profile's latency and bandwidth).\n\n" + _table(header, rows))
-
-
-def _ratio_cell(analysis: Analysis, scenario: str, variant: str, latency: str) -> str:
-    if variant == analysis.scenario_baseline:
-        return "1"
-    r = analysis.scenario_ratio(scenario, variant, latency)
-    if r is None:
-        return ""
-    i = r.interval
-    ci = f"[{i.ci_low:.3f}, {i.ci_high:.3f}]" if i.known else "[n/a]"
-    return f"{i.ratio:.3f} {ci}"
-
-
-def scenarios_section(analysis: Analysis) -> str:
-    """Per request and per step: measured over whole requests and steps, against the per-request baseline."""
+def scenario_main(analysis: Analysis) -> str:
+    """One line per whole request or step: pre-PR against the merged PR, bytes and time, with the row ids."""
     frame = analysis.run.scenarios
     if frame is None or frame.empty:
         return ""
-    lead = (f"Each row is measured over a whole request (every call it makes) or a whole scheduler step (all its "
-            f"requests), never multiplied from points. `blocked`: until the calling (scheduler) thread got control "
-            f"back; `ready`: until the page indices were usable on the host. Ratios are paired over repetitions "
-            f"against `{analysis.scenario_baseline}` (what SGLang does today), with {CONFIDENCE:.0%} intervals as in "
-            f"Method. D2H bytes and transfers are per request or step, as the meter counted them.")
-    if not analysis.run.link_crossed:
-        lead += (" On this CPU run there is no device queue and no worker-thread wait: blocked equals ready for "
-                 "every variant, and the busy-queue scenarios are skipped.")
-    parts = [lead]
-    ok = frame[frame["status"] == "ok"]
-    for kind, title in (("request", "Per request"), ("step", "Per step")):
-        rows = []
-        chosen = ok[ok["kind"] == kind].sort_values(["side", "page_size", "busy_us", "requests", "tokens", "variant"],
-                                                    key=variant_order)
-        for _, r in chosen.iterrows():
-            rows.append([r["side"], r["page_size"], r["tokens"] if kind == "request" else r["requests"],
-                         r["chunk_size"] if kind == "request" else r["busy_us"], f"`{r['variant']}`", r["calls"],
-                         r["d2h_bytes"], r["d2h_transfers"], _us(r["blocked_median_us"]), _us(r["ready_median_us"]),
-                         _ratio_cell(analysis, r["scenario"], r["variant"], "blocked"),
-                         _ratio_cell(analysis, r["scenario"], r["variant"], "ready")])
-        if rows:
-            header = ["side", "page_size", "L (tokens)" if kind == "request" else "B (requests)",
-                      "C (chunk)" if kind == "request" else "busy µs", "variant", "calls", "D2H B", "transfers",
-                      "blocked µs", "ready µs", f"blocked / baseline [{CONFIDENCE:.0%} CI]",
-                      f"ready / baseline [{CONFIDENCE:.0%} CI]"]
-            parts.append(f"### {title}\n\n" + _table(header, rows))
-    others = frame[frame["status"] != "ok"]
-    notes = [f"- {variant}: {len(group)} scenario(s) {group['status'].iloc[0].replace('_', ' ')}: {note}"
-             for (variant, note), group in others.groupby(["variant", "note"])]
-    if notes:
-        parts.append("\n".join(notes))
-    return "\n\n".join(parts)
+    ok = frame[(frame["status"] == "ok") & (frame["variant"] == STEP_CANDIDATE)]
+    base = frame[frame["variant"] == analysis.scenario_baseline].set_index("scenario")
+    rows = []
+    for _, r in ok.sort_values(["kind", "side", "page_size", "busy_us", "requests", "tokens"]).iterrows():
+        b = base.loc[r["scenario"]]
+        size = f"{r['tokens']} tokens" if r["kind"] == "request" else f"{r['requests']} requests"
+        rows.append([r["kind"], r["side"], r["page_size"], size, f"{count(b['d2h_bytes'])} → {count(r['d2h_bytes'])}",
+                     f"{us(b['blocked_median_us'])} → {us(r['blocked_median_us'])}",
+                     ratio_cell(analysis, r["scenario"], STEP_CANDIDATE, "blocked"), f"`{r['id']}`"])
+    what = "blocked = ready µs" if same_latencies(analysis) else "blocked µs"
+    lead = (f"Measured over whole requests (every call, prefill chunks of the chunk size; decode one call and "
+            f"`.astype(np.int32)`) and whole steps (a step's requests), never multiplied from points: "
+            f"`{STEP_CANDIDATE}` ({label(CANDIDATE)}) against `{analysis.scenario_baseline}` ({label(BASELINE)}). "
+            "Every step variant, ready times and the batched hypotheses are in the appendix.")
+    if same_latencies(analysis):
+        lead += (" On this CPU run blocked equals ready for every row (no device queue, no worker-thread wait), so "
+                 "they are one column.")
+    return lead + "\n\n" + table(["kind", "side", "page_size", "size", "bytes pre-PR → PR", f"{what} pre-PR → PR",
+                                  f"ratio [{coverage(analysis)}] verdict", "id"], rows)
+
+
+def charts_section(analysis: Analysis) -> str:
+    charts = sorted(p.name for p in analysis.run.path.glob("*.png"))
+    return "\n\n".join(f"![{name}]({name})\n\n*{caption(analysis, name)}*" for name in charts)
 
 
 def render(analysis: Analysis) -> str:
     run = analysis.run
     command = run.meta.command if run.meta else "(unknown: no meta.json)"
-    charts = sorted(p.name for p in run.path.glob("*.png"))
+    where = "CPU run: no link crossed" if not run.link_crossed else "CUDA run"
+    names = f"Names: **pre-PR** = `{BASELINE}`, {LABELS[BASELINE]}; **merged PR** = `{CANDIDATE}`, {LABELS[CANDIDATE]}."
     sections = [
-        f"# kvpages report: {run.run_id}",
-        "## Environment\n\n" + environment_paragraph(analysis),
-        f"## Reproduce\n\n```\n{command}\n```\n\nEach row of `results.csv` carries its own `repro` command.",
-        "## Method and noise floor\n\n" + METHOD + "\n\n" + noise_paragraph(analysis),
-        "## Caveats\n\n" + ("\n".join(f"- {c}" for c in caveats(analysis)) or "- none"),
-        f"## {CANDIDATE} vs {analysis.baseline}\n\nBytes and median latency per call (all rounds); latency ratio = "
-        f"{CANDIDATE} / {analysis.baseline} (paired over repetitions, see Method), from `ratios.csv`.\n\n"
-        + results_section(analysis),
+        f"# kvpages report: {run.run_id} ({run.device_name}; {where})\n\n{names}",
+        "## Findings\n\n" + findings_section(analysis),
+        "## Evidence: merged PR vs pre-PR per call\n\nFastest: the lowest median at the point, and every variant not "
+        "judged slower than it.\n\n" + results_section(analysis),
         "## Crossover\n\n" + crossover_section(analysis),
-        f"## Every variant vs {analysis.baseline}\n\n`spread`: how much the row's block medians vary between "
-        "repetitions; `fastest`: the lowest median, and every variant whose paired ratio to it has an interval "
-        "that reaches 1.\n\n" + variants_section(analysis),
-        "## Link model\n\n" + link_model_section(analysis),
     ]
-    scenarios = scenarios_section(analysis)
+    scenarios = scenario_main(analysis)
     if scenarios:
         sections.append("## Per request and per step\n\n" + scenarios)
+    sections += [
+        "## Method and noise floor\n\n" + METHOD + "\n\n" + noise_paragraph(analysis),
+        "## Caveats\n\n" + ("\n".join(f"- {c}" for c in caveats(analysis)) or "- none"),
+        "## Environment\n\n" + environment_paragraph(analysis),
+        f"## Reproduce\n\n```\n{command}\n```\n\nEach row of `results.csv` re-runs one variant (`repro`); each row "
+        f"of `{RATIOS_CSV}` and `{SCENARIO_RATIOS_CSV}` re-runs its pair, interleaved as in the run.",
+    ]
+    charts = charts_section(analysis)
     if charts:
-        sections.append("## Charts\n\n" + "\n".join(f"![{name}]({name})" for name in charts))
+        sections.append("## Charts\n\n" + charts)
+    sections.append("## Appendix\n\n### A. The other variants vs pre-PR\n\n`spread`: how much the row's block medians "
+                    "vary between repetitions (results.csv `rep_spread`).\n\n"
+                    + variants_section(analysis) + "\n\n### B. Link model\n\n" + link_model_section(analysis))
+    full = scenarios_section(analysis)
+    if full:
+        sections.append("### C. Every step variant, per request and per step\n\n" + full)
     return "\n\n".join(sections) + "\n"
 
 
 def write_report(analysis: Analysis) -> Path:
-    """Write ratios.csv and REPORT.md into the run folder; return the report's path."""
-    write_ratios(analysis.run.path, list(analysis.ratios))
-    path = analysis.run.path / REPORT_MD
+    """Write ratios.csv, scenario_ratios.csv, noisy.csv and REPORT.md into the run folder; return the report's path."""
+    folder = analysis.run.path
+    write_ratios(folder, list(analysis.ratios))
+    write_table(folder, SCENARIO_RATIOS_CSV, SCENARIO_RATIO_COLUMNS, [r.row() for r in analysis.scenario_ratios])
+    ok = analysis.run.ok_rows()
+    noisy = ok[ok["rep_spread"] >= NOISY_SPREAD].sort_values("rep_spread", ascending=False)
+    write_table(folder, NOISY_CSV, NOISY_COLUMNS, noisy[list(NOISY_COLUMNS)].to_dict("records"))
+    path = folder / REPORT_MD
     write_atomic(path, render(analysis))
     return path

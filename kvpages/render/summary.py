@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kvpages.analysis.ratios import Analysis, variant_order
-from kvpages.core.names import STEP_BASELINE, STEP_CANDIDATE, per_request_of
-from kvpages.core.stats import CONFIDENCE
+from kvpages.core.names import BASELINE, CANDIDATE, STEP_BASELINE, STEP_CANDIDATE, label, per_request_of
+from kvpages.render.text import coverage
 
 
 def summary_seq_lens(seq_lens: list[int]) -> list[int]:
@@ -32,8 +32,9 @@ def scenario_summary(analysis: Analysis) -> list[str]:
     for scenario, variant in zip(table["scenario"], table["variant"], strict=True):
         r = analysis.scenario_ratio(scenario, variant, "blocked")
         cells.append("1" if variant == analysis.scenario_baseline else
-                     (f"{r.interval.ratio:.3f} [{r.interval.ci_low:.3f}, {r.interval.ci_high:.3f}]" if r else ""))
-    table[f"blocked vs baseline [{CONFIDENCE:.0%} CI]"] = cells
+                     (f"{r.interval.ratio:.3f} [{r.interval.ci_low:.3f}, {r.interval.ci_high:.3f}] {r.verdict}"
+                      if r else ""))
+    table[f"blocked vs baseline [{coverage(analysis)}]"] = cells
     return ["", "whole requests and steps (per request or per step; blocked = ready on a CPU run):",
             table.to_string(index=False, float_format=lambda v: f"{v:.2f}")]
 
@@ -51,8 +52,10 @@ def summary_text(analysis: Analysis) -> str:
     noise = analysis.noise
     level = (f"intervals over the {noise.processes} processes" if noise.interval_unit == "process"
              else "intervals over the repetitions of one process")
+    lines.append(f"{label(BASELINE)}; {label(CANDIDATE)}.")
     lines.append(f"{noise.repetitions} interleaved repetitions per (variant, point) in {noise.processes} "
-                 f"process(es); ratios are paired per repetition, {level}, {CONFIDENCE:.0%}.")
+                 f"process(es); ratios are paired per repetition, {level}, with their {coverage(analysis)}; "
+                 f"minimum effect {noise.min_effect:.1%}.")
     for key, group in ok.groupby(["dtype", "layout", "page_size"], sort=True):
         dtype, layout, page_size = str(key[0]), str(key[1]), int(key[2])  # type: ignore[call-overload]
         chosen = group[group["seq_len"].isin(summary_seq_lens(group["seq_len"].tolist()))]
@@ -60,9 +63,9 @@ def summary_text(analysis: Analysis) -> str:
         cells = []
         for s, v in zip(table["seq_len"], table["variant"], strict=True):
             r = analysis.ratio_at(v, dtype, layout, page_size, s)
-            cells.append("1" if v == analysis.baseline else (f"{r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+            cells.append("1" if v == analysis.baseline else (f"{r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] {r.verdict}"
                                                             if r else ""))
-        table[f"vs_{analysis.baseline} [{CONFIDENCE:.0%} CI]"] = cells
+        table[f"vs_{analysis.baseline} [{coverage(analysis)}]"] = cells
         table = table.sort_values(["seq_len", "variant"], key=variant_order)
         lines.append(f"\npage_size={page_size} ({dtype}, {layout})")
         lines.append(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))

@@ -40,6 +40,7 @@ from kvpages.schema.rows import (
     Environment,
     ProcessInfo,
     RunMeta,
+    scenario_row_id,
 )
 
 MEDIAN_RTOL = 1e-9
@@ -216,6 +217,8 @@ def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, ScenarioSamples 
         return None, None, {}
     frame = _read_typed(path, SCENARIO_COLUMNS, SCENARIO_OPTIONAL_COLUMNS, SCENARIO_INT_COLUMNS,
                         SCENARIO_FLOAT_COLUMNS)
+    # ids follow from the key: the same in a run written before they were a column
+    frame["id"] = [scenario_row_id(s, v) for s, v in zip(frame["scenario"], frame["variant"], strict=True)]
     samples: dict[tuple, dict[str, list[np.ndarray]]] = {}
     processes: dict[tuple, tuple[int, ...]] = {}
     samples_path = folder / SCENARIO_SAMPLES_CSV

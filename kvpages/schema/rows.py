@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from kvpages.core.names import BASELINE
+
 SCHEMA_VERSION = 3
 """3: processes (each samples line has its `process`, meta.json lists the processes); 2: repetitions (samples.csv
 has one line per block, with `repetition` and `order`). Versions 1 and 2 are still read (one process)."""
@@ -26,6 +28,8 @@ META_JSON = "meta.json"
 RATIOS_CSV = "ratios.csv"
 SCENARIOS_CSV = "scenarios.csv"
 SCENARIO_SAMPLES_CSV = "scenario_samples.csv"
+SCENARIO_RATIOS_CSV = "scenario_ratios.csv"
+NOISY_CSV = "noisy.csv"
 
 STATUSES = ("ok", "skipped", "mismatch", "out_of_memory")
 """ok: checked, metered and timed; skipped: cannot run on this device (see note);
@@ -153,16 +157,19 @@ class ScenarioRow:
     repro: str = ""
     busy_measured_us: float | None = field(default=None, metadata=TIMING)
     """The device busy time each timed round actually had (CUDA events around the queued kernel), median."""
+    id: str = ""
+    """The row's stable id (`scenario_row_id`); filled in from the scenario and variant."""
 
     def __post_init__(self) -> None:
         check_status(self.status)
+        object.__setattr__(self, "id", scenario_row_id(self.scenario, self.variant))
 
 
 SCENARIO_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ScenarioRow))
 SCENARIO_INT_COLUMNS = ("requests", "tokens", "chunk_size", "page_size", "busy_us", "calls", "expected_d2h_bytes",
                         "d2h_bytes", "d2h_transfers", "rounds", "repetitions")
 SCENARIO_FLOAT_COLUMNS = tuple(c for c in SCENARIO_COLUMNS if c.endswith("_us") and c != "busy_us")
-SCENARIO_OPTIONAL_COLUMNS = ("busy_measured_us",)
+SCENARIO_OPTIONAL_COLUMNS = ("busy_measured_us", "id")
 """Columns added since scenarios.csv first appeared; reading an older run leaves them empty."""
 
 
@@ -195,13 +202,16 @@ Samples = SampleSet | ScenarioSampleSet
 class RatioRow:
     """`variant` against `baseline` at one point of an analysed run (ratios.csv).
 
-    ratio and its interval at `confidence`, from the paired per-repetition log-ratios of block medians
-    variant/baseline (kvpages.core.stats): with `processes` >= 2, the geometric mean of the per-process
-    medians and its Student t interval (`interval_unit` 'process'); with one process, the median of the
-    repetitions and its order-statistic interval ('repetition'). bytes_ratio: measured D2H bytes.
-    verdict: 'faster' or 'slower' when the interval excludes 1, else 'within noise'.
+    ratio: the median of the paired per-repetition log-ratios of block medians variant/baseline, with its
+    interval at `confidence` (kvpages.core.stats): with `processes` >= 2, the percentile interval of a
+    two-stage bootstrap over processes, then repetitions (`interval_unit` 'process'); with one process, the
+    order-statistic interval of the median ('repetition'). bytes_ratio: measured D2H bytes.
+    verdict: kvpages.analysis.verdicts.judge (faster / slower only beyond `min_effect` and kept by the
+    Benjamini-Hochberg step, whose adjusted p-value is `q_value`; else same / unclear).
+    repro: the command that re-runs the pair (variant and baseline) at this point, interleaved as in the run.
     """
 
+    id: str
     variant: str
     baseline: str
     dtype: str
@@ -219,11 +229,57 @@ class RatioRow:
     variant_d2h_bytes: int
     baseline_d2h_bytes: int
     verdict: str
+    min_effect: float
+    q_value: float
+    repro: str
+    processes: int = 1
+    interval_unit: str = "repetition"
+
+
+@dataclass(frozen=True)
+class ScenarioRatioRow:
+    """A step variant against the baseline step variant on one scenario, for one latency (scenario_ratios.csv).
+
+    `id` is the variant's scenarios.csv row id; the fields mean what RatioRow's do.
+    """
+
+    id: str
+    scenario: str
+    variant: str
+    baseline: str
+    latency: str  # blocked | ready
+    ratio: float
+    ci_low: float
+    ci_high: float
+    confidence: float
+    repetitions: int
+    verdict: str
+    min_effect: float
+    q_value: float
+    repro: str
     processes: int = 1
     interval_unit: str = "repetition"
 
 
 RATIO_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RatioRow))
+SCENARIO_RATIO_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ScenarioRatioRow))
+
+
+def _id_part(name: str) -> str:
+    """A name as it goes into an id: shell-safe (per_request[v] -> per_request-v)."""
+    return name.replace("[", "-").replace("]", "")
+
+
+def ratio_id(variant: str, baseline: str, dtype: str, layout: str, seq_len: int, page_size: int) -> str:
+    """A ratios.csv row's stable id, from its key alone: r-<variant>-s<seq_len>-p<page_size>-<dtype>-<layout>,
+    with -vs-<baseline> when the baseline is not BASELINE (host_stride). The same key gives the same id in every run."""
+    vs = "" if baseline == BASELINE else f"-vs-{_id_part(baseline)}"
+    return f"r-{_id_part(variant)}-s{seq_len}-p{page_size}-{dtype}-{layout}{vs}"
+
+
+def scenario_row_id(scenario: str, variant: str) -> str:
+    """A scenarios.csv row's stable id: <scenario>:<variant> (brackets made shell-safe)."""
+    return f"{scenario}:{_id_part(variant)}"
 
 
 @dataclass(frozen=True)

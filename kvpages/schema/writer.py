@@ -121,8 +121,14 @@ class RunWriter:
         write_atomic(self.path / META_JSON, json.dumps(dataclasses.asdict(self.meta), indent=2) + "\n")
 
 
+def write_table(path: Path, name: str, columns: tuple[str, ...], rows: Sequence[object]) -> Path:
+    """Write `rows` (dataclasses, or dicts with `columns`) as the CSV `name` in the run folder `path`; return its path."""
+    out = path / name
+    records = [r if isinstance(r, dict) else dataclasses.asdict(r) for r in rows]  # type: ignore[call-overload]
+    write_atomic(out, _csv_text(columns, records))
+    return out
+
+
 def write_ratios(path: Path, ratios: list[RatioRow]) -> Path:
     """Write ratios.csv into the run folder `path` and return its path."""
-    out = path / RATIOS_CSV
-    write_atomic(out, _csv_text(RATIO_COLUMNS, [dataclasses.asdict(r) for r in ratios]))
-    return out
+    return write_table(path, RATIOS_CSV, RATIO_COLUMNS, ratios)

@@ -1,0 +1,85 @@
+"""Citations: the pair repro command of a ratio, and `kvpages cite RUN ID`'s one line (no torch).
+
+A row's `repro` (results.csv, scenarios.csv) re-runs that variant alone. A ratio needs the pair: the
+same command with the variant selection widened to (variant, baseline), so the two run interleaved in
+every repetition as in the run. It is parsed back through the options table
+(kvpages.core.options.BenchOptions) and rendered again, so the flags are always the table's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shlex
+from dataclasses import dataclass
+
+from kvpages.core.options import OPTIONS, BenchOptions
+from kvpages.core.stats import Interval
+from kvpages.schema.rows import RatioRow, ScenarioRatioRow
+
+ANALYZE_FLAG = "--kv-analyze"
+_FLAGS = {o.flag for o in OPTIONS}
+
+
+class CiteError(ValueError):
+    """An id that is not a row of the run; the message says how to list the valid ones."""
+
+
+def pair_repro(repro: str, variant: str, baseline: str) -> str:
+    """The command that re-runs `variant` and `baseline` together where `repro` re-ran `variant` alone,
+    with --kv-analyze so it writes the pair's ratio; '' when `repro` is empty or not a kvpages command."""
+    words = shlex.split(repro) if "'" in repro or '"' in repro else repro.split()  # split() is 20x faster
+    if not words:
+        return ""
+    first = next((i for i, w in enumerate(words) if w.startswith("--kv-")), len(words))
+    head = words[:first]
+    given = {flag: value for flag, value in itertools.pairwise(words) if flag in _FLAGS}
+    try:
+        options = BenchOptions.parse(given.get)
+    except ValueError:
+        return ""
+    if options.step_variants is not None:
+        pair = options.replace(step_variants=(variant, baseline))
+    else:  # a point: its pair alone, without the preset's whole requests and steps
+        pair = options.replace(variants=(variant, baseline), scenarios="none")
+    return shlex.join([*head, *pair.to_args(), ANALYZE_FLAG])
+
+
+def interval_text(i: Interval) -> str:
+    """'1.234 [1.100, 1.300], 97.9% interval': the figure, its interval and the interval's exact coverage."""
+    if not i.known:
+        return f"{i.ratio:.3f} (no interval: {i.n} repetition{'s' if i.n != 1 else ''})"
+    return f"{i.ratio:.3f} [{i.ci_low:.3f}, {i.ci_high:.3f}], {coverage_text(i.confidence)} interval"
+
+
+def fraction(value: float) -> str:
+    """A bytes ratio: '1/64' when it is the reciprocal of an integer, else 4 significant digits."""
+    if 0 < value < 1 and abs(1 / value - round(1 / value)) < 1e-9:
+        return f"1/{round(1 / value)}"
+    return f"{value:.4g}"
+
+
+def coverage_text(confidence: float) -> str:
+    """An interval's exact coverage as a header says it, e.g. '97.9%'."""
+    return "n/a" if confidence != confidence else f"{confidence:.1%}"
+
+
+def interval_of(row: RatioRow | ScenarioRatioRow) -> Interval:
+    """A ratios.csv (or scenario_ratios.csv) row's interval, as the analysis made it."""
+    return Interval(row.ratio, row.ci_low, row.ci_high, row.repetitions, row.confidence)
+
+
+@dataclass(frozen=True)
+class Citation:
+    """One row's figure, ready to quote."""
+
+    id: str
+    what: str
+    interval: Interval
+    verdict: str
+    machine: str
+    commit: str
+    command: str
+
+    def line(self) -> str:
+        return (f"{self.id}: {self.what} = {interval_text(self.interval)} ({self.verdict}); {self.machine}; "
+                f"{self.commit}; repro: {self.command}")

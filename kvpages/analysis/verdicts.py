@@ -1,0 +1,88 @@
+"""Verdicts with an effect size, over a family of comparisons (no torch).
+
+A ratio is called faster or slower only when all three hold:
+1. its interval excludes 1 (kvpages.core.stats: over processes, or over the repetitions of one process);
+2. its effect, |log ratio|, is at least log(1 + min_effect): a run's minimum effect is its noise floor,
+   the median relative half-width of its ratios' intervals, and never below `MIN_EFFECT_FLOOR`;
+3. it is a discovery of the family it belongs to: the p-values of the family (two-stage bootstrap over
+   processes; sign test in a run of one process), every variant against the baseline at every point of a
+   run, and separately every scenario ratio, are adjusted with
+   Benjamini-Hochberg at `FDR`, so at most ~5% of the differences called are expected to be false.
+   (Holm's family-wise control cannot call anything from 10 repetitions: the sign test's smallest
+   p-value is 2 / 2^10 = 0.002, and Holm needs 0.05 / 72 = 0.0007.)
+
+Otherwise the verdict is `SAME` when the point estimate lies within the minimum effect (the run cannot
+tell the two apart from its own noise) and `UNCLEAR` when the estimate is beyond it but the interval
+reaches 1 or the family correction rejects it. `judge` is the one place this is decided; the report,
+the charts, the summary and `compare` call it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kvpages.core.stats import Interval, Levels
+
+FASTER, SLOWER, SAME, UNCLEAR = "faster", "slower", "same", "unclear"
+VERDICTS = (FASTER, SLOWER, SAME, UNCLEAR)
+MIN_EFFECT_FLOOR = 0.02
+"""The smallest minimum effect: 2%, whatever a run's intervals (a quiet run's noise floor can be tighter)."""
+FDR = 0.05
+"""The false-discovery rate the Benjamini-Hochberg step controls within a family of comparisons."""
+
+
+def min_effect(median_ci_half_width: float) -> float:
+    """A run's minimum effect: its noise floor (median relative interval half-width), at least `MIN_EFFECT_FLOOR`."""
+    return max(MIN_EFFECT_FLOOR, median_ci_half_width) if math.isfinite(median_ci_half_width) else MIN_EFFECT_FLOOR
+
+
+def judge(interval: Interval, min_effect: float, discovered: bool = True) -> str:
+    """faster / slower / same / unclear for a ratio (variant over baseline) with its interval.
+
+    `discovered`: whether the family correction kept this comparison (`discoveries`); True judges it alone.
+    """
+    beyond = abs(math.log(interval.ratio)) >= math.log1p(min_effect) if interval.ratio > 0 else True
+    if not beyond:
+        return SAME
+    if interval.known and discovered and interval.ci_high < 1:
+        return FASTER
+    if interval.known and discovered and interval.ci_low > 1:
+        return SLOWER
+    return UNCLEAR
+
+
+def median_p_value(levels: Levels | None) -> float:
+    """Two-sided p-value of 'the median log-ratio is 0', at the level the interval samples: with 2 or more
+    processes from the same two-stage bootstrap (kvpages.core.stats.Levels.p_value), else the sign test over
+    the repetitions (ties dropped); 1 without data."""
+    if levels is None:
+        return 1.0
+    if levels.process_count >= 2:
+        return levels.p_value()
+    logs = levels.values
+    positive, negative = int(np.sum(logs > 0)), int(np.sum(logs < 0))
+    n = positive + negative
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(positive, negative) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def bh_adjusted(pvalues: list[float]) -> list[float]:
+    """Benjamini-Hochberg adjusted p-values (q-values), in the order given."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    adjusted = [1.0] * m
+    running = 1.0
+    for rank in range(m, 0, -1):
+        i = order[rank - 1]
+        running = min(running, pvalues[i] * m / rank)
+        adjusted[i] = running
+    return adjusted
+
+
+def discoveries(qvalues: list[float]) -> list[bool]:
+    """Which comparisons of a family the Benjamini-Hochberg step keeps at `FDR`."""
+    return [q <= FDR for q in qvalues]

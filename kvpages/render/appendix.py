@@ -1,0 +1,124 @@
+"""The report's appendix: every variant at every point, whole requests and steps in full, the link model (no torch)."""
+
+from __future__ import annotations
+
+from kvpages.analysis.ratios import Analysis, variant_order, with_link_model
+from kvpages.core.links import LAUNCH_SYNC_SOURCE, LINK_PROFILES, profile_for
+from kvpages.core.names import CANDIDATE, label
+from kvpages.render.text import ci_text, count, coverage, fraction, ratio_text, table, us
+
+
+def groups(analysis: Analysis):
+    return analysis.run.ok_rows().groupby(["dtype", "layout", "page_size"], sort=True)
+
+
+def variants_section(analysis: Analysis) -> str:
+    """Per page size: every other variant's bytes and latency against the baseline (the merged PR's are in the
+    report's evidence tables, with the fastest variants per point)."""
+    parts = []
+    others = [r for r in analysis.ratios if r.variant != CANDIDATE]
+    spread = analysis.run.ok_rows().set_index(["variant", "dtype", "layout", "page_size", "seq_len"])["rep_spread"]
+    for (dtype, layout, page_size), _ in groups(analysis):
+        rows = [[f"`{r.id}`", count(r.variant_d2h_bytes), fraction(r.bytes_ratio), us(r.variant_median_us),
+                 f"{spread.get((r.variant, dtype, layout, page_size, r.seq_len), float('nan')):.1%}", ratio_text(r),
+                 ci_text(r), r.verdict]
+                for r in others if (r.dtype, r.layout, r.page_size) == (dtype, layout, page_size)]
+        if rows:
+            header = ["ratios.csv id", "bytes", "bytes / pre-PR", "median µs", "spread", "time / pre-PR",
+                      coverage(analysis), "verdict"]
+            parts.append(f"#### page_size {page_size} ({dtype}, {layout})\n\n{table(header, rows)}")
+    return "\n\n".join(parts) or "No other variant was timed."
+
+
+def link_model_section(analysis: Analysis) -> str:
+    run = analysis.run
+    modeled = with_link_model(run.ok_rows())
+    modeled = modeled[modeled["variant"].isin([analysis.baseline, CANDIDATE])]
+    longest = modeled.groupby(["dtype", "layout", "page_size"])["seq_len"].transform("max")
+    chosen = modeled[modeled["seq_len"] == longest].sort_values(["page_size", "variant"])
+    header = ["page_size", "seq_len", "variant", "bytes", "transfers", "measured µs"] + [p.label + " µs" for p in LINK_PROFILES]
+    rows = [[r["page_size"], r["seq_len"], r["variant"], count(r["d2h_bytes"]), r["d2h_transfers"], us(r["median_us"])]
+            + [us(r[p.column]) for p in LINK_PROFILES] for _, r in chosen.iterrows()]
+    lead = ("**Model, not measurement**: `transfers x fixed latency + bytes / bandwidth` per link profile "
+            "(sources in `kvpages/core/links.py`), at the longest swept seq_len; the chart adds the merged PR's one "
+            f"device op before its copy ({LAUNCH_SYNC_SOURCE}). ")
+    if run.link_crossed:
+        lead += "This run crossed a real link, so its measured median sits beside the model for comparison."
+    else:
+        lead += "This CPU run crossed no link: its measured column contains no transfer time at all."
+    sources = "\n".join(f"- {p.label}: {p.latency_us:g} µs + bytes / {p.bandwidth_gb_s:g} GB/s. {p.source}" for p in LINK_PROFILES)
+    return f"{lead}\n\n{table(header, rows)}\n\n{sources}" + model_vs_measurement(analysis)
+
+
+def model_vs_measurement(analysis: Analysis) -> str:
+    """On a run that crossed a link: each row's median beside the model of the link it crossed
+    (the PCIe generation the link trains to, from meta.json); the difference is what the model leaves out."""
+    run = analysis.run
+    if not run.link_crossed:
+        return ""
+    pcie = run.meta.environment.pcie_link if run.meta else None
+    rows = []
+    for _, r in run.ok_rows().sort_values(["page_size", "seq_len", "variant"], key=variant_order).iterrows():
+        profile = profile_for(pcie, r["link"])
+        if profile is None:
+            continue
+        modeled = profile.modeled_us(r["d2h_bytes"], r["d2h_transfers"])
+        rows.append([r["page_size"], r["seq_len"], f"`{r['variant']}`", r["link"], profile.label, us(r["median_us"]),
+                     us(modeled), f"{r['median_us'] - modeled:+.2f}"])
+    if not rows:
+        return f"\n\nNo link profile matches this run's link (PCIe: {pcie}), so the model is not compared with it."
+    header = ["page_size", "seq_len", "variant", "link", "profile", "measured µs", "modeled µs", "measured - modeled µs"]
+    return ("\n\n#### Model vs measurement\n\nEach timed row beside the model of the link it crossed. The "
+            "difference is what the model leaves out (device kernels, Python, synchronisation) or gets wrong "
+            "(the profile's latency and bandwidth).\n\n" + table(header, rows))
+
+
+def ratio_cell(analysis: Analysis, scenario: str, variant: str, latency: str) -> str:
+    if variant == analysis.scenario_baseline:
+        return "1"
+    r = analysis.scenario_ratio(scenario, variant, latency)
+    if r is None:
+        return ""
+    i = r.interval
+    ci = f"[{i.ci_low:.3f}, {i.ci_high:.3f}]" if i.known else "[n/a]"
+    return f"{i.ratio:.3f} {ci} {r.verdict}"
+
+
+def same_latencies(analysis: Analysis) -> bool:
+    """Whether blocked and ready are the same column in this run (a CPU run: no device queue, no worker wait)."""
+    frame = analysis.run.scenarios
+    if frame is None:
+        return True
+    ok = frame[frame["status"] == "ok"]
+    return not analysis.run.link_crossed and bool((ok["blocked_median_us"] == ok["ready_median_us"]).all())
+
+
+def scenarios_section(analysis: Analysis) -> str:
+    """Every step variant of every whole request and step, against the per-request baseline."""
+    frame = analysis.run.scenarios
+    if frame is None or frame.empty:
+        return ""
+    merged = same_latencies(analysis)
+    parts = [f"Ratios against `{analysis.scenario_baseline}` ({label(analysis.scenario_baseline)}). A scenario's name "
+             "says its side, prompt tokens L or requests per step B, chunk tokens C, page size p, dtype and busy queue."]
+    ok = frame[frame["status"] == "ok"]
+    for kind, title in (("request", "Per request"), ("step", "Per step")):
+        rows = []
+        chosen = ok[ok["kind"] == kind].sort_values(["side", "page_size", "busy_us", "requests", "tokens", "variant"],
+                                                    key=variant_order)
+        for _, r in chosen.iterrows():
+            latencies = ([us(r["blocked_median_us"]), ratio_cell(analysis, r["scenario"], r["variant"], "blocked")]
+                         + ([] if merged else [us(r["ready_median_us"]),
+                                               ratio_cell(analysis, r["scenario"], r["variant"], "ready")]))
+            rows.append([f"`{r['id']}`", r["calls"], count(r["d2h_bytes"]), r["d2h_transfers"], *latencies])
+        if rows:
+            time = ["blocked = ready µs", f"/ pre-PR [{coverage(analysis)}]"] if merged else [
+                "blocked µs", f"blocked / pre-PR [{coverage(analysis)}]", "ready µs", f"ready / pre-PR [{coverage(analysis)}]"]
+            header = ["scenarios.csv id: scenario:step variant", "calls", "bytes", "transfers", *time]
+            parts.append(f"#### {title}\n\n" + table(header, rows))
+    others = frame[frame["status"] != "ok"]
+    notes = [f"- {variant}: {len(group)} scenario(s) {group['status'].iloc[0].replace('_', ' ')}: {note}"
+             for (variant, note), group in others.groupby(["variant", "note"])]
+    if notes:
+        parts.append("\n".join(notes))
+    return "\n\n".join(parts)

@@ -1,0 +1,47 @@
+"""How the report writes numbers, tables and interval headers (no torch)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from kvpages.analysis.cite import coverage_text, fraction  # noqa: F401 (the report's too)
+from kvpages.analysis.ratios import Analysis
+from kvpages.schema.rows import RatioRow
+
+
+def table(header: list[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def us(value: float) -> str:
+    """Microseconds: 2 decimals below 100, whole numbers with thousands separators above (never 2.2e+03)."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.2f}"
+
+
+def count(value: object) -> str:
+    """Bytes or any count with thousands separators ('' when missing)."""
+    return "" if value is None or value != value else f"{int(value):,}"  # type: ignore[call-overload]
+
+
+def ci_text(r: RatioRow) -> str:
+    """A ratio's interval as the report prints it (the ratios.csv row, rounded)."""
+    if not math.isfinite(r.ci_high):
+        return "[n/a: 1 repetition]"
+    return f"[{r.ci_low:.3f}, {r.ci_high:.3f}]"
+
+
+def ratio_text(r: RatioRow) -> str:
+    return f"{r.ratio:.3f}"
+
+
+def coverage(analysis: Analysis) -> str:
+    """The exact coverage of the run's intervals for a header ('97.9% interval'); per row when they differ."""
+    levels = {round(r.confidence, 6) for r in analysis.ratios} | {round(r.interval.confidence, 6)
+                                                                   for r in analysis.scenario_ratios}
+    levels = {c for c in levels if c == c}
+    if len(levels) == 1:
+        return f"{coverage_text(levels.pop())} interval"
+    return "interval (coverage per row: `confidence` in ratios.csv)"

@@ -1,0 +1,190 @@
+"""The report's findings, verdicts with an effect, stable row ids, pair repro commands and `kvpages cite`, on real files."""
+
+from __future__ import annotations
+
+import math
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import reference_runs, synthetic_run
+
+from kvpages.analysis.cite import pair_repro
+from kvpages.analysis.findings import CPU_ONLY, MEASURED, NEEDS_GPU, findings
+from kvpages.analysis.ratios import analyze
+from kvpages.analysis.verdicts import FASTER, SAME, SLOWER, UNCLEAR, bh_adjusted, judge, median_p_value
+from kvpages.core.names import LABELS, label
+from kvpages.core.options import OPTIONS, BenchOptions
+from kvpages.core.stats import Interval, Levels
+from kvpages.render.report import write_report
+from kvpages.schema.reader import load_run
+from kvpages.schema.rows import ratio_id, scenario_row_id
+
+needs_reference = pytest.mark.skipif(not reference_runs(), reason="no run committed under results/")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvpages", *args], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """A copy of the newest committed run, reported (REPORT.md, ratios.csv, scenario_ratios.csv, noisy.csv)."""
+    if not reference_runs():
+        pytest.skip("no run committed under results/")
+    run = tmp_path_factory.mktemp("ref") / reference_runs()[-1].name
+    shutil.copytree(reference_runs()[-1], run)
+    write_report(analyze(load_run(run)))
+    return run
+
+
+def findings_rows(report: str) -> list[list[str]]:
+    """The findings table's cells: question, answer, figure, row id, status."""
+    section = report.split("## Findings", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| question")]
+    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines]
+
+
+def test_judge_needs_an_interval_that_excludes_1_and_an_effect_beyond_the_minimum():
+    assert judge(Interval(0.987, 0.975, 0.999, 10, 0.979), 0.08) == SAME  # the shortcut at p=1, s2048: excludes 1
+    assert judge(Interval(2.0, 1.8, 2.2, 10, 0.979), 0.08) == SLOWER
+    assert judge(Interval(0.5, 0.4, 0.6, 10, 0.979), 0.08) == FASTER
+    assert judge(Interval(0.5, 0.4, 0.6, 10, 0.979), 0.08, discovered=False) == UNCLEAR  # dropped by the family
+    assert judge(Interval(1.6, 0.8, 2.1, 10, 0.979), 0.08) == UNCLEAR  # beyond the minimum, interval reaches 1
+    assert judge(Interval(1.6, 0.0, math.inf, 1, math.nan), 0.08) == UNCLEAR
+
+
+def test_p_values_at_each_level_and_benjamini_hochberg():
+    one = np.zeros(10, dtype=int)
+    assert median_p_value(Levels(np.full(10, 0.1), one)) == pytest.approx(2 / 1024)  # the sign test, one process
+    assert median_p_value(Levels(np.array([0.1, -0.1]), one[:2])) == 1.0 and median_p_value(None) == 1.0
+    processes = np.repeat(np.arange(6), 2)
+    shifted = median_p_value(Levels(np.full(12, 0.1) + 0.01 * np.arange(12), processes))
+    centred = median_p_value(Levels(0.01 * (np.arange(12) - 5.5), processes))
+    assert shifted < 0.01 and centred > 0.3
+    assert bh_adjusted([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.04 * 4 / 3, 0.04 * 4 / 3, 0.5])
+
+
+@needs_reference
+def test_the_shortcut_at_page_size_1_is_same_as_pre_pr(reference):
+    shortcut = [r for r in analyze(load_run(reference)).ratios
+                if r.variant == "device_stride_shortcut" and r.page_size == 1]
+    assert shortcut and {r.verdict for r in shortcut} == {SAME}
+
+
+@needs_reference
+def test_every_figure_in_the_findings_table_is_a_row_of_the_csvs(reference):
+    report = (reference / "REPORT.md").read_text()
+    ratios = pd.read_csv(reference / "ratios.csv").set_index("id")
+    scenarios = load_run(reference).scenarios.set_index("id")  # a run from before the column: ids on reading
+    scenario_ratios = pd.read_csv(reference / "scenario_ratios.csv")
+    blocked = scenario_ratios[scenario_ratios["latency"] == "blocked"].set_index("id")
+    rows = findings_rows(report)
+    assert [r[0] for r in rows][:3] == ["Bytes per call", "Page size 1 regression", "Crossover"]
+    cited = 0
+    for question, answer, figure, row_id, status in rows:
+        assert status in (MEASURED, CPU_ONLY, NEEDS_GPU)
+        if figure == "-":
+            assert status == NEEDS_GPU
+            continue
+        key = row_id.strip("`")
+        if key.startswith("r-"):
+            r = ratios.loc[key]
+            expected = (f"{r['variant_d2h_bytes']:,} / {r['baseline_d2h_bytes']:,} bytes" if question == "Bytes per call"
+                        else f"{r['ratio']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}], {r['confidence']:.1%} interval")
+        else:
+            assert key in scenarios.index
+            r = blocked.loc[key]
+            expected = f"{r['ratio']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}], {r['confidence']:.1%} interval"
+        assert expected in figure, (question, figure)
+        if question != "Bytes per call":
+            assert status == CPU_ONLY and "transfer" not in answer.replace("no transfer", "")  # a CPU run
+            assert r["verdict"] in figure
+        cited += 1
+    assert cited >= 6
+
+
+@needs_reference
+def test_cite_reproduces_a_finding_in_one_line_and_refuses_a_bad_id(reference):
+    report = (reference / "REPORT.md").read_text()
+    for _, _, figure, row_id, _ in findings_rows(report)[1:4]:
+        done = cli("cite", str(reference), row_id.strip("`"))
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.count("\n") == 1 and figure.split(":")[0] in done.stdout
+        assert "commit " in done.stdout and "CPU run: no link crossed" in done.stdout
+        assert "repro: pytest bench/" in done.stdout and "--kv-analyze" in done.stdout
+    done = cli("cite", str(reference), "r-device_stride-s999-p64-int32-fragmented")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "did you mean r-device_stride-s" in done.stderr and "--list" in done.stderr
+    listed = cli("cite", str(reference), "--list")
+    assert listed.returncode == 0 and "r-device_stride-s8192-p64-int32-fragmented" in listed.stdout.split()
+    bad = cli("cite", str(reference.parent / "nope"), "r-x")
+    assert bad.returncode == 2 and "no such file or folder" in bad.stderr
+
+
+@needs_reference
+def test_the_report_answers_first_with_exact_coverage_and_honest_names(reference):
+    report = (reference / "REPORT.md").read_text()
+    first = report.splitlines()[:150]
+    text = "\n".join(first)
+    assert first[0].startswith("# kvpages report") and "## Findings" in text
+    for section in ("## Evidence", "## Crossover", "## Per request and per step"):
+        assert section in text, section
+    assert "95% CI" not in report and "97.9% interval" in text
+    assert LABELS["host_stride"] in text and LABELS["device_stride"] in text
+    assert "what SGLang does today" not in report and "e+0" not in report
+    assert "blocked = ready µs" in report  # merged on a CPU run, with the reason
+    noisy = pd.read_csv(reference / "noisy.csv")
+    assert f"{len(noisy)} of " in report and "noisy.csv" in report and "s512 p1 (" not in report
+
+
+def test_ids_are_stable_across_analyses_and_runs(tmp_path):
+    points = {("host_stride", 512, 16): 10.0, ("device_stride", 512, 16): 5.0, ("host_stride", 8192, 16): 10.0,
+              ("device_stride", 8192, 16): 9.0}
+    a = analyze(load_run(synthetic_run(tmp_path / "a", points, seed=1)))
+    b = analyze(load_run(synthetic_run(tmp_path / "b", points, seed=2)))
+    assert [r.id for r in a.ratios] == [r.id for r in b.ratios] == [r.id for r in analyze(a.run).ratios]
+    assert a.ratios[0].id == "r-device_stride-s512-p16-int32-fragmented"
+    assert ratio_id("x", "y", "int64", "contiguous", 1, 2) == "r-x-s1-p2-int64-contiguous-vs-y"
+    assert scenario_row_id("step-B8-p64-int32", "per_request[host_stride]") == "step-B8-p64-int32:per_request-host_stride"
+    assert label("per_request[host_stride]") == f"per_request[host_stride], {LABELS['host_stride']}"
+
+
+def test_a_ratio_repro_reruns_the_pair_at_its_point_with_the_runs_options():
+    alone = ("pytest bench/ --benchmark-only --kv-device cpu --kv-variants device_stride --kv-seq-lens 2048 "
+             "--kv-page-sizes 64 --kv-dtypes int32 --kv-layouts fragmented --kv-seed 0 --kv-time-budget 0.25 "
+             "--kv-repetitions 10 --kv-passes 10")
+    words = shlex.split(pair_repro(alone, "device_stride", "host_stride"))
+    assert words[:3] == ["pytest", "bench/", "--benchmark-only"] and words[-1] == "--kv-analyze"
+    given = dict(zip(words[3:-1:2], words[4:-1:2], strict=True))
+    assert set(given) <= {o.flag for o in OPTIONS}
+    options = BenchOptions.parse(given.get)
+    assert options.variants == ("device_stride", "host_stride")
+    assert (options.seq_lens, options.page_sizes, options.repetitions, options.passes) == ((2048,), (64,), 10, 10)
+    assert options.scenarios == "none"  # the point's pair alone
+    step = pair_repro("pytest bench/test_steps.py --benchmark-only --kv-step-variants 'per_request[device_stride]' "
+                      "--kv-step-sizes 8", "per_request[device_stride]", "per_request[host_stride]")
+    assert "--kv-step-variants 'per_request[device_stride],per_request[host_stride]'" in step
+    assert pair_repro("", "a", "b") == ""
+
+
+def test_a_cuda_run_states_its_latency_findings_as_measured(tmp_path):
+    import json
+
+    points = {("host_stride", 512, 1): 10.0, ("device_stride", 512, 1): 20.0, ("host_stride", 512, 64): 10.0,
+              ("device_stride", 512, 64): 5.0}
+    folder = synthetic_run(tmp_path / "cuda", points)
+    (folder / "results.csv").write_text((folder / "results.csv").read_text().replace("none (cpu)", "pcie pageable"))
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["environment"].update(device="cuda", pcie_link="Gen5 x16", link_crossed=True, link_note="CUDA run.")
+    (folder / "meta.json").write_text(json.dumps(meta))
+    made = {f.question: f for f in findings(analyze(load_run(folder)))}
+    assert made["Bytes per call"].status == MEASURED and "1/64" in made["Bytes per call"].figure
+    assert made["Page size 1 regression"].status == MEASURED and "host-side" not in made["Page size 1 regression"].answer
+    assert made["Crossover"].status == MEASURED and "from L=512 at page size 64" in made["Crossover"].answer
+    assert "Scheduler thread blocked" not in made  # a run without scenarios asks nothing of them
