@@ -15,9 +15,10 @@ import numpy as np
 import pandas as pd
 
 from kvpages.core.links import LINK_PROFILES
-from kvpages.core.names import BASELINE, CANDIDATE, STEP_BASELINE, per_request_name, variant_sort_key
+from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, STEP_BASELINE, per_request_name, variant_sort_key
 from kvpages.core.stats import Interval, block_medians, median_interval, paired_log_ratios, unknown
-from kvpages.schema.reader import Run, row_key
+from kvpages.schema.breakdown import BreakdownRow, read_breakdown
+from kvpages.schema.reader import Run, RunError, row_key
 from kvpages.schema.rows import RatioRow
 
 NOISY_SPREAD = 0.10
@@ -175,6 +176,13 @@ class Analysis:
     noise: NoiseFloor
     scenario_ratios: tuple[ScenarioRatio, ...] = ()
     scenario_baseline: str = STEP_BASELINE
+    breakdown: tuple[BreakdownRow, ...] = ()
+    """Where the time goes (breakdown.csv): one profiled pass over a few points; its shares are the result."""
+
+    @property
+    def floor(self) -> tuple[RatioRow, ...]:
+        """The zero-D2H floor (host_mirror) against the baseline at every point where both were timed."""
+        return self.ratios_of(FLOOR)
 
     def scenario_ratio(self, scenario: str, variant: str, latency: str) -> ScenarioRatio | None:
         return next((r for r in self.scenario_ratios
@@ -216,7 +224,12 @@ def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
         median_ci_half_width=float(np.median(finite)) if finite else math.nan,
     )
     step_baseline = per_request_name(baseline)
-    return Analysis(run, baseline, tuple(ratios), found, best, noise, scenario_ratios(run, step_baseline), step_baseline)
+    try:
+        breakdown = read_breakdown(run.path if run.path.is_dir() else run.path.parent)
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
+    return Analysis(run, baseline, tuple(ratios), found, best, noise, scenario_ratios(run, step_baseline), step_baseline,
+                    breakdown)
 
 
 

@@ -29,8 +29,9 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
 from kvpages.analysis.ratios import Analysis, with_link_model
 from kvpages.core.links import LINK_PROFILES
-from kvpages.core.names import CANDIDATE, variant_sort_key
+from kvpages.core.names import CANDIDATE, FLOOR, STEP_FLOOR, variant_sort_key
 from kvpages.core.sweep import ITEMSIZE
+from kvpages.render.breakdown import plot_breakdown
 from kvpages.schema.reader import Run
 
 
@@ -41,6 +42,17 @@ def _variants(frame) -> list[str]:
 def _colors(variants: list[str]) -> dict[str, str]:
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     return {v: cycle[i % len(cycle)] for i, v in enumerate(variants)}
+
+
+FLOOR_STYLE = {"color": "black", "ls": "--", "lw": 1.2, "zorder": 4}
+"""The zero-D2H floor (host_mirror, per_request[host_mirror]) is drawn as a reference line, not as a contender."""
+
+
+def _line(ax, x, y, variant: str, color: str) -> None:
+    if variant in (FLOOR, STEP_FLOOR):
+        ax.plot(x, y, label=f"{variant}: zero-D2H floor", **FLOOR_STYLE)
+    else:
+        ax.plot(x, y, marker="o", ms=3, color=color, label=variant)
 
 
 def _panels(n: int, width: float = 4.2, height: float = 3.6):
@@ -89,7 +101,7 @@ def plot_latency(analysis: Analysis, frame, dtype: str, layout: str, stem: Path,
             rows = frame[(frame["page_size"] == page_size) & (frame["variant"] == v)].sort_values("seq_len")
             if rows.empty:
                 continue
-            ax.plot(rows["seq_len"], rows["median_us"], marker="o", ms=3, color=colors[v], label=v)
+            _line(ax, rows["seq_len"], rows["median_us"], v, colors[v])
             ax.fill_between(rows["seq_len"], rows["q1_us"], rows["q3_us"], color=colors[v], alpha=0.2, lw=0)
         _log_axes(ax)
         ax.set(title=f"page_size={page_size}", xlabel="seq_len (tokens)", ylabel="median latency per call (µs)")
@@ -107,7 +119,8 @@ def plot_bytes(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, f
     for ax, page_size in zip(axes, page_sizes, strict=True):
         seq = np.array(sorted(frame["seq_len"].unique()))
         for i, v in enumerate(variants):  # hollow markers shrinking in turn, so equal values stay visible
-            rows = frame[(frame["page_size"] == page_size) & (frame["variant"] == v)].sort_values("seq_len")
+            rows = frame[(frame["page_size"] == page_size) & (frame["variant"] == v) & (frame["d2h_bytes"] > 0)]
+            rows = rows.sort_values("seq_len")  # 0 bytes (the zero-D2H floor) has no place on a log axis
             if not rows.empty:
                 ax.plot(rows["seq_len"], rows["d2h_bytes"], marker=markers[i % len(markers)], ms=max(3, 10 - 2 * i),
                         mfc="none", lw=1, color=colors[v], label=v)
@@ -170,7 +183,8 @@ def plot_link_model(analysis: Analysis, frame, dtype: str, layout: str, stem: Pa
         for c, profile in enumerate(LINK_PROFILES):
             ax = grid[r][c]
             for v in variants:
-                rows = modeled[(modeled["page_size"] == page_size) & (modeled["variant"] == v)].sort_values("seq_len")
+                rows = modeled[(modeled["page_size"] == page_size) & (modeled["variant"] == v)
+                               & (modeled["d2h_bytes"] > 0)].sort_values("seq_len")
                 if not rows.empty:
                     ax.plot(rows["seq_len"], rows[profile.column], marker="o", ms=3, color=colors[v], label=v)
             _log_axes(ax)
@@ -202,7 +216,7 @@ def _scenario_panels(analysis: Analysis, kind: str, x: str, xlabel: str, what: s
             rows = ok[(ok["side"] == side) & (ok["page_size"] == page_size) & (ok["variant"] == v)].sort_values(x)
             if rows.empty:
                 continue
-            ax.plot(rows[x], rows["blocked_median_us"], marker="o", ms=3, color=colors[v], label=v)
+            _line(ax, rows[x], rows["blocked_median_us"], v, colors[v])
             ax.fill_between(rows[x], rows["blocked_q1_us"], rows["blocked_q3_us"], color=colors[v], alpha=0.2, lw=0)
         _log_axes(ax)
         chunks = sorted({int(c) for c in ok["chunk_size"] if int(c)})
@@ -304,4 +318,4 @@ def plot_run(analysis: Analysis, formats: tuple[str, ...] = ("png",), out_dir: P
         dtype, layout = str(key[0]), str(key[1])
         for name, chart in CHARTS:
             written += chart(analysis, frame, dtype, layout, out_dir / f"{name}_{dtype}_{layout}", formats)
-    return written + plot_scenarios(analysis, out_dir, formats)
+    return written + plot_scenarios(analysis, out_dir, formats) + plot_breakdown(analysis, out_dir, formats)

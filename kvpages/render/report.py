@@ -12,6 +12,8 @@ from kvpages.analysis.ratios import NOISY_SPREAD, Analysis, variant_order, with_
 from kvpages.core.links import LINK_PROFILES, profile_for
 from kvpages.core.names import CANDIDATE
 from kvpages.core.stats import CONFIDENCE
+from kvpages.render.breakdown import breakdown_section, floor_section
+from kvpages.render.markdown import markdown_table
 from kvpages.schema.rows import RatioRow
 from kvpages.schema.writer import write_atomic, write_ratios
 
@@ -31,10 +33,7 @@ METHOD = (
 )
 
 
-def _table(header: list[str], rows: list[list[object]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+_table = markdown_table
 
 
 def _us(value: float) -> str:
@@ -276,6 +275,9 @@ def render(analysis: Analysis) -> str:
     scenarios = scenarios_section(analysis)
     if scenarios:
         sections.append("## Per request and per step\n\n" + scenarios)
+    for title, text in (("Zero-D2H floor", floor_section(analysis)), ("Where the time goes", breakdown_section(analysis))):
+        if text:
+            sections.append(f"## {title}\n\n{text}")
     if charts:
         sections.append("## Charts\n\n" + "\n".join(f"![{name}]({name})" for name in charts))
     return "\n\n".join(sections) + "\n"

@@ -261,6 +261,8 @@ class RunMeta:
     repetitions: int = 1
     order_seed: int = 0
     crosscheck: str = "off"
+    breakdown: str = "off"
+    """Where the time goes (breakdown.csv): what the profiled pass wrote, or why it wrote nothing."""
 
 
 @dataclass(frozen=True)
