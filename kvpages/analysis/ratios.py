@@ -172,7 +172,8 @@ class Analysis:
     ratios: tuple[RatioRow, ...]
     crossovers: tuple[Crossover, ...]
     fastest: dict[tuple, tuple[str, ...]]
-    """Per point (dtype, layout, page_size, seq_len): the fastest variants, tied within noise."""
+    """Per point (dtype, layout, page_size, seq_len): the fastest variants, tied within noise (the zero-D2H floor,
+    host_mirror, is a reference and never counted among them)."""
     noise: NoiseFloor
     scenario_ratios: tuple[ScenarioRatio, ...] = ()
     scenario_baseline: str = STEP_BASELINE
@@ -206,7 +207,8 @@ def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
     best: dict[tuple, tuple[str, ...]] = {}
     for key, at in ok.groupby(list(POINT_COLUMNS), sort=True):
         point = tuple(key)
-        best[point] = fastest(run, at)
+        contenders = at[at["variant"] != FLOOR]  # the zero-D2H floor is a reference, not a contender
+        best[point] = fastest(run, contenders if not contenders.empty else at)
         base = at[at["variant"] == baseline]
         if base.empty:
             continue

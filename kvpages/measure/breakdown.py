@@ -41,6 +41,7 @@ from kvpages.schema.breakdown import BreakdownRow, write_breakdown
 
 if TYPE_CHECKING:
     from kvpages.core.sweep import Point
+    from kvpages.measure.schedule import Block
 
 LENGTHS_PER_PAGE_SIZE = 3
 CALLS = 3
@@ -72,6 +73,17 @@ def chosen_points(points: Sequence[Point]) -> list[Point]:
     return out
 
 
+def planned_cases(blocks: Sequence[Block], planned: set[str], device: str) -> list[CheckCase]:
+    """The planned, runnable (variant, point)s of a session at the points the breakdown profiles."""
+    from kvpages.measure.targets import PointTarget
+
+    points = list(dict.fromkeys(b.point.point for b in blocks if b.case_id in planned))
+    variants = list(dict.fromkeys(b.variant for b in blocks))
+    targets = [PointTarget(p) for p in chosen_points(points)]
+    return [CheckCase(v, t) for t in targets for v in variants
+            if f"{v}-{t.id}" in planned and t.unavailable_reason(v, device) is None]
+
+
 def run_breakdown(cases: Sequence[CheckCase], device: str, timeout_s: float | None = None) -> list[BreakdownRow]:
     """Profile `cases` in one session of a fresh interpreter; raise BreakdownError when that fails."""
     request = json.dumps({**child_request(cases), "device": device, "calls": CALLS})
@@ -87,14 +99,14 @@ def run_breakdown(cases: Sequence[CheckCase], device: str, timeout_s: float | No
     return [BreakdownRow(**row) for row in json.loads(done.stdout.strip().splitlines()[-1])]
 
 
-def write_breakdown_into(folder: Path, cases: Sequence[CheckCase], device: str) -> str:
+def write_breakdown_into(folder: Path, cases: Sequence[CheckCase], device: str, timeout_s: float | None = None) -> str:
     """Run the breakdown and write breakdown.csv into the run folder; return meta.json's note (never raises
     for a failed breakdown: the run folder is kept as it is, and the note says why there is no breakdown.csv)."""
     if not cases:
         return "no case to profile"
     start = time.perf_counter()
     try:
-        rows = run_breakdown(cases, device)
+        rows = run_breakdown(cases, device, timeout_s)
         write_breakdown(folder, rows)
     except (BreakdownError, OSError, ValueError, TypeError, KeyError) as exc:
         return f"failed after {time.perf_counter() - start:.1f} s: {exc}"

@@ -121,13 +121,6 @@ class KvSession:
                     self.crosscheck_unavailable = str(exc)
         return self._crosscheck_answers
 
-    def breakdown_cases(self) -> list[profiler_check.CheckCase]:
-        """The planned, runnable (variant, point)s at the points the breakdown profiles."""
-        points = list(dict.fromkeys(b.point.point for b in self.point_blocks if b.case_id in self.planned))
-        targets = [PointTarget(p) for p in where_time_goes.chosen_points(points)]
-        return [profiler_check.CheckCase(v, t) for t in targets for v in self.variants
-                if f"{v}-{t.id}" in self.planned and t.unavailable_reason(v, self.device) is None]
-
     def crosscheck_status(self) -> str:
         if not self.crosscheck:
             return "off"
@@ -189,7 +182,8 @@ class KvSession:
         if self.options.breakdown != "off" and exitstatus != pytest.ExitCode.INTERRUPTED:
             with self.phase("breakdown"):  # after the last timed block, in a process of its own
                 self.writer.meta.breakdown = where_time_goes.write_breakdown_into(
-                    self.writer.path, self.breakdown_cases(), self.device)
+                    self.writer.path, where_time_goes.planned_cases(self.point_blocks, self.planned, self.device),
+                    self.device)
         if self._pcie_loaded is not None:
             self.writer.meta.environment = dataclasses.replace(self.writer.meta.environment,
                                                                pcie_link_loaded=self._pcie_loaded)

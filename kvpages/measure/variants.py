@@ -295,8 +295,12 @@ def host_mirror(kv_indices: torch.Tensor, page_size: int, host_pages: HostPages)
     vLLM's scheduler keeps block ids as host lists, TensorRT-LLM reads them from its C++
     KVCacheManager; SGLang keeps `req_to_token` on the GPU, so it copies. This is what a host
     mirror of the page table would cost per call: a numpy slice of the mirror (only the slice's
-    length is read from the device tensor, which is host metadata). Keeping the mirror is not free:
-    whole requests and steps add its upkeep, one batched D2H of the pages allocated per step.
+    length is read from the device tensor, which is host metadata).
+
+    Hypothesis: with no copy, no kernel and no synchronize, a call costs a numpy slice, flat in
+    seq_len; the gap between it and every other variant is what any D2H design can still win per
+    call. Keeping the mirror is not free: whole requests and steps add its upkeep, one batched D2H
+    of the pages allocated per step, so there it is compared as conversion plus upkeep.
     """
     first = host_pages.first_page
     return host_pages.table[host_pages.row, first:first - (-kv_indices.numel() // page_size)]

@@ -102,7 +102,8 @@ def plot_latency(analysis: Analysis, frame, dtype: str, layout: str, stem: Path,
             if rows.empty:
                 continue
             _line(ax, rows["seq_len"], rows["median_us"], v, colors[v])
-            ax.fill_between(rows["seq_len"], rows["q1_us"], rows["q3_us"], color=colors[v], alpha=0.2, lw=0)
+            ax.fill_between(rows["seq_len"], rows["q1_us"], rows["q3_us"], color="gray" if v == FLOOR else colors[v],
+                            alpha=0.2, lw=0)
         _log_axes(ax)
         ax.set(title=f"page_size={page_size}", xlabel="seq_len (tokens)", ylabel="median latency per call (µs)")
     axes[0].legend(fontsize=8, title="variant (band: IQR)", title_fontsize=8)
