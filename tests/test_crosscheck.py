@@ -36,7 +36,7 @@ from kvpages.measure.variants import get_variant, variant_names
 from kvpages.schema.reader import load_run
 
 BENCH = (REPO / "bench" / "test_d2h.py").read_text()
-FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider")
+FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider", "--kv-breakdown", "off")
 PAGEABLE, PINNED = "Memcpy DtoH (Device -> Pageable)", "Memcpy DtoH (Device -> Pinned)"
 
 

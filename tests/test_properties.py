@@ -9,9 +9,9 @@ import pytest
 
 hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is not installed (pip install '.[test]')")
 
+from conftest import call_on  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from conftest import call_on  # noqa: E402
 from test_variants import assert_exact, runnable  # noqa: E402
 
 from kvpages.core.sweep import Point  # noqa: E402

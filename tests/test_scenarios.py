@@ -31,7 +31,8 @@ from kvpages.schema.rows import SCENARIO_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO_BENCH = (REPO / "bench" / "test_steps.py").read_text()
-FAST = ("--benchmark-only", "--kv-time-budget", "0.002", "-p", "no:cacheprovider", "--kv-device", "cpu")
+FAST = ("--benchmark-only", "--kv-time-budget", "0.002", "-p", "no:cacheprovider", "--kv-device", "cpu",
+        "--kv-breakdown", "off")
 
 
 def test_prefill_chunks_follow_send_kv_chunk():

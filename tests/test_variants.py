@@ -107,7 +107,7 @@ def test_variant_matches_reference_on_edge_cases(name, dtype, kv, page_size, dev
 @pytest.mark.parametrize("name", VARIANT_NAMES)
 @pytest.mark.parametrize("page_size", [1, 3, 16, 64, 128, 256])
 def test_variant_matches_reference_on_cuda_workloads(name, page_size):
-    v = runnable(name, "cuda")
+    runnable(name, "cuda")
     for dtype in ("int32", "int64"):
         point = Point(70_001, page_size, dtype, "cuda")
         workload = make_workload(point, rotation=3, chunk_offset_pages=2)

@@ -17,8 +17,8 @@ from typing import Any
 
 from kvpages.core.checks import check_choice, parse_choices, parse_positive_ints, split_csv
 from kvpages.core.presets import PRESETS, Preset, get_preset
-from kvpages.core.sglang import SPEC_FORMS, parse_specs
 from kvpages.core.scenarios import MIXED_LENGTHS, Scenario, parse_lengths, scenarios_from
+from kvpages.core.sglang import SPEC_FORMS, parse_specs
 from kvpages.core.sweep import DEVICES, DTYPES, LAYOUTS, Sweep
 
 DEVICE_CHOICES = ("auto",) + DEVICES

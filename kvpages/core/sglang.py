@@ -99,9 +99,9 @@ def _version_in(folder: Path) -> str | None:
     except (SyntaxError, UnicodeDecodeError):
         return None
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets):
-            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-                return node.value.value
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+                and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)):
+            return node.value.value
     return None
 
 
@@ -222,7 +222,7 @@ def _annotation(node: ast.expr | None) -> str:
 def _free_names(fn: ast.FunctionDef) -> set[str]:
     """Names the body reads that it does not bind (its parameters, assignments, imports, comprehensions)."""
     bound = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
-    loaded = set()
+    loaded: set[str] = set()
     for node in ast.walk(fn):
         if node is fn.returns or isinstance(node, ast.arguments):
             continue

@@ -32,10 +32,10 @@ from kvpages.measure.crosscheck import (
     RUNTIME_CATEGORIES,
     WARM_UP_RANGE,
     CheckCase,
-    trace_of,
     case_inputs,
     cases_of,
     child_request,
+    trace_of,
 )
 from kvpages.schema.breakdown import BreakdownRow, write_breakdown
 

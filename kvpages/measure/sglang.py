@@ -11,8 +11,8 @@ gives them, and registers it as the variant `sglang@<label>` with the calling co
 """
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import builtins
 import importlib
@@ -43,7 +43,7 @@ def compile_function(function: SglangFunction) -> Callable[..., Any]:
     namespace.update({name: importlib.import_module(module) for name, module in function.names.items()})
     code = compile(tree, str(function.source.file), "exec", flags=__future__.annotations.compiler_flag,
                    dont_inherit=True)
-    exec(code, namespace)  # noqa: S102 (the definition read by kvpages.core.sglang, nothing else)
+    exec(code, namespace)
     return namespace[FUNCTION]
 
 
