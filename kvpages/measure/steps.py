@@ -138,10 +138,17 @@ def _per_request(v: Variant) -> StepFn:
 
 def _per_request_variants() -> dict[str, StepVariant]:
     """per_request[<v>] for every single-call variant registered now (a conftest's too)."""
+    def described(v: Variant) -> tuple[str, str]:
+        if not v.extras:
+            return (f"Each request converted on its own with {v.name}, as SGLang's PD paths do.",
+                    f"Each request converted on its own with {v.name}: one D2H per request.")
+        return (f"Each request converted on its own with {v.name}, plus the upkeep of its {', '.join(v.extras)} "
+                "(one batched D2H per scheduler step).", f"Each request converted on its own with {v.name}, after the "
+                f"upkeep its {', '.join(v.extras)} needs in that step (kvpages.core.scenarios.EXTRA_UPKEEP).")
+
     return {per_request_name(v.name): StepVariant(
-        per_request_name(v.name), _per_request(v), f"Each request converted on its own with {v.name}, as SGLang's PD paths do.",
-        f"Each request converted on its own with {v.name}: one D2H per request.\n\n{v.doc}", v.moves, False, v.requires,
-        v.fn.__module__, v.extras,
+        per_request_name(v.name), _per_request(v), described(v)[0], f"{described(v)[1]}\n\n{v.doc}", v.moves, False,
+        v.requires, v.fn.__module__, v.extras,
     ) for v in all_variants()}
 
 
