@@ -19,7 +19,7 @@ import numpy as np
 from kvpages.analysis.ratios import Analysis
 from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, variant_sort_key
 from kvpages.core.stats import CONFIDENCE
-from kvpages.render.markdown import markdown_table
+from kvpages.render.markdown import markdown_table, us_text
 from kvpages.schema.breakdown import STACK_PARTS, BreakdownRow, shares, stack
 
 ONE_PASS = ("One profiled pass, in a process of its own after the timing: the profiler's overhead inflates "
@@ -37,11 +37,17 @@ def plot_breakdown(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) 
     variants = sorted({r.variant for r in rows}, key=variant_sort_key)
     lengths = {p: sorted({r.seq_len for r in rows if r.page_size == p}) for p in page_sizes}
     width = max(4.5, 0.32 * len(variants) * max(len(v) for v in lengths.values()) + 1.5)
-    total = width * len(page_sizes) + 1.0
-    fig, axes = plt.subplots(1, len(page_sizes), figsize=(total, 5.6), squeeze=False)
-    fig.subplots_adjust(left=1.0 / total, right=1 - 0.2 / total, bottom=0.3, top=0.76, wspace=0.15)
+    ncols = min(2, len(page_sizes))
+    nrows = -(-len(page_sizes) // ncols)
+    total, height = width * ncols + 1.0, 5.4 * nrows + 1.0  # per row: 3 inches of bars, 2.4 of labels and title
+    fig, grid = plt.subplots(nrows, ncols, figsize=(total, height), squeeze=False)
+    fig.subplots_adjust(left=1.0 / total, right=1 - 0.2 / total, bottom=2.0 / height, top=1 - 1.2 / height,
+                        wspace=0.15, hspace=2.4 / 3.0)
+    axes = [list(grid.flat)]
+    for spare in axes[0][len(page_sizes):]:
+        spare.set_visible(False)
     by_key = {(r.variant, r.seq_len, r.page_size): r for r in rows}
-    for ax, page_size in zip(axes[0], page_sizes, strict=True):
+    for ax, page_size in zip(axes[0], page_sizes, strict=False):
         ticks, labels, x = [], [], 0.0
         for seq_len in lengths[page_size]:
             for v in variants:
@@ -51,7 +57,7 @@ def plot_breakdown(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) 
                     for (_, share), color in zip(shares(row), PART_COLORS, strict=False):
                         ax.bar(x, share, 0.8, bottom=bottom, color=color, edgecolor="white", lw=0.5)
                         bottom += share
-                    ax.annotate(f"{row.wall_us:.3g}", (x, 1.0), xytext=(0, 2), textcoords="offset points",
+                    ax.annotate(us_text(row.wall_us), (x, 1.0), xytext=(0, 2), textcoords="offset points",
                                 ha="center", va="bottom", fontsize=6, rotation=90)
                     ticks.append(x)
                     labels.append(f"{v}  s{seq_len}")
@@ -62,10 +68,11 @@ def plot_breakdown(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) 
         ax.set_yticks(np.linspace(0, 1, 6), [f"{t:.0%}" for t in np.linspace(0, 1, 6)])
         ax.set_title(f"page_size={page_size}", fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
-    axes[0][0].set_ylabel("share of one call's wall time")
+    for ax in grid[:, 0]:
+        ax.set_ylabel("share of one call's wall time")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PART_COLORS[:len(parts)]]
-    fig.legend(handles, parts, loc="upper center", bbox_to_anchor=(0.5, 0.89), fontsize=7, ncol=len(parts),
-               frameon=False)
+    fig.legend(handles, parts, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.55 / height), fontsize=7,
+               ncol=len(parts), frameon=False)
     crossed = "" if device == "cuda" else " (CPU run: no PCIe link crossed)"
     fig.suptitle(f"Where the time goes: one profiled pass (shares; µs per call above the bars, profiler-inflated)\n"
                  f"{dtype} {layout}{crossed} | {analysis.run.device_name} | run {analysis.run.run_id}", fontsize=9)
@@ -93,9 +100,9 @@ def breakdown_section(analysis: Analysis) -> str:
         header += ["GPU kernel µs", "GPU copy µs", "copy bytes", "direction"]
     table = []
     for r in rows:
-        cells = [r.page_size, r.seq_len, f"`{r.variant}`", f"{r.wall_us:.3g}"] + _share_cells(r)
+        cells = [r.page_size, r.seq_len, f"`{r.variant}`", us_text(r.wall_us)] + _share_cells(r)
         if cuda:
-            cells += [f"{r.kernel_us or 0:.3g}", f"{r.memcpy_us or 0:.3g}", r.memcpy_bytes or 0,
+            cells += [us_text(r.kernel_us or 0), us_text(r.memcpy_us or 0), r.memcpy_bytes or 0,
                       r.memcpy_direction or "-"]
         table.append(cells)
     what = ("On CUDA the wall time splits into the host's wait in copy and synchronize calls (with the GPU kernels' "
@@ -106,7 +113,7 @@ def breakdown_section(analysis: Analysis) -> str:
             "and divide on the host).")
     host = [r for r in rows if r.variant == BASELINE and r.seq_len == max(x.seq_len for x in rows)]
     if host:
-        listed = ", ".join(f"{r.host_us:.3g} µs ({r.host_us / r.wall_us:.0%}) at page size {r.page_size}"
+        listed = ", ".join(f"{us_text(r.host_us)} µs ({r.host_us / r.wall_us:.0%}) at page size {r.page_size}"
                            for r in sorted(host, key=lambda r: r.page_size))
         what += (f" `{BASELINE}`'s host time outside {'CUDA calls' if cuda else 'aten'} at {host[0].seq_len} tokens, "
                  f"where its numpy stride and divide run (none at page size 1, which returns early): {listed}.")
@@ -123,8 +130,8 @@ def floor_section(analysis: Analysis) -> str:
         at = sorted((r for r in floor if r.page_size == page_size), key=lambda r: r.seq_len)
         for r in sorted({at[0], at[len(at) // 2], at[-1]}, key=lambda r: r.seq_len):
             candidate = analysis.ratio_at(CANDIDATE, r.dtype, r.layout, r.page_size, r.seq_len)
-            table.append([page_size, r.seq_len, f"{r.variant_median_us:.3g}",
-                          f"{candidate.variant_median_us:.3g}" if candidate else "", f"{r.baseline_median_us:.3g}",
+            table.append([page_size, r.seq_len, us_text(r.variant_median_us),
+                          us_text(candidate.variant_median_us) if candidate else "", us_text(r.baseline_median_us),
                           f"{r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"])
     header = ["page_size", "seq_len", f"{FLOOR} µs", f"{CANDIDATE} µs", f"{BASELINE} µs",
               f"{FLOOR} / {BASELINE} [{CONFIDENCE:.0%} CI]"]
