@@ -42,7 +42,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     width = max(len(v.name) for v in steps)
     for s in steps:
         needs = ",".join(s.requires) or "-"
-        d2h = "one D2H per step" if s.batched else "one D2H per request"
+        d2h = "one D2H per step" if s.batched else "upkeep D2H per step" if s.extras else "one D2H per request"
         print(f"{s.name:<{width}}  {d2h:<19}  requires={needs:<4}  {s.description}")
         if args.verbose and s.batched:
             print("    " + s.doc.replace("\n", "\n    ") + "\n")

@@ -50,6 +50,13 @@ def pytest_configure(config: pytest.Config) -> None:
         options = BenchOptions.parse(config.getoption)
     except (ValueError, TypeError) as exc:
         raise pytest.UsageError(str(exc)) from None
+    if options.sglang:  # SGLang's own functions become variants before any name is checked
+        from kvpages.measure.sglang import register_specs
+
+        try:
+            register_specs(options.sglang)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
     if options.variants is not None:
         from kvpages.measure.variants import get_variant
 

@@ -16,6 +16,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=NO_CUDA_REASON))
 
 
+def call_variant(v, kv: torch.Tensor, page_size: int):
+    """Call a registered variant on a bare 1-D tensor; a variant that declares extra inputs gets them built from a
+    one-row pool holding that tensor (what the workload builds for a pool row)."""
+    if not v.extras:
+        return v(kv, page_size)
+    from kvpages.core.scenarios import Call
+    from kvpages.measure.inputs import Workload
+
+    pool = Workload(kv.reshape(1, -1), (kv,), (), page_size, ((Call(0, 0, kv.numel()),),))
+    return v(kv, page_size, **{name: pool.extra(name)[0].calls[0] for name in v.extras})
+
+
+def call_on(target, variant: str, workload):
+    """Each input set of `workload`, called through `target` with the extras `variant` declares: the outputs."""
+    return [target.call_here(variant, inputs) for inputs in target.inputs_for(variant, workload)]
+
+
 def devices() -> list:
     """cpu, plus cuda (marked, so it skips with a reason where there is none)."""
     return ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
@@ -39,7 +56,8 @@ def reference_runs() -> list[Path]:
     return sorted(p.parent for p in (REPO / "results").glob("*/meta.json"))
 
 
-FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider", "--kv-processes", "1")
+FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider", "--kv-processes", "1",
+        "--kv-breakdown", "off")
 """A timed sweep in seconds, in one process: what these tests check is one session's own behaviour (the worker
 processes have tests of their own, in test_processes.py, which give --kv-processes themselves)."""
 

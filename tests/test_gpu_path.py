@@ -19,6 +19,7 @@ from conftest import FAST, REPO
 
 from kvpages.measure import environment
 from kvpages.measure.timer import warm_up
+from kvpages.schema.breakdown import read_breakdown
 from kvpages.schema.reader import load_run
 
 BENCH = (REPO / "bench" / "test_d2h.py").read_text()
@@ -152,7 +153,8 @@ def hidden_copy(kv_indices, page_size):
 @pytest.mark.cuda
 def test_cuda_quick_sweep_writes_a_complete_run(pytester):
     pytester.makepyfile(test_kv_sweep=BENCH)
-    result = pytester.runpytest(*FAST, "--kv-device", "cuda", "--kv-preset", "quick", "--kv-analyze")
+    result = pytester.runpytest(*FAST, "--kv-device", "cuda", "--kv-preset", "quick", "--kv-analyze",
+                                "--kv-breakdown", "on")
     assert result.ret == 0
     [folder] = list((pytester.path / "results").iterdir())
     assert "-cuda-" in folder.name
@@ -164,6 +166,14 @@ def test_cuda_quick_sweep_writes_a_complete_run(pytester):
     assert env.link_crossed and env.gpu_uuid and env.gpu_uuid.startswith("GPU-")
     assert run.meta.crosscheck == "on (own process)" and env.pcie_link_loaded is not None
     assert (folder / "ratios.csv").exists() and (folder / "REPORT.md").exists()
+    floor = run.ok_rows()[run.ok_rows()["variant"] == "host_mirror"]
+    assert (floor["d2h_bytes"] == 0).all() and (floor["d2h_transfers"] == 0).all()
+    assert run.meta.breakdown.startswith("breakdown.csv: "), run.meta.breakdown
+    rows = {r.variant: r for r in read_breakdown(folder) if (r.seq_len, r.page_size) == (8192, 64)}
+    assert rows["device_stride"].memcpy_direction == "DtoH" and rows["device_stride"].memcpy_bytes == 128 * 4
+    assert rows["device_stride"].kernel_us > 0 and rows["host_stride"].memcpy_bytes == 8192 * 4
+    assert rows["host_mirror"].memcpy_bytes == 0 and rows["host_mirror"].kernel_us == 0
+    assert (folder / "breakdown_int32_fragmented.png").exists()
 
 
 @pytest.mark.cuda

@@ -10,6 +10,7 @@ from conftest import devices
 from kvpages.core.sweep import Point
 from kvpages.measure.inputs import make_workload
 from kvpages.measure.meter import D2HMeasurement, Transfer, measure_d2h
+from kvpages.measure.targets import PointTarget, measure
 from kvpages.measure.variants import get_variant, variant_names
 
 
@@ -80,11 +81,14 @@ def test_every_variant_moves_what_it_declares(name):
     if v.unavailable_reason("cpu"):
         pytest.skip(v.unavailable_reason("cpu"))
     for dtype, itemsize in (("int32", 4), ("int64", 8)):
-        kv = make_workload(Point(777, 16, dtype), rotation=1).inputs[0]
-        assert measure_d2h(v.fn, kv, 16).d2h_bytes == v.expected_d2h_bytes(777, 16, itemsize)
+        target = PointTarget(Point(777, 16, dtype))
+        measured = measure(target, name, target.inputs_for(name, make_workload(target.point, rotation=1))[0])
+        assert measured.d2h_bytes == v.expected_d2h_bytes(777, 16, itemsize)
+        assert v.moves.expected_transfers in (None, measured.d2h_transfers)  # NONE: exactly 0 transfers
 
 
 def test_link_labels():
+    assert D2HMeasurement(()).link == "none (no transfer)"
     assert D2HMeasurement((Transfer("Tensor.cpu", 8, False, False),)).link == "none (cpu)"
     assert D2HMeasurement((Transfer("Tensor.cpu", 8, True, False),)).link == "pcie pageable"
     assert D2HMeasurement((Transfer("Tensor.copy_", 8, True, True),)).link == "pcie pinned"

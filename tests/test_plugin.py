@@ -35,7 +35,7 @@ def run_dirs(root: Path) -> list[Path]:
 
 
 def test_quick_preset_writes_a_complete_run(bench):
-    result = bench.runpytest("--kv-preset", "quick", "--kv-analyze", *CPU, *FAST)
+    result = bench.runpytest("--kv-preset", "quick", "--kv-analyze", *CPU, *FAST, "--kv-breakdown", "on")
     n_variants, reps = len(variant_names()), PRESETS["quick"].sweep.repetitions
     result.assert_outcomes(passed=4 * (n_variants - 1) * reps, skipped=4 * reps)  # the pinned variant needs CUDA
     result.stdout.fnmatch_lines(["*kvpages summary*", "*CPU run: no PCIe link was crossed*",
@@ -49,12 +49,13 @@ def test_quick_preset_writes_a_complete_run(bench):
     assert set(skipped["variant"]) == {"device_stride_pinned"} and skipped["note"].str.contains("CUDA").all()
     ok = run.ok_rows()
     assert (ok["d2h_bytes"] == ok["expected_d2h_bytes"]).all()
-    assert (ok["link"] == "none (cpu)").all()
+    floor = ok["variant"] == "host_mirror"  # the zero-D2H floor hands nothing over
+    assert (ok["link"] == floor.map({True: "none (no transfer)", False: "none (cpu)"})).all()
     host = ok[ok["variant"] == "host_stride"]
     assert (host["d2h_bytes"] == host["seq_len"] * 4).all()
     dev = ok[ok["variant"] == "device_stride"]
     assert (dev["d2h_bytes"] == -(-dev["seq_len"] // dev["page_size"]) * 4).all()
-    assert (ok["d2h_transfers"] == 1).all() and (ok["repetitions"] == reps).all()
+    assert (ok["d2h_transfers"] == (~floor).astype(int)).all() and (ok["repetitions"] == reps).all()
     assert (ok["q1_us"] <= ok["median_us"]).all() and (ok["median_us"] <= ok["q3_us"]).all()
     for _, row in ok.iterrows():
         blocks = run.samples[row_key(row)]
@@ -73,8 +74,10 @@ def test_quick_preset_writes_a_complete_run(bench):
     assert env.torch_version == torch.__version__ and env.device == "cpu" and not env.link_crossed
     assert "no PCIe link was crossed" in env.link_note
     assert {"check_s", "meter_s", "timing_s", "write_s", "session_s"} <= set(meta.timing)
+    assert meta.breakdown.startswith("breakdown.csv: ") and "breakdown_s" in meta.timing
     for name in ("REPORT.md", "ratios.csv", "latency_int32_fragmented.png", "bytes_int32_fragmented.png",
-                 "ratio_int32_fragmented.png", "link_model_int32_fragmented.png"):
+                 "ratio_int32_fragmented.png", "link_model_int32_fragmented.png", "breakdown.csv",
+                 "breakdown_int32_fragmented.png"):
         assert (folder / name).stat().st_size > 0
 
 
@@ -108,7 +111,7 @@ def test_each_rows_repro_command_reruns_that_case(bench):
     repro = load_run(folder).rows["repro"].iloc[0]
     args = shlex.split(repro)
     assert args[:3] == ["pytest", "bench/", "--benchmark-only"]
-    assert " --kv-repetitions 2 " in repro and repro.endswith(" --kv-scenarios none")  # this run's options, narrowed
+    assert " --kv-repetitions 2 " in repro and " --kv-scenarios none" in repro  # this run's options, narrowed
     result = bench.runpytest("test_kv_sweep.py", *args[3:], "--kv-results", "again", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*device_shift-s64-p16-int32-fragmented-r1*"])

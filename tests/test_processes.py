@@ -157,7 +157,7 @@ def test_a_worker_log_is_read_back_and_a_torn_last_line_is_dropped(tmp_path):
     assert end.pid == 123
 
 
-TIMED = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider")
+TIMED = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider", "--kv-breakdown", "off")
 TWO = ("--kv-seq-lens", "512", "--kv-page-sizes", "1,64", "--kv-variants", "host_stride,device_stride",
        "--kv-scenarios", "none", "--kv-repetitions", "4", "--kv-processes", "2", "--kv-passes", "1")
 

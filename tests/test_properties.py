@@ -9,12 +9,14 @@ import pytest
 
 hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is not installed (pip install '.[test]')")
 
+from conftest import call_on  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from test_variants import assert_exact, runnable  # noqa: E402
 
 from kvpages.core.sweep import Point  # noqa: E402
 from kvpages.measure.inputs import make_workload  # noqa: E402
+from kvpages.measure.targets import PointTarget  # noqa: E402
 from kvpages.measure.variants import variant_names  # noqa: E402
 
 
@@ -30,8 +32,8 @@ from kvpages.measure.variants import variant_names  # noqa: E402
 )
 def test_variant_matches_reference_on_random_layouts(name, seq_len, page_size, dtype, layout, chunk_offset_pages, seed):
     v = runnable(name, "cpu")
-    workload = make_workload(Point(seq_len, page_size, dtype, "cpu", layout, seed), rotation=2,
-                             chunk_offset_pages=chunk_offset_pages)
-    for kv, expected in zip(workload.inputs, workload.expected, strict=True):
-        assert_exact(v(kv, page_size), expected)
+    point = Point(seq_len, page_size, dtype, "cpu", layout, seed)
+    workload = make_workload(point, rotation=2, chunk_offset_pages=chunk_offset_pages)
+    for out, expected in zip(call_on(PointTarget(point), v.name, workload), workload.expected, strict=True):
+        assert_exact(out, expected)
         assert expected.size == -(-seq_len // page_size)

@@ -24,14 +24,15 @@ from kvpages.core.scenarios import (
 from kvpages.measure.inputs import make_scenario_workload
 from kvpages.measure.steps import get_step_variant, step_variant_names
 from kvpages.measure.targets import ScenarioTarget, measure
-from kvpages.measure.variants import reference_page_indices
+from kvpages.measure.variants import call_args, reference_page_indices
 from kvpages.render.report import render
 from kvpages.schema.reader import load_run
 from kvpages.schema.rows import SCENARIO_COLUMNS, scenario_row_id
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO_BENCH = (REPO / "bench" / "test_steps.py").read_text()
-FAST = ("--benchmark-only", "--kv-time-budget", "0.002", "-p", "no:cacheprovider", "--kv-device", "cpu")
+FAST = ("--benchmark-only", "--kv-time-budget", "0.002", "-p", "no:cacheprovider", "--kv-device", "cpu",
+        "--kv-breakdown", "off")
 
 
 def test_prefill_chunks_follow_send_kv_chunk():
@@ -88,8 +89,9 @@ def test_every_step_variant_matches_the_reference_call_by_call(scenario, name):
     if variant.unavailable_reason("cpu"):
         pytest.skip(variant.unavailable_reason("cpu"))
     workload = make_scenario_workload(scenario, "cpu", copies=2)
-    for slices in workload.inputs:
-        out = variant.fn(slices, scenario.page_size)
+    for slices, inputs in zip(workload.inputs, ScenarioTarget(scenario).inputs_for(name, workload), strict=True):
+        args, extras = call_args(inputs, scenario.page_size)
+        out = variant.fn(*args, **extras)
         assert len(out) == len(slices)
         for got, kv in zip(out, slices, strict=True):
             np.testing.assert_array_equal(got, reference_page_indices(kv, scenario.page_size))

@@ -9,10 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import devices
+from conftest import call_on, call_variant, devices
 
 from kvpages.core.sweep import Point
 from kvpages.measure.inputs import make_workload
+from kvpages.measure.targets import PointTarget
 from kvpages.measure.variants import (
     Moves,
     all_variants,
@@ -99,18 +100,19 @@ def test_cuda_only_variant_reports_why_on_cpu():
 def test_variant_matches_reference_on_edge_cases(name, dtype, kv, page_size, device):
     v = runnable(name, device)
     tensor = torch.tensor(kv, dtype=dtype, device=device)
-    assert_exact(v(tensor, page_size), reference_page_indices(tensor, page_size))
+    assert_exact(call_variant(v, tensor, page_size), reference_page_indices(tensor, page_size))
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", VARIANT_NAMES)
 @pytest.mark.parametrize("page_size", [1, 3, 16, 64, 128, 256])
 def test_variant_matches_reference_on_cuda_workloads(name, page_size):
-    v = runnable(name, "cuda")
+    runnable(name, "cuda")
     for dtype in ("int32", "int64"):
-        workload = make_workload(Point(70_001, page_size, dtype, "cuda"), rotation=3, chunk_offset_pages=2)
-        for kv, expected in zip(workload.inputs, workload.expected, strict=True):
-            assert_exact(v(kv, page_size), expected)
+        point = Point(70_001, page_size, dtype, "cuda")
+        workload = make_workload(point, rotation=3, chunk_offset_pages=2)
+        for out, expected in zip(call_on(PointTarget(point), name, workload), workload.expected, strict=True):
+            assert_exact(out, expected)
 
 
 @pytest.mark.parametrize("bad", [0, -3])

@@ -26,9 +26,10 @@ from kvpages.analysis.verdicts import (
     min_effect,
 )
 from kvpages.core.links import LINK_PROFILES
-from kvpages.core.names import BASELINE, CANDIDATE, STEP_BASELINE, per_request_name, variant_sort_key
+from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, STEP_BASELINE, per_request_name, variant_sort_key
 from kvpages.core.stats import Interval, Levels, unknown
-from kvpages.schema.reader import Run, row_key
+from kvpages.schema.breakdown import BreakdownRow, read_breakdown
+from kvpages.schema.reader import Run, RunError, row_key
 from kvpages.schema.rows import RatioRow, ScenarioRatioRow, ratio_id
 
 NOISY_SPREAD = 0.10
@@ -227,10 +228,18 @@ class Analysis:
     ratios: tuple[RatioRow, ...]
     crossovers: tuple[Crossover, ...]
     fastest: dict[tuple, tuple[str, ...]]
-    """Per point (dtype, layout, page_size, seq_len): the fastest variants, tied within noise."""
+    """Per point (dtype, layout, page_size, seq_len): the fastest variants, tied within noise (the zero-D2H floor,
+    host_mirror, is a reference and never counted among them)."""
     noise: NoiseFloor
     scenario_ratios: tuple[ScenarioRatio, ...] = ()
     scenario_baseline: str = STEP_BASELINE
+    breakdown: tuple[BreakdownRow, ...] = ()
+    """Where the time goes (breakdown.csv): one profiled pass over a few points; its shares are the result."""
+
+    @property
+    def floor(self) -> tuple[RatioRow, ...]:
+        """The zero-D2H floor (host_mirror) against the baseline at every point where both were timed."""
+        return self.ratios_of(FLOOR)
 
     def scenario_ratio(self, scenario: str, variant: str, latency: str) -> ScenarioRatio | None:
         return next((r for r in self.scenario_ratios
@@ -265,7 +274,8 @@ def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
     effect = min_effect(half_width)
     qvalues = bh_adjusted([p.p_value for p in pairs])
     ratios = tuple(_ratio(p, effect, q) for p, q in zip(pairs, qvalues, strict=True))
-    best = {tuple(key): fastest(run, at, effect) for key, at in groups}
+    best = {tuple(key): fastest(run, contenders if not (contenders := at[at["variant"] != FLOOR]).empty else at, effect)
+            for key, at in groups}  # the zero-D2H floor is a reference, not a contender
     spreads = ok["rep_spread"].dropna()
     repetitions = int(ok["repetitions"].dropna().max()) if ok["repetitions"].notna().any() else 1
     ratio_parts = [p.logs.components() for p in pairs if p.logs is not None]
@@ -285,8 +295,12 @@ def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
         interval_unit=ratios[0].interval_unit if ratios else "repetition",
     )
     step_baseline = per_request_name(baseline)
+    try:
+        breakdown = read_breakdown(run.path if run.path.is_dir() else run.path.parent)
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
     return Analysis(run, baseline, ratios, tuple(crossovers(ratios)), best, noise,
-                    scenario_ratios(run, step_baseline, effect), step_baseline)
+                    scenario_ratios(run, step_baseline, effect), step_baseline, breakdown)
 
 
 def ratio_key(ratio: RatioRow, variant: str) -> tuple:

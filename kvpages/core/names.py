@@ -11,6 +11,9 @@ BASELINE = "host_stride"
 CANDIDATE = "device_stride"
 """The merged PR (SGLang >= 0.5.16): the variant the report's main tables and charts are about."""
 
+FLOOR = "host_mirror"
+"""The zero-D2H floor: page indices read from a host-side page table (a reference line in the charts)."""
+
 _PER_REQUEST = ("per_request[", "]")
 
 
@@ -29,6 +32,7 @@ def per_request_of(step_variant: str) -> str | None:
 
 STEP_BASELINE = per_request_name(BASELINE)
 STEP_CANDIDATE = per_request_name(CANDIDATE)
+STEP_FLOOR = per_request_name(FLOOR)
 
 
 def variant_sort_key(name: str) -> tuple:
@@ -42,6 +46,7 @@ def variant_sort_key(name: str) -> tuple:
 LABELS: dict[str, str] = {
     BASELINE: "pre-PR (SGLang ≤ 0.5.15)",
     CANDIDATE: "merged PR (SGLang ≥ 0.5.16)",
+    FLOOR: "zero-D2H floor (a host-side page table)",
 }
 """What each reader-facing name stands for: the one table every report, chart, summary and citation reads."""
 

@@ -18,12 +18,15 @@ from typing import Any
 from kvpages.core.checks import check_choice, parse_choices, parse_positive_ints, split_csv
 from kvpages.core.presets import PRESETS, Preset, get_preset
 from kvpages.core.scenarios import MIXED_LENGTHS, Scenario, parse_lengths, scenarios_from
+from kvpages.core.sglang import SPEC_FORMS, parse_specs
 from kvpages.core.sweep import DEVICES, DTYPES, LAYOUTS, Sweep
 
 DEVICE_CHOICES = ("auto",) + DEVICES
 CROSSCHECK_MODES = ("auto", "on", "off")
 """auto: on for CUDA runs, off for CPU runs (there is no link to cross-check)."""
 SCENARIO_CHOICES = ("preset", "none")
+BREAKDOWN_MODES = ("on", "off")
+"""on: after the timing, one profiled pass over a few points in a process of its own (breakdown.csv)."""
 DEFAULT_CHUNK_SIZE = 8192
 
 
@@ -126,6 +129,10 @@ OPTIONS: tuple[Option, ...] = (
            f"uniform:LO,HI, lognormal:MEDIAN,SIGMA,MAX (default {MIXED_LENGTHS})", _lengths),
     Option("--kv-step-variants", "step_variants", "comma-separated step variant names (default: all; see `kvpages list`)",
            _names),
+    Option("--kv-sglang", "sglang", f"SGLang's own kv_to_page_indices as variants sglang@<label>, comma-separated "
+           f"SPECs: {SPEC_FORMS}", parse_specs),
+    Option("--kv-breakdown", "breakdown", "where the time goes: one profiled pass over a few points, in its own "
+           "process after the timing: on, off (default: on)", _choice(BREAKDOWN_MODES, "breakdown mode")),
     Option("--kv-results", "results_dir", "folder that receives the run folder (default: <rootdir>/results)",
            lambda f, t: t),
 )
@@ -161,6 +168,8 @@ class BenchOptions:
     step_sizes: tuple[int, ...] | None = None
     step_lens: str | None = None
     step_variants: tuple[str, ...] | None = None
+    sglang: tuple[str, ...] | None = None
+    breakdown: str | None = None
     results_dir: str | None = None
 
     @classmethod

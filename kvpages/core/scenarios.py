@@ -206,6 +206,33 @@ class StepScenario:
 
 Scenario = RequestScenario | StepScenario
 
+
+@dataclass(frozen=True)
+class Upkeep:
+    """Keeping a host-side page table up to date: before call `before_call`, one D2H of these (row, page) entries."""
+
+    before_call: int
+    pages: tuple[tuple[int, int], ...]
+
+
+def mirror_upkeep(scenario: Scenario) -> tuple[Upkeep, ...]:
+    """What keeping a host mirror of the page table costs in a request or step: one batched D2H per scheduler step
+    of the page indices allocated in it.
+
+    Decode side: at most one new page per request per step, so one D2H of one page index per request (its last
+    page), at its bound. Prefill side: every chunk is a step that allocates its pages, so one D2H of the chunk's
+    pages before its conversion (an empty send allocates nothing and copies nothing).
+    """
+    p, calls = scenario.page_size, scenario.calls()
+    if scenario.side == "decode":
+        return (Upkeep(0, tuple((c.row, (c.end - 1) // p) for c in calls)),)
+    return tuple(Upkeep(i, tuple((c.row, page) for page in range(c.start // p, -(-c.end // p))))
+                 for i, c in enumerate(calls) if c.end > c.start)
+
+
+EXTRA_UPKEEP = {"host_pages": mirror_upkeep}
+"""Per extra input of a variant (kvpages.measure.variants.EXTRA_INPUTS): its upkeep in a request or step."""
+
 SCENARIO_ROTATION = 2
 """Timed rounds alternate between this many copies of a scenario's rows (different pages)."""
 

@@ -102,13 +102,10 @@ def timeout_for(cases: int) -> float:
     return BASE_TIMEOUT_S + PER_CASE_TIMEOUT_S * cases
 
 
-def run_crosscheck(cases: Sequence[CheckCase], device: str, timeout_s: float | None = None,
-                   trace_out: Path | None = None) -> dict[str, CheckAnswer]:
-    """Cross-check `cases` in one profiler session of a fresh interpreter; {case id: answer}.
-
-    Raises CrosscheckError (once: the caller remembers it) when the cross-check is unavailable.
-    `trace_out`: where the child writes the session's Chrome trace, gzipped (for the record).
-    """
+def child_request(cases: Sequence[CheckCase]) -> dict:
+    """What a child process needs to rebuild `cases`: the modules of variants registered outside kvpages (a
+    conftest, a plugin), the SGLang sources registered by --kv-sglang, and each case's variant and target."""
+    from kvpages.measure.sglang import loaded_sources
     from kvpages.measure.steps import get_step_variant
     from kvpages.measure.targets import PointTarget
     from kvpages.measure.variants import get_variant
@@ -118,10 +115,51 @@ def run_crosscheck(cases: Sequence[CheckCase], device: str, timeout_s: float | N
             return get_variant(case.variant).fn.__module__
         return get_step_variant(case.variant).module
 
-    # Variants registered outside kvpages (a conftest, a plugin) are imported by the check process too.
-    modules = sorted({module(c) for c in cases} - {"kvpages.measure.variants", "kvpages.measure.steps"})
-    request = json.dumps({"modules": modules, "device": device, "trace_out": None if trace_out is None else str(trace_out),
-                          "cases": [{"variant": c.variant, "target": c.target.as_json()} for c in cases]})
+    modules = sorted({module(c) for c in cases} - {"kvpages.measure.variants", "kvpages.measure.steps",
+                                                   "kvpages.measure.sglang"})
+    return {"modules": modules, "sglang": loaded_sources(),
+            "cases": [{"variant": c.variant, "target": c.target.as_json()} for c in cases]}
+
+
+def cases_of(request: dict) -> list[CheckCase]:
+    """The child's side of `child_request`: import the modules, register the SGLang sources, rebuild the cases."""
+    import importlib
+
+    from kvpages.measure.sglang import register_sources
+    from kvpages.measure.targets import target_from_json
+
+    for name in request["modules"]:
+        importlib.import_module(name)
+    register_sources(request.get("sglang", []))
+    return [CheckCase(item["variant"], target_from_json(item["target"])) for item in request["cases"]]
+
+
+def case_inputs(cases: Sequence[CheckCase], device: str) -> dict[str, object]:
+    """One input set per case, each slice in memory of its own (the rest of its pool is freed), with the extras
+    its variant declares."""
+    import torch
+
+    from kvpages.measure.variants import WithExtras
+
+    workloads = {t: t.build(device, rotation=1) for t in dict.fromkeys(c.target for c in cases)}
+    owned = {t: w.inputs[0].clone() if isinstance(w.inputs[0], torch.Tensor) else tuple(x.clone() for x in w.inputs[0])
+             for t, w in workloads.items()}
+
+    def own(x, target):
+        return WithExtras(owned[target], x.extras) if isinstance(x, WithExtras) else owned[target]
+
+    return {c.id: own(c.target.inputs_for(c.variant, workloads[c.target])[0], c.target) for c in cases}
+
+
+def run_crosscheck(cases: Sequence[CheckCase], device: str, timeout_s: float | None = None,
+                   trace_out: Path | None = None) -> dict[str, CheckAnswer]:
+    """Cross-check `cases` in one profiler session of a fresh interpreter; {case id: answer}.
+
+    Raises CrosscheckError (once: the caller remembers it) when the cross-check is unavailable.
+    `trace_out`: where the child writes the session's Chrome trace, gzipped (for the record).
+    """
+    request = json.dumps({**child_request(cases), "device": device,
+                          "trace_out": None if trace_out is None else str(trace_out)})
     limit = timeout_for(len(cases)) if timeout_s is None else timeout_s
     try:
         done = subprocess.run([sys.executable, "-m", "kvpages.measure.crosscheck"], input=request, capture_output=True,
@@ -247,14 +285,11 @@ def profile_cases(cases: Sequence[CheckCase], device: str, trace_out: str | None
 
     from kvpages.measure.targets import measure
 
-    def own(inputs):  # one input set in memory of its own: the rest of its pool is freed
-        return inputs.clone() if isinstance(inputs, torch.Tensor) else tuple(t.clone() for t in inputs)
-
-    inputs = {t: own(t.build(device).inputs[0]) for t in dict.fromkeys(c.target for c in cases)}
+    inputs = case_inputs(cases, device)
     measured = {}
     for case in cases:
-        case.target.call_here(case.variant, inputs[case.target])  # lazy initialisation outside the profile
-        measured[case.id] = measure(case.target, case.variant, inputs[case.target])
+        case.target.call_here(case.variant, inputs[case.id])  # lazy initialisation outside the profile
+        measured[case.id] = measure(case.target, case.variant, inputs[case.id])
     cuda = device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -266,16 +301,16 @@ def profile_cases(cases: Sequence[CheckCase], device: str, trace_out: str | None
             sync()
         for case in cases:
             with record_function(RANGE_PREFIX + case.id):
-                case.target.call_here(case.variant, inputs[case.target])
+                case.target.call_here(case.variant, inputs[case.id])
                 sync()
-    trace = _trace_of(prof)
+    trace = trace_of(prof)
     if trace_out:
         with gzip.open(trace_out, "wt") as f:
             json.dump(trace, f)
     return answers_of(trace, measured)
 
 
-def _trace_of(prof) -> dict:
+def trace_of(prof) -> dict:
     import os
     import tempfile
 
@@ -290,14 +325,8 @@ def _trace_of(prof) -> dict:
 
 
 def main() -> int:
-    import importlib
-
-    from kvpages.measure.targets import target_from_json
-
     request = json.loads(sys.stdin.read())
-    for module in request["modules"]:
-        importlib.import_module(module)
-    cases = [CheckCase(item["variant"], target_from_json(item["target"])) for item in request["cases"]]
+    cases = cases_of(request)
     try:
         answers = profile_cases(cases, request["device"], request.get("trace_out"))
         reply: dict = {"unavailable": None, "answers": {k: asdict(v) for k, v in answers.items()}}

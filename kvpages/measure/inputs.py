@@ -14,17 +14,19 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvpages.core.checks import check_page_size
-from kvpages.core.scenarios import Scenario
+from kvpages.core.scenarios import Call, Scenario, Upkeep, mirror_upkeep
 from kvpages.core.sweep import Point, pool_pages
-from kvpages.measure.variants import check_kv_indices, reference_page_indices
+from kvpages.measure.steps import Refresh, StepExtra
+from kvpages.measure.variants import EXTRA_INPUTS, HostPages, check_kv_indices, reference_page_indices
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"int32": torch.int32, "int64": torch.int64}
 
@@ -41,21 +43,58 @@ class Workload:
     pool: torch.Tensor
     inputs: tuple[Any, ...]
     expected: tuple[Any, ...]
+    page_size: int = 1
+    calls: tuple[tuple[Call, ...], ...] = ()
+    """Per input set, where each of its slices lies in the pool (absolute rows)."""
+    upkeep: tuple[Upkeep, ...] = ()
+    """Per input set (rows relative to the set's first row), what keeping a host-side table costs."""
+    built_extras: dict[str, tuple[StepExtra, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def rotation(self) -> int:
         return len(self.inputs)
 
+    def extra(self, name: str) -> tuple[StepExtra, ...]:
+        """The extra input `name` (kvpages.measure.variants.EXTRA_INPUTS) for each input set, built on first use
+        (outside anything timed) and shared with the fresh copies."""
+        if name not in self.built_extras:
+            self.built_extras[name] = EXTRA_BUILDERS[name](self)
+        return self.built_extras[name]
+
     def fresh_copy(self) -> Workload:
         """The same inputs in newly allocated memory: a copy of the pool, and every slice at the same place in it
-        (the expected outputs are shared: they are never written)."""
+        (the expected outputs and the host-side extras are shared: they are never written, or rewritten with the
+        same values)."""
         pool = self.pool.clone()
 
         def moved(view: torch.Tensor) -> torch.Tensor:
             return pool.as_strided(view.size(), view.stride(), view.storage_offset())
 
         inputs = tuple(moved(x) if isinstance(x, torch.Tensor) else tuple(moved(t) for t in x) for x in self.inputs)
-        return Workload(pool, inputs, self.expected)
+        return Workload(pool, inputs, self.expected, self.page_size, self.calls, self.upkeep, self.built_extras)
+
+
+def host_pages(workload: Workload) -> tuple[StepExtra, ...]:
+    """The `host_pages` extra: a host mirror of the pool's page table (`table[row, page]`), filled from the pool
+    once, and per input set where each slice's pages lie in it and the upkeep D2H due before a call."""
+    p = workload.page_size
+    table = np.ascontiguousarray((workload.pool[:, ::p] // p).cpu().numpy())
+    sets_rows = [min(c.row for c in calls) for calls in workload.calls]
+    out = []
+    for calls, first_row in zip(workload.calls, sets_rows, strict=True):
+        refreshes = {}
+        for u in workload.upkeep:
+            rows = np.array([first_row + r for r, _ in u.pages], dtype=np.int64)
+            pages = np.array([page for _, page in u.pages], dtype=np.int64)
+            source = (workload.pool[torch.from_numpy(rows).to(workload.pool.device),
+                                    torch.from_numpy(pages * p).to(workload.pool.device)] // p).contiguous()
+            refreshes[u.before_call] = Refresh(source, table, rows, pages)
+        out.append(StepExtra(tuple(HostPages(table, c.row, c.start // p) for c in calls), refreshes))
+    return tuple(out)
+
+
+EXTRA_BUILDERS: dict[str, Callable[[Workload], tuple[StepExtra, ...]]] = {"host_pages": host_pages}
+assert set(EXTRA_BUILDERS) == set(EXTRA_INPUTS), "every declared extra input has its builder"
 
 
 @dataclass(frozen=True)
@@ -140,7 +179,8 @@ def make_workload(point: Point, rotation: int | None = None, chunk_offset_pages:
 
     kv_indices = tuple(req_to_token[row, start:row_tokens] for row in range(rows))
     expected = tuple(reference_page_indices(kv, page_size) for kv in kv_indices)
-    return Workload(req_to_token, kv_indices, expected)
+    return Workload(req_to_token, kv_indices, expected, page_size,
+                    tuple((Call(row, start, row_tokens),) for row in range(rows)))
 
 
 def make_scenario_workload(scenario: Scenario, device: str, copies: int, seed: int = 0,
@@ -149,15 +189,16 @@ def make_scenario_workload(scenario: Scenario, device: str, copies: int, seed: i
     lengths = tuple(scenario.lengths) * copies
     pool = make_pool(lengths, scenario.page_size, scenario.dtype, device, scenario.layout, seed, cache=cache)
     per_copy = len(scenario.lengths)
-    slices, expected = [], []
+    slices, expected, calls = [], [], []
     for k in range(copies):
-        views = tuple(pool[k * per_copy + c.row, c.start:c.end] for c in scenario.calls())
+        calls.append(tuple(Call(k * per_copy + c.row, c.start, c.end) for c in scenario.calls()))
+        views = tuple(pool[c.row, c.start:c.end] for c in calls[-1])
         slices.append(views)
         expected.append(tuple(reference_page_indices(v, scenario.page_size) for v in views))
         for call, view in zip(scenario.calls(), views, strict=True):
             if call.start % scenario.page_size == 0:  # a decode prefix may start mid-page
                 validate_page_layout(view, scenario.page_size)
-    return Workload(pool, tuple(slices), tuple(expected))
+    return Workload(pool, tuple(slices), tuple(expected), scenario.page_size, tuple(calls), mirror_upkeep(scenario))
 
 
 def validate_page_layout(kv_indices: torch.Tensor, page_size: int) -> None:

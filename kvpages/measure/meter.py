@@ -36,6 +36,9 @@ class Transfer:
     pinned: bool  # the destination is pinned (page-locked) host memory
 
 
+NO_TRANSFER = "none (no transfer)"
+
+
 @dataclass(frozen=True)
 class D2HMeasurement:
     """What one call handed to the host."""
@@ -52,7 +55,10 @@ class D2HMeasurement:
 
     @property
     def link(self) -> str:
-        """'none (cpu)' when nothing crossed a link, else 'pcie pinned', 'pcie pageable' or 'pcie mixed'."""
+        """'none (no transfer)' when nothing was handed over, 'none (cpu)' when nothing crossed a link, else
+        'pcie pinned', 'pcie pageable' or 'pcie mixed'."""
+        if not self.transfers:
+            return NO_TRANSFER
         crossed = [t for t in self.transfers if t.crossed_link]
         if not crossed:
             return "none (cpu)"

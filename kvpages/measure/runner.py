@@ -72,7 +72,7 @@ class Runner:
             with self.session.phase("generate"):
                 built = self._built.get(target)
                 if built is None:
-                    built = target.build(self.session.device, self.session.pool_cache)
+                    built = target.build(self.session.device, cache=self.session.pool_cache)
                     if self.session.passes > 1:
                         self._built[target] = built
                     self._workload = (target, built)
@@ -96,7 +96,7 @@ class Runner:
             workload = self.workload(target)
             if state.measured is None:
                 with self.session.phase("check"):
-                    for inputs, expected in zip(workload.inputs, workload.expected, strict=True):
+                    for inputs, expected in zip(target.inputs_for(variant, workload), workload.expected, strict=True):
                         problem = target.check(target.call_here(variant, inputs), expected)
                         if problem:
                             raise Stop("mismatch", f"wrong output: {problem}", fail=True)
@@ -128,7 +128,7 @@ class Runner:
 
     def _meter(self, target: Target, variant: str, workload: Workload, state: CaseState) -> None:
         with self.session.phase("meter"):
-            state.measured = measured = measure(target, variant, workload.inputs[0])
+            state.measured = measured = measure(target, variant, target.inputs_for(variant, workload)[0])
         expected_bytes, transfers = target.expected_d2h(variant)
         if transfers is None and measured.d2h_bytes != expected_bytes:
             raise Stop("mismatch", f"measured {measured.d2h_bytes} D2H bytes, expected {expected_bytes}", fail=True)
@@ -144,16 +144,17 @@ class Runner:
               first_here: bool) -> None:
         target, session = block.point, self.session
         timer = target.timer(block.variant, session.context)
+        inputs = target.inputs_for(block.variant, workload)  # with the variant's extras, if it declares any
         with session.phase("timing"):
             rounds = 1  # timing disabled: pytest-benchmark calls it once
             if not benchmark.disabled:
                 sweep = session.options.sweep
-                per_call_s = warm_up(timer.fn, workload.inputs, target.page_size, timer.before_round,
+                per_call_s = warm_up(timer.fn, inputs, target.page_size, timer.before_round,
                                      WARMUP_FIRST_S if first_here else WARMUP_LATER_S)
                 rounds = rounds_for(per_call_s, target.budget_s(session.options) / session.repetitions,
                                     sweep.min_rounds, sweep.max_rounds)
             timer.start()
-            result = time_block(benchmark, timer.fn, workload.inputs, target.page_size, timer.before_round,
+            result = time_block(benchmark, timer.fn, inputs, target.page_size, timer.before_round,
                                 rounds)
         session.after_timed_block(record)
         problem = target.check(result.output, workload.expected[result.input_index])

@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from kvpages.core.options import BenchOptions, crosscheck_enabled
+from kvpages.measure import breakdown as where_time_goes
 from kvpages.measure import crosscheck as profiler_check
 from kvpages.measure import environment
 from kvpages.measure.inputs import PoolCache
@@ -190,6 +191,11 @@ class KvSession:
             completed, note = False, f"all {done} rows recorded, but the session failed (exit status {int(exitstatus)})"
         else:
             completed, note = True, f"all {done} rows recorded"
+        if self.options.breakdown != "off" and exitstatus != pytest.ExitCode.INTERRUPTED:
+            with self.phase("breakdown"):  # after the last timed block, in a process of its own
+                self.writer.meta.breakdown = where_time_goes.write_breakdown_into(
+                    self.writer.path, where_time_goes.planned_cases(self.point_blocks, self.planned, self.device),
+                    self.device)
         if self._pcie_loaded is not None:
             self.writer.meta.environment = dataclasses.replace(self.writer.meta.environment,
                                                                pcie_link_loaded=self._pcie_loaded)

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
 from kvpages.core.names import per_request_name, per_request_of
-from kvpages.measure.variants import REQUIREMENTS, Moves, all_variants, unavailable_reason
+from kvpages.measure.variants import Moves, Variant, all_variants, check_declared, unavailable_reason
 
 Arrays = list[np.ndarray]
 
@@ -34,7 +35,34 @@ class Pending:
         return self._wait()
 
 
-StepFn = Callable[[Sequence[torch.Tensor], int], "Arrays | Pending"]
+StepFn = Callable[..., "Arrays | Pending"]
+"""`fn(kv_slices, page_size, **extras) -> Arrays | Pending`."""
+
+
+@dataclass(frozen=True)
+class Refresh:
+    """One upkeep D2H of a host-side table: `table[rows, pages] = source.cpu().numpy()` (kvpages.core.scenarios.Upkeep)."""
+
+    source: torch.Tensor
+    table: np.ndarray
+    rows: np.ndarray
+    pages: np.ndarray
+
+    def __call__(self) -> None:
+        self.table[self.rows, self.pages] = self.source.cpu().numpy()
+
+
+@dataclass(frozen=True)
+class StepExtra:
+    """An extra input over a request or step: its value for each call, and the upkeep due before a call."""
+
+    calls: tuple[Any, ...]
+    upkeep: dict[int, Refresh] = field(default_factory=dict)
+
+    @property
+    def device_tensors(self) -> tuple[torch.Tensor, ...]:
+        """What the upkeep copies from the device (the meter counts it as device side, on a CPU run too)."""
+        return tuple(r.source for r in self.upkeep.values())
 
 
 @dataclass(frozen=True)
@@ -48,6 +76,8 @@ class StepVariant:
     requires: tuple[str, ...]
     module: str
     """Where it was registered (a conftest's step variants are imported by the cross-check process too)."""
+    extras: tuple[str, ...] = ()
+    """Extra inputs (kvpages.measure.variants.EXTRA_INPUTS), each a StepExtra, by keyword."""
 
     def unavailable_reason(self, device: str) -> str | None:
         return unavailable_reason(self.requires, device)
@@ -56,6 +86,8 @@ class StepVariant:
         return sum(self.moves.expected_d2h_bytes(n, page_size, itemsize) for n in tokens)
 
     def expected_transfers(self, calls: int) -> int:
+        if self.moves is Moves.NONE:
+            return 0
         return 1 if self.batched else calls
 
 
@@ -68,38 +100,56 @@ def _register(variant: StepVariant) -> None:
     _REGISTRY[variant.name] = variant
 
 
-def step_variant(name: str, *, moves: Moves, batched: bool, requires: tuple[str, ...] = ()) -> Callable[[StepFn], StepFn]:
+def step_variant(name: str, *, moves: Moves, batched: bool, requires: tuple[str, ...] = (),
+                 extras: tuple[str, ...] = ()) -> Callable[[StepFn], StepFn]:
     """Register the decorated function as step variant `name`; its docstring's first line describes it."""
-    for requirement in requires:
-        if requirement not in REQUIREMENTS:
-            raise ValueError(f"step variant {name!r}: unknown requirement {requirement!r}; valid: {', '.join(REQUIREMENTS)}")
+    check_declared(name, requires, extras)
 
     def register(fn: StepFn) -> StepFn:
         doc = inspect.getdoc(fn)
         if not doc:
             raise ValueError(f"step variant {name!r} needs a docstring: its first line is the description")
-        _register(StepVariant(name, fn, doc.splitlines()[0], doc, moves, batched, tuple(requires), fn.__module__))
+        _register(StepVariant(name, fn, doc.splitlines()[0], doc, moves, batched, tuple(requires), fn.__module__,
+                              tuple(extras)))
         return fn
 
     return register
 
 
-def _per_request(fn) -> StepFn:
-    def run(kv_slices: Sequence[torch.Tensor], page_size: int) -> Arrays:
-        return [fn(kv, page_size) for kv in kv_slices]
+def _per_request(v: Variant) -> StepFn:
+    fn = v.fn
+    if not v.extras:
+        def run(kv_slices: Sequence[torch.Tensor], page_size: int) -> Arrays:
+            return [fn(kv, page_size) for kv in kv_slices]
 
-    return run
+        return run
+
+    def run_with(kv_slices: Sequence[torch.Tensor], page_size: int, **extras: StepExtra) -> Arrays:
+        out = []
+        for i, kv in enumerate(kv_slices):
+            for extra in extras.values():  # the upkeep of this scheduler step, before its conversion
+                if i in extra.upkeep:
+                    extra.upkeep[i]()
+            out.append(fn(kv, page_size, **{name: extra.calls[i] for name, extra in extras.items()}))
+        return out
+
+    return run_with
 
 
 def _per_request_variants() -> dict[str, StepVariant]:
     """per_request[<v>] for every single-call variant registered now (a conftest's too)."""
+    def described(v: Variant) -> tuple[str, str]:
+        if not v.extras:
+            return (f"Each request converted on its own with {v.name}, as SGLang's PD paths do.",
+                    f"Each request converted on its own with {v.name}: one D2H per request.")
+        return (f"Each request converted on its own with {v.name}, plus the upkeep of its {', '.join(v.extras)} "
+                "(one batched D2H per scheduler step).", f"Each request converted on its own with {v.name}, after the "
+                f"upkeep its {', '.join(v.extras)} needs in that step (kvpages.core.scenarios.EXTRA_UPKEEP).")
+
     return {per_request_name(v.name): StepVariant(
-        per_request_name(v.name), _per_request(v.fn), f"Each request converted on its own with {v.name}, as SGLang's PD paths do.",
-        f"Each request converted on its own with {v.name}: one D2H per request.\n\n{v.doc}", v.moves, False, v.requires,
-        v.fn.__module__,
+        per_request_name(v.name), _per_request(v), described(v)[0], f"{described(v)[1]}\n\n{v.doc}", v.moves, False,
+        v.requires, v.fn.__module__, v.extras,
     ) for v in all_variants()}
-
-
 
 
 def all_step_variants() -> tuple[StepVariant, ...]:

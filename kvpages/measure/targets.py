@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from kvpages.core.options import BenchOptions
-from kvpages.core.scenarios import SCENARIO_ROTATION, RequestScenario, Scenario, StepScenario
+from kvpages.core.scenarios import EXTRA_UPKEEP, SCENARIO_ROTATION, RequestScenario, Scenario, StepScenario
 from kvpages.core.stats import quartiles, row_statistics
 from kvpages.core.sweep import ITEMSIZE, Point
 from kvpages.measure.busy import BusyQueue
@@ -34,7 +34,7 @@ from kvpages.measure.meter import D2HMeasurement, measure_call
 from kvpages.measure.schedule import Block
 from kvpages.measure.steps import Arrays, Pending, StepVariant, get_step_variant
 from kvpages.measure.timer import synchronizer
-from kvpages.measure.variants import get_variant
+from kvpages.measure.variants import WithExtras, call_args, get_variant
 from kvpages.schema.rows import (
     POINTS,
     SCENARIOS,
@@ -115,7 +115,11 @@ class Target(Protocol):
     table: Table
 
     def unavailable_reason(self, variant: str, device: str) -> str | None: ...
-    def build(self, device: str, cache: PoolCache | None = None) -> Workload: ...
+    def build(self, device: str, rotation: int | None = None, cache: PoolCache | None = None) -> Workload:
+        """The workload; `rotation` input sets instead of the target's own number (1 in the profiling processes),
+        its pool loaded from `cache` when an earlier process of the run built it."""
+        ...
+    def inputs_for(self, variant: str, workload: Workload) -> tuple[Any, ...]: ...
     def call_here(self, variant: str, inputs: Any) -> Any: ...
     def check(self, out: Any, expected: Any) -> str | None: ...
     def expected_d2h(self, variant: str) -> tuple[int, int | None]: ...
@@ -130,9 +134,21 @@ class Target(Protocol):
 
 
 def measure(target: Target, variant: str, inputs: Any) -> D2HMeasurement:
-    """What one call of `variant` at `target` hands to the host (any wait in this thread)."""
-    tensors = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    """What one call of `variant` at `target` hands to the host (any wait in this thread); an extra input's
+    upkeep copies (kvpages.measure.steps.StepExtra) count as device side too."""
+    (slices, _), extras = call_args(inputs, 0)
+    tensors = (slices,) if isinstance(slices, torch.Tensor) else tuple(slices)
+    tensors += tuple(t for e in extras.values() for t in getattr(e, "device_tensors", ()))
     return measure_call(lambda: target.call_here(variant, inputs), tensors)
+
+
+def with_extras(names: tuple[str, ...], workload: Workload, one_call: bool) -> tuple[Any, ...]:
+    """The workload's input sets, each with the declared extras (per call of a point, per request or step)."""
+    if not names:
+        return workload.inputs
+    built = {name: workload.extra(name) for name in names}
+    return tuple(WithExtras(x, {n: b[i].calls[0] if one_call else b[i] for n, b in built.items()})
+                 for i, x in enumerate(workload.inputs))
 
 
 def _measured(measured: D2HMeasurement | None) -> dict[str, Any]:
@@ -154,21 +170,25 @@ class PointTarget:
     def unavailable_reason(self, variant: str, device: str) -> str | None:
         return get_variant(variant).unavailable_reason(device)
 
-    def build(self, device: str, cache: PoolCache | None = None) -> Workload:
-        built = make_workload(self.point, cache=cache)
-        for kv in built.inputs:
+    def build(self, device: str, rotation: int | None = None, cache: PoolCache | None = None) -> Workload:
+        built = make_workload(self.point, rotation, cache=cache)
+        for kv in built.inputs if rotation is None else ():  # the profiling processes profile, they check nothing
             validate_page_layout(kv, self.point.page_size)
         return built
 
+    def inputs_for(self, variant: str, workload: Workload) -> tuple[Any, ...]:
+        return with_extras(get_variant(variant).extras, workload, one_call=True)
+
     def call_here(self, variant: str, inputs: Any) -> Any:
-        return get_variant(variant).fn(inputs, self.point.page_size)
+        args, kwargs = call_args(inputs, self.point.page_size)
+        return get_variant(variant).fn(*args, **kwargs)
 
     def check(self, out: Any, expected: Any) -> str | None:
         return outputs_match(out, expected)
 
     def expected_d2h(self, variant: str) -> tuple[int, int | None]:
-        p = self.point
-        return get_variant(variant).expected_d2h_bytes(p.seq_len, p.page_size, p.itemsize), None
+        p, v = self.point, get_variant(variant)
+        return v.expected_d2h_bytes(p.seq_len, p.page_size, p.itemsize), v.moves.expected_transfers
 
     def budget_s(self, options: BenchOptions) -> float:
         return options.sweep.time_budget_s
@@ -234,9 +254,9 @@ def step_call(variant: StepVariant, finish: Callable[[Arrays], Arrays], worker: 
         arrays = finish(pending.wait())
         return arrays, time.perf_counter()
 
-    def run(slices: Sequence[torch.Tensor], page_size: int) -> Arrays:
+    def run(slices: Sequence[torch.Tensor], page_size: int, **extras: Any) -> Arrays:
         t0 = time.perf_counter()
-        out = variant.fn(slices, page_size)
+        out = variant.fn(slices, page_size, **extras)
         if isinstance(out, Pending):
             t1 = time.perf_counter()
             arrays, t2 = worker.submit(wait_on_worker, out).result()
@@ -266,12 +286,16 @@ class ScenarioTarget:
             reason = "a busy-queue scenario needs CUDA: a CPU run has no device queue to wait behind"
         return reason
 
-    def build(self, device: str, cache: PoolCache | None = None) -> Workload:
-        return make_scenario_workload(self.scenario, device, SCENARIO_ROTATION, cache=cache)
+    def build(self, device: str, rotation: int | None = None, cache: PoolCache | None = None) -> Workload:
+        return make_scenario_workload(self.scenario, device, rotation or SCENARIO_ROTATION, cache=cache)
+
+    def inputs_for(self, variant: str, workload: Workload) -> tuple[Any, ...]:
+        return with_extras(get_step_variant(variant).extras, workload, one_call=False)
 
     def call_here(self, variant: str, inputs: Any) -> Any:
         """One request or step with any wait in this thread (for the check and the meter, not the timing)."""
-        out = get_step_variant(variant).fn(inputs, self.scenario.page_size)
+        args, kwargs = call_args(inputs, self.scenario.page_size)
+        out = get_step_variant(variant).fn(*args, **kwargs)
         return finish_for(self.scenario)(out.wait() if isinstance(out, Pending) else out)
 
     def check(self, out: Any, expected: Any) -> str | None:
@@ -280,8 +304,9 @@ class ScenarioTarget:
     def expected_d2h(self, variant: str) -> tuple[int, int | None]:
         s, v = self.scenario, get_step_variant(variant)
         calls = s.calls()
-        return v.expected_d2h_bytes([c.tokens for c in calls], s.page_size, ITEMSIZE[s.dtype]), \
-            v.expected_transfers(len(calls))
+        upkeep = [u for extra in v.extras if extra in EXTRA_UPKEEP for u in EXTRA_UPKEEP[extra](s)]
+        return v.expected_d2h_bytes([c.tokens for c in calls], s.page_size, ITEMSIZE[s.dtype]) \
+            + sum(len(u.pages) for u in upkeep) * ITEMSIZE[s.dtype], v.expected_transfers(len(calls)) + len(upkeep)
 
     def budget_s(self, options: BenchOptions) -> float:
         return options.scenario_budget_s

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvpages.measure.variants import call_args
+
 WARMUP_FIRST_S = 0.002
 """A (variant, point)'s first block in a process (right after its check and meter ran it) warms up for at least
 this long (untimed)..."""
@@ -38,7 +40,8 @@ def warm_up(fn: Callable, inputs: Sequence, page_size: int, sync: Callable[[], N
     calls, start = 0, time.perf_counter()
     while calls < len(inputs) or time.perf_counter() - start < min_s:
         sync()
-        held = fn(inputs[calls % len(inputs)], page_size)  # noqa: F841 (held on purpose, see above)
+        args, kwargs = call_args(inputs[calls % len(inputs)], page_size)
+        held = fn(*args, **kwargs)  # noqa: F841 (held on purpose, see above)
         calls += 1
     sync()
     return (time.perf_counter() - start) / calls
@@ -56,7 +59,8 @@ def time_block(benchmark, fn: Callable, inputs: Sequence, page_size: int,
                sync: Callable[[], None], rounds: int) -> BlockResult:
     """Time `rounds` rounds of one call each with `benchmark.pedantic`, rotating inputs.
 
-    `sync` runs in the untimed setup before every round (it may also queue device work).
+    `sync` runs in the untimed setup before every round (it may also queue device work). An input set with
+    extras (kvpages.measure.variants.WithExtras) passes them by keyword, from the same untimed setup.
     """
     order = itertools.cycle(range(len(inputs)))
     last = [0]
@@ -64,7 +68,7 @@ def time_block(benchmark, fn: Callable, inputs: Sequence, page_size: int,
     def setup():
         sync()
         last[0] = next(order)
-        return (inputs[last[0]], page_size), {}
+        return call_args(inputs[last[0]], page_size)
 
     output = benchmark.pedantic(fn, setup=setup, rounds=rounds, warmup_rounds=0, iterations=1)
     return BlockResult(output, last[0])

@@ -14,6 +14,10 @@ The benchmarks, the CLI and the tests read this registry; nothing else lists var
 A variant's body stays literal (no argument checks): calling it through the
 registry (`get_variant(name)(kv, page_size)`) checks the arguments first, and the
 harness checks them once per point, outside anything timed.
+
+A variant that needs more than the device slice declares it: `extras=("host_pages",)` names inputs
+from `EXTRA_INPUTS`, which the workload builds with the pool, outside anything timed, and which
+the harness passes as keyword arguments (`fn(kv, page_size, host_pages=...)`), timed calls included.
 """
 
 from __future__ import annotations
@@ -21,14 +25,16 @@ from __future__ import annotations
 import enum
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
 from kvpages.core.checks import check_page_size
 
-VariantFn = Callable[[torch.Tensor, int], np.ndarray]
+VariantFn = Callable[..., np.ndarray]
+"""`fn(kv_indices, page_size, **extras) -> page indices on the host`."""
 
 INDEX_DTYPES: tuple[torch.dtype, ...] = (torch.int32, torch.int64)
 
@@ -38,10 +44,55 @@ class Moves(enum.Enum):
 
     TOKENS = "tokens"  # every token index: seq_len * itemsize bytes
     PAGES = "pages"  # one index per page: ceil(seq_len / page_size) * itemsize bytes
+    NONE = "none"  # nothing: 0 bytes in 0 transfers (the page indices are already on the host)
 
     def expected_d2h_bytes(self, seq_len: int, page_size: int, itemsize: int) -> int:
+        if self is Moves.NONE:
+            return 0
         elements = seq_len if self is Moves.TOKENS else -(-seq_len // page_size)
         return elements * itemsize
+
+    @property
+    def expected_transfers(self) -> int | None:
+        """0 for NONE (checked: the meter must see no hand-off at all); else not fixed by the declaration."""
+        return 0 if self is Moves.NONE else None
+
+
+@dataclass(frozen=True)
+class HostPages:
+    """Where one request slice's page indices lie in the host-side page table (`host_pages` extra input).
+
+    `table[row, page]` is the page index of page `page` of the request in pool row `row` (a
+    numpy array the workload fills when it builds the pool, as a scheduler that kept a host
+    mirror of `req_to_token` would); the slice starts at page `first_page` of its request.
+    """
+
+    table: np.ndarray
+    row: int
+    first_page: int
+
+
+EXTRA_INPUTS: dict[str, str] = {
+    "host_pages": "a HostPages: where the request's page indices lie in a host-side page table that the workload "
+                  "builds with the pool, outside anything timed; in whole requests and steps, keeping that table costs "
+                  "one batched D2H of the pages allocated per step (kvpages.core.scenarios.mirror_upkeep)",
+}
+"""The extra inputs a variant may declare, by keyword (kvpages.measure.inputs builds them)."""
+
+
+@dataclass(frozen=True)
+class WithExtras:
+    """One input set of a variant that declares extras: the slice(s), and the extras as keyword arguments."""
+
+    inputs: Any
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def call_args(inputs: Any, page_size: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The (args, kwargs) of one call on an input set: `fn(inputs, page_size)`, or with its extras by keyword."""
+    if isinstance(inputs, WithExtras):
+        return (inputs.inputs, page_size), inputs.extras
+    return (inputs, page_size), {}
 
 
 REQUIREMENTS: tuple[str, ...] = ("cuda",)
@@ -67,14 +118,19 @@ class Variant:
     doc: str
     moves: Moves
     requires: tuple[str, ...]
+    extras: tuple[str, ...] = ()
+    """Extra inputs (names from EXTRA_INPUTS) the function takes by keyword."""
 
-    def __call__(self, kv_indices: torch.Tensor, page_size: int) -> np.ndarray:
+    def __call__(self, kv_indices: torch.Tensor, page_size: int, **extras: Any) -> np.ndarray:
         check_kv_indices(kv_indices)
         check_page_size(page_size)
+        if set(extras) != set(self.extras):
+            raise TypeError(f"variant {self.name!r} takes the extra inputs {', '.join(self.extras) or 'none'}, "
+                            f"got {', '.join(extras) or 'none'}")
         reason = self.unavailable_reason(kv_indices.device.type)
         if reason is not None:
             raise RuntimeError(f"variant {self.name!r} cannot run here: {reason}")
-        return self.fn(kv_indices, page_size)
+        return self.fn(kv_indices, page_size, **extras)
 
     def unavailable_reason(self, device: str) -> str | None:
         """Why this variant cannot run on `device` ('cpu' or 'cuda'), or None if it can."""
@@ -87,26 +143,38 @@ class Variant:
 _REGISTRY: dict[str, Variant] = {}
 
 
-def variant(name: str, *, moves: Moves, requires: tuple[str, ...] = ()) -> Callable[[VariantFn], VariantFn]:
-    """Register the decorated function as variant `name`; its docstring's first line is its description."""
-    for requirement in requires:
-        if requirement not in REQUIREMENTS:
-            raise ValueError(f"variant {name!r}: unknown requirement {requirement!r}; valid: {', '.join(REQUIREMENTS)}")
+def check_declared(name: str, requires: tuple[str, ...], extras: tuple[str, ...] = ()) -> None:
+    """A variant's (or step variant's) requirements and extra inputs must be known ones."""
+    for what, given, valid in (("requirement", requires, REQUIREMENTS), ("extra input", extras, tuple(EXTRA_INPUTS))):
+        for item in given:
+            if item not in valid:
+                raise ValueError(f"variant {name!r}: unknown {what} {item!r}; valid: {', '.join(valid)}")
 
-    def register(fn: VariantFn) -> VariantFn:
-        if name in _REGISTRY:
-            other = _REGISTRY[name].fn
-            raise ValueError(
-                f"variant {name!r} is already registered by {other.__module__}.{other.__qualname__}; "
-                "choose another name"
-            )
+
+def register(new: Variant) -> Variant:
+    """Add `new` to the registry; a name registered twice is refused, naming who has it."""
+    check_declared(new.name, new.requires, new.extras)
+    if new.name in _REGISTRY:
+        other = _REGISTRY[new.name].fn
+        raise ValueError(f"variant {new.name!r} is already registered by {other.__module__}.{other.__qualname__}; "
+                         "choose another name")
+    _REGISTRY[new.name] = new
+    return new
+
+
+def variant(name: str, *, moves: Moves, requires: tuple[str, ...] = (),
+            extras: tuple[str, ...] = ()) -> Callable[[VariantFn], VariantFn]:
+    """Register the decorated function as variant `name`; its docstring's first line is its description."""
+    check_declared(name, requires, extras)
+
+    def decorate(fn: VariantFn) -> VariantFn:
         doc = inspect.getdoc(fn)
         if not doc:
             raise ValueError(f"variant {name!r} needs a docstring: its first line is the description")
-        _REGISTRY[name] = Variant(name, fn, doc.splitlines()[0], doc, moves, tuple(requires))
+        register(Variant(name, fn, doc.splitlines()[0], doc, moves, tuple(requires), tuple(extras)))
         return fn
 
-    return register
+    return decorate
 
 
 def variant_names() -> tuple[str, ...]:
@@ -218,3 +286,21 @@ def device_shift(kv_indices: torch.Tensor, page_size: int) -> np.ndarray:
     if page_size & (page_size - 1) == 0:
         return (kv_indices[::page_size] >> (page_size.bit_length() - 1)).cpu().numpy()
     return (kv_indices[::page_size] // page_size).cpu().numpy()
+
+
+@variant("host_mirror", moves=Moves.NONE, extras=("host_pages",))
+def host_mirror(kv_indices: torch.Tensor, page_size: int, host_pages: HostPages) -> np.ndarray:
+    """The zero-D2H floor: read the request's page indices from a host-side page table, copy nothing.
+
+    vLLM's scheduler keeps block ids as host lists, TensorRT-LLM reads them from its C++
+    KVCacheManager; SGLang keeps `req_to_token` on the GPU, so it copies. This is what a host
+    mirror of the page table would cost per call: a numpy slice of the mirror (only the slice's
+    length is read from the device tensor, which is host metadata).
+
+    Hypothesis: with no copy, no kernel and no synchronize, a call costs a numpy slice, flat in
+    seq_len; the gap between it and every other variant is what any D2H design can still win per
+    call. Keeping the mirror is not free: whole requests and steps add its upkeep, one batched D2H
+    of the pages allocated per step, so there it is compared as conversion plus upkeep.
+    """
+    first = host_pages.first_page
+    return host_pages.table[host_pages.row, first:first - (-kv_indices.numel() // page_size)]

@@ -36,8 +36,9 @@ from kvpages.analysis.cite import interval_of
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.verdicts import SAME
 from kvpages.core.links import LAUNCH_SYNC_US, LINK_PROFILES
-from kvpages.core.names import CANDIDATE, variant_sort_key
+from kvpages.core.names import CANDIDATE, FLOOR, STEP_FLOOR, variant_sort_key
 from kvpages.core.sweep import ITEMSIZE
+from kvpages.render.breakdown import plot_breakdown
 from kvpages.render.style import legend_label, style
 from kvpages.render.text import coverage
 from kvpages.schema.reader import Run
@@ -119,7 +120,7 @@ def plot_latency(analysis: Analysis, frame, dtype: str, layout: str, stem: Path,
                 continue
             look = style(v)
             ax.plot(rows["seq_len"], rows["median_us"], ms=4, mfc="none", label=legend_label(v), **look.kwargs())
-            if v != analysis.baseline:
+            if v not in (analysis.baseline, FLOOR):  # the floor is a reference line, not a contender
                 found = [analysis.ratio_at(v, dtype, layout, page_size, int(s)) for s in rows["seq_len"]]
                 _interval_band(ax, rows["seq_len"], base.reindex(rows["seq_len"]).to_numpy(),
                                [None if r is None else interval_of(r) for r in found], look.color)
@@ -137,7 +138,8 @@ def plot_bytes(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, f
     for ax, page_size in zip(axes, page_sizes, strict=True):
         seq = np.array(sorted(frame["seq_len"].unique()))
         for i, v in enumerate(variants):  # hollow markers shrinking in turn, so equal values stay visible
-            rows = frame[(frame["page_size"] == page_size) & (frame["variant"] == v)].sort_values("seq_len")
+            rows = frame[(frame["page_size"] == page_size) & (frame["variant"] == v) & (frame["d2h_bytes"] > 0)]
+            rows = rows.sort_values("seq_len")  # 0 bytes (the zero-D2H floor) has no place on a log axis
             if not rows.empty:
                 ax.plot(rows["seq_len"], rows["d2h_bytes"], ms=max(3, 10 - 2 * i), mfc="none", lw=1,
                         label=legend_label(v), **style(v).kwargs())
@@ -258,7 +260,7 @@ def _scenario_panels(analysis: Analysis, kind: str, x: str, xlabel: str, what: s
                 continue
             look = style(v)
             ax.plot(rows[x], rows["blocked_median_us"], ms=4, mfc="none", label=legend_label(v), **look.kwargs())
-            if v != analysis.scenario_baseline:
+            if v not in (analysis.scenario_baseline, STEP_FLOOR):
                 found = [analysis.scenario_ratio(str(s), v, "blocked") for s in rows["scenario"]]
                 _interval_band(ax, rows[x], base.reindex(rows[x]).to_numpy(),
                                [None if r is None else r.interval for r in found], look.color)
@@ -363,4 +365,4 @@ def plot_run(analysis: Analysis, formats: tuple[str, ...] = ("png",), out_dir: P
         dtype, layout = str(key[0]), str(key[1])
         for name, chart in CHARTS:
             written += chart(analysis, frame, dtype, layout, out_dir / f"{name}_{dtype}_{layout}", formats)
-    return written + plot_scenarios(analysis, out_dir, formats)
+    return written + plot_scenarios(analysis, out_dir, formats) + plot_breakdown(analysis, out_dir, formats)

@@ -23,6 +23,7 @@ from kvpages.render.appendix import (
     scenarios_section,
     variants_section,
 )
+from kvpages.render.breakdown import breakdown_section, floor_section
 from kvpages.render.captions import caption
 from kvpages.render.text import ci_text, count, coverage, fraction, ratio_text, table, us
 from kvpages.schema.rows import (
@@ -196,6 +197,9 @@ def render(analysis: Analysis) -> str:
     scenarios = scenario_main(analysis)
     if scenarios:
         sections.append("## Per request and per step\n\n" + scenarios)
+    for title, text in (("Zero-D2H floor", floor_section(analysis)), ("Where the time goes", breakdown_section(analysis))):
+        if text:
+            sections.append(f"## {title}\n\n{text}")
     sections += [
         "## Method and noise floor\n\n" + METHOD + "\n\n" + noise_paragraph(analysis),
         "## Caveats\n\n" + ("\n".join(f"- {c}" for c in caveats(analysis)) or "- none"),

@@ -27,6 +27,7 @@ STYLES: dict[str, Style] = {
     "device_shift": Style("#9467bd", "v"),
     "batched_device_stride": Style("#ff7f0e", "P"),
     "batched_device_stride_pinned": Style("#8c564b", "X"),
+    "host_mirror": Style("#7f7f7f", ".", ":", 3.5),  # the zero-D2H floor: a grey dotted reference line
 }
 """Per variant; per_request[v] takes v's style. A variant not listed gets one of SPARE, by a hash of its name."""
 SPARE = (Style("#e377c2", "<"), Style("#7f7f7f", ">"), Style("#bcbd22", "h"), Style("#17becf", "*"))

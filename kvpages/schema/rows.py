@@ -346,6 +346,8 @@ class RunMeta:
     crosscheck: str = "off"
     processes: list[ProcessInfo] = field(default_factory=list)
     """The processes the repetitions were dealt to, in run order (empty before schema version 3: one process)."""
+    breakdown: str = "off"
+    """Where the time goes (breakdown.csv): what the profiled pass wrote, or why it wrote nothing."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,241 @@
+"""Where the time goes: one profiled pass over a few points, in a process of its own, after the timing.
+
+A ratio says which variant is faster; this says why: per (variant, point), the parts of one call's wall time.
+On CUDA: GPU kernel time, GPU copy time with its bytes and direction, the host's wait in copy and synchronize
+calls, other CUDA API calls (launches), and the host time outside them (Python, numpy, dispatch). On CPU, what
+a CPU run can say: the self time of the aten ops (copies apart) and the host time outside them (Python, numpy).
+
+Like the cross-check (kvpages.measure.crosscheck, whose child machinery it shares), it never profiles in the
+timing process: Kineto leaves CUPTI attached after a profile (pytorch#144455). `write_breakdown_into` starts
+`python -m kvpages.measure.breakdown` once, after the last timed block, over each page size at up to
+`LENGTHS_PER_PAGE_SIZE` lengths (the sweep's first dtype and layout), every variant of the run; each case's
+profiler range holds `CALLS` back-to-back calls after two unprofiled warm-up calls. The profiler's overhead
+inflates the absolute times, so the shares are the result; a failure is noted in meta.json and loses nothing.
+
+No torch import at module level.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvpages.measure.crosscheck import (
+    MEMCPY_CATEGORIES,
+    RANGE_PREFIX,
+    RUNTIME_CATEGORIES,
+    WARM_UP_RANGE,
+    CheckCase,
+    case_inputs,
+    cases_of,
+    child_request,
+    trace_of,
+)
+from kvpages.schema.breakdown import BreakdownRow, write_breakdown
+
+if TYPE_CHECKING:
+    from kvpages.core.sweep import Point
+    from kvpages.measure.schedule import Block
+
+LENGTHS_PER_PAGE_SIZE = 3
+CALLS = 3
+"""Profiled calls per case, each in its own range; a row is the call of median wall time (one hiccup of the
+machine does not make the row)."""
+CALL_MARK = "#"
+BASE_TIMEOUT_S = 60.0
+PER_CASE_TIMEOUT_S = 1.0
+COPY_OPS = ("aten::copy_", "aten::_to_copy", "aten::to", "aten::clone", "aten::_copy_from",
+            "aten::_copy_from_and_resize", "aten::contiguous")
+TOP_OPS = 3
+
+
+class BreakdownError(RuntimeError):
+    """The breakdown process failed or timed out."""
+
+
+def chosen_points(points: Sequence[Point]) -> list[Point]:
+    """Per page size of the sweep's first dtype and layout: the shortest, a middle and the longest seq_len."""
+    if not points:
+        return []
+    first = points[0]
+    same = [p for p in points if (p.dtype, p.layout) == (first.dtype, first.layout)]
+    out = []
+    for page_size in sorted({p.page_size for p in same}):
+        row = sorted((p for p in same if p.page_size == page_size), key=lambda p: p.seq_len)
+        picks = sorted({0, len(row) // 2, len(row) - 1}) if len(row) >= LENGTHS_PER_PAGE_SIZE else range(len(row))
+        out += [row[i] for i in picks]
+    return out
+
+
+def planned_cases(blocks: Sequence[Block], planned: set[str], device: str) -> list[CheckCase]:
+    """The planned, runnable (variant, point)s of a session at the points the breakdown profiles."""
+    from kvpages.measure.targets import PointTarget
+
+    points = list(dict.fromkeys(b.point.point for b in blocks if b.case_id in planned))
+    variants = list(dict.fromkeys(b.variant for b in blocks))
+    targets = [PointTarget(p) for p in chosen_points(points)]
+    return [CheckCase(v, t) for t in targets for v in variants
+            if f"{v}-{t.id}" in planned and t.unavailable_reason(v, device) is None]
+
+
+def run_breakdown(cases: Sequence[CheckCase], device: str, timeout_s: float | None = None) -> list[BreakdownRow]:
+    """Profile `cases` in one session of a fresh interpreter; raise BreakdownError when that fails."""
+    request = json.dumps({**child_request(cases), "device": device, "calls": CALLS})
+    limit = BASE_TIMEOUT_S + PER_CASE_TIMEOUT_S * len(cases) if timeout_s is None else timeout_s
+    try:
+        done = subprocess.run([sys.executable, "-m", "kvpages.measure.breakdown"], input=request, capture_output=True,
+                              text=True, timeout=limit, check=False)
+    except subprocess.TimeoutExpired:
+        raise BreakdownError(f"the breakdown process did not finish within {limit:g} s ({len(cases)} cases)") from None
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise BreakdownError(f"the breakdown process exited {done.returncode}: {tail}")
+    return [BreakdownRow(**row) for row in json.loads(done.stdout.strip().splitlines()[-1])]
+
+
+def write_breakdown_into(folder: Path, cases: Sequence[CheckCase], device: str, timeout_s: float | None = None) -> str:
+    """Run the breakdown and write breakdown.csv into the run folder; return meta.json's note (never raises
+    for a failed breakdown: the run folder is kept as it is, and the note says why there is no breakdown.csv)."""
+    if not cases:
+        return "no case to profile"
+    start = time.perf_counter()
+    try:
+        rows = run_breakdown(cases, device, timeout_s)
+        write_breakdown(folder, rows)
+    except (BreakdownError, OSError, ValueError, TypeError, KeyError) as exc:
+        return f"failed after {time.perf_counter() - start:.1f} s: {exc}"
+    return (f"breakdown.csv: {len(rows)} rows ({len({(r.seq_len, r.page_size) for r in rows})} points), one profiled "
+            f"pass ({CALLS} calls per case, the median call kept) in its own process, {time.perf_counter() - start:.1f} s")
+
+
+# ----------------------------------------------------------------------------- the trace (no torch)
+
+
+def _inside(events: list[dict], start: float, end: float) -> list[dict]:
+    return [e for e in events if start <= float(e["ts"]) and float(e["ts"]) + float(e.get("dur", 0)) <= end + 1e-3]
+
+
+def self_times(ops: list[dict]) -> list[tuple[str, float]]:
+    """(name, self µs) of each op: its duration less that of the ops nested directly inside it."""
+    ordered = sorted(ops, key=lambda e: (float(e["ts"]), -float(e.get("dur", 0))))
+    children = [0.0] * len(ordered)
+    stack: list[tuple[float, int]] = []
+    for i, e in enumerate(ordered):
+        ts, dur = float(e["ts"]), float(e.get("dur", 0))
+        while stack and stack[-1][0] <= ts + 1e-3:
+            stack.pop()
+        if stack:
+            children[stack[-1][1]] += dur
+        stack.append((ts + dur, i))
+    return [(str(e["name"]), max(float(e.get("dur", 0)) - c, 0.0)) for e, c in zip(ordered, children, strict=True)]
+
+
+def _top(named: list[tuple[str, float]]) -> str:
+    totals: dict[str, float] = defaultdict(float)
+    for name, us in named:
+        totals[name] += us
+    best = sorted(totals.items(), key=lambda kv: -kv[1])[:TOP_OPS]
+    return "; ".join(f"{name} {us:.2f}" for name, us in best if us > 0)
+
+
+def breakdown_rows(trace: dict, cases: dict[str, dict], device: str, calls: int) -> list[BreakdownRow]:
+    """One row per case of a Chrome trace, from its `kvpages:<case id>#<k>` ranges (one per call): the call of
+    median wall time; `cases` maps case ids to their variant and point."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "ts" in e]
+    ranges: dict[str, list[dict]] = defaultdict(list)
+    for e in events:
+        name = str(e.get("name", ""))
+        if name.startswith(RANGE_PREFIX) and CALL_MARK in name and e.get("cat") != "gpu_user_annotation":
+            ranges[name[len(RANGE_PREFIX):].rpartition(CALL_MARK)[0]].append(e)
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    runtime = [e for e in events if e.get("cat") in RUNTIME_CATEGORIES]
+    gpu = {int(e["args"]["correlation"]): e for e in events
+           if e.get("cat") in ("kernel",) + MEMCPY_CATEGORIES and "correlation" in e.get("args", {})}
+    rows = []
+    for case_id, meta in cases.items():
+        if len(ranges.get(case_id, ())) != calls:
+            raise ValueError(f"the profile has {len(ranges.get(case_id, ()))} ranges for case {case_id}, "
+                             f"expected {calls}")
+        r = sorted(ranges[case_id], key=lambda e: float(e.get("dur", 0)))[calls // 2]
+        start, wall = float(r["ts"]), float(r.get("dur", 0))
+        named = self_times(_inside(ops, start, start + wall))
+        common = dict(id=case_id, variant=meta["variant"], device=device, dtype=meta["dtype"], layout=meta["layout"],
+                      seq_len=meta["seq_len"], page_size=meta["page_size"], calls=calls, wall_us=wall,
+                      top_ops=_top(named))
+        if device != "cuda":
+            copy = sum(us for name, us in named if name in COPY_OPS)
+            other = sum(us for name, us in named if name not in COPY_OPS)
+            rows.append(BreakdownRow(**common, host_us=max(wall - copy - other, 0.0), aten_copy_us=copy,
+                                     aten_ops_us=other, launch_us=None, wait_us=None, kernel_us=None,
+                                     memcpy_us=None, memcpy_bytes=None, memcpy_direction=""))
+            continue
+        api = _inside(runtime, start, start + wall)
+        waits = [e for e in api if "Synchronize" in e["name"] or "emcpy" in e["name"]]
+        wait = sum(float(e.get("dur", 0)) for e in waits)
+        launch = sum(float(e.get("dur", 0)) for e in api) - wait
+        issued = [gpu[c] for c in (int(e.get("args", {}).get("correlation", -1)) for e in api) if c in gpu]
+        kernels = [g for g in issued if g.get("cat") == "kernel"]
+        copies = [g for g in issued if g.get("cat") in MEMCPY_CATEGORIES]
+        directions = sorted({str(g["name"]).split()[1] for g in copies if len(str(g["name"]).split()) > 1})
+        rows.append(BreakdownRow(
+            **common, host_us=max(wall - wait - launch, 0.0), aten_copy_us=None, aten_ops_us=None, launch_us=launch,
+            wait_us=wait, kernel_us=sum(float(g.get("dur", 0)) for g in kernels),
+            memcpy_us=sum(float(g.get("dur", 0)) for g in copies),
+            memcpy_bytes=sum(int(g.get("args", {}).get("bytes", 0)) for g in copies), memcpy_direction="+".join(directions)))
+    return rows
+
+
+# ----------------------------------------------------------------------------- the child's side
+
+
+def profile_breakdown(cases: Sequence[CheckCase], device: str, calls: int) -> list[BreakdownRow]:
+    import torch
+    from torch.autograd.profiler import profile as legacy_profile
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    inputs = case_inputs(cases, device)
+    for case in cases:  # lazy initialisation and caches outside the profile
+        for _ in range(2):
+            case.target.call_here(case.variant, inputs[case.id])
+    cuda = device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    # CPU: the profiler without Kineto (its first session costs ~1.5 s to start; the aten ops are the same);
+    # CUDA: Kineto, for the device's kernels and copies.
+    session = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if cuda else legacy_profile(
+        use_kineto=False)
+    sync()
+    with session as prof:
+        with record_function(WARM_UP_RANGE):
+            if cuda:
+                torch.arange(8, device="cuda").cpu()
+            sync()
+        for case in cases:
+            for k in range(calls):
+                with record_function(f"{RANGE_PREFIX}{case.id}{CALL_MARK}{k}"):
+                    case.target.call_here(case.variant, inputs[case.id])
+                    sync()
+    meta = {c.id: {"variant": c.variant, **{k: getattr(c.target.point, k) for k in  # type: ignore[attr-defined]
+                                            ("dtype", "layout", "seq_len", "page_size")}} for c in cases}
+    return breakdown_rows(trace_of(prof), meta, device, calls)
+
+
+def main() -> int:
+    import dataclasses
+
+    start = time.perf_counter()
+    request = json.loads(sys.stdin.read())
+    rows = profile_breakdown(cases_of(request), request["device"], int(request["calls"]))
+    print(f"kvpages breakdown: {len(rows)} cases profiled in {time.perf_counter() - start:.2f} s after the imports",
+          file=sys.stderr)
+    print(json.dumps([dataclasses.asdict(r) for r in rows]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Where the time goes: the stacked chart and the report section, from breakdown.csv (no torch).
+
+`plot_breakdown` writes `breakdown_<dtype>_<layout>.png`: a panel per page size, a group of bars per profiled
+seq_len, one bar per variant, stacked by the parts of one call's wall time as shares (kvpages.schema.breakdown.
+stack), with the profiled wall time per call above each bar. `breakdown_section` is the report's "Where the
+time goes", the zero-D2H floor's figures are in `floor_section`. Both label the breakdown as one profiled pass.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+from kvpages.analysis.ratios import Analysis
+from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, variant_sort_key
+from kvpages.core.stats import CONFIDENCE
+from kvpages.render.markdown import markdown_table, us_text
+from kvpages.schema.breakdown import STACK_PARTS, BreakdownRow, shares, stack
+
+ONE_PASS = ("One profiled pass, in a process of its own after the timing: the profiler's overhead inflates "
+            "every absolute time, so the shares are the result, and the timed medians above are the times.")
+PART_COLORS = ("tab:blue", "tab:orange", "tab:red", "tab:purple", "tab:gray")
+
+
+def plot_breakdown(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) -> list[Path]:
+    rows = analysis.breakdown
+    if not rows:
+        return []
+    device, dtype, layout = rows[0].device, rows[0].dtype, rows[0].layout
+    parts = STACK_PARTS["cuda" if device == "cuda" else "cpu"]
+    page_sizes = sorted({r.page_size for r in rows})
+    variants = sorted({r.variant for r in rows}, key=variant_sort_key)
+    lengths = {p: sorted({r.seq_len for r in rows if r.page_size == p}) for p in page_sizes}
+    width = max(4.5, 0.32 * len(variants) * max(len(v) for v in lengths.values()) + 1.5)
+    ncols = min(2, len(page_sizes))
+    nrows = -(-len(page_sizes) // ncols)
+    total, height = width * ncols + 1.0, 5.4 * nrows + 1.0  # per row: 3 inches of bars, 2.4 of labels and title
+    fig, grid = plt.subplots(nrows, ncols, figsize=(total, height), squeeze=False)
+    fig.subplots_adjust(left=1.0 / total, right=1 - 0.2 / total, bottom=2.0 / height, top=1 - 1.2 / height,
+                        wspace=0.15, hspace=2.4 / 3.0)
+    axes = [list(grid.flat)]
+    for spare in axes[0][len(page_sizes):]:
+        spare.set_visible(False)
+    by_key = {(r.variant, r.seq_len, r.page_size): r for r in rows}
+    for ax, page_size in zip(axes[0], page_sizes, strict=False):
+        ticks, labels, x = [], [], 0.0
+        for seq_len in lengths[page_size]:
+            for v in variants:
+                row = by_key.get((v, seq_len, page_size))
+                if row is not None:
+                    bottom = 0.0
+                    for (_, share), color in zip(shares(row), PART_COLORS, strict=False):
+                        ax.bar(x, share, 0.8, bottom=bottom, color=color, edgecolor="white", lw=0.5)
+                        bottom += share
+                    ax.annotate(us_text(row.wall_us), (x, 1.0), xytext=(0, 2), textcoords="offset points",
+                                ha="center", va="bottom", fontsize=6, rotation=90)
+                    ticks.append(x)
+                    labels.append(f"{v}  s{seq_len}")
+                x += 1
+            x += 0.8
+        ax.set_xticks(ticks, labels, rotation=90, fontsize=6)
+        ax.set_ylim(0, 1.25)
+        ax.set_yticks(np.linspace(0, 1, 6), [f"{t:.0%}" for t in np.linspace(0, 1, 6)])
+        ax.set_title(f"page_size={page_size}", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+    for ax in grid[:, 0]:
+        ax.set_ylabel("share of one call's wall time")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PART_COLORS[:len(parts)]]
+    fig.legend(handles, parts, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.55 / height), fontsize=7,
+               ncol=len(parts), frameon=False)
+    crossed = "" if device == "cuda" else " (CPU run: no PCIe link crossed)"
+    fig.suptitle(f"Where the time goes: one profiled pass (shares; µs per call above the bars, profiler-inflated)\n"
+                 f"{dtype} {layout}{crossed} | {analysis.run.device_name} | run {analysis.run.run_id}", fontsize=9)
+    written = []
+    for fmt in formats:
+        out = (out_dir / f"breakdown_{dtype}_{layout}").with_suffix(f".{fmt}")
+        fig.savefig(out, dpi=110)
+        written.append(out)
+    plt.close(fig)
+    return written
+
+
+def _share_cells(row: BreakdownRow) -> list[str]:
+    return [f"{share:.0%}" for _, share in shares(row)]
+
+
+def breakdown_section(analysis: Analysis) -> str:
+    rows = sorted(analysis.breakdown, key=lambda r: (r.page_size, r.seq_len, variant_sort_key(r.variant)))
+    if not rows:
+        return ""
+    cuda = rows[0].device == "cuda"
+    parts = [label for label, _ in stack(rows[0])]
+    header = ["page_size", "seq_len", "variant", "profiled µs/call"] + parts
+    if cuda:
+        header += ["GPU kernel µs", "GPU copy µs", "copy bytes", "direction"]
+    table = []
+    for r in rows:
+        cells = [r.page_size, r.seq_len, f"`{r.variant}`", us_text(r.wall_us)] + _share_cells(r)
+        if cuda:
+            cells += [us_text(r.kernel_us or 0), us_text(r.memcpy_us or 0), r.memcpy_bytes or 0,
+                      r.memcpy_direction or "-"]
+        table.append(cells)
+    what = ("On CUDA the wall time splits into the host's wait in copy and synchronize calls (with the GPU kernels' "
+            "and copies' share of it), other CUDA API calls (launches), and host time outside them: Python, numpy "
+            "(host_stride's stride and divide on the host), dispatch." if cuda else
+            "On this CPU run the wall time splits into the self time of aten copies, of every other aten op "
+            "(slicing views, divide, shift), and host time outside aten: Python and numpy (host_stride's stride "
+            "and divide on the host).")
+    host = [r for r in rows if r.variant == BASELINE and r.seq_len == max(x.seq_len for x in rows)]
+    if host:
+        listed = ", ".join(f"{us_text(r.host_us)} µs ({r.host_us / r.wall_us:.0%}) at page size {r.page_size}"
+                           for r in sorted(host, key=lambda r: r.page_size))
+        what += (f" `{BASELINE}`'s host time outside {'CUDA calls' if cuda else 'aten'} at {host[0].seq_len} tokens, "
+                 f"where its numpy stride and divide run (none at page size 1, which returns early): {listed}.")
+    return f"{ONE_PASS} {what} `breakdown.csv` has every figure, with a stable `id` per row.\n\n" + markdown_table(header, table)
+
+
+def floor_section(analysis: Analysis) -> str:
+    """The zero-D2H floor (host_mirror) beside device_stride and host_stride, at up to three points per page size."""
+    floor = analysis.floor
+    if not floor:
+        return ""
+    table = []
+    for page_size in sorted({r.page_size for r in floor}):
+        at = sorted((r for r in floor if r.page_size == page_size), key=lambda r: r.seq_len)
+        for r in sorted({at[0], at[len(at) // 2], at[-1]}, key=lambda r: r.seq_len):
+            candidate = analysis.ratio_at(CANDIDATE, r.dtype, r.layout, r.page_size, r.seq_len)
+            table.append([page_size, r.seq_len, us_text(r.variant_median_us),
+                          us_text(candidate.variant_median_us) if candidate else "", us_text(r.baseline_median_us),
+                          f"{r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"])
+    header = ["page_size", "seq_len", f"{FLOOR} µs", f"{CANDIDATE} µs", f"{BASELINE} µs",
+              f"{FLOOR} / {BASELINE} [{CONFIDENCE:.0%} CI]"]
+    return (f"`{FLOOR}` reads the page indices from a host-side page table (as vLLM's and TensorRT-LLM's schedulers "
+            "do) and moves 0 D2H bytes in 0 transfers: what no copy at all would cost per call, the floor under "
+            "every variant (a dashed line in the charts). Keeping such a table is not free: in whole requests and "
+            f"steps, `per_request[{FLOOR}]` adds its upkeep, one batched D2H per step of the pages allocated in it "
+            "(see Per request and per step).\n\n" + markdown_table(header, table))

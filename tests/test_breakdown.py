@@ -1,0 +1,132 @@
+"""Where the time goes: the trace arithmetic on written traces, the profiling process for real, and a sweep that
+writes breakdown.csv, its chart and its report section (or notes in meta.json why it could not)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvpages.core.sweep import Point
+from kvpages.measure.breakdown import (
+    BreakdownError,
+    breakdown_rows,
+    chosen_points,
+    run_breakdown,
+    self_times,
+    write_breakdown_into,
+)
+from kvpages.measure.crosscheck import CheckCase
+from kvpages.measure.targets import PointTarget
+from kvpages.schema.breakdown import BREAKDOWN_CSV, read_breakdown, shares, stack, write_breakdown
+
+BENCH = (Path(__file__).parents[1] / "bench" / "test_d2h.py").read_text()
+SMALL = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider", "--kv-device", "cpu",
+         "--kv-scenarios", "none", "--kv-repetitions", "1", "--kv-passes", "1", "--kv-analyze")
+META = {"variant": "v", "dtype": "int32", "layout": "fragmented", "seq_len": 512, "page_size": 16}
+
+
+def x(name: str, ts: float, dur: float, cat: str = "cpu_op", **args) -> dict:
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "args": args}
+
+
+def calls(case: str, durations: list[float], inner) -> list[dict]:
+    """One `kvpages:<case>#k` range per call, 1000 µs apart, with `inner(start)` events inside each."""
+    out = []
+    for k, dur in enumerate(durations):
+        out += [x(f"kvpages:{case}#{k}", 1000.0 * k, dur, "user_annotation")] + inner(1000.0 * k)
+    return out
+
+
+def test_self_time_is_an_op_less_the_ops_nested_in_it():
+    ops = [x("aten::to", 0, 10), x("aten::_to_copy", 1, 8), x("aten::copy_", 2, 5), x("aten::slice", 20, 3)]
+    assert dict(self_times(ops)) == {"aten::to": 2, "aten::_to_copy": 3, "aten::copy_": 5, "aten::slice": 3}
+
+
+def test_a_cpu_row_is_the_median_call_split_into_aten_and_host():
+    def inner(t):
+        return [x("aten::floor_divide", t + 1, 4), x("aten::to", t + 6, 3), x("aten::_to_copy", t + 6.5, 2)]
+
+    trace = {"traceEvents": calls("c", [30.0, 10.0, 20.0], inner)}
+    [row] = breakdown_rows(trace, {"c": META}, "cpu", 3)
+    assert (row.id, row.wall_us, row.calls) == ("c", 20.0, 3)  # the median of 30, 10 and 20
+    assert (row.aten_copy_us, row.aten_ops_us, row.host_us) == (3.0, 4.0, 13.0)
+    assert row.top_ops == "aten::floor_divide 4.00; aten::_to_copy 2.00; aten::to 1.00"
+    assert sum(v for _, v in stack(row)) == pytest.approx(row.wall_us)
+
+
+def test_a_cuda_row_splits_the_wait_by_the_device_work_it_waited_for():
+    def inner(t):
+        return [x("cudaLaunchKernel", t + 1, 4, "cuda_runtime", correlation=1),
+                x("cudaMemcpyAsync", t + 6, 3, "cuda_runtime", correlation=2),
+                x("cudaStreamSynchronize", t + 10, 20, "cuda_runtime", correlation=3),
+                x("floor_divide_kernel", t + 5, 6, "kernel", correlation=1),
+                x("Memcpy DtoH (Device -> Pageable)", t + 12, 10, "gpu_memcpy", correlation=2, bytes=2048)]
+
+    [row] = breakdown_rows({"traceEvents": calls("c", [40.0], inner)}, {"c": META}, "cuda", 1)
+    assert (row.launch_us, row.wait_us, row.host_us) == (4.0, 23.0, 13.0)
+    assert (row.kernel_us, row.memcpy_us, row.memcpy_bytes, row.memcpy_direction) == (6.0, 10.0, 2048, "DtoH")
+    parts = dict(stack(row))
+    assert parts["GPU kernels (waited for)"] == pytest.approx(6.0) and parts["other wait (synchronize, queue)"] == 7.0
+    assert sum(parts.values()) == pytest.approx(row.wall_us)
+    assert sum(s for _, s in shares(row)) == pytest.approx(1.0)
+
+
+def test_a_trace_without_a_case_is_an_error():
+    with pytest.raises(ValueError, match="0 ranges for case c, expected 3"):
+        breakdown_rows({"traceEvents": []}, {"c": META}, "cpu", 3)
+
+
+def test_three_lengths_per_page_size():
+    points = [Point(n, p) for p in (1, 64) for n in (512, 2048, 8192, 32768)]
+    assert [(q.seq_len, q.page_size) for q in chosen_points(points)] == [
+        (512, 1), (8192, 1), (32768, 1), (512, 64), (8192, 64), (32768, 64)]
+
+
+def test_the_profiling_process_for_real(tmp_path):
+    cases = [CheckCase(v, PointTarget(Point(4096, 16))) for v in ("host_stride", "device_stride", "host_mirror")]
+    rows = run_breakdown(cases, "cpu")
+    assert [r.id for r in rows] == [c.id for c in cases]
+    by = {r.variant: r for r in rows}
+    assert by["host_mirror"].aten_copy_us == 0 and by["host_mirror"].aten_ops_us == 0
+    assert "aten::floor_divide" in by["device_stride"].top_ops
+    write_breakdown(tmp_path, rows)
+    assert read_breakdown(tmp_path) == tuple(rows)
+
+
+def test_a_failed_breakdown_returns_why_and_writes_nothing(tmp_path):
+    cases = [CheckCase("host_stride", PointTarget(Point(512, 16)))]
+    with pytest.raises(BreakdownError, match=r"did not finish within 0\.01 s"):
+        run_breakdown(cases, "cpu", timeout_s=0.01)
+    note = write_breakdown_into(tmp_path, cases, "cpu", timeout_s=0.01)
+    assert note.startswith("failed after") and not (tmp_path / BREAKDOWN_CSV).exists()
+
+
+def test_a_sweep_writes_breakdown_csv_its_chart_and_its_report_section(pytester):
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    result = pytester.runpytest(*SMALL, "--kv-seq-lens", "256,1024,4096,8192", "--kv-page-sizes", "1,16")
+    assert result.ret == 0
+    [folder] = list((pytester.path / "results").iterdir())
+    rows = read_breakdown(folder)
+    assert {(r.seq_len, r.page_size) for r in rows} == {(n, p) for n in (256, 4096, 8192) for p in (1, 16)}
+    assert len({r.id for r in rows}) == len(rows)
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["breakdown"].startswith(f"breakdown.csv: {len(rows)} rows") and meta["timing"]["breakdown_s"] > 0
+    assert (folder / "breakdown_int32_fragmented.png").exists()
+    report = (folder / "REPORT.md").read_text()
+    assert "## Where the time goes\n\nOne profiled pass" in report and "## Zero-D2H floor" in report
+
+
+def test_a_breakdown_that_fails_loses_nothing_of_the_run(pytester, monkeypatch):
+    from kvpages.measure import breakdown
+
+    monkeypatch.setattr(breakdown, "BASE_TIMEOUT_S", 0.01)
+    monkeypatch.setattr(breakdown, "PER_CASE_TIMEOUT_S", 0.0)
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    result = pytester.runpytest(*SMALL, "--kv-seq-lens", "256", "--kv-page-sizes", "16")
+    assert result.ret == 0
+    [folder] = list((pytester.path / "results").iterdir())
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["completed"] and meta["breakdown"].startswith("failed after")
+    assert not (folder / BREAKDOWN_CSV).exists() and (folder / "REPORT.md").exists()

@@ -1,0 +1,181 @@
+"""--kv-sglang: SGLang's own kv_to_page_indices, read by its source from trees the tests write, and from two real
+releases when the package index is reachable. Registration runs in subprocesses, so this process's registry
+stays as it is."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kvpages.core.options import BenchOptions
+from kvpages.core.sglang import COMMON, load_all, load_function, parse_specs, resolve
+from kvpages.schema.reader import load_run
+
+BENCH = (Path(__file__).parents[1] / "bench" / "test_d2h.py").read_text()
+FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider", "--kv-device", "cpu",
+        "--kv-breakdown", "off", "--kv-scenarios", "none")
+
+OLD = '''from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def kv_to_page_indices(kv_indices: np.ndarray, page_size: int):
+    # The page is guaranteed to be full except the last page.
+    if page_size == 1:
+        return kv_indices
+
+    return kv_indices[::page_size] // page_size
+'''
+NEW = '''from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def kv_to_page_indices(kv_indices: torch.Tensor, page_size: int) -> np.ndarray:
+    return (kv_indices[::page_size] // page_size).cpu().numpy()
+'''
+
+
+def tree(root: Path, source: str, version: str | None = None, python_folder: bool = True) -> Path:
+    """An SGLang-like source tree: <root>/python/sglang/srt/mem_cache/common.py (and sglang/version.py)."""
+    base = root / "python" if python_folder else root
+    (base / COMMON).parent.mkdir(parents=True)
+    (base / COMMON).write_text(source)
+    if version:
+        (base / "sglang" / "version.py").write_text(f'__version__ = "{version}"\n')
+    return root
+
+
+def test_specs_are_checked_for_their_form():
+    assert parse_specs("--kv-sglang", "installed,0.5.15,./here,/abs/path") == ("installed", "0.5.15", "./here",
+                                                                               "/abs/path")
+    with pytest.raises(ValueError, match=r"--kv-sglang: 'latest' is not a SPEC; valid: 'installed', a path"):
+        parse_specs("--kv-sglang", "latest")
+
+
+def test_the_option_round_trips_for_repro_commands():
+    options = BenchOptions(sglang=("0.5.15", "/src/sglang"))
+    assert options.to_args() == ("--kv-sglang", "0.5.15,/src/sglang")
+    assert BenchOptions.parse(dict(zip(options.to_args()[::2], options.to_args()[1::2], strict=True)).get) == options
+
+
+def test_a_checkout_and_its_python_folder_resolve_to_their_common_py(tmp_path):
+    root = tree(tmp_path / "sglang-pr31173", NEW, "0.5.23")
+    for spec in (str(root), str(root / "python")):
+        source = resolve(spec)
+        assert source.file == (root / "python" / COMMON).resolve()
+        assert source.name == "sglang@sglang-pr31173"  # a path is labelled by its checkout, not its version
+
+
+def test_the_signature_sets_the_calling_convention(tmp_path):
+    old = load_function(resolve(str(tree(tmp_path / "old", OLD))))
+    new = load_function(resolve(str(tree(tmp_path / "new", NEW, python_folder=False))))
+    assert (old.convention, new.convention) == ("numpy", "tensor")
+    assert old.code.startswith("def kv_to_page_indices(kv_indices: np.ndarray") and old.line == 7
+
+
+@pytest.mark.parametrize(("source", "words"), [
+    ("def other(x):\n    return x\n", "has no top-level function kv_to_page_indices; its top-level functions: other"),
+    ("import numpy as np\ndef kv_to_page_indices(kv_indices: list, page_size: int):\n    return kv_indices\n",
+     "the first parameter's annotation is list; kvpages places np.ndarray"),
+    ("def kv_to_page_indices(kv_indices, page_size):\n    return kv_indices\n",
+     "the first parameter's annotation is no annotation"),
+    ("import torch\ndef kv_to_page_indices(kv: torch.Tensor, page_size: int, req: int):\n    return kv\n",
+     "cannot place the signature kv_to_page_indices(kv: torch.Tensor, page_size: int, req: int)"),
+    ("import torch\nasync def kv_to_page_indices(kv: torch.Tensor, page_size: int):\n    return kv\n", "is async"),
+    ("import torch\ndef kv_to_page_indices(kv: torch.Tensor, page_size: int):\n    return helper(kv)\n",
+     "uses helper, defined elsewhere in the file"),
+    ("def kv_to_page_indices(:\n", "cannot read it as Python"),
+])
+def test_a_file_kvpages_cannot_use_is_an_error_naming_it_and_what_it_found(tmp_path, source, words):
+    root = tree(tmp_path / "bad", source)
+    with pytest.raises(ValueError) as info:
+        load_function(resolve(str(root)))
+    assert str(root / "python" / COMMON) in str(info.value) and words in str(info.value)
+
+
+def test_two_specs_that_make_one_name_are_refused(tmp_path):
+    root = tree(tmp_path / "same", NEW)
+    with pytest.raises(ValueError, match="both make the variant sglang@same"):
+        load_all((str(root), str(root / "python")))
+
+
+def test_a_bad_source_is_a_usage_error_before_anything_runs(pytester, tmp_path):
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    root = tree(tmp_path / "bad", "def nothing():\n    pass\n")
+    result = pytester.runpytest(*FAST, "--kv-sglang", str(root))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--kv-sglang {root}: {root / 'python' / COMMON} has no top-level function "
+                                 "kv_to_page_indices*"])
+    assert not (pytester.path / "results").exists()
+
+
+def test_offline_the_error_names_the_path_to_pass_instead(pytester, tmp_path, monkeypatch):
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    monkeypatch.setenv("KVPAGES_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # nothing to download from: what an offline machine sees
+    result = pytester.runpytest(*FAST, "--kv-sglang", "0.5.15")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*could not fetch sglang==0.5.15 with pip download*offline, pass a path instead*"
+                                 f"*{tmp_path / 'cache' / 'sglang' / '0.5.15'}*"])
+
+
+def test_source_trees_run_as_variants_beside_the_builtin_ones(pytester, tmp_path):
+    """Old (numpy input) and new (tensor input) conventions, metered and checked like any variant; a wrong
+    function is a mismatch row; every repro command carries the --kv-sglang that made it."""
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    old, new = tree(tmp_path / "old", OLD), tree(tmp_path / "new", NEW)
+    wrong = tree(tmp_path / "wrong", NEW.replace("// page_size)", "// page_size + 1)"))
+    specs = f"{old},{new},{wrong}"
+    result = pytester.runpytest_subprocess(*FAST, "--kv-sglang", specs, "--kv-seq-lens", "300", "--kv-page-sizes",
+                                           "1,16", "--kv-variants", "host_stride,sglang@old,sglang@new,sglang@wrong",
+                                           "--kv-repetitions", "1", "--kv-passes", "1")
+    result.assert_outcomes(passed=6, failed=2)
+    run = load_run(next((pytester.path / "results").iterdir()))
+    rows = run.rows.set_index(["variant", "page_size"])
+    for page_size in (1, 16):
+        assert rows.loc[("sglang@old", page_size), "d2h_bytes"] == 300 * 4  # copies every token first
+        assert rows.loc[("sglang@new", page_size), "d2h_bytes"] == -(-300 // page_size) * 4
+        assert rows.loc[("sglang@wrong", page_size), "status"] == "mismatch"
+    assert (rows["repro"].str.contains(f"--kv-sglang {specs}")).all()
+
+
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory):
+    """0.5.15 and 0.5.16 from the package index, into a cache of this test's own; skipped when it is unreachable."""
+    cache = tmp_path_factory.mktemp("sglang-cache")
+    try:
+        return cache, load_all(("0.5.15", "0.5.16"), cache / "sglang")
+    except ValueError as exc:
+        if "could not fetch" in str(exc):
+            pytest.skip(f"the package index is not reachable: {exc}")
+        raise
+
+
+def test_two_real_releases_are_read_by_their_source(releases):
+    _, (old, new) = releases
+    assert (old.source.name, old.convention) == ("sglang@0.5.15", "numpy")
+    assert "if page_size == 1:" in old.code  # 0.5.15 returns early at page size 1
+    assert (new.source.name, new.convention) == ("sglang@0.5.16", "tensor")
+    assert "return (kv_indices[::page_size] // page_size).cpu().numpy()" in new.code
+
+
+def test_two_real_releases_run_beside_host_stride_and_device_stride(releases, pytester, monkeypatch):
+    cache, _ = releases
+    monkeypatch.setenv("KVPAGES_CACHE", str(cache))  # fetched once: the run reads the cache, no download
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    result = pytester.runpytest_subprocess(*FAST, "--kv-sglang", "0.5.15,0.5.16", "--kv-seq-lens", "4096",
+                                           "--kv-page-sizes", "1,64", "--kv-repetitions", "1", "--kv-passes", "1",
+                                           "--kv-variants", "host_stride,device_stride,sglang@0.5.15,sglang@0.5.16")
+    result.assert_outcomes(passed=8)
+    rows = load_run(next((pytester.path / "results").iterdir())).rows.set_index(["variant", "page_size"])
+    for page_size in (1, 64):
+        assert rows.loc[("sglang@0.5.15", page_size), "d2h_bytes"] == rows.loc[("host_stride", page_size), "d2h_bytes"]
+        assert rows.loc[("sglang@0.5.16", page_size), "d2h_bytes"] == rows.loc[("device_stride", page_size),
+                                                                               "d2h_bytes"]
