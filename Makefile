@@ -39,8 +39,9 @@ endif
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
+# --benchmark-quiet: kvpages prints its own summary (pytest-benchmark's table would list every one of ~3700 blocks);
 # -p no:hypothesispytest: bench/ has no property tests, and hypothesis's plugin costs ~1.5 s at the end of a session.
-BENCH_PYTEST := -q -p no:hypothesispytest
+BENCH_PYTEST := -q --benchmark-quiet -p no:hypothesispytest
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest bench/ --benchmark-only --kv-preset $(PRESET) --kv-analyze $(BENCH_PYTEST) $(PYTEST_ARGS)

@@ -32,6 +32,7 @@ samples processes for this reason). So the intervals here follow the levels that
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -150,9 +151,14 @@ class Levels:
             return median_interval(self.values, confidence)
         return hierarchical_interval(self, confidence)
 
+    @functools.cached_property
+    def bootstrap(self) -> np.ndarray:
+        """The two-stage bootstrap's resampled medians (seeded: the same values give the same resamples)."""
+        return _resampled_medians(self, np.random.default_rng(BOOTSTRAP_SEED))
+
     def p_value(self) -> float:
         """Two-sided p-value of 'the median is 0' from the same two-stage bootstrap (at least 1 / the resamples)."""
-        medians = _resampled_medians(self, np.random.default_rng(BOOTSTRAP_SEED))
+        medians = self.bootstrap
         tail = min(float(np.mean(medians <= 0)), float(np.mean(medians >= 0)))
         return min(1.0, max(2 * tail, 1 / BOOTSTRAP_RESAMPLES))
 
@@ -185,14 +191,16 @@ def _resampled_medians(levels: Levels, rng: np.random.Generator) -> np.ndarray:
     sizes = np.array([g.size for g in groups])
     drawn = rng.integers(0, len(groups), size=(BOOTSTRAP_RESAMPLES, len(groups)))
     within = (rng.random((BOOTSTRAP_RESAMPLES, len(groups), width)) * sizes[drawn][:, :, None]).astype(int)
-    values = padded[drawn[:, :, None], within]
-    values[np.arange(width)[None, None, :] >= sizes[drawn][:, :, None]] = np.nan  # a smaller process draws fewer
-    return np.nanmedian(values.reshape(BOOTSTRAP_RESAMPLES, -1), axis=1)
+    values = padded[drawn[:, :, None], within].reshape(BOOTSTRAP_RESAMPLES, -1)
+    if (sizes == width).all():  # every process has as many repetitions: no padding to skip
+        return np.median(values, axis=1)
+    values[(np.arange(width)[None, None, :] >= sizes[drawn][:, :, None]).reshape(BOOTSTRAP_RESAMPLES, -1)] = np.nan
+    return np.nanmedian(values, axis=1)  # a smaller process draws fewer
 
 
 def hierarchical_interval(levels: Levels, confidence: float = CONFIDENCE) -> Interval:
     """exp(median of every repetition) with the percentile interval of its two-stage bootstrap."""
-    medians = _resampled_medians(levels, np.random.default_rng(BOOTSTRAP_SEED))
+    medians = levels.bootstrap
     lo, hi = np.percentile(medians, [50 * (1 - confidence), 50 * (1 + confidence)])
     return Interval(math.exp(float(np.median(levels.values))), math.exp(float(lo)), math.exp(float(hi)),
                     levels.process_count, confidence, "process")

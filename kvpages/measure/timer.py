@@ -16,11 +16,11 @@ import torch
 
 from kvpages.measure.variants import call_args
 
-WARMUP_FIRST_S = 0.002
-"""A (variant, point)'s first block in a process (right after its check and meter ran it) warms up for at least
-this long (untimed)..."""
-WARMUP_LATER_S = 0.001
-"""...later blocks, after the other variants ran, for at least this long; every warm-up covers every input."""
+WARMUP_FIRST_S = 0.001
+"""A (variant, point)'s first block in a process (right after its check and meter ran it on every input) warms up
+for at least this long (untimed)..."""
+WARMUP_LATER_S = 0.0005
+"""...its later blocks, after the other variants ran, for at least this long; every warm-up covers every input."""
 
 
 def synchronizer(device: str) -> Callable[[], None]:

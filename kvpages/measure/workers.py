@@ -32,9 +32,9 @@ from kvpages.schema.rows import TABLES, Samples, Table
 WORKER_FLAG = "--kv-worker"
 WORKER_DIR_FLAG = "--kv-worker-dir"
 CASES_JSON = "cases.json"
-LEAN_PYTEST = ("-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest")
-"""A worker's pytest: quiet, no cache, and without hypothesis's plugin (bench/ has no property tests; it costs
-about 1.5 s of import at the end of a session)."""
+LEAN_PYTEST = ("-q", "--benchmark-quiet", "-p", "no:cacheprovider", "-p", "no:hypothesispytest")
+"""A worker's pytest: quiet (no table of its hundreds of benchmarks: the session reports the run), no cache, and
+without hypothesis's plugin (bench/ has no property tests; it costs about 1.5 s of import at the end of a session)."""
 PASSED_THROUGH = ("--benchmark-timer", "--benchmark-disable-gc")
 """pytest-benchmark options that change how a block is timed: a worker gets them as the session got them."""
 

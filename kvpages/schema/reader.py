@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +67,7 @@ class Run:
     processes: dict[tuple, tuple[int, ...]] | None = None
     """Per row key, and per (scenario, variant): the process of each block, in the same order (all 0 before
     schema version 3)."""
+    _levels: dict[tuple, Levels | None] = field(default_factory=dict, repr=False)
 
     @property
     def run_id(self) -> str:
@@ -93,7 +94,13 @@ class Run:
         return np.array(found if found is not None and len(found) == count else (0,) * count)
 
     def levels(self, key: tuple, latency: str | None = None) -> Levels | None:
-        """The log block medians of a row key (or of a (scenario, variant)'s `latency`), with their processes."""
+        """The log block medians of a row key (or of a (scenario, variant)'s `latency`), with their processes
+        (computed once per key: every analysis asks for them several times)."""
+        if (key, latency) not in self._levels:
+            self._levels[key, latency] = self._compute_levels(key, latency)
+        return self._levels[key, latency]
+
+    def _compute_levels(self, key: tuple, latency: str | None) -> Levels | None:
         if latency is None:
             blocks = self.blocks(key)
         else:
