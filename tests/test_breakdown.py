@@ -118,13 +118,11 @@ def test_a_sweep_writes_breakdown_csv_its_chart_and_its_report_section(pytester)
     assert "## Where the time goes\n\nOne profiled pass" in report and "## Zero-D2H floor" in report
 
 
-def test_a_breakdown_that_fails_loses_nothing_of_the_run(pytester, monkeypatch):
-    from kvpages.measure import breakdown
-
-    monkeypatch.setattr(breakdown, "BASE_TIMEOUT_S", 0.01)
-    monkeypatch.setattr(breakdown, "PER_CASE_TIMEOUT_S", 0.0)
+def test_a_breakdown_that_fails_loses_nothing_of_the_run(pytester):
+    pytester.makeconftest("import kvpages.measure.breakdown as b\n\n"
+                          "b.BASE_TIMEOUT_S, b.PER_CASE_TIMEOUT_S = 0.01, 0.0  # the breakdown process times out\n")
     pytester.makepyfile(test_kv_sweep=BENCH)
-    result = pytester.runpytest(*SMALL, "--kv-seq-lens", "256", "--kv-page-sizes", "16")
+    result = pytester.runpytest_subprocess(*SMALL, "--kv-seq-lens", "256", "--kv-page-sizes", "16")
     assert result.ret == 0
     [folder] = list((pytester.path / "results").iterdir())
     meta = json.loads((folder / "meta.json").read_text())

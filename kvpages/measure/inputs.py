@@ -94,7 +94,8 @@ def host_pages(workload: Workload) -> tuple[StepExtra, ...]:
 
 
 EXTRA_BUILDERS: dict[str, Callable[[Workload], tuple[StepExtra, ...]]] = {"host_pages": host_pages}
-assert set(EXTRA_BUILDERS) == set(EXTRA_INPUTS), "every declared extra input has its builder"
+if set(EXTRA_BUILDERS) != set(EXTRA_INPUTS):
+    raise ImportError(f"extra inputs without a builder: {sorted(set(EXTRA_INPUTS) - set(EXTRA_BUILDERS))}")
 
 
 @dataclass(frozen=True)

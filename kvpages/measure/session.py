@@ -191,11 +191,8 @@ class KvSession:
             completed, note = False, f"all {done} rows recorded, but the session failed (exit status {int(exitstatus)})"
         else:
             completed, note = True, f"all {done} rows recorded"
-        if self.options.breakdown != "off" and exitstatus != pytest.ExitCode.INTERRUPTED:
-            with self.phase("breakdown"):  # after the last timed block, in a process of its own
-                self.writer.meta.breakdown = where_time_goes.write_breakdown_into(
-                    self.writer.path, where_time_goes.planned_cases(self.point_blocks, self.planned, self.device),
-                    self.device)
+        if self.options.breakdown != "off":
+            self.writer.meta.breakdown = breakdown_note(self, exitstatus)
         if self._pcie_loaded is not None:
             self.writer.meta.environment = dataclasses.replace(self.writer.meta.environment,
                                                                pcie_link_loaded=self._pcie_loaded)
@@ -272,3 +269,12 @@ def run_workers(session: KvSession, command: WorkerCommand, case_ids: Sequence[s
             f"{result.wall_s:.1f} s, of which start-up {startup:.1f} s and inputs {end.generate_s:.1f} s")
     say(f"kvpages: process {session.processes} of {session.processes} (pid {os.getpid()}, this session) times its "
         "share now")
+
+
+def breakdown_note(session: KvSession, exitstatus: int) -> str:
+    """Where the time goes, after the last timed block, in a process of its own: meta.json's note of it."""
+    if exitstatus == pytest.ExitCode.INTERRUPTED or session.writer is None:
+        return "not run: the session was interrupted"
+    with session.phase("breakdown"):
+        cases = where_time_goes.planned_cases(session.point_blocks, session.planned, session.device)
+        return where_time_goes.write_breakdown_into(session.writer.path, cases, session.device)
