@@ -38,10 +38,10 @@ class Preset:
 
 DEFAULT_PROCESSES, DEFAULT_REPETITIONS = 6, 12
 """How a timed run's repetitions are spent: 6 fresh processes of 2 repetitions each, one pass each. Chosen from
-measurements on the 2-core dev box (README.md, "Why processes, repetitions and interleaving"): a process
-start costs about 2 s (interpreter, torch and pytest imports, collection) plus about 1 s for its inputs (4 s
-for the process that builds them first), the ratios vary about 17% between repetitions of one process and
-about 5% between processes, and 6 processes is the fewest a two-stage bootstrap holds its coverage with."""
+measurements on the 2-core dev box (README.md, "Why processes, repetitions and interleaving"): a process start
+costs about 2 s (interpreter, torch and pytest imports, collection) plus about 1 s for its inputs (2.5 s for the
+process that builds them first), the ratios vary about 17-20% between repetitions of one process and 4-6%
+between processes, and 6 is the fewest processes a two-stage bootstrap holds its coverage with."""
 
 _DEFAULT_SEQ_LENS = (512, 2048, 8192, 32768, 131072, 524288)
 _DEFAULT_SCENARIOS: tuple[Scenario, ...] = (
