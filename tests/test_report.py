@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from conftest import reference_runs, synthetic_run
 
-from kvpages.analysis.cite import pair_repro
+from kvpages.analysis.cite import coverage_text, pair_repro
 from kvpages.analysis.findings import CPU_ONLY, MEASURED, NEEDS_GPU, findings
 from kvpages.analysis.ratios import analyze
 from kvpages.analysis.verdicts import FASTER, SAME, SLOWER, UNCLEAR, bh_adjusted, judge, median_p_value
@@ -135,7 +135,8 @@ def test_the_report_answers_first_with_exact_coverage_and_honest_names(reference
     assert first[0].startswith("# kvpages report") and "## Findings" in text
     for section in ("## Evidence", "## Crossover", "## Per request and per step"):
         assert section in text, section
-    assert "95% CI" not in report and "97.9% interval" in text
+    exact = {coverage_text(c) for c in pd.read_csv(reference / "ratios.csv")["confidence"]}
+    assert "95% CI" not in report and exact and all(f"{c} interval" in text for c in exact)
     assert LABELS["host_stride"] in text and LABELS["device_stride"] in text
     assert "what SGLang does today" not in report and "e+0" not in report
     assert "blocked = ready µs" in report  # merged on a CPU run, with the reason

@@ -18,8 +18,8 @@ import numpy as np
 
 from kvpages.analysis.ratios import Analysis
 from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, variant_sort_key
-from kvpages.core.stats import CONFIDENCE
 from kvpages.render.markdown import markdown_table, us_text
+from kvpages.render.text import coverage
 from kvpages.schema.breakdown import STACK_PARTS, BreakdownRow, shares, stack
 
 ONE_PASS = ("One profiled pass, in a process of its own after the timing: the profiler's overhead inflates "
@@ -134,9 +134,9 @@ def floor_section(analysis: Analysis) -> str:
                           us_text(candidate.variant_median_us) if candidate else "", us_text(r.baseline_median_us),
                           f"{r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"])
     header = ["page_size", "seq_len", f"{FLOOR} µs", f"{CANDIDATE} µs", f"{BASELINE} µs",
-              f"{FLOOR} / {BASELINE} [{CONFIDENCE:.0%} CI]"]
+              f"{FLOOR} / {BASELINE} [{coverage(analysis)}]"]
     return (f"`{FLOOR}` reads the page indices from a host-side page table (as vLLM's and TensorRT-LLM's schedulers "
             "do) and moves 0 D2H bytes in 0 transfers: what no copy at all would cost per call, the floor under "
-            "every variant (a dashed line in the charts). Keeping such a table is not free: in whole requests and "
+            "every variant (a grey dotted line in the charts). Keeping such a table is not free: in whole requests and "
             f"steps, `per_request[{FLOOR}]` adds its upkeep, one batched D2H per step of the pages allocated in it "
             "(see Per request and per step).\n\n" + markdown_table(header, table))
