@@ -187,11 +187,14 @@ class ScenarioRatio:
     min_effect: float = MIN_EFFECT_FLOOR
     q_value: float = 1.0
     repro: str = ""
+    repetitions: int = 0
+    processes: int = 1
 
     def row(self) -> ScenarioRatioRow:
         i = self.interval
         return ScenarioRatioRow(self.id, self.scenario, self.variant, self.baseline, self.latency, i.ratio, i.ci_low,
-                                i.ci_high, i.confidence, i.n, self.verdict, self.min_effect, self.q_value, self.repro)
+                                i.ci_high, i.confidence, self.repetitions, self.verdict, self.min_effect, self.q_value,
+                                self.repro, self.processes, i.unit)
 
 
 def scenario_ratios(run: Run, baseline: str, effect: float) -> tuple[ScenarioRatio, ...]:
@@ -200,7 +203,7 @@ def scenario_ratios(run: Run, baseline: str, effect: float) -> tuple[ScenarioRat
     if run.scenarios is None or run.scenario_samples is None:
         return ()
     ok = run.scenarios[run.scenarios["status"] == "ok"]
-    found: list[tuple[pd.Series, str, Interval, float]] = []
+    found: list[tuple[pd.Series, str, Levels, float]] = []
     for scenario, rows in ok.groupby("scenario", sort=False):
         if (scenario, baseline) not in run.scenario_samples:
             continue
@@ -209,14 +212,15 @@ def scenario_ratios(run: Run, baseline: str, effect: float) -> tuple[ScenarioRat
             for latency in ("blocked", "ready") if variant != baseline else ():
                 logs = paired_logs(run, (scenario, baseline), (scenario, variant), latency)
                 if logs is not None:
-                    found.append((row, latency, logs.interval(), median_p_value(logs)))
+                    found.append((row, latency, logs, median_p_value(logs)))
     qvalues = bh_adjusted([p for *_, p in found])
     kept = discoveries(qvalues)
     return tuple(
-        ScenarioRatio(str(row["scenario"]), str(row["variant"]), baseline, latency, interval,
-                      judge(interval, effect, keep), str(row["id"]), effect, q,
-                      pair_repro(str(row["repro"]), str(row["variant"]), baseline))
-        for (row, latency, interval, _), q, keep in zip(found, qvalues, kept, strict=True))
+        ScenarioRatio(str(row["scenario"]), str(row["variant"]), baseline, latency, logs.interval(),
+                      judge(logs.interval(), effect, keep), str(row["id"]), effect, q,
+                      pair_repro(str(row["repro"]), str(row["variant"]), baseline), int(logs.values.size),
+                      logs.process_count)
+        for (row, latency, logs, _), q, keep in zip(found, qvalues, kept, strict=True))
 
 
 @dataclass(frozen=True)
