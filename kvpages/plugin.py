@@ -159,8 +159,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from kvpages.measure.workers import read_cases
 
     cases = read_cases(Path(folder))
-    keep = [item for item in items if (block := _block_of(item)) is not None and block.case_id in cases]
-    dropped = [item for item in items if item not in keep]
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        block = _block_of(item)
+        (keep if block is not None and block.case_id in cases else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep

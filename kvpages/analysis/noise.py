@@ -10,13 +10,11 @@ verdicts <= 10%, and says in one line whether the box is fit for comparisons. No
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-
-import numpy as np
 
 from kvpages.analysis.compare import compare_runs
 from kvpages.analysis.ratios import Analysis, NoiseFloor
+from kvpages.core.stats import finite_median
 
 CALIBRATED = {"overlap": 0.994, "coverage": 0.834, "false_verdicts": 0.05}
 """What calibrated 95% intervals give on an A/A pair (see the module docstring)."""
@@ -99,11 +97,6 @@ def components_text(noise: NoiseFloor) -> str:
             f"{noise.time_between_process:.1%} and {noise.time_within_process:.1%} (log-sd components, median over rows)")
 
 
-def _width(values: list[float]) -> float:
-    finite = [v for v in values if math.isfinite(v)]
-    return float(np.median(finite)) if finite else math.nan
-
-
 def aa_figures(a: Analysis, b: Analysis, variant: str, fail_above_pct: float) -> AAFigures:
     """The A/A figures of `variant`/baseline between two analysed runs, and what `compare` says of them."""
     a_ratios = {(r.dtype, r.layout, r.page_size, r.seq_len): r for r in a.ratios_of(variant)}
@@ -125,8 +118,8 @@ def aa_figures(a: Analysis, b: Analysis, variant: str, fail_above_pct: float) ->
         a_in_b=sum(inside(ra, rb) for ra, rb in pairs),
         b_in_a=sum(inside(rb, ra) for ra, rb in pairs),
         moved_10pct=sum(abs(rb.ratio / ra.ratio - 1) > 0.10 for ra, rb in pairs),
-        median_width_a=_width([(ra.ci_high - ra.ci_low) / ra.ratio for ra, _ in pairs]),
-        median_width_b=_width([(rb.ci_high - rb.ci_low) / rb.ratio for _, rb in pairs]),
+        median_width_a=finite_median([(ra.ci_high - ra.ci_low) / ra.ratio for ra, _ in pairs]),
+        median_width_b=finite_median([(rb.ci_high - rb.ci_low) / rb.ratio for _, rb in pairs]),
         crossovers_a=crossings(a), crossovers_b=crossings(b),
         fail_above_pct=fail_above_pct,
         regressions=len(comparison.regressions(fail_above_pct)),

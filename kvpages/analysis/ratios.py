@@ -27,7 +27,7 @@ from kvpages.analysis.verdicts import (
 )
 from kvpages.core.links import LINK_PROFILES
 from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, STEP_BASELINE, per_request_name, variant_sort_key
-from kvpages.core.stats import Interval, Levels, unknown
+from kvpages.core.stats import Interval, Levels, finite_median, unknown
 from kvpages.schema.breakdown import BreakdownRow, read_breakdown
 from kvpages.schema.reader import Run, RunError, row_key
 from kvpages.schema.rows import RatioRow, ScenarioRatioRow, ratio_id
@@ -215,12 +215,14 @@ def scenario_ratios(run: Run, baseline: str, effect: float) -> tuple[ScenarioRat
                     found.append((row, latency, logs, median_p_value(logs)))
     qvalues = bh_adjusted([p for *_, p in found])
     kept = discoveries(qvalues)
-    return tuple(
-        ScenarioRatio(str(row["scenario"]), str(row["variant"]), baseline, latency, logs.interval(),
-                      judge(logs.interval(), effect, keep), str(row["id"]), effect, q,
-                      pair_repro(str(row["repro"]), str(row["variant"]), baseline), int(logs.values.size),
-                      logs.process_count)
-        for (row, latency, logs, _), q, keep in zip(found, qvalues, kept, strict=True))
+    out = []
+    for (row, latency, logs, _), q, keep in zip(found, qvalues, kept, strict=True):
+        interval = logs.interval()
+        out.append(ScenarioRatio(str(row["scenario"]), str(row["variant"]), baseline, latency, interval,
+                                 judge(interval, effect, keep), str(row["id"]), effect, q,
+                                 pair_repro(str(row["repro"]), str(row["variant"]), baseline), int(logs.values.size),
+                                 logs.process_count))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -273,8 +275,8 @@ def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
         for _, row in at.sort_values("variant", key=variant_order).iterrows():
             if row["variant"] != baseline:
                 pairs.append(_pair(run, row, base.iloc[0]))
-    finite = [(p.interval.ci_high - p.interval.ci_low) / 2 / p.interval.ratio for p in pairs if p.interval.known]
-    half_width = float(np.median(finite)) if finite else math.nan
+    half_width = finite_median([(p.interval.ci_high - p.interval.ci_low) / 2 / p.interval.ratio
+                                for p in pairs if p.interval.known])
     effect = min_effect(half_width)
     qvalues = bh_adjusted([p.p_value for p in pairs])
     ratios = tuple(_ratio(p, effect, q) for p, q in zip(pairs, qvalues, strict=True))
@@ -292,10 +294,10 @@ def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
         median_ci_half_width=half_width,
         min_effect=effect,
         processes=run.process_count,
-        ratio_between_process=_median([c.between_process for c in ratio_parts]),
-        ratio_within_process=_median([c.within_process for c in ratio_parts]),
-        time_between_process=_median([c.between_process for c in time_parts]),
-        time_within_process=_median([c.within_process for c in time_parts]),
+        ratio_between_process=finite_median([c.between_process for c in ratio_parts]),
+        ratio_within_process=finite_median([c.within_process for c in ratio_parts]),
+        time_between_process=finite_median([c.between_process for c in time_parts]),
+        time_within_process=finite_median([c.within_process for c in time_parts]),
         interval_unit=ratios[0].interval_unit if ratios else "repetition",
     )
     step_baseline = per_request_name(baseline)
@@ -310,11 +312,6 @@ def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
 def ratio_key(ratio: RatioRow, variant: str) -> tuple:
     """The row key of `variant` at a ratio's point."""
     return (variant, ratio.dtype, ratio.layout, ratio.seq_len, ratio.page_size)
-
-
-def _median(values: list[float]) -> float:
-    finite = [v for v in values if math.isfinite(v)]
-    return float(np.median(finite)) if finite else math.nan
 
 
 def variant_order(column: pd.Series) -> pd.Series:

@@ -219,6 +219,12 @@ def between_runs(a: Levels, b: Levels, confidence: float = CONFIDENCE) -> Interv
                     min(a.process_count, b.process_count), confidence, "process")
 
 
+def finite_median(values: list[float]) -> float:
+    """The median of the finite values (an unknown interval's width is infinite), nan when there are none."""
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.median(finite)) if finite else math.nan
+
+
 def relative_spread(medians: np.ndarray) -> float:
     """The spread between repetitions: the standard deviation of log block medians (~ the CV); 0 for one."""
     return float(np.std(np.log(medians), ddof=1)) if medians.size > 1 else 0.0

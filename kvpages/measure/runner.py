@@ -90,11 +90,12 @@ class Runner:
         reason = target.unavailable_reason(variant, self.session.device)
         if reason is not None:
             raise Stop("skipped", reason, fail=False)
-        if state.measured is None:
+        first_here = state.measured is None  # this case's first block in this process: check and meter it
+        if first_here:
             self._crosscheck(block, state)
         try:
             workload = self.workload(target)
-            if state.measured is None:
+            if first_here:
                 with self.session.phase("check"):
                     for inputs, expected in zip(target.inputs_for(variant, workload), workload.expected, strict=True):
                         problem = target.check(target.call_here(variant, inputs), expected)
@@ -106,7 +107,6 @@ class Runner:
             self._workload = None
             self._built.pop(target, None)
             raise Stop("out_of_memory", f"out of memory: {str(exc).splitlines()[0]}", fail=False) from None
-        first_here = state.measured is None  # this case's first block in this process
         if first_here:
             self._meter(target, variant, workload, state)
         assert state.measured is not None

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import shlex
 import shutil
@@ -227,12 +226,7 @@ def open_run_folder(session: KvSession) -> RunWriter:
 
 def process_infos(session: KvSession, total_s: float) -> list[ProcessInfo]:
     """The processes that timed this run, the workers first, then this session."""
-    infos = []
-    for w in session.workers:
-        end = w.end
-        startup = (end.first_block_at - w.launched_at) if end and end.first_block_at else w.wall_s
-        infos.append(ProcessInfo(w.process, end.pid if end else -1, "worker", startup,
-                                 end.generate_s if end else 0.0, w.wall_s, end.blocks if end else 0))
+    infos = [w.info() for w in session.workers]
     own_start = session.loop_started or 0.0
     infos.append(ProcessInfo(session.process, os.getpid(), "session", own_start - session.configured_at,
                              session.phase_s["generate"], total_s - sum(w.wall_s for w in session.workers),
@@ -262,11 +256,9 @@ def run_workers(session: KvSession, command: WorkerCommand, case_ids: Sequence[s
         session.runner.records.merge(result, targets)
         if command.json_out:
             session.worker_benchmarks += json.loads(json_path(command.folder, process).read_text())["benchmarks"]
-        end = result.end
-        assert end is not None
-        startup = (end.first_block_at - result.launched_at) if end.first_block_at else math.nan
-        say(f"kvpages: process {process + 1} of {session.processes} (pid {end.pid}): {end.blocks} blocks in "
-            f"{result.wall_s:.1f} s, of which start-up {startup:.1f} s and inputs {end.generate_s:.1f} s")
+        info = result.info()
+        say(f"kvpages: process {process + 1} of {session.processes} (pid {info.pid}): {info.blocks} blocks in "
+            f"{info.wall_s:.1f} s, of which start-up {info.startup_s:.1f} s and inputs {info.generate_s:.1f} s")
     say(f"kvpages: process {session.processes} of {session.processes} (pid {os.getpid()}, this session) times its "
         "share now")
 

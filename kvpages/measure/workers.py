@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvpages.schema.rows import TABLES, Samples, Table
+from kvpages.schema.rows import TABLES, ProcessInfo, Samples, Table
 
 WORKER_FLAG = "--kv-worker"
 WORKER_DIR_FLAG = "--kv-worker-dir"
@@ -178,6 +178,15 @@ class WorkerRun:
     def ok(self) -> bool:
         """It ran to its end: every case passed or was recorded as failed (pytest's 0 and 1)."""
         return self.returncode in (0, 1) and self.end is not None
+
+    def info(self) -> ProcessInfo:
+        """meta.json's record of it; its start-up runs from its launch to its first block (all of it, if it timed
+        nothing or did not get that far)."""
+        end = self.end
+        if end is None:
+            return ProcessInfo(self.process, -1, "worker", self.wall_s, 0.0, self.wall_s, 0)
+        startup = self.wall_s if end.first_block_at is None else end.first_block_at - self.launched_at
+        return ProcessInfo(self.process, end.pid, "worker", startup, end.generate_s, self.wall_s, end.blocks)
 
 
 def run_worker(command: WorkerCommand, process: int) -> WorkerRun:

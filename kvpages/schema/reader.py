@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvpages.core.stats import Levels
+from kvpages.core.stats import Levels, block_medians
 from kvpages.schema.rows import (
     COLUMNS,
     FLOAT_COLUMNS,
@@ -108,8 +108,7 @@ class Run:
             blocks = None if found is None else found[latency]
         if blocks is None:
             return None
-        medians = np.array([float(np.median(b)) for b in blocks])
-        return Levels(np.log(medians), self.block_processes(key, len(blocks)))
+        return Levels(np.log(block_medians(blocks)), self.block_processes(key, len(blocks)))
 
     @property
     def process_count(self) -> int:
