@@ -9,6 +9,8 @@
 #   4. the same sweep with the cross-check on (in its own process), its repetitions dealt to 2 fresh processes
 #      (the session and one pytest worker: the multi-process path on CUDA); skipped, saying why, if step 3 failed,
 #   5. `kvpages compare` of the two run folders (A: cross-check off, B: on): the timing process is not skewed,
+#      then, with 2 or more GPUs, the quick preset's steps on 2, 4 and 8 ranks at once (torchrun, one GPU each,
+#      as many as there are), each a run folder with ranks.csv and contention.csv; with one GPU it says so,
 #   6. the CUDA-marked tests (variants and inputs on CUDA, the meter against the CUDA profiler, the sweep's
 #      CUDA twins, the busy-queue step: a blocking copy waits for a queued 500 us kernel, a pinned one does not).
 # A failing step does not stop the others: each failure is collected (name and exit code) and named in a
@@ -261,10 +263,31 @@ else
     echo "== compare skipped: it needs the run folders of both sweeps (off: ${OFF_RUN:-none}, on: ${ON_RUN:-none})"
 fi
 
+# ----------------------------------------------------------------------------- 5b. many ranks at once
+if [[ $DEVICE == cuda ]]; then
+    GPUS=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+    if ((GPUS >= 2)); then
+        for n in 2 4 8; do
+            ((n <= GPUS)) || break
+            SWEEP_BEFORE=$(list_runs)
+            echo "== ranks-$n: the quick preset's steps on $n ranks at once (torchrun, one GPU each)"
+            run_step "ranks-$n" "$SWEEP_S" "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$n" \
+                -m pytest bench/test_steps.py --benchmark-only --kv-preset quick --kv-device cuda --kv-analyze -q \
+                -p no:cacheprovider "${args[@]}"
+            collect_runs
+            pack
+        done
+    else
+        echo "== ranks: not run: this machine has $GPUS CUDA device(s), and a multi-rank run needs one per rank"
+    fi
+else
+    echo "== ranks: not run in a CPU rehearsal (tests/test_ranks.py runs 2 ranks on the CPU)"
+fi
+
 # ----------------------------------------------------------------------------- 6. the CUDA-marked tests
 echo "== CUDA-marked tests (variants, inputs, meter vs profiler, sweep twins, busy queue)"
 run_step cuda-tests "$TESTS_S" "$PYTHON" -m pytest tests/test_variants.py tests/test_inputs.py tests/test_meter.py \
-    tests/test_plugin.py tests/test_gpu_path.py tests/test_scenarios.py -m cuda -q -p no:cacheprovider
+    tests/test_plugin.py tests/test_gpu_path.py tests/test_scenarios.py tests/test_ranks.py -m cuda -q -p no:cacheprovider
 
 pack
 summarize

@@ -10,6 +10,7 @@ and the step variants, so a new variant is benchmarked without touching bench/.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -22,11 +23,13 @@ from kvpages.core.options import OPTIONS, BenchOptions
 from kvpages.measure.workers import WORKER_DIR_FLAG, WORKER_FLAG
 
 if TYPE_CHECKING:
+    from kvpages.measure.group import Launch
     from kvpages.measure.session import KvSession
 
 OPTIONS_KEY = pytest.StashKey[BenchOptions]()
 SESSION_KEY = pytest.StashKey["KvSession"]()
 START_KEY = pytest.StashKey[float]()
+LAUNCH_KEY = pytest.StashKey["Launch"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -73,11 +76,29 @@ def pytest_configure(config: pytest.Config) -> None:
                 f"--kv-device: 'cuda' is not available here (torch {torch.__version__}, "
                 f"CUDA build: {torch.version.cuda}); valid here: auto, cpu"
             )
+    if "WORLD_SIZE" in os.environ:  # started by torchrun: one pytest session per rank (kvpages.measure.ranks)
+        options = _ranked(config, options)
     worker, worker_dir = config.getoption(WORKER_FLAG), config.getoption(WORKER_DIR_FLAG)
     if worker is not None and (worker_dir is None or not 0 <= worker < options.sweep.processes - 1):
         raise pytest.UsageError(f"{WORKER_FLAG} {worker}: internal option; the session starts processes "
                                 f"0..{options.sweep.processes - 2} itself, each with {WORKER_DIR_FLAG}")
     config.stash[OPTIONS_KEY] = options
+
+
+def _ranked(config: pytest.Config, options: BenchOptions) -> BenchOptions:
+    """The options of one rank of a multi-rank run, its launch stashed; unchanged outside one (a world of one rank)."""
+    from kvpages.measure.group import Launch, check_devices, ranked_options
+
+    try:
+        launch = Launch.from_env(os.environ)
+        if launch is None:
+            return options
+        check_devices(launch, options.device_choice)
+        options = ranked_options(options, launch)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[LAUNCH_KEY] = launch
+    return options
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -113,10 +134,12 @@ def kv_session(config: pytest.Config) -> KvSession:
         from kvpages.measure.session import KvSession
 
         worker_dir = config.getoption(WORKER_DIR_FLAG)
+        launch: Launch | None = config.stash.get(LAUNCH_KEY, None)  # torchrun's ranks: kvpages.measure.ranks
         config.stash[SESSION_KEY] = KvSession(
             config.stash[OPTIONS_KEY], Path(str(config.rootpath)), tuple(config.invocation_params.args),
             timing=not config.getoption("benchmark_disable", False), worker=config.getoption(WORKER_FLAG),
             worker_dir=None if worker_dir is None else Path(worker_dir), configured_at=config.stash[START_KEY],
+            launch=launch,
         )
     return config.stash[SESSION_KEY]
 
@@ -247,7 +270,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     if SESSION_KEY not in config.stash or config.stash[SESSION_KEY].log is not None:  # a worker: its log says it
         return
-    writer = config.stash[SESSION_KEY].writer
+    kv = config.stash[SESSION_KEY]
+    writer, group = kv.writer, kv.context.group
+    if group is not None and group.rank != 0:
+        terminalreporter.write_line(f"kvpages: {group.who(group.rank)}: rank 0 writes the run folder")
+        return
     if writer is None:
         terminalreporter.write_line("kvpages: timing disabled or nothing ran; no run folder written")
         return

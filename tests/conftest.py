@@ -45,7 +45,8 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from kvpages.core.stats import row_statistics  # noqa: E402
-from kvpages.schema.rows import POINTS, Environment, ProcessInfo, Row, RunMeta, SampleSet  # noqa: E402
+from kvpages.schema.meta import Environment, ProcessInfo, RunMeta  # noqa: E402
+from kvpages.schema.rows import POINTS, Row, SampleSet  # noqa: E402
 from kvpages.schema.writer import RunWriter  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

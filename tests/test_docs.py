@@ -9,7 +9,16 @@ from conftest import REPO
 from kvpages.core.options import OPTIONS
 from kvpages.core.presets import PRESETS
 from kvpages.measure.variants import all_variants
-from kvpages.schema.rows import COLUMNS, RATIO_COLUMNS, SAMPLE_COLUMNS, SCENARIO_COLUMNS, SCENARIO_SAMPLE_COLUMNS
+from kvpages.schema.ranks import CONTENTION_COLUMNS
+from kvpages.schema.rows import (
+    COLUMNS,
+    RANK_COLUMNS,
+    RANK_SAMPLE_COLUMNS,
+    RATIO_COLUMNS,
+    SAMPLE_COLUMNS,
+    SCENARIO_COLUMNS,
+    SCENARIO_SAMPLE_COLUMNS,
+)
 
 README = (REPO / "README.md").read_text()
 
@@ -46,7 +55,8 @@ def test_readme_preset_table_matches_the_presets():
 
 def test_results_readme_documents_every_column():
     text = (REPO / "results" / "README.md").read_text()
-    for column in COLUMNS + SAMPLE_COLUMNS + RATIO_COLUMNS + SCENARIO_COLUMNS + SCENARIO_SAMPLE_COLUMNS:
+    for column in (COLUMNS + SAMPLE_COLUMNS + RATIO_COLUMNS + SCENARIO_COLUMNS + SCENARIO_SAMPLE_COLUMNS + RANK_COLUMNS
+                   + RANK_SAMPLE_COLUMNS + CONTENTION_COLUMNS):
         assert f"`{column}`" in text, column
 
 

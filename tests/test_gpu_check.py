@@ -24,8 +24,9 @@ from conftest import REPO
 
 from kvpages.analysis.ratios import analyze
 from kvpages.render.plots import _busy_reference, plot_run
+from kvpages.schema.meta import Environment, RunMeta
 from kvpages.schema.reader import load_run
-from kvpages.schema.rows import SCENARIOS, Environment, RunMeta, ScenarioRow, ScenarioSampleSet
+from kvpages.schema.rows import SCENARIOS, ScenarioRow, ScenarioSampleSet
 from kvpages.schema.writer import RunWriter
 
 SCRIPT = REPO / "bench" / "gpu_check.sh"

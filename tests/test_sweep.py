@@ -12,7 +12,11 @@ from kvpages.measure.schedule import plan
 
 
 def test_presets_are_the_documented_ones():
-    assert list(PRESETS) == ["quick", "default", "full"]
+    assert list(PRESETS) == ["quick", "default", "full", "ranks"]
+    ranks = PRESETS["ranks"]  # for torchrun: steps only, of the default preset's sizes
+    assert {s.kind for s in ranks.scenarios} == {"step"}
+    assert {(s.batch, s.page_size) for s in ranks.scenarios} <= {
+        (s.batch, s.page_size) for s in PRESETS["default"].scenarios if s.kind == "step"}
     default = PRESETS["default"].sweep
     assert default.seq_lens == (512, 2048, 8192, 32768, 131072, 524288)
     assert default.page_sizes == (1, 16, 64, 128) and default.dtypes == ("int32",)
@@ -145,7 +149,8 @@ def test_every_option_renders_back():
                "--kv-time-budget": "0.25", "--kv-repetitions": "3", "--kv-passes": "1", "--kv-processes": "2",
                "--kv-crosscheck": "off", "--kv-scenarios": "none", "--kv-request-lens": "64", "--kv-chunk-size": "32",
                "--kv-prefix": "0", "--kv-step-sizes": "2", "--kv-step-lens": "fixed:16", "--kv-step-variants": "s",
-               "--kv-results": "r", "--kv-sglang": "0.5.15,/src/sglang/python", "--kv-breakdown": "off"}
+               "--kv-results": "r", "--kv-sglang": "0.5.15,/src/sglang/python", "--kv-breakdown": "off",
+               "--kv-rank-timeout": "30.0"}
     assert set(samples) == {o.flag for o in OPTIONS}
     for option in OPTIONS:
         rendered = BenchOptions.parse({option.flag: samples[option.flag]}.get).to_args()

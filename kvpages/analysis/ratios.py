@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from kvpages.analysis.cite import pair_repro
+from kvpages.analysis.contention import contention
 from kvpages.analysis.verdicts import (
     FASTER,
     MIN_EFFECT_FLOOR,
@@ -29,6 +30,7 @@ from kvpages.core.links import LINK_PROFILES
 from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, STEP_BASELINE, per_request_name, variant_sort_key
 from kvpages.core.stats import Interval, Levels, finite_median, unknown
 from kvpages.schema.breakdown import BreakdownRow, read_breakdown
+from kvpages.schema.ranks import ContentionRow
 from kvpages.schema.reader import Run, RunError, row_key
 from kvpages.schema.rows import RatioRow, ScenarioRatioRow, ratio_id
 
@@ -241,6 +243,8 @@ class Analysis:
     scenario_baseline: str = STEP_BASELINE
     breakdown: tuple[BreakdownRow, ...] = ()
     """Where the time goes (breakdown.csv): one profiled pass over a few points; its shares are the result."""
+    contention: tuple[ContentionRow, ...] = ()
+    """A multi-rank run's steps: every rank at once against rank 0 alone (kvpages.analysis.contention)."""
 
     @property
     def floor(self) -> tuple[RatioRow, ...]:
@@ -306,7 +310,7 @@ def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
     except ValueError as exc:
         raise RunError(str(exc)) from None
     return Analysis(run, baseline, ratios, tuple(crossovers(ratios)), best, noise,
-                    scenario_ratios(run, step_baseline, effect), step_baseline, breakdown)
+                    scenario_ratios(run, step_baseline, effect), step_baseline, breakdown, contention(run))
 
 
 def ratio_key(ratio: RatioRow, variant: str) -> tuple:

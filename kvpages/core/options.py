@@ -28,6 +28,9 @@ SCENARIO_CHOICES = ("preset", "none")
 BREAKDOWN_MODES = ("on", "off")
 """on: after the timing, one profiled pass over a few points in a process of its own (breakdown.csv)."""
 DEFAULT_CHUNK_SIZE = 8192
+DEFAULT_RANK_TIMEOUT_S = 300.0
+"""A multi-rank run (torchrun): how long a rank waits at a barrier or gather before the run stops, naming the ranks
+that did not arrive."""
 
 
 def _float_seconds(option: str, text: str) -> float:
@@ -133,6 +136,8 @@ OPTIONS: tuple[Option, ...] = (
            f"SPECs: {SPEC_FORMS}", parse_specs),
     Option("--kv-breakdown", "breakdown", "where the time goes: one profiled pass over a few points, in its own "
            "process after the timing: on, off (default: on)", _choice(BREAKDOWN_MODES, "breakdown mode")),
+    Option("--kv-rank-timeout", "rank_timeout_s", "under torchrun: seconds a rank waits for the others at a barrier "
+           f"or gather before the run stops, naming them (default {DEFAULT_RANK_TIMEOUT_S:g})", _float_seconds, repr),
     Option("--kv-results", "results_dir", "folder that receives the run folder (default: <rootdir>/results)",
            lambda f, t: t),
 )
@@ -170,6 +175,7 @@ class BenchOptions:
     step_variants: tuple[str, ...] | None = None
     sglang: tuple[str, ...] | None = None
     breakdown: str | None = None
+    rank_timeout_s: float | None = None
     results_dir: str | None = None
 
     @classmethod

@@ -70,9 +70,14 @@ PRESETS: dict[str, Preset] = {
             time_budget_s=0.5,
             processes=DEFAULT_PROCESSES, repetitions=DEFAULT_REPETITIONS, passes=1,
         ), _DEFAULT_SCENARIOS, 0.2, "every page size, both dtypes, up to 2M tokens"),
+        Preset(Sweep("ranks", seq_lens=(8192,), page_sizes=(1, 64), time_budget_s=0.05, processes=1, repetitions=12,
+                     passes=1),
+               step_scenarios((8, 32, 128), MIXED_LENGTHS, (1, 64)), 0.1,
+               "the steps under torchrun: every rank at once against rank 0 alone (README: many ranks)"),
     )
 }
-"""Named runs: `quick` (seconds, what CI runs), `default` (`make bench`), `full`."""
+"""Named runs: `quick` (seconds, what CI runs), `default` (`make bench`), `full`, and `ranks` (the step scenarios of
+the default preset, for torchrun: a multi-rank run times steps only, in one process per rank)."""
 
 
 def get_preset(name: str) -> Preset:

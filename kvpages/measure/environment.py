@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 import kvpages
-from kvpages.schema.rows import Environment
+from kvpages.schema.meta import Environment
 
 CPU_LINK_NOTE = (
     "CPU run: no PCIe link was crossed. `.cpu()` is a no-op on a CPU tensor, so d2h_bytes count "

@@ -21,7 +21,7 @@ from kvpages.measure.meter import D2HMeasurement
 from kvpages.measure.schedule import Block
 from kvpages.measure.targets import Context, Target
 from kvpages.measure.workers import BlockRecord, StopRecord, WorkerLog, WorkerRun
-from kvpages.schema.rows import Row, Samples, ScenarioRow, Table
+from kvpages.schema.rows import RankRow, Row, Samples, ScenarioRow, Table
 
 
 @dataclass
@@ -55,15 +55,18 @@ class Host(Protocol):
     passes: int
     crosscheck_unavailable: str | None
     log: WorkerLog | None
+    """A worker's log (blocks go there, no rows are written); None in the session that writes the run folder."""
     pool_cache: PoolCache | None
     """Where the processes of a run share the pools they built (None: one process)."""
-    """A worker's log (blocks go there, no rows are written); None in the session that writes the run folder."""
+    launcher: tuple[str, ...]
+    """What a repro command starts with: ("pytest",), or torchrun's command for a multi-rank run."""
 
     def phase(self, name: str) -> AbstractContextManager[None]: ...
     def variants_of(self, target: Target) -> Sequence[str]: ...
     def crosscheck_answer(self, block: Block) -> CheckAnswer | None: ...
     def after_timed_block(self, record: bool) -> None: ...
-    def write(self, table: Table, rows: Sequence[Row | ScenarioRow], samples: Sequence[Samples] = ()) -> None: ...
+    def write(self, table: Table, rows: Sequence[Row | ScenarioRow | RankRow], samples: Sequence[Samples] = (),
+              cases: int | None = None) -> None: ...
 
 
 class Records:
@@ -83,7 +86,7 @@ class Records:
         if log is not None:
             log.stop(f"{variant}-{target.id}", stop.status, stop.note, stop.fail)
         else:
-            self.session.write(target.table, [self.row(target, variant, state, stop.status, stop.note)])
+            self.session.write(target.table, self.row(target, variant, state, stop.status, stop.note), cases=1)
 
     def merge(self, worker: WorkerRun, targets: dict[str, tuple[Target, str]]) -> None:
         """Fold a finished worker's log in: its blocks join their cases, and a case it stopped is recorded now
@@ -105,24 +108,28 @@ class Records:
 
     def flush(self, target: Target) -> None:
         """Write the rows (and samples) of `target`'s cases that timed every repetition."""
-        rows, samples = [], []
+        rows, samples, cases = [], [], 0
         for variant in self.session.variants_of(target):
             state = self.cases.get(f"{variant}-{target.id}")
-            if state is None or state.failed is not None or len(state.blocks) != self.session.repetitions:
+            if (state is None or state.failed is not None
+                    or len({b.repetition for b in state.blocks}) != self.session.repetitions):
                 continue
             blocks = sorted(state.blocks, key=lambda b: b.repetition)
-            rows.append(self.row(target, variant, state, "ok", state.note, blocks))
+            rows += self.row(target, variant, state, "ok", state.note, blocks)
             samples += blocks
+            cases += 1
             state.blocks.clear()
         if rows:
-            self.session.write(target.table, rows, samples)
+            self.session.write(target.table, rows, samples, cases)
 
     def row(self, target: Target, variant: str, state: CaseState, status: str, note: str,
-            blocks: list[Samples] | None = None):
-        return target.row(variant, self.session.context, state.measured, status, note, blocks or [],
+            blocks: list[Samples] | None = None) -> list[Row | ScenarioRow | RankRow]:
+        """A case's rows: one, or one per rank and role of a multi-rank step."""
+        made = target.row(variant, self.session.context, state.measured, status, note, blocks or [],
                           self.repro(target, variant))
+        return list(made) if isinstance(made, tuple) else [made]
 
     def repro(self, target: Target, variant: str) -> str:
         """The command that re-runs just this case, with this run's options: rendered from the options table."""
         bench, options = target.narrowed(variant, self.session.options, self.session.device)
-        return shlex.join(("pytest", bench, "--benchmark-only") + options.to_args())
+        return shlex.join(self.session.launcher + (bench, "--benchmark-only") + options.to_args())

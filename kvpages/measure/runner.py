@@ -12,16 +12,23 @@ Data flows one way: block -> workload -> variant (checked, metered, timed) -> sa
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 import torch
 
 from kvpages.measure.crosscheck import CheckAnswer
+from kvpages.measure.group import Group, RankFailure
 from kvpages.measure.inputs import Workload
 from kvpages.measure.records import CaseState, Host, Records, Stop
 from kvpages.measure.schedule import Block
 from kvpages.measure.targets import Target, measure
 from kvpages.measure.timer import WARMUP_FIRST_S, WARMUP_LATER_S, rounds_for, time_block, warm_up
+
+T = TypeVar("T")
+ERROR = "error"
+"""What a rank answers when its step raised (not a Stop): the multi-rank run stops."""
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -29,6 +36,46 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
         isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(exc)
     )
+
+
+def together(group: Group | None, block: Block, when: str, step: Callable[[], T]) -> T:
+    """`step()`; in a multi-rank run every rank then agrees: a Stop on any rank stops the case on every rank, and
+    an error on any rank stops the run on every rank, each naming the rank (kvpages.measure.group)."""
+    if group is None:
+        return step()
+    result: T | None = None
+    mine: tuple[str, str, bool] | None = None
+    try:
+        result = step()
+    except Stop as stop:
+        mine = (stop.status, stop.note, stop.fail)
+    except Exception as exc:
+        if isinstance(exc, pytest.exit.Exception):
+            raise
+        mine = (ERROR, f"{block.id}: {type(exc).__name__}: {exc}", True)
+    agreed = group.agree(f"{block.id}: {when}", mine)
+    if agreed is not None and agreed[0] == ERROR:
+        group.stop(agreed[1])
+    if agreed is not None:
+        raise Stop(*agreed)
+    assert result is not None
+    return result
+
+
+def check_metered(target: Target, variant: str, state: CaseState) -> None:
+    """The D2H the meter counted must be what the variant declares, and what every earlier process counted."""
+    measured = state.measured
+    assert measured is not None
+    expected_bytes, transfers = target.expected_d2h(variant)
+    if transfers is None and measured.d2h_bytes != expected_bytes:
+        raise Stop("mismatch", f"measured {measured.d2h_bytes} D2H bytes, expected {expected_bytes}", fail=True)
+    if transfers is not None and (measured.d2h_bytes, measured.d2h_transfers) != (expected_bytes, transfers):
+        raise Stop("mismatch", f"measured {measured.d2h_bytes} D2H bytes in {measured.d2h_transfers} transfers, "
+                               f"expected {expected_bytes} in {transfers}", fail=True)
+    for process, seen in sorted(state.seen.items()):
+        if seen != (measured.d2h_bytes, measured.d2h_transfers):
+            raise Stop("mismatch", f"process {process} measured {seen[0]} D2H bytes in {seen[1]} transfers, this "
+                                   f"one {measured.d2h_bytes} in {measured.d2h_transfers}", fail=True)
 
 
 class Runner:
@@ -58,6 +105,11 @@ class Runner:
             if stop.fail:
                 pytest.fail(message, pytrace=False)
             pytest.skip(message)
+        except Exception as exc:  # a rank that cannot go on stops the multi-rank run (the others would wait for it)
+            group = self.session.context.group
+            if group is None or isinstance(exc, pytest.exit.Exception):
+                raise
+            group.stop(str(exc) if isinstance(exc, RankFailure) else f"{block.id}: {type(exc).__name__}: {exc}")
         finally:
             if block.last_in_process:
                 self._built.pop(block.point, None)
@@ -87,10 +139,21 @@ class Runner:
             pytest.fail(message, pytrace=False)
         if state.failed is not None:
             pytest.skip(f"{block.case_id}: recorded as {state.failed} in an earlier repetition")
+        first_here = state.measured is None  # this case's first block in this process: check and meter it
+        workload = together(self.session.context.group, block, "before its timing", lambda: self._prepare(block, state, first_here))
+        assert state.measured is not None
+        benchmark.group = target.id
+        benchmark.extra_info.update(device_name=self.session.context.device_name,
+                                    **target.extra_info(variant, state.measured),
+                                    repetition=block.repetition, order=block.order)
+        self._time(benchmark, block, workload, state, record, first_here)
+
+    def _prepare(self, block: Block, state: CaseState, first_here: bool) -> Workload:
+        """The block's workload; the case checked against the reference and metered in its first block here."""
+        target, variant = block.point, block.variant
         reason = target.unavailable_reason(variant, self.session.device)
         if reason is not None:
             raise Stop("skipped", reason, fail=False)
-        first_here = state.measured is None  # this case's first block in this process: check and meter it
         if first_here:
             self._crosscheck(block, state)
         try:
@@ -109,12 +172,7 @@ class Runner:
             raise Stop("out_of_memory", f"out of memory: {str(exc).splitlines()[0]}", fail=False) from None
         if first_here:
             self._meter(target, variant, workload, state)
-        assert state.measured is not None
-        benchmark.group = target.id
-        benchmark.extra_info.update(device_name=self.session.context.device_name,
-                                    **target.extra_info(variant, state.measured),
-                                    repetition=block.repetition, order=block.order)
-        self._time(benchmark, block, workload, state, record, first_here)
+        return workload
 
     def _crosscheck(self, block: Block, state: CaseState) -> None:
         answer: CheckAnswer | None = self.session.crosscheck_answer(block)
@@ -128,17 +186,8 @@ class Runner:
 
     def _meter(self, target: Target, variant: str, workload: Workload, state: CaseState) -> None:
         with self.session.phase("meter"):
-            state.measured = measured = measure(target, variant, target.inputs_for(variant, workload)[0])
-        expected_bytes, transfers = target.expected_d2h(variant)
-        if transfers is None and measured.d2h_bytes != expected_bytes:
-            raise Stop("mismatch", f"measured {measured.d2h_bytes} D2H bytes, expected {expected_bytes}", fail=True)
-        if transfers is not None and (measured.d2h_bytes, measured.d2h_transfers) != (expected_bytes, transfers):
-            raise Stop("mismatch", f"measured {measured.d2h_bytes} D2H bytes in {measured.d2h_transfers} transfers, "
-                                   f"expected {expected_bytes} in {transfers}", fail=True)
-        for process, seen in sorted(state.seen.items()):
-            if seen != (measured.d2h_bytes, measured.d2h_transfers):
-                raise Stop("mismatch", f"process {process} measured {seen[0]} D2H bytes in {seen[1]} transfers, this "
-                                       f"one {measured.d2h_bytes} in {measured.d2h_transfers}", fail=True)
+            state.measured = measure(target, variant, target.inputs_for(variant, workload)[0])
+        check_metered(target, variant, state)
 
     def _time(self, benchmark, block: Block, workload: Workload, state: CaseState, record: bool,
               first_here: bool) -> None:
@@ -151,19 +200,25 @@ class Runner:
                 sweep = session.options.sweep
                 per_call_s = warm_up(timer.fn, inputs, target.page_size, timer.before_round,
                                      WARMUP_FIRST_S if first_here else WARMUP_LATER_S)
-                rounds = rounds_for(per_call_s, target.budget_s(session.options) / session.repetitions,
-                                    sweep.min_rounds, sweep.max_rounds)
+                rounds = timer.agree_rounds(rounds_for(per_call_s, target.budget_s(session.options) / session.repetitions,
+                                                       sweep.min_rounds, sweep.max_rounds))
             timer.start()
             result = time_block(benchmark, timer.fn, inputs, target.page_size, timer.before_round,
                                 rounds)
         session.after_timed_block(record)
-        problem = target.check(result.output, workload.expected[result.input_index])
-        if problem:
-            raise Stop("mismatch", f"wrong output in a timed round: {problem}", fail=True)
+
+        def checked() -> bool:
+            problem = target.check(result.output, workload.expected[result.input_index])
+            if problem:
+                raise Stop("mismatch", f"wrong output in a timed round: {problem}", fail=True)
+            return True
+
+        together(session.context.group, block, "after its timing", checked)
         if record:
-            samples = target.samples(block.variant, block, timer.series(benchmark, rounds))
-            state.blocks.append(samples)
-            if session.log is not None and state.measured is not None:
-                session.log.block(block.case_id, target.table, samples, state.measured.d2h_bytes,
-                                  state.measured.d2h_transfers)
+            made = target.samples(block.variant, block, timer.series(benchmark, rounds))
+            for samples in made if isinstance(made, tuple) else (made,):
+                state.blocks.append(samples)
+                if session.log is not None and state.measured is not None:
+                    session.log.block(block.case_id, target.table, samples, state.measured.d2h_bytes,
+                                      state.measured.d2h_transfers)
 

@@ -26,10 +26,13 @@ import pytest
 import torch
 
 from kvpages.core.options import BenchOptions, crosscheck_enabled
+from kvpages.core.scenarios import StepScenario
 from kvpages.measure import breakdown as where_time_goes
 from kvpages.measure import crosscheck as profiler_check
 from kvpages.measure import environment
+from kvpages.measure.group import Group, Launch
 from kvpages.measure.inputs import PoolCache
+from kvpages.measure.ranks import RankTarget
 from kvpages.measure.runner import Runner
 from kvpages.measure.schedule import Block, in_run_order, plan
 from kvpages.measure.steps import get_step_variant, step_variant_names
@@ -45,7 +48,8 @@ from kvpages.measure.workers import (
     run_worker,
     write_cases,
 )
-from kvpages.schema.rows import ProcessInfo, Row, RunMeta, Samples, ScenarioRow, Table
+from kvpages.schema.meta import ProcessInfo, RunMeta
+from kvpages.schema.rows import RankRow, Row, Samples, ScenarioRow, Table
 from kvpages.schema.writer import RunWriter, create_run_dir, utc_now
 
 
@@ -61,14 +65,16 @@ class KvSession:
 
     def __init__(self, options: BenchOptions, rootdir: Path, invocation_args: tuple[str, ...],
                  timing: bool = True, worker: int | None = None, worker_dir: Path | None = None,
-                 configured_at: float = 0.0) -> None:
+                 configured_at: float = 0.0, launch: Launch | None = None) -> None:
         self.options = options
         self.configured_at = configured_at  # perf_counter at pytest_configure
         self.device = resolve_device(options.device_choice)
         self.rootdir = rootdir
         self.results_dir = Path(options.results_dir) if options.results_dir else rootdir / "results"
-        self.context = Context(self.device, environment.device_name(self.device), options)
-        self.command = shlex.join(("pytest",) + tuple(invocation_args))
+        group = None if launch is None else Group(launch, self.device, options.rank_timeout_s)  # joins the ranks
+        self.context = Context(self.device, environment.device_name(self.device), options, group=group)
+        self.launcher = ("pytest",) if launch is None else launch.command
+        self.command = shlex.join(self.launcher + tuple(invocation_args))
         self.started_utc = utc_now()
         self.phase_s: dict[str, float] = defaultdict(float)
         self.writer: RunWriter | None = None
@@ -81,15 +87,7 @@ class KvSession:
         self.pool_cache = None if worker_dir is None else PoolCache(worker_dir)  # the session's: set by run_workers
         self.variants = options.variants or variant_names()
         self.step_variants = options.step_variants or step_variant_names()
-        points = [PointTarget(p) for p in sweep.points(self.device)]
-        per_request = [n for n in self.step_variants if not get_step_variant(n).batched]
-        requests = [ScenarioTarget(s) for s in options.scenario_set if s.kind == "request"]
-        steps = [ScenarioTarget(s) for s in options.scenario_set if s.kind == "step"]
-        families = in_run_order(
-            plan(self.variants, points, self.repetitions, sweep.seed, self.passes, self.processes),
-            plan(per_request, requests, self.repetitions, sweep.seed, self.passes, self.processes),
-            plan(self.step_variants, steps, self.repetitions, sweep.seed + 1, self.passes, self.processes))
-        self.point_blocks, self.scenario_blocks = families[0], families[1] + families[2]
+        self.point_blocks, self.scenario_blocks = plan_blocks(self, group)
         self.planned: set[str] = set()  # the cases whose benchmarks were collected
         self.runner = Runner(self)
         self.crosscheck = crosscheck_enabled(options.crosscheck_mode, self.device) and self.log is None
@@ -166,13 +164,20 @@ class KvSession:
             self.writer = open_run_folder(self)
         return self.writer
 
-    def write(self, table: Table, rows: Sequence[Row | ScenarioRow], samples: Sequence[Samples] = ()) -> None:
+    def write(self, table: Table, rows: Sequence[Row | ScenarioRow | RankRow], samples: Sequence[Samples] = (),
+              cases: int | None = None) -> None:
+        group = self.context.group
+        if group is not None and group.rank != 0:  # rank 0 gathered every rank's samples and writes the run folder
+            return
         with self.phase("write"):
-            self._writer().add(table, rows, samples)
+            self._writer().add(table, rows, samples, cases)
 
     def finish(self, exitstatus: int, total_s: float) -> None:
         """Close the run folder: completed only if every planned case ran and the session passed (a worker: its log)."""
         self.context.worker.shutdown(wait=True)
+        group = self.context.group
+        if group is not None:
+            group.close()
         if self.trace_dir is not None:
             shutil.rmtree(self.trace_dir, ignore_errors=True)
         if self.log is not None:
@@ -182,14 +187,17 @@ class KvSession:
             return
         self.writer.meta.processes = process_infos(self, total_s)
         done, planned = self.writer.recorded, len(self.planned)
-        if exitstatus == pytest.ExitCode.INTERRUPTED:
-            completed, note = False, f"interrupted after {done} of {planned} rows"
+        rows = "rows" if group is None else "cases"  # a multi-rank case has a row per rank and role
+        if group is not None and group.failure is not None:
+            completed, note = False, f"stopped after {done} of {planned} cases: {group.failure}"
+        elif exitstatus == pytest.ExitCode.INTERRUPTED:
+            completed, note = False, f"interrupted after {done} of {planned} {rows}"
         elif done < planned:
-            completed, note = False, f"only {done} of {planned} rows were recorded (deselected or failed cases)"
+            completed, note = False, f"only {done} of {planned} {rows} were recorded (deselected or failed cases)"
         elif exitstatus != pytest.ExitCode.OK:
-            completed, note = False, f"all {done} rows recorded, but the session failed (exit status {int(exitstatus)})"
+            completed, note = False, f"all {done} {rows} recorded, but the session failed (exit status {int(exitstatus)})"
         else:
-            completed, note = True, f"all {done} rows recorded"
+            completed, note = True, f"all {done} {rows} recorded"
         if self.options.breakdown != "off":
             self.writer.meta.breakdown = breakdown_note(self, exitstatus)
         if self._pcie_loaded is not None:
@@ -198,6 +206,24 @@ class KvSession:
         timing = {f"{name}_s": value for name, value in sorted(self.phase_s.items())}
         timing["session_s"] = total_s
         self.writer.finish(completed, note, timing)
+
+def plan_blocks(session: KvSession, group: Group | None) -> tuple[tuple[Block, ...], tuple[Block, ...]]:
+    """The session's blocks, in run order: the points', and the whole requests' and steps' (a multi-rank run: the
+    steps alone, each timed on every rank at once)."""
+    options, sweep = session.options, session.options.sweep
+    points: list[Target] = [PointTarget(p) for p in sweep.points(session.device)]
+    per_request = [n for n in session.step_variants if not get_step_variant(n).batched]
+    requests: list[Target] = [ScenarioTarget(s) for s in options.scenario_set if s.kind == "request"]
+    steps: list[Target] = [ScenarioTarget(s) for s in options.scenario_set if s.kind == "step"]
+    if group is not None:
+        points, requests = [], []
+        steps = [RankTarget(s, group.size) for s in options.scenario_set if isinstance(s, StepScenario)]
+    counts = (session.repetitions, sweep.seed, session.passes, session.processes)
+    families = in_run_order(plan(session.variants, points, *counts), plan(per_request, requests, *counts),
+                            plan(session.step_variants, steps, session.repetitions, sweep.seed + 1, session.passes,
+                                 session.processes))
+    return families[0], families[1] + families[2]
+
 
 def open_run_folder(session: KvSession) -> RunWriter:
     """A new run folder with its meta.json (after the cross-check, whose outcome the environment states)."""
@@ -217,6 +243,7 @@ def open_run_folder(session: KvSession) -> RunWriter:
         repetitions=session.repetitions,
         order_seed=session.options.sweep.seed,
         crosscheck=session.crosscheck_status(),
+        ranks=None if session.context.group is None else session.context.group.meta,
     )
     writer = RunWriter(path, meta)
     if session.trace_dir is not None and (session.trace_dir / profiler_check.TRACE_FILE).exists():

@@ -29,6 +29,7 @@ from kvpages.core.scenarios import EXTRA_UPKEEP, SCENARIO_ROTATION, RequestScena
 from kvpages.core.stats import quartiles, row_statistics
 from kvpages.core.sweep import ITEMSIZE, Point
 from kvpages.measure.busy import BusyQueue
+from kvpages.measure.group import Group
 from kvpages.measure.inputs import PoolCache, Workload, make_scenario_workload, make_workload, validate_page_layout
 from kvpages.measure.meter import D2HMeasurement, measure_call
 from kvpages.measure.schedule import Block
@@ -38,6 +39,7 @@ from kvpages.measure.variants import WithExtras, call_args, get_variant
 from kvpages.schema.rows import (
     POINTS,
     SCENARIOS,
+    RankRow,
     Row,
     Samples,
     SampleSet,
@@ -58,6 +60,8 @@ class Context:
     worker: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
         max_workers=1, thread_name_prefix="kvpages-transfer-worker"))
     busy_queues: dict[int, BusyQueue] = field(default_factory=dict)
+    group: Group | None = None
+    """The ranks of a multi-rank run (kvpages.measure.ranks); None: one rank."""
 
     def busy_queue(self, busy_us: int) -> BusyQueue:
         """The busy queue of `busy_us` (calibrated once per duration; none off CUDA)."""
@@ -76,6 +80,8 @@ class Timer:
     """After the block: (benchmark, rounds) -> the per-round series in microseconds."""
     start: Callable[[], None] = lambda: None
     """Right before the timed rounds (after the warm-up): forget what the warm-up recorded."""
+    agree_rounds: Callable[[int], int] = lambda rounds: rounds
+    """The rounds to time, from those this process's warm-up asked for (the ranks of a multi-rank run agree)."""
 
 
 def outputs_match(out: object, expected: np.ndarray) -> str | None:
@@ -126,9 +132,13 @@ class Target(Protocol):
     def budget_s(self, options: BenchOptions) -> float: ...
     def timer(self, variant: str, ctx: Context) -> Timer: ...
     def extra_info(self, variant: str, measured: D2HMeasurement) -> dict[str, Any]: ...
-    def samples(self, variant: str, block: Block, series: tuple[tuple[float, ...], ...]) -> Samples: ...
+    def samples(self, variant: str, block: Block, series: tuple[tuple[float, ...], ...]) -> Samples | tuple[Samples, ...]:
+        """A block's samples: one record, or one per role of a multi-rank step (kvpages.measure.ranks)."""
+        ...
     def row(self, variant: str, ctx: Context, measured: D2HMeasurement | None, status: str, note: str,
-            blocks: Sequence[Samples], repro: str) -> Row | ScenarioRow: ...
+            blocks: Sequence[Samples], repro: str) -> Row | ScenarioRow | tuple[RankRow, ...]:
+        """A case's row: one, or one per rank and role of a multi-rank step."""
+        ...
     def narrowed(self, variant: str, options: BenchOptions, device: str) -> tuple[str, BenchOptions]: ...
     def as_json(self) -> dict[str, Any]: ...
 

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvpages.schema.rows import TABLES, ProcessInfo, Samples, Table
+from kvpages.schema.meta import ProcessInfo
+from kvpages.schema.rows import TABLES, Samples, Table
 
 WORKER_FLAG = "--kv-worker"
 WORKER_DIR_FLAG = "--kv-worker-dir"

@@ -25,7 +25,9 @@ from kvpages.render.appendix import (
 )
 from kvpages.render.breakdown import breakdown_section, floor_section
 from kvpages.render.captions import caption
+from kvpages.render.ranks import render_ranks
 from kvpages.render.text import ci_text, count, coverage, fraction, ratio_text, table, us
+from kvpages.schema.ranks import CONTENTION_COLUMNS, CONTENTION_CSV
 from kvpages.schema.rows import (
     NOISY_CSV,
     RATIOS_CSV,
@@ -184,6 +186,8 @@ def charts_section(analysis: Analysis) -> str:
 
 def render(analysis: Analysis) -> str:
     run = analysis.run
+    if run.ranks is not None:
+        return render_ranks(analysis, environment_paragraph(analysis))
     command = run.meta.command if run.meta else "(unknown: no meta.json)"
     where = "CPU run: no link crossed" if not run.link_crossed else "CUDA run"
     names = f"Names: **pre-PR** = `{BASELINE}`, {LABELS[BASELINE]}; **merged PR** = `{CANDIDATE}`, {LABELS[CANDIDATE]}."
@@ -224,6 +228,8 @@ def write_report(analysis: Analysis) -> Path:
     folder = analysis.run.path
     write_ratios(folder, list(analysis.ratios))
     write_table(folder, SCENARIO_RATIOS_CSV, SCENARIO_RATIO_COLUMNS, [r.row() for r in analysis.scenario_ratios])
+    if analysis.run.ranks is not None:
+        write_table(folder, CONTENTION_CSV, CONTENTION_COLUMNS, list(analysis.contention))
     ok = analysis.run.ok_rows()
     noisy = ok[ok["rep_spread"] >= NOISY_SPREAD].sort_values("rep_spread", ascending=False)
     write_table(folder, NOISY_CSV, NOISY_COLUMNS, noisy[list(NOISY_COLUMNS)].to_dict("records"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvpages.analysis.ratios import Analysis, variant_order
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_BASELINE, STEP_CANDIDATE, label, per_request_of
+from kvpages.render.ranks import contention_summary
 from kvpages.render.text import coverage
 
 
@@ -45,7 +46,7 @@ def summary_text(analysis: Analysis) -> str:
     run = analysis.run
     ok = run.ok_rows()
     if ok.empty:
-        return "\n".join(scenario_summary(analysis)) or "no timed rows"
+        return "\n".join(scenario_summary(analysis) + contention_summary(analysis)) or "no timed rows"
     lines = []
     if not run.link_crossed:
         lines.append("CPU run: no PCIe link was crossed; bytes are those handed to the host boundary.")

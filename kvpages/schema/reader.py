@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from kvpages.core.stats import Levels, block_medians
+from kvpages.schema.meta import Environment, ProcessInfo, RankInfo, RanksMeta, RunMeta
 from kvpages.schema.rows import (
     COLUMNS,
     FLOAT_COLUMNS,
@@ -24,6 +25,12 @@ from kvpages.schema.rows import (
     KEY_COLUMNS,
     META_JSON,
     OPTIONAL_COLUMNS,
+    RANK_COLUMNS,
+    RANK_FLOAT_COLUMNS,
+    RANK_INT_COLUMNS,
+    RANK_SAMPLE_COLUMNS,
+    RANK_SAMPLES_CSV,
+    RANKS_CSV,
     READABLE_SCHEMAS,
     RESULTS_CSV,
     SAMPLE_COLUMNS,
@@ -37,9 +44,7 @@ from kvpages.schema.rows import (
     SCENARIO_SAMPLE_OPTIONAL_COLUMNS,
     SCENARIO_SAMPLES_CSV,
     SCENARIOS_CSV,
-    Environment,
-    ProcessInfo,
-    RunMeta,
+    RankSampleSet,
     scenario_row_id,
 )
 
@@ -67,6 +72,10 @@ class Run:
     processes: dict[tuple, tuple[int, ...]] | None = None
     """Per row key, and per (scenario, variant): the process of each block, in the same order (all 0 before
     schema version 3)."""
+    ranks: pd.DataFrame | None = None
+    """ranks.csv of a multi-rank run (kvpages.schema.ranks), or None."""
+    rank_samples: dict[tuple, list[RankSampleSet]] | None = None
+    """Per (scenario, variant, role, rank): its blocks, in repetition order (rank -1 for the step's)."""
     _levels: dict[tuple, Levels | None] = field(default_factory=dict, repr=False)
 
     @property
@@ -188,7 +197,9 @@ def _read_meta(path: Path) -> RunMeta:
     try:
         env = Environment(**data.pop("environment"))
         processes = [ProcessInfo(**p) for p in data.pop("processes", [])]
-        return RunMeta(environment=env, processes=processes, **data)
+        group = data.pop("ranks", None)
+        ranks = None if group is None else RanksMeta(**{**group, "ranks": tuple(RankInfo(**r) for r in group["ranks"])})
+        return RunMeta(environment=env, processes=processes, ranks=ranks, **data)
     except (TypeError, KeyError) as exc:
         raise RunError(f"{path}: fields do not match schema version {version} ({exc})") from None
 
@@ -211,7 +222,37 @@ def load_run(path: str | Path) -> Run:
     samples, processes = _read_samples(samples_path) if samples_path.exists() else ({}, {})
     _check_medians(rows, samples, csv_path)
     scenarios, scenario_samples, scenario_processes = _read_scenarios(folder)
-    return Run(folder, rows, samples, meta, scenarios, scenario_samples, {**processes, **scenario_processes})
+    ranks, rank_samples = _read_ranks(folder)
+    return Run(folder, rows, samples, meta, scenarios, scenario_samples, {**processes, **scenario_processes}, ranks,
+               rank_samples)
+
+
+def _read_ranks(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, list[RankSampleSet]] | None]:
+    """ranks.csv and rank_samples.csv of a multi-rank run; (None, None) for any other run."""
+    path = folder / RANKS_CSV
+    if not path.exists():
+        return None, None
+    frame = _read_typed(path, RANK_COLUMNS, (), RANK_INT_COLUMNS, RANK_FLOAT_COLUMNS)
+    found: dict[tuple, list[RankSampleSet]] = {}
+    samples_path = folder / RANK_SAMPLES_CSV
+    if samples_path.exists():
+        try:
+            for r in _read_csv(samples_path, RANK_SAMPLE_COLUMNS).to_dict("records"):
+                rank = int(r["rank"]) if r["rank"] != "" else None
+                series = [tuple(float(v) for v in r[c].split()) for c in ("blocked_us", "ready_us", "skew_us")]
+                block = RankSampleSet(r["scenario"], r["variant"], int(r["repetition"]), int(r["order"]),
+                                      int(r["process"]), r["role"], rank, *series)
+                found.setdefault((block.scenario, block.variant, block.role, -1 if rank is None else rank),
+                                 []).append(block)
+        except ValueError:
+            raise RunError(f"{samples_path}: a repetition, process, rank or sample is not a number") from None
+    for blocks in found.values():
+        blocks.sort(key=lambda b: b.repetition)
+    for row in frame[frame["status"] == "ok"].to_dict("records"):
+        key = (row["scenario"], row["variant"], row["role"], -1 if pd.isna(row["rank"]) else int(row["rank"]))
+        if key not in found:
+            raise RunError(f"{path}: row {' '.join(map(str, key[:3]))} has no samples in {RANK_SAMPLES_CSV}")
+    return frame, found
 
 
 ScenarioSamples = dict[tuple, dict[str, list[np.ndarray]]]

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field, fields
 
 from kvpages.core.names import BASELINE
 
-SCHEMA_VERSION = 3
-"""3: processes (each samples line has its `process`, meta.json lists the processes); 2: repetitions (samples.csv
-has one line per block, with `repetition` and `order`). Versions 1 and 2 are still read (one process)."""
-READABLE_SCHEMAS = (1, 2, 3)
+SCHEMA_VERSION = 4
+"""4: multi-rank runs (meta.json `ranks`, ranks.csv: kvpages.schema.ranks); 3: processes (each samples line has its
+`process`, meta.json lists the processes); 2: repetitions (samples.csv has one line per block, with `repetition` and
+`order`). Versions 1 and 2 are still read (one process)."""
+READABLE_SCHEMAS = (1, 2, 3, 4)
 RESULTS_CSV = "results.csv"
 SAMPLES_CSV = "samples.csv"
 META_JSON = "meta.json"
@@ -29,6 +30,8 @@ RATIOS_CSV = "ratios.csv"
 SCENARIOS_CSV = "scenarios.csv"
 SCENARIO_SAMPLES_CSV = "scenario_samples.csv"
 SCENARIO_RATIOS_CSV = "scenario_ratios.csv"
+RANKS_CSV = "ranks.csv"
+RANK_SAMPLES_CSV = "rank_samples.csv"
 NOISY_CSV = "noisy.csv"
 
 STATUSES = ("ok", "skipped", "mismatch", "out_of_memory")
@@ -194,8 +197,72 @@ SCENARIO_SAMPLE_OPTIONAL_COLUMNS = ("process", "busy_us")
 """Columns added since scenario_samples.csv first appeared (older runs lack them)."""
 
 
-Samples = SampleSet | ScenarioSampleSet
-"""One timed block's samples, of a point or of a scenario."""
+@dataclass(frozen=True)
+class RankRow:
+    """A (scenario, step variant) of a multi-rank run as one rank, the whole step, or rank 0 alone saw it
+    (`role`: kvpages.schema.ranks.ROLES); latencies in microseconds per step, as ScenarioRow's.
+
+    `rank`: the rank (0 for `alone`, empty for `step`). Bytes: what the meter counted on that rank (the step's:
+    summed over the ranks). `skew_median_us` (step rows): per round, the last rank's start minus the first's, on
+    the monotonic clock of one host (empty when the ranks span hosts).
+    """
+
+    scenario: str
+    variant: str
+    role: str
+    rank: int | None
+    world_size: int
+    device: str
+    page_size: int
+    requests: int
+    tokens: int
+    d2h_bytes: int | None
+    d2h_transfers: int | None
+    blocked_median_us: float | None = field(metadata=TIMING)
+    blocked_q1_us: float | None = field(metadata=TIMING)
+    blocked_q3_us: float | None = field(metadata=TIMING)
+    ready_median_us: float | None = field(metadata=TIMING)
+    ready_q1_us: float | None = field(metadata=TIMING)
+    ready_q3_us: float | None = field(metadata=TIMING)
+    skew_median_us: float | None = field(metadata=TIMING)
+    rounds: int | None = field(metadata=TIMING)
+    repetitions: int | None = field(metadata=TIMING)
+    status: str = "ok"
+    note: str = ""
+    repro: str = ""
+
+    def __post_init__(self) -> None:
+        check_status(self.status)
+
+
+RANK_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RankRow))
+RANK_INT_COLUMNS = ("rank", "world_size", "page_size", "requests", "tokens", "d2h_bytes", "d2h_transfers", "rounds",
+                    "repetitions")
+RANK_FLOAT_COLUMNS = tuple(c for c in RANK_COLUMNS if c.endswith("_us"))
+
+
+@dataclass(frozen=True)
+class RankSampleSet:
+    """One timed block of a (scenario, step variant) of a multi-rank run, as one role (and rank) saw it."""
+
+    scenario: str
+    variant: str
+    repetition: int
+    order: int
+    process: int
+    role: str
+    rank: int | None
+    blocked_us: tuple[float, ...]
+    ready_us: tuple[float, ...]
+    skew_us: tuple[float, ...] = ()
+    """Per round (step lines): the last rank's start minus the first's."""
+
+
+RANK_SAMPLE_COLUMNS = ("scenario", "variant", "repetition", "order", "process", "role", "rank", "rounds", "blocked_us",
+                       "ready_us", "skew_us")
+
+Samples = SampleSet | ScenarioSampleSet | RankSampleSet
+"""One timed block's samples: of a point, of a scenario, or of one role of a multi-rank step."""
 
 
 @dataclass(frozen=True)
@@ -283,74 +350,6 @@ def scenario_row_id(scenario: str, variant: str) -> str:
 
 
 @dataclass(frozen=True)
-class Environment:
-    """Where a run ran. Fields that do not apply (no CUDA) are None."""
-
-    kvpages_version: str
-    python_version: str
-    torch_version: str
-    numpy_version: str
-    pytest_benchmark_version: str
-    platform: str
-    cpu_model: str
-    cpu_count: int
-    torch_threads: int
-    device: str
-    device_name: str
-    cuda_version: str | None
-    driver_version: str | None
-    pcie_link: str | None
-    git_commit: str | None
-    git_dirty: bool | None
-    link_crossed: bool
-    link_note: str
-    gpu_uuid: str | None = None
-    pcie_link_loaded: str | None = None
-    """The PCIe link as nvidia-smi saw it right after the first timed block (an idle link downshifts)."""
-
-
-@dataclass(frozen=True)
-class ProcessInfo:
-    """One process that timed part of a run (samples lines name it by `index`)."""
-
-    index: int
-    pid: int
-    role: str
-    """'worker' (a fresh pytest process started for its share) or 'session' (the pytest session the user ran)."""
-    startup_s: float
-    """From its start to its first block: the interpreter, torch and pytest imports, collection (workers;
-    the session's counts from pytest_configure on)."""
-    generate_s: float
-    """Building (and validating) its inputs: the rest of what a process start costs."""
-    wall_s: float
-    blocks: int
-
-
-@dataclass
-class RunMeta:
-    """meta.json: what ran, where, how, and whether it finished."""
-
-    run_id: str
-    preset: str
-    options: dict[str, str]
-    command: str
-    started_utc: str
-    environment: Environment
-    finished_utc: str | None = None
-    completed: bool = False
-    end_note: str = "running (or killed before it could finish)"
-    schema_version: int = SCHEMA_VERSION
-    timing: dict[str, float] = field(default_factory=dict)
-    repetitions: int = 1
-    order_seed: int = 0
-    crosscheck: str = "off"
-    processes: list[ProcessInfo] = field(default_factory=list)
-    """The processes the repetitions were dealt to, in run order (empty before schema version 3: one process)."""
-    breakdown: str = "off"
-    """Where the time goes (breakdown.csv): what the profiled pass wrote, or why it wrote nothing."""
-
-
-@dataclass(frozen=True)
 class Table:
     """One kind of row in a run folder: its rows file, its samples file and their columns."""
 
@@ -358,7 +357,7 @@ class Table:
     samples_csv: str
     columns: tuple[str, ...]
     sample_columns: tuple[str, ...]
-    sample_type: type[SampleSet] | type[ScenarioSampleSet]
+    sample_type: type[SampleSet] | type[ScenarioSampleSet] | type[RankSampleSet]
 
     def samples_from(self, fields_: dict[str, object]) -> Samples:
         """A samples record of this table from its fields (as `dataclasses.asdict` gave them, lists for tuples)."""
@@ -368,14 +367,15 @@ class Table:
 
 POINTS = Table(RESULTS_CSV, SAMPLES_CSV, COLUMNS, SAMPLE_COLUMNS, SampleSet)
 SCENARIOS = Table(SCENARIOS_CSV, SCENARIO_SAMPLES_CSV, SCENARIO_COLUMNS, SCENARIO_SAMPLE_COLUMNS, ScenarioSampleSet)
-TABLES = {table.rows_csv: table for table in (POINTS, SCENARIOS)}
+RANKS = Table(RANKS_CSV, RANK_SAMPLES_CSV, RANK_COLUMNS, RANK_SAMPLE_COLUMNS, RankSampleSet)
+TABLES = {table.rows_csv: table for table in (POINTS, SCENARIOS, RANKS)}
 
 
 def _spaced(values: tuple[float, ...]) -> str:
     return " ".join(repr(float(x)) for x in values)
 
 
-def sample_record(s: SampleSet | ScenarioSampleSet) -> dict[str, object]:
+def sample_record(s: Samples) -> dict[str, object]:
     """A samples.csv (or scenario_samples.csv) line: the key fields, `rounds`, and each series space-separated."""
     record: dict[str, object] = {}
     for f in fields(s):

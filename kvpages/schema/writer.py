@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kvpages.schema.meta import RunMeta
 from kvpages.schema.rows import (
     META_JSON,
     POINTS,
@@ -22,12 +23,11 @@ from kvpages.schema.rows import (
     RATIOS_CSV,
     RESULTS_CSV,
     SCENARIOS,
+    RankRow,
     RatioRow,
     Row,
-    RunMeta,
-    SampleSet,
+    Samples,
     ScenarioRow,
-    ScenarioSampleSet,
     Table,
     sample_record,
 )
@@ -87,27 +87,35 @@ class RunWriter:
     def __init__(self, path: Path, meta: RunMeta) -> None:
         self.path = path
         self.meta = meta
-        self.rows: dict[Table, list[Row | ScenarioRow]] = {POINTS: [], SCENARIOS: []}
-        self._text = {(table, kind): _csv_text(columns, []) for table in (POINTS, SCENARIOS)
-                      for kind, columns in (("rows", table.columns), ("samples", table.sample_columns))}
-        write_atomic(self.path / RESULTS_CSV, self._text[POINTS, "rows"])  # a run of scenarios alone has no point rows
+        self.rows: dict[Table, list[Row | ScenarioRow | RankRow]] = {POINTS: [], SCENARIOS: []}
+        self.cases = 0
+        self._text: dict[tuple[Table, str], str] = {}
+        write_atomic(self.path / RESULTS_CSV, self._table_text(POINTS, "rows"))  # a run without points has no rows
         self._write_meta()
 
     @property
     def recorded(self) -> int:
-        """Rows recorded so far, points and scenarios."""
-        return sum(len(rows) for rows in self.rows.values())
+        """Cases recorded so far, points and scenarios (a multi-rank step records several rows per case)."""
+        return self.cases
 
-    def add(self, table: Table, rows: Sequence[Row | ScenarioRow],
-            samples: Sequence[SampleSet | ScenarioSampleSet] = ()) -> None:
-        """Record finished rows; their samples are written first, so every row on disk has them."""
+    def add(self, table: Table, rows: Sequence[Row | ScenarioRow | RankRow], samples: Sequence[Samples] = (),
+            cases: int | None = None) -> None:
+        """Record finished rows, of `cases` cases (default: one a row); their samples are written first, so every
+        row on disk has them."""
         if samples:
-            self._append(table, "samples", table.samples_csv, table.sample_columns, [sample_record(s) for s in samples])
-        self.rows[table].extend(rows)
-        self._append(table, "rows", table.rows_csv, table.columns, [dataclasses.asdict(r) for r in rows])
+            self._append(table, "samples", table.samples_csv, [sample_record(s) for s in samples])
+        self.rows.setdefault(table, []).extend(rows)
+        self.cases += len(rows) if cases is None else cases
+        self._append(table, "rows", table.rows_csv, [dataclasses.asdict(r) for r in rows])
 
-    def _append(self, table: Table, kind: str, name: str, columns: tuple[str, ...], records: list[dict]) -> None:
-        self._text[table, kind] += _csv_text(columns, records, header=False)
+    def _table_text(self, table: Table, kind: str) -> str:
+        if (table, kind) not in self._text:
+            self._text[table, kind] = _csv_text(table.columns if kind == "rows" else table.sample_columns, [])
+        return self._text[table, kind]
+
+    def _append(self, table: Table, kind: str, name: str, records: list[dict]) -> None:
+        columns = table.columns if kind == "rows" else table.sample_columns
+        self._text[table, kind] = self._table_text(table, kind) + _csv_text(columns, records, header=False)
         write_atomic(self.path / name, self._text[table, kind])
 
     def finish(self, completed: bool, end_note: str, timing: dict[str, float]) -> None:

@@ -1,0 +1,91 @@
+"""The report and summary of a multi-rank run (kvpages.measure.ranks): what a step pays when every rank converts
+at once, against rank 0 alone in the same run (no torch)."""
+
+from __future__ import annotations
+
+from kvpages.analysis.cite import coverage_text
+from kvpages.analysis.ratios import Analysis
+from kvpages.core.names import label
+from kvpages.render.text import table, us
+from kvpages.schema.ranks import ALONE, CONTENTION_CSV, RANK, ContentionRow
+
+METHOD = (
+    "torchrun started one pytest session per rank, each on its own device, joined in one gloo process group "
+    "(host-side: no collective kernel runs on a timed device). Every rank ran the same blocks in the same order. "
+    "Each timed round starts together: the ranks agree on a start time (the last arrival plus 1 ms) on the "
+    "monotonic clock of their host and spin until it (ranks on several hosts: a barrier), and the rounds "
+    "alternate, rank 0 converting alone while the others wait, then every rank at once. The step's cost per "
+    "round is the maximum over the ranks, since a scheduler step waits for its slowest rank. The contention of a "
+    "(scenario, step variant) is the median of the paired per-repetition ratios of block medians, step over "
+    "rank 0 alone (both from the same blocks), with the order-statistic interval of the median over the "
+    "repetitions (`interval_unit`): it covers what varies within this run's processes, not what a rerun in "
+    "fresh processes adds. `skew`: per round, the last rank's start minus the first's (median), what 'at once' "
+    "achieved."
+)
+
+
+def _ci(c: ContentionRow) -> str:
+    return f"[{c.ci_low:.3f}, {c.ci_high:.3f}]" if c.ci_high == c.ci_high and c.ci_high != float("inf") else "[n/a]"
+
+
+def contention_table(analysis: Analysis, latency: str = "ready") -> str:
+    rows = [[c.scenario, f"`{c.variant}`", c.world_size, us(c.alone_median_us), us(c.step_median_us),
+             f"{c.ratio:.3f}", _ci(c), "" if c.skew_median_us is None else us(c.skew_median_us), f"`{c.id}`"]
+            for c in analysis.contention if c.latency == latency]
+    level = {coverage_text(c.confidence) for c in analysis.contention}
+    return table(["scenario", "step variant", "ranks", "rank 0 alone µs", "step µs (max over ranks)", "contention",
+                  f"{', '.join(sorted(level))} interval", "skew µs", "id"], rows)
+
+
+def per_rank_table(analysis: Analysis) -> str:
+    frame = analysis.run.ranks
+    if frame is None:
+        return ""
+    ok = frame[(frame["status"] == "ok") & frame["role"].isin([RANK, ALONE])]
+    rows = [[r["scenario"], f"`{r['variant']}`", "alone" if r["role"] == ALONE else f"rank {r['rank']}", r["device"],
+             us(float(r["ready_median_us"])), us(float(r["ready_q1_us"])), us(float(r["ready_q3_us"]))]
+            for r in ok.to_dict("records")]
+    return table(["scenario", "step variant", "who", "device", "ready median µs", "q1", "q3"], rows)
+
+
+def render_ranks(analysis: Analysis, environment: str) -> str:
+    """REPORT.md of a multi-rank run; `environment`: rank 0's, in words."""
+    run, meta = analysis.run, analysis.run.meta
+    group = meta.ranks if meta is not None else None
+    size = group.world_size if group is not None else "?"
+    devices = ", ".join(f"rank {r.rank}: {r.device} ({r.device_name}) on {r.hostname}, pid {r.pid}"
+                        for r in (group.ranks if group is not None else ()))
+    skipped = [] if run.ranks is None else [
+        f"- `{r['variant']}` on {r['scenario']}: {r['status']}: {r['note']}"
+        for r in run.ranks[run.ranks["status"] != "ok"].to_dict("records")]
+    cpu = run.meta is not None and run.meta.environment.device == "cpu"
+    sections = [
+        f"# kvpages report: {run.run_id} ({size} ranks at once)",
+        f"## Findings: what a scheduler step pays when {size} ranks convert at once\n\nReady latency (the page "
+        "indices on the host), per step: rank 0 converting alone, the step with every rank converting at once, and "
+        f"their ratio (`{CONTENTION_CSV}`; blocked latency there too). Above 1: the ranks slow each other down."
+        + (" CPU run: the ranks share the host's cores and memory, no link was crossed." if cpu else "")
+        + "\n\n" + contention_table(analysis),
+        "## Per rank\n\nReady latency of each rank's own calls when every rank converted, and of rank 0 alone "
+        "(`ranks.csv`).\n\n" + per_rank_table(analysis),
+        "## Method\n\n" + METHOD,
+        "## Caveats\n\n" + ("\n".join(skipped) or "- none"),
+        f"## Environment\n\nProcess group: {group.backend if group else '?'}, timeout "
+        f"{group.timeout_s if group else '?'} s; {devices}. " + environment,
+        f"## Reproduce\n\n```\n{meta.command if meta else ''}\n```\n\nEach row of `ranks.csv` and "
+        f"`{CONTENTION_CSV}` re-runs its case (`repro`).",
+    ]
+    return "\n\n".join(sections) + "\n"
+
+
+def contention_summary(analysis: Analysis) -> list[str]:
+    """Terminal lines: the contention of each (scenario, step variant), ready latency."""
+    if not analysis.contention:
+        return []
+    lines = [f"{analysis.contention[0].world_size} ranks at once (ready µs per step; contention = step, the maximum "
+             "over the ranks, over rank 0 alone, with its interval):"]
+    for c in analysis.contention:
+        if c.latency == "ready":
+            lines.append(f"  {c.scenario}  {label(c.variant)}: alone {us(c.alone_median_us)}, step "
+                         f"{us(c.step_median_us)}, contention {c.ratio:.3f} {_ci(c)}")
+    return lines

@@ -1,0 +1,196 @@
+"""Many ranks at once: torchrun's ranks on this CPU box (gloo), their gathered rows, and a rank that fails or hangs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvpages.core.options import BenchOptions
+from kvpages.measure.group import Launch, ranked_options
+from kvpages.measure.ranks import round_modes
+from kvpages.schema.ranks import ALONE, CONTENTION_COLUMNS, CONTENTION_CSV, RANK, STEP
+from kvpages.schema.rows import RANK_COLUMNS
+
+STEPS = '''
+def test_scenario(benchmark, kv_scenario, kv_scenarios):
+    kv_scenarios.run(benchmark, kv_scenario)
+'''
+TWO_STEPS = ("--kv-step-sizes", "2,4", "--kv-step-lens", "fixed:256", "--kv-page-sizes", "16", "--kv-repetitions", "3",
+             "--kv-passes", "1", "--kv-time-budget", "0.003", "-p", "no:cacheprovider")
+VARIANTS = ("per_request[host_stride]", "per_request[device_stride]")
+
+
+def torchrun(folder: Path, *args: str, ranks: int = 2, timeout: float = 240) -> subprocess.CompletedProcess:
+    """torchrun --standalone --nproc-per-node `ranks` -m pytest ... in `folder`, as a user runs it."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+               "-m", "pytest", "test_steps.py", "--benchmark-only", "--kv-results", "results", *args]
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=timeout)
+
+
+def left_behind(folder: Path) -> list[str]:
+    """Processes still running from `folder` (their command line names it, or their working directory is it)."""
+    found = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+    pids = [line.split()[0] for line in found[1:] if "torch.distributed.run" in line or "pytest" in line]
+    return [pid for pid in pids if Path(f"/proc/{pid}/cwd").exists() and _cwd(pid) == folder]
+
+
+def _cwd(pid: str) -> Path | None:
+    try:
+        return Path(f"/proc/{pid}/cwd").resolve()
+    except OSError:
+        return None
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    folder = tmp_path_factory.mktemp("ranks")
+    (folder / "test_steps.py").write_text(STEPS)
+    done = torchrun(folder, *TWO_STEPS, "--kv-step-variants", ",".join(VARIANTS), "--kv-analyze")
+    return folder, done
+
+
+def test_two_ranks_write_one_run_folder_with_every_rank_in_meta(two_ranks):
+    folder, done = two_ranks
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    [run] = list((folder / "results").iterdir())
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["completed"], meta["end_note"]
+    ranks = meta["ranks"]
+    assert ranks["world_size"] == 2 and ranks["backend"] == "gloo"
+    assert [r["rank"] for r in ranks["ranks"]] == [0, 1]
+    assert [r["device"] for r in ranks["ranks"]] == ["cpu", "cpu"]
+    assert len({r["pid"] for r in ranks["ranks"]}) == 2
+    assert meta["command"].startswith("torchrun --nproc-per-node 2 -m pytest test_steps.py")
+    assert "rank 1 of 2: rank 0 writes the run folder" in done.stdout
+
+
+def test_rank_rows_hold_every_rank_the_step_and_rank_zero_alone(two_ranks):
+    folder, _ = two_ranks
+    [run] = list((folder / "results").iterdir())
+    rows = pd.read_csv(run / "ranks.csv")
+    assert list(rows.columns) == list(RANK_COLUMNS)
+    assert len(rows) == 2 * len(VARIANTS) * 4  # two steps (B=2, B=4) x variants x (rank 0, rank 1, step, alone)
+    assert (rows["status"] == "ok").all()
+    for (_, _), case in rows.groupby(["scenario", "variant"]):
+        assert sorted(zip(case["role"], case["rank"].fillna(-1), strict=True)) == sorted(
+            [(RANK, 0), (RANK, 1), (STEP, -1), (ALONE, 0)])
+        step = case[case["role"] == STEP].iloc[0]
+        one = case[case["role"] == RANK].iloc[0]
+        assert step["d2h_bytes"] == 2 * one["d2h_bytes"]  # the step moves what both ranks move
+        assert step["repro"].startswith("torchrun --nproc-per-node 2 -m pytest bench/test_steps.py --benchmark-only")
+
+
+def test_the_step_is_the_slowest_rank_in_every_round(two_ranks):
+    folder, _ = two_ranks
+    [run] = list((folder / "results").iterdir())
+    samples = pd.read_csv(run / "rank_samples.csv", dtype=str, keep_default_na=False)
+    for _, block in samples.groupby(["scenario", "variant", "repetition"]):
+        series = {(r["role"], r["rank"]): np.array(r["ready_us"].split(), dtype=float) for _, r in block.iterrows()}
+        ranks = np.vstack([series[RANK, "0"], series[RANK, "1"]])
+        np.testing.assert_allclose(series[STEP, ""], ranks.max(axis=0))
+        assert len(series[ALONE, "0"]) == len(series[STEP, ""])  # the rounds alternate: as many alone as together
+
+
+def test_the_report_gives_the_contention_with_its_interval(two_ranks):
+    folder, _ = two_ranks
+    [run] = list((folder / "results").iterdir())
+    contention = pd.read_csv(run / CONTENTION_CSV)
+    assert list(contention.columns) == list(CONTENTION_COLUMNS)
+    assert len(contention) == 2 * len(VARIANTS) * 2  # two steps x variants x (ready, blocked)
+    assert ((contention["ci_low"] <= contention["ratio"]) & (contention["ratio"] <= contention["ci_high"])).all()
+    report = (run / "REPORT.md").read_text()
+    assert "## Findings: what a scheduler step pays when 2 ranks convert at once" in report
+    for row_id in contention["id"]:
+        assert row_id in report or row_id.endswith("-blocked")
+
+
+FAILING = '''
+import os
+import time
+from kvpages.measure.steps import step_variant
+from kvpages.measure.variants import Moves
+
+@step_variant("fails_on_rank_one", moves=Moves.PAGES, batched=False)
+def fails_on_rank_one(kv_slices, page_size):
+    """Right on every rank but rank 1, which {what} at the step of 4 requests."""
+    if os.environ["RANK"] == "1" and len(kv_slices) == 4:
+        {action}
+    return [(kv[::page_size] // page_size).cpu().numpy() for kv in kv_slices]
+'''
+
+
+@pytest.mark.parametrize("what, action, message", [
+    ("raises", "raise RuntimeError('boom on purpose')", "rank 1 of 2: fails_on_rank_one-step-B4*RuntimeError: boom on purpose*"),
+    ("hangs", "time.sleep(120)", "*rank(s) 1 did not arrive within 5 s*"),
+])
+def test_a_rank_that_fails_or_hangs_stops_the_run_naming_it(tmp_path, what, action, message):
+    (tmp_path / "test_steps.py").write_text(STEPS)
+    (tmp_path / "conftest.py").write_text(FAILING.replace("{what}", what).replace("{action}", action))
+    done = torchrun(tmp_path, *TWO_STEPS, "--kv-step-variants", "fails_on_rank_one", "--kv-rank-timeout", "5")
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert any(pytest_fnmatch(line, f"*{message}") for line in output.splitlines()), output[-4000:]
+    assert left_behind(tmp_path) == []
+    [run] = list((tmp_path / "results").iterdir())  # the step of 2 requests finished before: its rows are kept
+    rows = pd.read_csv(run / "ranks.csv")
+    assert set(rows[rows["status"] == "ok"]["scenario"]) == {"step-B2-fixed_256-p16-int32"}
+    assert not json.loads((run / "meta.json").read_text())["completed"]
+
+
+def pytest_fnmatch(line: str, pattern: str) -> bool:
+    from fnmatch import fnmatch
+
+    return fnmatch(line, pattern)
+
+
+def test_torchrun_s_environment_describes_the_launch():
+    assert Launch.from_env({}) is None
+    assert Launch.from_env({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}) is None
+    launch = Launch.from_env({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4"})
+    assert launch == Launch(3, 3, 8, 4)
+    assert launch.command == ("torchrun", "--nproc-per-node", "4", "--nnodes", "2", "-m", "pytest")
+    with pytest.raises(ValueError, match="LOCAL_RANK='x' is not an integer"):
+        Launch.from_env({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "x", "LOCAL_WORLD_SIZE": "2"})
+
+
+@pytest.mark.parametrize("given, refused", [
+    ({"processes": 3}, "--kv-processes"),
+    ({"crosscheck": "on"}, "--kv-crosscheck on"),
+    ({"breakdown": "on"}, "--kv-breakdown on"),
+    ({"scenarios": "none"}, "times the step scenarios"),
+])
+def test_options_a_multi_rank_run_cannot_honour_are_refused(given, refused):
+    with pytest.raises(ValueError, match=refused):
+        ranked_options(BenchOptions(**given), Launch(0, 0, 2, 2))
+
+
+def test_a_rank_times_in_one_process_without_crosscheck_or_breakdown():
+    options = ranked_options(BenchOptions(preset="ranks"), Launch(0, 0, 2, 2))
+    assert (options.sweep.processes, options.crosscheck, options.breakdown) == (1, "off", "off")
+
+
+def test_rounds_alternate_rank_zero_alone_then_every_rank():
+    assert round_modes(1) == (RANK,)
+    assert round_modes(4) == (ALONE, RANK, ALONE, RANK)
+
+
+@pytest.mark.cuda
+def test_on_a_machine_with_two_gpus_each_rank_converts_on_its_own(tmp_path):
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 CUDA devices, one per rank; this machine has {torch.cuda.device_count()}")
+    (tmp_path / "test_steps.py").write_text(STEPS)
+    done = torchrun(tmp_path, *TWO_STEPS, "--kv-step-variants", ",".join(VARIANTS), "--kv-device", "cuda")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    [run] = list((tmp_path / "results").iterdir())
+    ranks = json.loads((run / "meta.json").read_text())["ranks"]["ranks"]
+    assert [r["device"] for r in ranks] == ["cuda:0", "cuda:1"]
+    rows = pd.read_csv(run / "ranks.csv")
+    assert set(rows[rows["role"] == RANK]["device"]) == {"cuda:0", "cuda:1"}
