@@ -1,4 +1,5 @@
-"""The `kvpages` command: list variants; plot, report, summarize, cite, compare and noise-check run folders.
+"""The `kvpages` command: list variants; plot, report, summarize, cite, compare and noise-check run folders; set
+machines side by side (fleet).
 
 Only `list` imports torch (it reads the variant registry); the analysis commands
 need only pandas and matplotlib. User errors print one line and exit 2.
@@ -168,6 +169,17 @@ def cmd_noise(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fleet(args: argparse.Namespace) -> int:
+    from kvpages.analysis.fleet import fleet_of, load_runs
+    from kvpages.render.fleet import check_out, default_out, write_fleet
+
+    out = args.out or default_out()
+    check_out(out)
+    for path in write_fleet(fleet_of(load_runs(args.runs)), out):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kvpages", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -208,6 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-above", type=float, default=10.0, metavar="PCT",
                    help="the compare gate to try on the pair (default 10)")
     p.set_defaults(func=cmd_noise)
+    p = sub.add_parser("fleet", help="one sweep's runs from several machines side by side: FLEET.md and a chart")
+    p.add_argument("runs", type=Path, nargs="+", metavar="RUN", help="run folders, two or more machines (runs of one "
+                                                                       "machine are pooled as repetitions)")
+    p.add_argument("--out", type=Path, help="folder for FLEET.md and fleet_ratios.png (default: a new fleet-<UTC time> "
+                                            "here); never overwrites a finished report")
+    p.set_defaults(func=cmd_fleet)
     return parser
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import socket
 import subprocess
 import sys
 from importlib import metadata
@@ -127,4 +128,5 @@ def capture(device: str, repo: Path, crosschecked: bool = False) -> Environment:
         link_crossed=device == "cuda",
         link_note=CPU_LINK_NOTE if device == "cpu" else CUDA_LINK_NOTE + CROSSCHECK_NOTES[crosschecked],
         gpu_uuid=uuid,
+        hostname=socket.gethostname(),
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvpages.analysis.ratios import Analysis, variant_order, with_link_model
 from kvpages.core.links import LAUNCH_SYNC_SOURCE, LINK_PROFILES, profile_for
 from kvpages.core.names import CANDIDATE, label
-from kvpages.render.text import ci_text, count, coverage, fraction, ratio_text, table, us
+from kvpages.render.text import ci_text, count, coverage, fraction, interval_cell, ratio_text, table, us
 
 
 def groups(analysis: Analysis):
@@ -79,9 +79,7 @@ def ratio_cell(analysis: Analysis, scenario: str, variant: str, latency: str) ->
     r = analysis.scenario_ratio(scenario, variant, latency)
     if r is None:
         return ""
-    i = r.interval
-    ci = f"[{i.ci_low:.3f}, {i.ci_high:.3f}]" if i.known else "[n/a]"
-    return f"{i.ratio:.3f} {ci} {r.verdict}"
+    return interval_cell(r.interval, r.verdict)
 
 
 def same_latencies(analysis: Analysis) -> bool:

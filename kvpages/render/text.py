@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from kvpages.analysis.cite import coverage_text, fraction  # noqa: F401 (the report's too)
 from kvpages.analysis.ratios import Analysis
+from kvpages.core.stats import Interval
 from kvpages.schema.rows import RatioRow
 
 
@@ -31,6 +32,12 @@ def ci_text(r: RatioRow) -> str:
     if not math.isfinite(r.ci_high):
         return "[n/a: 1 repetition]"
     return f"[{r.ci_low:.3f}, {r.ci_high:.3f}]"
+
+
+def interval_cell(i: Interval, verdict: str) -> str:
+    """A ratio in one table cell: '1.234 [1.100, 1.300] slower' ('[n/a]' where there is no interval)."""
+    ci = f"[{i.ci_low:.3f}, {i.ci_high:.3f}]" if i.known else "[n/a]"
+    return f"{i.ratio:.3f} {ci} {verdict}"
 
 
 def ratio_text(r: RatioRow) -> str:

@@ -33,6 +33,8 @@ class Environment:
     gpu_uuid: str | None = None
     pcie_link_loaded: str | None = None
     """The PCIe link as nvidia-smi saw it right after the first timed block (an idle link downshifts)."""
+    hostname: str | None = None
+    """The host's name (socket.gethostname()); None in runs written before it was recorded."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,153 @@
+"""The machine a run ran on, and one machine's runs pooled into one run (no torch).
+
+`Machine.of(environment)` is the one identity that tells machines apart (meta.json's device, device name,
+driver, PCIe link and host name): two runs with equal identities ran on one machine. `pooled(runs)` merges
+the runs of one machine as repetitions of one run: each run's processes become processes of the pooled
+run (run k's process p becomes process p + the processes of the runs before it), so the two-stage
+bootstrap (kvpages.core.stats.Levels) resamples the processes of every run, and each repetition stays
+paired with its baseline within its own run. A row is pooled only where every run timed it; its statistics
+are those of the pooled blocks (kvpages.core.stats.row_statistics, quartiles), except a scenario row's
+`busy_measured_us`, a median of per-round values that scenarios.csv does not keep, which a pooled row leaves empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from kvpages.core.stats import quartiles, row_statistics
+from kvpages.schema.meta import Environment, ProcessInfo, RunMeta
+from kvpages.schema.reader import Run, RunError, row_key
+
+_LINK_MAX = re.compile(r"\(max ([^)]+)\)")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What tells machines apart: two runs whose identities are equal ran on one machine.
+
+    A run written before meta.json recorded the host has `hostname` None: runs of equal devices, drivers and
+    links from such runs cannot be told apart, and count as one machine.
+    """
+
+    device: str
+    device_name: str
+    driver_version: str | None
+    pcie_link: str | None
+    """The link the slot trains to (nvidia-smi's `max` generation and width), not the one it idled at when the run
+    started: an idle link downshifts, so that part differs between runs of one machine."""
+    hostname: str | None
+
+    @classmethod
+    def of(cls, environment: Environment) -> Machine:
+        link = environment.pcie_link
+        found = _LINK_MAX.search(link) if link else None
+        return cls(environment.device, environment.device_name, environment.driver_version,
+                   found.group(1) if found else link, environment.hostname)
+
+    def describe(self) -> str:
+        """One line: the device name and host, with the driver and link on a CUDA machine."""
+        where = f"{self.device_name} @ {self.hostname or 'host unknown'}"
+        if self.device != "cuda":
+            return where
+        return f"{where}, driver {self.driver_version}, PCIe {self.pcie_link}"
+
+
+def machine_of(run: Run) -> Machine:
+    """The machine of a run folder; a bare CSV (no meta.json) cannot say which it is."""
+    if run.meta is None:
+        raise RunError(f"{run.path}: no meta.json, so its machine is unknown; give the run folder")
+    return Machine.of(run.meta.environment)
+
+
+def meta_of(run: Run) -> RunMeta:
+    """A run's meta.json (every run of a fleet has one: `machine_of` refuses a run without)."""
+    assert run.meta is not None
+    return run.meta
+
+
+def _offsets(runs: Sequence[Run]) -> list[int]:
+    """Per run, the index of its first process in the pooled run."""
+    return [sum(r.process_count for r in runs[:i]) for i in range(len(runs))]
+
+
+def _processes(run: Run, offset: int) -> list[ProcessInfo]:
+    """A run's processes renumbered from `offset`; a run from before schema 3 recorded none, and stands as one
+    process whose timings are unknown (nan)."""
+    if meta_of(run).processes:
+        return [dataclasses.replace(p, index=p.index + offset) for p in meta_of(run).processes]
+    return [ProcessInfo(offset, 0, "session", math.nan, math.nan, math.nan, sum(len(b) for b in run.samples.values()))]
+
+
+Timing = Callable[[tuple], dict[str, object]]
+
+
+def _pooled_frame(frames: list[pd.DataFrame], keys: list[list[tuple]], poolable: Callable[[tuple], bool],
+                  timing: Timing) -> pd.DataFrame:
+    """One row per key of a machine's runs (`keys[i]`: frame i's row keys): a key timed in every run (`poolable`)
+    is the first run's row with its timing columns from the pooled blocks (`timing`); one that some run did not
+    time is the first row that says why (skipped, mismatch, ...), or no row at all."""
+    by_run = [dict(zip(k, (r for _, r in frame.iterrows()), strict=True)) for frame, k in zip(frames, keys, strict=True)]
+    records = []
+    for key in dict.fromkeys(k for run_keys in keys for k in run_keys):
+        found = [rows.get(key) for rows in by_run]
+        if all(r is not None and r["status"] == "ok" for r in found) and poolable(key):
+            records.append({**found[0].to_dict(), **timing(key)})  # type: ignore[union-attr]
+        elif (bad := next((r for r in found if r is not None and r["status"] != "ok"), None)) is not None:
+            records.append(bad.to_dict())
+    return pd.DataFrame(records, columns=frames[0].columns).astype(frames[0].dtypes.to_dict())
+
+
+def _numbered(run: Run, key: tuple, count: int, offset: int) -> tuple[int, ...]:
+    return tuple(int(p) + offset for p in run.block_processes(key, count))
+
+
+def pooled(runs: Sequence[Run]) -> Run:
+    """One run of one machine's runs, pooled as repetitions (see the module docstring); one run is itself."""
+    if len(runs) == 1:
+        return runs[0]
+    offsets = _offsets(runs)
+    processes: dict[tuple, tuple[int, ...]] = {}
+    samples: dict[tuple, list[np.ndarray]] = {}
+
+    def point(key: tuple) -> dict[str, object]:
+        blocks = samples[key] = [b for run in runs for b in run.samples[key]]
+        processes[key] = sum((_numbered(r, key, len(r.samples[key]), o) for r, o in zip(runs, offsets, strict=True)), ())
+        return {**row_statistics(blocks), "rounds": sum(b.size for b in blocks), "repetitions": len(blocks)}
+
+    rows = _pooled_frame([r.rows for r in runs], [[row_key(r) for _, r in run.rows.iterrows()] for run in runs],
+                            lambda key: all(key in r.samples for r in runs), point)
+    scenarios, scenario_samples = _pooled_scenarios(runs, offsets, processes)
+    metas = [meta_of(r) for r in runs]
+    meta = dataclasses.replace(
+        metas[0], run_id=" + ".join(m.run_id for m in metas), completed=all(m.completed for m in metas),
+        end_note="; ".join(f"{m.run_id}: {m.end_note}" for m in metas), repetitions=sum(m.repetitions for m in metas),
+        processes=[p for r, o in zip(runs, offsets, strict=True) for p in _processes(r, o)])
+    return Run(runs[0].path, rows, samples, meta, scenarios, scenario_samples, processes)
+
+
+def _pooled_scenarios(runs: Sequence[Run], offsets: list[int], processes: dict[tuple, tuple[int, ...]]
+                      ) -> tuple[pd.DataFrame | None, dict[tuple, dict[str, list[np.ndarray]]] | None]:
+    """The runs' scenario rows pooled as `pooled` pools the point rows (adding each pooled key's processes)."""
+    if any(r.scenarios is None or r.scenario_samples is None for r in runs):
+        return None, None
+    found = [r.scenario_samples or {} for r in runs]
+    samples: dict[tuple, dict[str, list[np.ndarray]]] = {}
+
+    def scenario(key: tuple) -> dict[str, object]:
+        entry = samples[key] = {latency: [b for f in found for b in f[key][latency]] for latency in ("blocked", "ready")}
+        processes[key] = sum((_numbered(r, key, len(f[key]["blocked"]), o)
+                              for r, f, o in zip(runs, found, offsets, strict=True)), ())
+        blocked = entry["blocked"]
+        return {**quartiles(blocked, "blocked_"), **quartiles(entry["ready"], "ready_"),
+                "rounds": sum(b.size for b in blocked), "repetitions": len(blocked), "busy_measured_us": math.nan}
+
+    frames = [r.scenarios for r in runs if r.scenarios is not None]
+    keys = [list(zip(f["scenario"], f["variant"], strict=True)) for f in frames]
+    return _pooled_frame(frames, keys, lambda key: all(key in f for f in found), scenario), samples

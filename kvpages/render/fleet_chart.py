@@ -1,0 +1,113 @@
+"""The fleet chart: every point's ratio to pre-PR, per machine, as a dot with its interval (no torch).
+
+`plot_fleet(fleet, path)` writes one PNG: a row of panels per variant (and per dtype and layout when the
+runs swept several), a panel per page size. In a panel the swept lengths run along x, and at each one every
+machine has its dot, side by side in the machine's colour and the variant's marker (kvpages.render.style),
+with the ratio's interval as a bar: filled where the machine's verdict is faster or slower, hollow where it
+is same or unclear. The dashed line is 1 (as fast as pre-PR); y is logarithmic, as ratios are. Only the
+points every machine timed are drawn; FLEET.md lists the others.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, LogLocator
+
+from kvpages.analysis.fleet import Fleet, point_order
+from kvpages.analysis.verdicts import FASTER, SLOWER
+from kvpages.core.names import BASELINE
+from kvpages.render.style import style
+
+CHART_PNG = "fleet_ratios.png"
+CHART_CAPTION = ("Each point's time ratio to pre-PR on every machine (one colour each, side by side at each length): "
+                 "the dot is the ratio, the bar its interval; filled where that machine's verdict is faster or slower, "
+                 "hollow where it is same or unclear. The dashed line is 1. Only points every machine timed are drawn.")
+MACHINE_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
+                  "#7f7f7f")
+"""One colour per machine, in member order (repeating beyond ten machines)."""
+SPAN = 0.72
+"""The share of one length's slot that its machines' dots spread over."""
+
+
+def _length(seq_len: int) -> str:
+    return f"{seq_len // 1024}K" if seq_len >= 1024 and seq_len % 1024 == 0 else str(seq_len)
+
+
+def _plain_log(ax) -> None:
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+    ax.yaxis.set_minor_formatter(plain)
+    ax.tick_params(axis="y", which="both", labelsize=7)
+    ax.grid(True, axis="y", which="both", alpha=0.25)
+
+
+def _legend(fig, fleet: Fleet, top: float) -> None:
+    handles = [Line2D([], [], color=MACHINE_COLORS[i % len(MACHINE_COLORS)], marker="o", ls="-", label=m.label)
+               for i, m in enumerate(fleet.members)]
+    handles += [Line2D([], [], color="black", marker="o", ls="none", label="faster / slower (that machine's verdict)"),
+                Line2D([], [], color="black", marker="o", mfc="white", ls="none", label="same / unclear"),
+                Line2D([], [], color="black", ls="--", lw=0.8, label=f"1: as fast as {BASELINE} (pre-PR)")]
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, top), ncol=2, fontsize=7, frameon=False)
+
+
+def plot_fleet(fleet: Fleet, path: Path) -> Path:
+    """Write the chart to `path` (PNG) and return it."""
+    keys = sorted((m.key for m in fleet.ratios), key=point_order)
+    rows = list(dict.fromkeys((variant, baseline, dtype, layout) for variant, baseline, dtype, layout, _, _ in keys))
+    page_sizes = sorted({k[5] for k in keys}) or [0]
+    seq_lens = sorted({k[4] for k in keys})
+    several = len({(dtype, layout) for _, _, dtype, layout in rows}) > 1
+    legend_in = 0.3 + 0.2 * -(-(len(fleet.members) + 3) // 2)
+    width, height = 3.1 * len(page_sizes) + 1.3, 2.3 * max(1, len(rows)) + legend_in + 1.0
+    fig, grid = plt.subplots(max(1, len(rows)), len(page_sizes), figsize=(width, height), squeeze=False, sharey="row")
+    fig.subplots_adjust(left=1.1 / width, right=1 - 0.2 / width, bottom=0.6 / height, top=1 - (legend_in + 0.5) / height,
+                        wspace=0.08, hspace=0.35)
+    fig.suptitle(f"Time ratio to pre-PR per point, per machine: {len(fleet.members)} machines, {fleet.run_count} runs",
+                 fontsize=10, y=1 - 0.15 / height)
+    _legend(fig, fleet, 1 - 0.4 / height)
+    if not rows:
+        grid[0][0].text(0.5, 0.5, "no ratio is on every machine (FLEET.md lists them)", ha="center", va="center")
+        grid[0][0].set_axis_off()
+    by_key = {m.key: m for m in fleet.ratios}
+    offsets = (np.arange(len(fleet.members)) - (len(fleet.members) - 1) / 2) * SPAN / max(1, len(fleet.members))
+    for i, (variant, baseline, dtype, layout) in enumerate(rows):
+        marker = style(variant).marker.replace(".", "o")  # a point marker is too small to show hollow from filled
+        for j, page_size in enumerate(page_sizes):
+            ax = grid[i][j]
+            ax.axhline(1.0, color="black", lw=0.8, ls="--", zorder=1)
+            if not any((variant, baseline, dtype, layout, s, page_size) in by_key for s in seq_lens):
+                ax.text(0.5, 0.5, "not on every machine\n(FLEET.md lists it)", transform=ax.transAxes, ha="center",
+                        va="center", fontsize=7, color="gray")
+            for k, offset in enumerate(offsets):
+                color = MACHINE_COLORS[k % len(MACHINE_COLORS)]
+                for x, seq_len in enumerate(seq_lens):
+                    matched = by_key.get((variant, baseline, dtype, layout, seq_len, page_size))
+                    if matched is None:
+                        continue
+                    r = matched.rows[k]
+                    if np.isfinite(r.ci_high):
+                        ax.plot([x + offset] * 2, [r.ci_low, r.ci_high], color=color, lw=1.2, zorder=2)
+                    ax.plot(x + offset, r.ratio, marker=marker, ms=4.5, color=color, zorder=3,
+                            mfc=color if r.verdict in (FASTER, SLOWER) else "white")
+            _plain_log(ax)
+            ax.set_xticks(range(len(seq_lens)), [_length(s) for s in seq_lens], fontsize=7)
+            ax.set_xlim(-0.6, len(seq_lens) - 0.4)
+            if i == 0:
+                ax.set_title(f"page_size={page_size}", fontsize=9)
+            if i == len(rows) - 1:
+                ax.set_xlabel("seq_len (tokens)", fontsize=8)
+        where = f"\n{dtype} {layout}" if several else ""
+        vs = "" if baseline == BASELINE else f" / {baseline}"
+        grid[i][0].set_ylabel(f"{variant}{vs}{where}", fontsize=8)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

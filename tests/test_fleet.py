@@ -1,0 +1,310 @@
+"""`kvpages fleet` on real run folders: copies of the committed reference run, each copy's meta.json changed to stand
+for another machine (nothing under results/ is edited)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import REPO, reference_runs, synthetic_run
+
+from kvpages.analysis.fleet import Fleet, fleet_of, load_runs
+from kvpages.analysis.machines import Machine
+from kvpages.analysis.ratios import analyze, paired_logs
+from kvpages.core.stats import Levels
+from kvpages.render.fleet import FLEET_MD, render, write_fleet
+from kvpages.render.fleet_chart import CHART_PNG
+from kvpages.render.report import write_report
+from kvpages.schema.meta import Environment
+from kvpages.schema.reader import load_run
+from kvpages.schema.rows import ratio_id
+
+pytestmark = pytest.mark.skipif(not reference_runs(), reason="no run committed under results/")
+SLOWER_BY = 2.0
+"""Machine B's device_stride takes this many times as long as the reference's (exact in binary: medians scale exactly)."""
+
+
+def machine(tmp: Path, name: str, run_id: str | None = None, **environment: object) -> Path:
+    """A copy of the reference run as the run of another machine (`environment` fields changed in meta.json)."""
+    folder = tmp / name
+    shutil.copytree(reference_runs()[-1], folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["environment"].update(environment)
+    if run_id is not None:
+        meta["run_id"] = run_id
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+def rewrite(path: Path, change) -> None:
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    change(frame).to_csv(path, index=False)
+
+
+def slow_down(folder: Path, variant: str, factor: float) -> None:
+    """Every timed sample of `variant` `factor` times as long (results.csv's times with it), then re-reported."""
+    def samples(frame: pd.DataFrame) -> pd.DataFrame:
+        mask = frame["variant"] == variant
+        frame.loc[mask, "samples_us"] = [" ".join(repr(float(x) * factor) for x in s.split())
+                                         for s in frame.loc[mask, "samples_us"]]
+        return frame
+
+    def results(frame: pd.DataFrame) -> pd.DataFrame:
+        mask = (frame["variant"] == variant) & (frame["status"] == "ok")
+        for column in ("median_us", "q1_us", "q3_us", "iqr_us", "min_us", "max_us", "mean_us", "stddev_us"):
+            frame.loc[mask, column] = [repr(float(v) * factor) for v in frame.loc[mask, column]]
+        return frame
+
+    rewrite(folder / "samples.csv", samples)
+    rewrite(folder / "results.csv", results)
+    write_report(analyze(load_run(folder)))
+
+
+def drop(folder: Path, variant: str, page_size: int, scenario: str) -> None:
+    """Remove `variant`'s rows at `page_size` and the scenario `scenario`, as a machine that did not time them."""
+    def points(frame: pd.DataFrame) -> pd.DataFrame:
+        return frame[~((frame["variant"] == variant) & (frame["page_size"] == str(page_size)))]
+
+    def scenarios(frame: pd.DataFrame) -> pd.DataFrame:
+        return frame[frame["scenario"] != scenario]
+
+    for name, change in (("results.csv", points), ("samples.csv", points), ("scenarios.csv", scenarios),
+                         ("scenario_samples.csv", scenarios)):
+        rewrite(folder / name, change)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    """a: the reference as it is; a2: a second run of a's machine; b: another host whose device_stride is 2x slower;
+    c: a third host that did not time device_shift at page size 16, nor one scenario."""
+    tmp = tmp_path_factory.mktemp("fleet")
+    made = {"a": machine(tmp, "a"), "a2": machine(tmp, "a2", run_id="20261205T000000Z-cpu"),
+            "b": machine(tmp, "b", run_id="20261206T000000Z-cpu", hostname="box-b", device_name="AMD EPYC 9654"),
+            "c": machine(tmp, "c", run_id="20261207T000000Z-cpu", hostname="box-c")}
+    slow_down(made["b"], "device_stride", SLOWER_BY)
+    scenario = pd.read_csv(made["c"] / "scenarios.csv")["scenario"].iloc[0]
+    drop(made["c"], "device_shift", 16, scenario)
+    return made
+
+
+@pytest.fixture(scope="module")
+def a_b(folders, tmp_path_factory) -> tuple[Fleet, str]:
+    fleet = fleet_of(load_runs([folders["a"], folders["b"]]))
+    out = tmp_path_factory.mktemp("out")
+    write_fleet(fleet, out)
+    return fleet, (out / FLEET_MD).read_text()
+
+
+def section(report: str, title: str) -> str:
+    return report.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+
+
+def table_rows(text: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith("|---")]
+
+
+def side_by_side(report: str) -> dict[str, list[str]]:
+    """The ratio table's cells by ratios.csv id: one cell per machine."""
+    cells: dict[str, list[str]] = {}
+    for part in section(report, "Ratios per point, side by side").split("### page_size ")[1:]:
+        page_size, rest = part.split(" ", 1)
+        dtype, layout = rest[1:].split(")", 1)[0].split(", ")
+        for row in table_rows(part)[1:]:
+            variant, seq_len, *machines, _ = row
+            cells[ratio_id(variant.strip("`"), "host_stride", dtype, layout, int(seq_len), int(page_size))] = machines
+    return cells
+
+
+def csv_cell(r: pd.Series) -> str:
+    return f"{r['ratio']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] {r['verdict']}"
+
+
+def test_each_single_run_machine_shows_its_own_ratios_csv(folders, a_b):
+    fleet, report = a_b
+    cells = side_by_side(report)
+    own = [pd.read_csv(folders[name] / "ratios.csv").set_index("id") for name in ("a", "b")]
+    assert set(cells) == set(own[0].index) == set(own[1].index) and len(cells) == 96
+    for row_id, machines in cells.items():
+        assert machines == [csv_cell(ratios.loc[row_id]) for ratios in own], row_id
+    for matched in fleet.ratios:  # the analysis, to full precision
+        for row, ratios in zip(matched.rows, own, strict=True):
+            written = ratios.loc[row.id]
+            assert (row.ratio, row.ci_low, row.ci_high) == pytest.approx(
+                (written["ratio"], written["ci_low"], written["ci_high"]), rel=1e-12)
+            assert row.verdict == written["verdict"]
+    candidate = "r-device_stride-s8192-p64-int32-fragmented"  # the columns differ where the machines do
+    assert own[1].loc[candidate, "ratio"] == pytest.approx(SLOWER_BY * own[0].loc[candidate, "ratio"])
+
+
+def test_findings_and_scenarios_are_each_machines_own(folders, a_b):
+    fleet, report = a_b
+    rows = table_rows(section(report, "Findings per machine"))
+    assert rows[0] == ["question", "M1", "M2"]
+    page1 = next(r for r in rows if r[0] == "Page size 1 regression")
+    reference = pd.read_csv(folders["a"] / "ratios.csv").set_index("id")
+    cited = page1[1].rsplit("`", 2)[1]
+    assert csv_cell(reference.loc[cited]).split(" [")[0] in page1[1] and page1[1] != page1[2]
+    scenario_ratios = pd.read_csv(folders["b"] / "scenario_ratios.csv")
+    blocked = scenario_ratios[scenario_ratios["latency"] == "blocked"].iloc[0]
+    line = next(r for r in table_rows(section(report, "Whole requests and steps, side by side"))
+                if r[0] == f"`{blocked['id']}`" and r[1] == "blocked")
+    assert line[3] == csv_cell(blocked)
+    assert len(fleet.scenario_ratios) == len(scenario_ratios) and not fleet.scenario_missing
+
+
+def test_the_environments_table_tells_the_machines_apart(a_b):
+    fleet, report = a_b
+    assert [m.machine.hostname for m in fleet.members] == [None, "box-b"]
+    table = {row[0]: row[1:] for row in table_rows(section(report, "Machines"))}
+    assert table[""] == ["M1", "M2"]
+    assert table["host"] == ["-", "box-b"] and table["device name"] == ["AMD EPYC", "AMD EPYC 9654"]
+    assert table["runs"] == ["`20261203T131659Z-cpu`", "`20261206T000000Z-cpu`"]
+    assert table["torch"] == ["2.13.0+cpu"] * 2 and table["sweep"] == ["preset default"] * 2
+    assert "All 2 runs are of one sweep (preset default)." in report
+
+
+def test_two_runs_of_one_machine_are_one_column_whose_intervals_resample_both_runs(folders):
+    fleet = fleet_of(load_runs([folders["a"], folders["b"], folders["a2"]]))
+    assert [len(m.runs) for m in fleet.members] == [2, 1]
+    pooled = fleet.members[0].analysis
+    assert pooled.noise.processes == 12 and pooled.noise.repetitions == 24
+    a, a2 = load_run(folders["a"]), load_run(folders["a2"])
+    baseline, variant = ("host_stride", "int32", "fragmented", 8192, 64), ("device_stride", "int32", "fragmented", 8192, 64)
+    one, two = paired_logs(a, baseline, variant), paired_logs(a2, baseline, variant)
+    assert one is not None and two is not None
+    expected = Levels(np.concatenate([one.values, two.values]), np.concatenate([one.processes, two.processes + 6])).interval()
+    found = pooled.ratio_at("device_stride", "int32", "fragmented", 64, 8192)
+    assert found is not None and (found.ratio, found.ci_low, found.ci_high) == (expected.ratio, expected.ci_low,
+                                                                               expected.ci_high)
+    assert found.repetitions == 24 and found.processes == 12
+    alone = analyze(a).ratio_at("device_stride", "int32", "fragmented", 64, 8192)
+    assert alone is not None and (found.ci_low, found.ci_high) != (alone.ci_low, alone.ci_high)
+    report = render(fleet)
+    table = {row[0]: row[1:] for row in table_rows(section(report, "Machines"))}
+    assert table[""] == ["M1", "M2"] and table["runs"][0] == "`20261203T131659Z-cpu`, `20261205T000000Z-cpu`"
+    assert table["repetitions, processes"][0] == "24 in 12 process(es)"
+
+
+
+def test_points_one_machine_lacks_are_listed_not_guessed(folders):
+    fleet = fleet_of(load_runs([folders["a"], folders["c"]]))
+    lacking = {ratio_id(*m.key) for m in fleet.missing}
+    expected = {ratio_id("device_shift", "host_stride", "int32", "fragmented", s, 16)
+                for s in (512, 2048, 8192, 32768, 131072, 524288)}
+    assert lacking == expected and {(m.on, m.not_on) for m in fleet.missing} == {(("M1",), ("M2",))}
+    assert len(fleet.ratios) == 96 - 6 and not {ratio_id(*m.key) for m in fleet.ratios} & expected
+    scenario = pd.read_csv(folders["a"] / "scenarios.csv")["scenario"].iloc[0]
+    assert fleet.scenario_missing and {m.key[0] for m in fleet.scenario_missing} == {scenario}
+    report = render(fleet)
+    listed = {row[0].strip("`"): row[1:] for row in table_rows(section(report, "Not on every machine"))}
+    assert all(listed[i] == ["M1", "M2"] for i in expected)
+    assert not set(side_by_side(report)) & expected
+
+
+def test_runs_of_different_sweeps_compare_their_shared_points_and_say_so(folders, tmp_path):
+    other = machine(tmp_path, "d", hostname="box-d")
+    meta = json.loads((other / "meta.json").read_text())
+    meta.update(preset="quick", options={"--kv-preset": "quick", "--kv-page-sizes": "1,16,64,128", "--kv-device": "cpu"})
+    (other / "meta.json").write_text(json.dumps(meta))
+    fleet = fleet_of(load_runs([folders["a"], other]))
+    assert not fleet.one_sweep and len(fleet.ratios) == 96
+    assert "**The runs are of different sweeps** (`20261203T131659Z-cpu`: preset default; `20261203T131659Z-cpu`: " \
+           "preset quick --kv-page-sizes 1,16,64,128)" in render(fleet)
+
+
+def test_machine_identity_and_the_host_name():
+    assert fields(Environment)[-1].name == "hostname"
+    reference = load_run(reference_runs()[-1]).meta
+    assert reference is not None and reference.environment.hostname is None  # written before the field: host unknown
+    env = reference.environment
+    idle = Environment(**{**env.__dict__, "device": "cuda", "pcie_link": "Gen1 x16 (max Gen5 x16)", "hostname": "h"})
+    loaded = Environment(**{**idle.__dict__, "pcie_link": "Gen5 x16 (max Gen5 x16)"})
+    assert Machine.of(idle) == Machine.of(loaded) and Machine.of(idle).pcie_link == "Gen5 x16"
+    assert Machine.of(idle) != Machine.of(Environment(**{**idle.__dict__, "hostname": "other"}))
+    assert Machine.of(idle).describe() == f"{env.device_name} @ h, driver {env.driver_version}, PCIe Gen5 x16"
+    from kvpages.measure.environment import capture
+
+    assert capture("cpu", REPO).hostname == socket.gethostname()
+
+
+def kvpages_without_torch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`kvpages ARGS` in a fresh interpreter where importing torch fails; it checks torch was never imported."""
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from kvpages.cli import main\n"
+            f"code = main({list(args)!r})\n"
+            "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+            "sys.exit(code)")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_the_command_writes_the_report_and_chart_without_torch_and_never_overwrites(folders, tmp_path):
+    out = tmp_path / "out"
+    done = kvpages_without_torch("fleet", str(folders["a"]), str(folders["b"]), "--out", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(out / FLEET_MD), str(out / CHART_PNG)]
+    assert (out / CHART_PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"![{CHART_PNG}]({CHART_PNG})" in (out / FLEET_MD).read_text()
+    written = (out / FLEET_MD).read_text()
+    again = kvpages_without_torch("fleet", str(folders["a"]), str(folders["b"]), "--out", str(out), cwd=tmp_path)
+    assert again.returncode == 2 and again.stderr.count("\n") == 1 and "never overwrites" in again.stderr
+    assert (out / FLEET_MD).read_text() == written
+    default = kvpages_without_torch("fleet", str(folders["a"]), str(folders["b"]), cwd=tmp_path)
+    assert default.returncode == 0, default.stderr
+    made = [p for p in tmp_path.iterdir() if p.name.startswith("fleet-")]
+    assert len(made) == 1 and (made[0] / FLEET_MD).is_file()
+
+
+def kvpages(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvpages", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+@pytest.mark.parametrize(("case", "says"), [
+    ("missing", "no such file or folder"),
+    ("not a run", "not a kvpages run folder"),
+    ("a file", "not a folder; kvpages fleet takes run folders"),
+    ("one run", "give two or more run folders"),
+    ("twice", "given twice"),
+    ("one machine", "every run is of one machine (AMD EPYC @ host unknown)"),
+    ("no shared point", "the machines share no timed point"),
+    ("out is a file", "not a folder"),
+])
+def test_bad_input_is_one_line_exit_2_before_any_work(folders, tmp_path, case, says):
+    a = str(folders["a"])
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file.txt").write_text("x")
+    out = tmp_path / "out"
+    args = {
+        "missing": [a, str(tmp_path / "nope")],
+        "not a run": [a, str(tmp_path / "empty")],
+        "a file": [a, str(tmp_path / "file.txt")],
+        "one run": [a],
+        "twice": [a, str(folders["a"].parent / ".." / folders["a"].parent.name / "a")],
+        "one machine": [a, str(folders["a2"])],
+        "no shared point": [a, str(synthetic_run(tmp_path / "synthetic", {("host_stride", 100, 4): 1.0,
+                                                                          ("device_stride", 100, 4): 1.0}))],
+        "out is a file": [a, str(folders["b"])],
+    }[case]
+    given_out = tmp_path / "file.txt" if case == "out is a file" else out
+    done = kvpages("fleet", *args, "--out", str(given_out), cwd=tmp_path)
+    assert done.returncode == 2, done.stdout
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr and says in done.stderr, done.stderr
+    assert not out.exists()
+    if case == "no shared point":
+        assert "20261203T131659Z-cpu: preset default" in done.stderr and "synthetic: preset test" in done.stderr
+
+
+def test_a_fleet_is_not_a_gate_and_the_chart_covers_every_shared_point(a_b):
+    fleet, report = a_b
+    assert any(not m.agree for m in fleet.ratios)  # b's device_stride is slower: verdicts differ, and still no gate
+    assert "verdicts differ at" in report and "`kvpages compare A B --fail-above PCT` is the gate" in report
+    assert math.isfinite(fleet.ratios[0].rows[0].ratio)
