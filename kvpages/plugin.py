@@ -98,6 +98,9 @@ def _ranked(config: pytest.Config, options: BenchOptions) -> BenchOptions:
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[LAUNCH_KEY] = launch
+    if launch.rank != 0:  # rank 0 writes the run folder and pytest-benchmark's files; the others would overwrite them
+        config.option.benchmark_json = config.option.benchmark_save = None
+        config.option.benchmark_autosave = False
     return options
 
 

@@ -51,7 +51,8 @@ def _cwd(pid: str) -> Path | None:
 def two_ranks(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     folder = tmp_path_factory.mktemp("ranks")
     (folder / "test_steps.py").write_text(STEPS)
-    done = torchrun(folder, *TWO_STEPS, "--kv-step-variants", ",".join(VARIANTS), "--kv-analyze")
+    done = torchrun(folder, *TWO_STEPS, "--kv-step-variants", ",".join(VARIANTS), "--kv-analyze",
+                    "--benchmark-json", "benchmarks.json")
     return folder, done
 
 
@@ -68,6 +69,8 @@ def test_two_ranks_write_one_run_folder_with_every_rank_in_meta(two_ranks):
     assert len({r["pid"] for r in ranks["ranks"]}) == 2
     assert meta["command"].startswith("torchrun --nproc-per-node 2 -m pytest test_steps.py")
     assert "rank 1 of 2: rank 0 writes the run folder" in done.stdout
+    benchmarks = json.loads((folder / "benchmarks.json").read_text())["benchmarks"]  # rank 0's, not overwritten
+    assert len(benchmarks) == 2 * len(VARIANTS) * 3  # steps x variants x repetitions
 
 
 def test_rank_rows_hold_every_rank_the_step_and_rank_zero_alone(two_ranks):
