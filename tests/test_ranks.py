@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from kvpages.core.options import BenchOptions
-from kvpages.measure.group import Launch, ranked_options
+from kvpages.measure.group import HostBarrier, Launch, ranked_options
 from kvpages.measure.ranks import round_modes
 from kvpages.schema.ranks import ALONE, CONTENTION_COLUMNS, CONTENTION_CSV, RANK, STEP
 from kvpages.schema.rows import RANK_COLUMNS
@@ -197,3 +197,13 @@ def test_on_a_machine_with_two_gpus_each_rank_converts_on_its_own(tmp_path):
     assert [r["device"] for r in ranks] == ["cuda:0", "cuda:1"]
     rows = pd.read_csv(run / "ranks.csv")
     assert set(rows[rows["role"] == RANK]["device"]) == {"cuda:0", "cuda:1"}
+
+
+def test_the_start_barrier_releases_when_every_rank_arrived_and_names_the_late_ones(tmp_path):
+    path = tmp_path / "barrier"
+    path.write_bytes(bytes(8 * 3))
+    ranks = [HostBarrier(str(path), 3, r) for r in range(3)]  # three ranks' views of one shared file
+    assert ranks[0].wait(0.01) == [1, 2]  # alone at the barrier: it gives up, naming who did not come
+    assert ranks[1].wait(0.01) == [2]
+    assert ranks[2].wait(0.01) == []  # the last to arrive finds everyone there
+    assert ranks[0].generation == ranks[2].generation == 1

@@ -9,10 +9,12 @@ names the ranks that did not arrive.
 from __future__ import annotations
 
 import datetime
+import mmap
 import os
 import re
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,9 +27,6 @@ from kvpages.core.options import DEFAULT_RANK_TIMEOUT_S, BenchOptions
 from kvpages.schema.meta import RankInfo, RanksMeta
 
 BACKEND = "gloo"
-START_MARGIN_S = 0.001
-"""A timed round starts this long after the last rank arrived (Group.start_together): more than gloo takes to tell
-every rank the start time."""
 LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 """What torchrun sets for every rank it starts."""
 
@@ -113,6 +112,7 @@ class Group:
                         torch.cuda.get_device_name() if device == "cuda" else "cpu")
         ranks = tuple(sorted(self.gather("joining the ranks", here), key=lambda r: r.rank))
         self.meta = RanksMeta(self.size, BACKEND, self.timeout.total_seconds(), " ".join(launch.command), ranks)
+        self.spin = HostBarrier.shared(self) if self.meta.one_host else None
 
     def who(self, rank: int) -> str:
         return f"rank {rank} of {self.size}"
@@ -136,18 +136,17 @@ class Group:
         return out
 
     def start_together(self, what: str) -> None:
-        """The start of a timed round. A barrier's ranks leave it up to a few hundred microseconds apart (gloo
-        releases them over TCP), as long as a small step takes; so on one host the ranks agree on a start time
-        instead, the latest arrival plus START_MARGIN_S on the monotonic clock they share (time.perf_counter is
-        CLOCK_MONOTONIC on Linux), and each waits for it in a spin. Ranks on several hosts use a barrier."""
-        if not self.meta.one_host:
+        """The start of a timed round: every rank leaves at about the same moment. gloo's barrier releases the
+        ranks over TCP, up to milliseconds apart on a loaded host (longer than a small step takes), so the ranks of
+        one host meet at a spin barrier in shared memory instead (`HostBarrier`: microseconds); ranks on several
+        hosts use gloo's barrier."""
+        if self.spin is None:
             self._collective(what, dist.barrier)
             return
-        start = torch.tensor([time.perf_counter() + START_MARGIN_S], dtype=torch.float64)
-        self._collective(what, lambda: dist.all_reduce(start, op=dist.ReduceOp.MAX))
-        deadline = float(start.item())
-        while time.perf_counter() < deadline:
-            pass
+        late = self.spin.wait(self.timeout.total_seconds())
+        if late:
+            raise RankFailure(f"{self.who(self.rank)}: {what}: rank(s) {', '.join(map(str, late))} did not arrive "
+                              f"within {self.timeout.total_seconds():g} s (hung, or stopped: see their output above)")
 
     def agree(self, what: str, problem: tuple[str, str, bool] | None) -> tuple[str, str, bool] | None:
         """The first rank's problem (status, note, fail) for every rank, its note naming the rank unless every rank
@@ -177,6 +176,46 @@ class Group:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if self.failure is None and dist.is_initialized():
             dist.destroy_process_group()
+
+
+class HostBarrier:
+    """A spin barrier in shared memory for the ranks of one host. Each rank writes the generation it has reached
+    into its own 8-byte slot and spins until every slot holds it: no lock and no atomic is needed, since a rank only
+    ever writes its own slot, and generations only grow. The last rank to arrive releases the others within
+    microseconds (they are already spinning on their own cores)."""
+
+    def __init__(self, path: str, size: int, rank: int) -> None:
+        with open(path, "r+b") as f:
+            self._map = mmap.mmap(f.fileno(), size * 8)
+        self._slots = memoryview(self._map).cast("q")
+        self.size, self.rank, self.generation = size, rank, 0
+
+    @classmethod
+    def shared(cls, group: Group) -> HostBarrier:
+        """Rank 0 creates the barrier's file (in /dev/shm where there is one), every rank maps it, rank 0 unlinks it
+        (so a stopped run leaves nothing behind)."""
+        path = ""
+        if group.rank == 0:
+            fd, path = tempfile.mkstemp(prefix="kvpages-ranks-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+            os.write(fd, bytes(8 * group.size))
+            os.close(fd)
+        path = group.gather("sharing the start barrier", path)[0]
+        barrier = cls(path, group.size, group.rank)
+        group.gather("mapping the start barrier", None)
+        if group.rank == 0:
+            os.unlink(path)
+        return barrier
+
+    def wait(self, timeout_s: float) -> list[int]:
+        """Arrive and spin until every rank has; the ranks that had not arrived after `timeout_s` (else [])."""
+        self.generation += 1
+        self._slots[self.rank] = self.generation
+        give_up = time.perf_counter() + timeout_s
+        while min(self._slots) < self.generation:
+            os.sched_yield()  # a thread that needs this core (gloo's, the kernel's) runs now, not at the release
+            if time.perf_counter() > give_up:
+                return [r for r in range(self.size) if self._slots[r] < self.generation]
+        return []
 
 
 def _interrupt(signum: int, frame: object) -> None:

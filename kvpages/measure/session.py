@@ -232,6 +232,8 @@ def open_run_folder(session: KvSession) -> RunWriter:
     confirmed = session.crosscheck and not session.crosscheck_unavailable
     env = environment.capture(session.device, session.rootdir, confirmed)
     label = "cpu" if session.device == "cpu" else f"cuda-{session.context.device_name}"
+    if session.context.group is not None:
+        label += f"-{session.context.group.size}ranks"
     path = create_run_dir(session.results_dir, label)
     meta = RunMeta(
         run_id=path.name,

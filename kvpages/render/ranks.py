@@ -12,8 +12,8 @@ from kvpages.schema.ranks import ALONE, CONTENTION_CSV, RANK, ContentionRow
 METHOD = (
     "torchrun started one pytest session per rank, each on its own device, joined in one gloo process group "
     "(host-side: no collective kernel runs on a timed device). Every rank ran the same blocks in the same order. "
-    "Each timed round starts together: the ranks agree on a start time (the last arrival plus 1 ms) on the "
-    "monotonic clock of their host and spin until it (ranks on several hosts: a barrier), and the rounds "
+    "Each timed round starts together: the ranks of a host meet at a spin barrier in shared memory, which "
+    "releases them within microseconds (ranks on several hosts: gloo's barrier), and the rounds "
     "alternate, rank 0 converting alone while the others wait, then every rank at once. The step's cost per "
     "round is the maximum over the ranks, since a scheduler step waits for its slowest rank. The contention of a "
     "(scenario, step variant) is the median of the paired per-repetition ratios of block medians, step over "
