@@ -1,7 +1,8 @@
 """The `kvpages` command: list variants; plot, report, summarize, cite, compare and noise-check run folders.
 
 Only `list` imports torch (it reads the variant registry); the analysis commands
-need only pandas and matplotlib. User errors print one line and exit 2.
+need only pandas, and `plot` matplotlib: each command imports what it uses, when it
+runs. User errors print one line and exit 2.
 """
 
 from __future__ import annotations
@@ -12,12 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvpages.analysis.cite import CiteError
-from kvpages.analysis.compare import compare_runs
-from kvpages.analysis.noise import aa_figures
 from kvpages.analysis.ratios import Analysis, analyze
 from kvpages.core.names import CANDIDATE
 from kvpages.core.presets import PRESETS
-from kvpages.render.summary import summary_text
 from kvpages.schema.reader import RunError, load_run
 
 
@@ -91,6 +89,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
+    from kvpages.render.summary import summary_text
+
     print(summary_text(_analysis(args.run)))
     return 0
 
@@ -133,6 +133,8 @@ def _counts(points) -> str:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from kvpages.analysis.compare import compare_runs
+
     _check_pct("--fail-above", args.fail_above)
     a, b = load_run(args.a), load_run(args.b)
     result = compare_runs(a, b)
@@ -161,6 +163,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_noise(args: argparse.Namespace) -> int:
+    from kvpages.analysis.noise import aa_figures
+
     _check_pct("--fail-above", args.fail_above)
     a, b = _analysis(args.a), _analysis(args.b)
     figures = aa_figures(a, b, args.variant, args.fail_above)
