@@ -70,7 +70,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     analysis = _analysis(args.run)
     formats = ("png", "svg") if args.svg else ("png",)
-    charts = plot_run(analysis, formats)
+    charts = plot_run(analysis, formats, processes=2)  # drawing is most of the time: two CPUs where free
     if not charts:
         raise RunError(f"{args.run}: no timed rows (status ok), so there is nothing to plot")
     for path in charts:
@@ -183,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="list every call")
     p.set_defaults(func=cmd_scenarios)
     for name, func, text in (
-        ("plot", cmd_plot, "regenerate the charts of a run folder (or results CSV) into that folder"),
+        ("plot", cmd_plot, "regenerate the charts of a run folder (or results CSV) into that folder (drawn in two "
+                           "processes where two CPUs are free)"),
         ("report", cmd_report, "write REPORT.md into a run folder and print it"),
         ("summary", cmd_summary, "print bytes and median latency per page size at a few sequence lengths"),
     ):
