@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,11 +55,12 @@ def cpus() -> int:
 
 
 def side_by_side(here: Drawing, there: Drawing, processes: int = 1) -> list[Path]:
-    """`here() + there()`. With `processes` >= 2, two CPUs and `os.fork`, `there` is drawn in a forked child at the
+    """`here() + there()`. With `processes` >= 2 on Linux with two CPUs, `there` is drawn in a forked child at the
     same time (drawing is most of `kvpages plot`'s time, and no chart needs another); its exception, if any, is
     raised here once `here` is done. Only `kvpages plot` asks for this: a benchmark session (torch, its threads)
-    and the notebook draw in their own process."""
-    if processes < 2 or cpus() < 2 or not hasattr(os, "fork"):
+    and the notebook draw in their own process, and elsewhere (macOS: fork is unsafe with some system libraries;
+    Windows: none) it draws one after the other."""
+    if processes < 2 or cpus() < 2 or not sys.platform.startswith("linux"):
         return here() + there()
     wait = _forked(there)
     try:
