@@ -8,8 +8,10 @@ run's files (kvpages.schema.reader). No torch import.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -63,25 +65,40 @@ def verdict(interval: Interval) -> str:
 
 def paired_logs(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | None = None) -> Levels | None:
     """Per repetition, log(variant / baseline) of the block medians, with each repetition's process; None
-    without samples for both (keys: row keys, or (scenario, variant) with a `latency`)."""
+    without samples for both (keys: row keys, or (scenario, variant) with a `latency`). Computed once per pair
+    and run (kvpages.schema.reader.Run.cached), so its bootstrap is drawn once however often it is asked for."""
+    return run.cached(("paired", baseline_key, variant_key, latency),
+                      lambda: _paired_logs(run, baseline_key, variant_key, latency))
+
+
+def _paired_logs(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | None) -> Levels | None:
     base, other = run.levels(baseline_key, latency), run.levels(variant_key, latency)
     if base is None or other is None or base.values.size != other.values.size:
         return None
     return Levels(other.values - base.values, base.processes)
 
 
+Record = dict[str, Any]
+"""One row of results.csv or scenarios.csv as a dict (`DataFrame.to_dict("records")`): the analysis walks
+hundreds of rows, and a pandas row (`iterrows`) costs a hundred times more to make."""
+
+
+def records(frame: pd.DataFrame) -> list[Record]:
+    return cast(list[Record], frame.to_dict("records"))  # a frame read from CSV: its column names are strings
+
+
 @dataclass(frozen=True)
 class _Pair:
     """A variant's row against the baseline's at one point, before the family is judged."""
 
-    variant: pd.Series
-    baseline: pd.Series
+    variant: Record
+    baseline: Record
     interval: Interval
     p_value: float
     logs: Levels | None
 
 
-def _pair(run: Run, variant: pd.Series, baseline: pd.Series) -> _Pair:
+def _pair(run: Run, variant: Record, baseline: Record) -> _Pair:
     logs = paired_logs(run, row_key(baseline), row_key(variant))
     # A bare CSV has no repetitions to judge from.
     interval = unknown(float(variant["median_us"] / baseline["median_us"]), 0) if logs is None else logs.interval()
@@ -136,13 +153,13 @@ def crossovers(ratios: tuple[RatioRow, ...], variant: str = CANDIDATE) -> list[C
     return out
 
 
-def fastest(run: Run, rows: pd.DataFrame, effect: float) -> tuple[str, ...]:
+def fastest(run: Run, rows: list[Record], effect: float) -> tuple[str, ...]:
     """At one point: the variant with the lowest median, then every variant tied with it, i.e. not judged
     slower than it on its own (kvpages.analysis.verdicts.judge; no repetitions: equal medians only)."""
-    ordered = rows.sort_values("median_us")
-    best = ordered.iloc[0]
+    ordered = sorted(rows, key=lambda r: r["median_us"])  # stable: equal medians keep the file's order
+    best = ordered[0]
     tied = []
-    for _, r in ordered.iterrows():
+    for r in ordered:
         logs = paired_logs(run, row_key(best), row_key(r))
         tie = r["median_us"] == best["median_us"] if logs is None else judge(logs.interval(), effect) != SLOWER
         if tie:
@@ -204,12 +221,14 @@ def scenario_ratios(run: Run, baseline: str, effect: float) -> tuple[ScenarioRat
     judged as one family (Benjamini-Hochberg over all of them, blocked and ready)."""
     if run.scenarios is None or run.scenario_samples is None:
         return ()
-    ok = run.scenarios[run.scenarios["status"] == "ok"]
-    found: list[tuple[pd.Series, str, Levels, float]] = []
-    for scenario, rows in ok.groupby("scenario", sort=False):
+    by_scenario: dict[str, list[Record]] = {}  # in the order of each scenario's first row, as groupby(sort=False)
+    for row in records(run.scenarios[run.scenarios["status"] == "ok"]):
+        by_scenario.setdefault(row["scenario"], []).append(row)
+    found: list[tuple[Record, str, Levels, float]] = []
+    for scenario, rows in by_scenario.items():
         if (scenario, baseline) not in run.scenario_samples:
             continue
-        for _, row in rows.iterrows():
+        for row in rows:
             variant = row["variant"]
             for latency in ("blocked", "ready") if variant != baseline else ():
                 logs = paired_logs(run, (scenario, baseline), (scenario, variant), latency)
@@ -252,15 +271,29 @@ class Analysis:
         return self.ratios_of(FLOOR)
 
     def scenario_ratio(self, scenario: str, variant: str, latency: str) -> ScenarioRatio | None:
-        return next((r for r in self.scenario_ratios
-                     if (r.scenario, r.variant, r.latency) == (scenario, variant, latency)), None)
+        return self._scenario_index.get((scenario, variant, latency))
 
     def ratios_of(self, variant: str) -> tuple[RatioRow, ...]:
         return tuple(r for r in self.ratios if r.variant == variant)
 
     def ratio_at(self, variant: str, dtype: str, layout: str, page_size: int, seq_len: int) -> RatioRow | None:
-        return next((r for r in self.ratios if (r.variant, r.dtype, r.layout, r.page_size, r.seq_len)
-                     == (variant, dtype, layout, page_size, seq_len)), None)
+        return self._ratio_index.get((variant, dtype, layout, page_size, seq_len))
+
+    @functools.cached_property
+    def _ratio_index(self) -> dict[tuple, RatioRow]:
+        """The ratios by (variant, dtype, layout, page_size, seq_len), the first of each (the charts and the report
+        look up hundreds)."""
+        index: dict[tuple, RatioRow] = {}
+        for r in self.ratios:
+            index.setdefault((r.variant, r.dtype, r.layout, r.page_size, r.seq_len), r)
+        return index
+
+    @functools.cached_property
+    def _scenario_index(self) -> dict[tuple, ScenarioRatio]:
+        index: dict[tuple, ScenarioRatio] = {}
+        for r in self.scenario_ratios:
+            index.setdefault((r.scenario, r.variant, r.latency), r)
+        return index
 
     def ratios_frame(self) -> pd.DataFrame:
         return pd.DataFrame([r.__dict__ for r in self.ratios])
@@ -270,27 +303,32 @@ def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
     """Analyse `run` once: every timed variant against `baseline` at every point where both were timed,
     judged as one family (kvpages.analysis.verdicts), with the run's noise floor as the minimum effect."""
     ok = run.ok_rows()
+    rows = records(ok)
+    points: dict[tuple, list[Record]] = {}  # per point, sorted, as groupby(POINT_COLUMNS, sort=True)
+    for row in rows:
+        key = tuple(row[c] for c in POINT_COLUMNS)
+        if not any(pd.isna(k) for k in key):
+            points.setdefault(key, []).append(row)
+    points = dict(sorted(points.items()))
     pairs: list[_Pair] = []
-    groups = list(ok.groupby(list(POINT_COLUMNS), sort=True))
-    for _, at in groups:
-        base = at[at["variant"] == baseline]
-        if base.empty:
+    for at in points.values():
+        base = next((r for r in at if r["variant"] == baseline), None)
+        if base is None:
             continue
-        for _, row in at.sort_values("variant", key=variant_order).iterrows():
+        for row in sorted(at, key=lambda r: variant_sort_key(r["variant"])):
             if row["variant"] != baseline:
-                pairs.append(_pair(run, row, base.iloc[0]))
+                pairs.append(_pair(run, row, base))
     half_width = finite_median([(p.interval.ci_high - p.interval.ci_low) / 2 / p.interval.ratio
                                 for p in pairs if p.interval.known])
     effect = min_effect(half_width)
     qvalues = bh_adjusted([p.p_value for p in pairs])
     ratios = tuple(_ratio(p, effect, q) for p, q in zip(pairs, qvalues, strict=True))
-    best = {tuple(key): fastest(run, contenders if not (contenders := at[at["variant"] != FLOOR]).empty else at, effect)
-            for key, at in groups}  # the zero-D2H floor is a reference, not a contender
+    best = {key: fastest(run, [r for r in at if r["variant"] != FLOOR] or at, effect)
+            for key, at in points.items()}  # the zero-D2H floor is a reference, not a contender
     spreads = ok["rep_spread"].dropna()
     repetitions = int(ok["repetitions"].dropna().max()) if ok["repetitions"].notna().any() else 1
     ratio_parts = [p.logs.components() for p in pairs if p.logs is not None]
-    time_parts = [levels.components() for levels in (run.levels(row_key(row)) for _, row in ok.iterrows())
-                  if levels is not None]
+    time_parts = [levels.components() for levels in (run.levels(row_key(row)) for row in rows) if levels is not None]
     noise = NoiseFloor(
         repetitions=repetitions,
         median_spread=float(spreads.median()) if len(spreads) else math.nan,

@@ -70,9 +70,22 @@ def unknown(ratio: float, n: int) -> Interval:
     return Interval(ratio, 0.0, math.inf, n, math.nan)
 
 
+def median_of(values: np.ndarray) -> float:
+    """`float(np.median(values))` of a 1-D array, bit for bit (the middle value, or the mean of the two middle
+    ones; nan when any value is), without np.median's generic machinery: a run has thousands of blocks."""
+    n = values.size
+    if n == 0:
+        return float(np.median(values))  # nan, with numpy's warning
+    half = n // 2
+    part = np.partition(values, (half, n - 1) if n % 2 else (half - 1, half, n - 1))
+    if np.isnan(part[-1]):
+        return math.nan
+    return float(part[half]) if n % 2 else float((part[half - 1] + part[half]) / 2)
+
+
 def block_medians(blocks: list[np.ndarray]) -> np.ndarray:
     """One median per repetition."""
-    return np.array([float(np.median(b)) for b in blocks])
+    return np.array([median_of(b) for b in blocks])
 
 
 def paired_log_ratios(baseline: np.ndarray, candidate: np.ndarray) -> np.ndarray:
@@ -138,7 +151,7 @@ class Levels:
         if self.values.shape != self.processes.shape:
             raise ValueError(f"{self.values.size} values but {self.processes.size} process ids")
 
-    @property
+    @functools.cached_property
     def process_count(self) -> int:
         return int(np.unique(self.processes).size)
 
@@ -153,8 +166,13 @@ class Levels:
 
     @functools.cached_property
     def bootstrap(self) -> np.ndarray:
-        """The two-stage bootstrap's resampled medians (seeded: the same values give the same resamples)."""
-        return _resampled_medians(self, np.random.default_rng(BOOTSTRAP_SEED))
+        """The two-stage bootstrap's resampled medians (seeded: the same values give the same resamples).
+
+        A fresh generator with the same seed draws the same indices for every `Levels` of one shape (how many
+        repetitions each process has), so they are drawn once per shape (`_seeded_draws`) and only the values
+        differ: a run has hundreds of these, all of one shape."""
+        groups = self.by_process()
+        return _medians_of(groups, _seeded_draws(tuple(g.size for g in groups)))
 
     def p_value(self) -> float:
         """Two-sided p-value of 'the median is 0' from the same two-stage bootstrap (at least 1 / the resamples)."""
@@ -180,22 +198,60 @@ BOOTSTRAP_SEED = 20130617
 """Fixed, so the same run folder always gives the same intervals."""
 
 
-def _resampled_medians(levels: Levels, rng: np.random.Generator) -> np.ndarray:
-    """BOOTSTRAP_RESAMPLES medians, each of a two-stage resample: processes with replacement, then each drawn
-    process's repetitions with replacement (Kalibera and Jones 2013, section 4.3)."""
-    groups = levels.by_process()
+@dataclass(frozen=True)
+class _Draws:
+    """The indices of BOOTSTRAP_RESAMPLES two-stage resamples of one shape, into the processes' padded values."""
+
+    flat: np.ndarray
+    """(resamples, processes x width): the drawn process's row times the width, plus the drawn repetition."""
+    padding: np.ndarray | None
+    """Where a drawn process has fewer repetitions than the widest (those cells are skipped); None: none has."""
+
+
+def _draws(sizes: tuple[int, ...], rng: np.random.Generator) -> _Draws:
+    """Processes with replacement, then each drawn process's repetitions with replacement (Kalibera and Jones 2013,
+    section 4.3), for processes of `sizes` repetitions: the generator is drawn exactly as it always was."""
+    count, width = len(sizes), max(sizes)
+    sizes_array = np.array(sizes)
+    drawn = rng.integers(0, count, size=(BOOTSTRAP_RESAMPLES, count))
+    within = (rng.random((BOOTSTRAP_RESAMPLES, count, width)) * sizes_array[drawn][:, :, None]).astype(int)
+    flat = (drawn[:, :, None] * width + within).reshape(BOOTSTRAP_RESAMPLES, -1)
+    if (sizes_array == width).all():
+        return _Draws(flat, None)
+    padding = (np.arange(width)[None, None, :] >= sizes_array[drawn][:, :, None]).reshape(BOOTSTRAP_RESAMPLES, -1)
+    return _Draws(flat, padding)
+
+
+@functools.lru_cache(maxsize=64)
+def _seeded_draws(sizes: tuple[int, ...]) -> _Draws:
+    """`_draws` from a fresh generator seeded with BOOTSTRAP_SEED (what every `Levels.bootstrap` uses)."""
+    return _draws(sizes, np.random.default_rng(BOOTSTRAP_SEED))
+
+
+def _medians_of(groups: list[np.ndarray], draws: _Draws) -> np.ndarray:
+    """The median of each resample: `np.median` along the rows bit for bit (the middle value, or the mean of the two
+    middle ones), from one sort; the padded case and values with a nan take numpy's own (nan)median."""
     width = max(g.size for g in groups)
     padded = np.full((len(groups), width), np.nan)
     for i, g in enumerate(groups):
         padded[i, :g.size] = g
-    sizes = np.array([g.size for g in groups])
-    drawn = rng.integers(0, len(groups), size=(BOOTSTRAP_RESAMPLES, len(groups)))
-    within = (rng.random((BOOTSTRAP_RESAMPLES, len(groups), width)) * sizes[drawn][:, :, None]).astype(int)
-    values = padded[drawn[:, :, None], within].reshape(BOOTSTRAP_RESAMPLES, -1)
-    if (sizes == width).all():  # every process has as many repetitions: no padding to skip
+    values = padded.ravel()[draws.flat]
+    if draws.padding is not None:
+        values[draws.padding] = np.nan
+        return np.nanmedian(values, axis=1)  # a smaller process draws fewer
+    if np.isnan(padded).any():
         return np.median(values, axis=1)
-    values[(np.arange(width)[None, None, :] >= sizes[drawn][:, :, None]).reshape(BOOTSTRAP_RESAMPLES, -1)] = np.nan
-    return np.nanmedian(values, axis=1)  # a smaller process draws fewer
+    values.sort(axis=1)
+    n = values.shape[1]
+    if n % 2:
+        return values[:, n // 2].copy()
+    return (values[:, n // 2 - 1] + values[:, n // 2]) / 2
+
+
+def _resampled_medians(levels: Levels, rng: np.random.Generator) -> np.ndarray:
+    """BOOTSTRAP_RESAMPLES medians, each of a two-stage resample drawn from `rng` (`_draws`)."""
+    groups = levels.by_process()
+    return _medians_of(groups, _draws(tuple(g.size for g in groups), rng))
 
 
 def hierarchical_interval(levels: Levels, confidence: float = CONFIDENCE) -> Interval:

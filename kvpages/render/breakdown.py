@@ -10,10 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 
 from kvpages.analysis.ratios import Analysis
@@ -31,6 +27,10 @@ def plot_breakdown(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) 
     rows = analysis.breakdown
     if not rows:
         return []
+    from matplotlib.patches import Rectangle  # matplotlib where a chart is drawn: `kvpages report` needs none
+
+    from kvpages.render.figures import new_figure, save, set_title
+
     device, dtype, layout = rows[0].device, rows[0].dtype, rows[0].layout
     parts = STACK_PARTS["cuda" if device == "cuda" else "cpu"]
     page_sizes = sorted({r.page_size for r in rows})
@@ -40,7 +40,8 @@ def plot_breakdown(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) 
     ncols = min(2, len(page_sizes))
     nrows = -(-len(page_sizes) // ncols)
     total, height = width * ncols + 1.0, 5.4 * nrows + 1.0  # per row: 3 inches of bars, 2.4 of labels and title
-    fig, grid = plt.subplots(nrows, ncols, figsize=(total, height), squeeze=False)
+    fig = new_figure(total, height)
+    grid = fig.subplots(nrows, ncols, squeeze=False)
     fig.subplots_adjust(left=1.0 / total, right=1 - 0.2 / total, bottom=2.0 / height, top=1 - 1.2 / height,
                         wspace=0.15, hspace=2.4 / 3.0)
     axes = [list(grid.flat)]
@@ -49,13 +50,16 @@ def plot_breakdown(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) 
     by_key = {(r.variant, r.seq_len, r.page_size): r for r in rows}
     for ax, page_size in zip(axes[0], page_sizes, strict=False):
         ticks, labels, x = [], [], 0.0
+        stacked: list[tuple[list[float], list[float], list[float]]] = [([], [], []) for _ in PART_COLORS]
         for seq_len in lengths[page_size]:
             for v in variants:
                 row = by_key.get((v, seq_len, page_size))
                 if row is not None:
                     bottom = 0.0
-                    for (_, share), color in zip(shares(row), PART_COLORS, strict=False):
-                        ax.bar(x, share, 0.8, bottom=bottom, color=color, edgecolor="white", lw=0.5)
+                    for (_, share), (xs, heights, bottoms) in zip(shares(row), stacked, strict=False):
+                        xs.append(x)
+                        heights.append(share)
+                        bottoms.append(bottom)
                         bottom += share
                     ax.annotate(us_text(row.wall_us), (x, 1.0), xytext=(0, 2), textcoords="offset points",
                                 ha="center", va="bottom", fontsize=6, rotation=90)
@@ -63,26 +67,23 @@ def plot_breakdown(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) 
                     labels.append(f"{v}  s{seq_len}")
                 x += 1
             x += 0.8
+        for (xs, heights, bottoms), color in zip(stacked, PART_COLORS, strict=True):  # one call per part, not per bar
+            if xs:
+                ax.bar(xs, heights, 0.8, bottom=bottoms, color=color, edgecolor="white", lw=0.5)
         ax.set_xticks(ticks, labels, rotation=90, fontsize=6)
         ax.set_ylim(0, 1.25)
         ax.set_yticks(np.linspace(0, 1, 6), [f"{t:.0%}" for t in np.linspace(0, 1, 6)])
-        ax.set_title(f"page_size={page_size}", fontsize=9)
+        set_title(ax, f"page_size={page_size}", fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
     for ax in grid[:, 0]:
         ax.set_ylabel("share of one call's wall time")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PART_COLORS[:len(parts)]]
+    handles = [Rectangle((0, 0), 1, 1, color=c) for c in PART_COLORS[:len(parts)]]
     fig.legend(handles, parts, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.55 / height), fontsize=7,
                ncol=len(parts), frameon=False)
     crossed = "" if device == "cuda" else " (CPU run: no PCIe link crossed)"
     fig.suptitle(f"Where the time goes: one profiled pass (shares; µs per call above the bars, profiler-inflated)\n"
                  f"{dtype} {layout}{crossed} | {analysis.run.device_name} | run {analysis.run.run_id}", fontsize=9)
-    written = []
-    for fmt in formats:
-        out = (out_dir / f"breakdown_{dtype}_{layout}").with_suffix(f".{fmt}")
-        fig.savefig(out, dpi=110)
-        written.append(out)
-    plt.close(fig)
-    return written
+    return save(fig, out_dir / f"breakdown_{dtype}_{layout}", formats)
 
 
 def _share_cells(row: BreakdownRow) -> list[str]:

@@ -24,21 +24,19 @@ import math
 from pathlib import Path
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
 from kvpages.analysis.cite import interval_of
-from kvpages.analysis.ratios import Analysis
+from kvpages.analysis.ratios import Analysis, Record, records
 from kvpages.analysis.verdicts import SAME
 from kvpages.core.links import LAUNCH_SYNC_US, LINK_PROFILES
 from kvpages.core.names import CANDIDATE, FLOOR, STEP_FLOOR, variant_sort_key
 from kvpages.core.sweep import ITEMSIZE
 from kvpages.render.breakdown import plot_breakdown
+from kvpages.render.figures import new_figure, save, set_title, side_by_side
 from kvpages.render.style import legend_label, style
 from kvpages.render.text import coverage
 from kvpages.schema.reader import Run
@@ -49,13 +47,29 @@ def _variants(frame) -> list[str]:
     return sorted(frame["variant"].unique(), key=variant_sort_key)
 
 
+def _lines(frame: pd.DataFrame, panel: tuple[str, ...], x: str) -> dict[tuple, list[Record]]:
+    """The rows of each line, keyed (panel, variant) with `panel` the values of the `panel` columns, in order of `x`
+    (equal x in the file's order): one pass over the rows, where a pandas filter per line costs a chart dozens."""
+    lines: dict[tuple, list[Record]] = {}
+    for row in sorted(records(frame), key=lambda r: r[x]):
+        lines.setdefault((tuple(row[c] for c in panel), row["variant"]), []).append(row)
+    return lines
+
+
+def _at(rows: list[Record], x: str, what: str, xs: list) -> np.ndarray:
+    """`what` of `rows` at each of `xs` (nan where none is)."""
+    found = {r[x]: r[what] for r in rows}
+    return np.array([found.get(value, np.nan) for value in xs], dtype=float)
+
+
 LEGEND_WIDTH = 3.2
 """Inches to the right of the panels for the legend, so it never covers data."""
 
 
 def _panels(n: int, width: float = 4.2, height: float = 3.6):
     total = width * n + LEGEND_WIDTH
-    fig, axes = plt.subplots(1, n, figsize=(total, height), squeeze=False)
+    fig = new_figure(total, height)
+    axes = fig.subplots(1, n, squeeze=False)
     fig.subplots_adjust(left=0.9 / total, right=1 - (LEGEND_WIDTH + 0.1) / total, bottom=0.15, top=0.78, wspace=0.3)
     return fig, list(axes[0])
 
@@ -97,62 +111,55 @@ def _title(run: Run, what: str, dtype: str, layout: str) -> str:
     return f"{what}, {dtype} {layout}{crossed}\n{run.device_name} | run {run.run_id}"
 
 
-def _save(fig, path: Path, formats: tuple[str, ...]) -> list[Path]:
-    written = []
-    for fmt in formats:
-        out = path.with_suffix(f".{fmt}")
-        fig.savefig(out, dpi=110)
-        written.append(out)
-    plt.close(fig)
-    return written
-
-
 def plot_latency(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
     page_sizes = sorted(frame["page_size"].unique())
     variants = _variants(frame)
     fig, axes = _panels(len(page_sizes))
+    lines = _lines(frame, ("page_size",), "seq_len")
     for ax, page_size in zip(axes, page_sizes, strict=True):
-        at = frame[frame["page_size"] == page_size]
-        base = at[at["variant"] == analysis.baseline].set_index("seq_len")["median_us"]
+        base = lines.get(((page_size,), analysis.baseline), [])
         for v in variants:
-            rows = at[at["variant"] == v].sort_values("seq_len")
-            if rows.empty:
+            rows = lines.get(((page_size,), v))
+            if not rows:
                 continue
+            seq = [r["seq_len"] for r in rows]
             look = style(v)
-            ax.plot(rows["seq_len"], rows["median_us"], ms=4, mfc="none", label=legend_label(v), **look.kwargs())
+            ax.plot(seq, [r["median_us"] for r in rows], ms=4, mfc="none", label=legend_label(v), **look.kwargs())
             if v not in (analysis.baseline, FLOOR):  # the floor is a reference line, not a contender
-                found = [analysis.ratio_at(v, dtype, layout, page_size, int(s)) for s in rows["seq_len"]]
-                _interval_band(ax, rows["seq_len"], base.reindex(rows["seq_len"]).to_numpy(),
+                found = [analysis.ratio_at(v, dtype, layout, page_size, int(s)) for s in seq]
+                _interval_band(ax, seq, _at(base, "seq_len", "median_us", seq),
                                [None if r is None else interval_of(r) for r in found], look.color)
         _log_axes(ax)
-        ax.set(title=f"page_size={page_size}", xlabel="seq_len (tokens)", ylabel="median time per call (µs)")
+        set_title(ax, f"page_size={page_size}")
+        ax.set(xlabel="seq_len (tokens)", ylabel="median time per call (µs)")
     _legend(fig, axes, f"variant (band: ratio's {coverage(analysis)}\nx pre-PR median)")
     fig.suptitle(_title(analysis.run, "D2H page-index time per call", dtype, layout), fontsize=10)
-    return _save(fig, stem, formats)
+    return save(fig, stem, formats)
 
 
 def plot_bytes(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
     page_sizes = sorted(frame["page_size"].unique())
     variants = _variants(frame)
     fig, axes = _panels(len(page_sizes))
+    lines = _lines(frame, ("page_size",), "seq_len")
+    seq = np.array(sorted(frame["seq_len"].unique()))
     for ax, page_size in zip(axes, page_sizes, strict=True):
-        seq = np.array(sorted(frame["seq_len"].unique()))
         for i, v in enumerate(variants):  # hollow markers shrinking in turn, so equal values stay visible
-            rows = frame[(frame["page_size"] == page_size) & (frame["variant"] == v) & (frame["d2h_bytes"] > 0)]
-            rows = rows.sort_values("seq_len")  # 0 bytes (the zero-D2H floor) has no place on a log axis
-            if not rows.empty:
-                ax.plot(rows["seq_len"], rows["d2h_bytes"], ms=max(3, 10 - 2 * i), mfc="none", lw=1,
-                        label=legend_label(v), **style(v).kwargs())
+            # 0 bytes (the zero-D2H floor) has no place on a log axis
+            rows = [r for r in lines.get(((page_size,), v), []) if r["d2h_bytes"] > 0]
+            if rows:
+                ax.plot([r["seq_len"] for r in rows], [r["d2h_bytes"] for r in rows], ms=max(3, 10 - 2 * i), mfc="none",
+                        lw=1, label=legend_label(v), **style(v).kwargs())
         ax.plot(seq, np.ceil(seq / page_size) * ITEMSIZE[dtype], color="black", ls="--", lw=1, zorder=5,
                 label="ideal ceil(seq_len/page_size)*itemsize")
-        ax.set(xscale="log", yscale="log", title=f"page_size={page_size}", xlabel="seq_len (tokens)",
-               ylabel="metered D2H bytes per call")
+        ax.set(xscale="log", yscale="log", xlabel="seq_len (tokens)", ylabel="metered D2H bytes per call")
+        set_title(ax, f"page_size={page_size}")
         ax.xaxis.set_minor_locator(NullLocator())
         ax.yaxis.set_minor_locator(NullLocator())
         ax.grid(True, which="major", alpha=0.3)
     _legend(fig, axes, "variant")
     fig.suptitle(_title(analysis.run, "Metered D2H bytes", dtype, layout), fontsize=10)
-    return _save(fig, stem, formats)
+    return save(fig, stem, formats)
 
 
 RATIO_CAP = 4.0
@@ -181,7 +188,8 @@ def plot_ratio(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, f
     values = np.full((len(page_sizes), len(seq_lens)), np.nan)
     cap = math.log2(RATIO_CAP)
     width, height = 1.25 * len(seq_lens) + 2.8, 0.8 * len(page_sizes) + 2.2
-    fig, ax = plt.subplots(figsize=(width, height))
+    fig = new_figure(width, height)
+    ax = fig.subplots()
     fig.subplots_adjust(left=1.0 / width, right=1 - 1.6 / width, bottom=1.1 / height, top=1 - 0.8 / height)
     for r in ratios:
         values[page_sizes.index(r.page_size), seq_lens.index(r.seq_len)] = np.log2(r.ratio)
@@ -199,28 +207,29 @@ def plot_ratio(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, f
     bar.set_ticks(list(ticks), labels=[f"{2 ** t:g}" if t >= 0 else f"1/{2 ** -t:g}" for t in ticks])
     bar.set_label(f"merged PR / pre-PR (red: slower; capped, ▲▼ beyond;\n"
                   f"[ ]: {coverage(analysis)}; ~: same within {analysis.noise.min_effect:.1%})", fontsize=8)
-    ax.set_title(_title(analysis.run, f"merged PR ({CANDIDATE}) / pre-PR ({analysis.baseline}) time per call", dtype,
-                        layout), fontsize=10)
-    return _save(fig, stem, formats)
+    set_title(ax, _title(analysis.run, f"merged PR ({CANDIDATE}) / pre-PR ({analysis.baseline}) time per call", dtype,
+                     layout), fontsize=10)
+    return save(fig, stem, formats)
 
 
 def plot_link_model(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
     """One panel: the modeled merged PR / pre-PR ratio per page size, a band over the link profiles."""
-    base = frame[frame["variant"] == analysis.baseline].set_index(["page_size", "seq_len"])
-    cand = frame[frame["variant"] == CANDIDATE].set_index(["page_size", "seq_len"])
-    keys = base.index.intersection(cand.index)
-    if keys.empty:
+    point = ("page_size", "seq_len")
+    base = {tuple(r[c] for c in point): r for r in records(frame) if r["variant"] == analysis.baseline}
+    cand = {tuple(r[c] for c in point): r for r in records(frame) if r["variant"] == CANDIDATE}
+    keys = base.keys() & cand.keys()
+    if not keys:
         return []
-    fig, ax = plt.subplots(figsize=(8.4, 4.4))
+    fig = new_figure(8.4, 4.4)
+    ax = fig.subplots()
     fig.subplots_adjust(left=0.1, right=0.68, bottom=0.13, top=0.82)
-    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    palette = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     page_sizes = sorted({p for p, _ in keys})
     for n, page_size in enumerate(page_sizes):
         seq = sorted(s for p, s in keys if p == page_size)
-        modeled = np.array([[profile.modeled_us(cand.loc[(page_size, s), "d2h_bytes"],
-                                                cand.loc[(page_size, s), "d2h_transfers"], launches=1)
-                             / profile.modeled_us(base.loc[(page_size, s), "d2h_bytes"],
-                                                  base.loc[(page_size, s), "d2h_transfers"])
+        modeled = np.array([[profile.modeled_us(cand[page_size, s]["d2h_bytes"], cand[page_size, s]["d2h_transfers"],
+                                                launches=1)
+                             / profile.modeled_us(base[page_size, s]["d2h_bytes"], base[page_size, s]["d2h_transfers"])
                              for s in seq] for profile in LINK_PROFILES])
         color = palette[n % len(palette)]
         if page_size in (page_sizes[0], page_sizes[-1]):  # the others' bands lie between: drawn, they blur
@@ -238,7 +247,7 @@ def plot_link_model(analysis: Analysis, frame, dtype: str, layout: str, stem: Pa
              "  (assumed; kvpages/core/links.py)", fontsize=6.5, va="bottom")
     fig.suptitle(_title(analysis.run, "MODEL, not measurement: transfers x latency + bytes / bandwidth + launch",
                         dtype, layout), fontsize=9)
-    return _save(fig, stem, formats)
+    return save(fig, stem, formats)
 
 
 def _scenario_panels(analysis: Analysis, kind: str, x: str, xlabel: str, what: str, stem: Path, formats) -> list[Path]:
@@ -251,28 +260,31 @@ def _scenario_panels(analysis: Analysis, kind: str, x: str, xlabel: str, what: s
     panels = sorted({(str(side), int(p)) for side, p in zip(ok["side"], ok["page_size"], strict=True)})
     variants = _variants(ok)
     fig, axes = _panels(len(panels))
+    lines = _lines(ok, ("side", "page_size"), x)
     for ax, (side, page_size) in zip(axes, panels, strict=True):
-        at = ok[(ok["side"] == side) & (ok["page_size"] == page_size)]
-        base = at[at["variant"] == analysis.scenario_baseline].set_index(x)["blocked_median_us"]
+        base = lines.get(((side, page_size), analysis.scenario_baseline), [])
         for v in variants:
-            rows = at[at["variant"] == v].sort_values(x)
-            if rows.empty:
+            rows = lines.get(((side, page_size), v))
+            if not rows:
                 continue
+            xs = [r[x] for r in rows]
             look = style(v)
-            ax.plot(rows[x], rows["blocked_median_us"], ms=4, mfc="none", label=legend_label(v), **look.kwargs())
+            ax.plot(xs, [r["blocked_median_us"] for r in rows], ms=4, mfc="none", label=legend_label(v), **look.kwargs())
             if v not in (analysis.scenario_baseline, STEP_FLOOR):
-                found = [analysis.scenario_ratio(str(s), v, "blocked") for s in rows["scenario"]]
-                _interval_band(ax, rows[x], base.reindex(rows[x]).to_numpy(),
+                found = [analysis.scenario_ratio(str(r["scenario"]), v, "blocked") for r in rows]
+                _interval_band(ax, xs, _at(base, x, "blocked_median_us", xs),
                                [None if r is None else r.interval for r in found], look.color)
         _log_axes(ax)
-        chunks = sorted({int(c) for c in at["chunk_size"] if int(c)})
+        chunks = sorted({int(r["chunk_size"]) for (at, _), rows in lines.items() if at == (side, page_size)
+                         for r in rows if int(r["chunk_size"])})
         chunk = f", chunks of {'/'.join(map(str, chunks))}" if side == "prefill" and kind == "request" and chunks else ""
         where = side if kind == "request" else "decode step"
-        ax.set(title=f"{where}, page_size={page_size}{chunk}", xlabel=xlabel, ylabel=f"blocked µs per {what} (median)")
+        set_title(ax, f"{where}, page_size={page_size}{chunk}")
+        ax.set(xlabel=xlabel, ylabel=f"blocked µs per {what} (median)")
     _legend(fig, axes, f"step variant (band: ratio's {coverage(analysis)}\nx per_request[host_stride] median)")
     fig.suptitle(_title(analysis.run, f"Whole {what}s: scheduler-thread time", str(ok["dtype"].iloc[0]),
                         str(ok["layout"].iloc[0])), fontsize=10)
-    return _save(fig, stem, formats)
+    return save(fig, stem, formats)
 
 
 def _busy_reference(rows) -> tuple[float, str]:
@@ -308,8 +320,8 @@ def plot_busy_queue(analysis: Analysis, stem: Path, formats) -> list[Path]:
     widths = [1.4 * ok[ok["scenario"] == s]["variant"].nunique() + 1.2 for s in scenarios]
     legend_width = 2.6
     width, height = max(sum(widths) + legend_width + 1.0, 9.0), 5.0
-    fig, axes = plt.subplots(1, len(scenarios), figsize=(width, height), squeeze=False,
-                             gridspec_kw={"width_ratios": widths})
+    fig = new_figure(width, height)
+    axes = fig.subplots(1, len(scenarios), squeeze=False, gridspec_kw={"width_ratios": widths})
     fig.subplots_adjust(left=0.9 / width, right=1 - (legend_width + 0.1) / width, bottom=0.22, top=0.78, wspace=0.3)
     bar = 0.38
     for ax, scenario in zip(axes[0], scenarios, strict=True):
@@ -340,7 +352,7 @@ def plot_busy_queue(analysis: Analysis, stem: Path, formats) -> list[Path]:
     device = run.meta.environment.device_name if run.meta else run.device_name
     fig.suptitle(f"Behind a busy device queue: blocked (scheduler thread) vs ready (data on host), "
                  f"{ok['dtype'].iloc[0]} {ok['layout'].iloc[0]}\n{device} | run {run.run_id}", fontsize=10)
-    return _save(fig, stem, formats)
+    return save(fig, stem, formats)
 
 
 def plot_scenarios(analysis: Analysis, out_dir: Path, formats) -> list[Path]:
@@ -356,13 +368,20 @@ def plot_scenarios(analysis: Analysis, out_dir: Path, formats) -> list[Path]:
 CHARTS = (("latency", plot_latency), ("bytes", plot_bytes), ("ratio", plot_ratio), ("link_model", plot_link_model))
 
 
-def plot_run(analysis: Analysis, formats: tuple[str, ...] = ("png",), out_dir: Path | None = None) -> list[Path]:
-    """Write every chart of the analysed run into `out_dir` (default: the run folder); returns the files written."""
-    out_dir = out_dir or analysis.run.path
-    ok = analysis.run.ok_rows()
-    written: list[Path] = []
-    for key, frame in ok.groupby(["dtype", "layout"], sort=True):
-        dtype, layout = str(key[0]), str(key[1])
-        for name, chart in CHARTS:
-            written += chart(analysis, frame, dtype, layout, out_dir / f"{name}_{dtype}_{layout}", formats)
-    return written + plot_scenarios(analysis, out_dir, formats) + plot_breakdown(analysis, out_dir, formats)
+def plot_run(analysis: Analysis, formats: tuple[str, ...] = ("png",), out_dir: Path | None = None,
+             processes: int = 1) -> list[Path]:
+    """Write every chart of the analysed run into `out_dir` (default: the run folder); returns the files written.
+    `processes` 2 (`kvpages plot`): the scenario and breakdown charts are drawn in a second process while this one
+    draws the per-point charts (kvpages.render.figures.side_by_side), where two CPUs are free."""
+    folder = out_dir or analysis.run.path
+
+    def points() -> list[Path]:
+        written: list[Path] = []
+        for key, frame in analysis.run.ok_rows().groupby(["dtype", "layout"], sort=True):
+            dtype, layout = str(key[0]), str(key[1])
+            for name, chart in CHARTS:
+                written += chart(analysis, frame, dtype, layout, folder / f"{name}_{dtype}_{layout}", formats)
+        return written
+
+    return side_by_side(points, lambda: plot_scenarios(analysis, folder, formats) + plot_breakdown(analysis, folder, formats),
+                        processes)

@@ -10,8 +10,11 @@ from __future__ import annotations
 import io
 import json
 import math
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -48,6 +51,7 @@ from kvpages.schema.rows import (
     scenario_row_id,
 )
 
+T = TypeVar("T")
 MEDIAN_RTOL = 1e-9
 """load_run recomputes each ok row's median from its samples; beyond this relative difference it refuses the folder."""
 
@@ -77,6 +81,7 @@ class Run:
     rank_samples: dict[tuple, list[RankSampleSet]] | None = None
     """Per (scenario, variant, role, rank): its blocks, in repetition order (rank -1 for the step's)."""
     _levels: dict[tuple, Levels | None] = field(default_factory=dict, repr=False)
+    _cache: dict[tuple, Any] = field(default_factory=dict, repr=False)
 
     @property
     def run_id(self) -> str:
@@ -108,6 +113,13 @@ class Run:
         if (key, latency) not in self._levels:
             self._levels[key, latency] = self._compute_levels(key, latency)
         return self._levels[key, latency]
+
+    def cached(self, key: tuple, compute: Callable[[], T]) -> T:
+        """`compute()`, once per `key` for this run: what the analysis derives from its samples (e.g. a pair's
+        paired log-ratios, whose bootstrap is then drawn once however often they are asked for)."""
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
 
     def _compute_levels(self, key: tuple, latency: str | None) -> Levels | None:
         if latency is None:
@@ -272,12 +284,17 @@ def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, ScenarioSamples 
     if samples_path.exists():
         required = _required(SCENARIO_SAMPLE_COLUMNS, SCENARIO_SAMPLE_OPTIONAL_COLUMNS)
         by_latency: dict[str, dict[tuple, list[tuple[int, int, np.ndarray]]]] = {"blocked": {}, "ready": {}}
+        records = _read_csv(samples_path, required).to_dict("records")
         try:
-            for r in _read_csv(samples_path, required).to_dict("records"):
+            blocked_us = _numbers([r["blocked_us"] for r in records])
+            differ = [i for i, r in enumerate(records) if r["ready_us"] != r["blocked_us"]]  # none on a CPU run
+            ready_us = dict(zip(differ, _numbers([records[i]["ready_us"] for i in differ]), strict=True))
+            parsed = {"blocked": blocked_us, "ready": [ready_us.get(i, b) for i, b in enumerate(blocked_us)]}
+            for i, r in enumerate(records):
                 key = (r["scenario"], r["variant"])
                 for what, found in by_latency.items():
                     found.setdefault(key, []).append((int(r["repetition"]), int(r.get("process") or 0),
-                                                       np.array(r[f"{what}_us"].split(), dtype=np.float64)))
+                                                       parsed[what][i]))
         except ValueError:
             raise RunError(f"{samples_path}: a repetition, process or sample is not a number") from None
         blocked, processes = _in_repetition_order(by_latency["blocked"])
@@ -297,16 +314,36 @@ def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, ScenarioSamples 
 def _read_samples(path: Path) -> tuple[dict[tuple, list[np.ndarray]], dict[tuple, tuple[int, ...]]]:
     """samples.csv by row key, in repetition order, and each block's process; version 1 files (no `repetition`
     column) hold one block per row, and files before version 3 (no `process`) come from one process."""
-    frame = _read_csv(path, _required(SAMPLE_COLUMNS, SAMPLE_OPTIONAL_COLUMNS))
+    records = _read_csv(path, _required(SAMPLE_COLUMNS, SAMPLE_OPTIONAL_COLUMNS)).to_dict("records")
+    try:
+        parsed: list[np.ndarray] | None = _numbers([r["samples_us"] for r in records])
+    except ValueError:
+        parsed = None  # the loop below names the line
     by_key: dict[tuple, list[tuple[int, int, np.ndarray]]] = {}
-    for i, record in enumerate(frame.to_dict("records")):
+    for i, record in enumerate(records):
         try:
-            values = np.array(record["samples_us"].split(), dtype=np.float64)
+            values = parsed[i] if parsed is not None else np.array(record["samples_us"].split(), dtype=np.float64)
             repetition, process = int(record.get("repetition") or 0), int(record.get("process") or 0)
         except ValueError:
             raise RunError(f"{path}: line {i + 2}: samples_us, repetition or process holds a non-number") from None
         by_key.setdefault(row_key(record), []).append((repetition, process, values))
     return _in_repetition_order(by_key)
+
+
+def _numbers(texts: list[str]) -> list[np.ndarray]:
+    """`[np.array(t.split(), dtype=np.float64) for t in texts]`, the same correctly rounded doubles, parsed in one
+    pass over all of them (a run folder holds about half a million); a text numpy's parser stops at takes that
+    slow path, which raises ValueError where a text holds something other than numbers."""
+    counts = [len(t.split()) for t in texts]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy warns (and will raise) where the text stops being numbers
+        try:
+            flat = np.fromstring(" ".join(texts), dtype=np.float64, sep=" ")
+        except (ValueError, DeprecationWarning):
+            flat = None
+    if flat is None or flat.size != sum(counts):
+        return [np.array(t.split(), dtype=np.float64) for t in texts]
+    return np.split(flat, np.cumsum(counts)[:-1]) if texts else []
 
 
 def _in_repetition_order(by_key: dict[tuple, list[tuple[int, int, np.ndarray]]]
