@@ -109,6 +109,7 @@ def test_the_report_gives_the_contention_with_its_interval(two_ranks):
     assert ((contention["ci_low"] <= contention["ratio"]) & (contention["ratio"] <= contention["ci_high"])).all()
     report = (run / "REPORT.md").read_text()
     assert "## Findings: what a scheduler step pays when 2 ranks convert at once" in report
+    assert (run / "contention.png").stat().st_size > 0 and "![contention.png](contention.png)" in report
     for row_id in contention["id"]:
         assert row_id in report or row_id.endswith("-blocked")
 

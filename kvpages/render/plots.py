@@ -37,6 +37,7 @@ from kvpages.core.names import CANDIDATE, FLOOR, STEP_FLOOR, variant_sort_key
 from kvpages.core.sweep import ITEMSIZE
 from kvpages.render.breakdown import plot_breakdown
 from kvpages.render.figures import new_figure, save, set_title, side_by_side
+from kvpages.render.ranks import plot_contention
 from kvpages.render.style import legend_label, style
 from kvpages.render.text import coverage
 from kvpages.schema.reader import Run
@@ -383,5 +384,5 @@ def plot_run(analysis: Analysis, formats: tuple[str, ...] = ("png",), out_dir: P
                 written += chart(analysis, frame, dtype, layout, folder / f"{name}_{dtype}_{layout}", formats)
         return written
 
-    return side_by_side(points, lambda: plot_scenarios(analysis, folder, formats) + plot_breakdown(analysis, folder, formats),
-                        processes)
+    return side_by_side(points, lambda: plot_scenarios(analysis, folder, formats) + plot_breakdown(analysis, folder, formats)
+                        + plot_contention(analysis, folder, formats), processes)

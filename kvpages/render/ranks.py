@@ -3,11 +3,17 @@ at once, against rank 0 alone in the same run (no torch)."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from kvpages.analysis.cite import coverage_text
 from kvpages.analysis.ratios import Analysis
 from kvpages.core.names import label
+from kvpages.render.style import legend_label, style
 from kvpages.render.text import table, us
 from kvpages.schema.ranks import ALONE, CONTENTION_CSV, RANK, ContentionRow
+
+CONTENTION_CHART = "contention"
 
 METHOD = (
     "torchrun started one pytest session per rank, each on its own device, joined in one gloo process group "
@@ -66,6 +72,9 @@ def render_ranks(analysis: Analysis, environment: str) -> str:
         f"their ratio (`{CONTENTION_CSV}`; blocked latency there too). Above 1: the ranks slow each other down."
         + (" CPU run: the ranks share the host's cores and memory, no link was crossed." if cpu else "")
         + "\n\n" + contention_table(analysis),
+        *([f"![{CONTENTION_CHART}.png]({CONTENTION_CHART}.png)\n\n*Each step variant's contention (ready latency, the "
+            "step over rank 0 alone) against B, per page size, with its interval; 1 = the ranks cost each other "
+            "nothing.*"] if (run.path / f"{CONTENTION_CHART}.png").exists() else []),
         "## Per rank\n\nReady latency of each rank's own calls when every rank converted, and of rank 0 alone "
         "(`ranks.csv`).\n\n" + per_rank_table(analysis),
         "## Method\n\n" + METHOD,
@@ -89,3 +98,52 @@ def contention_summary(analysis: Analysis) -> list[str]:
             lines.append(f"  {c.scenario}  {label(c.variant)}: alone {us(c.alone_median_us)}, step "
                          f"{us(c.step_median_us)}, contention {c.ratio:.3f} {_ci(c)}")
     return lines
+
+
+def _batch_and_page(scenario: str) -> tuple[int, int]:
+    """(B, page size) of a step scenario's id (step-B<B>-<lengths>-p<p>-<dtype>...)."""
+    found = re.match(r"step-B(\d+)-.*-p(\d+)-", scenario)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+
+
+def plot_contention(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) -> list[Path]:
+    """contention.png: per page size, each step variant's contention (ready; step over rank 0 alone) against B,
+    with its interval; 1 = the ranks cost each other nothing."""
+    rows = [c for c in analysis.contention if c.latency == "ready"]
+    if not rows:
+        return []
+    from kvpages.render.figures import new_figure, save, set_title
+
+    pages = sorted({_batch_and_page(c.scenario)[1] for c in rows})
+    variants = list(dict.fromkeys(c.variant for c in rows))
+    legend_in = 4.6
+    fig = new_figure(4.2 * len(pages) + legend_in, 3.8)
+    batches = sorted({_batch_and_page(c.scenario)[0] for c in rows})
+    axes = fig.subplots(1, len(pages), squeeze=False, sharey=True)[0]
+    for ax, page in zip(axes, pages, strict=True):
+        for k, v in enumerate(variants):
+            at = sorted((_batch_and_page(c.scenario)[0], c) for c in rows
+                        if c.variant == v and _batch_and_page(c.scenario)[1] == page)
+            if not at:
+                continue
+            look = style(v)
+            xs = [b * (1 + 0.04 * (k - len(variants) / 2)) for b, _ in at]  # side by side at each B
+            ys = [c.ratio for _, c in at]
+            ax.errorbar(xs, ys, yerr=[[y - c.ci_low for y, (_, c) in zip(ys, at, strict=True)],
+                                      [c.ci_high - y for y, (_, c) in zip(ys, at, strict=True)]],
+                        color=look.color, marker=look.marker, ls="none", ms=5, capsize=2, label=legend_label(v))
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_xlim(batches[0] / 1.6, batches[-1] * 1.6)
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.minorticks_off()
+        ax.set(xlabel="requests per step B", ylabel="step / rank 0 alone (ready)")
+        set_title(ax, f"decode step, page_size={page}")
+    size = rows[0].world_size
+    coverage = ", ".join(sorted({coverage_text(c.confidence) for c in rows}))
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="center right", fontsize=7,
+               title=f"step variant ({coverage} interval)", title_fontsize=7)
+    fig.suptitle(f"{analysis.run.run_id}: {size} ranks converting at once, against rank 0 alone", fontsize=10)
+    fig.subplots_adjust(left=0.07, right=1 - legend_in / (4.2 * len(pages) + legend_in) - 0.01, bottom=0.14,
+                        top=0.85, wspace=0.08)
+    return save(fig, out_dir / CONTENTION_CHART, formats)
