@@ -40,8 +40,12 @@ endif
 	touch $(STAMP)
 
 # --benchmark-quiet: kvpages prints its own summary (pytest-benchmark's table would list every one of ~3700 blocks);
-# -p no:hypothesispytest: bench/ has no property tests, and hypothesis's plugin costs ~1.5 s at the end of a session.
-BENCH_PYTEST := -q --benchmark-quiet -p no:hypothesispytest
+# -p no:hypothesispytest: bench/ has no property tests, and hypothesis's plugin costs ~1.5 s at the end of a session;
+# -p no:logging: no log capture (bench/ logs nothing; it attaches its handlers to the root and every non-propagating
+# logger, torch's ~40, around each phase of a process's ~600 tests: ~0.4 s a process; --log-* options are then
+# unknown); -p no:unraisableexception: no two full garbage collections at the end of the session (~0.3 s).
+# The worker processes leave out the same (kvpages/measure/workers.py).
+BENCH_PYTEST := -q --benchmark-quiet -p no:hypothesispytest -p no:logging -p no:unraisableexception
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest bench/ --benchmark-only --kv-preset $(PRESET) --kv-analyze $(BENCH_PYTEST) $(PYTEST_ARGS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -105,6 +106,18 @@ def test_a_batched_step_makes_one_transfer_and_per_request_one_per_request():
     batched = measure(target, "batched_device_stride", slices)
     assert per.d2h_transfers == 6 and per.d2h_bytes == sum(s.numel() for s in slices) * 4
     assert batched.d2h_transfers == 1 and batched.d2h_bytes == sum(-(-s.numel() // 16) for s in slices) * 4
+
+
+def test_per_request_variants_are_made_once_and_follow_the_registry(monkeypatch):
+    """Looked up on every block, per_request[<v>] is made once; a variant registered later (a conftest) gets its own."""
+    from kvpages.measure import variants
+
+    assert get_step_variant(STEP_BASELINE) is get_step_variant(STEP_BASELINE)
+    late = dataclasses.replace(variants.get_variant("device_stride"), name="late_stride")
+    monkeypatch.setitem(variants._REGISTRY, "late_stride", late)
+    assert "per_request[late_stride]" in step_variant_names()
+    monkeypatch.undo()
+    assert "per_request[late_stride]" not in step_variant_names()
 
 
 @pytest.fixture

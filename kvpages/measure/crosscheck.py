@@ -325,6 +325,9 @@ def trace_of(prof) -> dict:
 
 
 def main() -> int:
+    from kvpages.measure.workers import exit_without_collecting
+
+    exit_without_collecting()
     request = json.loads(sys.stdin.read())
     cases = cases_of(request)
     try:

@@ -136,8 +136,19 @@ def _per_request(v: Variant) -> StepFn:
     return run_with
 
 
+_PER_REQUEST: dict[tuple[Variant, ...], dict[str, StepVariant]] = {}
+
+
 def _per_request_variants() -> dict[str, StepVariant]:
-    """per_request[<v>] for every single-call variant registered now (a conftest's too)."""
+    """per_request[<v>] for every single-call variant registered now (a conftest's too); made once per registry."""
+    registered = all_variants()
+    if registered not in _PER_REQUEST:
+        _PER_REQUEST.clear()  # the registry grew (a conftest, --kv-sglang): the new set replaces the old
+        _PER_REQUEST[registered] = _make_per_request(registered)
+    return _PER_REQUEST[registered]
+
+
+def _make_per_request(registered: tuple[Variant, ...]) -> dict[str, StepVariant]:
     def described(v: Variant) -> tuple[str, str]:
         if not v.extras:
             return (f"Each request converted on its own with {v.name}, as SGLang's PD paths do.",
@@ -149,7 +160,7 @@ def _per_request_variants() -> dict[str, StepVariant]:
     return {per_request_name(v.name): StepVariant(
         per_request_name(v.name), _per_request(v), described(v)[0], f"{described(v)[1]}\n\n{v.doc}", v.moves, False,
         v.requires, v.fn.__module__, v.extras,
-    ) for v in all_variants()}
+    ) for v in registered}
 
 
 def all_step_variants() -> tuple[StepVariant, ...]:

@@ -17,7 +17,9 @@ No torch import.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import gc
 import json
 import subprocess
 import sys
@@ -33,9 +35,13 @@ from kvpages.schema.rows import TABLES, Samples, Table
 WORKER_FLAG = "--kv-worker"
 WORKER_DIR_FLAG = "--kv-worker-dir"
 CASES_JSON = "cases.json"
-LEAN_PYTEST = ("-q", "--benchmark-quiet", "-p", "no:cacheprovider", "-p", "no:hypothesispytest")
+LEAN_PYTEST = ("-q", "--benchmark-quiet", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:logging",
+               "-p", "no:unraisableexception")
 """A worker's pytest: quiet (no table of its hundreds of benchmarks: the session reports the run), no cache, and
-without hypothesis's plugin (bench/ has no property tests; it costs about 1.5 s of import at the end of a session)."""
+without three plugins bench/ does not use: hypothesis's (no property tests; about 1.5 s of import at the end of a
+session), log capture (it attaches its handlers to the root and every non-propagating logger, torch's ~40,
+around each phase of the ~600 tests: about 0.4 s a process) and the unraisable-exception hook (two full garbage
+collections at the end of a session: about 0.3 s); the Makefile's BENCH_PYTEST leaves the same out of the session."""
 PASSED_THROUGH = ("--benchmark-timer", "--benchmark-disable-gc")
 """pytest-benchmark options that change how a block is timed: a worker gets them as the session got them."""
 
@@ -88,7 +94,9 @@ class WorkerLog:
 
     def block(self, case_id: str, table: Table, samples: Samples, d2h_bytes: int | None,
               d2h_transfers: int | None) -> None:
-        self._line("block", {"case_id": case_id, "table": table.rows_csv, "samples": dataclasses.asdict(samples),
+        fields = {f.name: getattr(samples, f.name) for f in dataclasses.fields(samples)}  # asdict's, without
+        # deep-copying every sample (its values are floats, strings and tuples of floats)
+        self._line("block", {"case_id": case_id, "table": table.rows_csv, "samples": fields,
                              "d2h_bytes": d2h_bytes, "d2h_transfers": d2h_transfers})
 
     def stop(self, case_id: str, status: str, note: str, fail: bool) -> None:
@@ -208,3 +216,14 @@ def read_cases(folder: Path) -> frozenset[str]:
 
 def write_cases(folder: Path, case_ids: Sequence[str]) -> None:
     (folder / CASES_JSON).write_text(json.dumps(sorted(set(case_ids))))
+
+
+def exit_without_collecting() -> None:
+    """Leave the objects alive now out of the garbage collector's last passes when this interpreter exits.
+
+    A process that imported torch holds about a million objects, and walking them at exit took about 0.45 s of
+    its 0.65 s exit on the dev box, in each of a sweep's processes (its workers, the breakdown's child and the
+    session). Everything still frees by reference counting, and files are closed by then; nothing measured runs.
+    Runs at exit, once, however often it is asked for."""
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
