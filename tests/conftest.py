@@ -53,8 +53,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def reference_runs() -> list[Path]:
-    """The run folders committed under results/, oldest first."""
-    return sorted(p.parent for p in (REPO / "results").glob("*/meta.json"))
+    """The sweep run folders committed under results/, oldest first (not the multi-rank runs, which time steps only)."""
+    return sorted(p.parent for p in (REPO / "results").glob("*/meta.json") if not (p.parent / "ranks.csv").exists())
 
 
 FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider", "--kv-processes", "1",

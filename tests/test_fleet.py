@@ -29,6 +29,10 @@ from kvpages.schema.reader import load_run
 from kvpages.schema.rows import ratio_id
 
 pytestmark = pytest.mark.skipif(not reference_runs(), reason="no run committed under results/")
+REF = reference_runs()[-1] if reference_runs() else Path("none")
+REF_ID = REF.name
+REF_HOST = json.loads((REF / "meta.json").read_text())["environment"].get("hostname") if reference_runs() else None
+"""The reference run's id and host (None in a run recorded before meta.json had it: host unknown)."""
 SLOWER_BY = 2.0
 """Machine B's device_stride takes this many times as long as the reference's (exact in binary: medians scale exactly)."""
 
@@ -164,11 +168,11 @@ def test_findings_and_scenarios_are_each_machines_own(folders, a_b):
 
 def test_the_environments_table_tells_the_machines_apart(a_b):
     fleet, report = a_b
-    assert [m.machine.hostname for m in fleet.members] == [None, "box-b"]
+    assert [m.machine.hostname for m in fleet.members] == [REF_HOST, "box-b"]
     table = {row[0]: row[1:] for row in table_rows(section(report, "Machines"))}
     assert table[""] == ["M1", "M2"]
-    assert table["host"] == ["-", "box-b"] and table["device name"] == ["AMD EPYC", "AMD EPYC 9654"]
-    assert table["runs"] == ["`20261203T131659Z-cpu`", "`20261206T000000Z-cpu`"]
+    assert table["host"] == [REF_HOST or "-", "box-b"] and table["device name"] == ["AMD EPYC", "AMD EPYC 9654"]
+    assert table["runs"] == [f"`{REF_ID}`", "`20261206T000000Z-cpu`"]
     assert table["torch"] == ["2.13.0+cpu"] * 2 and table["sweep"] == ["preset default"] * 2
     assert "All 2 runs are of one sweep (preset default)." in report
 
@@ -191,7 +195,7 @@ def test_two_runs_of_one_machine_are_one_column_whose_intervals_resample_both_ru
     assert alone is not None and (found.ci_low, found.ci_high) != (alone.ci_low, alone.ci_high)
     report = render(fleet)
     table = {row[0]: row[1:] for row in table_rows(section(report, "Machines"))}
-    assert table[""] == ["M1", "M2"] and table["runs"][0] == "`20261203T131659Z-cpu`, `20261205T000000Z-cpu`"
+    assert table[""] == ["M1", "M2"] and table["runs"][0] == f"`{REF_ID}`, `20261205T000000Z-cpu`"
     assert table["repetitions, processes"][0] == "24 in 12 process(es)"
 
 
@@ -218,14 +222,18 @@ def test_runs_of_different_sweeps_compare_their_shared_points_and_say_so(folders
     (other / "meta.json").write_text(json.dumps(meta))
     fleet = fleet_of(load_runs([folders["a"], other]))
     assert not fleet.one_sweep and len(fleet.ratios) == 96
-    assert "**The runs are of different sweeps** (`20261203T131659Z-cpu`: preset default; `20261203T131659Z-cpu`: " \
-           "preset quick --kv-page-sizes 1,16,64,128)" in render(fleet)
+    assert (f"**The runs are of different sweeps** (`{REF_ID}`: preset default; `{REF_ID}`: "
+            "preset quick --kv-page-sizes 1,16,64,128)") in render(fleet)
 
 
-def test_machine_identity_and_the_host_name():
+def test_machine_identity_and_the_host_name(tmp_path):
     assert fields(Environment)[-1].name == "hostname"
-    reference = load_run(reference_runs()[-1]).meta
-    assert reference is not None and reference.environment.hostname is None  # written before the field: host unknown
+    older = machine(tmp_path, "older")  # a meta.json written before the field: host unknown
+    meta = json.loads((older / "meta.json").read_text())
+    meta["environment"].pop("hostname", None)
+    (older / "meta.json").write_text(json.dumps(meta))
+    reference = load_run(older).meta
+    assert reference is not None and reference.environment.hostname is None
     env = reference.environment
     idle = Environment(**{**env.__dict__, "device": "cuda", "pcie_link": "Gen1 x16 (max Gen5 x16)", "hostname": "h"})
     loaded = Environment(**{**idle.__dict__, "pcie_link": "Gen5 x16 (max Gen5 x16)"})
@@ -274,7 +282,7 @@ def kvpages(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     ("a file", "not a folder; kvpages fleet takes run folders"),
     ("one run", "give two or more run folders"),
     ("twice", "given twice"),
-    ("one machine", "every run is of one machine (AMD EPYC @ host unknown)"),
+    ("one machine", f"every run is of one machine (AMD EPYC @ {REF_HOST or 'host unknown'})"),
     ("no shared point", "the machines share no timed point"),
     ("out is a file", "not a folder"),
 ])
@@ -300,7 +308,7 @@ def test_bad_input_is_one_line_exit_2_before_any_work(folders, tmp_path, case, s
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr and says in done.stderr, done.stderr
     assert not out.exists()
     if case == "no shared point":
-        assert "20261203T131659Z-cpu: preset default" in done.stderr and "synthetic: preset test" in done.stderr
+        assert f"{REF_ID}: preset default" in done.stderr and "synthetic: preset test" in done.stderr
 
 
 def test_a_fleet_is_not_a_gate_and_the_chart_covers_every_shared_point(a_b):

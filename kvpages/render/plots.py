@@ -67,11 +67,17 @@ LEGEND_WIDTH = 3.2
 """Inches to the right of the panels for the legend, so it never covers data."""
 
 
-def _panels(n: int, width: float = 4.2, height: float = 3.6):
-    total = width * n + LEGEND_WIDTH
+def legend_width(labels) -> float:
+    """Inches the legend takes at 7 pt: its longest label (about 0.055 in a character) and the handle, at least
+    LEGEND_WIDTH."""
+    return max(LEGEND_WIDTH, 0.055 * max((len(s) for s in labels), default=0) + 0.8)
+
+
+def _panels(n: int, width: float = 4.2, height: float = 3.6, legend: float = LEGEND_WIDTH):
+    total = width * n + legend
     fig = new_figure(total, height)
     axes = fig.subplots(1, n, squeeze=False)
-    fig.subplots_adjust(left=0.9 / total, right=1 - (LEGEND_WIDTH + 0.1) / total, bottom=0.15, top=0.78, wspace=0.3)
+    fig.subplots_adjust(left=0.9 / total, right=1 - (legend + 0.1) / total, bottom=0.15, top=0.78, wspace=0.3)
     return fig, list(axes[0])
 
 
@@ -260,7 +266,7 @@ def _scenario_panels(analysis: Analysis, kind: str, x: str, xlabel: str, what: s
         return []
     panels = sorted({(str(side), int(p)) for side, p in zip(ok["side"], ok["page_size"], strict=True)})
     variants = _variants(ok)
-    fig, axes = _panels(len(panels))
+    fig, axes = _panels(len(panels), legend=legend_width(legend_label(v) for v in variants))
     lines = _lines(ok, ("side", "page_size"), x)
     for ax, (side, page_size) in zip(axes, panels, strict=True):
         base = lines.get(((side, page_size), analysis.scenario_baseline), [])
