@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Protocol
 
 import numpy as np
 
@@ -290,6 +292,23 @@ def quartiles(blocks_us: list[np.ndarray], prefix: str = "") -> dict[str, float]
     """`{prefix}q1_us`, `{prefix}median_us`, `{prefix}q3_us` of every round of every block, pooled."""
     q1, median, q3 = np.percentile(np.concatenate(blocks_us), [25, 50, 75])
     return {f"{prefix}q1_us": float(q1), f"{prefix}median_us": float(median), f"{prefix}q3_us": float(q3)}
+
+
+class LatencyBlock(Protocol):
+    """One timed block of a whole request or step: per round, blocked and ready microseconds."""
+
+    @property
+    def blocked_us(self) -> tuple[float, ...]: ...
+    @property
+    def ready_us(self) -> tuple[float, ...]: ...
+
+
+def latency_statistics(blocks: Sequence[LatencyBlock]) -> dict[str, float]:
+    """A request's or step's row statistics: blocked and ready quartiles of every round of every block pooled, the
+    rounds and the repetitions (blocks)."""
+    pooled = [quartiles([np.asarray(getattr(b, f"{what}_us")) for b in blocks], f"{what}_")
+              for what in ("blocked", "ready")]
+    return {**pooled[0], **pooled[1], "rounds": sum(len(b.blocked_us) for b in blocks), "repetitions": len(blocks)}
 
 
 def row_statistics(blocks_us: list[np.ndarray]) -> dict[str, float]:

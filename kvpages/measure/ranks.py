@@ -20,7 +20,6 @@ arrive); torchrun then stops the other ranks, and rank 0 keeps every row it fini
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +28,7 @@ import numpy as np
 
 from kvpages.core.options import BenchOptions
 from kvpages.core.scenarios import StepScenario
-from kvpages.core.stats import quartiles
+from kvpages.core.stats import latency_statistics
 from kvpages.measure.inputs import PoolCache, Workload
 from kvpages.measure.meter import D2HMeasurement
 from kvpages.measure.schedule import Block
@@ -92,7 +91,7 @@ class RankTarget:
     def timer(self, variant: str, ctx: Context) -> Timer:
         group = ctx.group
         assert group is not None, "a RankTarget runs in a multi-rank session"
-        stamps, starts, state = Stamps(), [], _Rounds()
+        stamps, state = Stamps(), _Rounds()
         call = step_call(get_step_variant(variant), finish_for(self.scenario), ctx.worker, stamps)
         busy, sync, case = ctx.busy_queue(self.scenario.busy_us), synchronizer(ctx.device), f"{variant}-{self.id}"
 
@@ -106,8 +105,6 @@ class RankTarget:
         def fn(slices, page_size, **extras):
             if state.timing and state.modes[state.index] == ALONE and group.rank != 0:
                 return state.held  # waiting while rank 0 converts alone
-            if state.timing:
-                starts.append(time.perf_counter())
             state.held = call(slices, page_size, **extras)
             return state.held
 
@@ -117,9 +114,7 @@ class RankTarget:
             return agreed
 
         def start() -> None:
-            stamps.blocked.clear()
-            stamps.ready.clear()
-            starts.clear()
+            stamps.clear()
             busy.reset()
             state.timing, state.index = True, -1
 
@@ -127,7 +122,7 @@ class RankTarget:
             """Every rank's per-round (blocked, ready, start) in seconds, gathered; NaN where a rank waited."""
             mine = np.full((3, count), np.nan)
             real = [k for k, mode in enumerate(state.modes[:count]) if mode == RANK or group.rank == 0]
-            mine[:, real] = [stamps.blocked[-len(real):], stamps.ready[-len(real):], starts[-len(real):]]
+            mine[:, real] = [stamps.blocked[-len(real):], stamps.ready[-len(real):], stamps.started[-len(real):]]
             if not group.meta.one_host:  # the monotonic clocks of two hosts do not compare: no skew
                 mine[2] = np.nan
             gathered = group.gather(f"{case}: gathering the rounds", mine)
@@ -166,11 +161,8 @@ class RankTarget:
         def made(role: str, rank: int | None, sets: list[RankSampleSet]) -> RankRow:
             timings: dict[str, Any] = dict.fromkeys(timing_columns(RankRow))
             if sets:
-                for what in ("blocked", "ready"):
-                    timings.update(quartiles([np.asarray(getattr(b, f"{what}_us")) for b in sets], f"{what}_"))
                 skews = [t for b in sets for t in b.skew_us if np.isfinite(t)]
-                timings.update(rounds=sum(len(b.blocked_us) for b in sets), repetitions=len(sets),
-                               skew_median_us=float(np.median(skews)) if skews else None)
+                timings.update(latency_statistics(sets), skew_median_us=float(np.median(skews)) if skews else None)
             times = self.world_size if role == STEP else 1
             d2h_bytes, transfers = (None, None) if measured is None else (
                 measured.d2h_bytes * times, measured.d2h_transfers * times)

@@ -26,7 +26,7 @@ import torch
 
 from kvpages.core.options import BenchOptions
 from kvpages.core.scenarios import EXTRA_UPKEEP, SCENARIO_ROTATION, RequestScenario, Scenario, StepScenario
-from kvpages.core.stats import quartiles, row_statistics
+from kvpages.core.stats import latency_statistics, row_statistics
 from kvpages.core.sweep import ITEMSIZE, Point
 from kvpages.measure.busy import BusyQueue
 from kvpages.measure.group import Group
@@ -250,10 +250,16 @@ def finish_for(scenario: Scenario) -> Callable[[Arrays], Arrays]:
 
 @dataclass
 class Stamps:
-    """Per round of the block being timed: blocked and ready seconds."""
+    """Per round of the block being timed: its start (time.perf_counter), blocked and ready seconds."""
 
     blocked: list[float] = field(default_factory=list)
     ready: list[float] = field(default_factory=list)
+    started: list[float] = field(default_factory=list)
+
+    def clear(self) -> None:
+        """Forget the warm-up's calls: the timed rounds start now."""
+        for stamps in (self.blocked, self.ready, self.started):
+            stamps.clear()
 
 
 def step_call(variant: StepVariant, finish: Callable[[Arrays], Arrays], worker: ThreadPoolExecutor,
@@ -275,6 +281,7 @@ def step_call(variant: StepVariant, finish: Callable[[Arrays], Arrays], worker: 
             t1 = t2 = time.perf_counter()
         stamps.blocked.append(t1 - t0)
         stamps.ready.append(t2 - t0)
+        stamps.started.append(t0)
         return arrays
 
     return run
@@ -330,8 +337,7 @@ class ScenarioTarget:
             busy()
 
         def start() -> None:
-            stamps.blocked.clear()
-            stamps.ready.clear()
+            stamps.clear()
             busy.reset()
 
         def series(benchmark, rounds: int) -> tuple[tuple[float, ...], ...]:
@@ -355,11 +361,8 @@ class ScenarioTarget:
         timings: dict[str, Any] = dict.fromkeys(timing_columns(ScenarioRow))
         sets = [b for b in blocks if isinstance(b, ScenarioSampleSet)]
         if sets:
-            for what in ("blocked", "ready"):
-                timings.update(quartiles([np.asarray(getattr(b, f"{what}_us")) for b in sets], f"{what}_"))
             busy = [t for b in sets for t in b.busy_us]
-            timings.update(rounds=sum(len(b.blocked_us) for b in sets), repetitions=len(sets),
-                           busy_measured_us=float(np.median(busy)) if busy else None)
+            timings.update(latency_statistics(sets), busy_measured_us=float(np.median(busy)) if busy else None)
         calls = s.calls()
         return ScenarioRow(
             scenario=s.id, kind=s.kind, side=s.side, variant=variant, device=ctx.device, dtype=s.dtype,

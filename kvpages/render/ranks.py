@@ -3,15 +3,14 @@ at once, against rank 0 alone in the same run (no torch)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from kvpages.analysis.cite import coverage_text
 from kvpages.analysis.ratios import Analysis
 from kvpages.core.names import label
 from kvpages.render.style import legend_label, style
-from kvpages.render.text import table, us
-from kvpages.schema.ranks import ALONE, CONTENTION_CSV, RANK, ContentionRow
+from kvpages.render.text import ci_text, table, us
+from kvpages.schema.ranks import ALONE, CONTENTION_CSV, RANK
 
 CONTENTION_CHART = "contention"
 
@@ -30,13 +29,9 @@ METHOD = (
 )
 
 
-def _ci(c: ContentionRow) -> str:
-    return f"[{c.ci_low:.3f}, {c.ci_high:.3f}]" if c.ci_high == c.ci_high and c.ci_high != float("inf") else "[n/a]"
-
-
 def contention_table(analysis: Analysis, latency: str = "ready") -> str:
     rows = [[c.scenario, f"`{c.variant}`", c.world_size, us(c.alone_median_us), us(c.step_median_us),
-             f"{c.ratio:.3f}", _ci(c), "" if c.skew_median_us is None else us(c.skew_median_us), f"`{c.id}`"]
+             f"{c.ratio:.3f}", ci_text(c), "" if c.skew_median_us is None else us(c.skew_median_us), f"`{c.id}`"]
             for c in analysis.contention if c.latency == latency]
     level = {coverage_text(c.confidence) for c in analysis.contention}
     return table(["scenario", "step variant", "ranks", "rank 0 alone µs", "step µs (max over ranks)", "contention",
@@ -96,34 +91,32 @@ def contention_summary(analysis: Analysis) -> list[str]:
     for c in analysis.contention:
         if c.latency == "ready":
             lines.append(f"  {c.scenario}  {label(c.variant)}: alone {us(c.alone_median_us)}, step "
-                         f"{us(c.step_median_us)}, contention {c.ratio:.3f} {_ci(c)}")
+                         f"{us(c.step_median_us)}, contention {c.ratio:.3f} {ci_text(c)}")
     return lines
-
-
-def _batch_and_page(scenario: str) -> tuple[int, int]:
-    """(B, page size) of a step scenario's id (step-B<B>-<lengths>-p<p>-<dtype>...)."""
-    found = re.match(r"step-B(\d+)-.*-p(\d+)-", scenario)
-    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
 
 def plot_contention(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) -> list[Path]:
     """contention.png: per page size, each step variant's contention (ready; step over rank 0 alone) against B,
     with its interval; 1 = the ranks cost each other nothing."""
     rows = [c for c in analysis.contention if c.latency == "ready"]
-    if not rows:
+    frame = analysis.run.ranks
+    if not rows or frame is None:
         return []
     from kvpages.render.figures import new_figure, save, set_title
 
-    pages = sorted({_batch_and_page(c.scenario)[1] for c in rows})
+    shape = {str(s): (int(b), int(p)) for s, b, p in zip(frame["scenario"], frame["requests"], frame["page_size"],
+                                                          strict=True)}
+    """Per step scenario: (requests B, page size), from ranks.csv."""
+    pages = sorted({shape[c.scenario][1] for c in rows})
     variants = list(dict.fromkeys(c.variant for c in rows))
     legend_in = 4.6
     fig = new_figure(4.2 * len(pages) + legend_in, 3.8)
-    batches = sorted({_batch_and_page(c.scenario)[0] for c in rows})
+    batches = sorted({shape[c.scenario][0] for c in rows})
     axes = fig.subplots(1, len(pages), squeeze=False, sharey=True)[0]
     for ax, page in zip(axes, pages, strict=True):
         for k, v in enumerate(variants):
-            at = sorted((_batch_and_page(c.scenario)[0], c) for c in rows
-                        if c.variant == v and _batch_and_page(c.scenario)[1] == page)
+            at = sorted(((shape[c.scenario][0], c) for c in rows if c.variant == v and shape[c.scenario][1] == page),
+                        key=lambda found: found[0])
             if not at:
                 continue
             look = style(v)

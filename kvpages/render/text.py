@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Protocol
 
 from kvpages.analysis.cite import coverage_text, fraction  # noqa: F401 (the report's too)
 from kvpages.analysis.ratios import Analysis
@@ -27,8 +28,17 @@ def count(value: object) -> str:
     return "" if value is None or value != value else f"{int(value):,}"  # type: ignore[call-overload]
 
 
-def ci_text(r: RatioRow) -> str:
-    """A ratio's interval as the report prints it (the ratios.csv row, rounded)."""
+class HasInterval(Protocol):
+    """A row with an interval: a ratios.csv or a contention.csv row."""
+
+    @property
+    def ci_low(self) -> float: ...
+    @property
+    def ci_high(self) -> float: ...
+
+
+def ci_text(r: HasInterval) -> str:
+    """A ratio's interval as the report prints it (its ratios.csv or contention.csv row, rounded)."""
     if not math.isfinite(r.ci_high):
         return "[n/a: 1 repetition]"
     return f"[{r.ci_low:.3f}, {r.ci_high:.3f}]"
