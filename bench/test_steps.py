@@ -5,5 +5,5 @@ A step variant added to kvpages/steps.py (or a variant to kvpages/variants.py) i
 """
 
 
-def test_scenario(benchmark, kv_scenario, kv_scenarios):
-    kv_scenarios.run(benchmark, kv_scenario)
+def test_scenario(benchmark, kv_scenario, kv_session):
+    kv_session.run(benchmark, kv_scenario)

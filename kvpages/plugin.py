@@ -105,8 +105,9 @@ def _ranked(config: pytest.Config, options: BenchOptions) -> BenchOptions:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Refuse a sweep that will not fit in memory, before anything runs; only when a kvpages benchmark was
-    collected (a plain test session, `make test` on a GPU box say, estimates nothing)."""
+    """Refuse a sweep that will not fit in memory, before anything runs, then start the kvpages session (its
+    cross-check, its run folder: kvpages.measure.session); only when a kvpages benchmark was collected (a plain
+    test session, `make test` on a GPU box say, estimates nothing)."""
     config = session.config
     if SESSION_KEY not in config.stash:
         return
@@ -120,6 +121,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         check_fits(kv.options.sweep, kv.device, free)
     except ValueError as exc:
         raise pytest.UsageError(f"--kv-seq-lens: {exc}") from None
+    if not config.option.collectonly:
+        kv.start([b for item in session.items if (b := _block_of(item)) is not None])
 
 
 def _check_names(flag: str, names: tuple[str, ...], lookup) -> None:
@@ -152,20 +155,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     for fixture, family in (("kv_case", "point_blocks"), ("kv_scenario", "scenario_blocks")):
         if fixture in metafunc.fixturenames:
             session = kv_session(metafunc.config)
-            blocks = session.collected(getattr(session, family))
+            blocks = session.plan.collected(getattr(session.plan, family))
             metafunc.parametrize(fixture, blocks, ids=[block.id for block in blocks])
 
 
 @pytest.fixture(name="kv_session")
 def kv_session_fixture(request: pytest.FixtureRequest):
-    """The runner: `kv_session.run(benchmark, kv_case)` checks, meters and times one block of a point."""
-    return kv_session(request.config).runner
-
-
-@pytest.fixture(name="kv_scenarios")
-def kv_scenarios_fixture(request: pytest.FixtureRequest):
-    """The same runner: `kv_scenarios.run(benchmark, kv_scenario)` times one block of a request or step."""
-    return kv_session(request.config).runner
+    """The sweep session: `kv_session.run(benchmark, block)` checks, meters, times and records one block."""
+    return kv_session(request.config)
 
 
 def _block_of(item: pytest.Item):
@@ -202,12 +199,11 @@ def pytest_runtestloop(session: pytest.Session):
     fresh pytest worker, one after another (kvpages.measure.workers)."""
     config = session.config
     kv = config.stash.get(SESSION_KEY, None)
-    blocks = [b for item in session.items if (b := _block_of(item)) is not None]
     if kv is not None:
         kv.loop_started = time.perf_counter()
-    if (kv is not None and kv.processes > 1 and kv.log is None and blocks and not config.option.collectonly
+    if (kv is not None and kv.processes > 1 and kv.recorder is not None and not config.option.collectonly
             and not session.testsfailed):
-        _run_workers(config, kv, blocks)
+        _run_workers(config, kv)
     try:
         return (yield)
     finally:
@@ -238,11 +234,10 @@ def worker_folder_parent() -> str | None:
         return None
 
 
-def _run_workers(config: pytest.Config, kv: KvSession, blocks: list) -> None:
+def _run_workers(config: pytest.Config, kv: KvSession) -> None:
     import tempfile
 
-    from kvpages.measure.session import WorkerFailed, run_workers
-    from kvpages.measure.workers import WorkerCommand, passed_through
+    from kvpages.measure.workers import WorkerCommand, WorkerFailed, passed_through
 
     folder = Path(tempfile.mkdtemp(prefix="kvpages-workers-", dir=worker_folder_parent()))
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
@@ -261,7 +256,7 @@ def _run_workers(config: pytest.Config, kv: KvSession, blocks: list) -> None:
             reporter.write_line(line)
 
     try:
-        run_workers(kv, command, [b.case_id for b in blocks], say)
+        kv.run_workers(command, say)
     except WorkerFailed as exc:
         pytest.exit(str(exc), returncode=pytest.ExitCode.INTERNAL_ERROR)
 

@@ -96,6 +96,7 @@ def synthetic_run(folder: Path, medians_us: dict[tuple[str, int, int], float], s
                   stats["q1_us"], stats["q3_us"], stats["min_us"], stats["max_us"], stats["mean_us"],
                   stats["stddev_us"], rounds * repetitions, 1, repetitions, stats["rep_spread"], "ok", "",
                   "pytest bench/")
-        writer.add(POINTS, [row], blocks)
+        writer.add_samples(POINTS, blocks)
+        writer.add_rows(POINTS, [row])
     writer.finish(True, "all rows recorded", {})
     return folder

@@ -18,8 +18,9 @@ import pytest
 from conftest import REPO, reference_runs, synthetic_run
 
 from kvpages.analysis.fleet import Fleet, fleet_of, load_runs
+from kvpages.analysis.intervals import paired_logs
 from kvpages.analysis.machines import Machine
-from kvpages.analysis.ratios import analyze, paired_logs
+from kvpages.analysis.ratios import analyze
 from kvpages.core.stats import Levels
 from kvpages.render.fleet import FLEET_MD, render, write_fleet
 from kvpages.render.fleet_chart import CHART_PNG

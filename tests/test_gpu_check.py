@@ -266,7 +266,8 @@ def scenario_run(folder: Path, busy_status: str, busy_measured_us: float | None 
                          "repro": "pytest bench/test_steps.py",
                          "busy_measured_us": busy_measured_us if busy_us and status == "ok" else None}
             rows.append(ScenarioRow(**{k: v for k, v in values_of.items() if k in names}))
-    writer.add(SCENARIOS, rows, samples)
+    writer.add_samples(SCENARIOS, samples)
+    writer.add_rows(SCENARIOS, rows)
     writer.finish(True, "all rows recorded", {})
     return folder
 

@@ -81,3 +81,20 @@ def test_no_module_over_400_lines_and_no_class_over_150():
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.ClassDef):
                 assert node.end_lineno - node.lineno + 1 <= 150, f"{path}: class {node.name}"
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m.startswith(MEASURING) and m != f"{MEASURING}.session"])
+def test_no_class_in_measure_calls_back_into_the_session(module):
+    """The session hands the runner, recorder and workers what they need as data, and takes their outcomes back:
+    none of them imports the session or is handed it (a `session` or `host` parameter)."""
+    assert f"{MEASURING}.session" not in imports_of(module)
+    for node in ast.walk(ast.parse(PATHS[module].read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = {a.arg for a in node.args.args + node.args.kwonlyargs}
+            assert not names & {"session", "host"}, f"{module}.{node.name} is handed the session"
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("kvpages.schema")])
+def test_schema_imports_nothing_from_analysis(module):
+    """schema/ only reads and writes run folders: what a row's interval is, analysis/ computes."""
+    assert not {m for m in imports_of(module) if m.startswith("kvpages.analysis")}

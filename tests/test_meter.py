@@ -9,13 +9,13 @@ from conftest import devices
 
 from kvpages.core.sweep import Point
 from kvpages.measure.inputs import make_workload
-from kvpages.measure.meter import D2HMeasurement, Transfer, measure_d2h
+from kvpages.measure.meter import D2HMeasurement, Transfer, measure_call
 from kvpages.measure.targets import PointTarget, measure
 from kvpages.measure.variants import get_variant, variant_names
 
 
 def ops(fn, kv) -> list[tuple[str, int]]:
-    return [(t.op, t.nbytes) for t in measure_d2h(fn, kv, 1).transfers]
+    return [(t.op, t.nbytes) for t in measure_call(lambda: fn(kv, 1), (kv,)).transfers]
 
 
 @pytest.mark.parametrize("device", devices())
@@ -68,8 +68,8 @@ def test_host_to_host_copies_are_not_transfers():
 @pytest.mark.parametrize("page_size", [1, 64])
 def test_host_stride_moves_every_token_and_device_stride_one_index_per_page(seq_len, page_size):
     kv = make_workload(Point(seq_len, page_size), rotation=1).inputs[0]
-    host = measure_d2h(get_variant("host_stride").fn, kv, page_size)
-    dev = measure_d2h(get_variant("device_stride").fn, kv, page_size)
+    host = measure_call(lambda: get_variant("host_stride").fn(kv, page_size), (kv,))
+    dev = measure_call(lambda: get_variant("device_stride").fn(kv, page_size), (kv,))
     assert (host.d2h_bytes, host.d2h_transfers) == (seq_len * 4, 1)
     assert (dev.d2h_bytes, dev.d2h_transfers) == (-(-seq_len // page_size) * 4, 1)
     assert host.link == dev.link == "none (cpu)"

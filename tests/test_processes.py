@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -16,22 +20,22 @@ from kvpages.analysis.ratios import analyze
 from kvpages.core.presets import PRESETS
 from kvpages.core.stats import Levels, hierarchical_interval, median_interval
 from kvpages.core.sweep import Point, Sweep
+from kvpages.measure.outcome import BlockOutcome, MeterReading
 from kvpages.measure.schedule import in_run_order, plan
-from kvpages.measure.workers import EndRecord, StopRecord, WorkerLog, read_log
+from kvpages.measure.workers import LogReader, WorkerEnd, WorkerLog
+from kvpages.render.report import caveats
 from kvpages.schema.reader import load_run
-from kvpages.schema.rows import POINTS, SampleSet
+from kvpages.schema.rows import PARTIAL, POINTS, SAMPLES_CSV, SampleSet
 
 # --------------------------------------------------------------------------------------------- the schedule
 
 
-def test_repetitions_are_dealt_to_processes_and_the_last_process_writes_the_rows():
+def test_repetitions_are_dealt_to_processes():
     points = [Point(32, 4), Point(64, 4)]
     blocks = plan(("a", "b"), points, repetitions=6, seed=0, passes=1, processes=3)
     assert {(b.repetition, b.process) for b in blocks} == {(r, r % 3) for r in range(6)}
     for process in range(3):  # every process times every case
-        assert {(b.variant, b.point) for b in blocks if b.process == process} == {(v, p) for v in "ab" for p in points}
-    last = [b for b in blocks if b.last_of_point]
-    assert len(last) == len(points) and all(b.process == 2 for b in last)
+        assert {(b.variant, b.target) for b in blocks if b.process == process} == {(v, p) for v in "ab" for p in points}
     for process in range(3):
         own = [b for b in blocks if b.process == process]
         assert sum(b.last_in_process for b in own) == len(points)
@@ -143,18 +147,25 @@ def test_noise_states_both_levels_and_whether_the_box_is_fit(tmp_path):
 # --------------------------------------------------------------------------------------------- worker processes
 
 
-def test_a_worker_log_is_read_back_and_a_torn_last_line_is_dropped(tmp_path):
-    log = WorkerLog(tmp_path / "process-0.jsonl")
+def test_a_worker_log_is_read_as_it_grows_and_a_torn_last_line_waits(tmp_path):
+    log, reader = WorkerLog(tmp_path / "process-0.jsonl"), LogReader(tmp_path / "process-0.jsonl")
     samples = SampleSet("host_stride", "int32", "fragmented", 32, 4, 0, 0, 0, (1.0, 2.0))
-    log.block("host_stride-s32-p4-int32-fragmented", POINTS, samples, 128, 1)
-    log.stop("device_stride-s32-p4-int32-fragmented", "mismatch", "wrong output", True)
-    log.end(EndRecord(123, 1.5, 0.25, 1))
+    block = BlockOutcome("host_stride-s32-p4-int32-fragmented", POINTS, 0, (samples,), MeterReading(128, 1, "none (cpu)"))
+    stop = BlockOutcome("device_stride-s32-p4-int32-fragmented", POINTS, 0, status="mismatch", note="wrong output",
+                        fail=True)
+    log.write(block)
+    assert reader.new_outcomes() == [block]
+    log.write(stop)
     with open(tmp_path / "process-0.jsonl", "a") as f:
-        f.write('{"kind": "blo')
-    block, stop, end = read_log(tmp_path / "process-0.jsonl")
-    assert block.samples == samples and (block.d2h_bytes, block.d2h_transfers) == (128, 1)
-    assert stop == StopRecord("device_stride-s32-p4-int32-fragmented", "mismatch", "wrong output", True)
-    assert end.pid == 123
+        f.write('{"case_id": "ho')
+    assert reader.new_outcomes() == [stop] and reader.new_outcomes() == []
+    assert reader.end is None
+    with open(tmp_path / "process-0.jsonl", "a") as f:
+        f.write('st_stride-s32-p4-int32-fragmented", "table": "results.csv", "process": 0, "status": "ok", "note": "", '
+                '"fail": false, "reading": null, "samples": []}\n')
+    log.end(WorkerEnd(123, 1.5, 0.25, 1))
+    assert reader.new_outcomes() == [BlockOutcome("host_stride-s32-p4-int32-fragmented", POINTS, 0)]
+    assert reader.end == WorkerEnd(123, 1.5, 0.25, 1)
 
 
 TIMED = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider", "--kv-breakdown", "off")
@@ -201,3 +212,36 @@ def test_a_case_a_worker_stopped_is_recorded_once_naming_its_process(pytester):
     assert len(pinned) == 2 and (pinned["status"] == "skipped").all()
     assert pinned["note"].str.contains("CUDA").all() and pinned["note"].str.endswith("(in process 0)").all()
     assert run.meta.completed
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_run_keeps_every_finished_block_and_marks_its_rows_partial(pytester, stop):
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    args = [a if a != "4" else "6" for a in TWO]  # 6 repetitions, 3 in the worker, 3 in the session
+    timed = [a if a != "0.001" else "1" for a in TIMED]  # blocks long enough to interrupt the worker's share
+    session = pytester.popen([sys.executable, "-m", "pytest", *args, *CPU, *timed], stdin=subprocess.DEVNULL)
+    seen = 0
+    for _ in range(1200):  # until the first blocks are written (the worker's), or the session ends
+        samples = list(pytester.path.glob(f"results/*/{SAMPLES_CSV}"))
+        seen = len(samples[0].read_text().splitlines()) - 1 if samples else 0
+        if seen >= 2 or session.poll() is not None:
+            break
+        time.sleep(0.05)
+    session.send_signal(stop)
+    session.communicate(timeout=120)
+    assert seen >= 2, "no block was written before the session ended"
+    [folder] = run_dirs(pytester.path)
+    run = load_run(folder)
+    assert not run.meta.completed and run.meta.end_note.startswith("interrupted after")
+    blocks = sum(len(b) for b in run.samples.values())
+    assert blocks >= seen  # every block finished by the signal, and those finished while the worker stopped
+    partial = run.rows[run.rows["status"] == PARTIAL]
+    assert len(partial) >= 1 and (partial["repetitions"] < 6).all()
+    assert partial["note"].str.contains("of 6 repetitions").all()
+    assert int(run.rows["repetitions"].sum()) == blocks  # each kept block is in its row's count
+    analysis = analyze(run)
+    for r in analysis.ratios:  # one process's blocks cannot give this run's process-level interval
+        key = (r.variant, r.dtype, r.layout, r.seq_len, r.page_size)
+        if set(run.processes[key]) == {0}:
+            assert not math.isfinite(r.ci_high)
+    assert "row(s) are partial" in "\n".join(caveats(analysis))

@@ -102,13 +102,12 @@ def test_the_schedule_interleaves_seeded_shuffles_and_spreads_repetitions_over_p
     assert plan(("a", "b", "c"), points, 4, 0, 2) == blocks  # seeded
     assert plan(("a", "b", "c"), points, 4, 1, 2) != blocks
     # pass 0 holds repetitions 0 and 2 of every point, pass 1 repetitions 1 and 3
-    assert [(b.point.seq_len, b.repetition) for b in blocks[:6]] == [(8, 0)] * 3 + [(8, 2)] * 3
+    assert [(b.target.seq_len, b.repetition) for b in blocks[:6]] == [(8, 0)] * 3 + [(8, 2)] * 3
     assert {b.repetition for b in blocks[12:]} == {1, 3}
     for point in points:
         for r in range(4):
-            assert sorted(b.variant for b in blocks if b.point == point and b.repetition == r) == ["a", "b", "c"]
-    assert sum(b.last_of_point for b in blocks) == 2
-    assert next(b for b in blocks if b.last_of_point).order > max(b.order for b in blocks if b.repetition == 2)
+            assert sorted(b.variant for b in blocks if b.target == point and b.repetition == r) == ["a", "b", "c"]
+    assert sum(b.last_in_process for b in blocks) == 2
     orders = {tuple(b.variant for b in blocks[i:i + 3]) for i in range(0, 24, 3)}
     assert len(orders) > 1  # the order changes between repetitions
     with pytest.raises(ValueError, match="passes must be between 1 and the repetitions"):

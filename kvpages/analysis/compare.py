@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvpages.analysis.ratios import paired_logs, verdict
+from kvpages.analysis.intervals import levels, paired_logs
+from kvpages.analysis.ratios import verdict
 from kvpages.core.names import BASELINE
 from kvpages.core.stats import Interval, Levels, between_runs, unknown
 from kvpages.schema.reader import Run, RunError, row_key
@@ -73,7 +74,7 @@ def compare_runs(a: Run, b: Run, baseline: str = BASELINE) -> RunComparison:
     absolute, relative = [], []
     for key in common:
         ra, rb = a_rows[key], b_rows[key]
-        la, lb = a.levels(key), b.levels(key)
+        la, lb = levels(a, key), levels(b, key)
         interval = _between(la, lb, float(rb["median_us"] / ra["median_us"]))
         absolute.append(PointComparison(key, float(ra["median_us"]), float(rb["median_us"]), interval,
                                         _compare_verdict(interval)))

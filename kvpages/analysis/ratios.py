@@ -16,8 +16,10 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
+from kvpages.analysis import intervals
 from kvpages.analysis.cite import pair_repro
 from kvpages.analysis.contention import contention
+from kvpages.analysis.intervals import levels, paired_logs
 from kvpages.analysis.verdicts import (
     FASTER,
     MIN_EFFECT_FLOOR,
@@ -34,7 +36,7 @@ from kvpages.core.stats import Interval, Levels, finite_median, unknown
 from kvpages.schema.breakdown import BreakdownRow, read_breakdown
 from kvpages.schema.ranks import ContentionRow
 from kvpages.schema.reader import Run, RunError, row_key
-from kvpages.schema.rows import RatioRow, ScenarioRatioRow, ratio_id
+from kvpages.schema.rows import TIMED, RatioRow, ScenarioRatioRow, ratio_id
 
 NOISY_SPREAD = 0.10
 """A row whose block medians vary by at least this much (log-sd, ~ the CV) is flagged as noisy."""
@@ -63,21 +65,6 @@ def verdict(interval: Interval) -> str:
     return "within noise"
 
 
-def paired_logs(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | None = None) -> Levels | None:
-    """Per repetition, log(variant / baseline) of the block medians, with each repetition's process; None
-    without samples for both (keys: row keys, or (scenario, variant) with a `latency`). Computed once per pair
-    and run (kvpages.schema.reader.Run.cached), so its bootstrap is drawn once however often it is asked for."""
-    return run.cached(("paired", baseline_key, variant_key, latency),
-                      lambda: _paired_logs(run, baseline_key, variant_key, latency))
-
-
-def _paired_logs(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | None) -> Levels | None:
-    base, other = run.levels(baseline_key, latency), run.levels(variant_key, latency)
-    if base is None or other is None or base.values.size != other.values.size:
-        return None
-    return Levels(other.values - base.values, base.processes)
-
-
 Record = dict[str, Any]
 """One row of results.csv or scenarios.csv as a dict (`DataFrame.to_dict("records")`): the analysis walks
 hundreds of rows, and a pandas row (`iterrows`) costs a hundred times more to make."""
@@ -100,9 +87,10 @@ class _Pair:
 
 def _pair(run: Run, variant: Record, baseline: Record) -> _Pair:
     logs = paired_logs(run, row_key(baseline), row_key(variant))
-    # A bare CSV has no repetitions to judge from.
-    interval = unknown(float(variant["median_us"] / baseline["median_us"]), 0) if logs is None else logs.interval()
-    return _Pair(variant, baseline, interval, median_p_value(logs), logs)
+    # A bare CSV has no repetitions to judge from, nor has a pair cut short differently by an interruption.
+    interval = unknown(float(variant["median_us"] / baseline["median_us"]), 0) if logs is None else (
+        intervals.interval(run, logs))
+    return _Pair(variant, baseline, interval, median_p_value(logs) if interval.known else 1.0, logs)
 
 
 def _ratio(pair: _Pair, effect: float, q_value: float) -> RatioRow:
@@ -161,7 +149,8 @@ def fastest(run: Run, rows: list[Record], effect: float) -> tuple[str, ...]:
     tied = []
     for r in ordered:
         logs = paired_logs(run, row_key(best), row_key(r))
-        tie = r["median_us"] == best["median_us"] if logs is None else judge(logs.interval(), effect) != SLOWER
+        tie = r["median_us"] == best["median_us"] if logs is None else (
+            judge(intervals.interval(run, logs), effect) != SLOWER)
         if tie:
             tied.append(str(r["variant"]))
     return tuple(tied)
@@ -222,7 +211,7 @@ def scenario_ratios(run: Run, baseline: str, effect: float) -> tuple[ScenarioRat
     if run.scenarios is None or run.scenario_samples is None:
         return ()
     by_scenario: dict[str, list[Record]] = {}  # in the order of each scenario's first row, as groupby(sort=False)
-    for row in records(run.scenarios[run.scenarios["status"] == "ok"]):
+    for row in records(run.scenarios[run.scenarios["status"].isin(TIMED)]):
         by_scenario.setdefault(row["scenario"], []).append(row)
     found: list[tuple[Record, str, Levels, float]] = []
     for scenario, rows in by_scenario.items():
@@ -233,12 +222,13 @@ def scenario_ratios(run: Run, baseline: str, effect: float) -> tuple[ScenarioRat
             for latency in ("blocked", "ready") if variant != baseline else ():
                 logs = paired_logs(run, (scenario, baseline), (scenario, variant), latency)
                 if logs is not None:
-                    found.append((row, latency, logs, median_p_value(logs)))
+                    known = intervals.interval(run, logs).known
+                    found.append((row, latency, logs, median_p_value(logs) if known else 1.0))
     qvalues = bh_adjusted([p for *_, p in found])
     kept = discoveries(qvalues)
     out = []
     for (row, latency, logs, _), q, keep in zip(found, qvalues, kept, strict=True):
-        interval = logs.interval()
+        interval = intervals.interval(run, logs)
         out.append(ScenarioRatio(str(row["scenario"]), str(row["variant"]), baseline, latency, interval,
                                  judge(interval, effect, keep), str(row["id"]), effect, q,
                                  pair_repro(str(row["repro"]), str(row["variant"]), baseline), int(logs.values.size),
@@ -302,7 +292,7 @@ class Analysis:
 def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
     """Analyse `run` once: every timed variant against `baseline` at every point where both were timed,
     judged as one family (kvpages.analysis.verdicts), with the run's noise floor as the minimum effect."""
-    ok = run.ok_rows()
+    ok = run.timed_rows()
     rows = records(ok)
     points: dict[tuple, list[Record]] = {}  # per point, sorted, as groupby(POINT_COLUMNS, sort=True)
     for row in rows:
@@ -328,7 +318,7 @@ def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
     spreads = ok["rep_spread"].dropna()
     repetitions = int(ok["repetitions"].dropna().max()) if ok["repetitions"].notna().any() else 1
     ratio_parts = [p.logs.components() for p in pairs if p.logs is not None]
-    time_parts = [levels.components() for levels in (run.levels(row_key(row)) for row in rows) if levels is not None]
+    time_parts = [found.components() for found in (levels(run, row_key(row)) for row in rows) if found is not None]
     noise = NoiseFloor(
         repetitions=repetitions,
         median_spread=float(spreads.median()) if len(spreads) else math.nan,
@@ -349,11 +339,6 @@ def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
         raise RunError(str(exc)) from None
     return Analysis(run, baseline, ratios, tuple(crossovers(ratios)), best, noise,
                     scenario_ratios(run, step_baseline, effect), step_baseline, breakdown, contention(run))
-
-
-def ratio_key(ratio: RatioRow, variant: str) -> tuple:
-    """The row key of `variant` at a ratio's point."""
-    return (variant, ratio.dtype, ratio.layout, ratio.seq_len, ratio.page_size)
 
 
 def variant_order(column: pd.Series) -> pd.Series:

@@ -64,8 +64,6 @@ class Interval:
         return math.isfinite(self.ci_high)
 
 
-UNITS = ("process", "repetition")
-
 
 def unknown(ratio: float, n: int) -> Interval:
     """Too few repetitions to form any interval."""

@@ -1,6 +1,6 @@
 """The D2H meter: observes what a variant actually hands to the host.
 
-`measure_d2h(fn, kv_indices, page_size)` runs `fn` once under a
+`measure_call(call, inputs)` runs `call()` once under a
 `torch.overrides.TorchFunctionMode` that sees every hand-off of tensor data to the
 host: `.cpu()`, `.to(<cpu>)`, `.numpy()`, `.tolist()`, `.item()`, `int()/float()/bool()`,
 `np.asarray()`, `copy_` into host memory and `host[...] = device_tensor`.
@@ -24,6 +24,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
+
+from kvpages.measure.outcome import MeterReading
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,9 @@ class D2HMeasurement:
         if kinds == {False}:
             return "pcie pageable"
         return "pcie mixed"
+
+    def reading(self) -> MeterReading:
+        return MeterReading(self.d2h_bytes, self.d2h_transfers, self.link)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -164,7 +169,3 @@ def measure_call(call: Callable[[], object], inputs: tuple[torch.Tensor, ...]) -
         call()
     return D2HMeasurement(tuple(meter.transfers))
 
-
-def measure_d2h(fn: Callable[[torch.Tensor, int], object], kv_indices: torch.Tensor, page_size: int) -> D2HMeasurement:
-    """Run `fn(kv_indices, page_size)` once and return what it handed to the host."""
-    return measure_call(lambda: fn(kv_indices, page_size), (kv_indices,))

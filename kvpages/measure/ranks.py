@@ -26,17 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from kvpages.core.options import BenchOptions
-from kvpages.core.scenarios import StepScenario
 from kvpages.core.stats import latency_statistics
-from kvpages.measure.inputs import PoolCache, Workload
-from kvpages.measure.meter import D2HMeasurement
+from kvpages.measure.outcome import MeterReading
 from kvpages.measure.schedule import Block
 from kvpages.measure.steps import get_step_variant
 from kvpages.measure.targets import Context, ScenarioTarget, Stamps, Timer, finish_for, step_call
 from kvpages.measure.timer import synchronizer
 from kvpages.schema.ranks import ALONE, RANK, STEP
-from kvpages.schema.rows import RANKS, RankRow, RankSampleSet, timing_columns
+from kvpages.schema.rows import RANKS, RankRow, RankSampleSet, ScenarioRow, timing_columns
 
 
 def round_modes(rounds: int) -> tuple[str, ...]:
@@ -53,46 +50,17 @@ class _Rounds:
 
 
 @dataclass(frozen=True)
-class RankTarget:
-    """A step scenario timed on every rank at once (see the module doc); its other duties are ScenarioTarget's."""
+class RankTarget(ScenarioTarget):
+    """A step scenario timed on every rank at once (see the module doc); built, checked and metered as any step."""
 
-    scenario: StepScenario
-    world_size: int
+    world_size: int = 1
     table = RANKS
-
-    id = property(lambda self: self.scenario.id, doc="The scenario's id (the benchmark group).")
-    page_size = property(lambda self: self.scenario.page_size)
-
-    @property
-    def alone(self) -> ScenarioTarget:
-        return ScenarioTarget(self.scenario)
-
-    def unavailable_reason(self, variant: str, device: str) -> str | None:
-        return self.alone.unavailable_reason(variant, device)
-
-    def build(self, device: str, rotation: int | None = None, cache: PoolCache | None = None) -> Workload:
-        return self.alone.build(device, rotation, cache)
-
-    def inputs_for(self, variant: str, workload: Workload) -> tuple[Any, ...]:
-        return self.alone.inputs_for(variant, workload)
-
-    def call_here(self, variant: str, inputs: Any) -> Any:
-        return self.alone.call_here(variant, inputs)
-
-    def check(self, out: Any, expected: Any) -> str | None:
-        return self.alone.check(out, expected)
-
-    def expected_d2h(self, variant: str) -> tuple[int, int | None]:
-        return self.alone.expected_d2h(variant)
-
-    def budget_s(self, options: BenchOptions) -> float:
-        return options.scenario_budget_s
 
     def timer(self, variant: str, ctx: Context) -> Timer:
         group = ctx.group
         assert group is not None, "a RankTarget runs in a multi-rank session"
         stamps, state = Stamps(), _Rounds()
-        call = step_call(get_step_variant(variant), finish_for(self.scenario), ctx.worker, stamps)
+        call = step_call(get_step_variant(variant), finish_for(self.scenario), ctx.transfer_thread, stamps)
         busy, sync, case = ctx.busy_queue(self.scenario.busy_us), synchronizer(ctx.device), f"{variant}-{self.id}"
 
         def before_round() -> None:
@@ -131,8 +99,8 @@ class RankTarget:
 
         return Timer(fn, before_round, series, start, rounds)
 
-    def extra_info(self, variant: str, measured: D2HMeasurement) -> dict[str, Any]:
-        return {**self.alone.extra_info(variant, measured), "world_size": self.world_size,
+    def extra_info(self, variant: str, reading: MeterReading) -> dict[str, Any]:
+        return {**super().extra_info(variant, reading), "world_size": self.world_size,
                 "rounds": "alternating: rank 0 alone, then every rank (kvpages.measure.ranks)"}
 
     def samples(self, variant: str, block: Block, series: tuple[tuple[float, ...], ...]) -> tuple[RankSampleSet, ...]:
@@ -151,9 +119,9 @@ class RankTarget:
         lines.append(line(ALONE, 0, per_rank[0, 0, ~together], per_rank[0, 1, ~together]))
         return tuple(lines)
 
-    def row(self, variant: str, ctx: Context, measured: D2HMeasurement | None, status: str, note: str,
-            blocks: Sequence[Any], repro: str) -> tuple[RankRow, ...]:
-        """One row per rank, the step's and rank 0 alone's; a case that stopped: its step row, with its status."""
+    def rows(self, variant: str, ctx: Context, reading: MeterReading | None, status: str, note: str,
+             blocks: Sequence[Any], repro: str) -> tuple[ScenarioRow | RankRow, ...]:
+        """One row per rank, the step's and rank 0 alone's; a case that stopped untimed: its step row."""
         s, group = self.scenario, ctx.group
         devices = [r.device for r in group.meta.ranks] if group is not None else [ctx.device] * self.world_size
         calls = s.calls()
@@ -164,22 +132,19 @@ class RankTarget:
                 skews = [t for b in sets for t in b.skew_us if np.isfinite(t)]
                 timings.update(latency_statistics(sets), skew_median_us=float(np.median(skews)) if skews else None)
             times = self.world_size if role == STEP else 1
-            d2h_bytes, transfers = (None, None) if measured is None else (
-                measured.d2h_bytes * times, measured.d2h_transfers * times)
+            d2h_bytes, transfers = (None, None) if reading is None else (
+                reading.d2h_bytes * times, reading.d2h_transfers * times)
             return RankRow(scenario=s.id, variant=variant, role=role, rank=rank, world_size=self.world_size,
                            device=devices[rank] if rank is not None else "+".join(dict.fromkeys(devices)),
                            page_size=s.page_size, requests=s.requests, tokens=sum(c.tokens for c in calls),
                            d2h_bytes=d2h_bytes, d2h_transfers=transfers, **timings, status=status, note=note,
                            repro=repro)
 
-        if status != "ok":
+        if not blocks:
             return (made(STEP, None, []),)
         of = [b for b in blocks if isinstance(b, RankSampleSet)]
         return tuple(made(RANK, r, [b for b in of if (b.role, b.rank) == (RANK, r)]) for r in range(self.world_size)) + (
             made(STEP, None, [b for b in of if b.role == STEP]), made(ALONE, 0, [b for b in of if b.role == ALONE]))
-
-    def narrowed(self, variant: str, options: BenchOptions, device: str) -> tuple[str, BenchOptions]:
-        return self.alone.narrowed(variant, options, device)
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": "ranked step", "world_size": self.world_size, **dataclasses.asdict(self.scenario)}

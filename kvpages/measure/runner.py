@@ -2,31 +2,47 @@
 
 Every (variant, target) is checked against the reference and metered in its first block of each
 process (and cross-checked against the profiler, when that is on), then timed in interleaved,
-seeded repetitions dealt to processes and passes; its row is written when the target's last
-block finishes. A case that cannot run, or runs wrong, is recorded once with its status and runs
-no further blocks. In a worker process (kvpages.measure.workers) the runner logs its blocks
-instead of writing rows, and the session folds the logs in (`merge`) before its own share.
-Data flows one way: block -> workload -> variant (checked, metered, timed) -> samples -> rows.
+seeded repetitions dealt to processes and passes. `Runner.run(benchmark, block)` returns the
+block's `BlockOutcome` (kvpages.measure.outcome): its samples and the meter's reading, or the
+stop of a case that cannot run, or runs wrong, which then runs no further blocks here. The
+runner knows nothing of the session: the session hands each outcome to its recorder
+(kvpages.measure.recorder), or a worker to its log.
+Data flows one way: block -> workload -> variant (checked, metered, timed) -> samples -> outcome.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import pytest
 import torch
 
+from kvpages.measure import environment
 from kvpages.measure.crosscheck import CheckAnswer
 from kvpages.measure.group import Group, RankFailure
-from kvpages.measure.inputs import Workload
-from kvpages.measure.records import CaseState, Host, Records, Stop
+from kvpages.measure.inputs import PoolCache, Workload
+from kvpages.measure.outcome import BlockOutcome, MeterReading
 from kvpages.measure.schedule import Block
-from kvpages.measure.targets import Target, measure
+from kvpages.measure.targets import Context, Target, measure
 from kvpages.measure.timer import WARMUP_FIRST_S, WARMUP_LATER_S, rounds_for, time_block, warm_up
+from kvpages.schema.rows import Samples
 
 T = TypeVar("T")
+
+
+class Stop(Exception):
+    """A case is recorded as `status` now and runs no further blocks; the test is skipped or failed."""
+
+    def __init__(self, status: str, note: str, fail: bool) -> None:
+        super().__init__(note)
+        self.status, self.note, self.fail = status, note, fail
+
+
 ERROR = "error"
 """What a rank answers when its step raised (not a Stop): the multi-rank run stops."""
 
@@ -62,96 +78,141 @@ def together(group: Group | None, block: Block, when: str, step: Callable[[], T]
     return result
 
 
-def check_metered(target: Target, variant: str, state: CaseState) -> None:
+def check_metered(target: Target, variant: str, reading: MeterReading,
+                  earlier: dict[int, MeterReading]) -> None:
     """The D2H the meter counted must be what the variant declares, and what every earlier process counted."""
-    measured = state.measured
-    assert measured is not None
     expected_bytes, transfers = target.expected_d2h(variant)
-    if transfers is None and measured.d2h_bytes != expected_bytes:
-        raise Stop("mismatch", f"measured {measured.d2h_bytes} D2H bytes, expected {expected_bytes}", fail=True)
-    if transfers is not None and (measured.d2h_bytes, measured.d2h_transfers) != (expected_bytes, transfers):
-        raise Stop("mismatch", f"measured {measured.d2h_bytes} D2H bytes in {measured.d2h_transfers} transfers, "
+    if transfers is None and reading.d2h_bytes != expected_bytes:
+        raise Stop("mismatch", f"measured {reading.d2h_bytes} D2H bytes, expected {expected_bytes}", fail=True)
+    if transfers is not None and (reading.d2h_bytes, reading.d2h_transfers) != (expected_bytes, transfers):
+        raise Stop("mismatch", f"measured {reading.d2h_bytes} D2H bytes in {reading.d2h_transfers} transfers, "
                                f"expected {expected_bytes} in {transfers}", fail=True)
-    for process, seen in sorted(state.seen.items()):
-        if seen != (measured.d2h_bytes, measured.d2h_transfers):
-            raise Stop("mismatch", f"process {process} measured {seen[0]} D2H bytes in {seen[1]} transfers, this "
-                                   f"one {measured.d2h_bytes} in {measured.d2h_transfers}", fail=True)
+    for process, seen in sorted(earlier.items()):
+        if (seen.d2h_bytes, seen.d2h_transfers) != (reading.d2h_bytes, reading.d2h_transfers):
+            raise Stop("mismatch", f"process {process} measured {seen.d2h_bytes} D2H bytes in {seen.d2h_transfers} "
+                                   f"transfers, this one {reading.d2h_bytes} in {reading.d2h_transfers}", fail=True)
 
 
+class Phases:
+    """Seconds spent in each phase of a process (generate, check, meter, timing, ...), for meta.json."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+
+
+@dataclass(frozen=True)
+class Crosscheck:
+    """The profiler cross-check's answers by case id (kvpages.measure.crosscheck), run once before the first block;
+    `unavailable`: why it could not run (every row's note says so)."""
+
+    answers: dict[str, CheckAnswer] = field(default_factory=dict)
+    unavailable: str | None = None
+
+    def status(self, on: bool) -> str:
+        """meta.json's `crosscheck`."""
+        if not on:
+            return "off"
+        return "on (own process)" if self.unavailable is None else f"unavailable: {self.unavailable}"
+
+
+@dataclass
+class CaseState:
+    """What this process knows of one case while its blocks run."""
+
+    reading: MeterReading | None = None
+    """What the meter read in this process's first block of the case (None: not metered here yet)."""
+    stopped: str | None = None
+    """The status it stopped with in this process."""
+    note: str = ""
+    """The note of its ok row (e.g. the cross-check could not confirm the meter)."""
+
+
+@dataclass
 class Runner:
-    """Runs blocks for a session (kvpages.measure.session): the one loop every target goes through."""
+    """Runs the blocks of one process: the one loop every target goes through (see the module doc)."""
 
-    def __init__(self, session: Host) -> None:
-        self.session = session
-        self.records = Records(session)
-        self._workload: tuple[Target, Workload] | None = None
-        self._built: dict[Target, Workload] = {}
-        self.first_block_at: float | None = None  # time.time() when this process's first block started
-        self.blocks_run = 0
+    context: Context
+    repetitions: int
+    passes: int
+    process: int
+    phase: Phases = field(default_factory=Phases)
+    crosscheck: Crosscheck = field(default_factory=Crosscheck)
+    pool_cache: PoolCache | None = None
+    """Where the processes of a run share the pools they built (None: one process)."""
+    cases: dict[str, CaseState] = field(default_factory=dict)
+    first_block_at: float | None = None
+    """time.time() when this process's first block started."""
+    blocks_run: int = 0
+    pcie_loaded: str | None = None
+    """The PCIe link right after the first timed block, while it is loaded (an idle link downshifts)."""
+    _workload: tuple[Target, Workload] | None = None
+    _built: dict[Target, Workload] = field(default_factory=dict)
 
-    def run(self, benchmark, block: Block) -> None:
-        """Check and meter (first block of a case), time and collect one block; called by bench/."""
-        state = self.records.case(block.case_id)
-        record = not benchmark.disabled
+    def run(self, benchmark, block: Block, earlier: dict[int, MeterReading]) -> BlockOutcome:
+        """Check and meter (first block of a case here), time and collect one block. `earlier`: what the meters
+        of earlier processes read for its case. A case that cannot run, or runs wrong, comes back stopped."""
+        state = self.cases.setdefault(block.case_id, CaseState())
         if self.first_block_at is None:
             self.first_block_at = time.time()
         self.blocks_run += 1
         try:
-            self._run(benchmark, block, state, record)
+            return self._run(benchmark, block, state, earlier)
         except Stop as stop:
-            if record:
-                self.records.stop(block.point, block.variant, state, stop)
-            message = f"{block.case_id}: {stop.note}"
-            if stop.fail:
-                pytest.fail(message, pytrace=False)
-            pytest.skip(message)
+            state.stopped = stop.status
+            return BlockOutcome(block.case_id, block.target.table, self.process, reading=state.reading,
+                                status=stop.status, note=stop.note, fail=stop.fail)
         except Exception as exc:  # a rank that cannot go on stops the multi-rank run (the others would wait for it)
-            group = self.session.context.group
+            group = self.context.group
             if group is None or isinstance(exc, pytest.exit.Exception):
                 raise
             group.stop(str(exc) if isinstance(exc, RankFailure) else f"{block.id}: {type(exc).__name__}: {exc}")
+            raise
         finally:
             if block.last_in_process:
-                self._built.pop(block.point, None)
-            if block.last_of_point and record and self.session.log is None:
-                self.records.flush(block.point)
+                self._built.pop(block.target, None)
 
     def workload(self, target: Target) -> Workload:
         """The workload of `target`: generated and validated once, then re-copied into fresh memory for every
         pass over the targets, so each pass samples another placement of the inputs (as a new process would)."""
         if self._workload is None or self._workload[0] != target:
             self._workload = None  # free the previous pass's copy first
-            with self.session.phase("generate"):
+            with self.phase("generate"):
                 built = self._built.get(target)
                 if built is None:
-                    built = target.build(self.session.device, cache=self.session.pool_cache)
-                    if self.session.passes > 1:
+                    built = target.build(self.context.device, cache=self.pool_cache)
+                    if self.passes > 1:
                         self._built[target] = built
                     self._workload = (target, built)
                 else:
                     self._workload = (target, built.fresh_copy())
         return self._workload[1]
 
-    def _run(self, benchmark, block: Block, state: CaseState, record: bool) -> None:
-        target, variant = block.point, block.variant
-        if state.pending_failure is not None:
-            message, state.pending_failure = state.pending_failure, None
-            pytest.fail(message, pytrace=False)
-        if state.failed is not None:
-            pytest.skip(f"{block.case_id}: recorded as {state.failed} in an earlier repetition")
-        first_here = state.measured is None  # this case's first block in this process: check and meter it
-        workload = together(self.session.context.group, block, "before its timing", lambda: self._prepare(block, state, first_here))
-        assert state.measured is not None
+    def _run(self, benchmark, block: Block, state: CaseState, earlier: dict[int, MeterReading]) -> BlockOutcome:
+        target, variant = block.target, block.variant
+        if state.stopped is not None:
+            raise Stop(state.stopped, f"recorded as {state.stopped} in an earlier repetition", fail=False)
+        first_here = state.reading is None  # this case's first block in this process: check and meter it
+        workload = together(self.context.group, block, "before its timing",
+                            lambda: self._prepare(block, state, first_here, earlier))
+        assert state.reading is not None
         benchmark.group = target.id
-        benchmark.extra_info.update(device_name=self.session.context.device_name,
-                                    **target.extra_info(variant, state.measured),
+        benchmark.extra_info.update(device_name=self.context.device_name, **target.extra_info(variant, state.reading),
                                     repetition=block.repetition, order=block.order)
-        self._time(benchmark, block, workload, state, record, first_here)
+        samples = self._time(benchmark, block, workload, first_here)
+        return BlockOutcome(block.case_id, target.table, self.process, samples, state.reading, note=state.note)
 
-    def _prepare(self, block: Block, state: CaseState, first_here: bool) -> Workload:
+    def _prepare(self, block: Block, state: CaseState, first_here: bool, earlier: dict[int, MeterReading]) -> Workload:
         """The block's workload; the case checked against the reference and metered in its first block here."""
-        target, variant = block.point, block.variant
-        reason = target.unavailable_reason(variant, self.session.device)
+        target, variant = block.target, block.variant
+        reason = target.unavailable_reason(variant, self.context.device)
         if reason is not None:
             raise Stop("skipped", reason, fail=False)
         if first_here:
@@ -159,7 +220,7 @@ class Runner:
         try:
             workload = self.workload(target)
             if first_here:
-                with self.session.phase("check"):
+                with self.phase("check"):
                     for inputs, expected in zip(target.inputs_for(variant, workload), workload.expected, strict=True):
                         problem = target.check(target.call_here(variant, inputs), expected)
                         if problem:
@@ -171,41 +232,37 @@ class Runner:
             self._built.pop(target, None)
             raise Stop("out_of_memory", f"out of memory: {str(exc).splitlines()[0]}", fail=False) from None
         if first_here:
-            self._meter(target, variant, workload, state)
+            with self.phase("meter"):
+                state.reading = measure(target, variant, target.inputs_for(variant, workload)[0]).reading()
+            check_metered(target, variant, state.reading, earlier)
         return workload
 
     def _crosscheck(self, block: Block, state: CaseState) -> None:
-        answer: CheckAnswer | None = self.session.crosscheck_answer(block)
+        answer = self.crosscheck.answers.get(block.case_id)
         if answer is None:
-            if self.session.crosscheck_unavailable is not None:
-                state.note = f"cross-check unavailable: {self.session.crosscheck_unavailable}"
+            if self.crosscheck.unavailable is not None:
+                state.note = f"cross-check unavailable: {self.crosscheck.unavailable}"
         elif answer.outcome == "mismatch":
             raise Stop("mismatch", f"profiler cross-check: {answer.detail}", fail=True)
         elif answer.outcome == "lost_records":
             state.note = f"cross-check inconclusive: {answer.detail}"
 
-    def _meter(self, target: Target, variant: str, workload: Workload, state: CaseState) -> None:
-        with self.session.phase("meter"):
-            state.measured = measure(target, variant, target.inputs_for(variant, workload)[0])
-        check_metered(target, variant, state)
-
-    def _time(self, benchmark, block: Block, workload: Workload, state: CaseState, record: bool,
-              first_here: bool) -> None:
-        target, session = block.point, self.session
-        timer = target.timer(block.variant, session.context)
+    def _time(self, benchmark, block: Block, workload: Workload, first_here: bool) -> tuple[Samples, ...]:
+        target, options = block.target, self.context.options
+        timer = target.timer(block.variant, self.context)
         inputs = target.inputs_for(block.variant, workload)  # with the variant's extras, if it declares any
-        with session.phase("timing"):
+        with self.phase("timing"):
             rounds = 1  # timing disabled: pytest-benchmark calls it once
             if not benchmark.disabled:
-                sweep = session.options.sweep
+                sweep = options.sweep
                 per_call_s = warm_up(timer.fn, inputs, target.page_size, timer.before_round,
                                      WARMUP_FIRST_S if first_here else WARMUP_LATER_S)
-                rounds = timer.agree_rounds(rounds_for(per_call_s, target.budget_s(session.options) / session.repetitions,
+                rounds = timer.agree_rounds(rounds_for(per_call_s, target.budget_s(options) / self.repetitions,
                                                        sweep.min_rounds, sweep.max_rounds))
             timer.start()
-            result = time_block(benchmark, timer.fn, inputs, target.page_size, timer.before_round,
-                                rounds)
-        session.after_timed_block(record)
+            result = time_block(benchmark, timer.fn, inputs, target.page_size, timer.before_round, rounds)
+        if self.context.device == "cuda" and self.pcie_loaded is None and not benchmark.disabled:
+            self.pcie_loaded = environment.pcie_link_now() or "unknown"
 
         def checked() -> bool:
             problem = target.check(result.output, workload.expected[result.input_index])
@@ -213,12 +270,7 @@ class Runner:
                 raise Stop("mismatch", f"wrong output in a timed round: {problem}", fail=True)
             return True
 
-        together(session.context.group, block, "after its timing", checked)
-        if record:
-            made = target.samples(block.variant, block, timer.series(benchmark, rounds))
-            for samples in made if isinstance(made, tuple) else (made,):
-                state.blocks.append(samples)
-                if session.log is not None and state.measured is not None:
-                    session.log.block(block.case_id, target.table, samples, state.measured.d2h_bytes,
-                                      state.measured.d2h_transfers)
-
+        together(self.context.group, block, "after its timing", checked)
+        if benchmark.disabled:  # nothing timed (--benchmark-disable: a check of every case)
+            return ()
+        return target.samples(block.variant, block, timer.series(benchmark, rounds))

@@ -6,8 +6,8 @@ kvpages.measure.workers starts them), and within a process to `passes` sweeps ov
 Repetition r of a point runs all its variants back to back, in a fresh order drawn from a
 generator seeded with the sweep's seed, so drift of the machine hits every variant of a
 repetition alike (google/benchmark's random interleaving, asv's interleaved sampling). Every
-process plans the same blocks and runs its own; the last process is the session that writes
-the rows, each as soon as its point's last block finishes. No torch import.
+process plans the same blocks and runs its own; the last process is the session that records
+every block as it finishes (kvpages.measure.recorder). No torch import.
 """
 
 from __future__ import annotations
@@ -19,33 +19,31 @@ from typing import Generic, Protocol, TypeVar
 import numpy as np
 
 
-class Target(Protocol):
-    """What a block measures at: a sweep Point or a Scenario (kvpages.core.scenarios); anything with an id."""
+class HasId(Protocol):
+    """What a block measures at (a kvpages.measure.targets.Target in a sweep): anything with an id."""
 
     @property
     def id(self) -> str: ...
 
 
-T = TypeVar("T", bound=Target)
+T = TypeVar("T", bound=HasId)
 
 
 @dataclass(frozen=True)
 class Block(Generic[T]):
-    """One timed block: repetition `repetition` of `variant` at `point`, the `order`-th block of the run,
-    timed in process `process`; `last_in_process` and `last_of_point`: the point's last block in its
-    process, and in the whole run."""
+    """One timed block: repetition `repetition` of `variant` at `target`, the `order`-th block of the run,
+    timed in process `process`; `last_in_process`: the target's last block in its process."""
 
     variant: str
-    point: T
+    target: T
     repetition: int
     order: int
-    last_of_point: bool
     process: int = 0
     last_in_process: bool = True
 
     @property
     def case_id(self) -> str:
-        return f"{self.variant}-{self.point.id}"
+        return f"{self.variant}-{self.target.id}"
 
     @property
     def id(self) -> str:
@@ -79,9 +77,7 @@ def plan(variants: Sequence[str], points: Sequence[T], repetitions: int, seed: i
                 per_point = [(variants[i], r) for r in reps for i in rng.permutation(len(variants))]
                 for k, (name, r) in enumerate(per_point):
                     last_here = pass_index == own_passes - 1 and k == len(per_point) - 1
-                    blocks.append(Block(name, point, r, len(blocks),
-                                        last_of_point=last_here and process == processes - 1,
-                                        process=process, last_in_process=last_here))
+                    blocks.append(Block(name, point, r, len(blocks), process=process, last_in_process=last_here))
     return tuple(blocks)
 
 

@@ -1,25 +1,26 @@
-"""The sweep session: wires the options, the plan of blocks, the runner, the cross-check and the run folder.
+"""The sweep session: wires the options, the plan of blocks, the runner, the recorder and the run folder.
 
 One session per pytest session (kvpages.plugin). It plans the blocks of the sweep's points and of
-the whole requests and steps as frozen data (kvpages.measure.schedule), hands this process's
-share to one runner (kvpages.measure.runner), starts the earlier processes' shares in fresh
-worker processes first (`run_workers`, kvpages.measure.workers), creates the run folder when
-the first row is recorded, and closes it with the run's completion, processes and phase timings.
-In a worker, the session logs its blocks instead and writes no run folder.
+the whole requests and steps as frozen data (kvpages.measure.schedule). Before the first block
+(`start`, at the end of collection) it runs the profiler cross-check and opens the run folder with
+its recorder (kvpages.measure.recorder). It starts the earlier processes' shares in fresh worker
+processes (`run_workers`, kvpages.measure.workers), whose outcomes its recorder reads from their
+logs as they are written, then runs its own share through one runner (kvpages.measure.runner),
+handing each block's outcome to the same recorder. It closes the run folder with the run's
+completion, processes and phase timings. In a worker, the session logs its outcomes instead.
+SIGTERM stops a session (or a worker) as SIGINT does: every finished block is kept.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shlex
 import shutil
+import signal
 import tempfile
-import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -33,23 +34,22 @@ from kvpages.measure import environment
 from kvpages.measure.group import Group, Launch
 from kvpages.measure.inputs import PoolCache
 from kvpages.measure.ranks import RankTarget
-from kvpages.measure.runner import Runner
+from kvpages.measure.recorder import Recorder
+from kvpages.measure.runner import Crosscheck, Phases, Runner
 from kvpages.measure.schedule import Block, in_run_order, plan
 from kvpages.measure.steps import get_step_variant, step_variant_names
 from kvpages.measure.targets import Context, PointTarget, ScenarioTarget, Target
 from kvpages.measure.variants import variant_names
 from kvpages.measure.workers import (
-    EndRecord,
     WorkerCommand,
+    WorkerEnd,
     WorkerLog,
     WorkerRun,
-    json_path,
     log_path,
-    run_worker,
+    run_workers,
     write_cases,
 )
 from kvpages.schema.meta import ProcessInfo, RunMeta
-from kvpages.schema.rows import RankRow, Row, Samples, ScenarioRow, Table
 from kvpages.schema.writer import RunWriter, create_run_dir, utc_now
 
 
@@ -60,8 +60,80 @@ def resolve_device(choice: str) -> str:
     return choice
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+class SweepPlan:
+    """The blocks of a session, in run order: the points', and the whole requests' and steps' (a multi-rank run:
+    the steps alone, each timed on every rank at once); and the cases whose benchmarks this process collected."""
+
+    def __init__(self, options: BenchOptions, device: str, group: Group | None, repetitions: int, processes: int,
+                 process: int) -> None:
+        sweep = options.sweep
+        self.process = process
+        self.variants = options.variants or variant_names()
+        self.step_variants = options.step_variants or step_variant_names()
+        points: list[Target] = [PointTarget(p) for p in sweep.points(device)]
+        per_request = [n for n in self.step_variants if not get_step_variant(n).batched]
+        requests: list[Target] = [ScenarioTarget(s) for s in options.scenario_set if s.kind == "request"]
+        steps: list[Target] = [ScenarioTarget(s) for s in options.scenario_set if s.kind == "step"]
+        if group is not None:
+            points, requests = [], []
+            steps = [RankTarget(s, group.size) for s in options.scenario_set if isinstance(s, StepScenario)]
+        self.passes = min(sweep.passes, -(-repetitions // processes))  # per process
+        counts = (repetitions, sweep.seed, self.passes, processes)
+        families = in_run_order(plan(self.variants, points, *counts), plan(per_request, requests, *counts),
+                                plan(self.step_variants, steps, repetitions, sweep.seed + 1, self.passes, processes))
+        self.point_blocks, self.scenario_blocks = families[0], families[1] + families[2]
+        self.planned: set[str] = set()
+
+    def collected(self, blocks: Sequence[Block]) -> Sequence[Block]:
+        """This process's share of `blocks`, for a benchmark's parametrization; their cases count as planned rows."""
+        own = [b for b in blocks if b.process == self.process]
+        self.planned |= {b.case_id for b in own}
+        return own
+
+    def variants_of(self, target: Target) -> Sequence[str]:
+        return self.variants if isinstance(target, PointTarget) else self.step_variants
+
+    def cases(self, selected: Sequence[Block]) -> list[tuple[Target, str]]:
+        """The (target, variant)s of the `selected` blocks, in run order, each target's in variant order."""
+        ids = {b.case_id for b in selected}
+        targets = dict.fromkeys(b.target for b in self.point_blocks + self.scenario_blocks if b.case_id in ids)
+        return [(t, v) for t in targets for v in self.variants_of(t) if f"{v}-{t.id}" in ids]
+
+
+def end_note(done: int, partial: int, planned: int, exitstatus: int, multi_rank: bool,
+             group_failure: str | None) -> tuple[bool, str]:
+    """Whether a run completed, and meta.json's note of how it ended."""
+    rows = "cases" if multi_rank else "rows"  # a multi-rank case has a row per rank and role
+    of_them = f" ({partial} of them partial)" if partial else ""
+    if group_failure is not None:
+        return False, f"stopped after {done} of {planned} cases{of_them}: {group_failure}"
+    if exitstatus == pytest.ExitCode.INTERRUPTED:
+        return False, f"interrupted after {done} of {planned} {rows}{of_them}"
+    if done < planned:
+        return False, f"only {done} of {planned} {rows} were recorded (deselected or failed cases)"
+    if exitstatus != pytest.ExitCode.OK:
+        return False, f"all {done} {rows} recorded, but the session failed (exit status {int(exitstatus)})"
+    return True, f"all {done} {rows} recorded"
+
+
+def crosscheck(cases: list[tuple[Target, str]], device: str, trace_out: Path) -> Crosscheck:
+    """The profiler cross-check, in a process of its own, before any timing, over every selected case that can
+    run; when it fails, every row's note says why and the session goes on timing (it never retries)."""
+    if not cases:
+        return Crosscheck()
+    try:
+        return Crosscheck(profiler_check.run_crosscheck([profiler_check.CheckCase(v, t) for t, v in cases], device,
+                                                        trace_out=trace_out))
+    except profiler_check.CrosscheckError as exc:
+        return Crosscheck(unavailable=str(exc))
+
+
 class KvSession:
-    """The state of one pytest session of the sweep: options, device, plan, runner, cross-check, run folder."""
+    """The state of one pytest session of the sweep: options, device, plan, runner, recorder, run folder."""
 
     def __init__(self, options: BenchOptions, rootdir: Path, invocation_args: tuple[str, ...],
                  timing: bool = True, worker: int | None = None, worker_dir: Path | None = None,
@@ -76,226 +148,132 @@ class KvSession:
         self.launcher = ("pytest",) if launch is None else launch.command
         self.command = shlex.join(self.launcher + tuple(invocation_args))
         self.started_utc = utc_now()
-        self.phase_s: dict[str, float] = defaultdict(float)
-        self.writer: RunWriter | None = None
+        self.phase = Phases()
         sweep = options.sweep
+        self.timing = timing
         self.repetitions = sweep.repetitions if timing else 1
         self.processes = sweep.processes if timing else 1
         self.process = self.processes - 1 if worker is None else worker
-        self.passes = min(sweep.passes, -(-self.repetitions // self.processes))  # per process
         self.log = None if worker is None or worker_dir is None else WorkerLog(log_path(worker_dir, worker))
-        self.pool_cache = None if worker_dir is None else PoolCache(worker_dir)  # the session's: set by run_workers
-        self.variants = options.variants or variant_names()
-        self.step_variants = options.step_variants or step_variant_names()
-        self.point_blocks, self.scenario_blocks = plan_blocks(self, group)
-        self.planned: set[str] = set()  # the cases whose benchmarks were collected
-        self.runner = Runner(self)
-        self.crosscheck = crosscheck_enabled(options.crosscheck_mode, self.device) and self.log is None
-        self.crosscheck_unavailable: str | None = None  # why the cross-check could not run (it is never retried)
-        self._crosscheck_answers: dict[str, profiler_check.CheckAnswer] | None = None
+        self.plan = SweepPlan(options, self.device, group, self.repetitions, self.processes, self.process)
+        self.runner = Runner(self.context, self.repetitions, self.plan.passes, self.process, self.phase,
+                             pool_cache=None if worker_dir is None else PoolCache(worker_dir))
+        self.crosscheck_on = crosscheck_enabled(options.crosscheck_mode, self.device) and self.log is None
         self.trace_dir: Path | None = None  # where the cross-check process leaves its profile
-        self._pcie_loaded: str | None = None
+        self.writer: RunWriter | None = None
+        self.recorder: Recorder | None = None
         self.workers: list[WorkerRun] = []
         self.worker_benchmarks: list[dict] = []  # the workers' pytest-benchmark JSON entries
         self.loop_started: float | None = None  # perf_counter when this process's test loop began
 
-    def collected(self, blocks: Sequence[Block]) -> Sequence[Block]:
-        """This process's share of `blocks`, for a benchmark's parametrization; their cases count as planned rows."""
-        own = [b for b in blocks if b.process == self.process]
-        self.planned |= {b.case_id for b in own}
-        return own
+    # ------------------------------------------------------------------ before the first block
 
-    def variants_of(self, target: Target) -> Sequence[str]:
-        return self.variants if isinstance(target, PointTarget) else self.step_variants
-
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.phase_s[name] += time.perf_counter() - start
-
-    # ------------------------------------------------------------------ the profiler cross-check
-
-    def crosscheck_answer(self, block: Block) -> profiler_check.CheckAnswer | None:
-        """The profiler cross-check's answer for this case; None when it is off or unavailable.
-
-        The check process runs once, before any timing, over every planned case; when it fails, the
-        failure is remembered and the session goes on timing, with the reason in every row's note
-        (it never starts it again).
-        """
-        return self.run_crosscheck().get(block.case_id) if self.crosscheck else None
-
-    def run_crosscheck(self) -> dict[str, profiler_check.CheckAnswer]:
-        if self._crosscheck_answers is None:
-            cases = [profiler_check.CheckCase(b.variant, b.point) for b in self.point_blocks + self.scenario_blocks
-                     if b.repetition == 0 and b.case_id in self.planned
-                     and b.point.unavailable_reason(b.variant, self.device) is None]
-            self._crosscheck_answers = {}
-            if not cases:
-                return self._crosscheck_answers
+    def start(self, selected: Sequence[Block]) -> None:
+        """Before the first block, once: SIGTERM made an interruption; the profiler cross-check run over the
+        `selected` blocks' cases; the run folder opened with its recorder (the session that writes it)."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _interrupt)
+        if self.log is not None:  # a worker logs its outcomes
+            return
+        cases = self.plan.cases(selected)
+        if self.crosscheck_on:
             self.trace_dir = Path(tempfile.mkdtemp(prefix="kvpages-crosscheck-"))
             with self.phase("crosscheck"):
-                try:
-                    self._crosscheck_answers = profiler_check.run_crosscheck(
-                        cases, self.device, trace_out=self.trace_dir / profiler_check.TRACE_FILE)
-                except profiler_check.CrosscheckError as exc:
-                    self.crosscheck_unavailable = str(exc)
-        return self._crosscheck_answers
-
-    def crosscheck_status(self) -> str:
-        if not self.crosscheck:
-            return "off"
-        if self.crosscheck_unavailable is not None:
-            return f"unavailable: {self.crosscheck_unavailable}"
-        return "on (own process)"
-
-    def after_timed_block(self, record: bool) -> None:
-        """Right after a timed loop: read the PCIe link once, while it is loaded (an idle link downshifts)."""
-        if self.device == "cuda" and self._pcie_loaded is None and record:
-            self._pcie_loaded = environment.pcie_link_now() or "unknown"
-
-    # ------------------------------------------------------------------ the run folder
-
-    def _writer(self) -> RunWriter:
-        """The run folder, created when the first row is recorded."""
-        if self.writer is None:
-            self.writer = open_run_folder(self)
-        return self.writer
-
-    def write(self, table: Table, rows: Sequence[Row | ScenarioRow | RankRow], samples: Sequence[Samples] = (),
-              cases: int | None = None) -> None:
-        group = self.context.group
-        if group is not None and group.rank != 0:  # rank 0 gathered every rank's samples and writes the run folder
+                self.runner.crosscheck = crosscheck(
+                    [(t, v) for t, v in cases if t.unavailable_reason(v, self.device) is None], self.device,
+                    self.trace_dir / profiler_check.TRACE_FILE)
+        if not self.timing or not selected:
             return
-        with self.phase("write"):
-            self._writer().add(table, rows, samples, cases)
+        group = self.context.group
+        if group is None or group.rank == 0:  # rank 0 gathers every rank's samples and writes the run folder
+            self.writer = self._open_run_folder()
+        self.recorder = Recorder(self.writer, cases, self.context, self.repetitions, self.process, self.launcher,
+                                 self.phase)
+
+    def _open_run_folder(self) -> RunWriter:
+        """A new run folder with its meta.json (after the cross-check, whose outcome the environment states)."""
+        confirmed = self.crosscheck_on and self.runner.crosscheck.unavailable is None
+        env = environment.capture(self.device, self.rootdir, confirmed)
+        group = self.context.group
+        label = "cpu" if self.device == "cpu" else f"cuda-{self.context.device_name}"
+        if group is not None:
+            label += f"-{group.size}ranks"
+        path = create_run_dir(self.results_dir, label)
+        meta = RunMeta(run_id=path.name, preset=self.options.preset_name, options=self.options.as_strings(),
+                       command=self.command, started_utc=self.started_utc, environment=env,
+                       repetitions=self.repetitions, order_seed=self.options.sweep.seed,
+                       crosscheck=self.runner.crosscheck.status(self.crosscheck_on), ranks=None if group is None else group.meta)
+        writer = RunWriter(path, meta)
+        if self.trace_dir is not None and (self.trace_dir / profiler_check.TRACE_FILE).exists():
+            shutil.move(self.trace_dir / profiler_check.TRACE_FILE, path / profiler_check.TRACE_FILE)
+        return writer
+
+    # ------------------------------------------------------------------ the blocks
+
+    def run_workers(self, command: WorkerCommand, say: Callable[[str], None]) -> None:
+        """Time the earlier processes' shares in worker processes (kvpages.measure.workers.run_workers); the
+        recorder takes each outcome a worker logs as it is written."""
+        assert self.recorder is not None, "workers run in a session that records"
+        write_cases(command.folder, list(self.recorder.cases))
+        self.runner.pool_cache = PoolCache(command.folder)
+        self.worker_benchmarks = run_workers(command, self.processes, self.recorder.record, say, self.workers)
+
+    def run(self, benchmark, block: Block) -> None:
+        """Run one block (called by bench/) and record its outcome; a stopped case's test is skipped or failed."""
+        case = None if self.recorder is None else self.recorder.cases.get(block.case_id)
+        if case is not None and case.failure is not None:  # a worker's failure fails this process's next test
+            message, case.failure = case.failure, None
+            pytest.fail(message, pytrace=False)
+        if case is not None and case.status is not None:
+            pytest.skip(f"{block.case_id}: recorded as {case.status} in an earlier repetition")
+        outcome = self.runner.run(benchmark, block, {} if case is None else case.readings)
+        if not benchmark.disabled:
+            if self.log is not None:
+                self.log.write(outcome)
+            elif self.recorder is not None:
+                self.recorder.record(outcome)
+        if outcome.stopped:
+            message = f"{block.case_id}: {outcome.note}"
+            if outcome.fail:
+                pytest.fail(message, pytrace=False)
+            pytest.skip(message)
+
+    # ------------------------------------------------------------------ the end
 
     def finish(self, exitstatus: int, total_s: float) -> None:
         """Close the run folder: completed only if every planned case ran and the session passed (a worker: its log)."""
-        self.context.worker.shutdown(wait=True)
+        self.context.transfer_thread.shutdown(wait=True)
         group = self.context.group
         if group is not None:
             group.close()
         if self.trace_dir is not None:
             shutil.rmtree(self.trace_dir, ignore_errors=True)
         if self.log is not None:
-            self.log.end(EndRecord(os.getpid(), self.runner.first_block_at, self.phase_s["generate"],
+            self.log.end(WorkerEnd(os.getpid(), self.runner.first_block_at, self.phase.seconds["generate"],
                                    self.runner.blocks_run))
+        if self.recorder is None:
+            return
+        self.recorder.finish()
         if self.writer is None:
             return
-        self.writer.meta.processes = process_infos(self, total_s)
-        done, planned = self.writer.recorded, len(self.planned)
-        rows = "rows" if group is None else "cases"  # a multi-rank case has a row per rank and role
-        if group is not None and group.failure is not None:
-            completed, note = False, f"stopped after {done} of {planned} cases: {group.failure}"
-        elif exitstatus == pytest.ExitCode.INTERRUPTED:
-            completed, note = False, f"interrupted after {done} of {planned} {rows}"
-        elif done < planned:
-            completed, note = False, f"only {done} of {planned} {rows} were recorded (deselected or failed cases)"
-        elif exitstatus != pytest.ExitCode.OK:
-            completed, note = False, f"all {done} {rows} recorded, but the session failed (exit status {int(exitstatus)})"
-        else:
-            completed, note = True, f"all {done} {rows} recorded"
+        meta = self.writer.meta
+        meta.processes = [w.info() for w in self.workers] + [ProcessInfo(
+            self.process, os.getpid(), "session", (self.loop_started or 0.0) - self.configured_at,
+            self.phase.seconds["generate"], total_s - sum(w.wall_s for w in self.workers), self.runner.blocks_run)]
+        completed, note = end_note(self.recorder.recorded, self.recorder.partial, len(self.plan.planned), exitstatus,
+                                   group is not None, None if group is None else group.failure)
         if self.options.breakdown != "off":
-            self.writer.meta.breakdown = breakdown_note(self, exitstatus)
-        if self._pcie_loaded is not None:
-            self.writer.meta.environment = dataclasses.replace(self.writer.meta.environment,
-                                                               pcie_link_loaded=self._pcie_loaded)
-        timing = {f"{name}_s": value for name, value in sorted(self.phase_s.items())}
+            meta.breakdown = self._breakdown(exitstatus)
+        if self.runner.pcie_loaded is not None:
+            meta.environment = dataclasses.replace(meta.environment, pcie_link_loaded=self.runner.pcie_loaded)
+        timing = {f"{name}_s": value for name, value in sorted(self.phase.seconds.items())}
         timing["session_s"] = total_s
         self.writer.finish(completed, note, timing)
 
-def plan_blocks(session: KvSession, group: Group | None) -> tuple[tuple[Block, ...], tuple[Block, ...]]:
-    """The session's blocks, in run order: the points', and the whole requests' and steps' (a multi-rank run: the
-    steps alone, each timed on every rank at once)."""
-    options, sweep = session.options, session.options.sweep
-    points: list[Target] = [PointTarget(p) for p in sweep.points(session.device)]
-    per_request = [n for n in session.step_variants if not get_step_variant(n).batched]
-    requests: list[Target] = [ScenarioTarget(s) for s in options.scenario_set if s.kind == "request"]
-    steps: list[Target] = [ScenarioTarget(s) for s in options.scenario_set if s.kind == "step"]
-    if group is not None:
-        points, requests = [], []
-        steps = [RankTarget(s, group.size) for s in options.scenario_set if isinstance(s, StepScenario)]
-    counts = (session.repetitions, sweep.seed, session.passes, session.processes)
-    families = in_run_order(plan(session.variants, points, *counts), plan(per_request, requests, *counts),
-                            plan(session.step_variants, steps, session.repetitions, sweep.seed + 1, session.passes,
-                                 session.processes))
-    return families[0], families[1] + families[2]
-
-
-def open_run_folder(session: KvSession) -> RunWriter:
-    """A new run folder with its meta.json (after the cross-check, whose outcome the environment states)."""
-    if session.crosscheck:  # before the environment says whether it confirmed the meter
-        session.run_crosscheck()
-    confirmed = session.crosscheck and not session.crosscheck_unavailable
-    env = environment.capture(session.device, session.rootdir, confirmed)
-    label = "cpu" if session.device == "cpu" else f"cuda-{session.context.device_name}"
-    if session.context.group is not None:
-        label += f"-{session.context.group.size}ranks"
-    path = create_run_dir(session.results_dir, label)
-    meta = RunMeta(
-        run_id=path.name,
-        preset=session.options.preset_name,
-        options=session.options.as_strings(),
-        command=session.command,
-        started_utc=session.started_utc,
-        environment=env,
-        repetitions=session.repetitions,
-        order_seed=session.options.sweep.seed,
-        crosscheck=session.crosscheck_status(),
-        ranks=None if session.context.group is None else session.context.group.meta,
-    )
-    writer = RunWriter(path, meta)
-    if session.trace_dir is not None and (session.trace_dir / profiler_check.TRACE_FILE).exists():
-        shutil.move(session.trace_dir / profiler_check.TRACE_FILE, path / profiler_check.TRACE_FILE)
-    return writer
-
-
-def process_infos(session: KvSession, total_s: float) -> list[ProcessInfo]:
-    """The processes that timed this run, the workers first, then this session."""
-    infos = [w.info() for w in session.workers]
-    own_start = session.loop_started or 0.0
-    infos.append(ProcessInfo(session.process, os.getpid(), "session", own_start - session.configured_at,
-                             session.phase_s["generate"], total_s - sum(w.wall_s for w in session.workers),
-                             session.runner.blocks_run))
-    return infos
-
-
-class WorkerFailed(Exception):
-    """A worker process did not run to its end (killed, crashed, or refused): the run cannot be completed."""
-
-
-def run_workers(session: KvSession, command: WorkerCommand, case_ids: Sequence[str],
-                say: Callable[[str], None]) -> None:
-    """Time the earlier processes' shares, one fresh worker process after another, folding each one's log into the
-    runner as it ends; `case_ids`: the cases this session selected (a worker keeps only those)."""
-    if session.crosscheck:  # its child process runs before any timing, as in a run of one process
-        session.run_crosscheck()
-    write_cases(command.folder, case_ids)
-    session.pool_cache = PoolCache(command.folder)
-    targets = {b.case_id: (b.point, b.variant) for b in session.point_blocks + session.scenario_blocks}
-    for process in range(session.processes - 1):
-        result = run_worker(command, process)
-        session.workers.append(result)
-        if not result.ok:
-            raise WorkerFailed(f"kvpages: worker process {process} of {session.processes} exited with status "
-                               f"{result.returncode} before its end; the last lines it printed:\n{result.output_tail}")
-        session.runner.records.merge(result, targets)
-        if command.json_out:
-            session.worker_benchmarks += json.loads(json_path(command.folder, process).read_text())["benchmarks"]
-        info = result.info()
-        say(f"kvpages: process {process + 1} of {session.processes} (pid {info.pid}): {info.blocks} blocks in "
-            f"{info.wall_s:.1f} s, of which start-up {info.startup_s:.1f} s and inputs {info.generate_s:.1f} s")
-    say(f"kvpages: process {session.processes} of {session.processes} (pid {os.getpid()}, this session) times its "
-        "share now")
-
-
-def breakdown_note(session: KvSession, exitstatus: int) -> str:
-    """Where the time goes, after the last timed block, in a process of its own: meta.json's note of it."""
-    if exitstatus == pytest.ExitCode.INTERRUPTED or session.writer is None:
-        return "not run: the session was interrupted"
-    with session.phase("breakdown"):
-        cases = where_time_goes.planned_cases(session.point_blocks, session.planned, session.device)
-        return where_time_goes.write_breakdown_into(session.writer.path, cases, session.device)
+    def _breakdown(self, exitstatus: int) -> str:
+        """Where the time goes, after the last timed block, in a process of its own: meta.json's note of it."""
+        if exitstatus == pytest.ExitCode.INTERRUPTED or self.writer is None:
+            return "not run: the session was interrupted"
+        with self.phase("breakdown"):
+            cases = where_time_goes.planned_cases(self.plan.point_blocks, self.plan.planned, self.device)
+            return where_time_goes.write_breakdown_into(self.writer.path, cases, self.device)

@@ -178,8 +178,8 @@ def get_step_variant(name: str) -> StepVariant:
     return variants[name]
 
 
-def _split(host: np.ndarray, sizes: list[int]) -> Arrays:
-    return list(np.split(host, np.cumsum(sizes)[:-1])) if sizes else []
+def _split(on_host: np.ndarray, sizes: list[int]) -> Arrays:
+    return list(np.split(on_host, np.cumsum(sizes)[:-1])) if sizes else []
 
 
 # --------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ rows; kvpages.measure.runner runs one loop over them. A new kind of target is on
 Points are timed by pytest-benchmark's own timer, one call per round. Whole requests and steps
 record two latencies per round: `blocked`, until the calling (scheduler) thread gets control
 back, and `ready`, until the page indices are usable on the host. A step variant that returns a
-`Pending` hands its wait to a worker thread, as SGLang's transfer worker does; on CUDA, a busy
+`Pending` hands its wait to the transfer thread, as SGLang's transfer worker does; on CUDA, a busy
 scenario queues a sleeping kernel before each round, so a blocking copy waits for it and a
 non-blocking one does not.
 """
@@ -32,6 +32,7 @@ from kvpages.measure.busy import BusyQueue
 from kvpages.measure.group import Group
 from kvpages.measure.inputs import PoolCache, Workload, make_scenario_workload, make_workload, validate_page_layout
 from kvpages.measure.meter import D2HMeasurement, measure_call
+from kvpages.measure.outcome import MeterReading
 from kvpages.measure.schedule import Block
 from kvpages.measure.steps import Arrays, Pending, StepVariant, get_step_variant
 from kvpages.measure.timer import synchronizer
@@ -57,8 +58,9 @@ class Context:
     device: str
     device_name: str
     options: BenchOptions
-    worker: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
-        max_workers=1, thread_name_prefix="kvpages-transfer-worker"))
+    transfer_thread: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="kvpages-transfer-thread"))
+    """Where a step variant's `Pending` wait runs, as SGLang's transfer worker thread does."""
     busy_queues: dict[int, BusyQueue] = field(default_factory=dict)
     group: Group | None = None
     """The ranks of a multi-rank run (kvpages.measure.ranks); None: one rank."""
@@ -131,13 +133,13 @@ class Target(Protocol):
     def expected_d2h(self, variant: str) -> tuple[int, int | None]: ...
     def budget_s(self, options: BenchOptions) -> float: ...
     def timer(self, variant: str, ctx: Context) -> Timer: ...
-    def extra_info(self, variant: str, measured: D2HMeasurement) -> dict[str, Any]: ...
-    def samples(self, variant: str, block: Block, series: tuple[tuple[float, ...], ...]) -> Samples | tuple[Samples, ...]:
-        """A block's samples: one record, or one per role of a multi-rank step (kvpages.measure.ranks)."""
+    def extra_info(self, variant: str, reading: MeterReading) -> dict[str, Any]: ...
+    def samples(self, variant: str, block: Block, series: tuple[tuple[float, ...], ...]) -> tuple[Samples, ...]:
+        """A block's samples records (a multi-rank step has one per rank and role: kvpages.measure.ranks)."""
         ...
-    def row(self, variant: str, ctx: Context, measured: D2HMeasurement | None, status: str, note: str,
-            blocks: Sequence[Samples], repro: str) -> Row | ScenarioRow | tuple[RankRow, ...]:
-        """A case's row: one, or one per rank and role of a multi-rank step."""
+    def rows(self, variant: str, ctx: Context, reading: MeterReading | None, status: str, note: str,
+             blocks: Sequence[Samples], repro: str) -> tuple[Row | ScenarioRow | RankRow, ...]:
+        """A case's rows (a multi-rank step has one per rank and role)."""
         ...
     def narrowed(self, variant: str, options: BenchOptions, device: str) -> tuple[str, BenchOptions]: ...
     def as_json(self) -> dict[str, Any]: ...
@@ -161,10 +163,10 @@ def with_extras(names: tuple[str, ...], workload: Workload, one_call: bool) -> t
                  for i, x in enumerate(workload.inputs))
 
 
-def _measured(measured: D2HMeasurement | None) -> dict[str, Any]:
-    return {"d2h_bytes": None if measured is None else measured.d2h_bytes,
-            "d2h_transfers": None if measured is None else measured.d2h_transfers,
-            "link": "" if measured is None else measured.link}
+def _measured(reading: MeterReading | None) -> dict[str, Any]:
+    return {"d2h_bytes": None if reading is None else reading.d2h_bytes,
+            "d2h_transfers": None if reading is None else reading.d2h_transfers,
+            "link": "" if reading is None else reading.link}
 
 
 @dataclass(frozen=True)
@@ -207,29 +209,29 @@ class PointTarget:
         return Timer(get_variant(variant).fn, synchronizer(ctx.device),
                      lambda benchmark, rounds: (tuple(t * 1e6 for t in benchmark.stats.stats.data),))
 
-    def extra_info(self, variant: str, measured: D2HMeasurement) -> dict[str, Any]:
+    def extra_info(self, variant: str, reading: MeterReading) -> dict[str, Any]:
         p = self.point
         return {"variant": variant, "device": p.device, "dtype": p.dtype, "layout": p.layout, "seq_len": p.seq_len,
                 "page_size": p.page_size, "num_pages": p.num_pages, "rotation": p.rotation,
-                "expected_d2h_bytes": self.expected_d2h(variant)[0], **_measured(measured)}
+                "expected_d2h_bytes": self.expected_d2h(variant)[0], **_measured(reading)}
 
-    def samples(self, variant: str, block: Block, series: tuple[tuple[float, ...], ...]) -> Samples:
+    def samples(self, variant: str, block: Block, series: tuple[tuple[float, ...], ...]) -> tuple[Samples, ...]:
         p = self.point
-        return SampleSet(variant, p.dtype, p.layout, p.seq_len, p.page_size, block.repetition, block.order,
-                         block.process, series[0])
+        return (SampleSet(variant, p.dtype, p.layout, p.seq_len, p.page_size, block.repetition, block.order,
+                          block.process, series[0]),)
 
-    def row(self, variant: str, ctx: Context, measured: D2HMeasurement | None, status: str, note: str,
-            blocks: Sequence[Samples], repro: str) -> Row:
+    def rows(self, variant: str, ctx: Context, reading: MeterReading | None, status: str, note: str,
+             blocks: Sequence[Samples], repro: str) -> tuple[Row]:
         p = self.point
         timings: dict[str, Any] = dict.fromkeys(timing_columns(Row))
         if blocks:
             series = [np.asarray(b.samples_us) for b in blocks if isinstance(b, SampleSet)]
             timings.update(row_statistics(series), rounds=sum(len(s) for s in series), iterations=1,
                            repetitions=len(series))
-        return Row(variant=variant, device=p.device, device_name=ctx.device_name, dtype=p.dtype, layout=p.layout,
-                   seq_len=p.seq_len, page_size=p.page_size, num_pages=p.num_pages, rotation=p.rotation if blocks else 0,
-                   expected_d2h_bytes=self.expected_d2h(variant)[0], **_measured(measured), **timings, status=status,
-                   note=note, repro=repro)
+        return (Row(variant=variant, device=p.device, device_name=ctx.device_name, dtype=p.dtype, layout=p.layout,
+                    seq_len=p.seq_len, page_size=p.page_size, num_pages=p.num_pages,
+                    rotation=p.rotation if blocks else 0, expected_d2h_bytes=self.expected_d2h(variant)[0],
+                    **_measured(reading), **timings, status=status, note=note, repro=repro),)
 
     def narrowed(self, variant: str, options: BenchOptions, device: str) -> tuple[str, BenchOptions]:
         p = self.point
@@ -262,11 +264,11 @@ class Stamps:
             stamps.clear()
 
 
-def step_call(variant: StepVariant, finish: Callable[[Arrays], Arrays], worker: ThreadPoolExecutor,
+def step_call(variant: StepVariant, finish: Callable[[Arrays], Arrays], transfer_thread: ThreadPoolExecutor,
               stamps: Stamps) -> Callable[[Sequence[torch.Tensor], int], Arrays]:
     """One request or step as the scheduler makes it, stamping when it is unblocked and when the data is ready."""
 
-    def wait_on_worker(pending: Pending) -> tuple[Arrays, float]:
+    def wait_in_thread(pending: Pending) -> tuple[Arrays, float]:
         arrays = finish(pending.wait())
         return arrays, time.perf_counter()
 
@@ -275,7 +277,7 @@ def step_call(variant: StepVariant, finish: Callable[[Arrays], Arrays], worker: 
         out = variant.fn(slices, page_size, **extras)
         if isinstance(out, Pending):
             t1 = time.perf_counter()
-            arrays, t2 = worker.submit(wait_on_worker, out).result()
+            arrays, t2 = transfer_thread.submit(wait_in_thread, out).result()
         else:
             arrays = finish(out)
             t1 = t2 = time.perf_counter()
@@ -330,7 +332,7 @@ class ScenarioTarget:
 
     def timer(self, variant: str, ctx: Context) -> Timer:
         stamps, busy, sync = Stamps(), ctx.busy_queue(self.scenario.busy_us), synchronizer(ctx.device)
-        fn = step_call(get_step_variant(variant), finish_for(self.scenario), ctx.worker, stamps)
+        fn = step_call(get_step_variant(variant), finish_for(self.scenario), ctx.transfer_thread, stamps)
 
         def before_round() -> None:
             sync()
@@ -346,17 +348,17 @@ class ScenarioTarget:
 
         return Timer(fn, before_round, series, start)
 
-    def extra_info(self, variant: str, measured: D2HMeasurement) -> dict[str, Any]:
+    def extra_info(self, variant: str, reading: MeterReading) -> dict[str, Any]:
         s = self.scenario
-        return {"scenario": s.id, "variant": variant, "kind": s.kind, "calls": len(s.calls()), **_measured(measured)}
+        return {"scenario": s.id, "variant": variant, "kind": s.kind, "calls": len(s.calls()), **_measured(reading)}
 
-    def samples(self, variant: str, block: Block, series: tuple[tuple[float, ...], ...]) -> Samples:
+    def samples(self, variant: str, block: Block, series: tuple[tuple[float, ...], ...]) -> tuple[Samples, ...]:
         blocked, ready, busy = series
-        return ScenarioSampleSet(self.scenario.id, variant, block.repetition, block.order, block.process, blocked, ready,
-                                 busy)
+        return (ScenarioSampleSet(self.scenario.id, variant, block.repetition, block.order, block.process, blocked,
+                                  ready, busy),)
 
-    def row(self, variant: str, ctx: Context, measured: D2HMeasurement | None, status: str, note: str,
-            blocks: Sequence[Samples], repro: str) -> ScenarioRow:
+    def rows(self, variant: str, ctx: Context, reading: MeterReading | None, status: str, note: str,
+             blocks: Sequence[Samples], repro: str) -> tuple[ScenarioRow | RankRow, ...]:
         s = self.scenario
         timings: dict[str, Any] = dict.fromkeys(timing_columns(ScenarioRow))
         sets = [b for b in blocks if isinstance(b, ScenarioSampleSet)]
@@ -364,11 +366,11 @@ class ScenarioTarget:
             busy = [t for b in sets for t in b.busy_us]
             timings.update(latency_statistics(sets), busy_measured_us=float(np.median(busy)) if busy else None)
         calls = s.calls()
-        return ScenarioRow(
+        return (ScenarioRow(
             scenario=s.id, kind=s.kind, side=s.side, variant=variant, device=ctx.device, dtype=s.dtype,
             layout=s.layout, requests=s.requests, tokens=sum(c.tokens for c in calls), chunk_size=s.chunk_size,
             page_size=s.page_size, busy_us=s.busy_us, calls=len(calls), expected_d2h_bytes=self.expected_d2h(variant)[0],
-            **_measured(measured), **timings, status=status, note=note, repro=repro)
+            **_measured(reading), **timings, status=status, note=note, repro=repro),)
 
     def narrowed(self, variant: str, options: BenchOptions, device: str) -> tuple[str, BenchOptions]:
         s = self.scenario

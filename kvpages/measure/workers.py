@@ -9,9 +9,10 @@ times its own share, it starts each earlier process in turn, never two at once, 
 
 A worker plans the same blocks (kvpages.measure.schedule), collects only those of process K, keeps
 only the cases the session selected (DIR/cases.json), and logs each finished block to
-DIR/process-K.jsonl as it goes: its samples and the D2H bytes it measured, or why its case stopped,
-then one `end` line with its pid and costs. The session folds each log into its runner, then times
-its own share and writes every row as its point's last block finishes (kvpages.measure.runner).
+DIR/process-K.jsonl as it goes: each block's outcome (kvpages.measure.outcome), then one `end`
+line with its pid and costs. The session's recorder reads each outcome as it is written
+(kvpages.measure.recorder), so an interrupted run keeps the workers' finished blocks too; then the
+session times its own share.
 No torch import.
 """
 
@@ -21,16 +22,17 @@ import atexit
 import dataclasses
 import gc
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from kvpages.measure.outcome import BlockOutcome
 from kvpages.schema.meta import ProcessInfo
-from kvpages.schema.rows import TABLES, Samples, Table
 
 WORKER_FLAG = "--kv-worker"
 WORKER_DIR_FLAG = "--kv-worker-dir"
@@ -47,28 +49,7 @@ PASSED_THROUGH = ("--benchmark-timer", "--benchmark-disable-gc")
 
 
 @dataclass(frozen=True)
-class BlockRecord:
-    """A block a worker timed: its samples (its process and repetition among them) and what its meter saw."""
-
-    case_id: str
-    table: Table
-    samples: Samples
-    d2h_bytes: int | None
-    d2h_transfers: int | None
-
-
-@dataclass(frozen=True)
-class StopRecord:
-    """A case a worker recorded as `status` (skipped, mismatch, ...), and whether its test failed."""
-
-    case_id: str
-    status: str
-    note: str
-    fail: bool
-
-
-@dataclass(frozen=True)
-class EndRecord:
+class WorkerEnd:
     """A worker's last line: who it was and what its start cost."""
 
     pid: int
@@ -78,53 +59,47 @@ class EndRecord:
     blocks: int
 
 
-Record = BlockRecord | StopRecord | EndRecord
-
-
 class WorkerLog:
-    """A worker's log: one JSON line per finished block or stopped case, flushed as it goes."""
+    """A worker's log: one JSON line per block outcome (kvpages.measure.outcome), flushed as it goes, then its end."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._file = open(path, "a")  # noqa: SIM115 (open for the worker's whole session)
 
-    def _line(self, kind: str, fields: dict[str, Any]) -> None:
-        self._file.write(json.dumps({"kind": kind, **fields}) + "\n")
+    def write(self, outcome: BlockOutcome) -> None:
+        self._file.write(outcome.to_json() + "\n")
         self._file.flush()
 
-    def block(self, case_id: str, table: Table, samples: Samples, d2h_bytes: int | None,
-              d2h_transfers: int | None) -> None:
-        fields = {f.name: getattr(samples, f.name) for f in dataclasses.fields(samples)}  # asdict's, without
-        # deep-copying every sample (its values are floats, strings and tuples of floats)
-        self._line("block", {"case_id": case_id, "table": table.rows_csv, "samples": fields,
-                             "d2h_bytes": d2h_bytes, "d2h_transfers": d2h_transfers})
-
-    def stop(self, case_id: str, status: str, note: str, fail: bool) -> None:
-        self._line("stop", {"case_id": case_id, "status": status, "note": note, "fail": fail})
-
-    def end(self, record: EndRecord) -> None:
-        self._line("end", dataclasses.asdict(record))
+    def end(self, end: WorkerEnd) -> None:
+        self._file.write(json.dumps({"end": dataclasses.asdict(end)}) + "\n")
         self._file.close()
 
 
-def read_log(path: Path) -> list[Record]:
-    """A worker's records, in the order it wrote them (a torn last line, from a killed worker, is dropped)."""
-    records: list[Record] = []
-    for line in path.read_text().splitlines() if path.exists() else ():
-        try:
+class LogReader:
+    """Reads a worker's log as it grows: each call returns the outcomes of the lines completed since the last
+    (a torn last line, of a worker still writing or killed, waits or is dropped); its end line sets `end`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.end: WorkerEnd | None = None
+
+    def new_outcomes(self) -> list[BlockOutcome]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            text = f.read()
+        complete = text[:text.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        outcomes = []
+        for line in complete.decode().splitlines():
             data = json.loads(line)
-        except json.JSONDecodeError:
-            break
-        kind = data.pop("kind")
-        if kind == "block":
-            table = TABLES[data.pop("table")]
-            records.append(BlockRecord(data["case_id"], table, table.samples_from(data["samples"]),
-                                       data["d2h_bytes"], data["d2h_transfers"]))
-        elif kind == "stop":
-            records.append(StopRecord(**data))
-        else:
-            records.append(EndRecord(**data))
-    return records
+            if "end" in data:
+                self.end = WorkerEnd(**data["end"])
+            else:
+                outcomes.append(BlockOutcome.from_json(data))
+        return outcomes
 
 
 def log_path(folder: Path, process: int) -> Path:
@@ -170,18 +145,16 @@ class WorkerCommand:
 
 @dataclass(frozen=True)
 class WorkerRun:
-    """What one worker left: its exit status, its records, its wall time and the tail of its output."""
+    """What one worker left: its exit status, its end line, its wall time and the tail of its output."""
 
     process: int
     returncode: int
-    records: list[Record]
+    end: WorkerEnd | None
     launched_at: float
     wall_s: float
     output_tail: str
-
-    @property
-    def end(self) -> EndRecord | None:
-        return next((r for r in self.records if isinstance(r, EndRecord)), None)
+    interrupted: bool = False
+    """The session, or the worker itself, was interrupted (SIGINT, SIGTERM) before the worker's end."""
 
     @property
     def ok(self) -> bool:
@@ -198,16 +171,72 @@ class WorkerRun:
         return ProcessInfo(self.process, end.pid, "worker", startup, end.generate_s, self.wall_s, end.blocks)
 
 
-def run_worker(command: WorkerCommand, process: int) -> WorkerRun:
-    """Start worker `process`, wait for it, and read its log (its output goes to a file beside the log)."""
+POLL_S = 0.2
+"""How often the session reads a running worker's log: its outcomes reach the run folder this soon."""
+STOP_WAIT_S = 30.0
+"""How long an interrupted session waits for a worker it passed the interruption on to, before killing it."""
+
+
+def run_worker(command: WorkerCommand, process: int, record: Callable[[BlockOutcome], None]) -> WorkerRun:
+    """Start worker `process` and `record` each outcome it logs as it is written (its output goes to a file beside
+    the log). Interrupted meanwhile (SIGINT, SIGTERM), the session passes SIGINT on to the worker and records what
+    it logged until it stopped; the worker's exit status then says it was interrupted."""
     output = command.folder / f"process-{process}.out"
+    log = LogReader(log_path(command.folder, process))
     launched, start = time.time(), time.perf_counter()
     with open(output, "w") as out:
-        returncode = subprocess.run(command.argv(process), cwd=command.cwd, stdout=out, stderr=subprocess.STDOUT,
-                                    check=False).returncode
+        child = subprocess.Popen(command.argv(process), cwd=command.cwd, stdout=out, stderr=subprocess.STDOUT)
+        interrupted = False
+        try:
+            while True:
+                for outcome in log.new_outcomes():
+                    record(outcome)
+                try:
+                    child.wait(timeout=POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        except KeyboardInterrupt:
+            interrupted = True
+            child.send_signal(signal.SIGINT)
+            try:
+                child.wait(timeout=STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        for outcome in log.new_outcomes():
+            record(outcome)
     wall = time.perf_counter() - start
     tail = "\n".join(output.read_text(errors="replace").splitlines()[-15:])
-    return WorkerRun(process, returncode, read_log(log_path(command.folder, process)), launched, wall, tail)
+    interrupted |= child.returncode in (2, -signal.SIGINT)  # pytest's exit status when interrupted, or the signal
+    return WorkerRun(process, child.returncode, log.end, launched, wall, tail, interrupted)
+
+
+class WorkerFailed(Exception):
+    """A worker process did not run to its end (killed, crashed, or refused): the run cannot be completed."""
+
+
+def run_workers(command: WorkerCommand, processes: int, record: Callable[[BlockOutcome], None],
+                say: Callable[[str], None], runs: list[WorkerRun]) -> list[dict]:
+    """Run the earlier processes' shares, one fresh worker after another, each into `runs` as it ends; return their
+    pytest-benchmark JSON entries. An interrupted worker interrupts the session (KeyboardInterrupt); one that
+    did not run to its end fails the run (WorkerFailed)."""
+    benchmarks: list[dict] = []
+    for process in range(processes - 1):
+        result = run_worker(command, process, record)
+        runs.append(result)
+        if result.interrupted:
+            raise KeyboardInterrupt(f"worker process {process} was interrupted")
+        if not result.ok:
+            raise WorkerFailed(f"kvpages: worker process {process} of {processes} exited with status "
+                               f"{result.returncode} before its end; the last lines it printed:\n{result.output_tail}")
+        if command.json_out:
+            benchmarks += json.loads(json_path(command.folder, process).read_text())["benchmarks"]
+        info = result.info()
+        say(f"kvpages: process {process + 1} of {processes} (pid {info.pid}): {info.blocks} blocks in "
+            f"{info.wall_s:.1f} s, of which start-up {info.startup_s:.1f} s and inputs {info.generate_s:.1f} s")
+    say(f"kvpages: process {processes} of {processes} (pid {os.getpid()}, this session) times its share now")
+    return benchmarks
 
 
 def read_cases(folder: Path) -> frozenset[str]:

@@ -30,11 +30,13 @@ from kvpages.render.text import ci_text, count, coverage, fraction, ratio_text, 
 from kvpages.schema.ranks import CONTENTION_COLUMNS, CONTENTION_CSV
 from kvpages.schema.rows import (
     NOISY_CSV,
+    PARTIAL,
+    RATIO_COLUMNS,
     RATIOS_CSV,
     SCENARIO_RATIO_COLUMNS,
     SCENARIO_RATIOS_CSV,
 )
-from kvpages.schema.writer import write_atomic, write_ratios, write_table
+from kvpages.schema.writer import write_atomic, write_table
 
 REPORT_MD = "REPORT.md"
 NOISY_COLUMNS = ("variant", "dtype", "layout", "seq_len", "page_size", "rep_spread", "median_us")
@@ -106,6 +108,11 @@ def caveats(analysis: Analysis) -> list[str]:
                    "variant hands to the host. Transfer costs need a CUDA run (or the link model, a model).")
     if run.meta is not None and not run.meta.completed:
         out.append(f"The run did not complete: {run.meta.end_note}.")
+    partial = run.rows[run.rows["status"] == PARTIAL]
+    if not partial.empty:
+        out.append(f"{len(partial)} row(s) are partial: the run was interrupted after some of their repetitions "
+                   "(`repetitions` says how many). A ratio whose rows hold different repetitions, or fewer processes "
+                   "than the interval needs, has an unknown interval.")
     ok = run.ok_rows()
     noisy = ok[ok["rep_spread"] >= NOISY_SPREAD]
     if not noisy.empty:
@@ -227,7 +234,7 @@ def render(analysis: Analysis) -> str:
 def write_report(analysis: Analysis) -> Path:
     """Write ratios.csv, scenario_ratios.csv, noisy.csv and REPORT.md into the run folder; return the report's path."""
     folder = analysis.run.path
-    write_ratios(folder, list(analysis.ratios))
+    write_table(folder, RATIOS_CSV, RATIO_COLUMNS, analysis.ratios)
     write_table(folder, SCENARIO_RATIOS_CSV, SCENARIO_RATIO_COLUMNS, [r.row() for r in analysis.scenario_ratios])
     if analysis.run.ranks is not None:
         write_table(folder, CONTENTION_CSV, CONTENTION_COLUMNS, list(analysis.contention))

@@ -19,7 +19,6 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
-from kvpages.core.stats import Levels, block_medians
 from kvpages.schema.meta import Environment, ProcessInfo, RankInfo, RanksMeta, RunMeta
 from kvpages.schema.rows import (
     COLUMNS,
@@ -27,6 +26,7 @@ from kvpages.schema.rows import (
     INT_COLUMNS,
     KEY_COLUMNS,
     META_JSON,
+    OK,
     OPTIONAL_COLUMNS,
     RANK_COLUMNS,
     RANK_FLOAT_COLUMNS,
@@ -47,6 +47,7 @@ from kvpages.schema.rows import (
     SCENARIO_SAMPLE_OPTIONAL_COLUMNS,
     SCENARIO_SAMPLES_CSV,
     SCENARIOS_CSV,
+    TIMED,
     RankSampleSet,
     scenario_row_id,
 )
@@ -80,7 +81,6 @@ class Run:
     """ranks.csv of a multi-rank run (kvpages.schema.ranks), or None."""
     rank_samples: dict[tuple, list[RankSampleSet]] | None = None
     """Per (scenario, variant, role, rank): its blocks, in repetition order (rank -1 for the step's)."""
-    _levels: dict[tuple, Levels | None] = field(default_factory=dict, repr=False)
     _cache: dict[tuple, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -97,7 +97,11 @@ class Run:
         return bool((self.rows["link"].fillna("").str.startswith("pcie")).any())
 
     def ok_rows(self) -> pd.DataFrame:
-        return self.rows[self.rows["status"] == "ok"]
+        return self.rows[self.rows["status"] == OK]
+
+    def timed_rows(self) -> pd.DataFrame:
+        """The rows with timings: ok, and partial (an interrupted run's cases cut short)."""
+        return self.rows[self.rows["status"].isin(TIMED)]
 
     def blocks(self, key: tuple) -> list[np.ndarray] | None:
         return self.samples.get(key)
@@ -107,29 +111,12 @@ class Run:
         found = (self.processes or {}).get(key)
         return np.array(found if found is not None and len(found) == count else (0,) * count)
 
-    def levels(self, key: tuple, latency: str | None = None) -> Levels | None:
-        """The log block medians of a row key (or of a (scenario, variant)'s `latency`), with their processes
-        (computed once per key: every analysis asks for them several times)."""
-        if (key, latency) not in self._levels:
-            self._levels[key, latency] = self._compute_levels(key, latency)
-        return self._levels[key, latency]
-
     def cached(self, key: tuple, compute: Callable[[], T]) -> T:
-        """`compute()`, once per `key` for this run: what the analysis derives from its samples (e.g. a pair's
-        paired log-ratios, whose bootstrap is then drawn once however often they are asked for)."""
+        """`compute()`, once per `key` for this run: what the analysis derives from its samples
+        (kvpages.analysis.intervals)."""
         if key not in self._cache:
             self._cache[key] = compute()
         return self._cache[key]
-
-    def _compute_levels(self, key: tuple, latency: str | None) -> Levels | None:
-        if latency is None:
-            blocks = self.blocks(key)
-        else:
-            found = (self.scenario_samples or {}).get(key)
-            blocks = None if found is None else found[latency]
-        if blocks is None:
-            return None
-        return Levels(np.log(block_medians(blocks)), self.block_processes(key, len(blocks)))
 
     @property
     def process_count(self) -> int:
@@ -260,7 +247,7 @@ def _read_ranks(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, list[Ran
             raise RunError(f"{samples_path}: a repetition, process, rank or sample is not a number") from None
     for blocks in found.values():
         blocks.sort(key=lambda b: b.repetition)
-    for row in frame[frame["status"] == "ok"].to_dict("records"):
+    for row in frame[frame["status"].isin(TIMED)].to_dict("records"):
         key = (row["scenario"], row["variant"], row["role"], -1 if pd.isna(row["rank"]) else int(row["rank"]))
         if key not in found:
             raise RunError(f"{path}: row {' '.join(map(str, key[:3]))} has no samples in {RANK_SAMPLES_CSV}")
@@ -300,7 +287,7 @@ def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, ScenarioSamples 
         blocked, processes = _in_repetition_order(by_latency["blocked"])
         ready, _ = _in_repetition_order(by_latency["ready"])
         samples = {key: {"blocked": blocked[key], "ready": ready[key]} for key in blocked}
-    for _, row in frame[frame["status"] == "ok"].iterrows():
+    for _, row in frame[frame["status"].isin(TIMED)].iterrows():
         entry = samples.get((row["scenario"], row["variant"]))
         if entry is None:
             raise RunError(f"{path}: row {row['scenario']} {row['variant']} has no samples in {SCENARIO_SAMPLES_CSV}")
@@ -357,7 +344,7 @@ def _check_medians(rows: pd.DataFrame, samples: dict[tuple, list[np.ndarray]], p
     """Refuse a results.csv whose ok rows' medians are not those of their samples (a hand edit, a mix-up)."""
     if not samples:
         return
-    for _, row in rows[rows["status"] == "ok"].iterrows():
+    for _, row in rows[rows["status"].isin(TIMED)].iterrows():
         key = row_key(row)
         blocks = samples.get(key)
         if blocks is None:

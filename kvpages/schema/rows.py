@@ -34,9 +34,14 @@ RANKS_CSV = "ranks.csv"
 RANK_SAMPLES_CSV = "rank_samples.csv"
 NOISY_CSV = "noisy.csv"
 
-STATUSES = ("ok", "skipped", "mismatch", "out_of_memory")
-"""ok: checked, metered and timed; skipped: cannot run on this device (see note);
-mismatch: wrong output or D2H bytes (see note); out_of_memory: the point did not fit."""
+OK = "ok"
+PARTIAL = "partial"
+STATUSES = (OK, PARTIAL, "skipped", "mismatch", "out_of_memory")
+"""ok: checked, metered and timed in every planned repetition; partial: the run was interrupted after some of its
+repetitions (`repetitions` says how many); skipped: cannot run on this device (see note); mismatch: wrong output or
+D2H bytes (see note); out_of_memory: the point did not fit."""
+TIMED = (OK, PARTIAL)
+"""The statuses of a row with timings (and samples)."""
 
 KEY_COLUMNS = ("variant", "dtype", "layout", "seq_len", "page_size")
 """A row's identity within a run (the device is the run's)."""

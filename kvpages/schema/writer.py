@@ -1,6 +1,6 @@
 """Writes a run folder (kvpages.schema.rows): every file is rewritten to a temporary file and renamed
-over the old one after each finished point or scenario, so an interrupted run keeps every finished
-row, parseable. No torch import.
+over the old one after each finished block or row, so an interrupted run keeps every finished
+block and row, parseable. No torch import.
 """
 
 from __future__ import annotations
@@ -19,12 +19,8 @@ from kvpages.schema.meta import RunMeta
 from kvpages.schema.rows import (
     META_JSON,
     POINTS,
-    RATIO_COLUMNS,
-    RATIOS_CSV,
     RESULTS_CSV,
-    SCENARIOS,
     RankRow,
-    RatioRow,
     Row,
     Samples,
     ScenarioRow,
@@ -79,7 +75,7 @@ def _csv_text(columns: tuple[str, ...], records: list[dict[str, object]], header
 
 
 class RunWriter:
-    """Owns one run folder; `add` rewrites a table's CSVs atomically after each finished point or scenario.
+    """Owns one run folder; `add_samples` and `add_rows` rewrite a table's CSV atomically.
 
     The CSV text of earlier rows is kept, so each row costs one serialisation and one write.
     """
@@ -87,25 +83,16 @@ class RunWriter:
     def __init__(self, path: Path, meta: RunMeta) -> None:
         self.path = path
         self.meta = meta
-        self.rows: dict[Table, list[Row | ScenarioRow | RankRow]] = {POINTS: [], SCENARIOS: []}
-        self.cases = 0
         self._text: dict[tuple[Table, str], str] = {}
         write_atomic(self.path / RESULTS_CSV, self._table_text(POINTS, "rows"))  # a run without points has no rows
         self._write_meta()
 
-    @property
-    def recorded(self) -> int:
-        """Cases recorded so far, points and scenarios (a multi-rank step records several rows per case)."""
-        return self.cases
+    def add_samples(self, table: Table, samples: Sequence[Samples]) -> None:
+        """Record a finished block's samples."""
+        self._append(table, "samples", table.samples_csv, [sample_record(s) for s in samples])
 
-    def add(self, table: Table, rows: Sequence[Row | ScenarioRow | RankRow], samples: Sequence[Samples] = (),
-            cases: int | None = None) -> None:
-        """Record finished rows, of `cases` cases (default: one a row); their samples are written first, so every
-        row on disk has them."""
-        if samples:
-            self._append(table, "samples", table.samples_csv, [sample_record(s) for s in samples])
-        self.rows.setdefault(table, []).extend(rows)
-        self.cases += len(rows) if cases is None else cases
+    def add_rows(self, table: Table, rows: Sequence[Row | ScenarioRow | RankRow]) -> None:
+        """Record finished rows."""
         self._append(table, "rows", table.rows_csv, [dataclasses.asdict(r) for r in rows])
 
     def _table_text(self, table: Table, kind: str) -> str:
@@ -136,7 +123,3 @@ def write_table(path: Path, name: str, columns: tuple[str, ...], rows: Sequence[
     write_atomic(out, _csv_text(columns, records))
     return out
 
-
-def write_ratios(path: Path, ratios: list[RatioRow]) -> Path:
-    """Write ratios.csv into the run folder `path` and return its path."""
-    return write_table(path, RATIOS_CSV, RATIO_COLUMNS, ratios)

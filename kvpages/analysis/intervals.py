@@ -1,0 +1,57 @@
+"""How one point's interval is computed, top-down (no torch).
+
+1. A row's repetitions are its blocks (samples.csv, read by kvpages.schema.reader); each block's
+   level is the log of its median (`levels`).
+2. A variant against the baseline at one point pairs their levels repetition by repetition: the
+   paired log-ratios (`paired_logs`), each with the process that timed it.
+3. Their interval (`interval`) is kvpages.core.stats.Levels.interval: a two-stage bootstrap over
+   processes, then repetitions, with 2 or more processes; within the one process otherwise. A row
+   an interruption cut short (status partial) may hold the blocks of fewer processes than the run
+   had: its interval is then unknown, never the narrower within-process one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kvpages.core.stats import Interval, Levels, block_medians, unknown
+from kvpages.schema.reader import Run
+
+
+def levels(run: Run, key: tuple, latency: str | None = None) -> Levels | None:
+    """The log block medians of a row key (or of a (scenario, variant)'s `latency`), with their processes; None
+    without samples. Computed once per key and run: every analysis asks for them several times."""
+    def compute() -> Levels | None:
+        if latency is None:
+            blocks = run.samples.get(key)
+        else:
+            found = (run.scenario_samples or {}).get(key)
+            blocks = None if found is None else found[latency]
+        if blocks is None:
+            return None
+        return Levels(np.log(block_medians(blocks)), run.block_processes(key, len(blocks)))
+
+    return run.cached(("levels", key, latency), compute)
+
+
+def paired_logs(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | None = None) -> Levels | None:
+    """Per repetition, log(variant / baseline) of the block medians, with each repetition's process; None
+    without samples for both, or when they hold different numbers of repetitions (keys: row keys, or (scenario,
+    variant) with a `latency`). Computed once per pair and run, so its bootstrap is drawn once."""
+    def compute() -> Levels | None:
+        base, other = levels(run, baseline_key, latency), levels(run, variant_key, latency)
+        if base is None or other is None or base.values.size != other.values.size:
+            return None
+        return Levels(other.values - base.values, base.processes)
+
+    return run.cached(("paired", baseline_key, variant_key, latency), compute)
+
+
+def interval(run: Run, logs: Levels) -> Interval:
+    """The interval of `logs` (exp of their median, with its bounds); unknown when they come from fewer
+    processes than the run's interval method needs (a row cut short by an interruption)."""
+    if logs.process_count < min(2, run.process_count):
+        return unknown(math.exp(float(np.median(logs.values))), int(logs.values.size))
+    return logs.interval()

@@ -1,0 +1,58 @@
+"""What one block leaves: its samples and the meter's reading, or the stop of its case. No torch import.
+
+The runner (kvpages.measure.runner) returns a `BlockOutcome` for every block it runs; the session
+hands it to its recorder (kvpages.measure.recorder), and a worker process writes it to its log as
+one JSON line (kvpages.measure.workers), which the session's recorder reads as it is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from kvpages.schema.rows import OK, TABLES, Samples, Table
+
+
+@dataclass(frozen=True)
+class MeterReading:
+    """What the D2H meter counted for one call of a case (kvpages.measure.meter.D2HMeasurement, as data)."""
+
+    d2h_bytes: int
+    d2h_transfers: int
+    link: str
+
+
+@dataclass(frozen=True)
+class BlockOutcome:
+    """One block of a case, as process `process` ran it: `status` 'ok' with its samples (one record, or one per
+    rank and role of a multi-rank step) and what the meter read in that process, or the status its case stopped
+    with (mismatch, skipped, ...), `fail` when its test fails."""
+
+    case_id: str
+    table: Table
+    process: int
+    samples: tuple[Samples, ...] = ()
+    reading: MeterReading | None = None
+    status: str = OK
+    note: str = ""
+    fail: bool = False
+
+    @property
+    def stopped(self) -> bool:
+        return self.status != OK
+
+    def to_json(self) -> str:
+        fields: dict[str, Any] = {"case_id": self.case_id, "table": self.table.rows_csv, "process": self.process,
+                                  "status": self.status, "note": self.note, "fail": self.fail,
+                                  "reading": None if self.reading is None else dataclasses.asdict(self.reading)}
+        fields["samples"] = [{f.name: getattr(s, f.name) for f in dataclasses.fields(s)} for s in self.samples]
+        return json.dumps(fields)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BlockOutcome:
+        table = TABLES[data["table"]]
+        reading = data["reading"]
+        return cls(data["case_id"], table, data["process"], tuple(table.samples_from(s) for s in data["samples"]),
+                   None if reading is None else MeterReading(**reading), data["status"], data["note"], data["fail"])

@@ -1,0 +1,110 @@
+"""The recorder: where every block's outcome goes, from this process or from a worker's log, as it arrives.
+
+A block's samples are written to the run folder's samples file as soon as its outcome arrives, so an
+interrupted run keeps every block it finished. A case stopped (skipped, mismatch, ...) is written at
+once with its status. A target's ok rows are written, in variant order, when each of its cases has
+every planned repetition or has stopped; at the end (`finish`) a case interrupted after some of its
+repetitions is written as `partial`, with the count in `repetitions`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvpages.core.options import BenchOptions
+from kvpages.measure.outcome import BlockOutcome, MeterReading
+from kvpages.measure.runner import Phases
+from kvpages.measure.targets import Context, Target
+from kvpages.schema.rows import OK, PARTIAL, RankRow, Row, Samples, ScenarioRow
+from kvpages.schema.writer import RunWriter
+
+
+@dataclass
+class Case:
+    """What the recorder knows of one (variant, target): its blocks so far, or the status it stopped with."""
+
+    target: Target
+    variant: str
+    blocks: list[Samples] = field(default_factory=list)
+    repetitions: set[int] = field(default_factory=set)
+    readings: dict[int, MeterReading] = field(default_factory=dict)
+    """What each process's meter read: process -> reading."""
+    note: str = ""
+    status: str | None = None
+    """The status of the row written for it (None: none yet)."""
+    failure: str | None = None
+    """A failure another process saw, to fail this process's next test of the case."""
+
+
+class Recorder:
+    """Records the outcomes of a run's blocks into its run folder (`writer`; None: a rank that writes nothing)."""
+
+    def __init__(self, writer: RunWriter | None, cases: Sequence[tuple[Target, str]], context: Context,
+                 repetitions: int, process: int, launcher: tuple[str, ...], phase: Phases) -> None:
+        """`cases`: the (target, variant)s this run selected, each target's in variant order."""
+        self.writer, self.context, self.repetitions, self.process = writer, context, repetitions, process
+        self.launcher, self.phase = launcher, phase
+        self.cases: dict[str, Case] = {}
+        self.by_target: dict[Target, list[Case]] = {}
+        for target, variant in cases:
+            case = self.cases[f"{variant}-{target.id}"] = Case(target, variant)
+            self.by_target.setdefault(target, []).append(case)
+        self.recorded = 0  # cases with a row written
+        self.partial = 0
+
+    def record(self, outcome: BlockOutcome) -> None:
+        """One block's outcome, from this process or a worker's log."""
+        case = self.cases.get(outcome.case_id)
+        if case is None or case.status is not None:  # not selected, or already recorded as stopped
+            return
+        if outcome.reading is not None:
+            case.readings.setdefault(outcome.process, outcome.reading)
+        if outcome.stopped:
+            note = outcome.note if outcome.process == self.process else f"{outcome.note} (in process {outcome.process})"
+            if outcome.fail and outcome.process != self.process:
+                case.failure = f"{outcome.case_id}: {note}"
+            self._write(case.target, [case], outcome.status, note)
+        else:
+            case.note = outcome.note or case.note
+            case.blocks += outcome.samples
+            case.repetitions |= {s.repetition for s in outcome.samples}
+            if self.writer is not None:
+                with self.phase("write"):
+                    self.writer.add_samples(outcome.table, outcome.samples)
+        cases = self.by_target[case.target]
+        if all(c.status is not None or self._complete(c) for c in cases):
+            self._write(case.target, [c for c in cases if c.status is None], OK)
+
+    def finish(self) -> None:
+        """Write what the run left unwritten: a case interrupted after some of its repetitions is `partial`."""
+        for target, cases in self.by_target.items():
+            self._write(target, [c for c in cases if c.status is None and self._complete(c)], OK)
+            partial = [c for c in cases if c.status is None and c.blocks]
+            self.partial += len(partial)
+            self._write(target, partial, PARTIAL)
+
+    def _complete(self, case: Case) -> bool:
+        return len(case.repetitions) == self.repetitions
+
+    def _write(self, target: Target, cases: list[Case], status: str, note: str | None = None) -> None:
+        rows: list[Row | ScenarioRow | RankRow] = []
+        for case in cases:
+            case.status = status
+            blocks = sorted(case.blocks, key=lambda b: b.repetition) if status in (OK, PARTIAL) else []
+            reading = next(iter(case.readings.values()), None)
+            text = case.note if note is None else note
+            if status == PARTIAL:
+                text = f"{len(case.repetitions)} of {self.repetitions} repetitions: the run was interrupted"
+            rows += target.rows(case.variant, self.context, reading, status, text, blocks, self.repro(case))
+        self.recorded += len(cases)
+        if rows and self.writer is not None:
+            with self.phase("write"):
+                self.writer.add_rows(target.table, rows)
+
+    def repro(self, case: Case) -> str:
+        """The command that re-runs just this case, with this run's options: rendered from the options table."""
+        options: BenchOptions = self.context.options
+        bench, narrowed = case.target.narrowed(case.variant, options, self.context.device)
+        return shlex.join(self.launcher + (bench, "--benchmark-only") + narrowed.to_args())
