@@ -167,8 +167,8 @@ def all_step_variants() -> tuple[StepVariant, ...]:
     return tuple({**_per_request_variants(), **_REGISTRY}.values())
 
 
-def step_variant_names(batched: bool | None = None) -> tuple[str, ...]:
-    return tuple(v.name for v in all_step_variants() if batched is None or v.batched == batched)
+def step_variant_names() -> tuple[str, ...]:
+    return tuple(v.name for v in all_step_variants())
 
 
 def get_step_variant(name: str) -> StepVariant:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,26 +26,22 @@ from kvpages.schema.rows import (
     KEY_COLUMNS,
     META_JSON,
     OK,
-    OPTIONAL_COLUMNS,
     RANK_COLUMNS,
     RANK_FLOAT_COLUMNS,
     RANK_INT_COLUMNS,
     RANK_SAMPLE_COLUMNS,
     RANK_SAMPLES_CSV,
     RANKS_CSV,
-    READABLE_SCHEMAS,
     RESULTS_CSV,
     SAMPLE_COLUMNS,
-    SAMPLE_OPTIONAL_COLUMNS,
     SAMPLES_CSV,
     SCENARIO_COLUMNS,
     SCENARIO_FLOAT_COLUMNS,
     SCENARIO_INT_COLUMNS,
-    SCENARIO_OPTIONAL_COLUMNS,
     SCENARIO_SAMPLE_COLUMNS,
-    SCENARIO_SAMPLE_OPTIONAL_COLUMNS,
     SCENARIO_SAMPLES_CSV,
     SCENARIOS_CSV,
+    SCHEMA_VERSION,
     TIMED,
     RankSampleSet,
     scenario_row_id,
@@ -75,8 +70,7 @@ class Run:
     scenario_samples: dict[tuple, dict[str, list[np.ndarray]]] | None = None
     """Per (scenario, variant): {'blocked': blocks, 'ready': blocks}, in repetition order."""
     processes: dict[tuple, tuple[int, ...]] | None = None
-    """Per row key, and per (scenario, variant): the process of each block, in the same order (all 0 before
-    schema version 3)."""
+    """Per row key, and per (scenario, variant): the process of each block, in the same order."""
     ranks: pd.DataFrame | None = None
     """ranks.csv of a multi-rank run (kvpages.schema.ranks), or None."""
     rank_samples: dict[tuple, list[RankSampleSet]] | None = None
@@ -103,9 +97,6 @@ class Run:
         """The rows with timings: ok, and partial (an interrupted run's cases cut short)."""
         return self.rows[self.rows["status"].isin(TIMED)]
 
-    def blocks(self, key: tuple) -> list[np.ndarray] | None:
-        return self.samples.get(key)
-
     def block_processes(self, key: tuple, count: int) -> np.ndarray:
         """The process of each of a key's `count` blocks (a row key, or a (scenario, variant))."""
         found = (self.processes or {}).get(key)
@@ -120,7 +111,7 @@ class Run:
 
     @property
     def process_count(self) -> int:
-        """How many processes timed the run (1 for runs before schema version 3)."""
+        """How many processes timed the run (1 for a bare results CSV)."""
         return max(1, len(self.meta.processes)) if self.meta else 1
 
 
@@ -154,17 +145,9 @@ def _read_csv(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
     return frame
 
 
-def _required(columns: tuple[str, ...], optional: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(c for c in columns if c not in optional)
-
-
-def _read_typed(path: Path, columns: tuple[str, ...], optional: tuple[str, ...], ints: tuple[str, ...],
-                floats: tuple[str, ...]) -> pd.DataFrame:
-    """A rows CSV with exactly `columns`, typed: the `optional` ones (added in later versions) empty when absent."""
-    frame = _read_csv(path, _required(columns, optional))
-    for column in optional:
-        if column not in frame.columns:
-            frame[column] = ""
+def _read_typed(path: Path, columns: tuple[str, ...], ints: tuple[str, ...], floats: tuple[str, ...]) -> pd.DataFrame:
+    """A rows CSV with exactly `columns`, typed."""
+    frame = _read_csv(path, columns)
     return _typed(frame[list(columns)].copy(), ints, floats, path)
 
 
@@ -190,9 +173,9 @@ def _read_meta(path: Path) -> RunMeta:
     if not isinstance(data, dict):
         raise RunError(f"{path}: expected a JSON object")
     version = data.get("schema_version")
-    if version not in READABLE_SCHEMAS:
-        readable = ", ".join(str(v) for v in READABLE_SCHEMAS)
-        raise RunError(f"{path}: schema version {version!r}; this kvpages reads schema versions {readable}")
+    if version != SCHEMA_VERSION:
+        raise RunError(f"{path}: schema version {version!r}; this kvpages reads schema version {SCHEMA_VERSION} only "
+                       "(rerun the sweep to compare it)")
     try:
         env = Environment(**data.pop("environment"))
         processes = [ProcessInfo(**p) for p in data.pop("processes", [])]
@@ -216,7 +199,7 @@ def load_run(path: str | Path) -> Run:
     else:
         folder, csv_path = path.parent, path
         meta = _read_meta(folder / META_JSON) if (folder / META_JSON).exists() else None
-    rows = _read_typed(csv_path, COLUMNS, OPTIONAL_COLUMNS, INT_COLUMNS, FLOAT_COLUMNS)
+    rows = _read_typed(csv_path, COLUMNS, INT_COLUMNS, FLOAT_COLUMNS)
     samples_path = folder / SAMPLES_CSV
     samples, processes = _read_samples(samples_path) if samples_path.exists() else ({}, {})
     _check_medians(rows, samples, csv_path)
@@ -231,7 +214,7 @@ def _read_ranks(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, list[Ran
     path = folder / RANKS_CSV
     if not path.exists():
         return None, None
-    frame = _read_typed(path, RANK_COLUMNS, (), RANK_INT_COLUMNS, RANK_FLOAT_COLUMNS)
+    frame = _read_typed(path, RANK_COLUMNS, RANK_INT_COLUMNS, RANK_FLOAT_COLUMNS)
     found: dict[tuple, list[RankSampleSet]] = {}
     samples_path = folder / RANK_SAMPLES_CSV
     if samples_path.exists():
@@ -261,7 +244,7 @@ def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, ScenarioSamples 
     path = folder / SCENARIOS_CSV
     if not path.exists():
         return None, None, {}
-    frame = _read_typed(path, SCENARIO_COLUMNS, SCENARIO_OPTIONAL_COLUMNS, SCENARIO_INT_COLUMNS,
+    frame = _read_typed(path, SCENARIO_COLUMNS, SCENARIO_INT_COLUMNS,
                         SCENARIO_FLOAT_COLUMNS)
     # ids follow from the key: the same in a run written before they were a column
     frame["id"] = [scenario_row_id(s, v) for s, v in zip(frame["scenario"], frame["variant"], strict=True)]
@@ -269,7 +252,7 @@ def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, ScenarioSamples 
     processes: dict[tuple, tuple[int, ...]] = {}
     samples_path = folder / SCENARIO_SAMPLES_CSV
     if samples_path.exists():
-        required = _required(SCENARIO_SAMPLE_COLUMNS, SCENARIO_SAMPLE_OPTIONAL_COLUMNS)
+        required = SCENARIO_SAMPLE_COLUMNS
         by_latency: dict[str, dict[tuple, list[tuple[int, int, np.ndarray]]]] = {"blocked": {}, "ready": {}}
         records = _read_csv(samples_path, required).to_dict("records")
         try:
@@ -280,7 +263,7 @@ def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, ScenarioSamples 
             for i, r in enumerate(records):
                 key = (r["scenario"], r["variant"])
                 for what, found in by_latency.items():
-                    found.setdefault(key, []).append((int(r["repetition"]), int(r.get("process") or 0),
+                    found.setdefault(key, []).append((int(r["repetition"]), int(r["process"]),
                                                        parsed[what][i]))
         except ValueError:
             raise RunError(f"{samples_path}: a repetition, process or sample is not a number") from None
@@ -299,18 +282,13 @@ def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, ScenarioSamples 
 
 
 def _read_samples(path: Path) -> tuple[dict[tuple, list[np.ndarray]], dict[tuple, tuple[int, ...]]]:
-    """samples.csv by row key, in repetition order, and each block's process; version 1 files (no `repetition`
-    column) hold one block per row, and files before version 3 (no `process`) come from one process."""
-    records = _read_csv(path, _required(SAMPLE_COLUMNS, SAMPLE_OPTIONAL_COLUMNS)).to_dict("records")
-    try:
-        parsed: list[np.ndarray] | None = _numbers([r["samples_us"] for r in records])
-    except ValueError:
-        parsed = None  # the loop below names the line
+    """samples.csv by row key, in repetition order, and each block's process."""
+    records = _read_csv(path, SAMPLE_COLUMNS).to_dict("records")
     by_key: dict[tuple, list[tuple[int, int, np.ndarray]]] = {}
     for i, record in enumerate(records):
         try:
-            values = parsed[i] if parsed is not None else np.array(record["samples_us"].split(), dtype=np.float64)
-            repetition, process = int(record.get("repetition") or 0), int(record.get("process") or 0)
+            values = np.array(record["samples_us"].split(), dtype=np.float64)
+            repetition, process = int(record["repetition"]), int(record["process"])
         except ValueError:
             raise RunError(f"{path}: line {i + 2}: samples_us, repetition or process holds a non-number") from None
         by_key.setdefault(row_key(record), []).append((repetition, process, values))
@@ -318,19 +296,8 @@ def _read_samples(path: Path) -> tuple[dict[tuple, list[np.ndarray]], dict[tuple
 
 
 def _numbers(texts: list[str]) -> list[np.ndarray]:
-    """`[np.array(t.split(), dtype=np.float64) for t in texts]`, the same correctly rounded doubles, parsed in one
-    pass over all of them (a run folder holds about half a million); a text numpy's parser stops at takes that
-    slow path, which raises ValueError where a text holds something other than numbers."""
-    counts = [len(t.split()) for t in texts]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # numpy warns (and will raise) where the text stops being numbers
-        try:
-            flat = np.fromstring(" ".join(texts), dtype=np.float64, sep=" ")
-        except (ValueError, DeprecationWarning):
-            flat = None
-    if flat is None or flat.size != sum(counts):
-        return [np.array(t.split(), dtype=np.float64) for t in texts]
-    return np.split(flat, np.cumsum(counts)[:-1]) if texts else []
+    """Each space-separated text as float64 values (ValueError where one holds something else)."""
+    return [np.array(t.split(), dtype=np.float64) for t in texts]
 
 
 def _in_repetition_order(by_key: dict[tuple, list[tuple[int, int, np.ndarray]]]

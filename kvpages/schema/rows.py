@@ -21,8 +21,7 @@ from kvpages.core.names import BASELINE
 SCHEMA_VERSION = 4
 """4: multi-rank runs (meta.json `ranks`, ranks.csv: kvpages.schema.ranks); 3: processes (each samples line has its
 `process`, meta.json lists the processes); 2: repetitions (samples.csv has one line per block, with `repetition` and
-`order`). Versions 1 and 2 are still read (one process)."""
-READABLE_SCHEMAS = (1, 2, 3, 4)
+`order`). Only this version is read: an older run folder is refused, naming its version."""
 RESULTS_CSV = "results.csv"
 SAMPLES_CSV = "samples.csv"
 META_JSON = "meta.json"
@@ -100,8 +99,6 @@ COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Row))
 INT_COLUMNS = ("seq_len", "page_size", "num_pages", "rotation", "expected_d2h_bytes", "d2h_bytes", "d2h_transfers",
                "rounds", "iterations", "repetitions")
 FLOAT_COLUMNS = tuple(c for c in COLUMNS if c.endswith("_us")) + ("rep_spread",)
-OPTIONAL_COLUMNS = ("repetitions", "rep_spread")
-"""Columns schema version 1 did not have; reading such a run leaves them empty."""
 
 
 @dataclass(frozen=True)
@@ -121,8 +118,6 @@ class SampleSet:
 
 
 SAMPLE_COLUMNS = KEY_COLUMNS + ("repetition", "order", "process", "rounds", "samples_us")
-SAMPLE_OPTIONAL_COLUMNS = ("repetition", "order", "process")
-"""Columns older schema versions lack (version 1: all three; version 2: process): one block per line, one process."""
 
 
 @dataclass(frozen=True)
@@ -177,8 +172,6 @@ SCENARIO_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ScenarioRow))
 SCENARIO_INT_COLUMNS = ("requests", "tokens", "chunk_size", "page_size", "busy_us", "calls", "expected_d2h_bytes",
                         "d2h_bytes", "d2h_transfers", "rounds", "repetitions")
 SCENARIO_FLOAT_COLUMNS = tuple(c for c in SCENARIO_COLUMNS if c.endswith("_us") and c != "busy_us")
-SCENARIO_OPTIONAL_COLUMNS = ("busy_measured_us", "id")
-"""Columns added since scenarios.csv first appeared; reading an older run leaves them empty."""
 
 
 @dataclass(frozen=True)
@@ -198,8 +191,6 @@ class ScenarioSampleSet:
 
 SCENARIO_SAMPLE_COLUMNS = ("scenario", "variant", "repetition", "order", "process", "rounds", "blocked_us", "ready_us",
                            "busy_us")
-SCENARIO_SAMPLE_OPTIONAL_COLUMNS = ("process", "busy_us")
-"""Columns added since scenario_samples.csv first appeared (older runs lack them)."""
 
 
 @dataclass(frozen=True)
