@@ -237,9 +237,10 @@ def test_an_interrupted_run_keeps_its_finished_rows(tmp_path, sig, words):
     finally:
         proc.kill()
     run = load_run(folder)
-    assert 1 <= len(run.rows) < 12
-    assert (run.rows["status"] == "ok").all()
-    assert all(len(run.samples[row_key(r)]) == r["repetitions"] == 2 for _, r in run.rows.iterrows())
+    ok = run.rows[run.rows["status"] == "ok"]
+    assert 1 <= len(ok) < 12 and set(run.rows["status"]) <= {"ok", "partial"}  # partial: SIGINT, a point cut short
+    assert (ok["repetitions"] == 2).all()
+    assert all(len(run.samples[row_key(r)]) == r["repetitions"] for _, r in run.rows.iterrows())
     assert all(sum(map(len, run.samples[row_key(r)])) == r["rounds"] for _, r in run.rows.iterrows())
     assert not run.meta.completed and words in run.meta.end_note
     pd.read_csv(folder / "results.csv")  # parseable by plain pandas too

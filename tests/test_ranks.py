@@ -18,8 +18,8 @@ from kvpages.schema.ranks import ALONE, CONTENTION_COLUMNS, CONTENTION_CSV, RANK
 from kvpages.schema.rows import RANK_COLUMNS
 
 STEPS = '''
-def test_scenario(benchmark, kv_scenario, kv_scenarios):
-    kv_scenarios.run(benchmark, kv_scenario)
+def test_scenario(benchmark, kv_scenario, kv_session):
+    kv_session.run(benchmark, kv_scenario)
 '''
 TWO_STEPS = ("--kv-step-sizes", "2,4", "--kv-step-lens", "fixed:256", "--kv-page-sizes", "16", "--kv-repetitions", "3",
              "--kv-passes", "1", "--kv-time-budget", "0.003", "-p", "no:cacheprovider")
