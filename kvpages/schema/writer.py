@@ -1,6 +1,6 @@
-"""Writes a run folder (kvpages.schema.rows): every file is rewritten to a temporary file and renamed
-over the old one after each finished block or row, so an interrupted run keeps every finished
-block and row, parseable. No torch import.
+"""Writes a run folder (kvpages.schema.rows): each finished block's samples and each finished row are
+appended to their CSV in one write, and meta.json is replaced atomically, so an interrupted run keeps
+every finished block and row, parseable. No torch import.
 """
 
 from __future__ import annotations
@@ -75,35 +75,31 @@ def _csv_text(columns: tuple[str, ...], records: list[dict[str, object]], header
 
 
 class RunWriter:
-    """Owns one run folder; `add_samples` and `add_rows` rewrite a table's CSV atomically.
-
-    The CSV text of earlier rows is kept, so each row costs one serialisation and one write.
-    """
+    """Owns one run folder: its tables grow by appending each finished block's samples and each finished row, one
+    write each (rewriting a 4 MB samples.csv after each of a run's 1,500 blocks would write gigabytes)."""
 
     def __init__(self, path: Path, meta: RunMeta) -> None:
         self.path = path
         self.meta = meta
-        self._text: dict[tuple[Table, str], str] = {}
-        write_atomic(self.path / RESULTS_CSV, self._table_text(POINTS, "rows"))  # a run without points has no rows
+        self._append(RESULTS_CSV, POINTS.columns, [])  # a run without points has no rows
         self._write_meta()
 
     def add_samples(self, table: Table, samples: Sequence[Samples]) -> None:
         """Record a finished block's samples."""
-        self._append(table, "samples", table.samples_csv, [sample_record(s) for s in samples])
+        self._append(table.samples_csv, table.sample_columns, [sample_record(s) for s in samples])
 
     def add_rows(self, table: Table, rows: Sequence[Row | ScenarioRow | RankRow]) -> None:
         """Record finished rows."""
-        self._append(table, "rows", table.rows_csv, [dataclasses.asdict(r) for r in rows])
+        self._append(table.rows_csv, table.columns, [dataclasses.asdict(r) for r in rows])
 
-    def _table_text(self, table: Table, kind: str) -> str:
-        if (table, kind) not in self._text:
-            self._text[table, kind] = _csv_text(table.columns if kind == "rows" else table.sample_columns, [])
-        return self._text[table, kind]
-
-    def _append(self, table: Table, kind: str, name: str, records: list[dict]) -> None:
-        columns = table.columns if kind == "rows" else table.sample_columns
-        self._text[table, kind] = self._table_text(table, kind) + _csv_text(columns, records, header=False)
-        write_atomic(self.path / name, self._text[table, kind])
+    def _append(self, name: str, columns: tuple[str, ...], records: list[dict]) -> None:
+        """One write system call, appending: an interruption (or a killed process) leaves the file as it was
+        before it or after it, never with a torn line."""
+        fd = os.open(self.path / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, _csv_text(columns, records, header=os.fstat(fd).st_size == 0).encode())
+        finally:
+            os.close(fd)
 
     def finish(self, completed: bool, end_note: str, timing: dict[str, float]) -> None:
         self.meta.finished_utc = utc_now()
