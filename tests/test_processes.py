@@ -201,3 +201,25 @@ def test_a_case_a_worker_stopped_is_recorded_once_naming_its_process(pytester):
     assert len(pinned) == 2 and (pinned["status"] == "skipped").all()
     assert pinned["note"].str.contains("CUDA").all() and pinned["note"].str.endswith("(in process 0)").all()
     assert run.meta.completed
+
+
+HUNG_WORKER = '''
+import sys
+import time
+
+import kvpages.measure.session as session
+
+session.WORKER_START_S = 4.0
+session.WORKER_PER_TARGET_S = session.WORKER_PER_BLOCK_S = session.WORKER_BUDGET_FACTOR = 0.0
+if "--kv-worker" in sys.argv:  # the worker process hangs (a stand-in for a wedged device)
+    time.sleep(120)
+'''
+
+
+def test_a_worker_past_its_limit_is_stopped_and_the_run_fails_naming_it(pytester):
+    pytester.makeconftest(HUNG_WORKER)
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    result = pytester.runpytest_subprocess(*TWO, *CPU, *TIMED, timeout=100)  # stopped at its limit, not left to hang
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
+    result.stdout.fnmatch_lines(["*kvpages: worker process 0 of 2 did not finish within its limit of 4 s and was "
+                                 "stopped*"])

@@ -261,7 +261,7 @@ class Analysis:
     scenario_ratios: tuple[ScenarioRatio, ...] = ()
     scenario_baseline: str = STEP_BASELINE
     breakdown: tuple[BreakdownRow, ...] = ()
-    """Where the time goes (breakdown.csv): one profiled pass over a few points; its shares are the result."""
+    """Where the time goes (breakdown.csv): three profiled passes over a few points; its shares are the result."""
     contention: tuple[ContentionRow, ...] = ()
     """A multi-rank run's steps: every rank at once against rank 0 alone (kvpages.analysis.contention)."""
 

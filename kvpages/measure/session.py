@@ -94,7 +94,7 @@ class KvSession:
         self.crosscheck_unavailable: str | None = None  # why the cross-check could not run (it is never retried)
         self._crosscheck_answers: dict[str, profiler_check.CheckAnswer] | None = None
         self.trace_dir: Path | None = None  # where the cross-check process leaves its profile
-        self._pcie_loaded: str | None = None
+        self._loaded: environment.Loaded | None = None  # the device's link and clock under load
         self.workers: list[WorkerRun] = []
         self.worker_benchmarks: list[dict] = []  # the workers' pytest-benchmark JSON entries
         self.loop_started: float | None = None  # perf_counter when this process's test loop began
@@ -152,9 +152,10 @@ class KvSession:
         return "on (own process)"
 
     def after_timed_block(self, record: bool) -> None:
-        """Right after a timed loop: read the PCIe link once, while it is loaded (an idle link downshifts)."""
-        if self.device == "cuda" and self._pcie_loaded is None and record:
-            self._pcie_loaded = environment.pcie_link_now() or "unknown"
+        """Right after a timed loop: read the PCIe link and the SM clock once, while the device is loaded (an idle
+        link downshifts, an idle clock drops)."""
+        if self.device == "cuda" and self._loaded is None and record:
+            self._loaded = environment.loaded_now()
 
     # ------------------------------------------------------------------ the run folder
 
@@ -198,14 +199,16 @@ class KvSession:
             completed, note = False, f"all {done} {rows} recorded, but the session failed (exit status {int(exitstatus)})"
         else:
             completed, note = True, f"all {done} {rows} recorded"
-        if self.options.breakdown != "off":
-            self.writer.meta.breakdown = breakdown_note(self, exitstatus)
-        if self._pcie_loaded is not None:
+        if self._loaded is not None:
             self.writer.meta.environment = dataclasses.replace(self.writer.meta.environment,
-                                                               pcie_link_loaded=self._pcie_loaded)
-        timing = {f"{name}_s": value for name, value in sorted(self.phase_s.items())}
-        timing["session_s"] = total_s
-        self.writer.finish(completed, note, timing)
+                                                               pcie_link_loaded=self._loaded.pcie_link or "unknown",
+                                                               sm_clock_mhz_loaded=self._loaded.sm_clock_mhz)
+        if self.options.breakdown != "off":  # what meta.json says if this process is stopped during the profile
+            self.writer.meta.breakdown = "not finished: the sweep was stopped during the profiled passes"
+        timing = {f"{name}_s": value for name, value in sorted(self.phase_s.items())} | {"session_s": total_s}
+        self.writer.finish(completed, note, timing)  # the run folder is finished before the breakdown starts
+        if self.options.breakdown != "off":
+            add_breakdown(self, exitstatus)
 
 def plan_blocks(session: KvSession, group: Group | None) -> tuple[tuple[Block, ...], tuple[Block, ...]]:
     """The session's blocks, in run order: the points', and the whole requests' and steps' (a multi-rank run: the
@@ -264,7 +267,30 @@ def process_infos(session: KvSession, total_s: float) -> list[ProcessInfo]:
 
 
 class WorkerFailed(Exception):
-    """A worker process did not run to its end (killed, crashed, or refused): the run cannot be completed."""
+    """A worker process did not run to its end (killed, crashed, refused, or past its limit): the run cannot be
+    completed."""
+
+
+WORKER_START_S = 45.0
+"""A worker's allowance for what comes before its blocks: the interpreter, torch and pytest imports, collection,
+CUDA's start (a process of the dev box's default sweep takes 2-3 s)..."""
+WORKER_PER_TARGET_S = 5.0
+"""...plus this much per point, request or step of its share, for building its inputs (a 512K-token pool: well
+under a second on an idle dev box)..."""
+WORKER_PER_BLOCK_S = 0.05
+"""...plus this much untimed work per block (its check, meter and bookkeeping: about 5-10 ms on the dev box)..."""
+WORKER_BUDGET_FACTOR = 10.0
+"""...plus this many times the timed budget of its blocks (warm-up and rounds of minimum length come on top of it)."""
+
+
+def worker_limit_s(session: KvSession, process: int, case_ids: frozenset[str]) -> float:
+    """How long worker `process` may run before it is killed and the run fails naming it: well over what its share
+    of `case_ids` (the cases the session selected) takes; for the quick preset, well inside a sweep step of
+    bench/gpu_check.sh (150 s)."""
+    own = [b for b in session.point_blocks + session.scenario_blocks if b.process == process and b.case_id in case_ids]
+    budget = sum(b.point.budget_s(session.options) for b in own) / session.repetitions
+    return (WORKER_START_S + WORKER_PER_TARGET_S * len({b.point for b in own}) + WORKER_PER_BLOCK_S * len(own)
+            + WORKER_BUDGET_FACTOR * budget)
 
 
 def run_workers(session: KvSession, command: WorkerCommand, case_ids: Sequence[str],
@@ -274,11 +300,16 @@ def run_workers(session: KvSession, command: WorkerCommand, case_ids: Sequence[s
     if session.crosscheck:  # its child process runs before any timing, as in a run of one process
         session.run_crosscheck()
     write_cases(command.folder, case_ids)
+    selected = frozenset(case_ids)
     session.pool_cache = PoolCache(command.folder)
     targets = {b.case_id: (b.point, b.variant) for b in session.point_blocks + session.scenario_blocks}
     for process in range(session.processes - 1):
-        result = run_worker(command, process)
+        limit = worker_limit_s(session, process, selected)
+        result = run_worker(command, process, limit)
         session.workers.append(result)
+        if result.timed_out:
+            raise WorkerFailed(f"kvpages: worker process {process} of {session.processes} did not finish within its "
+                               f"limit of {limit:.0f} s and was stopped; the last lines it printed:\n{result.output_tail}")
         if not result.ok:
             raise WorkerFailed(f"kvpages: worker process {process} of {session.processes} exited with status "
                                f"{result.returncode} before its end; the last lines it printed:\n{result.output_tail}")
@@ -292,10 +323,16 @@ def run_workers(session: KvSession, command: WorkerCommand, case_ids: Sequence[s
         "share now")
 
 
-def breakdown_note(session: KvSession, exitstatus: int) -> str:
-    """Where the time goes, after the last timed block, in a process of its own: meta.json's note of it."""
-    if exitstatus == pytest.ExitCode.INTERRUPTED or session.writer is None:
-        return "not run: the session was interrupted"
-    with session.phase("breakdown"):
-        cases = where_time_goes.planned_cases(session.point_blocks, session.planned, session.device)
-        return where_time_goes.write_breakdown_into(session.writer.path, cases, session.device)
+def add_breakdown(session: KvSession, exitstatus: int) -> None:
+    """Where the time goes, into the finished run folder, in a process of its own: breakdown.csv, and meta.json's
+    note of it and its seconds."""
+    writer = session.writer
+    assert writer is not None
+    if exitstatus == pytest.ExitCode.INTERRUPTED:
+        writer.meta.breakdown = "not run: the session was interrupted"
+    else:
+        with session.phase("breakdown"):
+            cases = where_time_goes.planned_cases(session.point_blocks, session.planned, session.device)
+            writer.meta.breakdown = where_time_goes.write_breakdown_into(writer.path, cases, session.device)
+        writer.meta.timing["breakdown_s"] = session.phase_s["breakdown"]
+    writer.write_meta()

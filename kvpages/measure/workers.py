@@ -178,6 +178,8 @@ class WorkerRun:
     launched_at: float
     wall_s: float
     output_tail: str
+    timed_out: bool = False
+    """It ran past its limit and was killed."""
 
     @property
     def end(self) -> EndRecord | None:
@@ -198,16 +200,21 @@ class WorkerRun:
         return ProcessInfo(self.process, end.pid, "worker", startup, end.generate_s, self.wall_s, end.blocks)
 
 
-def run_worker(command: WorkerCommand, process: int) -> WorkerRun:
-    """Start worker `process`, wait for it, and read its log (its output goes to a file beside the log)."""
+def run_worker(command: WorkerCommand, process: int, limit_s: float) -> WorkerRun:
+    """Start worker `process`, wait for it at most `limit_s` (then kill it), and read its log (its output goes to a
+    file beside the log)."""
     output = command.folder / f"process-{process}.out"
     launched, start = time.time(), time.perf_counter()
+    timed_out = False
     with open(output, "w") as out:
-        returncode = subprocess.run(command.argv(process), cwd=command.cwd, stdout=out, stderr=subprocess.STDOUT,
-                                    check=False).returncode
+        try:
+            returncode = subprocess.run(command.argv(process), cwd=command.cwd, stdout=out, stderr=subprocess.STDOUT,
+                                        timeout=limit_s, check=False).returncode
+        except subprocess.TimeoutExpired:  # subprocess.run has killed it and waited for it
+            returncode, timed_out = -9, True
     wall = time.perf_counter() - start
     tail = "\n".join(output.read_text(errors="replace").splitlines()[-15:])
-    return WorkerRun(process, returncode, read_log(log_path(command.folder, process)), launched, wall, tail)
+    return WorkerRun(process, returncode, read_log(log_path(command.folder, process)), launched, wall, tail, timed_out)
 
 
 def read_cases(folder: Path) -> frozenset[str]:

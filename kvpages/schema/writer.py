@@ -91,7 +91,7 @@ class RunWriter:
         self.cases = 0
         self._text: dict[tuple[Table, str], str] = {}
         write_atomic(self.path / RESULTS_CSV, self._table_text(POINTS, "rows"))  # a run without points has no rows
-        self._write_meta()
+        self.write_meta()
 
     @property
     def recorded(self) -> int:
@@ -123,9 +123,10 @@ class RunWriter:
         self.meta.completed = completed
         self.meta.end_note = end_note
         self.meta.timing = timing
-        self._write_meta()
+        self.write_meta()
 
-    def _write_meta(self) -> None:
+    def write_meta(self) -> None:
+        """(Re)write meta.json from `meta`, atomically."""
         write_atomic(self.path / META_JSON, json.dumps(dataclasses.asdict(self.meta), indent=2) + "\n")
 
 
