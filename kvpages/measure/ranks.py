@@ -9,15 +9,15 @@ twice (`Group.agree`): before the timing (every rank checked and metered the sam
 after it (every rank's last output was right); a case one rank stops, every rank stops.
 
 Each timed round starts on a barrier, and the rounds run in cycles of world_size + 1: each rank
-converts alone in turn while the other ranks wait (rank 0, then rank 1, ...; the next cycle's
-turn starts at rank 1), then every rank converts at once. After a block, rank 0 gathers every
-rank's per-round blocked and ready times. Per cycle, the step at once costs the maximum over the
-ranks of their at-once rounds (the step waits for its slowest rank), and the step without
-contention the maximum over the ranks of their alone rounds of the same cycle: both are the maximum of world_size draws, so their ratio is 1 when
-the ranks do not slow each other down (kvpages.analysis.contention). Rank 0 writes the one run
-folder. A rank that raises, or a barrier or gather that times out, stops the run with a message
-naming the rank (gloo's monitored barrier names the ranks that did not arrive); torchrun then
-stops the other ranks, and rank 0 keeps every row it finished.
+converts alone in turn while the other ranks wait (rank 0, then rank 1, ...; the next cycle's turn
+starts at rank 1), then every rank converts at once. After a block, rank 0 gathers every rank's
+per-round blocked and ready times. Per cycle, the step at once costs the maximum over the ranks of their
+at-once rounds (the step waits for its slowest rank), and the step without contention the maximum
+over the ranks of their alone rounds of the same cycle: both are the maximum of world_size draws, so
+their ratio is 1 when the ranks do not slow each other down (kvpages.analysis.contention). Rank 0
+writes the one run folder. A rank that raises, or a barrier or gather that times out, stops the run
+with a message naming the rank (gloo's monitored barrier names the ranks that did not arrive);
+torchrun then stops the other ranks, and rank 0 keeps every row it finished.
 """
 
 from __future__ import annotations
