@@ -121,10 +121,10 @@ def test_compare_judges_processes_against_processes_and_catches_a_regression(tmp
     c = load_run(synthetic_run(tmp_path / "c", slow, seed=3, **kw))
     same = compare_runs(a, b)
     assert same.unit == "process" and same.caveat() is None
-    assert all(p.interval.unit == "process" for p in same.relative)
+    assert all(p.interval.unit == "process" for p in same.relative.points)
     assert not same.regressions(10)
     slower = compare_runs(a, c)
-    assert slower.regressions(10) and sum(p.verdict == "slower" for p in slower.relative) == len(slower.relative)
+    assert slower.regressions(10) and slower.relative.counts()["slower"] == len(slower.relative.points)
     single = load_run(synthetic_run(tmp_path / "d", MEDIANS, seed=4))
     assert "one process" in compare_runs(single, b).caveat()
 

@@ -54,15 +54,6 @@ def with_link_model(rows: pd.DataFrame) -> pd.DataFrame:
 POINT_COLUMNS = ("dtype", "layout", "page_size", "seq_len")
 
 
-def verdict(interval: Interval) -> str:
-    """The interval alone, no effect size (kvpages.analysis.compare still calls it; new code calls verdicts.judge)."""
-    if interval.ci_high < 1:
-        return "faster"
-    if interval.ci_low > 1:
-        return "slower"
-    return "within noise"
-
-
 def paired_logs(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | None = None) -> Levels | None:
     """Per repetition, log(variant / baseline) of the block medians, with each repetition's process; None
     without samples for both (keys: row keys, or (scenario, variant) with a `latency`). Computed once per pair
