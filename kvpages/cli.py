@@ -18,6 +18,8 @@ from kvpages.analysis.cite import CiteError
 from kvpages.analysis.ratios import Analysis, analyze
 from kvpages.core.names import CANDIDATE
 from kvpages.core.presets import PRESETS
+from kvpages.render.compare import FORMATS as COMPARE_FORMATS
+from kvpages.render.compare import Compared
 from kvpages.schema.reader import RunError, load_run
 
 
@@ -115,52 +117,16 @@ def _check_pct(flag: str, value: float | None) -> None:
         raise RunError(f"{flag}: {value} must be a percentage >= 0")
 
 
-def _print_comparison(title: str, points, what: str) -> None:
-    print(f"\n{title}")
-    known = [p.interval for p in points if p.interval.known]
-    header = f"{known[0].confidence:.1%} CI" if known else "CI"
-    print(f"{'variant':<24} {'dtype':<6} {'layout':<11} {'seq_len':>8} {'page':>5} {'A ' + what:>10} "
-          f"{'B ' + what:>10} {'B/A':>7}  {header:<17} verdict")
-    for p in points:
-        variant, dtype, layout, seq_len, page_size = p.key
-        i = p.interval
-        ci = f"[{i.ci_low:.3f}, {i.ci_high:.3f}]" if i.n else "[n/a]"
-        print(f"{variant:<24} {dtype:<6} {layout:<11} {seq_len:>8} {page_size:>5} {p.a_value:>10.3f} "
-              f"{p.b_value:>10.3f} {i.ratio:>7.3f}  {ci:<17} {p.verdict}")
-
-
-def _counts(points) -> str:
-    counts = {v: sum(p.verdict == v for p in points) for v in ("faster", "slower", "same within noise")}
-    return f"{len(points)} points: " + ", ".join(f"{n} {v}" for v, n in counts.items())
-
-
 def cmd_compare(args: argparse.Namespace) -> int:
     from kvpages.analysis.compare import compare_runs
 
     _check_pct("--fail-above", args.fail_above)
     a, b = load_run(args.a), load_run(args.b)
-    result = compare_runs(a, b)
-    print(f"A = {a.run_id} ({a.device_name})\nB = {b.run_id} ({b.device_name})")
-    _print_comparison(f"Relative (gated): each variant / {result.baseline} within its run, B over A", result.relative,
-                      "ratio")
-    _print_comparison("Absolute (not gated: absolute times move between processes and machines): median µs, B over A",
-                      result.absolute, "µs")
-    for label, keys in (("only in A", result.only_a), ("only in B", result.only_b)):
-        for key in keys:
-            print(f"{label}: {' '.join(str(k) for k in key)}")
-    print(f"relative: {_counts(result.relative)}")
-    print(f"absolute: {_counts(result.absolute)}")
-    unit = "processes" if result.unit == "process" else "repetitions within a process"
-    print(f"intervals between the runs sample {unit} (A: {result.processes[0]}, B: {result.processes[1]} processes)")
-    if result.caveat():
-        print(result.caveat())
-    if args.fail_above is not None:
-        regressions = result.regressions(args.fail_above)
-        if regressions:
-            print(f"FAIL: {len(regressions)} point(s) slower relative to {result.baseline} by more than "
-                  f"{args.fail_above:g}% beyond noise (whole CI above {1 + args.fail_above / 100:g})", file=sys.stderr)
-            return 1
-        print(f"OK: no point slower relative to {result.baseline} by more than {args.fail_above:g}% beyond noise")
+    compared = Compared(a, b, compare_runs(a, b), args.fail_above)
+    print(COMPARE_FORMATS[args.format](compared))
+    if compared.regressions:
+        print(compared.gate_line(), file=sys.stderr)
+        return 1
     return 0
 
 
@@ -217,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-above", type=float, metavar="PCT",
                    help="exit 1 if any variant's ratio to the baseline is worse in B by more than PCT percent "
                         "beyond noise")
+    p.add_argument("--format", default=next(iter(COMPARE_FORMATS)), choices=tuple(COMPARE_FORMATS),
+                   help="text (default), markdown (a table for a pull-request comment) or json (a document for CI)")
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("noise", help="A/A figures of two runs of the same code: do their intervals hold each other?")
     p.add_argument("a", type=Path, help="first run folder")

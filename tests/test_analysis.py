@@ -119,14 +119,14 @@ def test_compare_gates_on_ratios_quiet_on_a_rerun_and_catches_a_regression(tmp_p
     assert main(["compare", str(a), str(rerun), "--fail-above", "10"]) == 0
     out = capsys.readouterr().out
     assert "OK: no point slower relative to host_stride by more than 10% beyond noise" in out
-    assert "absolute: 6 points: 0 faster, 6 slower, 0 same within noise" in out
+    assert "absolute: 6 points: 0 faster, 6 slower, 0 same, 0 unclear" in out
     slower = medians(points)
     slower[("device_stride", 8192, 16)] = 13.0  # 30% slower
     slower[("device_stride", 2048, 16)] = 5.0  # only in B
     b = synthetic_run(tmp_path / "b", slower, seed=3, rep_spread=0.05)
     result = compare_runs(load_run(a), load_run(b))
-    verdicts = {p.key[3]: p.verdict for p in result.relative}
-    assert verdicts == {512: "same within noise", 8192: "slower", 131072: "same within noise"}
+    verdicts = {p.key[3]: p.verdict for p in result.relative.points}
+    assert verdicts == {512: "same", 8192: "slower", 131072: "same"}
     assert [k[3] for k in result.only_b] == [2048] and result.only_a == []
     assert main(["compare", str(a), str(b), "--fail-above", "10"]) == 1
     captured = capsys.readouterr()

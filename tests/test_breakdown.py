@@ -10,16 +10,18 @@ import pytest
 
 from kvpages.core.sweep import Point
 from kvpages.measure.breakdown import (
+    CALL_MARK,
     BreakdownError,
     breakdown_rows,
     chosen_points,
+    profile_trace,
     run_breakdown,
     self_times,
     write_breakdown_into,
 )
 from kvpages.measure.crosscheck import CheckCase
 from kvpages.measure.targets import PointTarget
-from kvpages.schema.breakdown import BREAKDOWN_CSV, read_breakdown, shares, stack, write_breakdown
+from kvpages.schema.breakdown import BREAKDOWN_CSV, CALLS, PASSES, read_breakdown, shares, stack, write_breakdown
 
 BENCH = (Path(__file__).parents[1] / "bench" / "test_d2h.py").read_text()
 SMALL = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider", "--kv-device", "cpu",
@@ -73,6 +75,35 @@ def test_a_cuda_row_splits_the_wait_by_the_device_work_it_waited_for():
     assert sum(s for _, s in shares(row)) == pytest.approx(1.0)
 
 
+def test_a_cuda_profile_without_gpu_activity_fails_instead_of_giving_zeros():
+    def inner(t):  # the CPU side of a call, as a profile without CUPTI records it: no kernel, no memcpy
+        return [x("cudaLaunchKernel", t + 1, 4, "cuda_runtime", correlation=1),
+                x("cudaMemcpyAsync", t + 6, 3, "cuda_runtime", correlation=2)]
+
+    trace = {"traceEvents": calls("c", [40.0], inner)}
+    with pytest.raises(BreakdownError, match=r"the profiler saw no GPU activity at all .*so there is no breakdown"):
+        breakdown_rows(trace, {"c": META}, "cuda", 1)
+    [row] = breakdown_rows(trace, {"c": META}, "cpu", 1)  # a CPU profile has no GPU activity to see
+    assert row.kernel_us is None
+
+
+def test_the_synchronize_runs_after_each_profiled_call_outside_its_range():
+    from torch.profiler import record_function
+
+    def sync():  # a stand-in for the device's synchronize that leaves its own range in the trace
+        with record_function("probe:sync"):
+            pass
+
+    cases = [CheckCase(v, PointTarget(Point(512, 16))) for v in ("host_stride", "device_stride")]
+    events = [e for e in profile_trace(cases, "cpu", CALLS, PASSES, sync)["traceEvents"] if e.get("ph") == "X"]
+    ranges = [e for e in events if CALL_MARK in str(e["name"]) and str(e["name"]).startswith("kvpages:")]
+    syncs = [e for e in events if e["name"] == "probe:sync"]
+    assert len(ranges) == len(cases) * CALLS * PASSES and len(syncs) >= len(ranges)
+    for r in ranges:
+        start, end = float(r["ts"]), float(r["ts"]) + float(r["dur"])
+        assert not [s for s in syncs if start <= float(s["ts"]) < end], f"a synchronize inside {r['name']}"
+
+
 def test_a_trace_without_a_case_is_an_error():
     with pytest.raises(ValueError, match="0 ranges for case c, expected 3"):
         breakdown_rows({"traceEvents": []}, {"c": META}, "cpu", 3)
@@ -115,7 +146,7 @@ def test_a_sweep_writes_breakdown_csv_its_chart_and_its_report_section(pytester)
     assert meta["breakdown"].startswith(f"breakdown.csv: {len(rows)} rows") and meta["timing"]["breakdown_s"] > 0
     assert (folder / "breakdown_int32_fragmented.png").exists()
     report = (folder / "REPORT.md").read_text()
-    assert "## Where the time goes\n\nOne profiled pass" in report and "## Zero-D2H floor" in report
+    assert f"## Where the time goes\n\n{PASSES} profiled passes" in report and "## Zero-D2H floor" in report
 
 
 def test_a_breakdown_that_fails_loses_nothing_of_the_run(pytester):

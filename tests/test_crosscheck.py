@@ -27,6 +27,7 @@ from kvpages.measure.crosscheck import (
     answers_of,
     case_profiles,
     judge,
+    run_child,
     run_crosscheck,
     timeout_for,
 )
@@ -162,7 +163,32 @@ def test_a_failing_crosscheck_process_is_one_clear_error():
 def test_a_crosscheck_process_that_does_not_finish_is_stopped():
     with pytest.raises(CrosscheckError, match=r"did not finish within 0.01 s \(1 cases\)"):
         run_crosscheck([CheckCase("host_stride", PointTarget(Point(8, 1)))], "cpu", timeout_s=0.01)
-    assert timeout_for(20) == 120  # the quick preset's 20 cases
+    assert timeout_for(48) == 54  # the quick preset's 48 cases: well inside gpu_check.sh's 150 s sweep step
+
+
+CHILD = """
+import os, sys
+sys.stdin.read()
+print("some output before the reply")
+{body}
+"""
+
+
+@pytest.mark.parametrize(("body", "outcome"), [
+    ('print(\'{"answer": 42}\', flush=True); os._exit(134)  # replied, then crashed at exit', {"answer": 42}),
+    ('print(\'{"answer": 42}\', flush=True)', {"answer": 42}),
+    ('print("{not json", flush=True)', "exited 0 without a reply: its last line of output was '{not json'"),
+    ('print("[1, 2]", flush=True)', "exited 0 without a reply"),
+    ('sys.exit("CUPTI teardown failed")', "exited 1: CUPTI teardown failed"),
+])
+def test_a_child_is_judged_by_its_reply_before_its_exit_status(tmp_path, monkeypatch, body, outcome):
+    (tmp_path / "kv_child_stand_in.py").write_text(CHILD.format(body=body))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    if isinstance(outcome, dict):
+        assert run_child("kv_child_stand_in", {"cases": []}, 60, "test", CrosscheckError) == outcome
+    else:
+        with pytest.raises(CrosscheckError, match=f"^the test process {outcome}"):
+            run_child("kv_child_stand_in", {"cases": []}, 60, "test", CrosscheckError)
 
 
 def test_a_sweep_with_the_crosscheck_on_runs_it_in_its_own_process(pytester):
@@ -194,6 +220,27 @@ def conftest_stride(kv_indices, page_size):
     """device_stride, registered by a conftest so the cross-check process imports this file."""
     return (kv_indices[::page_size] // page_size).cpu().numpy()
 '''
+
+
+MALFORMED_REPLY = UNUSABLE_PROFILER.replace(
+    'raise SystemExit("CUPTI_ERROR_NOT_INITIALIZED (a test\'s stand-in for an unusable profiler)")',
+    'sys.modules["__main__"].reply_and_exit = lambda reply: (print(\'{"unavailable": null}\'), sys.exit(139))')
+
+
+def test_a_malformed_reply_is_the_crosschecks_own_error_and_the_sweep_goes_on(pytester):
+    pytester.makeconftest(MALFORMED_REPLY)
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    result = pytester.runpytest_subprocess(*FAST, "--kv-device", "cpu", "--kv-crosscheck", "on", "--kv-seq-lens", "256",
+                                           "--kv-page-sizes", "16", "--kv-variants", "host_stride,conftest_stride",
+                                           "--kv-repetitions", "2")
+    result.assert_outcomes(passed=4)
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    [folder] = list((pytester.path / "results").iterdir())
+    run = load_run(folder)
+    assert (run.rows["status"] == "ok").all() and run.meta.completed
+    assert run.meta.crosscheck.startswith("unavailable: the profiler cross-check process replied without a "
+                                          "well-formed answer for every case")
+    assert run.rows["note"].str.startswith("cross-check unavailable: the profiler cross-check process replied").all()
 
 
 def test_a_failed_crosscheck_costs_one_start_and_the_rows_say_so(pytester):

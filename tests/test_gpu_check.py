@@ -24,6 +24,7 @@ from conftest import REPO
 
 from kvpages.analysis.ratios import analyze
 from kvpages.render.plots import _busy_reference, plot_run
+from kvpages.render.report import write_report
 from kvpages.schema.meta import Environment, RunMeta
 from kvpages.schema.reader import load_run
 from kvpages.schema.rows import SCENARIOS, ScenarioRow, ScenarioSampleSet
@@ -218,12 +219,14 @@ BUSY_SCENARIO = "step-B8-lognormal_4096_1.0_65536-p64-int32-busy500us"
 QUIET_SCENARIO = "step-B8-lognormal_4096_1.0_65536-p64-int32"
 
 
-def scenario_run(folder: Path, busy_status: str, busy_measured_us: float | None = 512.0) -> Path:
+def scenario_run(folder: Path, busy_status: str, busy_measured_us: float | None = 512.0,
+                 busy_baseline_status: str | None = None) -> Path:
     """A CUDA run folder of scenarios alone: a step without and with a 500 µs busy queue, two step variants each.
 
     Behind the busy queue, the blocking per-request copy waits for it (blocked = ready), the pinned batched
     one returns at once (blocked small, ready after the queue). `busy_status` 'skipped' gives the busy rows
-    as a CPU run records them. Works whether or not ScenarioRow has `busy_measured_us`.
+    as a CPU run records them; `busy_baseline_status` (e.g. 'out_of_memory') only pre-PR's busy row. Works whether
+    or not ScenarioRow has `busy_measured_us`.
     """
     folder.mkdir(parents=True)
     env = Environment("0", "3", "t", "n", "b", "p", "cpu-model", 16, 16, "cuda", "NVIDIA H200 (synthetic)", "12.8",
@@ -236,8 +239,9 @@ def scenario_run(folder: Path, busy_status: str, busy_measured_us: float | None 
              (BUSY_SCENARIO, 500): {"per_request[host_stride]": (560.0, 560.0),
                                     "batched_device_stride_pinned": (20.0, 540.0)}}
     for (scenario, busy_us), variants in cases.items():
-        status = busy_status if busy_us else "ok"
         for variant, (blocked_us, ready_us) in variants.items():
+            status = (busy_baseline_status or busy_status) if busy_us and variant.endswith("[host_stride]") else (
+                busy_status if busy_us else "ok")
             stats: dict[str, float | None] = {f"{w}_{s}_us": None for w in ("blocked", "ready")
                                               for s in ("median", "q1", "q3")}
             if status == "ok":
@@ -262,7 +266,8 @@ def scenario_run(folder: Path, busy_status: str, busy_measured_us: float | None 
                          "link": ("pcie pinned" if batched else "pcie pageable") if status == "ok" else "",
                          **stats, "rounds": 120 if status == "ok" else None, "repetitions": 3 if status == "ok" else None,
                          "status": status,
-                         "note": "" if status == "ok" else "a busy-queue scenario needs CUDA: a CPU run has no device queue",
+                         "note": "" if status == "ok" else "out of memory" if status == "out_of_memory" else
+                         "a busy-queue scenario needs CUDA: a CPU run has no device queue",
                          "repro": "pytest bench/test_steps.py",
                          "busy_measured_us": busy_measured_us if busy_us and status == "ok" else None}
             rows.append(ScenarioRow(**{k: v for k, v in values_of.items() if k in names}))
@@ -294,3 +299,10 @@ def test_a_run_whose_busy_rows_were_skipped_has_no_busy_chart(tmp_path):
     written = plot_run(analyze(run))
     assert run.path / "scenario_steps.png" in written
     assert not (run.path / "scenario_busy.png").exists() and all("busy" not in p.name for p in written)
+
+
+def test_a_report_whose_busy_baseline_failed_says_it_is_missing(tmp_path):
+    analysis = analyze(load_run(scenario_run(tmp_path / "run", "ok", busy_baseline_status="out_of_memory")))
+    report = write_report(analysis).read_text()
+    assert "the baseline `per_request[host_stride]` is missing behind the busy queue (out_of_memory (out of memory))" \
+        in report

@@ -126,10 +126,10 @@ def test_compare_judges_processes_against_processes_and_catches_a_regression(tmp
     c = load_run(synthetic_run(tmp_path / "c", slow, seed=3, **kw))
     same = compare_runs(a, b)
     assert same.unit == "process" and same.caveat() is None
-    assert all(p.interval.unit == "process" for p in same.relative)
+    assert all(p.interval.unit == "process" for p in same.relative.points)
     assert not same.regressions(10)
     slower = compare_runs(a, c)
-    assert slower.regressions(10) and sum(p.verdict == "slower" for p in slower.relative) == len(slower.relative)
+    assert slower.regressions(10) and slower.relative.counts()["slower"] == len(slower.relative.points)
     single = load_run(synthetic_run(tmp_path / "d", MEDIANS, seed=4))
     assert "one process" in compare_runs(single, b).caveat()
 
@@ -246,3 +246,25 @@ def test_an_interrupted_run_keeps_every_finished_block_and_marks_its_rows_partia
         if set(run.processes[key]) == {0}:
             assert not math.isfinite(r.ci_high)
     assert "row(s) are partial" in "\n".join(caveats(analysis))
+
+
+HUNG_WORKER = '''
+import sys
+import time
+
+import kvpages.measure.session as session
+
+session.WORKER_START_S = 4.0
+session.WORKER_PER_TARGET_S = session.WORKER_PER_BLOCK_S = session.WORKER_BUDGET_FACTOR = 0.0
+if "--kv-worker" in sys.argv:  # the worker process hangs (a stand-in for a wedged device)
+    time.sleep(120)
+'''
+
+
+def test_a_worker_past_its_limit_is_stopped_and_the_run_fails_naming_it(pytester):
+    pytester.makeconftest(HUNG_WORKER)
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    result = pytester.runpytest_subprocess(*TWO, *CPU, *TIMED, timeout=100)  # stopped at its limit, not left to hang
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
+    result.stdout.fnmatch_lines(["*kvpages: worker process 0 of 2 did not finish within its limit of 4 s and was "
+                                 "stopped*"])

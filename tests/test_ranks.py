@@ -11,10 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from kvpages.analysis.contention import paired_ratio
 from kvpages.core.options import BenchOptions
 from kvpages.measure.group import HostBarrier, Launch, ranked_options
-from kvpages.measure.ranks import round_modes
-from kvpages.schema.ranks import ALONE, CONTENTION_COLUMNS, CONTENTION_CSV, RANK, STEP
+from kvpages.measure.ranks import TOGETHER, round_modes
+from kvpages.schema.ranks import ALONE, ALONE_MAX, CONTENTION_COLUMNS, CONTENTION_CSV, RANK, STEP
 from kvpages.schema.rows import RANK_COLUMNS
 
 STEPS = '''
@@ -73,40 +74,43 @@ def test_two_ranks_write_one_run_folder_with_every_rank_in_meta(two_ranks):
     assert len(benchmarks) == 2 * len(VARIANTS) * 3  # steps x variants x repetitions
 
 
-def test_rank_rows_hold_every_rank_the_step_and_rank_zero_alone(two_ranks):
+def test_rank_rows_hold_every_rank_at_once_and_alone_and_the_step_at_once_and_alone(two_ranks):
     folder, _ = two_ranks
     [run] = list((folder / "results").iterdir())
     rows = pd.read_csv(run / "ranks.csv")
     assert list(rows.columns) == list(RANK_COLUMNS)
-    assert len(rows) == 2 * len(VARIANTS) * 4  # two steps (B=2, B=4) x variants x (rank 0, rank 1, step, alone)
+    assert len(rows) == 2 * len(VARIANTS) * 6  # two steps (B=2, B=4) x variants x (2 ranks at once and alone, step x 2)
     assert (rows["status"] == "ok").all()
     for (_, _), case in rows.groupby(["scenario", "variant"]):
         assert sorted(zip(case["role"], case["rank"].fillna(-1), strict=True)) == sorted(
-            [(RANK, 0), (RANK, 1), (STEP, -1), (ALONE, 0)])
+            [(RANK, 0), (RANK, 1), (ALONE, 0), (ALONE, 1), (STEP, -1), (ALONE_MAX, -1)])
         step = case[case["role"] == STEP].iloc[0]
         one = case[case["role"] == RANK].iloc[0]
         assert step["d2h_bytes"] == 2 * one["d2h_bytes"]  # the step moves what both ranks move
+        assert case[case["role"] == ALONE_MAX].iloc[0]["d2h_bytes"] == step["d2h_bytes"]
         assert step["repro"].startswith("torchrun --nproc-per-node 2 -m pytest bench/test_steps.py --benchmark-only")
 
 
-def test_the_step_is_the_slowest_rank_in_every_round(two_ranks):
+def test_per_cycle_the_step_is_the_slowest_rank_at_once_and_alone(two_ranks):
     folder, _ = two_ranks
     [run] = list((folder / "results").iterdir())
     samples = pd.read_csv(run / "rank_samples.csv", dtype=str, keep_default_na=False)
     for _, block in samples.groupby(["scenario", "variant", "repetition"]):
         series = {(r["role"], r["rank"]): np.array(r["ready_us"].split(), dtype=float) for _, r in block.iterrows()}
-        ranks = np.vstack([series[RANK, "0"], series[RANK, "1"]])
-        np.testing.assert_allclose(series[STEP, ""], ranks.max(axis=0))
-        assert len(series[ALONE, "0"]) == len(series[STEP, ""])  # the rounds alternate: as many alone as together
+        np.testing.assert_allclose(series[STEP, ""], np.maximum(series[RANK, "0"], series[RANK, "1"]))
+        np.testing.assert_allclose(series[ALONE_MAX, ""], np.maximum(series[ALONE, "0"], series[ALONE, "1"]))
+        assert len({len(s) for s in series.values()}) == 1  # one value per cycle in every role
 
 
-def test_the_report_gives_the_contention_with_its_interval(two_ranks):
+def test_the_report_gives_the_contention_of_the_step_and_of_each_rank_with_its_interval(two_ranks):
     folder, _ = two_ranks
     [run] = list((folder / "results").iterdir())
     contention = pd.read_csv(run / CONTENTION_CSV)
     assert list(contention.columns) == list(CONTENTION_COLUMNS)
-    assert len(contention) == 2 * len(VARIANTS) * 2  # two steps x variants x (ready, blocked)
+    assert len(contention) == 2 * len(VARIANTS) * 3 * 2  # two steps x variants x (step, rank 0, rank 1) x latencies
+    assert sorted(contention["rank"].fillna(-1).unique()) == [-1, 0, 1]
     assert ((contention["ci_low"] <= contention["ratio"]) & (contention["ratio"] <= contention["ci_high"])).all()
+    np.testing.assert_allclose(contention["ratio"], contention["at_once_median_us"] / contention["alone_median_us"])
     report = (run / "REPORT.md").read_text()
     assert "## Findings: what a scheduler step pays when 2 ranks convert at once" in report
     assert (run / "contention.png").stat().st_size > 0 and "![contention.png](contention.png)" in report
@@ -179,9 +183,39 @@ def test_a_rank_times_in_one_process_without_crosscheck_or_breakdown():
     assert (options.sweep.processes, options.crosscheck, options.breakdown) == (1, "off", "off")
 
 
-def test_rounds_alternate_rank_zero_alone_then_every_rank():
-    assert round_modes(1) == (RANK,)
-    assert round_modes(4) == (ALONE, RANK, ALONE, RANK)
+def test_rounds_cycle_each_rank_alone_in_turn_then_every_rank():
+    assert round_modes(2, 2) == (TOGETHER, TOGETHER)  # fewer rounds than a cycle: every rank in each
+    assert round_modes(6, 2) == (0, 1, TOGETHER, 1, 0, TOGETHER)  # the turn starts one rank later in each cycle
+    assert round_modes(8, 3) == (0, 1, 2, TOGETHER, 1, 2, 0, TOGETHER)
+
+
+COVERAGE_SEEDS = 1000
+REPETITIONS, CYCLES, RANKS = 12, 20, 2
+
+
+def no_contention(seed: int) -> tuple[np.ndarray, ...]:
+    """Per repetition, the block medians of the step at once and alone, and of rank 0 at once and alone, when every
+    round (at once or alone, any rank) is drawn from one heavy-tailed distribution: the ranks do not interfere."""
+    rng = np.random.default_rng(seed)
+    rounds = 30 * np.exp(rng.normal(0, 0.2, size=(REPETITIONS, CYCLES, 2, RANKS)))  # [.., 0 alone / 1 at once, rank]
+    rounds[rng.random(rounds.shape) < 0.03] *= 5
+    step = rounds.max(axis=3)
+    return (np.median(step[:, :, 1], axis=1), np.median(step[:, :, 0], axis=1),
+            np.median(rounds[:, :, 1, 0], axis=1), np.median(rounds[:, :, 0, 0], axis=1))
+
+
+def test_without_contention_the_interval_contains_1_at_its_stated_rate():
+    found = {"step": [], "rank 0": []}
+    for seed in range(COVERAGE_SEEDS):
+        step_at, step_alone, rank_at, rank_alone = no_contention(seed)
+        found["step"].append(paired_ratio(step_at, step_alone))
+        found["rank 0"].append(paired_ratio(rank_at, rank_alone))
+    for who, intervals in found.items():
+        [stated] = {i.confidence for i in intervals}
+        covered = np.mean([i.ci_low <= 1.0 <= i.ci_high for i in intervals])
+        tolerance = 3 * np.sqrt(stated * (1 - stated) / COVERAGE_SEEDS)  # 3 binomial standard errors: 2 points
+        assert abs(covered - stated) <= tolerance, f"{who}: contains 1 in {covered:.1%} of {COVERAGE_SEEDS} seeds, " \
+                                                   f"stated {stated:.1%}"
 
 
 @pytest.mark.cuda

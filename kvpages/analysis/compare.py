@@ -1,32 +1,55 @@
-"""`kvpages compare`: judge run B against run A point by point, gating on ratios (no torch)."""
+"""`kvpages compare`: judge run B against run A point by point, gating on ratios (no torch).
+
+Each family of points (the relative points, and apart from them the absolute ones) is judged as the report
+judges a run's ratios (kvpages.analysis.verdicts.judge_family): faster or slower only when B/A's interval
+excludes 1, the effect reaches the family's minimum effect, and the Benjamini-Hochberg step over the family's
+p-values keeps it. The `--fail-above` gate keeps its own threshold (`RunComparison.regressions`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from kvpages.analysis.intervals import levels, paired_logs
-from kvpages.analysis.ratios import verdict
+from kvpages.analysis.verdicts import VERDICTS, between_p_value, judge_family
 from kvpages.core.names import BASELINE
 from kvpages.core.stats import Interval, Levels, between_runs, unknown
 from kvpages.schema.reader import Run, RunError, row_key
 
+RELATIVE, ABSOLUTE = "relative", "absolute"
+
 
 @dataclass(frozen=True)
 class PointComparison:
-    """One key in both runs: B against A, with the confidence interval of B/A and its verdict."""
+    """One key in both runs: B against A, with the interval of B/A, its p-value and q-value, and its verdict
+    (kvpages.analysis.verdicts.VERDICTS)."""
 
     key: tuple
     a_value: float
     b_value: float
     interval: Interval
-    verdict: str  # "faster", "slower", "same within noise"
+    p_value: float
+    q_value: float
+    verdict: str
+
+
+@dataclass(frozen=True)
+class Family:
+    """Points judged together: their own minimum effect and family correction."""
+
+    points: list[PointComparison]
+    min_effect: float
+
+    def counts(self) -> dict[str, int]:
+        """How many points got each verdict, in VERDICTS order."""
+        return {v: sum(p.verdict == v for p in self.points) for v in VERDICTS}
 
 
 @dataclass(frozen=True)
 class RunComparison:
-    relative: list[PointComparison]
+    relative: Family
     """Per (variant, point): B's variant/baseline ratio over A's (gated: robust to machine and process)."""
-    absolute: list[PointComparison]
+    absolute: Family
     """Per (variant, point): B's median over A's (informational: absolute times move between processes)."""
     only_a: list[tuple]
     only_b: list[tuple]
@@ -46,14 +69,26 @@ class RunComparison:
         single = " and ".join(name for name, n in zip(("A", "B"), self.processes, strict=True) if n < 2)
         return (f"note: run {single} was timed in one process, so these intervals cover only what varies within a "
                 "process, and a shift of a whole process reads as a change; rerun with --kv-processes 2 or more")
+
     def regressions(self, fail_above_pct: float) -> list[PointComparison]:
         """Relative points whose whole CI of B/A lies above 1 + fail_above_pct / 100."""
-        return [p for p in self.relative if p.interval.ci_low > 1 + fail_above_pct / 100]
+        return [p for p in self.relative.points if p.interval.ci_low > 1 + fail_above_pct / 100]
 
 
-def _compare_verdict(interval: Interval) -> str:
-    v = verdict(interval)
-    return "same within noise" if v == "within noise" else v
+@dataclass(frozen=True)
+class _Measured:
+    key: tuple
+    a_value: float
+    b_value: float
+    interval: Interval
+    p_value: float
+
+
+def _judged(measured: list[_Measured]) -> Family:
+    judged = judge_family([m.interval for m in measured], [m.p_value for m in measured])
+    return Family([PointComparison(m.key, m.a_value, m.b_value, m.interval, m.p_value, q, verdict)
+                   for m, q, verdict in zip(measured, judged.q_values, judged.verdicts, strict=True)],
+                  judged.min_effect)
 
 
 def compare_runs(a: Run, b: Run, baseline: str = BASELINE) -> RunComparison:
@@ -64,7 +99,7 @@ def compare_runs(a: Run, b: Run, baseline: str = BASELINE) -> RunComparison:
     (kvpages.core.stats.between_runs): the two runs' independent two-stage bootstraps when both
     runs have >= 2 processes, else the Hodges-Lehmann shift of the repetitions.
     Absolute: each run's log block medians, compared the same way. Without repetitions
-    (1 each), no interval can be formed and the verdict is 'same within noise'.
+    (1 each), no interval can be formed and the verdict is 'same' or 'unclear'.
     """
     a_rows = {row_key(r): r for _, r in a.ok_rows().iterrows()}
     b_rows = {row_key(r): r for _, r in b.ok_rows().iterrows()}
@@ -75,25 +110,22 @@ def compare_runs(a: Run, b: Run, baseline: str = BASELINE) -> RunComparison:
     for key in common:
         ra, rb = a_rows[key], b_rows[key]
         la, lb = levels(a, key), levels(b, key)
-        interval = _between(la, lb, float(rb["median_us"] / ra["median_us"]))
-        absolute.append(PointComparison(key, float(ra["median_us"]), float(rb["median_us"]), interval,
-                                        _compare_verdict(interval)))
+        absolute.append(_Measured(key, float(ra["median_us"]), float(rb["median_us"]),
+                                  _between(la, lb, float(rb["median_us"] / ra["median_us"])), between_p_value(la, lb)))
         base_key = (baseline,) + key[1:]
         if key[0] == baseline or base_key not in a_rows or base_key not in b_rows:
             continue
         pa, pb = paired_logs(a, base_key, key), paired_logs(b, base_key, key)
         ratio_a = float(ra["median_us"] / a_rows[base_key]["median_us"])
         ratio_b = float(rb["median_us"] / b_rows[base_key]["median_us"])
-        interval = _between(pa, pb, ratio_b / ratio_a)
         a_value = pa.interval().ratio if pa is not None else ratio_a
         b_value = pb.interval().ratio if pb is not None else ratio_b
-        relative.append(PointComparison(key, a_value, b_value, interval, _compare_verdict(interval)))
-    return RunComparison(relative, absolute, sorted(set(a_rows) - set(b_rows)), sorted(set(b_rows) - set(a_rows)),
-                         baseline, (a.process_count, b.process_count))
+        relative.append(_Measured(key, a_value, b_value, _between(pa, pb, ratio_b / ratio_a), between_p_value(pa, pb)))
+    return RunComparison(_judged(relative), _judged(absolute), sorted(set(a_rows) - set(b_rows)),
+                         sorted(set(b_rows) - set(a_rows)), baseline, (a.process_count, b.process_count))
 
 
 def _between(a_logs: Levels | None, b_logs: Levels | None, fallback: float) -> Interval:
     if a_logs is None or b_logs is None or a_logs.values.size < 2 or b_logs.values.size < 2:
         return unknown(fallback, 0)
     return between_runs(a_logs, b_logs)
-

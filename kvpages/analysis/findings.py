@@ -145,6 +145,14 @@ def _blocked(analysis: Analysis) -> Finding:
                        "blocked exactly as long as the data takes to be ready; the busy-queue scenario needs CUDA.",
                        "-", cited, NEEDS_GPU)
     ratios = [r for r in analysis.scenario_ratios if r.latency == "blocked" and r.scenario in set(ok["scenario"])]
+    if not ratios:  # every busy-queue ratio needs pre-PR's row of the same scenario, which did not come out ok
+        assert busy is not None  # ok (not None) is a part of it
+        base = busy[busy["variant"] == analysis.scenario_baseline]
+        why = "; ".join(sorted({f"{s}" + (f" ({n})" if n else "") for s, n in zip(base["status"], base["note"], strict=True)
+                                if s != "ok"})) or "no row"
+        return Finding("Scheduler thread blocked", f"No ratio: the baseline `{analysis.scenario_baseline}` is "
+                       f"missing behind the busy queue ({why}), so no variant can be set against it.",
+                       "-", "-", "baseline missing")
     best = min(ratios, key=lambda r: r.interval.ratio)
     answer = (f"Behind a busy device queue, {label(best.variant)} blocks the scheduler thread "
               f"{best.interval.ratio:.2f}x as long as pre-PR.")

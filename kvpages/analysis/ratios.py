@@ -56,13 +56,6 @@ def with_link_model(rows: pd.DataFrame) -> pd.DataFrame:
 POINT_COLUMNS = ("dtype", "layout", "page_size", "seq_len")
 
 
-def verdict(interval: Interval) -> str:
-    """The interval alone, no effect size (kvpages.analysis.compare still calls it; new code calls verdicts.judge)."""
-    if interval.ci_high < 1:
-        return "faster"
-    if interval.ci_low > 1:
-        return "slower"
-    return "within noise"
 
 
 Record = dict[str, Any]
@@ -251,7 +244,7 @@ class Analysis:
     scenario_ratios: tuple[ScenarioRatio, ...] = ()
     scenario_baseline: str = STEP_BASELINE
     breakdown: tuple[BreakdownRow, ...] = ()
-    """Where the time goes (breakdown.csv): one profiled pass over a few points; its shares are the result."""
+    """Where the time goes (breakdown.csv): three profiled passes over a few points; its shares are the result."""
     contention: tuple[ContentionRow, ...] = ()
     """A multi-rank run's steps: every rank at once against rank 0 alone (kvpages.analysis.contention)."""
 

@@ -20,10 +20,13 @@ the charts, the summary and `compare` call it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
-from kvpages.core.stats import Interval, Levels
+from kvpages.core.stats import BOOTSTRAP_RESAMPLES, Interval, Levels, between_runs_shifts, finite_median
 
 FASTER, SLOWER, SAME, UNCLEAR = "faster", "slower", "same", "unclear"
 VERDICTS = (FASTER, SLOWER, SAME, UNCLEAR)
@@ -70,6 +73,23 @@ def median_p_value(levels: Levels | None) -> float:
     return min(1.0, 2 * tail)
 
 
+def between_p_value(a: Levels | None, b: Levels | None) -> float:
+    """Two-sided p-value of 'B and A have the same median' (kvpages.core.stats.between_runs), at the level its
+    interval samples: with >= 2 processes in both, from the same two runs' bootstraps; else the Mann-Whitney test of
+    the repetitions (normal approximation, as the Hodges-Lehmann interval); 1 without two repetitions in each."""
+    if a is None or b is None or a.values.size < 2 or b.values.size < 2:
+        return 1.0
+    if a.process_count >= 2 and b.process_count >= 2:
+        shifts = between_runs_shifts(a, b)
+        tail = min(float(np.mean(shifts <= 0)), float(np.mean(shifts >= 0)))
+        return min(1.0, max(2 * tail, 1 / BOOTSTRAP_RESAMPLES))
+    n, m = a.values.size, b.values.size
+    diffs = np.subtract.outer(b.values, a.values)
+    u = float(np.sum(diffs > 0) + 0.5 * np.sum(diffs == 0))
+    z = (u - n * m / 2) / math.sqrt(n * m * (n + m + 1) / 12)
+    return min(1.0, 2 * (1 - NormalDist().cdf(abs(z))))
+
+
 def bh_adjusted(pvalues: list[float]) -> list[float]:
     """Benjamini-Hochberg adjusted p-values (q-values), in the order given."""
     m = len(pvalues)
@@ -86,3 +106,23 @@ def bh_adjusted(pvalues: list[float]) -> list[float]:
 def discoveries(qvalues: list[float]) -> list[bool]:
     """Which comparisons of a family the Benjamini-Hochberg step keeps at `FDR`."""
     return [q <= FDR for q in qvalues]
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A family of ratios judged together: a verdict and a q-value per ratio, in the order given."""
+
+    verdicts: tuple[str, ...]
+    q_values: tuple[float, ...]
+    min_effect: float
+    """The family's minimum effect: its noise floor (`min_effect` of the median relative half-width of its intervals)."""
+
+
+def judge_family(intervals: Sequence[Interval], p_values: Sequence[float]) -> Judged:
+    """Judge every ratio of a family with `judge`: the minimum effect from the family's own intervals, and the
+    Benjamini-Hochberg step over its p-values (how the report judges a run's ratios; `kvpages compare` judges B
+    against A this way)."""
+    effect = min_effect(finite_median([(i.ci_high - i.ci_low) / 2 / i.ratio for i in intervals if i.known]))
+    q_values = bh_adjusted(list(p_values))
+    verdicts = tuple(judge(i, effect, kept) for i, kept in zip(intervals, discoveries(q_values), strict=True))
+    return Judged(verdicts, tuple(q_values), effect)

@@ -26,7 +26,7 @@ CROSSCHECK_MODES = ("auto", "on", "off")
 """auto: on for CUDA runs, off for CPU runs (there is no link to cross-check)."""
 SCENARIO_CHOICES = ("preset", "none")
 BREAKDOWN_MODES = ("on", "off")
-"""on: after the timing, one profiled pass over a few points in a process of its own (breakdown.csv)."""
+"""on: after the timing, three profiled passes over a few points in a process of its own (breakdown.csv)."""
 DEFAULT_CHUNK_SIZE = 8192
 DEFAULT_RANK_TIMEOUT_S = 300.0
 """A multi-rank run (torchrun): how long a rank waits at a barrier or gather before the run stops, naming the ranks
@@ -134,7 +134,7 @@ OPTIONS: tuple[Option, ...] = (
            _names),
     Option("--kv-sglang", "sglang", f"SGLang's own kv_to_page_indices as variants sglang@<label>, comma-separated "
            f"SPECs: {SPEC_FORMS}", parse_specs),
-    Option("--kv-breakdown", "breakdown", "where the time goes: one profiled pass over a few points, in its own "
+    Option("--kv-breakdown", "breakdown", "where the time goes: three profiled passes over a few points, in its own "
            "process after the timing: on, off (default: on)", _choice(BREAKDOWN_MODES, "breakdown mode")),
     Option("--kv-rank-timeout", "rank_timeout_s", "under torchrun: seconds a rank waits for the others at a barrier "
            f"or gather before the run stops, naming them (default {DEFAULT_RANK_TIMEOUT_S:g})", _float_seconds, repr),

@@ -253,13 +253,18 @@ def hierarchical_interval(levels: Levels, confidence: float = CONFIDENCE) -> Int
                     levels.process_count, confidence, "process")
 
 
+def between_runs_shifts(a: Levels, b: Levels) -> np.ndarray:
+    """The log shifts B - A of the two runs' independent two-stage bootstraps (seeded), each >= 2 processes."""
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    return _resampled_medians(b, rng) - _resampled_medians(a, rng)
+
+
 def between_runs(a: Levels, b: Levels, confidence: float = CONFIDENCE) -> Interval:
     """B over A: the two medians' ratio, with the percentile interval of the ratio of the two runs' independent
     two-stage bootstraps when both have >= 2 processes; else the Hodges-Lehmann shift of their repetitions."""
     if a.process_count < 2 or b.process_count < 2:
         return shift_interval(a.values, b.values, confidence)
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    shifts = _resampled_medians(b, rng) - _resampled_medians(a, rng)
+    shifts = between_runs_shifts(a, b)
     lo, hi = np.percentile(shifts, [50 * (1 - confidence), 50 * (1 + confidence)])
     center = float(np.median(b.values) - np.median(a.values))
     return Interval(math.exp(center), math.exp(float(lo)), math.exp(float(hi)),

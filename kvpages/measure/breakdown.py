@@ -1,4 +1,4 @@
-"""Where the time goes: one profiled pass over a few points, in a process of its own, after the timing.
+"""Where the time goes: three profiled passes over a few points, in a process of its own, after the timing.
 
 A ratio says which variant is faster; this says why: per (variant, point), the parts of one call's wall time.
 On CUDA: GPU kernel time, GPU copy time with its bytes and direction, the host's wait in copy and synchronize
@@ -8,9 +8,14 @@ a CPU run can say: the self time of the aten ops (copies apart) and the host tim
 Like the cross-check (kvpages.measure.crosscheck, whose child machinery it shares), it never profiles in the
 timing process: Kineto leaves CUPTI attached after a profile (pytorch#144455). `write_breakdown_into` starts
 `python -m kvpages.measure.breakdown` once, after the last timed block, over each page size at up to
-`LENGTHS_PER_PAGE_SIZE` lengths (the sweep's first dtype and layout), every variant of the run; each case's
-profiler range holds `CALLS` back-to-back calls after two unprofiled warm-up calls. The profiler's overhead
-inflates the absolute times, so the shares are the result; a failure is noted in meta.json and loses nothing.
+`LENGTHS_PER_PAGE_SIZE` lengths (the sweep's first dtype and layout), every variant of the run. After two
+unprofiled warm-up calls per case, `PASSES` passes go over all the cases, each making `CALLS` calls of each case,
+every call in a profiler range of its own; a row is the call of median wall time among a case's PASSES x CALLS
+(a first-call effect or one hiccup of the machine does not make the row). The synchronize that keeps GPU work
+inside the profile runs after each range, outside it: the timed call makes none, and GPU records are matched to
+their calls by correlation id, not by time. On CUDA a profile that saw no GPU activity at all is a failure, not
+a breakdown of zeros. The profiler's overhead inflates the absolute times, so the shares are the result; a
+failure is noted in meta.json and loses nothing (the run folder is finished before the breakdown starts).
 
 No torch import at module level.
 """
@@ -18,16 +23,16 @@ No torch import at module level.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from kvpages.measure.crosscheck import (
     MEMCPY_CATEGORIES,
+    NO_GPU_ACTIVITY,
     RANGE_PREFIX,
     RUNTIME_CATEGORIES,
     WARM_UP_RANGE,
@@ -35,21 +40,23 @@ from kvpages.measure.crosscheck import (
     case_inputs,
     cases_of,
     child_request,
+    gpu_events,
+    reply_and_exit,
+    run_child,
     trace_of,
 )
-from kvpages.schema.breakdown import BreakdownRow, write_breakdown
+from kvpages.schema.breakdown import CALLS, PASSES, BreakdownRow, write_breakdown
 
 if TYPE_CHECKING:
     from kvpages.core.sweep import Point
     from kvpages.measure.schedule import Block
 
 LENGTHS_PER_PAGE_SIZE = 3
-CALLS = 3
-"""Profiled calls per case, each in its own range; a row is the call of median wall time (one hiccup of the
-machine does not make the row)."""
 CALL_MARK = "#"
-BASE_TIMEOUT_S = 60.0
-PER_CASE_TIMEOUT_S = 1.0
+BASE_TIMEOUT_S = 30.0
+PER_CASE_TIMEOUT_S = 0.5
+"""The child's limit: 30 s to start (interpreter, torch, CUDA, the profiler and its trace) and 0.5 s per case
+(its inputs and PASSES x CALLS profiled calls): 42 s for the quick preset's 24 cases."""
 COPY_OPS = ("aten::copy_", "aten::_to_copy", "aten::to", "aten::clone", "aten::_copy_from",
             "aten::_copy_from_and_resize", "aten::contiguous")
 TOP_OPS = 3
@@ -86,17 +93,16 @@ def planned_cases(blocks: Sequence[Block], planned: set[str], device: str) -> li
 
 def run_breakdown(cases: Sequence[CheckCase], device: str, timeout_s: float | None = None) -> list[BreakdownRow]:
     """Profile `cases` in one session of a fresh interpreter; raise BreakdownError when that fails."""
-    request = json.dumps({**child_request(cases), "device": device, "calls": CALLS})
+    request = {**child_request(cases), "device": device, "calls": CALLS, "passes": PASSES}
     limit = BASE_TIMEOUT_S + PER_CASE_TIMEOUT_S * len(cases) if timeout_s is None else timeout_s
+    reply = run_child("kvpages.measure.breakdown", request, limit, "breakdown", BreakdownError)
+    if reply.get("error"):
+        raise BreakdownError(str(reply["error"]))
     try:
-        done = subprocess.run([sys.executable, "-m", "kvpages.measure.breakdown"], input=request, capture_output=True,
-                              text=True, timeout=limit, check=False)
-    except subprocess.TimeoutExpired:
-        raise BreakdownError(f"the breakdown process did not finish within {limit:g} s ({len(cases)} cases)") from None
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise BreakdownError(f"the breakdown process exited {done.returncode}: {tail}")
-    return [BreakdownRow(**row) for row in json.loads(done.stdout.strip().splitlines()[-1])]
+        return [BreakdownRow(**row) for row in reply["rows"]]
+    except (TypeError, KeyError) as exc:
+        raise BreakdownError(f"the breakdown process replied without well-formed rows ({type(exc).__name__}: "
+                             f"{exc})") from None
 
 
 def write_breakdown_into(folder: Path, cases: Sequence[CheckCase], device: str, timeout_s: float | None = None) -> str:
@@ -110,8 +116,9 @@ def write_breakdown_into(folder: Path, cases: Sequence[CheckCase], device: str, 
         write_breakdown(folder, rows)
     except (BreakdownError, OSError, ValueError, TypeError, KeyError) as exc:
         return f"failed after {time.perf_counter() - start:.1f} s: {exc}"
-    return (f"breakdown.csv: {len(rows)} rows ({len({(r.seq_len, r.page_size) for r in rows})} points), one profiled "
-            f"pass ({CALLS} calls per case, the median call kept) in its own process, {time.perf_counter() - start:.1f} s")
+    return (f"breakdown.csv: {len(rows)} rows ({len({(r.seq_len, r.page_size) for r in rows})} points), {PASSES} "
+            f"profiled passes of {CALLS} calls per case (the median call of each case kept) in a process of its own, "
+            f"{time.perf_counter() - start:.1f} s")
 
 
 # ----------------------------------------------------------------------------- the trace (no torch)
@@ -145,8 +152,11 @@ def _top(named: list[tuple[str, float]]) -> str:
 
 
 def breakdown_rows(trace: dict, cases: dict[str, dict], device: str, calls: int) -> list[BreakdownRow]:
-    """One row per case of a Chrome trace, from its `kvpages:<case id>#<k>` ranges (one per call): the call of
-    median wall time; `cases` maps case ids to their variant and point."""
+    """One row per case of a Chrome trace, from its `kvpages:<case id>#<k>` ranges (one per call, `calls` in all):
+    the call of median wall time; `cases` maps case ids to their variant and point. On CUDA a trace without any
+    GPU activity raises BreakdownError (the profiler saw nothing: the rows would be zeros)."""
+    if device == "cuda" and gpu_events(trace) == 0:
+        raise BreakdownError(f"{NO_GPU_ACTIVITY}, so there is no breakdown")
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "ts" in e]
     ranges: dict[str, list[dict]] = defaultdict(list)
     for e in events:
@@ -194,17 +204,22 @@ def breakdown_rows(trace: dict, cases: dict[str, dict], device: str, calls: int)
 # ----------------------------------------------------------------------------- the child's side
 
 
-def profile_breakdown(cases: Sequence[CheckCase], device: str, calls: int) -> list[BreakdownRow]:
+def profile_trace(cases: Sequence[CheckCase], device: str, calls: int, passes: int,
+                  sync: Callable[[], None] | None = None) -> dict:
+    """The Chrome trace of `passes` passes over `cases`, `calls` calls of each per pass, each call in a range of
+    its own; `sync` (default: the device's synchronize) runs after each range, outside it."""
     import torch
     from torch.autograd.profiler import profile as legacy_profile
     from torch.profiler import ProfilerActivity, profile, record_function
+
+    from kvpages.measure.timer import synchronizer
 
     inputs = case_inputs(cases, device)
     for case in cases:  # lazy initialisation and caches outside the profile
         for _ in range(2):
             case.target.call_here(case.variant, inputs[case.id])
     cuda = device == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync = synchronizer(device) if sync is None else sync
     # CPU: the profiler without Kineto (its first session costs ~1.5 s to start; the aten ops are the same);
     # CUDA: Kineto, for the device's kernels and copies.
     session = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if cuda else legacy_profile(
@@ -215,30 +230,34 @@ def profile_breakdown(cases: Sequence[CheckCase], device: str, calls: int) -> li
             if cuda:
                 torch.arange(8, device="cuda").cpu()
             sync()
-        for case in cases:
-            for k in range(calls):
-                with record_function(f"{RANGE_PREFIX}{case.id}{CALL_MARK}{k}"):
-                    case.target.call_here(case.variant, inputs[case.id])
-                    sync()
+        for p in range(passes):
+            for case in cases:
+                for k in range(calls):
+                    with record_function(f"{RANGE_PREFIX}{case.id}{CALL_MARK}{p * calls + k}"):
+                        case.target.call_here(case.variant, inputs[case.id])
+                    sync()  # outside the range: the timed call makes no synchronize
+    return trace_of(prof)
+
+
+def profile_breakdown(cases: Sequence[CheckCase], device: str, calls: int, passes: int) -> list[BreakdownRow]:
     meta = {c.id: {"variant": c.variant, **{k: getattr(c.target.point, k) for k in  # type: ignore[attr-defined]
                                             ("dtype", "layout", "seq_len", "page_size")}} for c in cases}
-    return breakdown_rows(trace_of(prof), meta, device, calls)
+    return breakdown_rows(profile_trace(cases, device, calls, passes), meta, device, passes * calls)
 
 
-def main() -> int:
+def main() -> NoReturn:
     import dataclasses
 
-    from kvpages.measure.workers import exit_without_collecting
-
-    exit_without_collecting()
     start = time.perf_counter()
     request = json.loads(sys.stdin.read())
-    rows = profile_breakdown(cases_of(request), request["device"], int(request["calls"]))
+    try:
+        rows = profile_breakdown(cases_of(request), request["device"], int(request["calls"]), int(request["passes"]))
+    except (BreakdownError, ValueError) as exc:  # no GPU activity, or a trace that is not a profile of the cases
+        reply_and_exit({"error": str(exc), "rows": []})
     print(f"kvpages breakdown: {len(rows)} cases profiled in {time.perf_counter() - start:.2f} s after the imports",
           file=sys.stderr)
-    print(json.dumps([dataclasses.asdict(r) for r in rows]))
-    return 0
+    reply_and_exit({"error": None, "rows": [dataclasses.asdict(r) for r in rows]})
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

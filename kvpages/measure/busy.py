@@ -15,6 +15,25 @@ PROBE_CYCLES = 1_000_000
 PROBES = 5
 
 
+def spin_up() -> float:
+    """Keep the current CUDA device busy for SPIN_UP_MS (sleeping kernels of growing length, each waited for), so
+    its clock has boosted; return the microseconds it spun. Each process does this before its first timed block."""
+    spun_us, cycles = 0.0, PROBE_CYCLES
+    while spun_us < SPIN_UP_MS * 1e3:
+        spun_us += _elapsed_us(cycles)
+        cycles = min(cycles * 2, 50_000_000)
+    return spun_us
+
+
+def _elapsed_us(cycles: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
 def cycles_for(busy_us: float, probe_cycles: int, probe_elapsed_us: list[float]) -> int:
     """Sleep cycles that keep the device busy `busy_us` at the fastest clock the probes saw (their minimum time)."""
     return int(busy_us * probe_cycles / min(probe_elapsed_us))
@@ -35,20 +54,9 @@ class BusyQueue:
             self.cycles = cycles_for(busy_us, PROBE_CYCLES, self._probe())
 
     @staticmethod
-    def _elapsed_us(cycles: int) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e3
-
-    def _probe(self) -> list[float]:
-        spun_us, cycles = 0.0, PROBE_CYCLES
-        while spun_us < SPIN_UP_MS * 1e3:  # spin up the clock first
-            spun_us += self._elapsed_us(cycles)
-            cycles = min(cycles * 2, 50_000_000)
-        return [self._elapsed_us(PROBE_CYCLES) for _ in range(PROBES)]
+    def _probe() -> list[float]:
+        spin_up()  # the clock first
+        return [_elapsed_us(PROBE_CYCLES) for _ in range(PROBES)]
 
     def __call__(self) -> None:
         if self.cycles:

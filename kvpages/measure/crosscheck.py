@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from kvpages.measure.meter import D2HMeasurement
@@ -49,10 +50,11 @@ TRACE_FILE = "crosscheck_trace.json.gz"
 """The cross-check session's Chrome trace, kept in the run folder for the record."""
 RANGE_PREFIX = "kvpages:"
 WARM_UP_RANGE = RANGE_PREFIX + "warm-up"
-BASE_TIMEOUT_S = 60.0
-PER_CASE_TIMEOUT_S = 3.0
-"""The child's time limit: 60 s (interpreter, torch and CUDA start) plus 3 s per case (build, meter, profile);
-120 s for the quick preset's 20 cases."""
+BASE_TIMEOUT_S = 30.0
+PER_CASE_TIMEOUT_S = 0.5
+"""The child's time limit: 30 s (interpreter, torch and CUDA start, the profiler's start and its trace) plus 0.5 s
+per case (build, meter, one profiled call): 54 s for the quick preset's 48 cases, well inside a sweep step of
+bench/gpu_check.sh (150 s), so a hung child stops the cross-check, not the sweep."""
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset")
 """Chrome-trace categories of device activity (kernels, copies, sets), current and older Kineto."""
@@ -61,10 +63,9 @@ MEMCPY_CATEGORIES = ("gpu_memcpy", "Memcpy")
 RUNTIME_CATEGORIES = ("cuda_runtime", "Runtime", "cuda_driver")
 """Chrome-trace categories of the CPU-side CUDA API calls."""
 
-NO_GPU_ACTIVITY = (
-    "the profiler saw no GPU activity at all (CUPTI may be missing, or held by another tool such as nsys or "
-    "ncu), so the meter cannot be cross-checked"
-)
+NO_GPU_ACTIVITY = ("the profiler saw no GPU activity at all (CUPTI may be missing, or held by another tool such as "
+                   "nsys or ncu)")
+"""Why a CUDA profile is unusable; the cross-check and the breakdown each say what it costs them."""
 
 
 @dataclass(frozen=True)
@@ -151,29 +152,62 @@ def case_inputs(cases: Sequence[CheckCase], device: str) -> dict[str, object]:
     return {c.id: own(c.target.inputs_for(c.variant, workloads[c.target])[0], c.target) for c in cases}
 
 
+def run_child(module: str, request: dict, limit_s: float, what: str, error: type[Exception]) -> dict:
+    """Run `python -m module` with `request` (JSON) on its stdin and return its reply, the JSON object on the last
+    line of its stdout; raise `error` naming `what` when there is none.
+
+    The reply is read before the exit status is judged: a child that replied in full and then crashed at exit
+    (CUPTI's teardown has, on H100-class machines) still gives its answer. A child that timed out, or exited
+    without a well-formed reply, is one clear error, never a traceback of the caller's.
+    """
+    cases = len(request.get("cases", ()))
+    try:
+        done = subprocess.run([sys.executable, "-m", module], input=json.dumps(request), capture_output=True,
+                              text=True, timeout=limit_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise error(f"the {what} process did not finish within {limit_s:g} s ({cases} cases)") from None
+    lines = done.stdout.strip().splitlines()
+    try:
+        reply = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        reply = None
+    if isinstance(reply, dict):
+        return reply
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise error(f"the {what} process exited {done.returncode}: {tail}")
+    last = repr(lines[-1][:200]) if lines else "nothing"
+    raise error(f"the {what} process exited 0 without a reply: its last line of output was {last}")
+
+
+def reply_and_exit(reply: dict) -> NoReturn:
+    """The child's last act: print `reply` as one JSON line, flush, and leave at once with status 0, skipping the
+    interpreter's teardown (and with it CUPTI's, which has crashed at exit on H100-class machines)."""
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def run_crosscheck(cases: Sequence[CheckCase], device: str, timeout_s: float | None = None,
                    trace_out: Path | None = None) -> dict[str, CheckAnswer]:
     """Cross-check `cases` in one profiler session of a fresh interpreter; {case id: answer}.
 
-    Raises CrosscheckError (once: the caller remembers it) when the cross-check is unavailable.
+    Raises CrosscheckError (once: the caller remembers it) when the cross-check is unavailable, its process failed
+    or timed out, or its reply is malformed.
     `trace_out`: where the child writes the session's Chrome trace, gzipped (for the record).
     """
-    request = json.dumps({**child_request(cases), "device": device,
-                          "trace_out": None if trace_out is None else str(trace_out)})
+    request = {**child_request(cases), "device": device, "trace_out": None if trace_out is None else str(trace_out)}
     limit = timeout_for(len(cases)) if timeout_s is None else timeout_s
+    reply = run_child("kvpages.measure.crosscheck", request, limit, "profiler cross-check", CrosscheckError)
+    if reply.get("unavailable"):
+        raise CrosscheckError(str(reply["unavailable"]))
+    answers = reply.get("answers")
     try:
-        done = subprocess.run([sys.executable, "-m", "kvpages.measure.crosscheck"], input=request, capture_output=True,
-                              text=True, timeout=limit, check=False)
-    except subprocess.TimeoutExpired:
-        raise CrosscheckError(f"the profiler cross-check process did not finish within {limit:g} s "
-                              f"({len(cases)} cases)") from None
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise CrosscheckError(f"the profiler cross-check process exited {done.returncode}: {tail}")
-    reply = json.loads(done.stdout.strip().splitlines()[-1])
-    if reply["unavailable"]:
-        raise CrosscheckError(reply["unavailable"])
-    return {c.id: CheckAnswer(**reply["answers"][c.id]) for c in cases}
+        return {c.id: CheckAnswer(**answers[c.id]) for c in cases}  # type: ignore[index]
+    except (TypeError, KeyError, ValueError) as exc:
+        raise CrosscheckError(f"the profiler cross-check process replied without a well-formed answer for every "
+                              f"case ({type(exc).__name__}: {exc})") from None
 
 
 # ----------------------------------------------------------------------------- the trace (no torch)
@@ -269,7 +303,7 @@ def answers_of(trace: dict, measured: dict[str, D2HMeasurement]) -> dict[str, Ch
     although some case crossed the link."""
     crossed = any(t.crossed_link and t.nbytes for m in measured.values() for t in m.transfers)
     if crossed and gpu_events(trace) == 0:
-        raise CrosscheckError(NO_GPU_ACTIVITY)
+        raise CrosscheckError(f"{NO_GPU_ACTIVITY}, so the meter cannot be cross-checked")
     seen = case_profiles(trace)
     empty = CaseProfile((), 0, 0)
     return {case_id: judge(m, seen.get(case_id, empty)) for case_id, m in measured.items()}
@@ -324,10 +358,7 @@ def trace_of(prof) -> dict:
         os.unlink(path)
 
 
-def main() -> int:
-    from kvpages.measure.workers import exit_without_collecting
-
-    exit_without_collecting()
+def main() -> NoReturn:
     request = json.loads(sys.stdin.read())
     cases = cases_of(request)
     try:
@@ -335,9 +366,8 @@ def main() -> int:
         reply: dict = {"unavailable": None, "answers": {k: asdict(v) for k, v in answers.items()}}
     except (CrosscheckError, TraceError) as exc:
         reply = {"unavailable": str(exc), "answers": {}}
-    print(json.dumps(reply))
-    return 0
+    reply_and_exit(reply)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

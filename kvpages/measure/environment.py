@@ -8,6 +8,7 @@ import re
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -90,9 +91,33 @@ def nvidia_smi_facts(uuid: str | None) -> tuple[str | None, str | None]:
     return parse_smi(_run(["nvidia-smi", f"--id={uuid}", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"]))
 
 
-def pcie_link_now() -> str | None:
-    """The current device's PCIe link now (call it right after a timed loop: an idle link downshifts)."""
-    return nvidia_smi_facts(gpu_uuid())[1]
+@dataclass(frozen=True)
+class Loaded:
+    """What nvidia-smi reads of the device right after a timed loop, while it is loaded: None where it cannot tell."""
+
+    pcie_link: str | None
+    sm_clock_mhz: int | None
+    """clocks.sm: an idle H200 reads 345 MHz, 1980 MHz under load."""
+
+
+def parse_loaded(out: str | None) -> Loaded:
+    """The first well-formed line of nvidia-smi's CSV of SMI_FIELDS then clocks.sm."""
+    for line in (out or "").splitlines():
+        head, _, clock = line.rpartition(",")
+        pcie = parse_smi(head)[1]
+        if pcie is not None:
+            return Loaded(pcie, int(clock) if clock.strip().isdigit() else None)
+    return Loaded(None, None)
+
+
+def loaded_now() -> Loaded:
+    """The current device's PCIe link and SM clock now (call it right after a timed loop: an idle link downshifts
+    and an idle clock drops)."""
+    uuid = gpu_uuid()
+    if uuid is None:
+        return Loaded(None, None)
+    return parse_loaded(_run(["nvidia-smi", f"--id={uuid}", f"--query-gpu={SMI_FIELDS},clocks.sm",
+                              "--format=csv,noheader,nounits"]))
 
 
 def device_name(device: str) -> str:

@@ -158,10 +158,11 @@ class Group:
                 return status, note if all(f == first for f in found) else f"{self.who(rank)}: {note}", fail
         return None
 
-    def agree_rounds(self, what: str, rounds: int) -> int:
-        """The rounds every rank times: the fewest any rank's warm-up asked for, made even (alone, all, ...)."""
+    def agree_rounds(self, what: str, rounds: int, cycle: int) -> int:
+        """The rounds every rank times: the fewest any rank's warm-up asked for, in whole cycles of `cycle` rounds
+        (kvpages.measure.ranks.round_modes), at least one."""
         fewest = min(self.gather(what, rounds))
-        return max(2, fewest - fewest % 2)
+        return max(cycle, fewest - fewest % cycle)
 
     def stop(self, what: str) -> None:
         """This rank cannot go on: say why, naming it, and end its session (torchrun then stops the others)."""

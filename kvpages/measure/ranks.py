@@ -8,13 +8,16 @@ through the one runner (kvpages.measure.runner) in the same order. Per block the
 twice (`Group.agree`): before the timing (every rank checked and metered the same D2H) and
 after it (every rank's last output was right); a case one rank stops, every rank stops.
 
-Each timed round starts on a barrier, and the rounds alternate: rank 0 converts alone while the
-other ranks wait (the one-rank baseline, measured in the same run), then every rank converts at
-once. After a block, rank 0 gathers every rank's per-round blocked and ready times; the step's
-cost per round is the maximum over the ranks, since the step waits for its slowest rank. Rank 0
-writes the one run folder. A rank that raises, or a barrier or gather that times out, stops the
-run with a message naming the rank (gloo's monitored barrier names the ranks that did not
-arrive); torchrun then stops the other ranks, and rank 0 keeps every row it finished.
+Each timed round starts on a barrier, and the rounds run in cycles of world_size + 1: each rank
+converts alone in turn while the other ranks wait (rank 0, then rank 1, ...; the next cycle's turn
+starts at rank 1), then every rank converts at once. After a block, rank 0 gathers every rank's
+per-round blocked and ready times. Per cycle, the step at once costs the maximum over the ranks of their
+at-once rounds (the step waits for its slowest rank), and the step without contention the maximum
+over the ranks of their alone rounds of the same cycle: both are the maximum of world_size draws, so
+their ratio is 1 when the ranks do not slow each other down (kvpages.analysis.contention). Rank 0
+writes the one run folder. A rank that raises, or a barrier or gather that times out, stops the run
+with a message naming the rank (gloo's monitored barrier names the ranks that did not arrive);
+torchrun then stops the other ranks, and rank 0 keeps every row it finished.
 """
 
 from __future__ import annotations
@@ -32,18 +35,32 @@ from kvpages.measure.schedule import Block
 from kvpages.measure.steps import get_step_variant
 from kvpages.measure.targets import Context, ScenarioTarget, Stamps, Timer, finish_for, step_call
 from kvpages.measure.timer import synchronizer
-from kvpages.schema.ranks import ALONE, RANK, STEP
+from kvpages.schema.ranks import ALONE, ALONE_MAX, RANK, STEP
 from kvpages.schema.rows import RANKS, RankRow, RankSampleSet, ScenarioRow, timing_columns
 
+TOGETHER = -1
+"""A round in which every rank converts at once (`round_modes`); any other round is one rank's, alone."""
 
-def round_modes(rounds: int) -> tuple[str, ...]:
-    """The role of each timed round: rank 0 alone, then every rank, in turn (one round: every rank)."""
-    return (RANK,) if rounds < 2 else (ALONE, RANK) * (rounds // 2)
+
+def cycle_rounds(world_size: int) -> int:
+    """The rounds of one cycle: each rank alone, then every rank at once."""
+    return world_size + 1
+
+
+def round_modes(rounds: int, world_size: int) -> tuple[int, ...]:
+    """Who converts in each timed round: the rank converting alone, or TOGETHER (every rank at once); cycles of each
+    rank alone in turn, then every rank, the turn starting one rank later in each cycle, so no rank always goes
+    first (fewer rounds than a cycle: every rank, in each)."""
+    cycle = cycle_rounds(world_size)
+    if rounds < cycle:
+        return (TOGETHER,) * rounds
+    return tuple(mode for k in range(rounds // cycle)
+                 for mode in (*((k + r) % world_size for r in range(world_size)), TOGETHER))
 
 
 @dataclass
 class _Rounds:
-    modes: tuple[str, ...] = (RANK,)
+    modes: tuple[int, ...] = (TOGETHER,)
     timing: bool = False
     index: int = -1
     held: Any = None
@@ -71,14 +88,14 @@ class RankTarget(ScenarioTarget):
             busy()
 
         def fn(slices, page_size, **extras):
-            if state.timing and state.modes[state.index] == ALONE and group.rank != 0:
-                return state.held  # waiting while rank 0 converts alone
+            if state.timing and state.modes[state.index] not in (TOGETHER, group.rank):
+                return state.held  # waiting while another rank converts alone
             state.held = call(slices, page_size, **extras)
             return state.held
 
         def rounds(wanted: int) -> int:
-            agreed = group.agree_rounds(f"{case}: agreeing on the rounds", wanted)
-            state.modes = round_modes(agreed)
+            agreed = group.agree_rounds(f"{case}: agreeing on the rounds", wanted, cycle_rounds(group.size))
+            state.modes = round_modes(agreed, group.size)
             return agreed
 
         def start() -> None:
@@ -87,41 +104,50 @@ class RankTarget(ScenarioTarget):
             state.timing, state.index = True, -1
 
         def series(benchmark, count: int) -> tuple[tuple[float, ...], ...]:
-            """Every rank's per-round (blocked, ready, start) in seconds, gathered; NaN where a rank waited."""
+            """Who converted in each round, then every rank's per-round (blocked, ready, start) in seconds, gathered;
+            NaN where a rank waited."""
             mine = np.full((3, count), np.nan)
-            real = [k for k, mode in enumerate(state.modes[:count]) if mode == RANK or group.rank == 0]
+            real = [k for k, mode in enumerate(state.modes[:count]) if mode in (TOGETHER, group.rank)]
             mine[:, real] = [stamps.blocked[-len(real):], stamps.ready[-len(real):], stamps.started[-len(real):]]
             if not group.meta.one_host:  # the monotonic clocks of two hosts do not compare: no skew
                 mine[2] = np.nan
             gathered = group.gather(f"{case}: gathering the rounds", mine)
-            return (tuple(1.0 if m == RANK else 0.0 for m in state.modes[:count]),) + tuple(
+            return (tuple(float(m) for m in state.modes[:count]),) + tuple(
                 tuple(row) for rank_series in gathered for row in rank_series)
 
         return Timer(fn, before_round, series, start, rounds)
 
     def extra_info(self, variant: str, reading: MeterReading) -> dict[str, Any]:
         return {**super().extra_info(variant, reading), "world_size": self.world_size,
-                "rounds": "alternating: rank 0 alone, then every rank (kvpages.measure.ranks)"}
+                "rounds": "cycles: each rank alone in turn, then every rank at once (kvpages.measure.ranks)"}
 
     def samples(self, variant: str, block: Block, series: tuple[tuple[float, ...], ...]) -> tuple[RankSampleSet, ...]:
-        """The block as each rank, the step (per round the maximum over the ranks) and rank 0 alone saw it (us)."""
-        together = np.asarray(series[0]) == 1.0
-        per_rank = np.asarray(series[1:]).reshape(self.world_size, 3, len(together)) * 1e6
+        """The block as each rank saw it at once and alone, and as the step saw it: per cycle, the maximum over the
+        ranks at once, and the maximum over the ranks of their alone rounds (us; the k-th values of every line are
+        the k-th cycle's)."""
+        modes = np.asarray(series[0])
+        per_rank = np.asarray(series[1:]).reshape(self.world_size, 3, modes.size) * 1e6
+        together = modes == TOGETHER
+        cycles = int(together.sum())
+        alone = [(modes == r).nonzero()[0][:cycles] for r in range(self.world_size)]
         key = (self.scenario.id, variant, block.repetition, block.order, block.process)
 
         def line(role: str, rank: int | None, blocked: np.ndarray, ready: np.ndarray, skew=()) -> RankSampleSet:
             return RankSampleSet(*key, role, rank, tuple(blocked.tolist()), tuple(ready.tolist()), tuple(skew))
 
-        lines = [line(RANK, r, per_rank[r, 0, together], per_rank[r, 1, together]) for r in range(self.world_size)]
-        starts = per_rank[:, 2, together]
-        lines.append(line(STEP, None, per_rank[:, 0, together].max(axis=0), per_rank[:, 1, together].max(axis=0),
-                          (starts.max(axis=0) - starts.min(axis=0)).tolist()))
-        lines.append(line(ALONE, 0, per_rank[0, 0, ~together], per_rank[0, 1, ~together]))
-        return tuple(lines)
+        at_once = per_rank[:, :, together]
+        apart = np.stack([per_rank[r][:, alone[r]] for r in range(self.world_size)])
+        starts = at_once[:, 2]
+        return (*(line(RANK, r, at_once[r, 0], at_once[r, 1]) for r in range(self.world_size)),
+                *(line(ALONE, r, apart[r, 0], apart[r, 1]) for r in range(self.world_size)),
+                line(STEP, None, at_once[:, 0].max(axis=0), at_once[:, 1].max(axis=0),
+                     (starts.max(axis=0) - starts.min(axis=0)).tolist()),
+                line(ALONE_MAX, None, apart[:, 0].max(axis=0), apart[:, 1].max(axis=0)))
 
     def rows(self, variant: str, ctx: Context, reading: MeterReading | None, status: str, note: str,
              blocks: Sequence[Any], repro: str) -> tuple[ScenarioRow | RankRow, ...]:
-        """One row per rank, the step's and rank 0 alone's; a case that stopped untimed: its step row."""
+        """One row per rank at once and alone, the step's at once and alone (`ALONE_MAX`); a case that stopped
+        untimed: its step row, with its status."""
         s, group = self.scenario, ctx.group
         devices = [r.device for r in group.meta.ranks] if group is not None else [ctx.device] * self.world_size
         calls = s.calls()
@@ -131,7 +157,7 @@ class RankTarget(ScenarioTarget):
             if sets:
                 skews = [t for b in sets for t in b.skew_us if np.isfinite(t)]
                 timings.update(latency_statistics(sets), skew_median_us=float(np.median(skews)) if skews else None)
-            times = self.world_size if role == STEP else 1
+            times = 1 if rank is not None else self.world_size
             d2h_bytes, transfers = (None, None) if reading is None else (
                 reading.d2h_bytes * times, reading.d2h_transfers * times)
             return RankRow(scenario=s.id, variant=variant, role=role, rank=rank, world_size=self.world_size,
@@ -143,8 +169,10 @@ class RankTarget(ScenarioTarget):
         if not blocks:
             return (made(STEP, None, []),)
         of = [b for b in blocks if isinstance(b, RankSampleSet)]
-        return tuple(made(RANK, r, [b for b in of if (b.role, b.rank) == (RANK, r)]) for r in range(self.world_size)) + (
-            made(STEP, None, [b for b in of if b.role == STEP]), made(ALONE, 0, [b for b in of if b.role == ALONE]))
+        ranks = range(self.world_size)
+        return tuple(made(role, rank, [b for b in of if (b.role, b.rank) == (role, rank)])
+                     for role, rank in [(RANK, r) for r in ranks] + [(ALONE, r) for r in ranks] + [(STEP, None),
+                                                                                                  (ALONE_MAX, None)])
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": "ranked step", "world_size": self.world_size, **dataclasses.asdict(self.scenario)}

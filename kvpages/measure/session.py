@@ -104,6 +104,29 @@ class SweepPlan:
         return [(t, v) for t in targets for v in self.variants_of(t) if f"{v}-{t.id}" in ids]
 
 
+WORKER_START_S = 45.0
+"""A worker's allowance for what comes before its blocks: the interpreter, torch and pytest imports, collection,
+CUDA's start (a process of the dev box's default sweep takes 2-3 s)..."""
+WORKER_PER_TARGET_S = 5.0
+"""...plus this much per point, request or step of its share, for building its inputs (a 512K-token pool: well
+under a second on an idle dev box)..."""
+WORKER_PER_BLOCK_S = 0.05
+"""...plus this much untimed work per block (its check, meter and bookkeeping: about 5-10 ms on the dev box)..."""
+WORKER_BUDGET_FACTOR = 10.0
+"""...plus this many times the timed budget of its blocks (warm-up and rounds of minimum length come on top of it)."""
+
+
+def worker_limit_s(plan: SweepPlan, options: BenchOptions, repetitions: int, process: int,
+                   case_ids: frozenset[str]) -> float:
+    """How long worker `process` may run before it is killed and the run fails naming it: well over what its share
+    of `case_ids` (the cases the session selected) takes; for the quick preset, well inside a sweep step of
+    bench/gpu_check.sh (150 s)."""
+    own = [b for b in plan.point_blocks + plan.scenario_blocks if b.process == process and b.case_id in case_ids]
+    budget = sum(b.target.budget_s(options) for b in own) / repetitions
+    return (WORKER_START_S + WORKER_PER_TARGET_S * len({b.target for b in own}) + WORKER_PER_BLOCK_S * len(own)
+            + WORKER_BUDGET_FACTOR * budget)
+
+
 def end_note(done: int, partial: int, planned: int, exitstatus: int, multi_rank: bool,
              group_failure: str | None) -> tuple[bool, str]:
     """Whether a run completed, and meta.json's note of how it ended."""
@@ -130,6 +153,16 @@ def crosscheck(cases: list[tuple[Target, str]], device: str, trace_out: Path) ->
                                                         trace_out=trace_out))
     except profiler_check.CrosscheckError as exc:
         return Crosscheck(unavailable=str(exc))
+
+
+def add_breakdown(writer: RunWriter, exitstatus: int, plan: SweepPlan, device: str) -> None:
+    """Where the time goes, into the finished run folder, in a process of its own: breakdown.csv, and meta.json's
+    note of it."""
+    if exitstatus == pytest.ExitCode.INTERRUPTED:
+        writer.meta.breakdown = "not run: the session was interrupted"
+    else:
+        cases = where_time_goes.planned_cases(plan.point_blocks, plan.planned, device)
+        writer.meta.breakdown = where_time_goes.write_breakdown_into(writer.path, cases, device)
 
 
 class KvSession:
@@ -216,7 +249,9 @@ class KvSession:
         assert self.recorder is not None, "workers run in a session that records"
         write_cases(command.folder, list(self.recorder.cases))
         self.runner.pool_cache = PoolCache(command.folder)
-        self.worker_benchmarks = run_workers(command, self.processes, self.recorder.record, say, self.workers)
+        limits = [worker_limit_s(self.plan, self.options, self.repetitions, process, frozenset(self.recorder.cases))
+                  for process in range(self.processes - 1)]
+        self.worker_benchmarks = run_workers(command, limits, self.recorder.record, say, self.workers)
 
     def run(self, benchmark, block: Block) -> None:
         """Run one block (called by bench/) and record its outcome; a stopped case's test is skipped or failed."""
@@ -262,18 +297,16 @@ class KvSession:
             self.phase.seconds["generate"], total_s - sum(w.wall_s for w in self.workers), self.runner.blocks_run)]
         completed, note = end_note(self.recorder.recorded, self.recorder.partial, len(self.plan.planned), exitstatus,
                                    group is not None, None if group is None else group.failure)
+        loaded = self.runner.loaded
+        if loaded is not None:
+            meta.environment = dataclasses.replace(meta.environment, pcie_link_loaded=loaded.pcie_link or "unknown",
+                                                   sm_clock_mhz_loaded=loaded.sm_clock_mhz)
+        if self.options.breakdown != "off":  # what meta.json says if this process is stopped during the profile
+            meta.breakdown = "not finished: the sweep was stopped during the profiled passes"
+        timing = {f"{name}_s": value for name, value in sorted(self.phase.seconds.items())} | {"session_s": total_s}
+        self.writer.finish(completed, note, timing)  # the run folder is finished before the breakdown starts
         if self.options.breakdown != "off":
-            meta.breakdown = self._breakdown(exitstatus)
-        if self.runner.pcie_loaded is not None:
-            meta.environment = dataclasses.replace(meta.environment, pcie_link_loaded=self.runner.pcie_loaded)
-        timing = {f"{name}_s": value for name, value in sorted(self.phase.seconds.items())}
-        timing["session_s"] = total_s
-        self.writer.finish(completed, note, timing)
-
-    def _breakdown(self, exitstatus: int) -> str:
-        """Where the time goes, after the last timed block, in a process of its own: meta.json's note of it."""
-        if exitstatus == pytest.ExitCode.INTERRUPTED or self.writer is None:
-            return "not run: the session was interrupted"
-        with self.phase("breakdown"):
-            cases = where_time_goes.planned_cases(self.plan.point_blocks, self.plan.planned, self.device)
-            return where_time_goes.write_breakdown_into(self.writer.path, cases, self.device)
+            with self.phase("breakdown"):
+                add_breakdown(self.writer, exitstatus, self.plan, self.device)
+            self.writer.meta.timing["breakdown_s"] = self.phase.seconds["breakdown"]
+            self.writer.write_meta()

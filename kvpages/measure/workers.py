@@ -155,6 +155,8 @@ class WorkerRun:
     output_tail: str
     interrupted: bool = False
     """The session, or the worker itself, was interrupted (SIGINT, SIGTERM) before the worker's end."""
+    timed_out: bool = False
+    """It ran past its limit and was killed."""
 
     @property
     def ok(self) -> bool:
@@ -177,16 +179,18 @@ STOP_WAIT_S = 30.0
 """How long an interrupted session waits for a worker it passed the interruption on to, before killing it."""
 
 
-def run_worker(command: WorkerCommand, process: int, record: Callable[[BlockOutcome], None]) -> WorkerRun:
-    """Start worker `process` and `record` each outcome it logs as it is written (its output goes to a file beside
-    the log). Interrupted meanwhile (SIGINT, SIGTERM), the session passes SIGINT on to the worker and records what
-    it logged until it stopped; the worker's exit status then says it was interrupted."""
+def run_worker(command: WorkerCommand, process: int, limit_s: float, record: Callable[[BlockOutcome], None]
+               ) -> WorkerRun:
+    """Start worker `process`, wait for it at most `limit_s` (then kill it), and `record` each outcome it logs as it
+    is written (its output goes to a file beside the log). Interrupted meanwhile (SIGINT, SIGTERM), the session
+    passes SIGINT on to the worker and records what it logged until it stopped."""
     output = command.folder / f"process-{process}.out"
     log = LogReader(log_path(command.folder, process))
     launched, start = time.time(), time.perf_counter()
+    timed_out = False
     with open(output, "w") as out:
         child = subprocess.Popen(command.argv(process), cwd=command.cwd, stdout=out, stderr=subprocess.STDOUT)
-        interrupted = False
+        interrupted = timed_out = False
         try:
             while True:
                 for outcome in log.new_outcomes():
@@ -195,7 +199,11 @@ def run_worker(command: WorkerCommand, process: int, record: Callable[[BlockOutc
                     child.wait(timeout=POLL_S)
                     break
                 except subprocess.TimeoutExpired:
-                    continue
+                    if time.perf_counter() - start > limit_s:
+                        child.kill()
+                        child.wait()
+                        timed_out = True
+                        break
         except KeyboardInterrupt:
             interrupted = True
             child.send_signal(signal.SIGINT)
@@ -209,24 +217,29 @@ def run_worker(command: WorkerCommand, process: int, record: Callable[[BlockOutc
     wall = time.perf_counter() - start
     tail = "\n".join(output.read_text(errors="replace").splitlines()[-15:])
     interrupted |= child.returncode in (2, -signal.SIGINT)  # pytest's exit status when interrupted, or the signal
-    return WorkerRun(process, child.returncode, log.end, launched, wall, tail, interrupted)
+    return WorkerRun(process, child.returncode, log.end, launched, wall, tail, interrupted, timed_out)
 
 
 class WorkerFailed(Exception):
-    """A worker process did not run to its end (killed, crashed, or refused): the run cannot be completed."""
+    """A worker process did not run to its end (killed, crashed, refused, or past its limit): the run cannot be
+    completed."""
 
 
-def run_workers(command: WorkerCommand, processes: int, record: Callable[[BlockOutcome], None],
+def run_workers(command: WorkerCommand, limits_s: Sequence[float], record: Callable[[BlockOutcome], None],
                 say: Callable[[str], None], runs: list[WorkerRun]) -> list[dict]:
-    """Run the earlier processes' shares, one fresh worker after another, each into `runs` as it ends; return their
-    pytest-benchmark JSON entries. An interrupted worker interrupts the session (KeyboardInterrupt); one that
-    did not run to its end fails the run (WorkerFailed)."""
+    """Run the earlier processes' shares, one fresh worker after another (worker K within `limits_s[K]`), each into
+    `runs` as it ends; return their pytest-benchmark JSON entries. An interrupted worker interrupts the session
+    (KeyboardInterrupt); one that did not run to its end fails the run (WorkerFailed, naming it)."""
     benchmarks: list[dict] = []
-    for process in range(processes - 1):
-        result = run_worker(command, process, record)
+    processes = len(limits_s) + 1
+    for process, limit in enumerate(limits_s):
+        result = run_worker(command, process, limit, record)
         runs.append(result)
         if result.interrupted:
             raise KeyboardInterrupt(f"worker process {process} was interrupted")
+        if result.timed_out:
+            raise WorkerFailed(f"kvpages: worker process {process} of {processes} did not finish within its "
+                               f"limit of {limit:.0f} s and was stopped; the last lines it printed:\n{result.output_tail}")
         if not result.ok:
             raise WorkerFailed(f"kvpages: worker process {process} of {processes} exited with status "
                                f"{result.returncode} before its end; the last lines it printed:\n{result.output_tail}")

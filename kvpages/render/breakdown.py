@@ -3,7 +3,7 @@
 `plot_breakdown` writes `breakdown_<dtype>_<layout>.png`: a panel per page size, a group of bars per profiled
 seq_len, one bar per variant, stacked by the parts of one call's wall time as shares (kvpages.schema.breakdown.
 stack), with the profiled wall time per call above each bar. `breakdown_section` is the report's "Where the
-time goes", the zero-D2H floor's figures are in `floor_section`. Both label the breakdown as one profiled pass.
+time goes", the zero-D2H floor's figures are in `floor_section`. Both label the breakdown as profiled, not timed.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from kvpages.analysis.ratios import Analysis
 from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, variant_sort_key
 from kvpages.render.markdown import markdown_table, us_text
 from kvpages.render.text import coverage
-from kvpages.schema.breakdown import STACK_PARTS, BreakdownRow, shares, stack
+from kvpages.schema.breakdown import CALLS, PASSES, STACK_PARTS, BreakdownRow, shares, stack
 
-ONE_PASS = ("One profiled pass, in a process of its own after the timing: the profiler's overhead inflates "
-            "every absolute time, so the shares are the result, and the timed medians above are the times.")
+PROFILED = (f"{PASSES} profiled passes of {CALLS} calls per case, the call of median wall time kept, in a process of "
+            "its own after the timing: the profiler's overhead inflates every absolute time, so the shares are the "
+            "result, and the timed medians above are the times.")
 PART_COLORS = ("tab:blue", "tab:orange", "tab:red", "tab:purple", "tab:gray")
 
 
@@ -81,7 +82,8 @@ def plot_breakdown(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) 
     fig.legend(handles, parts, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.55 / height), fontsize=7,
                ncol=len(parts), frameon=False)
     crossed = "" if device == "cuda" else " (CPU run: no PCIe link crossed)"
-    fig.suptitle(f"Where the time goes: one profiled pass (shares; µs per call above the bars, profiler-inflated)\n"
+    fig.suptitle(f"Where the time goes: median of {PASSES} profiled passes (shares; µs per call above the bars, "
+                 "profiler-inflated)\n"
                  f"{dtype} {layout}{crossed} | {analysis.run.device_name} | run {analysis.run.run_id}", fontsize=9)
     return save(fig, out_dir / f"breakdown_{dtype}_{layout}", formats)
 
@@ -118,7 +120,7 @@ def breakdown_section(analysis: Analysis) -> str:
                            for r in sorted(host, key=lambda r: r.page_size))
         what += (f" `{BASELINE}`'s host time outside {'CUDA calls' if cuda else 'aten'} at {host[0].seq_len} tokens, "
                  f"where its numpy stride and divide run (none at page size 1, which returns early): {listed}.")
-    return f"{ONE_PASS} {what} `breakdown.csv` has every figure, with a stable `id` per row.\n\n" + markdown_table(header, table)
+    return f"{PROFILED} {what} `breakdown.csv` has every figure, with a stable `id` per row.\n\n" + markdown_table(header, table)
 
 
 def floor_section(analysis: Analysis) -> str:

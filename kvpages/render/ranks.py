@@ -1,5 +1,5 @@
 """The report and summary of a multi-rank run (kvpages.measure.ranks): what a step pays when every rank converts
-at once, against rank 0 alone in the same run (no torch)."""
+at once, against the same ranks converting alone in turn in the same run (no torch)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from kvpages.analysis.ratios import Analysis
 from kvpages.core.names import label
 from kvpages.render.style import legend_label, style
 from kvpages.render.text import ci_text, table, us
-from kvpages.schema.ranks import ALONE, CONTENTION_CSV, RANK
+from kvpages.schema.ranks import CONTENTION_CSV, ContentionRow
 
 CONTENTION_CHART = "contention"
 
@@ -18,35 +18,43 @@ METHOD = (
     "torchrun started one pytest session per rank, each on its own device, joined in one gloo process group "
     "(host-side: no collective kernel runs on a timed device). Every rank ran the same blocks in the same order. "
     "Each timed round starts together: the ranks of a host meet at a spin barrier in shared memory, which "
-    "releases them within microseconds (ranks on several hosts: gloo's barrier), and the rounds "
-    "alternate, rank 0 converting alone while the others wait, then every rank at once. The step's cost per "
-    "round is the maximum over the ranks, since a scheduler step waits for its slowest rank. The contention of a "
-    "(scenario, step variant) is the median of the paired per-repetition ratios of block medians, step over "
-    "rank 0 alone (both from the same blocks), with the order-statistic interval of the median over the "
-    "repetitions (`interval_unit`): it covers what varies within this run's processes, not what a rerun in "
-    "fresh processes adds. `skew`: per round, the last rank's start minus the first's (median), what 'at once' "
-    "achieved."
+    "releases them within microseconds (ranks on several hosts: gloo's barrier). The rounds run in cycles: each "
+    "rank converts alone in turn while the others wait (the turn starting one rank later in each cycle), then every "
+    "rank converts at once. Per cycle, the step at "
+    "once costs the maximum over the ranks of their at-once rounds (a scheduler step waits for its slowest rank), "
+    "and the step alone the maximum over the ranks of their alone rounds of the same cycle. Both are a maximum "
+    "over the same ranks, so neither the maximum-of-N bias nor a rank that is always slower reads as contention: "
+    "the contention is 1 when the ranks do not slow each other down. Each block (repetition) is summarised by its "
+    "median; the figures printed are the medians of those over the repetitions, and the contention is their ratio, "
+    "with the percentile interval of a bootstrap over the repetitions, each drawn with its at-once and alone "
+    "medians together (`kvpages.analysis.contention`: when at-once and alone rounds come from one distribution it "
+    "contains 1 at its nominal rate, measured by simulation). It covers what varies within this run's process, "
+    "not what a rerun in fresh processes adds. Each rank's own at-once / alone ratio is formed the same way. "
+    "`skew`: per round, the last rank's start minus the first's (median), what 'at once' achieved."
 )
 
 
+def _level(rows: list[ContentionRow]) -> str:
+    return ", ".join(sorted({coverage_text(c.confidence) for c in rows}))
+
+
 def contention_table(analysis: Analysis, latency: str = "ready") -> str:
-    rows = [[c.scenario, f"`{c.variant}`", c.world_size, us(c.alone_median_us), us(c.step_median_us),
+    """The step's contention per (scenario, step variant)."""
+    found = [c for c in analysis.contention if c.latency == latency and c.rank is None]
+    rows = [[c.scenario, f"`{c.variant}`", c.world_size, us(c.alone_median_us), us(c.at_once_median_us),
              f"{c.ratio:.3f}", ci_text(c), "" if c.skew_median_us is None else us(c.skew_median_us), f"`{c.id}`"]
-            for c in analysis.contention if c.latency == latency]
-    level = {coverage_text(c.confidence) for c in analysis.contention}
-    return table(["scenario", "step variant", "ranks", "rank 0 alone µs", "step µs (max over ranks)", "contention",
-                  f"{', '.join(sorted(level))} interval", "skew µs", "id"], rows)
+            for c in found]
+    return table(["scenario", "step variant", "ranks", "step alone µs (max over ranks)",
+                  "step at once µs (max over ranks)", "contention", f"{_level(found)} interval", "skew µs", "id"], rows)
 
 
-def per_rank_table(analysis: Analysis) -> str:
-    frame = analysis.run.ranks
-    if frame is None:
-        return ""
-    ok = frame[(frame["status"] == "ok") & frame["role"].isin([RANK, ALONE])]
-    rows = [[r["scenario"], f"`{r['variant']}`", "alone" if r["role"] == ALONE else f"rank {r['rank']}", r["device"],
-             us(float(r["ready_median_us"])), us(float(r["ready_q1_us"])), us(float(r["ready_q3_us"]))]
-            for r in ok.to_dict("records")]
-    return table(["scenario", "step variant", "who", "device", "ready median µs", "q1", "q3"], rows)
+def per_rank_table(analysis: Analysis, latency: str = "ready") -> str:
+    """Each rank's own at-once / alone ratio per (scenario, step variant)."""
+    found = [c for c in analysis.contention if c.latency == latency and c.rank is not None]
+    rows = [[c.scenario, f"`{c.variant}`", f"rank {c.rank}", us(c.alone_median_us), us(c.at_once_median_us),
+             f"{c.ratio:.3f}", ci_text(c), f"`{c.id}`"] for c in found]
+    return table(["scenario", "step variant", "rank", "alone µs", "at once µs", "at once / alone",
+                  f"{_level(found)} interval", "id"], rows)
 
 
 def render_ranks(analysis: Analysis, environment: str) -> str:
@@ -63,15 +71,17 @@ def render_ranks(analysis: Analysis, environment: str) -> str:
     sections = [
         f"# kvpages report: {run.run_id} ({size} ranks at once)",
         f"## Findings: what a scheduler step pays when {size} ranks convert at once\n\nReady latency (the page "
-        "indices on the host), per step: rank 0 converting alone, the step with every rank converting at once, and "
-        f"their ratio (`{CONTENTION_CSV}`; blocked latency there too). Above 1: the ranks slow each other down."
+        "indices on the host), per step: the step with each rank converting alone in turn, the step with every rank "
+        "converting at once (each the maximum over the ranks, per cycle of rounds), and their ratio "
+        f"(`{CONTENTION_CSV}`; blocked latency there too). Above 1: the ranks slow each other down."
         + (" CPU run: the ranks share the host's cores and memory, no link was crossed." if cpu else "")
         + "\n\n" + contention_table(analysis),
         *([f"![{CONTENTION_CHART}.png]({CONTENTION_CHART}.png)\n\n*Each step variant's contention (ready latency, the "
-            "step over rank 0 alone) against B, per page size, with its interval; 1 = the ranks cost each other "
-            "nothing.*"] if (run.path / f"{CONTENTION_CHART}.png").exists() else []),
-        "## Per rank\n\nReady latency of each rank's own calls when every rank converted, and of rank 0 alone "
-        "(`ranks.csv`).\n\n" + per_rank_table(analysis),
+            "step at once over the step alone) against B, per page size, with its interval, and each rank's own "
+            "at-once / alone ratio (hollow); 1 = the ranks cost each other nothing.*"]
+          if (run.path / f"{CONTENTION_CHART}.png").exists() else []),
+        "## Per rank\n\nReady latency of each rank's own calls, alone and when every rank converted at once, and "
+        f"their ratio (`{CONTENTION_CSV}`).\n\n" + per_rank_table(analysis),
         "## Method\n\n" + METHOD,
         "## Caveats\n\n" + ("\n".join(skipped) or "- none"),
         f"## Environment\n\nProcess group: {group.backend if group else '?'}, timeout "
@@ -84,59 +94,66 @@ def render_ranks(analysis: Analysis, environment: str) -> str:
 
 def contention_summary(analysis: Analysis) -> list[str]:
     """Terminal lines: the contention of each (scenario, step variant), ready latency."""
-    if not analysis.contention:
+    steps = [c for c in analysis.contention if c.latency == "ready" and c.rank is None]
+    if not steps:
         return []
-    lines = [f"{analysis.contention[0].world_size} ranks at once (ready µs per step; contention = step, the maximum "
-             "over the ranks, over rank 0 alone, with its interval):"]
-    for c in analysis.contention:
-        if c.latency == "ready":
-            lines.append(f"  {c.scenario}  {label(c.variant)}: alone {us(c.alone_median_us)}, step "
-                         f"{us(c.step_median_us)}, contention {c.ratio:.3f} {ci_text(c)}")
+    lines = [f"{steps[0].world_size} ranks at once (ready µs per step, each the maximum over the ranks; contention = "
+             "the step at once over the step with each rank alone, with its interval):"]
+    lines += [f"  {c.scenario}  {label(c.variant)}: alone {us(c.alone_median_us)}, at once {us(c.at_once_median_us)}, "
+              f"contention {c.ratio:.3f} {ci_text(c)}" for c in steps]
     return lines
 
 
 def plot_contention(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) -> list[Path]:
-    """contention.png: per page size, each step variant's contention (ready; step over rank 0 alone) against B,
-    with its interval; 1 = the ranks cost each other nothing."""
+    """contention.png: per page size, each step variant's contention (ready; the step at once over the step alone)
+    against B, with its interval, and each rank's own at-once / alone ratio (hollow, no interval); 1 = the ranks cost
+    each other nothing."""
     rows = [c for c in analysis.contention if c.latency == "ready"]
     frame = analysis.run.ranks
-    if not rows or frame is None:
+    steps = [c for c in rows if c.rank is None]
+    if not steps or frame is None:
         return []
+    from matplotlib.lines import Line2D
+
     from kvpages.render.figures import new_figure, save, set_title
 
     shape = {str(s): (int(b), int(p)) for s, b, p in zip(frame["scenario"], frame["requests"], frame["page_size"],
                                                           strict=True)}
     """Per step scenario: (requests B, page size), from ranks.csv."""
-    pages = sorted({shape[c.scenario][1] for c in rows})
-    variants = list(dict.fromkeys(c.variant for c in rows))
+    pages = sorted({shape[c.scenario][1] for c in steps})
+    variants = list(dict.fromkeys(c.variant for c in steps))
     legend_in = 4.6
     fig = new_figure(4.2 * len(pages) + legend_in, 3.8)
-    batches = sorted({shape[c.scenario][0] for c in rows})
+    batches = sorted({shape[c.scenario][0] for c in steps})
     axes = fig.subplots(1, len(pages), squeeze=False, sharey=True)[0]
     for ax, page in zip(axes, pages, strict=True):
         for k, v in enumerate(variants):
-            at = sorted(((shape[c.scenario][0], c) for c in rows if c.variant == v and shape[c.scenario][1] == page),
-                        key=lambda found: found[0])
-            if not at:
-                continue
             look = style(v)
-            xs = [b * (1 + 0.04 * (k - len(variants) / 2)) for b, _ in at]  # side by side at each B
-            ys = [c.ratio for _, c in at]
-            ax.errorbar(xs, ys, yerr=[[y - c.ci_low for y, (_, c) in zip(ys, at, strict=True)],
-                                      [c.ci_high - y for y, (_, c) in zip(ys, at, strict=True)]],
+            here = sorted((c for c in rows if c.variant == v and shape[c.scenario][1] == page),
+                          key=lambda c: shape[c.scenario][0])
+            x = {c.scenario: shape[c.scenario][0] * (1 + 0.04 * (k - len(variants) / 2)) for c in here}  # side by side
+            at = [c for c in here if c.rank is None]
+            ax.errorbar([x[c.scenario] for c in at], [c.ratio for c in at],
+                        yerr=[[c.ratio - c.ci_low for c in at], [c.ci_high - c.ratio for c in at]],
                         color=look.color, marker=look.marker, ls="none", ms=5, capsize=2, label=legend_label(v))
+            ranks = [c for c in here if c.rank is not None]
+            ax.plot([x[c.scenario] for c in ranks], [c.ratio for c in ranks], ls="none", marker=look.marker, ms=4,
+                    mfc="none", mec=look.color, mew=0.7)
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xscale("log", base=2)
         ax.set_xlim(batches[0] / 1.6, batches[-1] * 1.6)
         ax.set_xticks(batches, [str(b) for b in batches])
         ax.minorticks_off()
-        ax.set(xlabel="requests per step B", ylabel="step / rank 0 alone (ready)")
+        ax.set(xlabel="requests per step B", ylabel="at once / alone (ready)")
         set_title(ax, f"decode step, page_size={page}")
-    size = rows[0].world_size
-    coverage = ", ".join(sorted({coverage_text(c.confidence) for c in rows}))
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="center right", fontsize=7,
-               title=f"step variant ({coverage} interval)", title_fontsize=7)
-    fig.suptitle(f"{analysis.run.run_id}: {size} ranks converting at once, against rank 0 alone", fontsize=10)
+    size = steps[0].world_size
+    handles, labels = axes[0].get_legend_handles_labels()
+    handles.append(Line2D([], [], color="grey", marker="o", mfc="none", ls="none", ms=4))
+    labels.append("each rank's own at once / alone")
+    fig.legend(handles, labels, loc="center right", fontsize=7,
+               title=f"step at once / step alone ({_level(steps)} interval)", title_fontsize=7)
+    fig.suptitle(f"{analysis.run.run_id}: {size} ranks converting at once, against each converting alone in turn",
+                 fontsize=10)
     fig.subplots_adjust(left=0.07, right=1 - legend_in / (4.2 * len(pages) + legend_in) - 0.01, bottom=0.14,
                         top=0.85, wspace=0.08)
     return save(fig, out_dir / CONTENTION_CHART, formats)

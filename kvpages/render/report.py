@@ -70,6 +70,7 @@ def environment_paragraph(analysis: Analysis) -> str:
     cuda = ""
     if e.device == "cuda":
         loaded = f", under load {e.pcie_link_loaded}" if e.pcie_link_loaded else ""
+        loaded += f", SM clock under load {e.sm_clock_mhz_loaded} MHz" if e.sm_clock_mhz_loaded else ""
         cuda = f", CUDA {e.cuda_version}, driver {e.driver_version}, PCIe {e.pcie_link}{loaded}"
     git = f"commit {e.git_commit[:12]}{' (dirty tree)' if e.git_dirty else ''}" if e.git_commit else "no git checkout"
     return (

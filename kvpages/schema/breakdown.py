@@ -1,4 +1,4 @@
-"""breakdown.csv: where the time of one call goes, per (variant, point), from one profiled pass (no torch).
+"""breakdown.csv: where the time of one call goes, per (variant, point), from three profiled passes (no torch).
 
 Written by kvpages.measure.breakdown into the run folder; read by the report and the charts. The profiler's
 overhead inflates every absolute figure, so the shares of a row are the result, not its microseconds.
@@ -18,11 +18,16 @@ from pathlib import Path
 from kvpages.schema.writer import write_atomic
 
 BREAKDOWN_CSV = "breakdown.csv"
+PASSES = 3
+"""Profiled passes over all the cases (kvpages.measure.breakdown)."""
+CALLS = 3
+"""Profiled calls per case in each pass, each in its own range; a row is the call of median wall time among a
+case's PASSES x CALLS calls."""
 
 
 @dataclass(frozen=True)
 class BreakdownRow:
-    """One (variant, point) of one profiled pass: microseconds of the call of median wall time among `calls` calls."""
+    """One (variant, point): microseconds of the call of median wall time among its `calls` profiled calls (all passes)."""
 
     id: str
     """Stable across runs: `<variant>-<point id>`, the case id of the timed row."""
@@ -122,6 +127,6 @@ STACK_PARTS = {"cpu": tuple(label for label, _ in stack(BreakdownRow("", "", "cp
 
 
 def shares(row: BreakdownRow) -> tuple[tuple[str, float], ...]:
-    """`stack` as fractions of the wall time (the result of one profiled pass)."""
+    """`stack` as fractions of the wall time (the result of the profiled passes)."""
     total = row.wall_us if row.wall_us > 0 and math.isfinite(row.wall_us) else 1.0
     return tuple((label, value / total) for label, value in stack(row))

@@ -33,6 +33,9 @@ class Environment:
     gpu_uuid: str | None = None
     pcie_link_loaded: str | None = None
     """The PCIe link as nvidia-smi saw it right after the first timed block (an idle link downshifts)."""
+    sm_clock_mhz_loaded: int | None = None
+    """The SM clock (nvidia-smi's clocks.sm) at the same moment; each process spins the GPU up before its first
+    timed block, so this should read the boosted clock (an H200: 1980 MHz, 345 MHz idle)."""
     hostname: str | None = None
     """The host's name (socket.gethostname()); None in runs written before it was recorded."""
 

@@ -1,11 +1,11 @@
 """Multi-rank runs (torchrun): the roles a step's rows take, and the contention a step pays (no torch import).
 
 In a multi-rank run (kvpages.measure.ranks) every timed round of a step scenario starts on a
-barrier, and the rounds alternate: rank 0 converts alone while the other ranks wait (the
-one-rank baseline), then every rank converts at once, as the ranks of one scheduler step do.
-The run folder holds meta.json's `ranks` (kvpages.schema.meta.RanksMeta), `ranks.csv` and
-`rank_samples.csv` (kvpages.schema.rows.RankRow, RankSampleSet: one row per rank, one `step`
-row, one `alone` row per (scenario, step variant)), and, once analysed, `contention.csv`.
+barrier, and the rounds run in cycles: each rank converts alone in turn while the others wait,
+then every rank converts at once, as the ranks of one scheduler step do. The run folder holds
+meta.json's `ranks` (kvpages.schema.meta.RanksMeta), `ranks.csv` and `rank_samples.csv`
+(kvpages.schema.rows.RankRow, RankSampleSet: per (scenario, step variant), one `rank` and one
+`alone` row per rank, one `step` and one `alone_max` row), and, once analysed, `contention.csv`.
 """
 
 from __future__ import annotations
@@ -16,31 +16,35 @@ from kvpages.schema.rows import scenario_row_id
 
 CONTENTION_CSV = "contention.csv"
 
-RANK, STEP, ALONE = "rank", "step", "alone"
-ROLES = (RANK, STEP, ALONE)
-"""rank: one rank's own calls when every rank converts; step: per round, the maximum over the ranks (what the
-scheduler step waits for); alone: rank 0 converting while the others wait at the barrier (the one-rank baseline)."""
+RANK, ALONE, STEP, ALONE_MAX = "rank", "alone", "step", "alone_max"
+ROLES = (RANK, ALONE, STEP, ALONE_MAX)
+"""rank: one rank's calls when every rank converts at once; alone: one rank's calls while the others wait at the
+barrier; step: per cycle, the maximum over the ranks at once (what the scheduler step waits for); alone_max: per
+cycle, the maximum over the ranks of their alone calls (the step the ranks would make if they did not slow each
+other down). The k-th value of every role's block is the k-th cycle's."""
 
 
 @dataclass(frozen=True)
 class ContentionRow:
-    """What a step pays when every rank converts at once: the step (per round, the maximum over the ranks) over rank
-    0 alone, for one latency; the median of the paired per-repetition log-ratios of block medians, with the interval
-    of kvpages.core.stats (contention.csv)."""
+    """What converting at once costs, for one latency (contention.csv): the step (`rank` empty: per cycle the maximum
+    over the ranks at once, against the maximum over the ranks alone) or one rank (its at-once calls against its
+    alone calls). ratio = at_once_median_us / alone_median_us, the two medians of every cycle of every repetition;
+    its interval: the percentile interval of a bootstrap over the repetitions (kvpages.analysis.contention)."""
 
     id: str
     scenario: str
     variant: str
     world_size: int
+    rank: int | None
     latency: str
     ratio: float
     ci_low: float
     ci_high: float
     confidence: float
     repetitions: int
-    processes: int
+    cycles: int
     interval_unit: str
-    step_median_us: float
+    at_once_median_us: float
     alone_median_us: float
     skew_median_us: float | None
     repro: str
@@ -49,6 +53,8 @@ class ContentionRow:
 CONTENTION_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ContentionRow))
 
 
-def contention_id(scenario: str, variant: str, world_size: int, latency: str) -> str:
-    """A contention.csv row's stable id: x<N>-<scenarios.csv row id>-<latency>."""
-    return f"x{world_size}-{scenario_row_id(scenario, variant)}-{latency}"
+def contention_id(scenario: str, variant: str, world_size: int, latency: str, rank: int | None = None) -> str:
+    """A contention.csv row's stable id: x<N>-<scenarios.csv row id>-<latency> for the step, x<N>-r<rank>-... for a
+    rank."""
+    who = "" if rank is None else f"r{rank}-"
+    return f"x{world_size}-{who}{scenario_row_id(scenario, variant)}-{latency}"

@@ -195,10 +195,10 @@ SCENARIO_SAMPLE_COLUMNS = ("scenario", "variant", "repetition", "order", "proces
 
 @dataclass(frozen=True)
 class RankRow:
-    """A (scenario, step variant) of a multi-rank run as one rank, the whole step, or rank 0 alone saw it
-    (`role`: kvpages.schema.ranks.ROLES); latencies in microseconds per step, as ScenarioRow's.
+    """A (scenario, step variant) of a multi-rank run as one rank saw it, at once or alone, or as the whole step saw
+    it, at once or alone (`role`: kvpages.schema.ranks.ROLES); latencies in microseconds per step, as ScenarioRow's.
 
-    `rank`: the rank (0 for `alone`, empty for `step`). Bytes: what the meter counted on that rank (the step's:
+    `rank`: the rank (empty for `step` and `alone_max`). Bytes: what the meter counted on that rank (the step's:
     summed over the ranks). `skew_median_us` (step rows): per round, the last rank's start minus the first's, on
     the monotonic clock of one host (empty when the ranks span hosts).
     """

@@ -82,7 +82,7 @@ class RunWriter:
         self.path = path
         self.meta = meta
         self._append(RESULTS_CSV, POINTS.columns, [])  # a run without points has no rows
-        self._write_meta()
+        self.write_meta()
 
     def add_samples(self, table: Table, samples: Sequence[Samples]) -> None:
         """Record a finished block's samples."""
@@ -106,9 +106,10 @@ class RunWriter:
         self.meta.completed = completed
         self.meta.end_note = end_note
         self.meta.timing = timing
-        self._write_meta()
+        self.write_meta()
 
-    def _write_meta(self) -> None:
+    def write_meta(self) -> None:
+        """(Re)write meta.json from `meta`, atomically."""
         write_atomic(self.path / META_JSON, json.dumps(dataclasses.asdict(self.meta), indent=2) + "\n")
 
 

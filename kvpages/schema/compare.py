@@ -1,0 +1,87 @@
+"""`kvpages compare --format json`: the document it prints for CI (no torch).
+
+One `ComparisonDocument` per comparison of run B against run A, serialised with `dataclasses.asdict` and
+`json.dumps`: per point its figures in both runs, B/A with its interval, p- and q-value, and the verdict
+(kvpages.analysis.verdicts). A figure with no value (an interval one repetition cannot form) is null.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+
+COMPARE_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_id: str
+    device_name: str
+    processes: int
+
+
+@dataclass(frozen=True)
+class PointKey:
+    variant: str
+    dtype: str
+    layout: str
+    seq_len: int
+    page_size: int
+
+
+@dataclass(frozen=True)
+class ComparedPoint:
+    """One point in both runs. family 'relative': a and b are each run's variant/baseline ratio (gated);
+    'absolute': each run's median µs (not gated)."""
+
+    family: str
+    point: PointKey
+    a: float
+    b: float
+    b_over_a: float
+    ci_low: float | None
+    ci_high: float | None
+    confidence: float | None
+    interval_unit: str
+    p_value: float
+    q_value: float
+    verdict: str
+    beyond_gate: bool | None
+    """Relative points with --fail-above: whether the whole interval lies above the gate; else null."""
+
+
+@dataclass(frozen=True)
+class Gate:
+    fail_above_pct: float
+    threshold: float
+    """B/A above which a relative point's whole interval fails the gate: 1 + fail_above_pct / 100."""
+    regressions: int
+    passed: bool
+
+
+@dataclass(frozen=True)
+class ComparisonDocument:
+    schema_version: int
+    a: RunInfo
+    b: RunInfo
+    baseline: str
+    interval_unit: str
+    caveat: str | None
+    min_effect: dict[str, float]
+    """Per family ('relative', 'absolute'): the minimum effect its verdicts needed."""
+    counts: dict[str, dict[str, int]]
+    """Per family: how many points got each verdict."""
+    gate: Gate | None
+    points: list[ComparedPoint]
+    only_a: list[PointKey]
+    only_b: list[PointKey]
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1, allow_nan=False) + "\n"
+
+
+def finite(value: float) -> float | None:
+    """`value`, or None where JSON has no number for it (an unknown interval's bound, a missing coverage)."""
+    return value if math.isfinite(value) else None

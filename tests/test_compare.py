@@ -1,0 +1,107 @@
+"""`kvpages compare`: its verdicts are `judge`'s, its gate keeps its own threshold, and its markdown and JSON formats,
+on two real quick runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import FAST, REPO, synthetic_run
+
+from kvpages.analysis.compare import compare_runs
+from kvpages.analysis.verdicts import FDR, MIN_EFFECT_FLOOR, SAME, SLOWER, VERDICTS, judge
+from kvpages.render.compare import FORMATS
+from kvpages.schema.compare import ComparedPoint, ComparisonDocument
+from kvpages.schema.reader import load_run
+
+POINTS = {(v, s, p): m for s in (512, 8192, 131072) for p in (1, 64)
+          for v, m in (("host_stride", 10.0), ("device_stride", 20.0))}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvpages", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_compare_s_verdicts_are_judge_s_with_the_family_s_minimum_effect_and_correction(tmp_path):
+    a = synthetic_run(tmp_path / "a", POINTS, seed=1, rep_spread=0.002, spread=0.001)
+    shifted = dict(POINTS)
+    shifted["device_stride", 8192, 64] = 20.0 * 1.012  # 1.2% slower: beyond this quiet run's noise, not the 2% floor
+    shifted["device_stride", 131072, 64] = 20.0 * 1.3  # 30% slower
+    b = synthetic_run(tmp_path / "b", shifted, seed=2, rep_spread=0.002, spread=0.001)
+    result = compare_runs(load_run(a), load_run(b))
+    for family in (result.relative, result.absolute):
+        for p in family.points:
+            assert p.verdict == judge(p.interval, family.min_effect, p.q_value <= FDR)
+    assert result.relative.min_effect == MIN_EFFECT_FLOOR  # the quiet family's noise floor is below the floor
+    small = next(p for p in result.relative.points if p.key[3:] == (8192, 64))
+    assert small.interval.ci_low > 1 and small.verdict == SAME  # the interval alone would have called it slower
+    assert next(p for p in result.relative.points if p.key[3:] == (131072, 64)).verdict == SLOWER
+    done = cli("compare", str(a), str(b), "--fail-above", "0.5")  # the gate keeps its own threshold
+    assert done.returncode == 1 and "FAIL: 2 point(s) slower relative to host_stride by more than 0.5%" in done.stderr
+    assert cli("compare", str(a), str(b), "--fail-above", "10").returncode == 1
+    assert cli("compare", str(a), str(b), "--fail-above", "40").returncode == 0
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> tuple[Path, Path]:
+    """Two real quick sweeps of this checkout, one after the other (no scenarios: points are what compare reads)."""
+    results = tmp_path_factory.mktemp("runs")
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-m", "pytest", "bench/", "--kv-preset", "quick", "--kv-scenarios",
+                               "none", "--kv-results", str(results), "-q", "--benchmark-quiet", "-p", "no:logging",
+                               *FAST], cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    a, b = sorted(results.iterdir())
+    return a, b
+
+
+def test_markdown_is_a_table_ready_for_a_pull_request_comment(two_runs):
+    a, b = two_runs
+    result = compare_runs(load_run(a), load_run(b))
+    done = cli("compare", str(a), str(b), "--format", "markdown")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"### kvpages compare: B `{b.name}` against A `{a.name}`"
+    rows = [line for line in lines if line.startswith("| `")]
+    assert len(rows) == len(result.relative.points) + len(result.absolute.points)
+    for p, row in zip(result.relative.points, rows, strict=False):
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[0] == f"`{p.key[0]}`" and cells[-1].strip("*") == p.verdict
+        assert cells[7] == f"{p.interval.ratio:.3f}"
+    assert "<details><summary>Absolute" in done.stdout and "</details>" in done.stdout
+
+
+def test_json_gives_every_point_its_figures_interval_and_verdict(two_runs):
+    a, b = two_runs
+    result = compare_runs(load_run(a), load_run(b))
+    done = cli("compare", str(a), str(b), "--format", "json", "--fail-above", "10")
+    document = json.loads(done.stdout)
+    assert set(document) == {f.name for f in dataclasses.fields(ComparisonDocument)}
+    assert document["a"]["run_id"] == a.name and document["b"]["run_id"] == b.name
+    assert document["gate"]["passed"] == (done.returncode == 0) and document["gate"]["threshold"] == 1.1
+    points = document["points"]
+    judged = [(f, p) for f, family in (("relative", result.relative), ("absolute", result.absolute))
+              for p in family.points]
+    assert len(points) == len(judged)
+    for written, (family, p) in zip(points, judged, strict=True):
+        assert set(written) == {f.name for f in dataclasses.fields(ComparedPoint)}
+        assert written["family"] == family and tuple(written["point"].values()) == p.key
+        assert written["verdict"] == p.verdict in VERDICTS
+        assert written["a"] == p.a_value and written["b"] == p.b_value and written["b_over_a"] == p.interval.ratio
+        if written["ci_low"] is not None:
+            assert written["ci_low"] <= written["b_over_a"] <= written["ci_high"]
+        assert (written["beyond_gate"] is None) == (family == "absolute")
+    for family in ("relative", "absolute"):
+        assert sum(document["counts"][family].values()) == sum(p["family"] == family for p in points)
+
+
+def test_a_bad_format_exits_2_naming_the_choices(two_runs):
+    a, b = two_runs
+    done = cli("compare", str(a), str(b), "--format", "xml")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "invalid choice: 'xml'" in done.stderr and all(f"'{name}'" in done.stderr for name in FORMATS)
