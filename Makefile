@@ -10,9 +10,8 @@
 #
 # `make gpu-check` needs no venv and no network: it runs bench/gpu_check.sh with $(PYTHON) as it is
 # (e.g. PYTHON=/opt/conda/bin/python, or PYTHON=.venv/bin/python), PYTEST_ARGS going to both of its sweeps.
-#   ARCHIVE=dir          --archive dir: the whole output into dir/gpu_check.log, the run folders into dir/runs.tar.gz
-# Its exit status: 0 all steps passed, 1 some step failed (the last line names them), 2 missing python packages,
-# 3 no CUDA device, 64 a usage error (see the header of bench/gpu_check.sh).
+#   ARCHIVE=dir          --archive dir
+# Its usage, steps and exit status: `bash bench/gpu_check.sh --help`.
 
 PYTHON ?= python3
 VENV ?= .venv
