@@ -29,6 +29,7 @@
 #                   current folder, is created; it holds nothing else (but a runs.tar.gz.part while one is written).
 #   --device cpu    rehearse the same steps on the CPU: sweeps on cpu, no profiler preflight, no nvidia-smi; the
 #                   CUDA tests then all skip. (Default: --device cuda.)
+#   --help          print this header (the one place the usage and exit codes are written) and exit.
 #   Everything else (or everything after `--`) goes to both sweeps, e.g. --kv-page-sizes 1,64; their run folders
 #   go to results/, or to the folder of a --kv-results given here (relative to the repository root, where the
 #   sweeps run). An option that starts with --arch or --dev before `--` is taken for a misspelt --archive or --device.
@@ -42,7 +43,7 @@
 set -uo pipefail  # no -e: a failing step is collected and the next one runs
 
 usage_error() {
-    echo "gpu_check.sh: $1 (usage: bash bench/gpu_check.sh [--archive DIR] [--device cuda|cpu] [--] [pytest options])" >&2
+    echo "gpu_check.sh: $1 (usage: bash bench/gpu_check.sh --help)" >&2
     exit 64
 }
 
@@ -57,6 +58,7 @@ while (($#)); do
         --device|--device=*)
             if [[ $1 == --device ]]; then DEVICE=${2-}; shift $(($# >= 2 ? 2 : 1)); else DEVICE=${1#*=}; shift; fi
             [[ $DEVICE == cuda || $DEVICE == cpu ]] || usage_error "--device '$DEVICE': choose cuda or cpu" ;;
+        -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; exit 0 ;;
         --) shift; break ;;
         --arch*|--dev*) usage_error "unknown option '$1': this script's own are --archive DIR and --device cuda|cpu" ;;
         *) break ;;

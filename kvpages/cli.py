@@ -1,4 +1,4 @@
-"""The `kvpages` command: list variants; plot, report, summarize, cite, compare and noise-check run folders; set
+"""The `kvpages` command: list variants and options; plot, report, summarize, cite, compare and noise-check run folders; set
 machines side by side (fleet).
 
 Only `list` imports torch (it reads the variant registry); the analysis commands
@@ -62,6 +62,27 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
             print(line)
         if not args.verbose and len(lines) > 4:
             print(f"  ... {len(lines) - 4} more call(s) (-v lists them)")
+    return 0
+
+
+def cmd_options(args: argparse.Namespace) -> int:
+    from kvpages.core.options import OPTIONS, options_markdown, with_options_table
+
+    if args.markdown is None:
+        width = max(len(o.flag) for o in OPTIONS)
+        for o in OPTIONS:
+            print(f"{o.flag:<{width}}  {o.help}")
+    elif not args.markdown:
+        print(options_markdown())
+    else:
+        page = Path(args.markdown)
+        try:
+            text = with_options_table(page.read_text(), str(page))
+        except ValueError as exc:
+            print(f"kvpages: error: {exc}", file=sys.stderr)
+            return 2
+        page.write_text(text)
+        print(f"written: the options table in {page}")
     return 0
 
 
@@ -157,6 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="list the registered variants")
     p.add_argument("-v", "--verbose", action="store_true", help="also print each variant's docstring (its hypothesis)")
     p.set_defaults(func=cmd_list)
+    p = sub.add_parser("options", help="list the --kv-* options of `pytest bench/` (the one table they are parsed from)")
+    p.add_argument("--markdown", nargs="?", const="", metavar="PAGE",
+                   help="print them as a markdown table; with PAGE, rewrite the table between its markers in PAGE "
+                        "(docs/guide.md)")
+    p.set_defaults(func=cmd_options)
     p = sub.add_parser("scenarios", help="print the calls each whole-request and step scenario of a preset makes")
     p.add_argument("--preset", default="default", choices=tuple(PRESETS), help="the preset (default: default)")
     p.add_argument("-v", "--verbose", action="store_true", help="list every call")

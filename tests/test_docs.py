@@ -1,12 +1,16 @@
-"""The docs derive from the registries: the README lists every variant and preset, results/README.md every column."""
+"""The docs derive from the registries: the README lists every variant and preset and links every docs page,
+docs/guide.md holds the options table written from OPTIONS, the docs name every option and `kvpages` command, and
+results/README.md every column."""
 
 from __future__ import annotations
 
+import argparse
 import re
 
 from conftest import REPO
 
-from kvpages.core.options import OPTIONS
+from kvpages.cli import build_parser
+from kvpages.core.options import OPTIONS, with_options_table
 from kvpages.core.presets import PRESETS
 from kvpages.measure.variants import all_variants
 from kvpages.schema.ranks import CONTENTION_COLUMNS
@@ -21,6 +25,8 @@ from kvpages.schema.rows import (
 )
 
 README = (REPO / "README.md").read_text()
+PAGES = sorted((REPO / "docs").glob("*.md"))
+DOCS = "\n".join([README] + [page.read_text() for page in PAGES])
 
 
 def test_readme_starts_with_the_two_commands():
@@ -64,6 +70,30 @@ def test_ci_runs_the_readme_test_command():
     assert "make test" in (REPO / ".ci" / "run").read_text()
 
 
-def test_readme_documents_every_option():
+def test_readme_is_at_most_12_kb_and_links_every_docs_page():
+    assert len(README.encode()) <= 12 * 1024
+    assert PAGES
+    for page in PAGES:
+        assert f"](docs/{page.name})" in README, page.name
+
+
+def test_every_relative_link_in_the_docs_leads_to_a_file():
+    for page in [REPO / "README.md", *PAGES]:
+        for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" not in target:
+                assert (page.parent / target).exists(), f"{page.name}: {target}"
+
+
+def test_the_guide_holds_the_options_table_written_from_options():
+    guide = REPO / "docs" / "guide.md"
+    text = guide.read_text()
+    assert with_options_table(text, str(guide)) == text, "stale: run `kvpages options --markdown docs/guide.md`"
+
+
+def test_the_docs_name_every_option_and_every_kvpages_command():
     for option in OPTIONS:
-        assert f"`{option.flag}`" in README, option.flag
+        assert f"`{option.flag}`" in DOCS, option.flag
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert len(commands) >= 10
+    for command in commands:
+        assert f"kvpages {command}" in DOCS, command

@@ -140,6 +140,16 @@ def test_a_usage_error_is_one_line_and_runs_nothing(tmp_path, args, env, message
     assert done.stdout == "" and list(tmp_path.iterdir()) == []
 
 
+def test_help_prints_the_header_the_one_place_usage_and_exit_codes_are_written(tmp_path):
+    done = gpu_check("--help", cwd=tmp_path, timeout=30)
+    assert done.returncode == 0 and done.stderr == "" and list(tmp_path.iterdir()) == []
+    header = SCRIPT.read_text().split("\nset ", 1)[0].splitlines()[1:]
+    assert done.stdout.splitlines() == [line.removeprefix("#").removeprefix(" ") for line in header]
+    assert "Usage: bash bench/gpu_check.sh" in done.stdout and "Exit codes: 0 every step passed" in done.stdout
+    for page in ("Makefile", "README.md", "docs/guide.md"):
+        assert "bench/gpu_check.sh --help" in (REPO / page).read_text(), page
+
+
 # ----------------------------------------------------------------------------- CPU rehearsals
 
 

@@ -142,6 +142,27 @@ OPTIONS: tuple[Option, ...] = (
            lambda f, t: t),
 )
 
+OPTIONS_BEGIN = "<!-- options: written by `kvpages options --markdown docs/guide.md` from kvpages/core/options.py -->"
+OPTIONS_END = "<!-- end of options -->"
+
+
+def options_markdown() -> str:
+    """The options as a markdown table, one row per option in `OPTIONS` order: what the docs hold."""
+    rows = [f"| `{o.flag}` | {o.help.replace('|', '&#124;')} |" for o in OPTIONS]
+    return "\n".join(["| option | meaning |", "|---|---|", *rows])
+
+
+def with_options_table(text: str, where: str) -> str:
+    """`text` (a docs page, named `where` in errors) with the table between its OPTIONS_BEGIN and OPTIONS_END lines
+    rewritten from `OPTIONS`."""
+    head, begin, rest = text.partition(OPTIONS_BEGIN + "\n")
+    _, end, tail = rest.partition(OPTIONS_END)
+    if not begin or not end:
+        raise ValueError(f"{where}: no options table to rewrite: it needs a line {OPTIONS_BEGIN!r}, then the table, "
+                         f"then a line {OPTIONS_END!r}")
+    return f"{head}{begin}{options_markdown()}\n{end}{tail}"
+
+
 SWEEP_FIELDS = ("seq_lens", "page_sizes", "dtypes", "layouts", "seed", "time_budget_s", "repetitions", "passes",
                 "processes")
 """The options that override one field of the preset's `Sweep` (same names)."""

@@ -38,7 +38,7 @@ class Preset:
 
 DEFAULT_PROCESSES, DEFAULT_REPETITIONS = 6, 12
 """How a timed run's repetitions are spent: 6 fresh processes of 2 repetitions each, one pass each. Chosen from
-measurements on the 2-core dev box (README.md, "Why processes, repetitions and interleaving"): a process start
+measurements on the 2-core dev box (docs/method.md, "Why processes"): a process start
 costs about 2 s (interpreter, torch and pytest imports, collection) plus about 1 s for its inputs (2.5 s for the
 process that builds them first), the ratios vary about 17-20% between repetitions of one process and 4-6%
 between processes, and 6 is the fewest processes a two-stage bootstrap holds its coverage with."""
@@ -73,7 +73,7 @@ PRESETS: dict[str, Preset] = {
         Preset(Sweep("ranks", seq_lens=(8192,), page_sizes=(1, 64), time_budget_s=0.05, processes=1, repetitions=12,
                      passes=1),
                step_scenarios((8, 32, 128), MIXED_LENGTHS, (1, 64)), 0.1,
-               "the steps under torchrun: every rank at once against rank 0 alone (README: many ranks)"),
+               "the steps under torchrun: every rank at once against rank 0 alone (docs/guide.md: many ranks)"),
     )
 }
 """Named runs: `quick` (seconds, what CI runs), `default` (`make bench`), `full`, and `ranks` (the step scenarios of
