@@ -336,6 +336,17 @@ class Analysis:
         levels = self.run.levels((scenario, variant), latency)
         return None if levels is None else mean_estimate(levels)
 
+    def time_of(self, row: Record | pd.Series) -> float:
+        """A results.csv row's time as every table prints it (`time_band`), or its median without samples."""
+        band = self.time_band(str(row["variant"]), str(row["dtype"]), str(row["layout"]), int(row["page_size"]),
+                              int(row["seq_len"]))
+        return float(row["median_us"]) if band is None else band.ratio
+
+    def scenario_time(self, row: Record | pd.Series, latency: str = "blocked") -> float:
+        """A scenarios.csv row's time as every table prints it (`scenario_band`), or its median without samples."""
+        band = self.scenario_band(str(row["scenario"]), str(row["variant"]), latency)
+        return float(row[f"{latency}_median_us"]) if band is None else band.ratio
+
     def ratios_frame(self) -> pd.DataFrame:
         return pd.DataFrame([r.__dict__ for r in self.ratios])
 

@@ -37,7 +37,7 @@ def link_model_section(analysis: Analysis) -> str:
     longest = modeled.groupby(["dtype", "layout", "page_size"])["seq_len"].transform("max")
     chosen = modeled[modeled["seq_len"] == longest].sort_values(["page_size", "variant"])
     header = ["page_size", "seq_len", "variant", "bytes", "transfers", "measured µs"] + [p.label + " µs" for p in LINK_PROFILES]
-    rows = [[r["page_size"], r["seq_len"], r["variant"], count(r["d2h_bytes"]), r["d2h_transfers"], us(r["median_us"])]
+    rows = [[r["page_size"], r["seq_len"], r["variant"], count(r["d2h_bytes"]), r["d2h_transfers"], us(analysis.time_of(r))]
             + [us(r[p.column]) for p in LINK_PROFILES] for _, r in chosen.iterrows()]
     lead = ("**Model, not measurement**: the link and device terms of one call per link profile, without host work "
             "(every term and its source: the report's link model section, `kvpages/core/links.py`), at the longest "
@@ -62,8 +62,9 @@ def model_vs_measurement(analysis: Analysis) -> str:
         if profile is None:
             continue
         modeled = profile.predicted_us(str(r["variant"]), int(r["page_size"]), 1, r["d2h_bytes"], r["d2h_transfers"], 0.0)
-        rows.append([r["page_size"], r["seq_len"], f"`{r['variant']}`", r["link"], profile.label, us(r["median_us"]),
-                     us(modeled), f"{r['median_us'] - modeled:+.2f}"])
+        time = analysis.time_of(r)
+        rows.append([r["page_size"], r["seq_len"], f"`{r['variant']}`", r["link"], profile.label, us(time),
+                     us(modeled), sig(time - modeled)])
     if not rows:
         return f"\n\nNo link profile matches this run's link (PCIe: {pcie}), so the model is not compared with it."
     header = ["page_size", "seq_len", "variant", "link", "profile", "measured µs", "modeled µs", "measured - modeled µs"]
@@ -104,8 +105,8 @@ def scenarios_section(analysis: Analysis) -> str:
         chosen = ok[ok["kind"] == kind].sort_values(["side", "page_size", "busy_us", "requests", "tokens", "variant"],
                                                     key=variant_order)
         for _, r in chosen.iterrows():
-            latencies = ([us(r["blocked_median_us"]), ratio_cell(analysis, r["scenario"], r["variant"], "blocked")]
-                         + ([] if merged else [us(r["ready_median_us"]),
+            latencies = ([us(analysis.scenario_time(r)), ratio_cell(analysis, r["scenario"], r["variant"], "blocked")]
+                         + ([] if merged else [us(analysis.scenario_time(r, "ready")),
                                                ratio_cell(analysis, r["scenario"], r["variant"], "ready")]))
             rows.append([f"`{r['id']}`", r["calls"], count(r["d2h_bytes"]), r["d2h_transfers"], *latencies])
         if rows:

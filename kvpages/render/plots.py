@@ -147,7 +147,7 @@ def plot_latency(analysis: Analysis, frame, dtype: str, layout: str, stem: Path,
 def plot_bytes(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
     page_sizes = sorted(frame["page_size"].unique())
     variants = _variants(frame)
-    fig, axes = _panels(len(page_sizes))
+    fig, axes = _panels(len(page_sizes), legend=legend_width(legend_label(v) for v in variants))
     lines = _lines(frame, ("page_size",), "seq_len")
     seq = np.array(sorted(frame["seq_len"].unique()))
     for ax, page_size in zip(axes, page_sizes, strict=True):
@@ -160,7 +160,7 @@ def plot_bytes(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, f
             zero = [r["seq_len"] for r in every if r["d2h_bytes"] == 0]
             if zero:  # 0 bytes has no place on a log axis: marked on its floor (the axis' lower edge)
                 ax.plot(zero, [0.0] * len(zero), ls="none", marker="v", ms=6, color=style(v).color, clip_on=False,
-                        transform=ax.get_xaxis_transform(), label=f"{legend_label(v)}: 0 bytes (on the axis floor)")
+                        transform=ax.get_xaxis_transform(), label=f"{v}: 0 bytes (on the axis floor)")
         ax.plot(seq, np.ceil(seq / page_size) * ITEMSIZE[dtype], color="black", ls="--", lw=1, zorder=5,
                 label="ideal ceil(seq_len/page_size)*itemsize")
         ax.set(xscale="log", yscale="log", xlabel="seq_len (tokens)", ylabel="metered D2H bytes per call")

@@ -168,10 +168,10 @@ def scenario_main(analysis: Analysis) -> str:
     base = frame[frame["variant"] == analysis.scenario_baseline].set_index("scenario")
     rows = []
     for _, r in ok.sort_values(["kind", "side", "page_size", "busy_us", "requests", "tokens"]).iterrows():
-        b = base.loc[r["scenario"]]
+        b = {**base.loc[r["scenario"]].to_dict(), "scenario": r["scenario"]}
         size = f"{r['tokens']} tokens" if r["kind"] == "request" else f"{r['requests']} requests"
         rows.append([r["kind"], r["side"], r["page_size"], size, f"{count(b['d2h_bytes'])} → {count(r['d2h_bytes'])}",
-                     f"{us(b['blocked_median_us'])} → {us(r['blocked_median_us'])}",
+                     f"{us(analysis.scenario_time(b))} → {us(analysis.scenario_time(r))}",
                      ratio_cell(analysis, r["scenario"], STEP_CANDIDATE, "blocked"), f"`{r['id']}`"])
     what = "blocked = ready µs" if same_latencies(analysis) else "blocked µs"
     lead = (f"Measured over whole requests (every call, prefill chunks of the chunk size; decode one call and "
