@@ -1,5 +1,5 @@
 """One estimator everywhere: every printed ratio is the ratio of its two printed times, every chart marker lies in
-its own band, and the interval of that statistic is calibrated (kvpages.core.stats.paired_ratio; real files)."""
+its own band, and the interval of that statistic is calibrated (kvpages.core.estimator.paired_ratio; real files)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from conftest import reference_runs
 
 from kvpages.analysis.cite import sig
 from kvpages.analysis.ratios import analyze
-from kvpages.core.stats import Levels, paired_ratio, t_quantile
+from kvpages.core.estimator import paired_ratio, t_quantile
+from kvpages.core.stats import Levels
 from kvpages.render.report import write_report
 from kvpages.schema.reader import load_run
 

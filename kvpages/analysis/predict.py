@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import pandas as pd
+
 from kvpages.analysis.ratios import Analysis, ScenarioRatio
-from kvpages.core.links import LinkProfile, prediction_profiles
+from kvpages.core.links import LINK_PROFILES, LinkProfile, prediction_profiles
 from kvpages.schema.rows import RatioRow
 
 
@@ -75,3 +78,16 @@ def scenario_predictions(analysis: Analysis, ratio: ScenarioRatio) -> tuple[Pred
     return tuple(out)
 
 
+
+
+def with_link_model(rows: pd.DataFrame) -> pd.DataFrame:
+    """`rows` plus one `modeled_<link>_us` column per link profile: one call's device ops, syncs, copies and bytes
+    without host work (a model, see kvpages.core.links)."""
+    out = rows.copy()
+    for profile in LINK_PROFILES:
+        out[profile.column] = [
+            profile.predicted_us(str(v), int(p), 1, float(b), float(t), 0.0) if pd.notna(b) and pd.notna(t) else np.nan
+            for v, p, b, t in zip(rows["variant"], rows["page_size"], rows["d2h_bytes"], rows["d2h_transfers"],
+                                  strict=True)
+        ]
+    return out

@@ -27,9 +27,9 @@ from kvpages.analysis.verdicts import (
     judge,
     min_effect,
 )
-from kvpages.core.links import LINK_PROFILES
+from kvpages.core.estimator import Paired, mean_estimate, paired_ratio
 from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, STEP_BASELINE, per_request_name, variant_sort_key
-from kvpages.core.stats import Interval, Levels, Paired, finite_median, mean_estimate, paired_ratio, unknown
+from kvpages.core.stats import Interval, Levels, finite_median, unknown
 from kvpages.schema.breakdown import BreakdownRow, read_breakdown
 from kvpages.schema.ranks import ContentionRow
 from kvpages.schema.reader import Run, RunError, row_key
@@ -37,19 +37,6 @@ from kvpages.schema.rows import RatioRow, ScenarioRatioRow, ratio_id
 
 NOISY_SPREAD = 0.10
 """A row whose block medians vary by at least this much (log-sd, ~ the CV) is flagged as noisy."""
-
-
-def with_link_model(rows: pd.DataFrame) -> pd.DataFrame:
-    """`rows` plus one `modeled_<link>_us` column per link profile: one call's device ops, syncs, copies and bytes
-    without host work (a model, see kvpages.core.links)."""
-    out = rows.copy()
-    for profile in LINK_PROFILES:
-        out[profile.column] = [
-            profile.predicted_us(str(v), int(p), 1, float(b), float(t), 0.0) if pd.notna(b) and pd.notna(t) else np.nan
-            for v, p, b, t in zip(rows["variant"], rows["page_size"], rows["d2h_bytes"], rows["d2h_transfers"],
-                                  strict=True)
-        ]
-    return out
 
 
 POINT_COLUMNS = ("dtype", "layout", "page_size", "seq_len")
@@ -89,10 +76,8 @@ def records(frame: pd.DataFrame) -> list[Record]:
 
 
 def estimate(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | None = None) -> Paired | None:
-    """The one estimator of a run (kvpages.core.stats.paired_ratio): each variant's time (the geometric mean of its
-    block medians), their ratio, and that ratio's interval and p-value from one bootstrap over (process, repetition) pairs; None
-    without samples of the same repetitions for both (keys: row keys, or (scenario, variant) with a `latency`).
-    Computed once per pair and run."""
+    """The one estimator (kvpages.core.estimator.paired_ratio) of a pair, once per run; None without samples of the
+    same repetitions for both (keys: row keys, or (scenario, variant) with a `latency`)."""
     return run.cached(("estimate", baseline_key, variant_key, latency),
                       lambda: _estimate(run, baseline_key, variant_key, latency))
 
@@ -116,8 +101,7 @@ class _Pair:
 
     @property
     def times(self) -> tuple[float, float]:
-        """(variant, baseline) µs as the tables print them: the estimator's times, or a bare CSV's medians."""
-        if self.found is None:
+        if self.found is None:  # a bare CSV's medians
             return float(self.variant["median_us"]), float(self.baseline["median_us"])
         return self.found.variant_us, self.found.baseline_us
 
@@ -234,8 +218,7 @@ class ScenarioRatio:
     repetitions: int = 0
     processes: int = 1
     variant_us: float = math.nan
-    """The variant's time (µs, the geometric mean of its block medians), as the tables print it: `interval.ratio`
-    is exactly variant_us / baseline_us (kvpages.core.stats.paired_ratio)."""
+    """The variant's time (µs) as the tables print it: `interval.ratio` is exactly variant_us / baseline_us."""
     baseline_us: float = math.nan
     variant_band: Interval | None = None
     """The variant's own interval of its time (a chart's band)."""
@@ -337,13 +320,13 @@ class Analysis:
         return None if levels is None else mean_estimate(levels)
 
     def time_of(self, row: Record | pd.Series) -> float:
-        """A results.csv row's time as every table prints it (`time_band`), or its median without samples."""
+        """A results.csv row's time as the tables print it (`time_band`; without samples, its median)."""
         band = self.time_band(str(row["variant"]), str(row["dtype"]), str(row["layout"]), int(row["page_size"]),
                               int(row["seq_len"]))
         return float(row["median_us"]) if band is None else band.ratio
 
     def scenario_time(self, row: Record | pd.Series, latency: str = "blocked") -> float:
-        """A scenarios.csv row's time as every table prints it (`scenario_band`), or its median without samples."""
+        """A scenarios.csv row's time, as `time_of`."""
         band = self.scenario_band(str(row["scenario"]), str(row["variant"]), latency)
         return float(row[f"{latency}_median_us"]) if band is None else band.ratio
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kvpages.analysis.ratios import Analysis, variant_order, with_link_model
+from kvpages.analysis.predict import with_link_model
+from kvpages.analysis.ratios import Analysis, variant_order
 from kvpages.core.links import LINK_PROFILES, profile_for
 from kvpages.core.names import CANDIDATE, label
 from kvpages.render.text import ci_text, count, coverage, fraction, interval_cell, ratio_text, sig, table, us

@@ -2,7 +2,7 @@
 
 On a run that crossed no link the measured times are host-side work (no transfer): the tables call them so and
 set the model's prediction per link profile beside them. Every time and ratio comes from the one estimator
-(kvpages.core.stats.paired_ratio), so a table's ratio is the ratio of its two printed times.
+(kvpages.core.estimator.paired_ratio), so a table's ratio is the ratio of its two printed times.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def method_text(analysis: Analysis) -> str:
         "after another (repetition r in process r % P: a process's address-space layout, allocator state and code "
         "placement are fixed for its life), the point's variants back to back in a fresh seeded order per repetition "
         "(samples.csv: `repetition`, `order`, `process`), so drift hits them alike. **One estimator everywhere** "
-        "(`kvpages.core.stats.paired_ratio`): a variant's time is the geometric mean of its per-repetition block "
+        "(`kvpages.core.estimator.paired_ratio`): a variant's time is the geometric mean of its per-repetition block "
         "medians; a ratio is the ratio of the two printed times, which is also the mean of the paired per-repetition "
         "log-ratios, so drift shared by a repetition cancels; its interval is the percentile interval of that same "
         "statistic over a two-stage bootstrap of (process, repetition) pairs (Kalibera and Jones, ISMM 2013), drawn "
