@@ -220,8 +220,6 @@ class ScenarioRatio:
     variant_us: float = math.nan
     """The variant's time (µs) as the tables print it: `interval.ratio` is exactly variant_us / baseline_us."""
     baseline_us: float = math.nan
-    variant_band: Interval | None = None
-    """The variant's own interval of its time (a chart's band)."""
 
     def row(self) -> ScenarioRatioRow:
         i = self.interval
@@ -256,7 +254,7 @@ def scenario_ratios(run: Run, baseline: str, effect: float) -> tuple[ScenarioRat
         out.append(ScenarioRatio(str(row["scenario"]), str(row["variant"]), baseline, latency, interval,
                                  judge(interval, effect, keep), str(row["id"]), effect, q,
                                  pair_repro(str(row["repro"]), str(row["variant"]), baseline), pair.repetitions,
-                                 pair.processes, pair.variant_us, pair.baseline_us, pair.variant))
+                                 pair.processes, pair.variant_us, pair.baseline_us))
     return tuple(out)
 
 
@@ -311,13 +309,13 @@ class Analysis:
 
     def time_band(self, variant: str, dtype: str, layout: str, page_size: int, seq_len: int) -> Interval | None:
         """A variant's time at a point with its own interval (the tables' figure; a chart's marker and band)."""
-        levels = self.run.levels((variant, dtype, layout, seq_len, page_size))
-        return None if levels is None else mean_estimate(levels)
+        return self.scenario_band((dtype, layout, seq_len, page_size), variant, None)
 
-    def scenario_band(self, scenario: str, variant: str, latency: str = "blocked") -> Interval | None:
+    def scenario_band(self, scenario: str | tuple, variant: str, latency: str | None = "blocked") -> Interval | None:
         """A step variant's time on a scenario with its own interval, as `time_band`."""
-        levels = self.run.levels((scenario, variant), latency)
-        return None if levels is None else mean_estimate(levels)
+        key = (variant, *scenario) if isinstance(scenario, tuple) else (scenario, variant)  # a point, or a scenario
+        levels = self.run.levels(key, latency)
+        return None if levels is None else self.run.cached(("time", key, latency), lambda: mean_estimate(levels))
 
     def time_of(self, row: Record | pd.Series) -> float:
         """A results.csv row's time as the tables print it (`time_band`; without samples, its median)."""

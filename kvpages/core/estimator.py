@@ -23,26 +23,18 @@ from kvpages.core.stats import BOOTSTRAP_RESAMPLES, CONFIDENCE, Interval, Levels
 class Paired:
     """One variant against a baseline at one point, as every table and chart of a run shows it (`paired_ratio`).
 
-    `variant.ratio` and `baseline.ratio` are each that variant's time: the geometric mean of its per-repetition
-    block medians, with its own interval (a chart's marker and band). `interval.ratio` is exactly
+    `variant_us` and `baseline_us` are each that variant's time: the geometric mean of its per-repetition block
+    medians (its own interval, a chart's band, is `mean_estimate`). `interval.ratio` is exactly
     variant / baseline, which is also exp(mean of the paired log-ratios), so a repetition's drift shared by both
     cancels; its interval is the percentile interval of that same statistic over one two-stage bootstrap of
     (process, repetition) pairs, drawn alike for both."""
 
     interval: Interval
     p_value: float
-    variant: Interval
-    baseline: Interval
+    variant_us: float
+    baseline_us: float
     repetitions: int
     processes: int
-
-    @property
-    def variant_us(self) -> float:
-        return self.variant.ratio
-
-    @property
-    def baseline_us(self) -> float:
-        return self.baseline.ratio
 
 
 def _percentiles(center: float, resampled: np.ndarray, levels: Levels, confidence: float) -> Interval:
@@ -50,12 +42,25 @@ def _percentiles(center: float, resampled: np.ndarray, levels: Levels, confidenc
     first stage draws (processes, or one process's repetitions): the bootstrap variance of a mean of m is (m - 1) / m
     of its variance, and with few units its spread is Student's t, not normal: widened by sqrt(m / (m - 1)) x
     t_(m-1) / z (Hesterberg, "What Teachers Should Know About the Bootstrap", 2015: the expanded percentile)."""
-    lo, hi = np.percentile(resampled, [50 * (1 - confidence), 50 * (1 + confidence)])
+    lo, hi = _percentile_pair(resampled, 0.5 - confidence / 2, 0.5 + confidence / 2)
     unit = "process" if levels.process_count >= 2 else "repetition"
     n = levels.process_count if unit == "process" else int(levels.values.size)
     widen = math.sqrt(n / (n - 1)) * t_quantile(0.5 + confidence / 2, n - 1) / NormalDist().inv_cdf(0.5 + confidence / 2)
     return Interval(math.exp(center), math.exp(center + (float(lo) - center) * widen),
                     math.exp(center + (float(hi) - center) * widen), n, confidence, unit)
+
+
+def _percentile_pair(values: np.ndarray, low: float, high: float) -> tuple[float, float]:
+    """`np.percentile(values, [100 * low, 100 * high])` (its linear interpolation) from one sort, without its
+    per-call machinery: a run asks for a thousand of them."""
+    ordered = np.sort(values)
+    out = []
+    for q in (low, high):
+        at = q * (ordered.size - 1)
+        below = math.floor(at)
+        above = min(below + 1, ordered.size - 1)
+        out.append(float(ordered[below] + (ordered[above] - ordered[below]) * (at - below)))
+    return out[0], out[1]
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -87,12 +92,13 @@ def paired_ratio(baseline: Levels, variant: Levels, confidence: float = CONFIDEN
     if not np.array_equal(baseline.processes, variant.processes):
         raise ValueError(f"the two variants' repetitions come from different processes: "
                          f"{baseline.processes.tolist()} vs {variant.processes.tolist()}")
-    base, other = mean_estimate(baseline, confidence), mean_estimate(variant, confidence)
+    base, other = float(np.mean(baseline.values)), float(np.mean(variant.values))
     n, count = int(variant.values.size), variant.process_count
-    center = float(np.mean(variant.values) - np.mean(baseline.values))
+    center = other - base
+    times = (math.exp(other), math.exp(base))
     if n < 2:
-        return Paired(unknown(math.exp(center), n), 1.0, other, base, n, count)
+        return Paired(unknown(math.exp(center), n), 1.0, *times, n, count)
     shifts = variant.bootstrap_means - baseline.bootstrap_means
     tail = min(float(np.mean(shifts <= 0)), float(np.mean(shifts >= 0)))
     p_value = min(1.0, max(2 * tail, 1 / BOOTSTRAP_RESAMPLES))
-    return Paired(_percentiles(center, shifts, variant, confidence), p_value, other, base, n, count)
+    return Paired(_percentiles(center, shifts, variant, confidence), p_value, *times, n, count)
