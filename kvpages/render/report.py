@@ -186,7 +186,9 @@ def scenario_main(analysis: Analysis) -> str:
 
 
 def charts_section(analysis: Analysis, folder: Path | None = None) -> str:
-    charts = sorted(p.name for p in (folder or analysis.run.path).glob("*.png"))
+    order = ("bytes", "link_model", "latency", "ratio", "scenario_requests", "scenario_steps", "scenario_busy")
+    charts = sorted((p.name for p in (folder or analysis.run.path).glob("*.png")),  # the questions' order
+                    key=lambda n: (next((i for i, o in enumerate(order) if n.startswith(o)), len(order)), n))
     return "\n\n".join(f"![{name}]({name})\n*{caption(analysis, name)}*" for name in charts)
 
 
