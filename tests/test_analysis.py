@@ -13,11 +13,13 @@ import pandas as pd
 import pytest
 from conftest import REPO, reference_runs, synthetic_run
 
+from kvpages.analysis.cite import sig
 from kvpages.analysis.compare import compare_runs
 from kvpages.analysis.ratios import analyze, crossovers
 from kvpages.cli import main
+from kvpages.core.links import SYNC_US
 from kvpages.core.stats import block_medians, median_interval, median_rank, shift_interval
-from kvpages.render.report import ci_text, ratio_text, render, write_report
+from kvpages.render.report import ci_text, ratio_text, render, render_appendix, write_report
 from kvpages.schema.reader import load_run
 from kvpages.schema.rows import RATIO_COLUMNS
 
@@ -84,7 +86,7 @@ def test_crossover_per_page_size_including_not_within_range(crossing_run):
 
 def test_every_ratio_and_interval_in_the_report_is_a_row_of_ratios_csv(crossing_run):
     analysis = analyze(load_run(crossing_run))
-    report = write_report(analysis).read_text()
+    report = write_report(analysis).read_text() + (crossing_run / "APPENDIX.md").read_text()
     table = pd.read_csv(crossing_run / "ratios.csv")
     assert len(table) == len(analysis.ratios) == 6
     assert set(RATIO_COLUMNS) <= set(table.columns)
@@ -93,9 +95,9 @@ def test_every_ratio_and_interval_in_the_report_is_a_row_of_ratios_csv(crossing_
         assert row["ratio"].item() == pytest.approx(r.ratio, rel=1e-12)
         assert (row["ci_low"].item(), row["ci_high"].item()) == pytest.approx((r.ci_low, r.ci_high), rel=1e-12)
         assert f"| {ratio_text(r)} | {ci_text(r)} |" in report
-    printed = re.findall(r"\| (\d+\.\d{3}) \| \[(\d+\.\d{3}), (\d+\.\d{3})\] \|", report)
+    printed = re.findall(r"\| ([\d.,]+) \| \[([\d.,]+), ([\d.,]+)\] \|", report)
     assert printed, "the report prints ratios with their intervals"
-    table_cells = {(f"{r.ratio:.3f}", f"{r.ci_low:.3f}", f"{r.ci_high:.3f}") for r in table.itertuples()}
+    table_cells = {(sig(r.ratio), sig(r.ci_low), sig(r.ci_high)) for r in table.itertuples()}
     assert set(printed) <= table_cells
     assert "no PCIe link was crossed" in report and "pytest bench/" in report and "Kalibera and Jones" in report
     assert "| 64 | int32 | fragmented | seq_len 8192 |" in report
@@ -273,9 +275,11 @@ def test_a_cuda_run_compares_the_model_with_the_measurement(tmp_path):
     assert profile_for("Gen4 x16", "pcie pinned").name == "pcie4_pinned"
     assert profile_for(None, "pcie pinned") is None and profile_for("Gen5 x16", "none (cpu)") is None
     assert profile_for("unknown", "pcie pinned") is None
-    text = render(analyze(run))
+    text = render(analyze(run)) + render_appendix(analyze(run))
     assert "#### Model vs measurement" in text and "no PCIe link was crossed" not in text
     assert "under load Gen5 x16 (max Gen5 x16)" in text
     host = run.ok_rows().set_index("variant").loc["host_stride"]
-    modeled = profile.modeled_us(host["d2h_bytes"], host["d2h_transfers"])
-    assert f"| {modeled:.2f} | {host['median_us'] - modeled:+.2f} |" in text
+    modeled = profile.predicted_us("host_stride", int(host["page_size"]), 1, host["d2h_bytes"], host["d2h_transfers"], 0.0)
+    assert modeled == pytest.approx(SYNC_US + profile.latency_us + host["d2h_bytes"] / (profile.bandwidth_gb_s * 1e3))
+    time = analyze(run).time_of(host.to_dict() | {"variant": "host_stride"})
+    assert f"| {sig(time)} | {sig(modeled)} | {sig(time - modeled)} |" in text

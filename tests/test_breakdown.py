@@ -145,8 +145,9 @@ def test_a_sweep_writes_breakdown_csv_its_chart_and_its_report_section(pytester)
     meta = json.loads((folder / "meta.json").read_text())
     assert meta["breakdown"].startswith(f"breakdown.csv: {len(rows)} rows") and meta["timing"]["breakdown_s"] > 0
     assert (folder / "breakdown_int32_fragmented.png").exists()
-    report = (folder / "REPORT.md").read_text()
-    assert f"## Where the time goes\n\n{PASSES} profiled passes" in report and "## Zero-D2H floor" in report
+    report, appendix = (folder / "REPORT.md").read_text(), (folder / "APPENDIX.md").read_text()
+    assert "### Where the time goes\n\nShares of one call's wall time" in report
+    assert f"## Where the time goes\n\n{PASSES} profiled passes" in appendix and "## Host mirror" in appendix
 
 
 def test_a_breakdown_that_fails_loses_nothing_of_the_run(pytester):

@@ -26,7 +26,7 @@ from kvpages.measure.inputs import make_scenario_workload
 from kvpages.measure.steps import get_step_variant, step_variant_names
 from kvpages.measure.targets import ScenarioTarget, measure
 from kvpages.measure.variants import call_args, reference_page_indices
-from kvpages.render.report import render
+from kvpages.render.report import render, render_appendix
 from kvpages.schema.reader import load_run
 from kvpages.schema.rows import SCENARIO_COLUMNS, scenario_row_id
 
@@ -147,8 +147,9 @@ def test_quick_scenarios_write_scenarios_csv_with_both_latencies(scenario_bench)
     samples = pd.read_csv(folder / "scenario_samples.csv")
     assert len(samples) == 3 * len(ok) and samples["order"].is_unique
     run = load_run(folder)
-    text = render(analyze(run))
-    assert "## Per request and per step" in text and "blocked equals ready for every row" in text
+    analysis = analyze(run)
+    assert "### Per request and per step" in render(analysis)
+    assert "blocked equals ready for every row" in render_appendix(analysis)
     assert frame["id"].tolist() == [scenario_row_id(s, v) for s, v in zip(frame["scenario"], frame["variant"], strict=True)]
     assert "step-B8-lognormal_4096_1.0_65536-p64-int32:per_request-host_stride" in set(frame["id"])
     for chart in ("scenario_requests.png", "scenario_steps.png"):

@@ -9,6 +9,7 @@ every repetition as in the run. It is parsed back through the options table
 from __future__ import annotations
 
 import itertools
+import math
 import shlex
 from dataclasses import dataclass
 
@@ -44,11 +45,26 @@ def pair_repro(repro: str, variant: str, baseline: str) -> str:
     return shlex.join([*head, *pair.to_args(), ANALYZE_FLAG])
 
 
+def sig(value: float, digits: int = 3) -> str:
+    """A figure as every table, chart and finding prints it: `digits` significant figures, never an exponent, with
+    thousands separators ('1,790', '142', '10.4', '0.951'); '-' for a missing one."""
+    if value != value or math.isinf(value):
+        return "-"
+    if value == 0:
+        return "0"
+    places = digits - 1 - math.floor(math.log10(abs(value)))
+    rounded = round(value, places)
+    if rounded and digits - 1 - math.floor(math.log10(abs(rounded))) < places:  # 9.996 -> 10.0
+        places -= 1
+        rounded = round(value, places)
+    return f"{rounded:,.{max(places, 0)}f}"
+
+
 def interval_text(i: Interval) -> str:
-    """'1.234 [1.100, 1.300], 97.9% interval': the figure, its interval and the interval's exact coverage."""
+    """'1.23 [1.10, 1.30], 95% interval': the figure, its interval and the interval's exact coverage."""
     if not i.known:
-        return f"{i.ratio:.3f} (no interval: {i.n} repetition{'s' if i.n != 1 else ''})"
-    return f"{i.ratio:.3f} [{i.ci_low:.3f}, {i.ci_high:.3f}], {coverage_text(i.confidence)} interval"
+        return f"{sig(i.ratio)} (no interval: {i.n} repetition{'s' if i.n != 1 else ''})"
+    return f"{sig(i.ratio)} [{sig(i.ci_low)}, {sig(i.ci_high)}], {coverage_text(i.confidence)} interval"
 
 
 def fraction(value: float) -> str:
@@ -59,8 +75,11 @@ def fraction(value: float) -> str:
 
 
 def coverage_text(confidence: float) -> str:
-    """An interval's exact coverage as a header says it, e.g. '97.9%'."""
-    return "n/a" if confidence != confidence else f"{confidence:.1%}"
+    """An interval's exact coverage as a header says it, e.g. '95%' or '97.9%' (no trailing '.0')."""
+    if confidence != confidence:
+        return "n/a"
+    text = f"{confidence:.1%}"
+    return text.replace(".0%", "%")
 
 
 def interval_of(row: RatioRow | ScenarioRatioRow) -> Interval:

@@ -1,8 +1,10 @@
 """The answers a design review asks for, each with its figure, the id of the row behind it, and a status (no torch).
 
 `findings(analysis)` gives one `Finding` per question (bytes per call, the page size 1 regression, the
-crossover, per request, per step, the scheduler thread's blocked time). On a run that crossed no link,
-a latency finding says so in its status and is worded as host-side work, never as a transfer. `cite`
+crossover, per request, per step, the scheduler thread's blocked time). On a run that crossed no link, a
+time finding is a prediction per link profile (kvpages.analysis.predict, kvpages.core.links), worded as
+one, with the status "model: confirm with a GPU run"; the measured host-side ratios are evidence, never a
+finding. On a CUDA run the findings are measured, and one more sets the model against the measurement. `cite`
 gives the one-line citation of any ratios.csv or scenarios.csv row id.
 """
 
@@ -11,13 +13,24 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
-from kvpages.analysis.cite import Citation, CiteError, fraction, interval_of, interval_text
+from kvpages.analysis.cite import Citation, CiteError, fraction, interval_of, interval_text, sig
+from kvpages.analysis.predict import (
+    Prediction,
+    crossover,
+    point_predictions,
+    ratio_range,
+    scenario_predictions,
+)
 from kvpages.analysis.ratios import Analysis, ScenarioRatio
 from kvpages.analysis.verdicts import SAME
+from kvpages.core.links import LinkProfile, device_ops, prediction_profiles, profile_for
 from kvpages.core.names import CANDIDATE, STEP_CANDIDATE, label
 from kvpages.schema.rows import RatioRow
 
-MEASURED, CPU_ONLY, NEEDS_GPU = "measured here", "CPU only: no link crossed", "needs a GPU run"
+MEASURED, NEEDS_GPU = "measured here", "needs a GPU run"
+GPU_COMMAND = "make gpu-check"
+"""The command that measures on a CUDA machine what a CPU run's model predicts (bench/gpu_check.sh)."""
+MODEL = f"model: confirm with a GPU run (`{GPU_COMMAND}`)"
 BATCHED = "batched_device_stride"
 
 
@@ -32,26 +45,32 @@ class Finding:
     status: str
 
 
-def _latency_status(analysis: Analysis) -> str:
-    return MEASURED if analysis.run.link_crossed else CPU_ONLY
-
-
-def _work(analysis: Analysis) -> str:
-    """What a latency measures on this run: a transfer only where a link was crossed."""
-    return "time" if analysis.run.link_crossed else "host-side time (no transfer)"
-
-
 def bytes_figure(r: RatioRow) -> str:
     return f"{r.variant_d2h_bytes:,} / {r.baseline_d2h_bytes:,} bytes = {fraction(r.bytes_ratio)} (metered, exact)"
 
 
 def verdict_text(verdict: str, min_effect: float) -> str:
     """A verdict as a figure states it: 'same' says within what."""
-    return f"same (within the {min_effect:.1%} minimum effect)" if verdict == SAME else verdict
+    return f"same (within the {sig(100 * min_effect)}% minimum effect)" if verdict == SAME else verdict
 
 
 def latency_figure(r: RatioRow) -> str:
     return f"{interval_text(interval_of(r))}: {verdict_text(r.verdict, r.min_effect)}"
+
+
+def profile_name(profile: LinkProfile) -> str:
+    return f"{profile.label}{' (what-if)' if profile.pinned else ''}"
+
+
+def predicted_figure(predictions: tuple[Prediction, ...]) -> str:
+    """'PCIe Gen5 x16, pageable 1.05; NVLink-C2C (GH200) 1.21; ... (model: predicted time / pre-PR's)'."""
+    parts = "; ".join(f"{profile_name(p.profile)} {sig(p.ratio)}" for p in predictions)
+    return f"{parts} (model: predicted time / pre-PR's)"
+
+
+def predicted_range(predictions: tuple[Prediction, ...]) -> str:
+    low, high = ratio_range(predictions)
+    return f"{sig(low)}x" if sig(low) == sig(high) else f"{sig(low)}-{sig(high)}x"
 
 
 def _bytes(analysis: Analysis) -> Finding | None:
@@ -70,33 +89,56 @@ def _page1(analysis: Analysis) -> Finding | None:
     rows = [r for r in analysis.ratios_of(CANDIDATE) if r.page_size == 1]
     if not rows:
         return None
+    if not analysis.run.link_crossed:
+        worst = max(rows, key=lambda r: max(ratio_range(point_predictions(r))))
+        every = [p for r in rows for p in point_predictions(r)]
+        answer = (f"At page size 1 the bytes are equal, and the merged PR launches one device op before the same copy: "
+                  f"predicted at {predicted_range(tuple(every))} pre-PR's time (model) over the {len(rows)} swept "
+                  f"lengths and {len(every) // len(rows)} link profiles; the page_size == 1 shortcut launches none, "
+                  f"so the model prices it as pre-PR's copy.")
+        return Finding("Page size 1 regression", answer, predicted_figure(point_predictions(worst)), worst.id, MODEL)
     worst = max(rows, key=lambda r: r.ratio)
     slower = sum(r.verdict == "slower" for r in rows)
     shortcut = [r for r in analysis.ratios if r.variant == "device_stride_shortcut" and r.page_size == 1]
     back = (f"; with the page_size == 1 shortcut restored it is the same at {sum(r.verdict == 'same' for r in shortcut)}"
             f" of {len(shortcut)}") if shortcut else ""
-    early = "" if analysis.run.link_crossed else f" (pre-PR returns early there: {worst.baseline_median_us:.2f} µs)"
-    answer = (f"At page size 1 the bytes are equal, and the merged PR's {_work(analysis)} is slower than pre-PR at "
-              f"{slower} of {len(rows)} lengths, up to {worst.ratio:.2f}x at L={worst.seq_len}{early}{back}.")
-    return Finding("Page size 1 regression", answer, latency_figure(worst), worst.id, _latency_status(analysis))
+    answer = (f"At page size 1 the bytes are equal, and the merged PR is slower than pre-PR at {slower} of {len(rows)} "
+              f"lengths, up to {sig(worst.ratio)}x at L={worst.seq_len}{back}.")
+    return Finding("Page size 1 regression", answer, latency_figure(worst), worst.id, MEASURED)
+
+
+def _predicted_crossover(analysis: Analysis, rows: list[RatioRow]) -> Finding:
+    parts, first = [], None
+    for page_size in sorted({r.page_size for r in rows}):
+        at = [r for r in rows if r.page_size == page_size]
+        found = [(profile_name(p), crossover(at, p)) for p in prediction_profiles()]
+        parts.append(f"p={page_size}: " + ", ".join(f"{name} {'L=' + str(c) if c else 'none'}" for name, c in found))
+        if first is None and any(c for _, c in found):
+            first = min((r for r in at if r.seq_len == min(c for _, c in found if c)), key=lambda r: r.seq_len)
+    cited = first or max(rows, key=lambda r: (r.page_size, r.seq_len))
+    answer = ("Predicted crossover (model: the smallest swept L at which the merged PR's predicted time is below "
+              f"pre-PR's), per page size and link profile: {'; '.join(parts)}.")
+    return Finding("Crossover", answer, predicted_figure(point_predictions(cited)), cited.id, MODEL)
 
 
 def _crossover(analysis: Analysis) -> Finding | None:
     rows = [r for r in analysis.ratios_of(CANDIDATE) if r.page_size > 1]
     if not rows:
         return None
+    if not analysis.run.link_crossed:
+        return _predicted_crossover(analysis, rows)
     found = [c for c in analysis.crossovers if c.seq_len is not None and c.page_size > 1]
     if found:
         c = min(found, key=lambda c: (c.seq_len, c.page_size))
         cited = analysis.ratio_at(CANDIDATE, c.dtype, c.layout, c.page_size, int(c.seq_len or 0))
         assert cited is not None
-        answer = (f"The merged PR's {_work(analysis)} is faster than pre-PR from L={c.seq_len} at page size {c.page_size}"
+        answer = (f"The merged PR is faster than pre-PR from L={c.seq_len} at page size {c.page_size}"
                   f" ({len(found)} of {len(analysis.crossovers)} page sizes cross within the sweep).")
     else:
         cited = min(rows, key=lambda r: r.ratio)
-        answer = (f"No crossover: at no swept point (p > 1) is the merged PR's {_work(analysis)} faster than pre-PR "
-                  f"beyond the noise floor; closest at L={cited.seq_len}, p={cited.page_size}.")
-    return Finding("Crossover", answer, latency_figure(cited), cited.id, _latency_status(analysis))
+        answer = (f"No crossover: at no swept point (p > 1) is the merged PR faster than pre-PR beyond the noise "
+                  f"floor; closest at L={cited.seq_len}, p={cited.page_size}.")
+    return Finding("Crossover", answer, latency_figure(cited), cited.id, MEASURED)
 
 
 def scenario_figure(r: ScenarioRatio) -> str:
@@ -128,10 +170,20 @@ def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: 
     assert base is not None
     base_row = base[(base["scenario"] == row["scenario"]) & (base["variant"] == analysis.scenario_baseline)].iloc[0]
     what = f"L={size}" if kind == "request" else f"B={size} requests"
-    answer = (f"{what} at page size {page_size}: {row['d2h_bytes']:,} bytes in {row['d2h_transfers']} D2H against "
-              f"{base_row['d2h_bytes']:,} in {base_row['d2h_transfers']}; {_work(analysis)} per {kind} "
-              f"{row['blocked_median_us']:.0f} µs against pre-PR's {base_row['blocked_median_us']:.0f} µs.")
-    return Finding(question, answer, scenario_figure(ratio), ratio.id, _latency_status(analysis))
+    moved = (f"{what} at page size {page_size}: {row['d2h_bytes']:,} bytes in {row['d2h_transfers']} D2H against "
+             f"{base_row['d2h_bytes']:,} in {base_row['d2h_transfers']}")
+    if not analysis.run.link_crossed:
+        predictions = scenario_predictions(analysis, ratio)
+        ops = device_ops(variant, page_size, int(row["calls"]))
+        answer = (f"{moved}, {ops} device op(s) and {row['d2h_transfers']} sync(s); predicted per {kind} at "
+                  f"{predicted_range(predictions)} pre-PR's time (model).")
+        return Finding(question, answer, predicted_figure(predictions), ratio.id, MODEL)
+    answer = f"{moved}; per {kind} {us_figure(ratio.variant_us)} µs against pre-PR's {us_figure(ratio.baseline_us)} µs."
+    return Finding(question, answer, scenario_figure(ratio), ratio.id, MEASURED)
+
+
+def us_figure(value: float) -> str:
+    return sig(value)
 
 
 def _blocked(analysis: Analysis) -> Finding:
@@ -155,8 +207,31 @@ def _blocked(analysis: Analysis) -> Finding:
                        "-", "-", "baseline missing")
     best = min(ratios, key=lambda r: r.interval.ratio)
     answer = (f"Behind a busy device queue, {label(best.variant)} blocks the scheduler thread "
-              f"{best.interval.ratio:.2f}x as long as pre-PR.")
+              f"{sig(best.interval.ratio)}x as long as pre-PR.")
     return Finding("Scheduler thread blocked", answer, scenario_figure(best), best.id, MEASURED)
+
+
+def _model_check(analysis: Analysis) -> Finding | None:
+    """On a run that crossed a link: the model's merged PR time per call against the measured one, at every point
+    whose link has a profile (how the model gets tested)."""
+    pcie = analysis.run.meta.environment.pcie_link if analysis.run.meta else None
+    rows = analysis.run.ok_rows()
+    pairs = []
+    for r in analysis.ratios_of(CANDIDATE):
+        link = rows[(rows["variant"] == CANDIDATE) & (rows["seq_len"] == r.seq_len) & (rows["page_size"] == r.page_size)]
+        profile = profile_for(pcie, str(link["link"].iloc[0])) if not link.empty else None
+        if profile is not None:
+            modeled = profile.predicted_us(CANDIDATE, r.page_size, 1, r.variant_d2h_bytes,
+                                           int(link["d2h_transfers"].iloc[0]), r.variant_median_us)
+            pairs.append((modeled / r.variant_median_us, r, profile))
+    if not pairs:
+        return None
+    low, high = min(p[0] for p in pairs), max(p[0] for p in pairs)
+    ratio, cited, profile = max(pairs, key=lambda p: (p[1].page_size, p[1].seq_len))
+    answer = (f"The link model ({profile.label}) against the merged PR's measured time per call at the same "
+              f"{len(pairs)} points: model / measured {sig(low)}-{sig(high)}; at L={cited.seq_len}, p={cited.page_size} "
+              f"{sig(ratio * cited.variant_median_us)} µs modelled against {sig(cited.variant_median_us)} µs measured.")
+    return Finding("Model vs measurement", answer, f"model / measured {sig(ratio)}", cited.id, MEASURED)
 
 
 def findings(analysis: Analysis) -> tuple[Finding, ...]:
@@ -168,6 +243,8 @@ def findings(analysis: Analysis) -> tuple[Finding, ...]:
             _scenario(analysis, "Per step, batched (one D2H)", "step", BATCHED, None)]
     if analysis.run.scenarios is not None:
         made.append(_blocked(analysis))
+    if analysis.run.link_crossed:
+        made.append(_model_check(analysis))
     return tuple(f for f in made if f is not None)
 
 

@@ -8,6 +8,7 @@ run's files (kvpages.schema.reader). No torch import.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -16,7 +17,6 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from kvpages.analysis import intervals
 from kvpages.analysis.cite import pair_repro
 from kvpages.analysis.contention import contention
 from kvpages.analysis.intervals import levels, paired_logs
@@ -27,12 +27,11 @@ from kvpages.analysis.verdicts import (
     bh_adjusted,
     discoveries,
     judge,
-    median_p_value,
     min_effect,
 )
-from kvpages.core.links import LINK_PROFILES
+from kvpages.core.estimator import Paired, mean_estimate, paired_ratio
 from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, STEP_BASELINE, per_request_name, variant_sort_key
-from kvpages.core.stats import Interval, Levels, finite_median, unknown
+from kvpages.core.stats import Interval, finite_median, unknown
 from kvpages.schema.breakdown import BreakdownRow, read_breakdown
 from kvpages.schema.ranks import ContentionRow
 from kvpages.schema.reader import Run, RunError, row_key
@@ -40,17 +39,6 @@ from kvpages.schema.rows import TIMED, RatioRow, ScenarioRatioRow, ratio_id
 
 NOISY_SPREAD = 0.10
 """A row whose block medians vary by at least this much (log-sd, ~ the CV) is flagged as noisy."""
-
-
-def with_link_model(rows: pd.DataFrame) -> pd.DataFrame:
-    """`rows` plus one `modeled_<link>_us` column per link profile (a model, see kvpages.core.links)."""
-    out = rows.copy()
-    for profile in LINK_PROFILES:
-        out[profile.column] = [
-            profile.modeled_us(float(b), float(t)) if pd.notna(b) and pd.notna(t) else np.nan
-            for b, t in zip(rows["d2h_bytes"], rows["d2h_transfers"], strict=True)
-        ]
-    return out
 
 
 POINT_COLUMNS = ("dtype", "layout", "page_size", "seq_len")
@@ -67,6 +55,23 @@ def records(frame: pd.DataFrame) -> list[Record]:
     return cast(list[Record], frame.to_dict("records"))  # a frame read from CSV: its column names are strings
 
 
+def estimate(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | None = None) -> Paired | None:
+    """The one estimator (kvpages.core.estimator.paired_ratio) of a pair, once per run; None without samples of the
+    same repetitions for both (keys: row keys, or (scenario, variant) with a `latency`)."""
+    return run.cached(("estimate", baseline_key, variant_key, latency),
+                      lambda: _estimate(run, baseline_key, variant_key, latency))
+
+
+def _estimate(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | None) -> Paired | None:
+    base, other = levels(run, baseline_key, latency), levels(run, variant_key, latency)
+    if base is None or other is None or not np.array_equal(base.processes, other.processes):
+        return None
+    found = paired_ratio(base, other)
+    if base.process_count < min(2, run.process_count):  # a row an interruption cut short to fewer processes
+        return dataclasses.replace(found, interval=unknown(found.interval.ratio, found.repetitions), p_value=1.0)
+    return found
+
+
 @dataclass(frozen=True)
 class _Pair:
     """A variant's row against the baseline's at one point, before the family is judged."""
@@ -75,19 +80,25 @@ class _Pair:
     baseline: Record
     interval: Interval
     p_value: float
-    logs: Levels | None
+    found: Paired | None
+
+    @property
+    def times(self) -> tuple[float, float]:
+        if self.found is None:  # a bare CSV's medians
+            return float(self.variant["median_us"]), float(self.baseline["median_us"])
+        return self.found.variant_us, self.found.baseline_us
 
 
 def _pair(run: Run, variant: Record, baseline: Record) -> _Pair:
-    logs = paired_logs(run, row_key(baseline), row_key(variant))
-    # A bare CSV has no repetitions to judge from, nor has a pair cut short differently by an interruption.
-    interval = unknown(float(variant["median_us"] / baseline["median_us"]), 0) if logs is None else (
-        intervals.interval(run, logs))
-    return _Pair(variant, baseline, interval, median_p_value(logs) if interval.known else 1.0, logs)
+    found = estimate(run, row_key(baseline), row_key(variant))
+    if found is None:  # a bare CSV has no repetitions to judge from
+        return _Pair(variant, baseline, unknown(float(variant["median_us"] / baseline["median_us"]), 0), 1.0, None)
+    return _Pair(variant, baseline, found.interval, found.p_value, found)
 
 
 def _ratio(pair: _Pair, effect: float, q_value: float) -> RatioRow:
-    variant, baseline, interval, logs = pair.variant, pair.baseline, pair.interval, pair.logs
+    variant, baseline, interval, found = pair.variant, pair.baseline, pair.interval, pair.found
+    variant_us, baseline_us = pair.times
     name, base = str(variant["variant"]), str(baseline["variant"])
     dtype, layout, seq_len, page_size = (str(variant["dtype"]), str(variant["layout"]), int(variant["seq_len"]),
                                          int(variant["page_size"]))
@@ -95,13 +106,13 @@ def _ratio(pair: _Pair, effect: float, q_value: float) -> RatioRow:
         id=ratio_id(name, base, dtype, layout, seq_len, page_size),
         variant=name, baseline=base, dtype=dtype, layout=layout, seq_len=seq_len, page_size=page_size,
         ratio=interval.ratio, ci_low=interval.ci_low, ci_high=interval.ci_high, confidence=interval.confidence,
-        repetitions=0 if logs is None else int(logs.values.size),
+        repetitions=0 if found is None else found.repetitions,
         bytes_ratio=float(variant["d2h_bytes"] / baseline["d2h_bytes"]),
-        variant_median_us=float(variant["median_us"]), baseline_median_us=float(baseline["median_us"]),
+        variant_median_us=variant_us, baseline_median_us=baseline_us,
         variant_d2h_bytes=int(variant["d2h_bytes"]), baseline_d2h_bytes=int(baseline["d2h_bytes"]),
         verdict=judge(interval, effect, discoveries([q_value])[0]), min_effect=effect, q_value=q_value,
         repro=pair_repro(str(variant["repro"]), name, base),
-        processes=0 if logs is None else logs.process_count, interval_unit=interval.unit,
+        processes=0 if found is None else found.processes, interval_unit=interval.unit,
     )
 
 
@@ -141,9 +152,8 @@ def fastest(run: Run, rows: list[Record], effect: float) -> tuple[str, ...]:
     best = ordered[0]
     tied = []
     for r in ordered:
-        logs = paired_logs(run, row_key(best), row_key(r))
-        tie = r["median_us"] == best["median_us"] if logs is None else (
-            judge(intervals.interval(run, logs), effect) != SLOWER)
+        found = estimate(run, row_key(best), row_key(r))
+        tie = r["median_us"] == best["median_us"] if found is None else judge(found.interval, effect) != SLOWER
         if tie:
             tied.append(str(r["variant"]))
     return tuple(tied)
@@ -190,6 +200,9 @@ class ScenarioRatio:
     repro: str = ""
     repetitions: int = 0
     processes: int = 1
+    variant_us: float = math.nan
+    """The variant's time (µs) as the tables print it: `interval.ratio` is exactly variant_us / baseline_us."""
+    baseline_us: float = math.nan
 
     def row(self) -> ScenarioRatioRow:
         i = self.interval
@@ -206,26 +219,25 @@ def scenario_ratios(run: Run, baseline: str, effect: float) -> tuple[ScenarioRat
     by_scenario: dict[str, list[Record]] = {}  # in the order of each scenario's first row, as groupby(sort=False)
     for row in records(run.scenarios[run.scenarios["status"].isin(TIMED)]):
         by_scenario.setdefault(row["scenario"], []).append(row)
-    found: list[tuple[Record, str, Levels, float]] = []
+    found: list[tuple[Record, str, Paired, float]] = []
     for scenario, rows in by_scenario.items():
         if (scenario, baseline) not in run.scenario_samples:
             continue
         for row in rows:
             variant = row["variant"]
             for latency in ("blocked", "ready") if variant != baseline else ():
-                logs = paired_logs(run, (scenario, baseline), (scenario, variant), latency)
-                if logs is not None:
-                    known = intervals.interval(run, logs).known
-                    found.append((row, latency, logs, median_p_value(logs) if known else 1.0))
+                pair = estimate(run, (scenario, baseline), (scenario, variant), latency)
+                if pair is not None:
+                    found.append((row, latency, pair, pair.p_value))
     qvalues = bh_adjusted([p for *_, p in found])
     kept = discoveries(qvalues)
     out = []
-    for (row, latency, logs, _), q, keep in zip(found, qvalues, kept, strict=True):
-        interval = intervals.interval(run, logs)
+    for (row, latency, pair, _), q, keep in zip(found, qvalues, kept, strict=True):
+        interval = pair.interval
         out.append(ScenarioRatio(str(row["scenario"]), str(row["variant"]), baseline, latency, interval,
                                  judge(interval, effect, keep), str(row["id"]), effect, q,
-                                 pair_repro(str(row["repro"]), str(row["variant"]), baseline), int(logs.values.size),
-                                 logs.process_count))
+                                 pair_repro(str(row["repro"]), str(row["variant"]), baseline), pair.repetitions,
+                                 pair.processes, pair.variant_us, pair.baseline_us))
     return tuple(out)
 
 
@@ -278,6 +290,27 @@ class Analysis:
             index.setdefault((r.scenario, r.variant, r.latency), r)
         return index
 
+    def time_band(self, variant: str, dtype: str, layout: str, page_size: int, seq_len: int) -> Interval | None:
+        """A variant's time at a point with its own interval (the tables' figure; a chart's marker and band)."""
+        return self.scenario_band((dtype, layout, seq_len, page_size), variant, None)
+
+    def scenario_band(self, scenario: str | tuple, variant: str, latency: str | None = "blocked") -> Interval | None:
+        """A step variant's time on a scenario with its own interval, as `time_band`."""
+        key = (variant, *scenario) if isinstance(scenario, tuple) else (scenario, variant)  # a point, or a scenario
+        found = levels(self.run, key, latency)
+        return None if found is None else self.run.cached(("time", key, latency), lambda: mean_estimate(found))
+
+    def time_of(self, row: Record | pd.Series) -> float:
+        """A results.csv row's time as the tables print it (`time_band`; without samples, its median)."""
+        band = self.time_band(str(row["variant"]), str(row["dtype"]), str(row["layout"]), int(row["page_size"]),
+                              int(row["seq_len"]))
+        return float(row["median_us"]) if band is None else band.ratio
+
+    def scenario_time(self, row: Record | pd.Series, latency: str = "blocked") -> float:
+        """A scenarios.csv row's time, as `time_of`."""
+        band = self.scenario_band(str(row["scenario"]), str(row["variant"]), latency)
+        return float(row[f"{latency}_median_us"]) if band is None else band.ratio
+
     def ratios_frame(self) -> pd.DataFrame:
         return pd.DataFrame([r.__dict__ for r in self.ratios])
 
@@ -310,8 +343,9 @@ def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
             for key, at in points.items()}  # the zero-D2H floor is a reference, not a contender
     spreads = ok["rep_spread"].dropna()
     repetitions = int(ok["repetitions"].dropna().max()) if ok["repetitions"].notna().any() else 1
-    ratio_parts = [p.logs.components() for p in pairs if p.logs is not None]
-    time_parts = [found.components() for found in (levels(run, row_key(row)) for row in rows) if found is not None]
+    ratio_parts = [logs.components() for logs in (paired_logs(run, row_key(p.baseline), row_key(p.variant))
+                                                  for p in pairs) if logs is not None]
+    time_parts = [levels.components() for levels in (levels(run, row_key(row)) for row in rows) if levels is not None]
     noise = NoiseFloor(
         repetitions=repetitions,
         median_spread=float(spreads.median()) if len(spreads) else math.nan,

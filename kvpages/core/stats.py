@@ -165,6 +165,12 @@ class Levels:
         groups = self.by_process()
         return _medians_of(groups, _seeded_draws(tuple(g.size for g in groups)))
 
+    @functools.cached_property
+    def bootstrap_means(self) -> np.ndarray:
+        """The same two-stage resamples as `bootstrap` (the same indices for every `Levels` of one shape), their means."""
+        groups = self.by_process()
+        return _means_of(groups, _seeded_draws(tuple(g.size for g in groups)))
+
     def p_value(self) -> float:
         """Two-sided p-value of 'the median is 0' from the same two-stage bootstrap (at least 1 / the resamples)."""
         medians = self.bootstrap
@@ -237,6 +243,19 @@ def _medians_of(groups: list[np.ndarray], draws: _Draws) -> np.ndarray:
     if n % 2:
         return values[:, n // 2].copy()
     return (values[:, n // 2 - 1] + values[:, n // 2]) / 2
+
+
+def _means_of(groups: list[np.ndarray], draws: _Draws) -> np.ndarray:
+    """The mean of each resample (a smaller process draws fewer: its padded cells are left out)."""
+    width = max(g.size for g in groups)
+    padded = np.zeros((len(groups), width))
+    for i, g in enumerate(groups):
+        padded[i, :g.size] = g
+    values = padded.ravel()[draws.flat]
+    if draws.padding is None:
+        return values.mean(axis=1)
+    kept = ~draws.padding
+    return (values * kept).sum(axis=1) / kept.sum(axis=1)
 
 
 def _resampled_medians(levels: Levels, rng: np.random.Generator) -> np.ndarray:

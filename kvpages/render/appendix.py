@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from kvpages.analysis.ratios import Analysis, variant_order, with_link_model
-from kvpages.core.links import LAUNCH_SYNC_SOURCE, LINK_PROFILES, profile_for
+from kvpages.analysis.predict import with_link_model
+from kvpages.analysis.ratios import Analysis, variant_order
+from kvpages.core.links import LINK_PROFILES, profile_for
 from kvpages.core.names import CANDIDATE, label
-from kvpages.render.text import ci_text, count, coverage, fraction, interval_cell, ratio_text, table, us
+from kvpages.render.text import ci_text, count, coverage, fraction, interval_cell, ratio_text, sig, table, us
 
 
 def groups(analysis: Analysis):
@@ -20,7 +21,7 @@ def variants_section(analysis: Analysis) -> str:
     spread = analysis.run.ok_rows().set_index(["variant", "dtype", "layout", "page_size", "seq_len"])["rep_spread"]
     for (dtype, layout, page_size), _ in groups(analysis):
         rows = [[f"`{r.id}`", count(r.variant_d2h_bytes), fraction(r.bytes_ratio), us(r.variant_median_us),
-                 f"{spread.get((r.variant, dtype, layout, page_size, r.seq_len), float('nan')):.1%}", ratio_text(r),
+                 f"{sig(100 * spread.get((r.variant, dtype, layout, page_size, r.seq_len), float('nan')))}%", ratio_text(r),
                  ci_text(r), r.verdict]
                 for r in others if (r.dtype, r.layout, r.page_size) == (dtype, layout, page_size)]
         if rows:
@@ -32,22 +33,21 @@ def variants_section(analysis: Analysis) -> str:
 
 def link_model_section(analysis: Analysis) -> str:
     run = analysis.run
-    modeled = with_link_model(run.ok_rows())
+    modeled = with_link_model(run.ok_rows())  # one call's device ops, syncs, copies and bytes
     modeled = modeled[modeled["variant"].isin([analysis.baseline, CANDIDATE])]
     longest = modeled.groupby(["dtype", "layout", "page_size"])["seq_len"].transform("max")
     chosen = modeled[modeled["seq_len"] == longest].sort_values(["page_size", "variant"])
     header = ["page_size", "seq_len", "variant", "bytes", "transfers", "measured µs"] + [p.label + " µs" for p in LINK_PROFILES]
-    rows = [[r["page_size"], r["seq_len"], r["variant"], count(r["d2h_bytes"]), r["d2h_transfers"], us(r["median_us"])]
+    rows = [[r["page_size"], r["seq_len"], r["variant"], count(r["d2h_bytes"]), r["d2h_transfers"], us(analysis.time_of(r))]
             + [us(r[p.column]) for p in LINK_PROFILES] for _, r in chosen.iterrows()]
-    lead = ("**Model, not measurement**: `transfers x fixed latency + bytes / bandwidth` per link profile "
-            "(sources in `kvpages/core/links.py`), at the longest swept seq_len; the chart adds the merged PR's one "
-            f"device op before its copy ({LAUNCH_SYNC_SOURCE}). ")
+    lead = ("**Model, not measurement**: the link and device terms of one call per link profile, without host work "
+            "(every term and its source: the report's link model section, `kvpages/core/links.py`), at the longest "
+            "swept seq_len. ")
     if run.link_crossed:
         lead += "This run crossed a real link, so its measured median sits beside the model for comparison."
     else:
         lead += "This CPU run crossed no link: its measured column contains no transfer time at all."
-    sources = "\n".join(f"- {p.label}: {p.latency_us:g} µs + bytes / {p.bandwidth_gb_s:g} GB/s. {p.source}" for p in LINK_PROFILES)
-    return f"{lead}\n\n{table(header, rows)}\n\n{sources}" + model_vs_measurement(analysis)
+    return f"{lead}\n\n{table(header, rows)}" + model_vs_measurement(analysis)
 
 
 def model_vs_measurement(analysis: Analysis) -> str:
@@ -62,9 +62,10 @@ def model_vs_measurement(analysis: Analysis) -> str:
         profile = profile_for(pcie, r["link"])
         if profile is None:
             continue
-        modeled = profile.modeled_us(r["d2h_bytes"], r["d2h_transfers"])
-        rows.append([r["page_size"], r["seq_len"], f"`{r['variant']}`", r["link"], profile.label, us(r["median_us"]),
-                     us(modeled), f"{r['median_us'] - modeled:+.2f}"])
+        modeled = profile.predicted_us(str(r["variant"]), int(r["page_size"]), 1, r["d2h_bytes"], r["d2h_transfers"], 0.0)
+        time = analysis.time_of(r)
+        rows.append([r["page_size"], r["seq_len"], f"`{r['variant']}`", r["link"], profile.label, us(time),
+                     us(modeled), sig(time - modeled)])
     if not rows:
         return f"\n\nNo link profile matches this run's link (PCIe: {pcie}), so the model is not compared with it."
     header = ["page_size", "seq_len", "variant", "link", "profile", "measured µs", "modeled µs", "measured - modeled µs"]
@@ -105,8 +106,8 @@ def scenarios_section(analysis: Analysis) -> str:
         chosen = ok[ok["kind"] == kind].sort_values(["side", "page_size", "busy_us", "requests", "tokens", "variant"],
                                                     key=variant_order)
         for _, r in chosen.iterrows():
-            latencies = ([us(r["blocked_median_us"]), ratio_cell(analysis, r["scenario"], r["variant"], "blocked")]
-                         + ([] if merged else [us(r["ready_median_us"]),
+            latencies = ([us(analysis.scenario_time(r)), ratio_cell(analysis, r["scenario"], r["variant"], "blocked")]
+                         + ([] if merged else [us(analysis.scenario_time(r, "ready")),
                                                ratio_cell(analysis, r["scenario"], r["variant"], "ready")]))
             rows.append([f"`{r['id']}`", r["calls"], count(r["d2h_bytes"]), r["d2h_transfers"], *latencies])
         if rows:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvpages.analysis.cite import sig
 from kvpages.analysis.ratios import Analysis
 from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, variant_sort_key
 from kvpages.render.markdown import markdown_table, us_text
@@ -123,6 +124,21 @@ def breakdown_section(analysis: Analysis) -> str:
     return f"{PROFILED} {what} `breakdown.csv` has every figure, with a stable `id` per row.\n\n" + markdown_table(header, table)
 
 
+def breakdown_summary(analysis: Analysis) -> str:
+    """The report's lines beside the breakdown chart: what it shows, and pre-PR's host share at the longest length."""
+    rows = analysis.breakdown
+    if not rows:
+        return ""
+    cuda = rows[0].device == "cuda"
+    longest = max(r.seq_len for r in rows)
+    host = sorted((r for r in rows if r.variant == BASELINE and r.seq_len == longest), key=lambda r: r.page_size)
+    listed = ", ".join(f"{r.host_us / r.wall_us:.0%} at p={r.page_size}" for r in host)
+    outside = "CUDA calls" if cuda else "aten"
+    return (f"Shares of one call's wall time from the profiled passes (the profiler inflates absolute times: the timed "
+            f"figures above are the times). `{BASELINE}`'s time outside {outside} (Python and numpy: its stride and "
+            f"divide on the host, none at p=1) at L={longest}: {listed}.")
+
+
 def floor_section(analysis: Analysis) -> str:
     """The zero-D2H floor (host_mirror) beside device_stride and host_stride, at up to three points per page size."""
     floor = analysis.floor
@@ -133,13 +149,13 @@ def floor_section(analysis: Analysis) -> str:
         at = sorted((r for r in floor if r.page_size == page_size), key=lambda r: r.seq_len)
         for r in sorted({at[0], at[len(at) // 2], at[-1]}, key=lambda r: r.seq_len):
             candidate = analysis.ratio_at(CANDIDATE, r.dtype, r.layout, r.page_size, r.seq_len)
-            table.append([page_size, r.seq_len, us_text(r.variant_median_us),
+            table.append([page_size, r.seq_len,
                           us_text(candidate.variant_median_us) if candidate else "", us_text(r.baseline_median_us),
-                          f"{r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"])
-    header = ["page_size", "seq_len", f"{FLOOR} µs", f"{CANDIDATE} µs", f"{BASELINE} µs",
+                          us_text(r.variant_median_us), f"{sig(r.ratio)} [{sig(r.ci_low)}, {sig(r.ci_high)}]"])
+    header = ["page_size", "seq_len", f"{CANDIDATE} µs", f"{BASELINE} µs", f"{FLOOR} µs",
               f"{FLOOR} / {BASELINE} [{coverage(analysis)}]"]
     return (f"`{FLOOR}` reads the page indices from a host-side page table (as vLLM's and TensorRT-LLM's schedulers "
-            "do) and moves 0 D2H bytes in 0 transfers: what no copy at all would cost per call, the floor under "
-            "every variant (a grey dotted line in the charts). Keeping such a table is not free: in whole requests and "
+            "do) and moves 0 D2H bytes in 0 transfers: what no copy at all would cost per call (a grey dotted line in the "
+            "per-call charts). Keeping such a table is not free: in whole requests and "
             f"steps, `per_request[{FLOOR}]` adds its upkeep, one batched D2H per step of the pages allocated in it "
             "(see Per request and per step).\n\n" + markdown_table(header, table))

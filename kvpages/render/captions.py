@@ -2,33 +2,46 @@
 
 from __future__ import annotations
 
+from kvpages.analysis.cite import sig
 from kvpages.analysis.ratios import Analysis
-from kvpages.core.links import LAUNCH_SYNC_US
+from kvpages.render.text import coverage
+
+
+def time_label(analysis: Analysis) -> str:
+    """What a measured time is on this run: a transfer only where a link was crossed."""
+    return "time" if analysis.run.link_crossed else "host-side time (no transfer)"
 
 
 def caption(analysis: Analysis, name: str) -> str:
     """The caption of the chart file `name` (e.g. 'ratio_int32_fragmented.png')."""
-    cpu = "" if analysis.run.link_crossed else " On this CPU run no link was crossed: the times are host-side work."
-    effect = f"{analysis.noise.min_effect:.1%}"
+    cpu = "" if analysis.run.link_crossed else " CPU run: no link crossed, so the measured times are host-side work."
+    effect = f"{sig(100 * analysis.noise.min_effect)}%"
+    band = f"each band that variant's own {coverage(analysis)}"
+    time = time_label(analysis)
     stem = name.rsplit(".", 1)[0]
     texts = {
-        "latency": "Median time per call against the sequence length, a panel per page size; each band is the "
-                   "interval of the variant's ratio to pre-PR (the one the verdicts use) applied to pre-PR's median.",
+        "latency": f"Measured {time} per call against the sequence length, a panel per page size: each marker is a "
+                   f"variant's time (the geometric mean of its block medians), {band}.",
         "bytes": "Metered bytes handed to the host per call against the sequence length, a panel per page size, with "
-                 "the ideal ceil(L/p) x itemsize: every variant but pre-PR sits on it.",
-        "ratio": f"Merged PR / pre-PR time per call at every point, on a colour scale capped at 1/4 and 4 and centred "
-                 f"on 1 (▲/▼: beyond the cap); each cell prints its interval, or '~' when the verdict is same (within "
-                 f"the {effect} minimum effect).",
-        "link_model": f"A model, not a measurement: the modeled merged PR / pre-PR time ratio per page size, the median "
-                      f"of the five link profiles (bands: their range at the smallest and largest page size), with "
-                      f"{LAUNCH_SYNC_US:g} µs of launch and sync for the merged PR's device op (kvpages/core/links.py).",
-        "scenario_requests": "Time per whole request against the prompt length, a panel per side and page size "
-                             "(prefill: one conversion per chunk; decode: one conversion), bands the interval of "
-                             "each step variant's ratio to per_request[host_stride].",
-        "scenario_steps": "Time per whole scheduler step against the requests per step, a panel per page size, "
-                          "bands as in the request chart: one D2H per request against one batched D2H.",
+                 "the ideal ceil(L/p) x itemsize: every variant but pre-PR sits on it; a variant that hands over 0 "
+                 "bytes (the host mirror) is marked on the axis floor.",
+        "ratio": f"Merged PR / pre-PR {time} per call at every point, on a colour scale capped at 1/4 and 4 and centred "
+                 f"on 1 (▲/▼: beyond the cap); each cell prints its interval; '~' with grey text: same (within the "
+                 f"{effect} minimum effect); '?' on a hatched cell: unclear.",
+        "link_model": "A model, not a measurement: the predicted merged PR / pre-PR time per call on each link profile "
+                      "(pre-PR's measured host work + device ops, syncs, copies and bytes / bandwidth; every term in "
+                      "kvpages/core/links.py), against the sequence length, a panel per page size.",
+        "scenario_requests": f"Measured {time} per whole request against the prompt length, a panel per side and page "
+                             f"size (prefill: one conversion per chunk; decode: one), {band}; the host mirror's line "
+                             "includes its upkeep (one batched D2H per step).",
+        "scenario_steps": f"Measured {time} per whole scheduler step against the requests per step B (ticks at the "
+                          f"swept B), {band}: one D2H per request against one batched D2H; the host mirror's line "
+                          "includes its upkeep.",
         "scenario_busy": "Behind a busy device queue: how long the scheduler thread is blocked against when the data "
                          "is ready, per step variant, with the queued busy time as a reference line.",
+        "breakdown": "Where one call's wall time goes, as shares per part, a panel per page size, one bar per variant "
+                     "and length, the profiled µs per call above each bar (the profiler inflates absolute times).",
+        "contention": "Every rank's step at once against the ranks alone (see the contention table).",
     }
     for prefix, text in texts.items():
         if stem == prefix or stem.startswith(prefix + "_"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kvpages.analysis.cite import sig
+
 
 def markdown_table(header: list[str], rows: list[list[object]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -10,5 +12,5 @@ def markdown_table(header: list[str], rows: list[list[object]]) -> str:
 
 
 def us_text(value: float) -> str:
-    """Microseconds as a table shows them: 3 significant digits, whole numbers from 1000 up (never 7.9e+03)."""
-    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+    """Microseconds as a table shows them: 3 significant figures (kvpages.analysis.cite.sig)."""
+    return sig(value)

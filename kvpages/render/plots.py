@@ -27,15 +27,19 @@ import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-from kvpages.analysis.cite import interval_of
+from kvpages.analysis.cite import sig
+from kvpages.analysis.findings import profile_name
+from kvpages.analysis.predict import point_predictions
 from kvpages.analysis.ratios import Analysis, Record, records
-from kvpages.analysis.verdicts import SAME
-from kvpages.core.links import LAUNCH_SYNC_US, LINK_PROFILES
-from kvpages.core.names import CANDIDATE, FLOOR, STEP_FLOOR, variant_sort_key
+from kvpages.analysis.verdicts import SAME, UNCLEAR
+from kvpages.core.links import prediction_profiles
+from kvpages.core.names import CANDIDATE, variant_sort_key
 from kvpages.core.sweep import ITEMSIZE
 from kvpages.render.breakdown import plot_breakdown
+from kvpages.render.captions import time_label
 from kvpages.render.figures import new_figure, save, set_title, side_by_side
 from kvpages.render.ranks import plot_contention
 from kvpages.render.style import legend_label, style
@@ -91,11 +95,12 @@ def _legend(fig, axes, title: str) -> None:
                title_fontsize=7, frameon=False)
 
 
-def _interval_band(ax, x, baseline_us, ratios, color) -> None:
-    """The ratio's interval (the one its verdict uses), drawn as a band around baseline median x ratio."""
-    low = np.array([r.ci_low if r is not None and r.known else np.nan for r in ratios]) * baseline_us
-    high = np.array([r.ci_high if r is not None and r.known else np.nan for r in ratios]) * baseline_us
-    ax.fill_between(x, low, high, color=color, alpha=0.2, lw=0)
+def _own(ax, x, bands, look, label) -> None:
+    """A variant's times (markers) inside its own intervals (the band), from the one estimator."""
+    ax.plot(x, [b.ratio if b is not None else np.nan for b in bands], ms=4, mfc="none", label=label, **look.kwargs())
+    low = np.array([b.ci_low if b is not None and b.known else np.nan for b in bands])
+    high = np.array([b.ci_high if b is not None and b.known else np.nan for b in bands])
+    ax.fill_between(x, low, high, color=look.color, alpha=0.2, lw=0)
 
 
 def _log_axes(ax) -> None:
@@ -124,39 +129,38 @@ def plot_latency(analysis: Analysis, frame, dtype: str, layout: str, stem: Path,
     fig, axes = _panels(len(page_sizes))
     lines = _lines(frame, ("page_size",), "seq_len")
     for ax, page_size in zip(axes, page_sizes, strict=True):
-        base = lines.get(((page_size,), analysis.baseline), [])
         for v in variants:
             rows = lines.get(((page_size,), v))
             if not rows:
                 continue
             seq = [r["seq_len"] for r in rows]
-            look = style(v)
-            ax.plot(seq, [r["median_us"] for r in rows], ms=4, mfc="none", label=legend_label(v), **look.kwargs())
-            if v not in (analysis.baseline, FLOOR):  # the floor is a reference line, not a contender
-                found = [analysis.ratio_at(v, dtype, layout, page_size, int(s)) for s in seq]
-                _interval_band(ax, seq, _at(base, "seq_len", "median_us", seq),
-                               [None if r is None else interval_of(r) for r in found], look.color)
+            bands = [analysis.time_band(v, dtype, layout, page_size, int(s)) for s in seq]
+            _own(ax, seq, bands, style(v), legend_label(v))
         _log_axes(ax)
         set_title(ax, f"page_size={page_size}")
-        ax.set(xlabel="seq_len (tokens)", ylabel="median time per call (µs)")
-    _legend(fig, axes, f"variant (band: ratio's {coverage(analysis)}\nx pre-PR median)")
-    fig.suptitle(_title(analysis.run, "D2H page-index time per call", dtype, layout), fontsize=10)
+        ax.set(xlabel="seq_len (tokens)", ylabel=f"{time_label(analysis)} per call (µs)")
+    _legend(fig, axes, f"variant (band: its own\n{coverage(analysis)})")
+    fig.suptitle(_title(analysis.run, f"{time_label(analysis).capitalize()} per call", dtype, layout), fontsize=10)
     return save(fig, stem, formats)
 
 
 def plot_bytes(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
     page_sizes = sorted(frame["page_size"].unique())
     variants = _variants(frame)
-    fig, axes = _panels(len(page_sizes))
+    fig, axes = _panels(len(page_sizes), legend=legend_width(legend_label(v) for v in variants))
     lines = _lines(frame, ("page_size",), "seq_len")
     seq = np.array(sorted(frame["seq_len"].unique()))
     for ax, page_size in zip(axes, page_sizes, strict=True):
         for i, v in enumerate(variants):  # hollow markers shrinking in turn, so equal values stay visible
-            # 0 bytes (the zero-D2H floor) has no place on a log axis
-            rows = [r for r in lines.get(((page_size,), v), []) if r["d2h_bytes"] > 0]
+            every = lines.get(((page_size,), v), [])
+            rows = [r for r in every if r["d2h_bytes"] > 0]
             if rows:
                 ax.plot([r["seq_len"] for r in rows], [r["d2h_bytes"] for r in rows], ms=max(3, 10 - 2 * i), mfc="none",
                         lw=1, label=legend_label(v), **style(v).kwargs())
+            zero = [r["seq_len"] for r in every if r["d2h_bytes"] == 0]
+            if zero:  # 0 bytes has no place on a log axis: marked on its floor (the axis' lower edge)
+                ax.plot(zero, [0.0] * len(zero), ls="none", marker="v", ms=6, color=style(v).color, clip_on=False,
+                        transform=ax.get_xaxis_transform(), label=f"{v}: 0 bytes (on the axis floor)")
         ax.plot(seq, np.ceil(seq / page_size) * ITEMSIZE[dtype], color="black", ls="--", lw=1, zorder=5,
                 label="ideal ceil(seq_len/page_size)*itemsize")
         ax.set(xscale="log", yscale="log", xlabel="seq_len (tokens)", ylabel="metered D2H bytes per call")
@@ -176,14 +180,11 @@ RATIO_CAP = 4.0
 def _cell_text(r: RatioRow) -> str:
     beyond = "▲" if r.ratio > RATIO_CAP else "▼" if r.ratio < 1 / RATIO_CAP else ""
     if r.verdict == SAME:
-        return f"{beyond}{r.ratio:.2f} ~"
-    interval = f"\n[{_short(r.ci_low)}, {_short(r.ci_high)}]" if math.isfinite(r.ci_high) else ""
-    return f"{beyond}{_short(r.ratio, 3)}{interval}"
-
-
-def _short(value: float, digits: int = 2) -> str:
-    """A heatmap number: whole above 100 (never 3.4e+02), else `digits` significant digits."""
-    return f"{value:.0f}" if value >= 100 else f"{value:.{digits}g}"
+        return f"{beyond}{sig(r.ratio)} ~"
+    if r.verdict == UNCLEAR:
+        return f"{beyond}{sig(r.ratio)} ?\n[{sig(r.ci_low)}, {sig(r.ci_high)}]"
+    interval = f"\n[{sig(r.ci_low)}, {sig(r.ci_high)}]" if math.isfinite(r.ci_high) else ""
+    return f"{beyond}{sig(r.ratio)}{interval}"
 
 
 def plot_ratio(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
@@ -204,56 +205,45 @@ def plot_ratio(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, f
                       aspect="auto")
     for r in ratios:
         i, j = page_sizes.index(r.page_size), seq_lens.index(r.seq_len)
+        if r.verdict == UNCLEAR:
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="0.35", lw=0))
         ax.text(j, i, _cell_text(r), ha="center", va="center", fontsize=7,
-                color="white" if abs(values[i, j]) > 0.6 * cap else "black")
+                color="0.4" if r.verdict == SAME else "white" if abs(values[i, j]) > 0.6 * cap else "black")
     ax.set_xticks(range(len(seq_lens)), [str(s) for s in seq_lens], rotation=45)
     ax.set_yticks(range(len(page_sizes)), [str(p) for p in page_sizes])
     ax.set(xlabel="seq_len (tokens)", ylabel="page_size (tokens)")
     bar = fig.colorbar(image, ax=ax)
     ticks = np.arange(-cap, cap + 1)
     bar.set_ticks(list(ticks), labels=[f"{2 ** t:g}" if t >= 0 else f"1/{2 ** -t:g}" for t in ticks])
-    bar.set_label(f"merged PR / pre-PR (red: slower; capped, ▲▼ beyond;\n"
-                  f"[ ]: {coverage(analysis)}; ~: same within {analysis.noise.min_effect:.1%})", fontsize=8)
-    set_title(ax, _title(analysis.run, f"merged PR ({CANDIDATE}) / pre-PR ({analysis.baseline}) time per call", dtype,
+    bar.set_label(f"merged PR / pre-PR (red: higher; capped, ▲▼ beyond;\n[ ]: {coverage(analysis)}; ~ grey: same "
+                  f"within {sig(100 * analysis.noise.min_effect)}%; ? hatched: unclear)", fontsize=8)
+    set_title(ax, _title(analysis.run, f"merged PR / pre-PR {time_label(analysis)} per call", dtype,
                      layout), fontsize=10)
     return save(fig, stem, formats)
 
 
 def plot_link_model(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
-    """One panel: the modeled merged PR / pre-PR ratio per page size, a band over the link profiles."""
-    point = ("page_size", "seq_len")
-    base = {tuple(r[c] for c in point): r for r in records(frame) if r["variant"] == analysis.baseline}
-    cand = {tuple(r[c] for c in point): r for r in records(frame) if r["variant"] == CANDIDATE}
-    keys = base.keys() & cand.keys()
-    if not keys:
+    """A panel per page size: the predicted merged PR / pre-PR time per call on each prediction profile (a model)."""
+    ratios = [r for r in analysis.ratios_of(CANDIDATE) if (r.dtype, r.layout) == (dtype, layout)]
+    if not ratios:
         return []
-    fig = new_figure(8.4, 4.4)
-    ax = fig.subplots()
-    fig.subplots_adjust(left=0.1, right=0.68, bottom=0.13, top=0.82)
+    page_sizes = sorted({r.page_size for r in ratios})
+    fig, axes = _panels(len(page_sizes))
     palette = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
-    page_sizes = sorted({p for p, _ in keys})
-    for n, page_size in enumerate(page_sizes):
-        seq = sorted(s for p, s in keys if p == page_size)
-        modeled = np.array([[profile.modeled_us(cand[page_size, s]["d2h_bytes"], cand[page_size, s]["d2h_transfers"],
-                                                launches=1)
-                             / profile.modeled_us(base[page_size, s]["d2h_bytes"], base[page_size, s]["d2h_transfers"])
-                             for s in seq] for profile in LINK_PROFILES])
-        color = palette[n % len(palette)]
-        if page_size in (page_sizes[0], page_sizes[-1]):  # the others' bands lie between: drawn, they blur
-            ax.fill_between(seq, modeled.min(axis=0), modeled.max(axis=0), color=color, alpha=0.2, lw=0)
-        ax.plot(seq, np.median(modeled, axis=0), color=color, marker="osD^v"[n % 5], ms=4, mfc="none",
-                label=f"page_size={page_size}")
-    ax.axhline(1.0, color="black", lw=1, ls="--", label="1: same modeled time")
-    _log_axes(ax)
-    ax.set(xlabel="seq_len (tokens)", ylabel="modeled time, merged PR / pre-PR")
-    profiles = "\n".join(f"{p.label}: {p.latency_us:g} µs + B / {p.bandwidth_gb_s:g} GB/s" for p in LINK_PROFILES)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False,
-              title=f"line: median of the {len(LINK_PROFILES)} link profiles;\n"
-                    "band (smallest, largest page size): their range", title_fontsize=7)
-    fig.text(0.70, 0.14, f"{profiles}\n+ {LAUNCH_SYNC_US:g} µs launch and sync\n  for the merged PR's device op\n"
-             "  (assumed; kvpages/core/links.py)", fontsize=6.5, va="bottom")
-    fig.suptitle(_title(analysis.run, "MODEL, not measurement: transfers x latency + bytes / bandwidth + launch",
-                        dtype, layout), fontsize=9)
+    for ax, page_size in zip(axes, page_sizes, strict=True):
+        at = sorted((r for r in ratios if r.page_size == page_size), key=lambda r: r.seq_len)
+        seq = [r.seq_len for r in at]
+        predicted = [point_predictions(r) for r in at]
+        for n, profile in enumerate(prediction_profiles()):
+            ax.plot(seq, [p[n].ratio for p in predicted], color=palette[n], marker="osD"[n], ms=4, mfc="none",
+                    ls=":" if profile.pinned else "-", label=profile_name(profile))
+        ax.axhline(1.0, color="black", lw=1, ls="--", label="1: same predicted time")
+        _log_axes(ax)
+        set_title(ax, f"page_size={page_size}")
+        ax.set(xlabel="seq_len (tokens)", ylabel="predicted time, merged PR / pre-PR")
+    _legend(fig, axes, "link profile (model)")
+    fig.suptitle(_title(analysis.run, "MODEL, not measurement: predicted time per call on a GPU box", dtype, layout),
+                 fontsize=10)
     return save(fig, stem, formats)
 
 
@@ -269,27 +259,23 @@ def _scenario_panels(analysis: Analysis, kind: str, x: str, xlabel: str, what: s
     fig, axes = _panels(len(panels), legend=legend_width(legend_label(v) for v in variants))
     lines = _lines(ok, ("side", "page_size"), x)
     for ax, (side, page_size) in zip(axes, panels, strict=True):
-        base = lines.get(((side, page_size), analysis.scenario_baseline), [])
         for v in variants:
             rows = lines.get(((side, page_size), v))
             if not rows:
                 continue
             xs = [r[x] for r in rows]
-            look = style(v)
-            ax.plot(xs, [r["blocked_median_us"] for r in rows], ms=4, mfc="none", label=legend_label(v), **look.kwargs())
-            if v not in (analysis.scenario_baseline, STEP_FLOOR):
-                found = [analysis.scenario_ratio(str(r["scenario"]), v, "blocked") for r in rows]
-                _interval_band(ax, xs, _at(base, x, "blocked_median_us", xs),
-                               [None if r is None else r.interval for r in found], look.color)
+            _own(ax, xs, [analysis.scenario_band(str(r["scenario"]), v) for r in rows], style(v), legend_label(v))
         _log_axes(ax)
         chunks = sorted({int(r["chunk_size"]) for (at, _), rows in lines.items() if at == (side, page_size)
                          for r in rows if int(r["chunk_size"])})
         chunk = f", chunks of {'/'.join(map(str, chunks))}" if side == "prefill" and kind == "request" and chunks else ""
         where = side if kind == "request" else "decode step"
         set_title(ax, f"{where}, page_size={page_size}{chunk}")
-        ax.set(xlabel=xlabel, ylabel=f"blocked µs per {what} (median)")
-    _legend(fig, axes, f"step variant (band: ratio's {coverage(analysis)}\nx per_request[host_stride] median)")
-    fig.suptitle(_title(analysis.run, f"Whole {what}s: scheduler-thread time", str(ok["dtype"].iloc[0]),
+        ax.set(xlabel=xlabel, ylabel=f"{time_label(analysis)} per {what} (µs)")
+        swept = sorted({int(r[x]) for (at, _), rows in lines.items() if at == (side, page_size) for r in rows})
+        ax.set_xticks(swept, [str(v) for v in swept])
+    _legend(fig, axes, f"step variant (band: its own\n{coverage(analysis)})")
+    fig.suptitle(_title(analysis.run, f"Whole {what}s: {time_label(analysis)}", str(ok["dtype"].iloc[0]),
                         str(ok["layout"].iloc[0])), fontsize=10)
     return save(fig, stem, formats)
 

@@ -23,8 +23,9 @@ from kvpages.render.appendix import (
     scenarios_section,
     variants_section,
 )
-from kvpages.render.breakdown import breakdown_section, floor_section
+from kvpages.render.breakdown import breakdown_section, breakdown_summary, floor_section
 from kvpages.render.captions import caption
+from kvpages.render.evidence import crossover_table, model_section, per_call_table, scenario_table
 from kvpages.render.ranks import render_ranks
 from kvpages.render.text import ci_text, count, coverage, fraction, ratio_text, table, us
 from kvpages.schema.ranks import CONTENTION_COLUMNS, CONTENTION_CSV
@@ -39,27 +40,29 @@ from kvpages.schema.rows import (
 from kvpages.schema.writer import write_atomic, write_table
 
 REPORT_MD = "REPORT.md"
+APPENDIX_MD = "APPENDIX.md"
 NOISY_COLUMNS = ("variant", "dtype", "layout", "seq_len", "page_size", "rep_spread", "median_us")
 
-METHOD = (
-    "Each (variant, point) was timed in R repetitions (blocks of rounds), dealt to P fresh processes that ran one "
-    "after another (repetition r in process r % P; pyperf samples processes for the same reason: a process's "
-    "address-space layout, allocator state and code and data placement are fixed for its life), and within a "
-    "process to its passes over the sweep. Within a repetition the point's variants ran back to back in a fresh "
-    "seeded order (each block's `repetition`, `order` and `process` are in samples.csv), so drift hits them alike. "
-    "A ratio is the median of the paired per-repetition ratios of block medians, variant/baseline. With 2 or more "
-    "processes its interval is the 95% percentile interval of a two-stage bootstrap that resamples processes, then "
-    "each drawn process's repetitions (Kalibera and Jones, \"Rigorous Benchmarking in Reasonable Time\", ISMM "
-    "2013), so a shift of a whole process stays inside it; with one process, the order-statistic (sign-test) "
-    "interval of the median, which covers only what varies within a process (ratios.csv's `interval_unit`); every "
-    "header states the coverage. **Verdicts** (`kvpages.analysis.verdicts.judge`): *faster* or *slower* only "
-    "when the interval excludes 1, the effect is at least the run's minimum effect, and the comparison survives "
-    f"the Benjamini-Hochberg step at a false-discovery rate of {FDR:.0%} over its family (every variant against "
-    "the baseline at every point; separately, every scenario ratio), with p-values from the same bootstrap (the "
-    "sign test in a run of one process; `q_value` in the CSVs). *same*: the estimate is within the minimum effect; "
-    "*unclear*: beyond it, but the interval reaches 1 or the family correction drops it. Holm's family-wise "
-    "control is not used: it needs p below 0.05/72, which 12 repetitions or 2000 resamples barely reach."
-)
+def method_text(analysis: Analysis) -> str:
+    """How the run was timed and judged; the family sizes are the run's own."""
+    families = f"{len(analysis.ratios)} ratios per call and {len(analysis.scenario_ratios)} scenario ratios"
+    return (
+        "Each (variant, point) was timed in R repetitions (blocks of rounds), dealt to P fresh processes that ran one "
+        "after another (repetition r in process r % P: a process's address-space layout, allocator state and code "
+        "placement are fixed for its life), the point's variants back to back in a fresh seeded order per repetition "
+        "(samples.csv: `repetition`, `order`, `process`), so drift hits them alike. **One estimator everywhere** "
+        "(`kvpages.core.estimator.paired_ratio`): a variant's time is the geometric mean of its per-repetition block "
+        "medians; a ratio is the ratio of the two printed times, which is also the mean of the paired per-repetition "
+        "log-ratios, so drift shared by a repetition cancels; its interval is the percentile interval of that same "
+        "statistic over a two-stage bootstrap of (process, repetition) pairs (Kalibera and Jones, ISMM 2013), drawn "
+        "alike for both variants and widened for few processes (expanded percentile, Student's t); each chart band "
+        "is the variant's own interval from the same resamples. **Verdicts** (`kvpages.analysis.verdicts.judge`): "
+        "*faster* or *slower* only when the interval excludes 1, the effect reaches the run's minimum effect, and the "
+        f"comparison survives the Benjamini-Hochberg step at a false-discovery rate of {FDR:.0%} over its family "
+        f"({families}), p-values from the same bootstrap; *same*: within the minimum effect; *unclear*: beyond it, "
+        f"but the interval reaches 1 or the correction drops it. Holm's family-wise control would need p below "
+        f"{FDR:g}/{len(analysis.ratios)}, which {analysis.noise.repetitions} repetitions and 2000 resamples barely reach."
+    )
 
 
 def environment_paragraph(analysis: Analysis) -> str:
@@ -130,7 +133,9 @@ def caveats(analysis: Analysis) -> list[str]:
 def findings_section(analysis: Analysis) -> str:
     rows: list[list[object]] = [[f.question, f.answer, f.figure, f"`{f.id}`" if f.id != "-" else "-", f.status]
                                 for f in findings(analysis)]
-    return (f"Figures are ratios variant / pre-PR with their {coverage(analysis)} (see Method); each id is a row of "
+    model = ("" if analysis.run.link_crossed else "On this CPU run no link was crossed: a time figure is the model's "
+             "predicted ratio per link profile (see The link model), and the measured host-side work is evidence. ")
+    return (f"{model}Measured ratios are variant / pre-PR with their {coverage(analysis)} (see Method); each id is a row of "
             f"`{RATIOS_CSV}` (`r-...`) or `scenarios.csv` / `{SCENARIO_RATIOS_CSV}` (`req-...`, `step-...`); "
             "`kvpages cite <run> <id>` prints it in one line with its command.\n\n"
             + table(["question", "answer", "figure", "row id", "status"], rows))
@@ -171,10 +176,10 @@ def scenario_main(analysis: Analysis) -> str:
     base = frame[frame["variant"] == analysis.scenario_baseline].set_index("scenario")
     rows = []
     for _, r in ok.sort_values(["kind", "side", "page_size", "busy_us", "requests", "tokens"]).iterrows():
-        b = base.loc[r["scenario"]]
+        b = {**base.loc[r["scenario"]].to_dict(), "scenario": r["scenario"]}
         size = f"{r['tokens']} tokens" if r["kind"] == "request" else f"{r['requests']} requests"
         rows.append([r["kind"], r["side"], r["page_size"], size, f"{count(b['d2h_bytes'])} → {count(r['d2h_bytes'])}",
-                     f"{us(b['blocked_median_us'])} → {us(r['blocked_median_us'])}",
+                     f"{us(analysis.scenario_time(b))} → {us(analysis.scenario_time(r))}",
                      ratio_cell(analysis, r["scenario"], STEP_CANDIDATE, "blocked"), f"`{r['id']}`"])
     what = "blocked = ready µs" if same_latencies(analysis) else "blocked µs"
     lead = (f"Measured over whole requests (every call, prefill chunks of the chunk size; decode one call and "
@@ -188,9 +193,17 @@ def scenario_main(analysis: Analysis) -> str:
                                   f"ratio [{coverage(analysis)}] verdict", "id"], rows)
 
 
-def charts_section(analysis: Analysis) -> str:
-    charts = sorted(p.name for p in analysis.run.path.glob("*.png"))
-    return "\n\n".join(f"![{name}]({name})\n\n*{caption(analysis, name)}*" for name in charts)
+def charts_section(analysis: Analysis, folder: Path | None = None) -> str:
+    order = ("bytes", "link_model", "latency", "ratio", "scenario_requests", "scenario_steps", "scenario_busy")
+    charts = sorted((p.name for p in (folder or analysis.run.path).glob("*.png")),  # the questions' order
+                    key=lambda n: (next((i for i, o in enumerate(order) if n.startswith(o)), len(order)), n))
+    return "\n\n".join(f"![{name}]({name})\n*{caption(analysis, name)}*" for name in charts)
+
+
+def where_the_time_goes(analysis: Analysis) -> str:
+    """At most a few lines beside the breakdown chart; the table is in the appendix."""
+    text = breakdown_summary(analysis)
+    return f"{text} The table is in [{APPENDIX_MD}]({APPENDIX_MD}#where-the-time-goes)." if text else ""
 
 
 def render(analysis: Analysis) -> str:
@@ -203,32 +216,48 @@ def render(analysis: Analysis) -> str:
     sections = [
         f"# kvpages report: {run.run_id} ({run.device_name}; {where})\n\n{names}",
         "## Findings\n\n" + findings_section(analysis),
-        "## Evidence: merged PR vs pre-PR per call\n\nFastest: the lowest median at the point, and every variant not "
-        "judged slower than it.\n\n" + results_section(analysis),
-        "## Crossover\n\n" + crossover_section(analysis),
-    ]
-    scenarios = scenario_main(analysis)
-    if scenarios:
-        sections.append("## Per request and per step\n\n" + scenarios)
-    for title, text in (("Zero-D2H floor", floor_section(analysis)), ("Where the time goes", breakdown_section(analysis))):
-        if text:
-            sections.append(f"## {title}\n\n{text}")
-    sections += [
-        "## Method and noise floor\n\n" + METHOD + "\n\n" + noise_paragraph(analysis),
-        "## Caveats\n\n" + ("\n".join(f"- {c}" for c in caveats(analysis)) or "- none"),
-        "## Environment\n\n" + environment_paragraph(analysis),
-        f"## Reproduce\n\n```\n{command}\n```\n\nEach row of `results.csv` re-runs one variant (`repro`); each row "
-        f"of `{RATIOS_CSV}` and `{SCENARIO_RATIOS_CSV}` re-runs its pair, interleaved as in the run.",
     ]
     charts = charts_section(analysis)
     if charts:
         sections.append("## Charts\n\n" + charts)
-    sections.append("## Appendix\n\n### A. The other variants vs pre-PR\n\n`spread`: how much the row's block medians "
-                    "vary between repetitions (results.csv `rep_spread`).\n\n"
-                    + variants_section(analysis) + "\n\n### B. Link model\n\n" + link_model_section(analysis))
+    word = "host-side work (no transfer)" if not run.link_crossed else "time"
+    sections.append(f"## Evidence\n\n### Per call: merged PR vs pre-PR, {word}\n\n" + per_call_table(analysis)
+                    + "\n\n### Crossover\n\n" + crossover_table(analysis))
+    scenarios = scenario_table(analysis)
+    if scenarios:
+        sections.append("### Per request and per step\n\n" + scenarios)
+    time_goes = where_the_time_goes(analysis)
+    if time_goes:
+        sections.append("### Where the time goes\n\n" + time_goes)
+    sections += [
+        "### The link model\n\n" + model_section(analysis),
+        "## Method and caveats\n\n" + method_text(analysis) + "\n\n" + noise_paragraph(analysis) + "\n\n"
+        + ("\n".join(f"- {c}" for c in caveats(analysis)) or "- no caveats"),
+        "## Environment and reproduce\n\n" + environment_paragraph(analysis) + f"\n\n```\n{command}\n```\n\nEach row "
+        f"of `results.csv` re-runs one variant (`repro`); each row of `{RATIOS_CSV}` and `{SCENARIO_RATIOS_CSV}` re-runs "
+        f"its pair, interleaved as in the run. Every table in full: [{APPENDIX_MD}]({APPENDIX_MD}).",
+    ]
+    return "\n\n".join(sections) + "\n"
+
+
+def render_appendix(analysis: Analysis) -> str:
+    """APPENDIX.md: the long tables the report links to."""
+    sections = [f"# Appendix to [{REPORT_MD}]({REPORT_MD}): run {analysis.run.run_id}",
+                "## Merged PR vs pre-PR at every point\n\nFastest: the lowest time at the point, and every variant "
+                "not judged slower than it.\n\n" + results_section(analysis),
+                "## Measured crossover\n\n" + crossover_section(analysis)]
+    scenarios = scenario_main(analysis)
+    if scenarios:
+        sections.append("## Per request and per step: the merged PR\n\n" + scenarios)
+    for title, text in (("Host mirror", floor_section(analysis)), ("Where the time goes", breakdown_section(analysis))):
+        if text:
+            sections.append(f"## {title}\n\n{text}")
+    sections.append("## The other variants vs pre-PR\n\n`spread`: how much the row's block medians vary between "
+                    "repetitions (results.csv `rep_spread`).\n\n" + variants_section(analysis)
+                    + "\n\n## Link model per row\n\n" + link_model_section(analysis))
     full = scenarios_section(analysis)
     if full:
-        sections.append("### C. Every step variant, per request and per step\n\n" + full)
+        sections.append("## Every step variant, per request and per step\n\n" + full)
     return "\n\n".join(sections) + "\n"
 
 
@@ -243,5 +272,7 @@ def write_report(analysis: Analysis) -> Path:
     noisy = ok[ok["rep_spread"] >= NOISY_SPREAD].sort_values("rep_spread", ascending=False)
     write_table(folder, NOISY_CSV, NOISY_COLUMNS, noisy[list(NOISY_COLUMNS)].to_dict("records"))
     path = folder / REPORT_MD
+    if analysis.run.ranks is None:
+        write_atomic(folder / APPENDIX_MD, render_appendix(analysis))
     write_atomic(path, render(analysis))
     return path

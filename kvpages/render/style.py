@@ -5,7 +5,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from kvpages.core.names import label, per_request_of
+from kvpages.core.names import STEP_FLOOR, label, per_request_of
 
 
 @dataclass(frozen=True)
@@ -40,5 +40,8 @@ def style(variant: str) -> Style:
 
 
 def legend_label(variant: str) -> str:
-    """What a legend says: the name with what it stands for (kvpages.core.names.LABELS)."""
+    """What a legend says: the name with what it stands for (kvpages.core.names.LABELS); in whole requests and steps
+    the host mirror keeps its table up to date, so there it is the host mirror plus its upkeep, not a floor."""
+    if variant == STEP_FLOOR:
+        return f"{variant}, host mirror + upkeep"
     return label(variant)

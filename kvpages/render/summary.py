@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from kvpages.analysis.ratios import Analysis, variant_order
+from kvpages.analysis.cite import interval_of, sig
+from kvpages.analysis.ratios import Analysis, records, variant_order
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_BASELINE, STEP_CANDIDATE, label, per_request_of
 from kvpages.render.ranks import contention_summary
-from kvpages.render.text import coverage
+from kvpages.render.text import coverage, interval_cell
 
 
 def summary_seq_lens(seq_lens: list[int]) -> list[int]:
@@ -28,16 +29,17 @@ def scenario_summary(analysis: Analysis) -> list[str]:
     ok = frame[(frame["status"] == "ok") & frame["variant"].isin(summary_step_variants(frame["variant"].unique()))]
     if ok.empty:
         return []
-    table = ok[["scenario", "variant", "d2h_transfers", "d2h_bytes", "blocked_median_us", "ready_median_us"]].copy()
+    table = ok[["scenario", "variant", "d2h_transfers", "d2h_bytes"]].copy()
+    table["blocked_us"] = [sig(analysis.scenario_time(r)) for r in records(ok)]
+    table["ready_us"] = [sig(analysis.scenario_time(r, "ready")) for r in records(ok)]
     cells = []
     for scenario, variant in zip(table["scenario"], table["variant"], strict=True):
         r = analysis.scenario_ratio(scenario, variant, "blocked")
         cells.append("1" if variant == analysis.scenario_baseline else
-                     (f"{r.interval.ratio:.3f} [{r.interval.ci_low:.3f}, {r.interval.ci_high:.3f}] {r.verdict}"
-                      if r else ""))
+                     (interval_cell(r.interval, r.verdict) if r else ""))
     table[f"blocked vs baseline [{coverage(analysis)}]"] = cells
     return ["", "whole requests and steps (per request or per step; blocked = ready on a CPU run):",
-            table.to_string(index=False, float_format=lambda v: f"{v:.2f}")]
+            table.to_string(index=False)]
 
 
 def summary_text(analysis: Analysis) -> str:
@@ -56,20 +58,20 @@ def summary_text(analysis: Analysis) -> str:
     lines.append(f"{label(BASELINE)}; {label(CANDIDATE)}.")
     lines.append(f"{noise.repetitions} interleaved repetitions per (variant, point) in {noise.processes} "
                  f"process(es); ratios are paired per repetition, {level}, with their {coverage(analysis)}; "
-                 f"minimum effect {noise.min_effect:.1%}.")
+                 f"minimum effect {sig(100 * noise.min_effect)}%.")
     for key, group in ok.groupby(["dtype", "layout", "page_size"], sort=True):
         dtype, layout, page_size = str(key[0]), str(key[1]), int(key[2])  # type: ignore[call-overload]
         chosen = group[group["seq_len"].isin(summary_seq_lens(group["seq_len"].tolist()))]
-        table = chosen[["seq_len", "variant", "d2h_bytes", "median_us"]].copy()
+        table = chosen[["seq_len", "variant", "d2h_bytes"]].copy()
+        table["time_us"] = [sig(analysis.time_of(r)) for r in records(chosen)]
         cells = []
         for s, v in zip(table["seq_len"], table["variant"], strict=True):
             r = analysis.ratio_at(v, dtype, layout, page_size, s)
-            cells.append("1" if v == analysis.baseline else (f"{r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] {r.verdict}"
-                                                            if r else ""))
+            cells.append("1" if v == analysis.baseline else (interval_cell(interval_of(r), r.verdict) if r else ""))
         table[f"vs_{analysis.baseline} [{coverage(analysis)}]"] = cells
         table = table.sort_values(["seq_len", "variant"], key=variant_order)
         lines.append(f"\npage_size={page_size} ({dtype}, {layout})")
-        lines.append(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        lines.append(table.to_string(index=False))
     return "\n".join(lines + scenario_summary(analysis))
 
 

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
-from kvpages.analysis.cite import coverage_text, fraction  # noqa: F401 (the report's too)
+from kvpages.analysis.cite import coverage_text, fraction, sig  # noqa: F401 (the report's too)
 from kvpages.analysis.ratios import Analysis
 from kvpages.core.stats import Interval
 from kvpages.schema.rows import RatioRow
@@ -19,8 +19,8 @@ def table(header: list[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def us(value: float) -> str:
-    """Microseconds: 2 decimals below 100, whole numbers with thousands separators above (never 2.2e+03)."""
-    return f"{value:,.0f}" if value >= 100 else f"{value:.2f}"
+    """Microseconds: three significant figures, thousands separators, never 2.2e+03 (kvpages.analysis.cite.sig)."""
+    return sig(value)
 
 
 def count(value: object) -> str:
@@ -41,21 +41,21 @@ def ci_text(r: HasInterval) -> str:
     """A ratio's interval as the report prints it (its ratios.csv or contention.csv row, rounded)."""
     if not math.isfinite(r.ci_high):
         return "[n/a: 1 repetition]"
-    return f"[{r.ci_low:.3f}, {r.ci_high:.3f}]"
+    return f"[{sig(r.ci_low)}, {sig(r.ci_high)}]"
 
 
 def interval_cell(i: Interval, verdict: str) -> str:
-    """A ratio in one table cell: '1.234 [1.100, 1.300] slower' ('[n/a]' where there is no interval)."""
-    ci = f"[{i.ci_low:.3f}, {i.ci_high:.3f}]" if i.known else "[n/a]"
-    return f"{i.ratio:.3f} {ci} {verdict}"
+    """A ratio in one table cell: '1.23 [1.10, 1.30] slower' ('[n/a]' where there is no interval)."""
+    ci = f"[{sig(i.ci_low)}, {sig(i.ci_high)}]" if i.known else "[n/a]"
+    return f"{sig(i.ratio)} {ci} {verdict}"
 
 
 def ratio_text(r: RatioRow) -> str:
-    return f"{r.ratio:.3f}"
+    return sig(r.ratio)
 
 
 def coverage(analysis: Analysis) -> str:
-    """The exact coverage of the run's intervals for a header ('97.9% interval'); per row when they differ."""
+    """The exact coverage of the run's intervals for a header ('95% interval'); per row when they differ."""
     levels = {round(r.confidence, 6) for r in analysis.ratios} | {round(r.interval.confidence, 6)
                                                                    for r in analysis.scenario_ratios}
     levels = {c for c in levels if c == c}

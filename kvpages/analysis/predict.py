@@ -1,0 +1,93 @@
+"""What a run that crossed no link predicts for a GPU box, per link profile (kvpages.core.links; no torch).
+
+`point_predictions` prices a ratios.csv row's pair (a variant and the baseline at one point) on each prediction
+profile; `crossover` finds the smallest swept seq_len the model puts below 1; `scenario_predictions` prices a whole
+request or step. The host work each adds is the run's own timed figure (kvpages.core.links.HOST_WORK).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from kvpages.analysis.ratios import Analysis, ScenarioRatio
+from kvpages.core.links import LINK_PROFILES, LinkProfile, prediction_profiles
+from kvpages.schema.rows import RatioRow
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One pair on one link profile: the two predicted times and their ratio (a model)."""
+
+    profile: LinkProfile
+    variant_us: float
+    baseline_us: float
+
+    @property
+    def ratio(self) -> float:
+        return self.variant_us / self.baseline_us
+
+
+def _transfers(d2h_bytes: int) -> int:
+    """A per-call row's blocking copies: one where it hands the host any bytes (the meter's own count on a CUDA run
+    is the row's `d2h_transfers`)."""
+    return 1 if d2h_bytes > 0 else 0
+
+
+def point_predictions(r: RatioRow) -> tuple[Prediction, ...]:
+    """`r`'s variant and baseline at its point, one call each, on every prediction profile."""
+    out = []
+    for profile in prediction_profiles():
+        variant = profile.predicted_us(r.variant, r.page_size, 1, r.variant_d2h_bytes, _transfers(r.variant_d2h_bytes),
+                                       r.variant_median_us)
+        baseline = profile.predicted_us(r.baseline, r.page_size, 1, r.baseline_d2h_bytes,
+                                        _transfers(r.baseline_d2h_bytes), r.baseline_median_us)
+        out.append(Prediction(profile, variant, baseline))
+    return tuple(out)
+
+
+def ratio_range(predictions: tuple[Prediction, ...]) -> tuple[float, float]:
+    ratios = [p.ratio for p in predictions]
+    return min(ratios), max(ratios)
+
+
+def crossover(rows: list[RatioRow], profile: LinkProfile) -> int | None:
+    """The smallest swept seq_len of `rows` (one variant, one page size) at which the model puts the variant below
+    the baseline on `profile`; None: nowhere within the sweep."""
+    for r in sorted(rows, key=lambda r: r.seq_len):
+        if next(p for p in point_predictions(r) if p.profile == profile).ratio < 1:
+            return r.seq_len
+    return None
+
+
+def scenario_predictions(analysis: Analysis, ratio: ScenarioRatio) -> tuple[Prediction, ...]:
+    """A whole request's or step's variant and baseline (scenarios.csv rows) on every prediction profile."""
+    frame = analysis.run.scenarios
+    assert frame is not None
+    rows = {str(r["variant"]): r for r in frame[frame["scenario"] == ratio.scenario].to_dict("records")}
+    out = []
+    for profile in prediction_profiles():
+        times = []
+        for name, measured in ((ratio.variant, ratio.variant_us), (ratio.baseline, ratio.baseline_us)):
+            row = rows[name]
+            times.append(profile.predicted_us(name, int(row["page_size"]), int(row["calls"]), float(row["d2h_bytes"]),
+                                              float(row["d2h_transfers"]), measured))
+        out.append(Prediction(profile, times[0], times[1]))
+    return tuple(out)
+
+
+
+
+def with_link_model(rows: pd.DataFrame) -> pd.DataFrame:
+    """`rows` plus one `modeled_<link>_us` column per link profile: one call's device ops, syncs, copies and bytes
+    without host work (a model, see kvpages.core.links)."""
+    out = rows.copy()
+    for profile in LINK_PROFILES:
+        out[profile.column] = [
+            profile.predicted_us(str(v), int(p), 1, float(b), float(t), 0.0) if pd.notna(b) and pd.notna(t) else np.nan
+            for v, p, b, t in zip(rows["variant"], rows["page_size"], rows["d2h_bytes"], rows["d2h_transfers"],
+                                  strict=True)
+        ]
+    return out

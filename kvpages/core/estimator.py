@@ -1,0 +1,104 @@
+"""The one estimator of a run's tables and charts: a variant's time and the ratio of two (no torch, no scipy).
+
+A variant's time at a point is the geometric mean of its per-repetition block medians (`mean_estimate`), and
+a ratio is the ratio of two such times (`paired_ratio`), which equals the mean of the paired per-repetition
+log-ratios: drift a repetition shares cancels, and a reader's own division of the two printed times gives the
+printed ratio. The interval of each is the percentile interval of that same statistic over the two-stage
+bootstrap of kvpages.core.stats.Levels (processes, then repetitions), the same draws for both variants,
+widened for few units (the expanded percentile).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+from kvpages.core.stats import BOOTSTRAP_RESAMPLES, CONFIDENCE, Interval, Levels, unknown
+
+
+@dataclass(frozen=True)
+class Paired:
+    """One variant against a baseline at one point, as every table and chart of a run shows it (`paired_ratio`).
+
+    `variant_us` and `baseline_us` are each that variant's time: the geometric mean of its per-repetition block
+    medians (its own interval, a chart's band, is `mean_estimate`). `interval.ratio` is exactly
+    variant / baseline, which is also exp(mean of the paired log-ratios), so a repetition's drift shared by both
+    cancels; its interval is the percentile interval of that same statistic over one two-stage bootstrap of
+    (process, repetition) pairs, drawn alike for both."""
+
+    interval: Interval
+    p_value: float
+    variant_us: float
+    baseline_us: float
+    repetitions: int
+    processes: int
+
+
+def _percentiles(center: float, resampled: np.ndarray, levels: Levels, confidence: float) -> Interval:
+    """The percentile interval of a resampled mean, widened about `center` by sqrt(m / (m - 1)) for the m units the
+    first stage draws (processes, or one process's repetitions): the bootstrap variance of a mean of m is (m - 1) / m
+    of its variance, and with few units its spread is Student's t, not normal: widened by sqrt(m / (m - 1)) x
+    t_(m-1) / z (Hesterberg, "What Teachers Should Know About the Bootstrap", 2015: the expanded percentile)."""
+    lo, hi = _percentile_pair(resampled, 0.5 - confidence / 2, 0.5 + confidence / 2)
+    unit = "process" if levels.process_count >= 2 else "repetition"
+    n = levels.process_count if unit == "process" else int(levels.values.size)
+    widen = math.sqrt(n / (n - 1)) * t_quantile(0.5 + confidence / 2, n - 1) / NormalDist().inv_cdf(0.5 + confidence / 2)
+    return Interval(math.exp(center), math.exp(center + (float(lo) - center) * widen),
+                    math.exp(center + (float(hi) - center) * widen), n, confidence, unit)
+
+
+def _percentile_pair(values: np.ndarray, low: float, high: float) -> tuple[float, float]:
+    """`np.percentile(values, [100 * low, 100 * high])` (its linear interpolation) from one sort, without its
+    per-call machinery: a run asks for a thousand of them."""
+    ordered = np.sort(values)
+    out = []
+    for q in (low, high):
+        at = q * (ordered.size - 1)
+        below = math.floor(at)
+        above = min(below + 1, ordered.size - 1)
+        out.append(float(ordered[below] + (ordered[above] - ordered[below]) * (at - below)))
+    return out[0], out[1]
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile from the normal one (Cornish-Fisher expansion, Abramowitz and Stegun 26.7.5): within
+    0.3% of the exact value at df >= 3 for p in [0.9, 0.995] (tests/test_processes.py checks it); no scipy."""
+    z = NormalDist().inv_cdf(p)
+    return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+            + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * df**4))
+
+
+def mean_estimate(levels: Levels, confidence: float = CONFIDENCE) -> Interval:
+    """exp(mean of `levels`), i.e. the geometric mean of the block medians, with the percentile interval of the
+    two-stage bootstrap of that mean (one process: the ordinary bootstrap of its repetitions); `unknown` from
+    fewer than 2 repetitions."""
+    center = float(np.mean(levels.values))
+    if levels.values.size < 2:
+        return unknown(math.exp(center), int(levels.values.size))
+    return _percentiles(center, levels.bootstrap_means, levels, confidence)
+
+
+def paired_ratio(baseline: Levels, variant: Levels, confidence: float = CONFIDENCE) -> Paired:
+    """`variant`'s time over `baseline`'s (log block medians of the same repetitions), bootstrapped as one statistic.
+
+    Each resample draws processes, then each drawn process's repetitions (Kalibera and Jones 2013), and takes the
+    same (process, repetition) pairs for both variants (`Levels.bootstrap_means` draws the same indices for every
+    `Levels` of one shape). The two-sided p-value of 'the ratio is 1' comes from the same resamples (at least
+    1 / the resamples)."""
+    if not np.array_equal(baseline.processes, variant.processes):
+        raise ValueError(f"the two variants' repetitions come from different processes: "
+                         f"{baseline.processes.tolist()} vs {variant.processes.tolist()}")
+    base, other = float(np.mean(baseline.values)), float(np.mean(variant.values))
+    n, count = int(variant.values.size), variant.process_count
+    center = other - base
+    times = (math.exp(other), math.exp(base))
+    if n < 2:
+        return Paired(unknown(math.exp(center), n), 1.0, *times, n, count)
+    shifts = variant.bootstrap_means - baseline.bootstrap_means
+    tail = min(float(np.mean(shifts <= 0)), float(np.mean(shifts >= 0)))
+    p_value = min(1.0, max(2 * tail, 1 / BOOTSTRAP_RESAMPLES))
+    return Paired(_percentiles(center, shifts, variant, confidence), p_value, *times, n, count)

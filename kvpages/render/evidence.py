@@ -1,0 +1,107 @@
+"""The report's evidence: one compact table per question, and the model's terms in one place (no torch).
+
+On a run that crossed no link the measured times are host-side work (no transfer): the tables call them so and
+set the model's prediction per link profile beside them. Every time and ratio comes from the one estimator
+(kvpages.core.estimator.paired_ratio), so a table's ratio is the ratio of its two printed times.
+"""
+
+from __future__ import annotations
+
+from kvpages.analysis.cite import sig
+from kvpages.analysis.findings import profile_name
+from kvpages.analysis.predict import crossover, point_predictions, scenario_predictions
+from kvpages.analysis.ratios import Analysis
+from kvpages.core.links import HOST_WORK, LINK_PROFILES, model_terms, prediction_profiles
+from kvpages.core.names import CANDIDATE, STEP_CANDIDATE
+from kvpages.render.text import ci_text, count, coverage, fraction, table, us
+
+BATCHED = "batched_device_stride"
+
+
+def time_word(analysis: Analysis) -> str:
+    return "µs" if analysis.run.link_crossed else "host-side µs (no transfer)"
+
+
+def _predicted_cells(predictions) -> list[str]:
+    return [sig(p.ratio) for p in predictions]
+
+
+def _predicted_header(analysis: Analysis) -> list[str]:
+    if analysis.run.link_crossed:
+        return []
+    return [f"model: {profile_name(p)}" for p in prediction_profiles()]
+
+
+def per_call_table(analysis: Analysis, page_sizes: list[int] | None = None) -> str:
+    """The merged PR against pre-PR per call: at page size 1 every length, else the shortest and longest."""
+    rows = []
+    for r in sorted(analysis.ratios_of(CANDIDATE), key=lambda r: (r.page_size, r.seq_len)):
+        at = [x.seq_len for x in analysis.ratios_of(CANDIDATE) if x.page_size == r.page_size]
+        if (page_sizes is not None and r.page_size not in page_sizes) or (
+                page_sizes is None and r.seq_len not in (min(at), max(at))):
+            continue
+        predicted = [] if analysis.run.link_crossed else _predicted_cells(point_predictions(r))
+        rows.append([r.page_size, r.seq_len, fraction(r.bytes_ratio), us(r.baseline_median_us), us(r.variant_median_us),
+                     f"{sig(r.ratio)} {ci_text(r)} {r.verdict}", *predicted, f"`{r.id}`"])
+    word = time_word(analysis)
+    header = ["p", "L", "bytes PR / pre-PR", f"pre-PR {word}", f"PR {word}", f"PR / pre-PR [{coverage(analysis)}]",
+              *_predicted_header(analysis), "id"]
+    return table(header, rows)
+
+
+def crossover_table(analysis: Analysis) -> str:
+    rows = []
+    for c in analysis.crossovers:
+        if c.page_size == 1:
+            continue
+        found = [r for r in analysis.ratios_of(CANDIDATE) if (r.dtype, r.layout, r.page_size) == (c.dtype, c.layout,
+                                                                                                 c.page_size)]
+        measured = c.describe()
+        predicted = [] if analysis.run.link_crossed else [
+            f"L={x}" if (x := crossover(found, p)) else "none" for p in prediction_profiles()]
+        rows.append([c.page_size, measured, *predicted])
+    what = "measured host-side (no transfer)" if not analysis.run.link_crossed else "measured"
+    return table(["p", f"{what}: judged faster from", *_predicted_header(analysis)], rows)
+
+
+def scenario_table(analysis: Analysis) -> str:
+    """Whole requests and steps at the largest page size: the merged PR and the batched step against pre-PR."""
+    frame = analysis.run.scenarios
+    if frame is None or frame.empty:
+        return ""
+    ok = frame[(frame["status"] == "ok") & (frame["busy_us"] == 0) & frame["variant"].isin([STEP_CANDIDATE, BATCHED])]
+    if ok.empty:
+        return ""
+    top = int(ok["page_size"].max())
+    ok = ok[ok["page_size"] == top].sort_values(["kind", "side", "variant", "requests", "tokens"])
+    rows = []
+    for _, row in ok.iterrows():
+        r = analysis.scenario_ratio(str(row["scenario"]), str(row["variant"]), "blocked")
+        if r is None:
+            continue
+        size = f"L={row['tokens']}" if row["kind"] == "request" else f"B={row['requests']}"
+        predicted = [] if analysis.run.link_crossed else _predicted_cells(scenario_predictions(analysis, r))
+        interval = ci_text(r.interval) if r.interval.known else "[n/a]"
+        rows.append([f"{row['kind']} {row['side']}", size, row["variant"], count(row["d2h_bytes"]), row["d2h_transfers"],
+                     us(r.baseline_us), us(r.variant_us), f"{sig(r.interval.ratio)} {interval} {r.verdict}",
+                     *predicted])
+    word = time_word(analysis)
+    header = ["what", "size", "step variant", "bytes", "D2H", f"pre-PR {word}", f"variant {word}",
+              f"variant / pre-PR [{coverage(analysis)}]", *_predicted_header(analysis)]
+    return f"At page size {top}; every page size and step variant is in the appendix.\n\n" + table(header, rows)
+
+
+def model_section(analysis: Analysis) -> str:
+    """Every term of the model and its source, in one place."""
+    terms = [f"- {t.name}: {t.value:g} {t.unit}. {t.source}" for t in model_terms()]
+    links = [f"- {p.label}: {p.latency_us:g} µs fixed per copy + bytes / {p.bandwidth_gb_s:g} GB/s. {p.source}"
+             for p in LINK_PROFILES]
+    crossed = ("This run crossed a link: its findings are measured, and one finding sets the model against them."
+               if analysis.run.link_crossed else
+               "This run crossed no link: the findings' times are this model's predictions.")
+    return ("predicted µs = measured host work (pre-PR's numpy stride and divide, the host mirror's slice: host work "
+            "on any box) + device ops x (launch + kernel) + blocking copies x (sync + fixed cost per copy) + bytes / "
+            "bandwidth. A device variant's measured time on a CPU run is its divide on this CPU, so it is not "
+            f"carried over. Host work: {HOST_WORK}. `.cpu()` copies into pageable memory, so pre-PR and the merged "
+            "PR are priced on pageable profiles and on GH200's C2C; the pinned profile is a what-if. "
+            f"{crossed} Terms (kvpages/core/links.py):\n\n" + "\n".join(terms + links))
