@@ -11,6 +11,8 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
+import pandas as pd
+
 from kvpages.analysis.cite import Citation, CiteError, fraction, interval_of, interval_text
 from kvpages.analysis.ratios import Analysis, ScenarioRatio
 from kvpages.analysis.verdicts import SAME
@@ -119,6 +121,12 @@ def _scenario_rows(analysis: Analysis, kind: str, variant: str, side: str | None
     return sorted(out, key=lambda t: (t[0], t[1]))
 
 
+def _moved(row, bytes_word: str = "bytes in ") -> str:
+    """A scenario row's D2H per request or step, with its host syncs where the run counted them (schema 5)."""
+    syncs = "" if pd.isna(row["host_syncs"]) else f" and {row['host_syncs']} host sync(s)"
+    return f"{row['d2h_bytes']:,} {bytes_word}{row['d2h_transfers']} D2H{syncs}"
+
+
 def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: str | None) -> Finding | None:
     found = _scenario_rows(analysis, kind, variant, side)
     if not found:
@@ -128,8 +136,8 @@ def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: 
     assert base is not None
     base_row = base[(base["scenario"] == row["scenario"]) & (base["variant"] == analysis.scenario_baseline)].iloc[0]
     what = f"L={size}" if kind == "request" else f"B={size} requests"
-    answer = (f"{what} at page size {page_size}: {row['d2h_bytes']:,} bytes in {row['d2h_transfers']} D2H against "
-              f"{base_row['d2h_bytes']:,} in {base_row['d2h_transfers']}; {_work(analysis)} per {kind} "
+    answer = (f"{what} at page size {page_size}: {_moved(row)} against {_moved(base_row, 'in ')}; "
+              f"{_work(analysis)} per {kind} "
               f"{row['blocked_median_us']:.0f} µs against pre-PR's {base_row['blocked_median_us']:.0f} µs.")
     return Finding(question, answer, scenario_figure(ratio), ratio.id, _latency_status(analysis))
 

@@ -62,10 +62,15 @@ def together(group: Group | None, block: Block, when: str, step: Callable[[], T]
     return result
 
 
-def check_metered(target: Target, variant: str, state: CaseState) -> None:
-    """The D2H the meter counted must be what the variant declares, and what every earlier process counted."""
+def check_metered(target: Target, variant: str, state: CaseState, device: str) -> None:
+    """The D2H and the host syncs the meter counted must be what the variant declares, and the D2H what every
+    earlier process counted."""
     measured = state.measured
     assert measured is not None
+    syncs = target.expected_syncs(variant, device)
+    if measured.host_syncs != syncs:
+        raise Stop("mismatch", f"measured {measured.host_syncs} host syncs on the calling thread, expected {syncs}; "
+                               f"D2H: {measured.d2h_bytes} bytes in {measured.d2h_transfers} transfers", fail=True)
     expected_bytes, transfers = target.expected_d2h(variant)
     if transfers is None and measured.d2h_bytes != expected_bytes:
         raise Stop("mismatch", f"measured {measured.d2h_bytes} D2H bytes, expected {expected_bytes}", fail=True)
@@ -187,7 +192,7 @@ class Runner:
     def _meter(self, target: Target, variant: str, workload: Workload, state: CaseState) -> None:
         with self.session.phase("meter"):
             state.measured = measure(target, variant, target.inputs_for(variant, workload)[0])
-        check_metered(target, variant, state)
+        check_metered(target, variant, state, self.session.device)
 
     def _time(self, benchmark, block: Block, workload: Workload, state: CaseState, record: bool,
               first_here: bool) -> None:

@@ -31,6 +31,7 @@ from kvpages.schema.rows import (
     RANK_COLUMNS,
     RANK_FLOAT_COLUMNS,
     RANK_INT_COLUMNS,
+    RANK_OPTIONAL_COLUMNS,
     RANK_SAMPLE_COLUMNS,
     RANK_SAMPLES_CSV,
     RANKS_CSV,
@@ -244,7 +245,7 @@ def _read_ranks(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, list[Ran
     path = folder / RANKS_CSV
     if not path.exists():
         return None, None
-    frame = _read_typed(path, RANK_COLUMNS, (), RANK_INT_COLUMNS, RANK_FLOAT_COLUMNS)
+    frame = _read_typed(path, RANK_COLUMNS, RANK_OPTIONAL_COLUMNS, RANK_INT_COLUMNS, RANK_FLOAT_COLUMNS)
     found: dict[tuple, list[RankSampleSet]] = {}
     samples_path = folder / RANK_SAMPLES_CSV
     if samples_path.exists():
