@@ -246,7 +246,7 @@ def test_cuda_busy_queue_blocks_a_blocking_copy_but_not_a_non_blocking_one(scena
     # indices, then the forward, then the readback on a private stream gated on the indices alone: neither the
     # scheduler thread nor the data waits for the forward, which the blocking copy behind it does
     deferred = busy.loc["deferred_device_stride"]
-    assert deferred["ready_median_us"] < 0.5 * deferred["busy_measured_us"]
+    assert deferred["ready_median_us"] < deferred["busy_measured_us"]
     assert deferred["blocked_median_us"] < 0.5 * busy.loc[STEP_BASELINE, "blocked_median_us"]
     assert (busy["host_syncs"] == busy.index.map({STEP_BASELINE: 8, "batched_device_stride_pinned": 0,
                                                   "deferred_device_stride": 0})).all()

@@ -284,7 +284,6 @@ def measure_call(call: Callable[[], object], inputs: tuple[torch.Tensor, ...]) -
     return D2HMeasurement(tuple(meter.transfers), count.calling, count.worker)
 
 
-
 def measure_d2h(fn: Callable[[torch.Tensor, int], object], kv_indices: torch.Tensor, page_size: int) -> D2HMeasurement:
     """Run `fn(kv_indices, page_size)` once and return what it handed to the host."""
     return measure_call(lambda: fn(kv_indices, page_size), (kv_indices,))

@@ -244,7 +244,7 @@ class Stamps:
 def step_call(variant: StepVariant, finish: Callable[[Arrays], Arrays], worker: ThreadPoolExecutor,
               stamps: Stamps, forward: Callable[[], None]) -> Callable[[Sequence[torch.Tensor], int], Arrays]:
     """One request or step as the scheduler makes it (its device work before the forward, `forward()`, the
-    readback: kvpages.measure.steps), stamping when it is unblocked and when the data is ready, less the
+    readback: the module doc), stamping when it is unblocked and when the data is ready, less the
     forward's launch."""
 
     def wait_on_worker(pending: Pending) -> tuple[Arrays, float]:
