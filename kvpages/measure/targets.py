@@ -304,9 +304,6 @@ class ScenarioTarget:
         stamps, busy, sync = Stamps(), ctx.busy_queue(self.scenario.busy_us), synchronizer(ctx.device)
         fn = step_call(get_step_variant(variant), finish_for(self.scenario), ctx.worker, stamps, busy)
 
-        def before_round() -> None:
-            sync()
-
         def start() -> None:
             stamps.clear()
             busy.reset()
@@ -315,7 +312,7 @@ class ScenarioTarget:
             return (tuple(t * 1e6 for t in stamps.blocked[-rounds:]), tuple(t * 1e6 for t in stamps.ready[-rounds:]),
                     tuple(busy.measured_us()[-rounds:]))
 
-        return Timer(fn, before_round, series, start)
+        return Timer(fn, sync, series, start)  # each round starts on an idle device; the forward is in the round
 
     def extra_info(self, variant: str, measured: D2HMeasurement) -> dict[str, Any]:
         s = self.scenario
