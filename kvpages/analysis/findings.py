@@ -121,10 +121,12 @@ def _scenario_rows(analysis: Analysis, kind: str, variant: str, side: str | None
     return sorted(out, key=lambda t: (t[0], t[1]))
 
 
-def _moved(row, bytes_word: str = "bytes in ") -> str:
-    """A scenario row's D2H per request or step, with its host syncs where the run counted them (schema 5)."""
-    syncs = "" if pd.isna(row["host_syncs"]) else f" and {row['host_syncs']} host sync(s)"
-    return f"{row['d2h_bytes']:,} {bytes_word}{row['d2h_transfers']} D2H{syncs}"
+def _moved(row, base: bool = False) -> str:
+    """A scenario row's D2H per request or step, and its host syncs where the run counted them (schema 5)."""
+    moved = f"{row['d2h_bytes']:,} {'in' if base else 'bytes in'} {row['d2h_transfers']}"
+    if pd.isna(row["host_syncs"]):
+        return moved if base else f"{moved} D2H"
+    return f"{moved} D2H and {row['host_syncs']} host sync(s)"
 
 
 def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: str | None) -> Finding | None:
@@ -136,7 +138,7 @@ def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: 
     assert base is not None
     base_row = base[(base["scenario"] == row["scenario"]) & (base["variant"] == analysis.scenario_baseline)].iloc[0]
     what = f"L={size}" if kind == "request" else f"B={size} requests"
-    answer = (f"{what} at page size {page_size}: {_moved(row)} against {_moved(base_row, 'in ')}; "
+    answer = (f"{what} at page size {page_size}: {_moved(row)} against {_moved(base_row, base=True)}; "
               f"{_work(analysis)} per {kind} "
               f"{row['blocked_median_us']:.0f} µs against pre-PR's {base_row['blocked_median_us']:.0f} µs.")
     return Finding(question, answer, scenario_figure(ratio), ratio.id, _latency_status(analysis))
