@@ -99,7 +99,7 @@ def synthetic_run(folder: Path, medians_us: dict[tuple[str, int, int], float], s
         stats = row_statistics([np.asarray(b.samples_us) for b in blocks])
         itemsize_bytes = (seq_len if variant == "host_stride" else -(-seq_len // page_size)) * 4
         row = Row(variant, "cpu", "test-cpu", "int32", "fragmented", seq_len, page_size, -(-seq_len // page_size),
-                  2, itemsize_bytes, itemsize_bytes, 1, "none (cpu)", stats["median_us"], stats["iqr_us"],
+                  2, itemsize_bytes, itemsize_bytes, 1, 1, "none (cpu)", stats["median_us"], stats["iqr_us"],
                   stats["q1_us"], stats["q3_us"], stats["min_us"], stats["max_us"], stats["mean_us"],
                   stats["stddev_us"], rounds * repetitions, 1, repetitions, stats["rep_spread"], "ok", "",
                   "pytest bench/")

@@ -219,7 +219,7 @@ def test_incompatible_schema_version_and_nothing_in_common(tmp_path, crossing_ru
     write(tmp_path / "old" / "meta.json", json.dumps(meta).encode())
     write(tmp_path / "old" / "results.csv", (crossing_run / "results.csv").read_bytes())
     done = cli("report", str(tmp_path / "old"))
-    assert done.returncode == 2 and "meta.json: schema version 99; this kvpages reads schema version 4 only" in done.stderr
+    assert done.returncode == 2 and "meta.json: schema version 99; this kvpages reads schema version 5 only" in done.stderr
     other = synthetic_run(tmp_path / "other", {("host_stride", 77, 7): 1.0})
     done = cli("compare", str(crossing_run), str(other))
     assert done.returncode == 2 and "no timed (variant, point) in common" in done.stderr

@@ -122,6 +122,22 @@ def test_pinnedness_and_zero_byte_handoffs():
     assert judge(with_empty, seen) == AGREE  # a zero-byte hand-off issues no memcpy
 
 
+def _sync(ts: float, name: str) -> list[dict]:
+    return [{"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 4242, "tid": 4242, "ts": ts, "dur": 9, "args": {}}]
+
+
+def test_host_syncs_are_checked_against_the_profilers_synchronize_calls_less_the_ranges_own():
+    trace = {"traceEvents": _range(RANGE_PREFIX + "c", 0, 100) + _copy(5, 1, PAGEABLE, 512)
+             + _sync(10, "cudaStreamSynchronize") + _sync(30, "cudaEventSynchronize")
+             + _sync(90, "cudaDeviceSynchronize")}  # the range's closing synchronize
+    assert case_profiles(trace)["c"].syncs == 2
+    one_and_a_wait = D2HMeasurement((Transfer("Tensor.cpu", 512, True, False),), host_syncs=1, worker_syncs=1)
+    assert answers_of(trace, {"c": one_and_a_wait}) == {"c": AGREE}
+    answer = answers_of(trace, {"c": metered(512)})["c"]
+    assert answer.outcome == "mismatch" and "the meter counted 0 host syncs (+0 in a worker's wait)" in answer.detail
+    assert case_profiles(cuda_session_trace())[CASES[0]].syncs is None  # no synchronize records at all: unchecked
+
+
 def test_no_gpu_activity_at_all_makes_the_crosscheck_unavailable_not_a_mismatch():
     with pytest.raises(CrosscheckError, match="the profiler saw no GPU activity at all"):
         answers_of({"traceEvents": _range(RANGE_PREFIX + CASES[0], 0, 10)}, {CASES[0]: metered(512)})

@@ -273,6 +273,7 @@ def scenario_run(folder: Path, busy_status: str, busy_measured_us: float | None 
                          "page_size": 64, "busy_us": busy_us, "calls": 8, "expected_d2h_bytes": 2500,
                          "d2h_bytes": 2500 if status == "ok" else None,
                          "d2h_transfers": (1 if batched else 8) if status == "ok" else None,
+                         "host_syncs": (0 if batched else 8) if status == "ok" else None,
                          "link": ("pcie pinned" if batched else "pcie pageable") if status == "ok" else "",
                          **stats, "rounds": 120 if status == "ok" else None, "repetitions": 3 if status == "ok" else None,
                          "status": status,

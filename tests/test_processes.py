@@ -151,7 +151,7 @@ def test_noise_states_both_levels_and_whether_the_box_is_fit(tmp_path):
 def test_a_worker_log_is_read_as_it_grows_and_a_torn_last_line_waits(tmp_path):
     log, reader = WorkerLog(tmp_path / "process-0.jsonl"), LogReader(tmp_path / "process-0.jsonl")
     samples = SampleSet("host_stride", "int32", "fragmented", 32, 4, 0, 0, 0, (1.0, 2.0))
-    block = BlockOutcome("host_stride-s32-p4-int32-fragmented", POINTS, 0, (samples,), MeterReading(128, 1, "none (cpu)"))
+    block = BlockOutcome("host_stride-s32-p4-int32-fragmented", POINTS, 0, (samples,), MeterReading(128, 1, "none (cpu)", 1))
     stop = BlockOutcome("device_stride-s32-p4-int32-fragmented", POINTS, 0, status="mismatch", note="wrong output",
                         fail=True)
     log.write(block)

@@ -23,7 +23,7 @@ from kvpages.core.scenarios import (
     prefill_chunks,
 )
 from kvpages.measure.inputs import make_scenario_workload
-from kvpages.measure.steps import get_step_variant, step_variant_names
+from kvpages.measure.steps import IN_ORDER, get_step_variant, step_variant_names
 from kvpages.measure.targets import ScenarioTarget, measure
 from kvpages.measure.variants import call_args, reference_page_indices
 from kvpages.render.report import render, render_appendix
@@ -92,7 +92,7 @@ def test_every_step_variant_matches_the_reference_call_by_call(scenario, name):
     workload = make_scenario_workload(scenario, "cpu", copies=2)
     for slices, inputs in zip(workload.inputs, ScenarioTarget(scenario).inputs_for(name, workload), strict=True):
         args, extras = call_args(inputs, scenario.page_size)
-        out = variant.fn(*args, **extras)
+        out = variant.arrays(*args, **extras)
         assert len(out) == len(slices)
         for got, kv in zip(out, slices, strict=True):
             np.testing.assert_array_equal(got, reference_page_indices(kv, scenario.page_size))
@@ -139,6 +139,10 @@ def test_quick_scenarios_write_scenarios_csv_with_both_latencies(scenario_bench)
     assert (ok["d2h_bytes"] == ok["expected_d2h_bytes"]).all() and (ok["repetitions"] == 3).all()
     step = ok[ok["kind"] == "step"].set_index("variant")
     assert step.loc["batched_device_stride", "d2h_transfers"] == 1 and step.loc[STEP_BASELINE, "d2h_transfers"] == 8
+    assert step.loc["batched_device_stride", "host_syncs"] == 1 and step.loc[STEP_BASELINE, "host_syncs"] == 8
+    deferred = step.loc["deferred_device_stride"]  # SGLang main's decode side: on a CPU run, in order
+    assert (deferred["host_syncs"], deferred["d2h_transfers"]) == (1, 1) and IN_ORDER in deferred["note"]
+    assert ok["host_syncs"].notna().all()
     request = ok[ok["kind"] == "request"].set_index("variant")
     assert request.loc[STEP_BASELINE, "calls"] == 4 and request.loc[STEP_BASELINE, "d2h_bytes"] == 32768 * 4
     busy = frame[frame["busy_us"] > 0]
@@ -226,7 +230,7 @@ def test_cuda_busy_queue_blocks_a_blocking_copy_but_not_a_non_blocking_one(scena
     result = scenario_bench.runpytest(
         "--benchmark-only", "--kv-time-budget", "0.05", "-p", "no:cacheprovider", "--kv-device", "cuda",
         "--kv-preset", "quick", "--kv-repetitions", "2", "--kv-crosscheck", "off",
-        "--kv-step-variants", f"{STEP_BASELINE},batched_device_stride_pinned")
+        "--kv-step-variants", f"{STEP_BASELINE},batched_device_stride_pinned,deferred_device_stride")
     assert result.ret == 0
     [folder] = list((scenario_bench.path / "results").iterdir())
     frame = pd.read_csv(folder / "scenarios.csv")
@@ -240,3 +244,10 @@ def test_cuda_busy_queue_blocks_a_blocking_copy_but_not_a_non_blocking_one(scena
     assert pinned["ready_median_us"] > 0.8 * pinned["busy_measured_us"]  # the data still waits for the kernel...
     assert pinned["blocked_median_us"] < 0.5 * pinned["ready_median_us"]  # ...but the scheduler thread does not
     assert busy.loc[STEP_BASELINE, "busy_measured_us"] == pytest.approx(busy.loc[STEP_BASELINE, "busy_us"], rel=0.3)
+    # indices, then the forward, then the readback on a private stream gated on the indices alone: neither the
+    # scheduler thread nor the data waits for the forward, which the blocking copy behind it does
+    deferred = busy.loc["deferred_device_stride"]
+    assert deferred["ready_median_us"] < deferred["busy_measured_us"]
+    assert deferred["blocked_median_us"] < 0.5 * busy.loc[STEP_BASELINE, "blocked_median_us"]
+    assert (busy["host_syncs"] == busy.index.map({STEP_BASELINE: 8, "batched_device_stride_pinned": 0,
+                                                  "deferred_device_stride": 0})).all()

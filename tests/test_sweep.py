@@ -6,9 +6,10 @@ import pytest
 
 from kvpages.core.capacity import check_fits
 from kvpages.core.options import BenchOptions
-from kvpages.core.presets import PRESETS, get_preset
+from kvpages.core.presets import PARTIAL_PAGE_LEN, PRESETS, get_preset
 from kvpages.core.sweep import INDEX_MAX, Point, Sweep, largest_seq_len
 from kvpages.measure.schedule import plan
+from kvpages.measure.targets import PointTarget, measure
 
 
 def test_presets_are_the_documented_ones():
@@ -18,11 +19,28 @@ def test_presets_are_the_documented_ones():
     assert {(s.batch, s.page_size) for s in ranks.scenarios} <= {
         (s.batch, s.page_size) for s in PRESETS["default"].scenarios if s.kind == "step"}
     default = PRESETS["default"].sweep
-    assert default.seq_lens == (512, 2048, 8192, 32768, 131072, 524288)
+    assert default.seq_lens == (512, 2048, 3000, 8192, 32768, 131072, 524288)
     assert default.page_sizes == (1, 16, 64, 128) and default.dtypes == ("int32",)
     full = PRESETS["full"].sweep
     assert {32, 256} <= set(full.page_sizes) and "int64" in full.dtypes
     assert max(full.seq_lens) > max(default.seq_lens)
+
+
+@pytest.mark.parametrize("page_size", PRESETS["default"].sweep.page_sizes)
+def test_the_default_preset_meters_a_partial_last_page(page_size):
+    """Its partial-page length is a whole number of pages at no swept page size > 1; the meter's bytes there are
+    ceil(L / p) * itemsize for a variant that moves pages, every token for one that moves tokens."""
+    assert all(PARTIAL_PAGE_LEN % p for p in PRESETS["full"].sweep.page_sizes if p > 1)
+    assert PARTIAL_PAGE_LEN in PRESETS["default"].sweep.seq_lens
+    target = PointTarget(Point(PARTIAL_PAGE_LEN, page_size))
+    workload = target.build("cpu")
+    for name in ("host_stride", "device_stride", "host_mirror"):
+        inputs = target.inputs_for(name, workload)[0]
+        assert target.check(target.call_here(name, inputs), workload.expected[0]) is None
+        measured = measure(target, name, inputs)
+        pages = -(-PARTIAL_PAGE_LEN // page_size) * 4
+        assert measured.d2h_bytes == target.expected_d2h(name)[0] == {"host_stride": PARTIAL_PAGE_LEN * 4,
+                                                                       "device_stride": pages, "host_mirror": 0}[name]
 
 
 def test_points_expand_the_cross_product_in_order():

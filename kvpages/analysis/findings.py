@@ -13,6 +13,8 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
+import pandas as pd
+
 from kvpages.analysis.cite import Citation, CiteError, fraction, interval_of, interval_text, sig
 from kvpages.analysis.predict import (
     Prediction,
@@ -161,6 +163,14 @@ def _scenario_rows(analysis: Analysis, kind: str, variant: str, side: str | None
     return sorted(out, key=lambda t: (t[0], t[1]))
 
 
+def _moved(row, base: bool = False) -> str:
+    """A scenario row's D2H per request or step, and its host syncs where the meter counted them."""
+    moved = f"{row['d2h_bytes']:,} {'in' if base else 'bytes in'} {row['d2h_transfers']}"
+    if pd.isna(row["host_syncs"]):
+        return moved if base else f"{moved} D2H"
+    return f"{moved} D2H and {row['host_syncs']} host sync(s)"
+
+
 def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: str | None) -> Finding | None:
     found = _scenario_rows(analysis, kind, variant, side)
     if not found:
@@ -170,12 +180,12 @@ def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: 
     assert base is not None
     base_row = base[(base["scenario"] == row["scenario"]) & (base["variant"] == analysis.scenario_baseline)].iloc[0]
     what = f"L={size}" if kind == "request" else f"B={size} requests"
-    moved = (f"{what} at page size {page_size}: {row['d2h_bytes']:,} bytes in {row['d2h_transfers']} D2H against "
-             f"{base_row['d2h_bytes']:,} in {base_row['d2h_transfers']}")
+    moved = f"{what} at page size {page_size}: {_moved(row)} against {_moved(base_row, base=True)}"
     if not analysis.run.link_crossed:
         predictions = scenario_predictions(analysis, ratio)
         ops = device_ops(variant, page_size, int(row["calls"]))
-        answer = (f"{moved}, {ops} device op(s) and {row['d2h_transfers']} sync(s); predicted per {kind} at "
+        syncs = row["d2h_transfers"] if pd.isna(row["host_syncs"]) else row["host_syncs"]
+        answer = (f"{moved}, {ops} device op(s) and {syncs} sync(s); predicted per {kind} at "
                   f"{predicted_range(predictions)} pre-PR's time (model).")
         return Finding(question, answer, predicted_figure(predictions), ratio.id, MODEL)
     answer = f"{moved}; per {kind} {us_figure(ratio.variant_us)} µs against pre-PR's {us_figure(ratio.baseline_us)} µs."

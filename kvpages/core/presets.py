@@ -43,7 +43,10 @@ costs about 2 s (interpreter, torch and pytest imports, collection) plus about 1
 process that builds them first), the ratios vary about 17-20% between repetitions of one process and 4-6%
 between processes, and 6 is the fewest processes a two-stage bootstrap holds its coverage with."""
 
-_DEFAULT_SEQ_LENS = (512, 2048, 8192, 32768, 131072, 524288)
+PARTIAL_PAGE_LEN = 3000
+"""A per-call length that is no whole number of pages at any swept page size above 1 (16 to 256): the last page
+of every such point is partial, so the bytes check covers ceil(L / p) * itemsize there too."""
+_DEFAULT_SEQ_LENS = (512, 2048, PARTIAL_PAGE_LEN, 8192, 32768, 131072, 524288)
 _DEFAULT_SCENARIOS: tuple[Scenario, ...] = (
     *request_scenarios((2048, 8192, 32768, 131072), 8192, (1, 64)),
     *step_scenarios((1, 8, 32, 128), MIXED_LENGTHS, (1, 64)),

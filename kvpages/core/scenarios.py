@@ -68,7 +68,7 @@ class RequestScenario:
     dtype: str = "int32"
     layout: str = "fragmented"
     busy_us: int = 0
-    """Device work queued before each call (CUDA only): a sleeping kernel of this many microseconds."""
+    """Device work queued in each round as the next forward (CUDA only): a sleeping kernel of this many microseconds."""
 
     def __post_init__(self) -> None:
         check_seq_len(self.prompt_len)
@@ -277,7 +277,8 @@ def step_scenarios(batches: tuple[int, ...], lengths: str, page_sizes: tuple[int
 MIXED_LENGTHS = "lognormal:4096,1.0,65536"
 """The default step's request lengths: median 4096 tokens, heavy-tailed, at most 65536."""
 BUSY_US = 500
-"""The in-flight work of the busy scenario: a 500 µs kernel queued before each call (CUDA only)."""
+"""The next forward of the busy scenario: a 500 µs kernel queued on the scheduler's stream in each round, after a
+staged variant's indices and before every variant's readback (kvpages.measure.steps; CUDA only)."""
 
 def scenarios_from(page_sizes: tuple[int, ...], dtypes: tuple[str, ...], request_lens: tuple[int, ...] = (),
                    chunk_size: int = 8192, prefix: int = 0, step_sizes: tuple[int, ...] = (),

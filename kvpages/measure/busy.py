@@ -1,7 +1,9 @@
-"""The busy queue: device work (a sleeping kernel) queued before a round, as an in-flight forward would be.
+"""The busy queue: device work (a sleeping kernel) queued in each round, as the next forward would be.
 
-A blocking copy waits behind it; a non-blocking copy into pinned memory does not, and its wait moves to
-the transfer worker. CUDA only: off CUDA the queue is empty.
+A round runs in the scheduler's order (kvpages.measure.steps): a staged variant's indices, then this
+kernel on the scheduler's stream, then the readback. A blocking copy waits behind it; a non-blocking copy
+into pinned memory does not, and its wait moves to the transfer worker; a readback on a private stream gated
+on the indices alone (deferred_device_stride) waits for neither. CUDA only: off CUDA the queue is empty.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class BusyQueue:
     """Queues `busy_us` of device work (a sleeping kernel) on the current stream, without waiting for it.
 
     Calibrated once, after a spin-up, from the fastest of several probes; each queued kernel is
-    bracketed by CUDA events (in the untimed setup of a round), so `measured_us()` gives the busy
+    bracketed by CUDA events (their launch left out of the round's latencies), so `measured_us()` gives the busy
     time each round actually had, which scenarios.csv records.
     """
 

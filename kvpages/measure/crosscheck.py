@@ -17,7 +17,8 @@ GPU activity falls outside the capture window. A GPU memcpy belongs to a case wh
 `cudaMemcpy*` call that issued it (same correlation id) lies inside the case's range.
 
 Each case's answer (`CheckAnswer.outcome`):
-- `agree`: the meter's link-crossing transfers are the profiler's `Memcpy DtoH` copies;
+- `agree`: the meter's link-crossing transfers are the profiler's `Memcpy DtoH` copies, and its host syncs
+  (the calling thread's and a worker's wait's) the profiler's `cuda*Synchronize` calls, less the range's own;
 - `mismatch`: they differ (the row becomes a mismatch);
 - `lost_records`: a copy call in the range has no GPU record at all: the profiler lost it, so
   nothing can be concluded (the row is timed, and its note says so). Not a byte mismatch.
@@ -229,6 +230,9 @@ class CaseProfile:
     copies: tuple[ProfiledCopy, ...]
     copy_calls: int
     lost: int
+    syncs: int | None = None
+    """Its `cuda*Synchronize` calls but the range's closing one; None when it holds none at all (no CUDA runtime
+    records: unchecked)."""
 
 
 class TraceError(ValueError):
@@ -260,6 +264,8 @@ def case_profiles(trace: dict) -> dict[str, CaseProfile]:
               and e.get("cat") != "gpu_user_annotation" and e["name"] != WARM_UP_RANGE]
     calls = [e for e in events if e.get("cat") in RUNTIME_CATEGORIES
              and str(e.get("name", "")).startswith(("cudaMemcpy", "cuMemcpy"))]
+    syncs = [float(e["ts"]) for e in events if e.get("cat") in RUNTIME_CATEGORIES
+             and str(e.get("name", "")).startswith("cuda") and str(e.get("name", "")).endswith("Synchronize")]
     by_correlation: dict[int, dict] = {}
     for e in events:
         if e.get("cat") in MEMCPY_CATEGORIES and "correlation" in e.get("args", {}):
@@ -275,7 +281,8 @@ def case_profiles(trace: dict) -> dict[str, CaseProfile]:
                 lost += 1
             elif (copy := _dtoh_copy(gpu)) is not None:
                 copies.append(copy)
-        out[r["name"][len(RANGE_PREFIX):]] = CaseProfile(tuple(copies), len(inside), lost)
+        synced = sum(start <= ts <= end for ts in syncs)
+        out[r["name"][len(RANGE_PREFIX):]] = CaseProfile(tuple(copies), len(inside), lost, synced - 1 if synced else None)
     return out
 
 
@@ -295,6 +302,9 @@ def judge(measured: D2HMeasurement, seen: CaseProfile) -> CheckAnswer:
                            f"the meter counted {sum(b for b, _ in metered)} bytes in {len(metered)} D2H transfers "
                            f"{metered}, the CUDA profiler recorded {sum(b for b, _ in profiled)} bytes in "
                            f"{len(profiled)} 'Memcpy DtoH' copies {profiled}")
+    if seen.syncs is not None and seen.syncs != measured.host_syncs + measured.worker_syncs:
+        return CheckAnswer("mismatch", f"the meter counted {measured.host_syncs} host syncs (+{measured.worker_syncs} "
+                                       f"in a worker's wait), the CUDA profiler {seen.syncs} cuda*Synchronize calls")
     return AGREE
 
 

@@ -11,14 +11,30 @@ still counts the bytes handed across the host boundary, and `Transfer.crossed_li
 says that no link was crossed. A hand-off's result is host side, so
 `.cpu().numpy()` is one transfer, not two.
 
+It also counts the call's host syncs: how often the calling (scheduler) thread waited for the device.
+On CUDA it counts the waits themselves: `torch.cuda.set_sync_debug_mode("warn")` flags blocking copies to
+the host, `.item()`, `.tolist()` and `Stream.synchronize` (each warning recorded, none deduplicated), and
+`Event.synchronize` and `torch.cuda.synchronize`, which it does not flag, are wrapped (a warning raised
+inside them is not counted again). The mode is global to the process, so only the calling thread's syncs
+count; the previous mode is restored. Not counted: syncs inside the caching allocators (a cudaFree, a
+cudaHostAlloc), and a non-blocking copy into pageable memory, which waits without being flagged. On a CPU
+run there is no device to wait for: the figure is the number of blocking hand-offs to the host (every
+transfer above but a `non_blocking=True` copy), the materialisations that would wait on a device. A wait
+made inside `worker_wait()` stands for a transfer worker's (a `Pending` run in this thread for the meter):
+it is counted apart, as `worker_syncs`, for the profiler cross-check.
+
 The CUDA profiler's view of the same calls is compared with the meter's in a process of its
 own (kvpages.measure.crosscheck), never in the one that times.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import wraps
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -36,6 +52,7 @@ class Transfer:
     nbytes: int
     crossed_link: bool  # the source lived on an accelerator
     pinned: bool  # the destination is pinned (page-locked) host memory
+    blocking: bool = True  # the calling thread waits for it (all but a non_blocking=True copy)
 
 
 NO_TRANSFER = "none (no transfer)"
@@ -46,6 +63,10 @@ class D2HMeasurement:
     """What one call handed to the host."""
 
     transfers: tuple[Transfer, ...]
+    host_syncs: int = 0
+    """How often the calling thread waited for the device (see the module doc for what counts)."""
+    worker_syncs: int = 0
+    """The waits of a transfer worker's part (`worker_wait`), run in this thread: not the calling thread's."""
 
     @property
     def d2h_bytes(self) -> int:
@@ -72,7 +93,7 @@ class D2HMeasurement:
         return "pcie mixed"
 
     def reading(self) -> MeterReading:
-        return MeterReading(self.d2h_bytes, self.d2h_transfers, self.link)
+        return MeterReading(self.d2h_bytes, self.d2h_transfers, self.link, self.host_syncs)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -107,11 +128,98 @@ _TO_HOST_SCALARS = {
 }
 
 
-class D2HMeter(TorchFunctionMode):
-    """Records a `Transfer` for every hand-off of device-side data to the host (see module doc)."""
+SYNC_WARNING = "called a synchronizing CUDA operation"
+"""What torch.cuda.set_sync_debug_mode("warn") warns (c10::cuda::warn_or_error_on_sync)."""
 
-    def __init__(self, inputs: tuple[torch.Tensor, ...]) -> None:
+
+class SyncCount:
+    """The host syncs of the thread that made it: its own, and those inside `worker_wait()`."""
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.calling = 0
+        self.worker = 0
+        self.in_worker_wait = False
+        self.in_wrapped = 0  # inside a wrapped synchronize: a sync warning raised there is that same sync
+
+    def add(self) -> None:
+        if self.in_worker_wait:
+            self.worker += 1
+        else:
+            self.calling += 1
+
+
+_ACTIVE = threading.local()
+"""The SyncCount of the metered call running on this thread, if any."""
+
+
+@contextmanager
+def worker_wait() -> Iterator[None]:
+    """What runs inside is a transfer worker's wait, run in this thread for the meter: its syncs are not the
+    calling thread's (they count as `worker_syncs`)."""
+    count: SyncCount | None = getattr(_ACTIVE, "count", None)
+    if count is None:
+        yield
+        return
+    count.in_worker_wait = True
+    try:
+        yield
+    finally:
+        count.in_worker_wait = False
+
+
+def _counted(fn: Callable, count: SyncCount) -> Callable:
+    """`fn` (a synchronize the debug mode does not flag), counting one sync per call on the counting thread."""
+
+    @wraps(fn)
+    def wrapper(*args, **kwargs):
+        if threading.get_ident() != count.thread:
+            return fn(*args, **kwargs)
+        count.in_wrapped += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            count.in_wrapped -= 1
+            count.add()
+
+    return wrapper
+
+
+@contextmanager
+def cuda_syncs(count: SyncCount) -> Iterator[None]:
+    """Count the CUDA syncs of `count`'s thread while inside (see the module doc); the mode, the warning
+    filters and the wrapped functions are restored on the way out."""
+    previous = torch.cuda.get_sync_debug_mode()
+    event_sync, device_sync = torch.cuda.Event.synchronize, torch.cuda.synchronize
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if not str(message).startswith(SYNC_WARNING):
+            shown(message, category, filename, lineno, file, line)
+        elif threading.get_ident() == count.thread and not count.in_wrapped:
+            count.add()  # another thread's sync warning is dropped: it exists only because the mode is on
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("always", message=SYNC_WARNING)  # every sync, none deduplicated by location
+        shown = warnings.showwarning
+        warnings.showwarning = show
+        torch.cuda.Event.synchronize = _counted(event_sync, count)  # type: ignore[method-assign]
+        torch.cuda.synchronize = _counted(device_sync, count)
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+            torch.cuda.Event.synchronize = event_sync  # type: ignore[method-assign]
+            torch.cuda.synchronize = device_sync
+
+
+class D2HMeter(TorchFunctionMode):
+    """Records a `Transfer` for every hand-off of device-side data to the host (see module doc); on a CPU run,
+    each blocking one is also a host sync of `count`."""
+
+    def __init__(self, inputs: tuple[torch.Tensor, ...], count: SyncCount | None = None) -> None:
         super().__init__()
+        self.count = count
         self.transfers: list[Transfer] = []
         self._device_side = WeakIdKeyDictionary()
         for tensor in inputs:
@@ -120,10 +228,13 @@ class D2HMeter(TorchFunctionMode):
     def _is_device_side(self, obj: object) -> bool:
         return isinstance(obj, torch.Tensor) and (obj.device.type != "cpu" or obj in self._device_side)
 
-    def _record(self, op: str, src: torch.Tensor, dst: torch.Tensor | None) -> None:
+    def _record(self, op: str, src: torch.Tensor, dst: torch.Tensor | None, kwargs: dict | None = None) -> None:
         crossed = src.device.type != "cpu"
         pinned = bool(crossed and dst is not None and dst.is_pinned())
-        self.transfers.append(Transfer(op, _nbytes(src), crossed, pinned))
+        blocking = not (kwargs or {}).get("non_blocking", False)
+        self.transfers.append(Transfer(op, _nbytes(src), crossed, pinned, blocking))
+        if blocking and self.count is not None:
+            self.count.add()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -134,7 +245,7 @@ class D2HMeter(TorchFunctionMode):
                 out = func(*args, **kwargs)
                 if out is src:  # a no-op on a CPU run: hand out a host-side alias
                     out = out.view_as(out)
-                self._record("Tensor.cpu" if func is _T.cpu else "Tensor.to", src, out)
+                self._record("Tensor.cpu" if func is _T.cpu else "Tensor.to", src, out, kwargs)
                 return out
         elif func in _TO_HOST_SCALARS:
             src = args[0]
@@ -146,7 +257,8 @@ class D2HMeter(TorchFunctionMode):
             dst, src = args[0], args[1]
             if self._is_device_side(src) and not self._is_device_side(dst):
                 out = func(*args, **kwargs)
-                self._record("Tensor.copy_", src, dst)
+                self._record("Tensor.copy_", src, dst, {"non_blocking": args[2] if len(args) > 2 else
+                                                        kwargs.get("non_blocking", False)})
                 return out
         elif func is _T.__setitem__:
             dst, value = args[0], args[2]
@@ -164,8 +276,15 @@ class D2HMeter(TorchFunctionMode):
 
 
 def measure_call(call: Callable[[], object], inputs: tuple[torch.Tensor, ...]) -> D2HMeasurement:
-    """Run `call()` once and return what it handed to the host of `inputs` (and what was computed from them)."""
-    with D2HMeter(inputs) as meter:
-        call()
-    return D2HMeasurement(tuple(meter.transfers))
+    """Run `call()` once and return what it handed to the host of `inputs` (and what was computed from them), and
+    its host syncs: counted for real when an input lives on CUDA, else the blocking hand-offs (module doc)."""
+    count = SyncCount()
+    on_cuda = any(t.device.type == "cuda" for t in inputs)
+    _ACTIVE.count = count
+    try:
+        with cuda_syncs(count) if on_cuda else nullcontext(), D2HMeter(inputs, None if on_cuda else count) as meter:
+            call()
+    finally:
+        _ACTIVE.count = None
+    return D2HMeasurement(tuple(meter.transfers), count.calling, count.worker)
 

@@ -22,6 +22,8 @@ class MeterReading:
     d2h_bytes: int
     d2h_transfers: int
     link: str
+    host_syncs: int
+    """How often the calling thread waited for the device (kvpages.measure.meter)."""
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ import numpy as np
 from kvpages.core.stats import latency_statistics
 from kvpages.measure.outcome import MeterReading
 from kvpages.measure.schedule import Block
-from kvpages.measure.steps import get_step_variant
-from kvpages.measure.targets import Context, ScenarioTarget, Stamps, Timer, finish_for, step_call
+from kvpages.measure.steps import Stamps, get_step_variant, step_call
+from kvpages.measure.targets import Context, ScenarioTarget, Timer, finish_for
 from kvpages.measure.timer import synchronizer
 from kvpages.schema.ranks import ALONE, ALONE_MAX, RANK, STEP
 from kvpages.schema.rows import RANKS, RankRow, RankSampleSet, ScenarioRow, timing_columns
@@ -77,15 +77,14 @@ class RankTarget(ScenarioTarget):
         group = ctx.group
         assert group is not None, "a RankTarget runs in a multi-rank session"
         stamps, state = Stamps(), _Rounds()
-        call = step_call(get_step_variant(variant), finish_for(self.scenario), ctx.transfer_thread, stamps)
         busy, sync, case = ctx.busy_queue(self.scenario.busy_us), synchronizer(ctx.device), f"{variant}-{self.id}"
+        call = step_call(get_step_variant(variant), finish_for(self.scenario), ctx.transfer_thread, stamps, busy)
 
         def before_round() -> None:
             sync()
             if state.timing:
                 state.index += 1
                 group.start_together(f"{case}: the start of timed round {state.index}")
-            busy()
 
         def fn(slices, page_size, **extras):
             if state.timing and state.modes[state.index] not in (TOGETHER, group.rank):
@@ -158,12 +157,12 @@ class RankTarget(ScenarioTarget):
                 skews = [t for b in sets for t in b.skew_us if np.isfinite(t)]
                 timings.update(latency_statistics(sets), skew_median_us=float(np.median(skews)) if skews else None)
             times = 1 if rank is not None else self.world_size
-            d2h_bytes, transfers = (None, None) if reading is None else (
-                reading.d2h_bytes * times, reading.d2h_transfers * times)
+            d2h_bytes, transfers, syncs = (None, None, None) if reading is None else (
+                reading.d2h_bytes * times, reading.d2h_transfers * times, reading.host_syncs * times)
             return RankRow(scenario=s.id, variant=variant, role=role, rank=rank, world_size=self.world_size,
                            device=devices[rank] if rank is not None else "+".join(dict.fromkeys(devices)),
                            page_size=s.page_size, requests=s.requests, tokens=sum(c.tokens for c in calls),
-                           d2h_bytes=d2h_bytes, d2h_transfers=transfers, **timings, status=status, note=note,
+                           d2h_bytes=d2h_bytes, d2h_transfers=transfers, host_syncs=syncs, **timings, status=status, note=note,
                            repro=repro)
 
         if not blocks:

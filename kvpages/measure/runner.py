@@ -79,15 +79,22 @@ def together(group: Group | None, block: Block, when: str, step: Callable[[], T]
     return result
 
 
-def check_metered(target: Target, variant: str, reading: MeterReading,
-                  earlier: dict[int, MeterReading]) -> None:
-    """The D2H the meter counted must be what the variant declares, and what every earlier process counted."""
+def check_metered(target: Target, variant: str, reading: MeterReading, earlier: dict[int, MeterReading],
+                  device: str) -> None:
+    """The D2H and the host syncs the meter counted must be what the variant declares on `device` (a note names
+    every difference), and the D2H what every earlier process counted."""
+    problems = []
     expected_bytes, transfers = target.expected_d2h(variant)
     if transfers is None and reading.d2h_bytes != expected_bytes:
-        raise Stop("mismatch", f"measured {reading.d2h_bytes} D2H bytes, expected {expected_bytes}", fail=True)
+        problems.append(f"measured {reading.d2h_bytes} D2H bytes, expected {expected_bytes}")
     if transfers is not None and (reading.d2h_bytes, reading.d2h_transfers) != (expected_bytes, transfers):
-        raise Stop("mismatch", f"measured {reading.d2h_bytes} D2H bytes in {reading.d2h_transfers} transfers, "
-                               f"expected {expected_bytes} in {transfers}", fail=True)
+        problems.append(f"measured {reading.d2h_bytes} D2H bytes in {reading.d2h_transfers} transfers, "
+                        f"expected {expected_bytes} in {transfers}")
+    syncs = target.expected_syncs(variant, device)
+    if reading.host_syncs != syncs:
+        problems.append(f"measured {reading.host_syncs} host syncs on the calling thread, expected {syncs}")
+    if problems:
+        raise Stop("mismatch", "; ".join(problems), fail=True)
     for process, seen in sorted(earlier.items()):
         if (seen.d2h_bytes, seen.d2h_transfers) != (reading.d2h_bytes, reading.d2h_transfers):
             raise Stop("mismatch", f"process {process} measured {seen.d2h_bytes} D2H bytes in {seen.d2h_transfers} "
@@ -238,7 +245,7 @@ class Runner:
         if first_here:
             with self.phase("meter"):
                 state.reading = measure(target, variant, target.inputs_for(variant, workload)[0]).reading()
-            check_metered(target, variant, state.reading, earlier)
+            check_metered(target, variant, state.reading, earlier, self.context.device)
         return workload
 
     def _crosscheck(self, block: Block, state: CaseState) -> None:

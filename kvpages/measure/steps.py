@@ -7,22 +7,34 @@ returns a `Pending` whose `wait()` gives the arrays, so the calling (scheduler) 
 blocked only until it returns, and a worker thread waits for the data, as SGLang's Mooncake
 path does ("The schedule stream may wait on the in-flight forward; move the D2H wait to the
 transfer worker").
+
+A scheduler step runs in this order, for every step variant (`StepVariant.run`): the variant's device work
+that comes before the next forward (`stage`), the next forward (in a busy-queue scenario, a kernel queued on
+the scheduler's stream), then the readback. Only a staged variant (`staged=True`: its function returns the
+readback as a callable) does anything before the forward; any other does all its work in the readback, behind
+the forward, as SGLang 0.5.23's inline readback waits behind the in-flight forward.
 """
 
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from kvpages.core.names import per_request_name, per_request_of
-from kvpages.measure.variants import Moves, Variant, all_variants, check_declared, unavailable_reason
+from kvpages.measure.meter import worker_wait
+from kvpages.measure.variants import ONE_SYNC, Moves, Syncs, Variant, all_variants, check_declared, unavailable_reason
 
 Arrays = list[np.ndarray]
+IN_ORDER = ("ran in order on the CPU: no streams, so the indices, the forward and the readback ran one after "
+            "another on the calling thread")
+"""The note on a staged variant's rows off CUDA."""
 
 
 class Pending:
@@ -35,8 +47,9 @@ class Pending:
         return self._wait()
 
 
-StepFn = Callable[..., "Arrays | Pending"]
-"""`fn(kv_slices, page_size, **extras) -> Arrays | Pending`."""
+Readback = Callable[[], "Arrays | Pending"]
+StepFn = Callable[..., "Arrays | Pending | Readback"]
+"""`fn(kv_slices, page_size, **extras) -> Arrays | Pending`; a staged variant's returns the `Readback` instead."""
 
 
 @dataclass(frozen=True)
@@ -78,17 +91,48 @@ class StepVariant:
     """Where it was registered (a conftest's step variants are imported by the cross-check process too)."""
     extras: tuple[str, ...] = ()
     """Extra inputs (kvpages.measure.variants.EXTRA_INPUTS), each a StepExtra, by keyword."""
+    syncs: Syncs = ONE_SYNC
+    """Host syncs on the calling (scheduler) thread: per step when batched, else per request."""
+    staged: bool = False
+    """Its function does the device work that precedes the next forward and returns the readback."""
+    itemsize: int | None = None
+    """Bytes per page index it hands over when the variant fixes them (an int32 readback), else the pool's."""
 
     def unavailable_reason(self, device: str) -> str | None:
         return unavailable_reason(self.requires, device)
 
     def expected_d2h_bytes(self, tokens: Sequence[int], page_size: int, itemsize: int) -> int:
-        return sum(self.moves.expected_d2h_bytes(n, page_size, itemsize) for n in tokens)
+        return sum(self.moves.expected_d2h_bytes(n, page_size, self.itemsize or itemsize) for n in tokens)
 
     def expected_transfers(self, calls: int) -> int:
         if self.moves is Moves.NONE:
             return 0
         return 1 if self.batched else calls
+
+    def expected_syncs(self, calls: int, device: str) -> int:
+        return (1 if self.batched else calls) * self.syncs.on(device)
+
+    def stage(self, kv_slices: Sequence[torch.Tensor], page_size: int, **extras: Any) -> Readback:
+        """The work before the next forward (a staged variant's device work), returning the readback to run after
+        it; a variant that is not staged does nothing before the forward."""
+        if self.staged:
+            return cast(Readback, self.fn(kv_slices, page_size, **extras))
+        return lambda: cast("Arrays | Pending", self.fn(kv_slices, page_size, **extras))
+
+    def run(self, kv_slices: Sequence[torch.Tensor], page_size: int, forward: Callable[[], None] = lambda: None,
+            **extras: Any) -> Arrays | Pending:
+        """One step in the scheduler's order: `stage`, then `forward()`, then the readback."""
+        readback = self.stage(kv_slices, page_size, **extras)
+        forward()
+        return readback()
+
+    def arrays(self, kv_slices: Sequence[torch.Tensor], page_size: int, **extras: Any) -> Arrays:
+        """One step with no forward, any wait made here as the transfer worker's (kvpages.measure.meter)."""
+        out = self.run(kv_slices, page_size, **extras)
+        if isinstance(out, Pending):
+            with worker_wait():
+                return out.wait()
+        return out
 
 
 _REGISTRY: dict[str, StepVariant] = {}
@@ -101,8 +145,12 @@ def _register(variant: StepVariant) -> None:
 
 
 def step_variant(name: str, *, moves: Moves, batched: bool, requires: tuple[str, ...] = (),
-                 extras: tuple[str, ...] = ()) -> Callable[[StepFn], StepFn]:
-    """Register the decorated function as step variant `name`; its docstring's first line describes it."""
+                 extras: tuple[str, ...] = (), syncs: Syncs | None = None, staged: bool = False,
+                 index_dtype: torch.dtype | None = None) -> Callable[[StepFn], StepFn]:
+    """Register the decorated function as step variant `name`; its docstring's first line describes it.
+    `syncs`: its host syncs on the calling thread (per step when batched, else per request), when not what
+    `moves` implies; `staged`: it returns its readback (module doc); `index_dtype`: the dtype of the page
+    indices it hands over, when it fixes it."""
     check_declared(name, requires, extras)
 
     def register(fn: StepFn) -> StepFn:
@@ -110,7 +158,8 @@ def step_variant(name: str, *, moves: Moves, batched: bool, requires: tuple[str,
         if not doc:
             raise ValueError(f"step variant {name!r} needs a docstring: its first line is the description")
         _register(StepVariant(name, fn, doc.splitlines()[0], doc, moves, batched, tuple(requires), fn.__module__,
-                              tuple(extras)))
+                              tuple(extras), moves.syncs if syncs is None else syncs, staged,
+                              None if index_dtype is None else index_dtype.itemsize))
         return fn
 
     return register
@@ -159,7 +208,7 @@ def _make_per_request(registered: tuple[Variant, ...]) -> dict[str, StepVariant]
 
     return {per_request_name(v.name): StepVariant(
         per_request_name(v.name), _per_request(v), described(v)[0], f"{described(v)[1]}\n\n{v.doc}", v.moves, False,
-        v.requires, v.fn.__module__, v.extras,
+        v.requires, v.fn.__module__, v.extras, v.syncs,
     ) for v in registered}
 
 
@@ -176,6 +225,51 @@ def get_step_variant(name: str) -> StepVariant:
     if name not in variants:
         raise ValueError(f"unknown step variant {name!r}; valid: {', '.join(variants)}")
     return variants[name]
+
+
+@dataclass
+class Stamps:
+    """Per round of the block being timed: its start (time.perf_counter), blocked and ready seconds."""
+
+    blocked: list[float] = field(default_factory=list)
+    ready: list[float] = field(default_factory=list)
+    started: list[float] = field(default_factory=list)
+
+    def clear(self) -> None:
+        """Forget the warm-up's calls: the timed rounds start now."""
+        for stamps in (self.blocked, self.ready, self.started):
+            stamps.clear()
+
+
+def step_call(variant: StepVariant, finish: Callable[[Arrays], Arrays], transfer_thread: ThreadPoolExecutor,
+              stamps: Stamps, forward: Callable[[], None]) -> Callable[[Sequence[torch.Tensor], int], Arrays]:
+    """One request or step as the scheduler makes it (its device work before the forward, `forward()`, the
+    readback: the module doc), stamping when it is unblocked and when the data is ready, less the
+    forward's launch."""
+
+    def wait_in_thread(pending: Pending) -> tuple[Arrays, float]:
+        arrays = finish(pending.wait())
+        return arrays, time.perf_counter()
+
+    def run(slices: Sequence[torch.Tensor], page_size: int, **extras: Any) -> Arrays:
+        t0 = time.perf_counter()
+        readback = variant.stage(slices, page_size, **extras)
+        launch = time.perf_counter()
+        forward()
+        launch = time.perf_counter() - launch
+        out = readback()
+        if isinstance(out, Pending):
+            t1 = time.perf_counter()
+            arrays, t2 = transfer_thread.submit(wait_in_thread, out).result()
+        else:
+            arrays = finish(out)
+            t1 = t2 = time.perf_counter()
+        stamps.blocked.append(t1 - t0 - launch)
+        stamps.ready.append(t2 - t0 - launch)
+        stamps.started.append(t0)
+        return arrays
+
+    return run
 
 
 def _split(on_host: np.ndarray, sizes: list[int]) -> Arrays:
@@ -200,7 +294,7 @@ def batched_device_stride(kv_slices: Sequence[torch.Tensor], page_size: int) -> 
     return _split(host, [p.numel() for p in pages])
 
 
-@step_variant("batched_device_stride_pinned", moves=Moves.PAGES, batched=True, requires=("cuda",))
+@step_variant("batched_device_stride_pinned", moves=Moves.PAGES, batched=True, requires=("cuda",), syncs=Syncs(0, 0))
 def batched_device_stride_pinned(kv_slices: Sequence[torch.Tensor], page_size: int) -> Pending:
     """The batched step with one non-blocking copy into pinned memory; a worker waits on its event.
 
@@ -221,3 +315,57 @@ def batched_device_stride_pinned(kv_slices: Sequence[torch.Tensor], page_size: i
         return _split(host.numpy(), sizes)
 
     return Pending(wait)
+
+
+_PRIVATE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _private_stream(device: torch.device) -> torch.cuda.Stream:
+    """The readback's own stream on `device`, made once (as SGLang keeps one for its metadata flush)."""
+    if device not in _PRIVATE_STREAMS:
+        _PRIVATE_STREAMS[device] = torch.cuda.Stream(device=device)
+    return _PRIVATE_STREAMS[device]
+
+
+@step_variant("deferred_device_stride", moves=Moves.PAGES, batched=True, staged=True, syncs=Syncs(cuda=0, cpu=1),
+              index_dtype=torch.int32)
+def deferred_device_stride(kv_slices: Sequence[torch.Tensor], page_size: int) -> Readback:
+    """SGLang main's decode side: int32 page indices on the device, read back after the next forward is launched.
+
+    Source: SGLang main after 0.5.23, test/registered/unit/disaggregation/test_deferred_metadata_flush.py: the
+    inline readback "sits on the scheduler stream, which the WAR barrier fences behind the in-flight forward, so
+    it stalled the very path that has to launch the next forward". So the step's page indices are computed on
+    the device (int32, as `_page_indices_device`) and an event is recorded after them; the next forward is
+    launched; then `flush_pending_metadata()` reads them back on a private stream that waits only on that event,
+    into pinned memory (the device tensor kept alive for the copy by `record_stream`), and the send waits only
+    for that stream, on the transfer worker.
+    Hypothesis: the scheduler thread is not blocked at all, not even behind the forward it just launched, and
+    the indices are on the host without waiting for that forward (ready shorter than the forward); bytes as
+    `batched_device_stride`, in int32. On a CPU run there are no streams: indices, forward and readback run in
+    order on the calling thread, and the readback's `.cpu()` is its one host sync.
+    """
+    pages = [(kv[::page_size] // page_size).to(torch.int32) for kv in kv_slices]
+    flat = torch.cat(pages)
+    sizes = [p.numel() for p in pages]
+    if flat.device.type != "cuda":
+        return lambda: _split(flat.cpu().numpy(), sizes)
+    computed = torch.cuda.Event()
+    computed.record()  # on the scheduler's stream, after the indices and before the forward
+
+    def flush_pending_metadata() -> Pending:
+        stream = _private_stream(flat.device)
+        stream.wait_event(computed)  # only the indices: not the forward queued after them
+        host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+        with torch.cuda.stream(stream):
+            host.copy_(flat, non_blocking=True)
+        flat.record_stream(stream)  # its memory is not reused before the copy on `stream` is done
+        copied = torch.cuda.Event()
+        copied.record(stream)
+
+        def send() -> Arrays:
+            copied.synchronize()  # the send waits for the private stream alone
+            return _split(host.numpy(), sizes)
+
+        return Pending(send)
+
+    return flush_pending_metadata

@@ -9,13 +9,14 @@ Points are timed by pytest-benchmark's own timer, one call per round. Whole requ
 record two latencies per round: `blocked`, until the calling (scheduler) thread gets control
 back, and `ready`, until the page indices are usable on the host. A step variant that returns a
 `Pending` hands its wait to the transfer thread, as SGLang's transfer worker does; on CUDA, a busy
-scenario queues a sleeping kernel before each round, so a blocking copy waits for it and a
-non-blocking one does not.
+scenario queues a sleeping kernel (the next forward) in each round, in the scheduler's order: after a
+staged variant's indices, before the readback (kvpages.measure.steps), so a blocking copy waits for it
+and a non-blocking one, or a readback on a stream of its own, does not. The forward's own launch is the
+scenario's work, not the variant's: it is left out of both latencies.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -34,7 +35,7 @@ from kvpages.measure.inputs import PoolCache, Workload, make_scenario_workload, 
 from kvpages.measure.meter import D2HMeasurement, measure_call
 from kvpages.measure.outcome import MeterReading
 from kvpages.measure.schedule import Block
-from kvpages.measure.steps import Arrays, Pending, StepVariant, get_step_variant
+from kvpages.measure.steps import IN_ORDER, Arrays, Stamps, get_step_variant, step_call
 from kvpages.measure.timer import synchronizer
 from kvpages.measure.variants import WithExtras, call_args, get_variant
 from kvpages.schema.rows import (
@@ -131,6 +132,7 @@ class Target(Protocol):
     def call_here(self, variant: str, inputs: Any) -> Any: ...
     def check(self, out: Any, expected: Any) -> str | None: ...
     def expected_d2h(self, variant: str) -> tuple[int, int | None]: ...
+    def expected_syncs(self, variant: str, device: str) -> int: ...
     def budget_s(self, options: BenchOptions) -> float: ...
     def timer(self, variant: str, ctx: Context) -> Timer: ...
     def extra_info(self, variant: str, reading: MeterReading) -> dict[str, Any]: ...
@@ -166,6 +168,7 @@ def with_extras(names: tuple[str, ...], workload: Workload, one_call: bool) -> t
 def _measured(reading: MeterReading | None) -> dict[str, Any]:
     return {"d2h_bytes": None if reading is None else reading.d2h_bytes,
             "d2h_transfers": None if reading is None else reading.d2h_transfers,
+            "host_syncs": None if reading is None else reading.host_syncs,
             "link": "" if reading is None else reading.link}
 
 
@@ -201,6 +204,9 @@ class PointTarget:
     def expected_d2h(self, variant: str) -> tuple[int, int | None]:
         p, v = self.point, get_variant(variant)
         return v.expected_d2h_bytes(p.seq_len, p.page_size, p.itemsize), v.moves.expected_transfers
+
+    def expected_syncs(self, variant: str, device: str) -> int:
+        return get_variant(variant).syncs.on(device)
 
     def budget_s(self, options: BenchOptions) -> float:
         return options.sweep.time_budget_s
@@ -250,45 +256,6 @@ def finish_for(scenario: Scenario) -> Callable[[Arrays], Arrays]:
     return lambda arrays: arrays
 
 
-@dataclass
-class Stamps:
-    """Per round of the block being timed: its start (time.perf_counter), blocked and ready seconds."""
-
-    blocked: list[float] = field(default_factory=list)
-    ready: list[float] = field(default_factory=list)
-    started: list[float] = field(default_factory=list)
-
-    def clear(self) -> None:
-        """Forget the warm-up's calls: the timed rounds start now."""
-        for stamps in (self.blocked, self.ready, self.started):
-            stamps.clear()
-
-
-def step_call(variant: StepVariant, finish: Callable[[Arrays], Arrays], transfer_thread: ThreadPoolExecutor,
-              stamps: Stamps) -> Callable[[Sequence[torch.Tensor], int], Arrays]:
-    """One request or step as the scheduler makes it, stamping when it is unblocked and when the data is ready."""
-
-    def wait_in_thread(pending: Pending) -> tuple[Arrays, float]:
-        arrays = finish(pending.wait())
-        return arrays, time.perf_counter()
-
-    def run(slices: Sequence[torch.Tensor], page_size: int, **extras: Any) -> Arrays:
-        t0 = time.perf_counter()
-        out = variant.fn(slices, page_size, **extras)
-        if isinstance(out, Pending):
-            t1 = time.perf_counter()
-            arrays, t2 = transfer_thread.submit(wait_in_thread, out).result()
-        else:
-            arrays = finish(out)
-            t1 = t2 = time.perf_counter()
-        stamps.blocked.append(t1 - t0)
-        stamps.ready.append(t2 - t0)
-        stamps.started.append(t0)
-        return arrays
-
-    return run
-
-
 @dataclass(frozen=True)
 class ScenarioTarget:
     """A whole request (every call it makes) or a whole scheduler step, with a step variant (kvpages.measure.steps)."""
@@ -314,8 +281,7 @@ class ScenarioTarget:
     def call_here(self, variant: str, inputs: Any) -> Any:
         """One request or step with any wait in this thread (for the check and the meter, not the timing)."""
         args, kwargs = call_args(inputs, self.scenario.page_size)
-        out = get_step_variant(variant).fn(*args, **kwargs)
-        return finish_for(self.scenario)(out.wait() if isinstance(out, Pending) else out)
+        return finish_for(self.scenario)(get_step_variant(variant).arrays(*args, **kwargs))
 
     def check(self, out: Any, expected: Any) -> str | None:
         return arrays_match(out, finish_for(self.scenario)(list(expected)))
@@ -327,16 +293,18 @@ class ScenarioTarget:
         return v.expected_d2h_bytes([c.tokens for c in calls], s.page_size, ITEMSIZE[s.dtype]) \
             + sum(len(u.pages) for u in upkeep) * ITEMSIZE[s.dtype], v.expected_transfers(len(calls)) + len(upkeep)
 
+    def expected_syncs(self, variant: str, device: str) -> int:
+        """The step variant's host syncs, and one blocking copy per upkeep of its extras."""
+        s, v = self.scenario, get_step_variant(variant)
+        upkeep = sum(len(EXTRA_UPKEEP[extra](s)) for extra in v.extras if extra in EXTRA_UPKEEP)
+        return v.expected_syncs(len(s.calls()), device) + upkeep
+
     def budget_s(self, options: BenchOptions) -> float:
         return options.scenario_budget_s
 
     def timer(self, variant: str, ctx: Context) -> Timer:
         stamps, busy, sync = Stamps(), ctx.busy_queue(self.scenario.busy_us), synchronizer(ctx.device)
-        fn = step_call(get_step_variant(variant), finish_for(self.scenario), ctx.transfer_thread, stamps)
-
-        def before_round() -> None:
-            sync()
-            busy()
+        fn = step_call(get_step_variant(variant), finish_for(self.scenario), ctx.transfer_thread, stamps, busy)
 
         def start() -> None:
             stamps.clear()
@@ -346,7 +314,7 @@ class ScenarioTarget:
             return (tuple(t * 1e6 for t in stamps.blocked[-rounds:]), tuple(t * 1e6 for t in stamps.ready[-rounds:]),
                     tuple(busy.measured_us()[-rounds:]))
 
-        return Timer(fn, before_round, series, start)
+        return Timer(fn, sync, series, start)  # each round starts on an idle device; the forward is in the round
 
     def extra_info(self, variant: str, reading: MeterReading) -> dict[str, Any]:
         s = self.scenario
@@ -366,6 +334,8 @@ class ScenarioTarget:
             busy = [t for b in sets for t in b.busy_us]
             timings.update(latency_statistics(sets), busy_measured_us=float(np.median(busy)) if busy else None)
         calls = s.calls()
+        if status == "ok" and get_step_variant(variant).staged and ctx.device != "cuda":
+            note = "; ".join(n for n in (note, IN_ORDER) if n)
         return (ScenarioRow(
             scenario=s.id, kind=s.kind, side=s.side, variant=variant, device=ctx.device, dtype=s.dtype,
             layout=s.layout, requests=s.requests, tokens=sum(c.tokens for c in calls), chunk_size=s.chunk_size,

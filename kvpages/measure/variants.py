@@ -15,6 +15,9 @@ A variant's body stays literal (no argument checks): calling it through the
 registry (`get_variant(name)(kv, page_size)`) checks the arguments first, and the
 harness checks them once per point, outside anything timed.
 
+A variant declares its host syncs per call as it declares its bytes: `syncs=Syncs(cuda, cpu)`, by default
+one (a blocking copy) when it moves anything and none when it moves nothing; the meter checks it.
+
 A variant that needs more than the device slice declares it: `extras=("host_pages",)` names inputs
 from `EXTRA_INPUTS`, which the workload builds with the pool, outside anything timed, and which
 the harness passes as keyword arguments (`fn(kv, page_size, host_pages=...)`), timed calls included.
@@ -56,6 +59,30 @@ class Moves(enum.Enum):
     def expected_transfers(self) -> int | None:
         """0 for NONE (checked: the meter must see no hand-off at all); else not fixed by the declaration."""
         return 0 if self is Moves.NONE else None
+
+    @property
+    def syncs(self) -> Syncs:
+        """The host syncs a call that moves this declares unless it says otherwise: none for NONE, else one."""
+        return NO_SYNC if self is Moves.NONE else ONE_SYNC
+
+
+@dataclass(frozen=True)
+class Syncs:
+    """How often one call makes the calling (scheduler) thread wait for the device: its expected `host_syncs`.
+
+    `cuda`: on CUDA, where the meter counts the waits themselves; `cpu`: on a CPU run, where it counts the
+    blocking hand-offs to the host, the ones that would wait on a device (kvpages.measure.meter).
+    """
+
+    cuda: int
+    cpu: int
+
+    def on(self, device: str) -> int:
+        return self.cpu if device == "cpu" else self.cuda
+
+
+ONE_SYNC = Syncs(cuda=1, cpu=1)
+NO_SYNC = Syncs(cuda=0, cpu=0)
 
 
 @dataclass(frozen=True)
@@ -120,6 +147,8 @@ class Variant:
     requires: tuple[str, ...]
     extras: tuple[str, ...] = ()
     """Extra inputs (names from EXTRA_INPUTS) the function takes by keyword."""
+    syncs: Syncs = ONE_SYNC
+    """Its host syncs per call (the decorator's default follows `moves`)."""
 
     def __call__(self, kv_indices: torch.Tensor, page_size: int, **extras: Any) -> np.ndarray:
         check_kv_indices(kv_indices)
@@ -162,16 +191,18 @@ def register(new: Variant) -> Variant:
     return new
 
 
-def variant(name: str, *, moves: Moves, requires: tuple[str, ...] = (),
-            extras: tuple[str, ...] = ()) -> Callable[[VariantFn], VariantFn]:
-    """Register the decorated function as variant `name`; its docstring's first line is its description."""
+def variant(name: str, *, moves: Moves, requires: tuple[str, ...] = (), extras: tuple[str, ...] = (),
+            syncs: Syncs | None = None) -> Callable[[VariantFn], VariantFn]:
+    """Register the decorated function as variant `name`; its docstring's first line is its description.
+    `syncs`: its host syncs per call, when not what `moves` implies (Moves.syncs)."""
     check_declared(name, requires, extras)
 
     def decorate(fn: VariantFn) -> VariantFn:
         doc = inspect.getdoc(fn)
         if not doc:
             raise ValueError(f"variant {name!r} needs a docstring: its first line is the description")
-        register(Variant(name, fn, doc.splitlines()[0], doc, moves, tuple(requires), tuple(extras)))
+        register(Variant(name, fn, doc.splitlines()[0], doc, moves, tuple(requires), tuple(extras),
+                         moves.syncs if syncs is None else syncs))
         return fn
 
     return decorate
@@ -242,12 +273,14 @@ def device_stride(kv_indices: torch.Tensor, page_size: int) -> np.ndarray:
     return (kv_indices[::page_size] // page_size).cpu().numpy()
 
 
-@variant("device_stride_pinned", moves=Moves.PAGES, requires=("cuda",))
+@variant("device_stride_pinned", moves=Moves.PAGES, requires=("cuda",), syncs=ONE_SYNC)
 def device_stride_pinned(kv_indices: torch.Tensor, page_size: int) -> np.ndarray:
     """Newer SGLang: stride on the device, non-blocking copy into pinned memory, wait on an event.
 
     The pinned buffer comes from PyTorch's caching host allocator, so after warm-up
     it is a cache hit, not a cudaHostAlloc. The returned array keeps that buffer alive.
+    The copy does not block, but the event's wait does, in the calling thread: one host sync per
+    call, as a blocking copy makes (a step that hands the wait to a worker makes none).
     """
     pages = kv_indices[::page_size] // page_size
     host = torch.empty(pages.shape, dtype=pages.dtype, pin_memory=True)

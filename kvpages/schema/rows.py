@@ -18,10 +18,11 @@ from dataclasses import dataclass, field, fields
 
 from kvpages.core.names import BASELINE
 
-SCHEMA_VERSION = 4
-"""4: multi-rank runs (meta.json `ranks`, ranks.csv: kvpages.schema.ranks); 3: processes (each samples line has its
-`process`, meta.json lists the processes); 2: repetitions (samples.csv has one line per block, with `repetition` and
-`order`). Only this version is read: an older run folder is refused, naming its version."""
+SCHEMA_VERSION = 5
+"""5: `host_syncs` in results.csv, scenarios.csv and ranks.csv; 4: multi-rank runs (meta.json `ranks`, ranks.csv:
+kvpages.schema.ranks); 3: processes (each samples line has its `process`, meta.json lists the processes); 2:
+repetitions (samples.csv has one line per block, with `repetition` and `order`). Only this version is read: an
+older run folder is refused, naming its version."""
 RESULTS_CSV = "results.csv"
 SAMPLES_CSV = "samples.csv"
 META_JSON = "meta.json"
@@ -74,6 +75,7 @@ class Row:
     expected_d2h_bytes: int
     d2h_bytes: int | None
     d2h_transfers: int | None
+    host_syncs: int | None
     link: str
     median_us: float | None = field(metadata=TIMING)
     iqr_us: float | None = field(metadata=TIMING)
@@ -97,7 +99,7 @@ class Row:
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Row))
 INT_COLUMNS = ("seq_len", "page_size", "num_pages", "rotation", "expected_d2h_bytes", "d2h_bytes", "d2h_transfers",
-               "rounds", "iterations", "repetitions")
+               "host_syncs", "rounds", "iterations", "repetitions")
 FLOAT_COLUMNS = tuple(c for c in COLUMNS if c.endswith("_us")) + ("rep_spread",)
 
 
@@ -124,7 +126,7 @@ SAMPLE_COLUMNS = KEY_COLUMNS + ("repetition", "order", "process", "rounds", "sam
 class ScenarioRow:
     """One (scenario, step variant): a whole request (all its calls) or a whole scheduler step, measured as one.
 
-    Bytes and transfers per request or step, as the meter counted them; latencies per request or
+    Bytes, transfers and host syncs per request or step, as the meter counted them; latencies per request or
     step in microseconds: `blocked` until the calling (scheduler) thread got control back, `ready`
     until the page indices were usable on the host (equal, except for variants whose wait runs on
     a worker thread; on a CPU run always equal).
@@ -146,6 +148,7 @@ class ScenarioRow:
     expected_d2h_bytes: int
     d2h_bytes: int | None
     d2h_transfers: int | None
+    host_syncs: int | None
     link: str
     blocked_median_us: float | None = field(metadata=TIMING)
     blocked_q1_us: float | None = field(metadata=TIMING)
@@ -170,7 +173,7 @@ class ScenarioRow:
 
 SCENARIO_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ScenarioRow))
 SCENARIO_INT_COLUMNS = ("requests", "tokens", "chunk_size", "page_size", "busy_us", "calls", "expected_d2h_bytes",
-                        "d2h_bytes", "d2h_transfers", "rounds", "repetitions")
+                        "d2h_bytes", "d2h_transfers", "host_syncs", "rounds", "repetitions")
 SCENARIO_FLOAT_COLUMNS = tuple(c for c in SCENARIO_COLUMNS if c.endswith("_us") and c != "busy_us")
 
 
@@ -198,9 +201,9 @@ class RankRow:
     """A (scenario, step variant) of a multi-rank run as one rank saw it, at once or alone, or as the whole step saw
     it, at once or alone (`role`: kvpages.schema.ranks.ROLES); latencies in microseconds per step, as ScenarioRow's.
 
-    `rank`: the rank (empty for `step` and `alone_max`). Bytes: what the meter counted on that rank (the step's:
-    summed over the ranks). `skew_median_us` (step rows): per round, the last rank's start minus the first's, on
-    the monotonic clock of one host (empty when the ranks span hosts).
+    `rank`: the rank (empty for `step` and `alone_max`). Bytes, transfers and host syncs: what the meter counted on
+    that rank (the step's: summed over the ranks). `skew_median_us` (step rows): per round, the last rank's start
+    minus the first's, on the monotonic clock of one host (empty when the ranks span hosts).
     """
 
     scenario: str
@@ -214,6 +217,7 @@ class RankRow:
     tokens: int
     d2h_bytes: int | None
     d2h_transfers: int | None
+    host_syncs: int | None
     blocked_median_us: float | None = field(metadata=TIMING)
     blocked_q1_us: float | None = field(metadata=TIMING)
     blocked_q3_us: float | None = field(metadata=TIMING)
@@ -232,8 +236,8 @@ class RankRow:
 
 
 RANK_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RankRow))
-RANK_INT_COLUMNS = ("rank", "world_size", "page_size", "requests", "tokens", "d2h_bytes", "d2h_transfers", "rounds",
-                    "repetitions")
+RANK_INT_COLUMNS = ("rank", "world_size", "page_size", "requests", "tokens", "d2h_bytes", "d2h_transfers", "host_syncs",
+                    "rounds", "repetitions")
 RANK_FLOAT_COLUMNS = tuple(c for c in RANK_COLUMNS if c.endswith("_us"))
 
 
