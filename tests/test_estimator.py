@@ -26,7 +26,9 @@ def _number(text: str) -> float:
 def _half_ulp(text: str) -> float:
     """Half the last printed digit of a figure: the most its rounding moved it."""
     digits = text.replace(",", "")
-    return 0.5 * 10 ** -(len(digits.split(".")[1]) if "." in digits else 0)
+    if "." in digits:
+        return 0.5 * 10 ** -len(digits.split(".")[1])
+    return 0.5 * 10 ** max(len(digits.lstrip("-")) - 3, 0)  # three significant figures: '1,080' is 1075-1085
 
 
 def agrees(a: str, b: str, ratio: str) -> bool:

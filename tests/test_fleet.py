@@ -114,6 +114,11 @@ def a_b(folders, tmp_path_factory) -> tuple[Fleet, str]:
     return fleet, (out / FLEET_MD).read_text()
 
 
+def ratio_count(folder: Path) -> int:
+    """The rows of a run's ratios.csv: every (variant, point) against pre-PR."""
+    return len(pd.read_csv(folder / "ratios.csv"))
+
+
 def section(report: str, title: str) -> str:
     return report.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
 
@@ -143,7 +148,7 @@ def test_each_single_run_machine_shows_its_own_ratios_csv(folders, a_b):
     fleet, report = a_b
     cells = side_by_side(report)
     own = [pd.read_csv(folders[name] / "ratios.csv").set_index("id") for name in ("a", "b")]
-    assert set(cells) == set(own[0].index) == set(own[1].index) and len(cells) == 96
+    assert set(cells) == set(own[0].index) == set(own[1].index) and len(cells) == ratio_count(folders["a"])
     for row_id, machines in cells.items():
         assert machines == [csv_cell(ratios.loc[row_id]) for ratios in own], row_id
     for matched in fleet.ratios:  # the analysis, to full precision
@@ -213,10 +218,10 @@ def test_two_runs_of_one_machine_are_one_column_whose_intervals_resample_both_ru
 def test_points_one_machine_lacks_are_listed_not_guessed(folders):
     fleet = fleet_of(load_runs([folders["a"], folders["c"]]))
     lacking = {ratio_id(*m.key) for m in fleet.missing}
-    expected = {ratio_id("device_shift", "host_stride", "int32", "fragmented", s, 16)
-                for s in (512, 2048, 8192, 32768, 131072, 524288)}
+    lengths = sorted(set(pd.read_csv(folders["a"] / "results.csv")["seq_len"]))
+    expected = {ratio_id("device_shift", "host_stride", "int32", "fragmented", s, 16) for s in lengths}
     assert lacking == expected and {(m.on, m.not_on) for m in fleet.missing} == {(("M1",), ("M2",))}
-    assert len(fleet.ratios) == 96 - 6 and not {ratio_id(*m.key) for m in fleet.ratios} & expected
+    assert len(fleet.ratios) == ratio_count(folders["a"]) - len(lengths) and not {ratio_id(*m.key) for m in fleet.ratios} & expected
     scenario = pd.read_csv(folders["a"] / "scenarios.csv")["scenario"].iloc[0]
     assert fleet.scenario_missing and {m.key[0] for m in fleet.scenario_missing} == {scenario}
     report = render(fleet)
@@ -231,7 +236,7 @@ def test_runs_of_different_sweeps_compare_their_shared_points_and_say_so(folders
     meta.update(preset="quick", options={"--kv-preset": "quick", "--kv-page-sizes": "1,16,64,128", "--kv-device": "cpu"})
     (other / "meta.json").write_text(json.dumps(meta))
     fleet = fleet_of(load_runs([folders["a"], other]))
-    assert not fleet.one_sweep and len(fleet.ratios) == 96
+    assert not fleet.one_sweep and len(fleet.ratios) == ratio_count(folders["a"])
     assert (f"**The runs are of different sweeps** (`{REF_ID}`: preset default; `{REF_ID}`: "
             "preset quick --kv-page-sizes 1,16,64,128)") in render(fleet)
 
@@ -321,8 +326,11 @@ def test_bad_input_is_one_line_exit_2_before_any_work(folders, tmp_path, case, s
         assert f"{REF_ID}: preset default" in done.stderr and "synthetic: preset test" in done.stderr
 
 
-def test_a_fleet_is_not_a_gate_and_the_chart_covers_every_shared_point(a_b):
-    fleet, report = a_b
-    assert any(not m.agree for m in fleet.ratios)  # b's device_stride is slower: verdicts differ, and still no gate
+def test_a_fleet_is_not_a_gate_and_the_chart_covers_every_shared_point(folders, tmp_path):
+    fast = machine(tmp_path, "e", run_id="20261208T000000Z-cpu", hostname="box-e")
+    slow_down(fast, "device_stride", 0.125)  # e's device_stride 8x as fast (exact in binary): slower becomes faster
+    fleet = fleet_of(load_runs([folders["a"], fast]))
+    report = render(fleet)
+    assert any(not m.agree for m in fleet.ratios)  # the verdicts differ, and still no gate
     assert "verdicts differ at" in report and "`kvpages compare A B --fail-above PCT` is the gate" in report
     assert math.isfinite(fleet.ratios[0].rows[0].ratio)
