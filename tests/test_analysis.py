@@ -17,8 +17,9 @@ from kvpages.analysis.cite import sig
 from kvpages.analysis.compare import compare_runs
 from kvpages.analysis.ratios import analyze, crossovers
 from kvpages.cli import main
+from kvpages.core.estimator import between_runs, paired_ratio
 from kvpages.core.links import SYNC_US
-from kvpages.core.stats import block_medians, median_interval, median_rank, shift_interval
+from kvpages.core.stats import Levels, block_medians
 from kvpages.render.report import ci_text, ratio_text, render, render_appendix, write_report
 from kvpages.schema.reader import load_run
 from kvpages.schema.rows import RATIO_COLUMNS
@@ -41,27 +42,33 @@ def crossing_run(tmp_path: Path) -> Path:
     return synthetic_run(tmp_path / "run-a", medians(factors))
 
 
-def test_median_rank_gives_the_sign_test_interval():
-    assert median_rank(10) == (2, pytest.approx(1 - 2 * 11 / 1024))  # [x(2), x(9)]: 97.9%
-    assert median_rank(6) == (1, pytest.approx(1 - 2 / 64))
-    assert median_rank(5) == (1, pytest.approx(0.9375))  # no 95% interval from 5: the range, at its coverage
-    assert median_rank(20)[0] == 6
-
-
 def covers(interval, value: float) -> bool:
     return interval.ci_low <= value <= interval.ci_high
 
 
-def test_median_interval_is_calibrated_and_shift_interval_finds_shifts():
+@pytest.mark.parametrize("processes, per_process, between", [(6, 2, 0.1), (6, 2, 0.0), (1, 12, 0.0)])
+def test_between_runs_is_the_ratio_of_the_printed_figures_calibrated_and_finds_shifts(processes, per_process,
+                                                                                     between):
+    """Two independent runs (6 processes x 2 repetitions with and without a process effect, and one process x 12
+    without one: one process cannot see its own shift): B/A is exactly B's figure over A's, an A/A holds 1 about
+    95% of the time, and a 1.3x shift is found."""
     rng = np.random.default_rng(3)
-    hits = sum(covers(median_interval(rng.normal(0.0, 0.1, 10)), 1.0) for _ in range(2000))
-    assert 0.96 < hits / 2000 < 0.99  # nominal 97.9%
-    a, b = rng.normal(0, 0.05, 10), rng.normal(np.log(1.3), 0.05, 10)
-    moved = shift_interval(a, b)
-    assert 1.2 < moved.ci_low < moved.ratio < moved.ci_high < 1.4
-    same = shift_interval(a, rng.normal(0, 0.05, 10))
-    assert covers(same, 1.0)
-    assert not median_interval(np.array([0.1])).known and not shift_interval(a[:1], b).known
+    owners = np.repeat(np.arange(processes), per_process)
+
+    def draw(shift: float = 0.0) -> Levels:
+        return Levels(shift + rng.normal(0, between, processes)[owners] + rng.normal(0, 0.05, owners.size), owners)
+
+    trials = 200
+    hits = sum(covers(between_runs(draw(), draw()).interval, 1.0) for _ in range(trials))
+    assert 0.90 <= hits / trials <= 0.995
+    a, b = draw(), draw(np.log(1.3))
+    found = between_runs(a, b)
+    assert found.interval.ratio == pytest.approx(found.b / found.a, rel=1e-12)
+    assert found.a == pytest.approx(np.exp(a.values.mean())) and found.b == pytest.approx(np.exp(b.values.mean()))
+    if between == 0:
+        assert 1 < found.interval.ci_low < 1.3 < found.interval.ci_high and found.p_value < 0.01
+    one = between_runs(Levels(np.array([0.1]), np.zeros(1, dtype=int)), a)
+    assert not one.interval.known and one.p_value == 1.0
 
 
 def test_pairing_cancels_drift_shared_by_a_repetition():
@@ -69,8 +76,9 @@ def test_pairing_cancels_drift_shared_by_a_repetition():
     drift = np.exp(rng.normal(0, 0.3, 10))  # each repetition's machine state: +-30%
     base = 10 * drift * np.exp(rng.normal(0, 0.01, 10))
     cand = 20 * drift * np.exp(rng.normal(0, 0.01, 10))
-    paired = median_interval(np.log(cand) - np.log(base))
-    unpaired = shift_interval(np.log(base), np.log(cand))
+    owners = np.zeros(10, dtype=int)
+    paired = paired_ratio(Levels(np.log(base), owners), Levels(np.log(cand), owners)).interval
+    unpaired = between_runs(Levels(np.log(base), owners), Levels(np.log(cand), owners)).interval
     assert 1.95 < paired.ci_low < 2 < paired.ci_high < 2.05
     assert unpaired.ci_high - unpaired.ci_low > 10 * (paired.ci_high - paired.ci_low)
     assert block_medians([np.array([1.0, 3.0, 2.0]), np.array([5.0])]).tolist() == [2.0, 5.0]

@@ -69,10 +69,13 @@ def test_markdown_is_a_table_ready_for_a_pull_request_comment(two_runs):
     assert lines[0] == f"### kvpages compare: B `{b.name}` against A `{a.name}`"
     rows = [line for line in lines if line.startswith("| `")]
     assert len(rows) == len(result.relative.points) + len(result.absolute.points)
-    for p, row in zip(result.relative.points, rows, strict=False):
+    for p, row in zip(result.relative.points + result.absolute.points, rows, strict=True):
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[0] == f"`{p.key[0]}`" and cells[-1].strip("*") == p.verdict
         assert cells[7] == f"{p.interval.ratio:.3f}"
+        a_shown, b_shown, ratio_shown = (float(c) for c in cells[5:8])  # a reader's own division agrees
+        rounding = ratio_shown * 0.0005 * (1 / a_shown + 1 / b_shown) + 0.0005
+        assert abs(b_shown / a_shown - ratio_shown) <= rounding * 1.01
     assert "<details><summary>Absolute" in done.stdout and "</details>" in done.stdout
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvpages.analysis.intervals import levels, paired_logs
-from kvpages.analysis.verdicts import VERDICTS, between_p_value, judge_family
+from kvpages.analysis.verdicts import VERDICTS, judge_family
+from kvpages.core.estimator import between_runs
 from kvpages.core.names import BASELINE
-from kvpages.core.stats import Interval, Levels, between_runs, unknown
+from kvpages.core.stats import Interval, Levels, unknown
 from kvpages.schema.reader import Run, RunError, row_key
 
 RELATIVE, ABSOLUTE = "relative", "absolute"
@@ -94,12 +95,11 @@ def _judged(measured: list[_Measured]) -> Family:
 def compare_runs(a: Run, b: Run, baseline: str = BASELINE) -> RunComparison:
     """Align two runs on (variant, dtype, layout, seq_len, page_size) and judge B against A.
 
-    Relative: each run's paired per-repetition log-ratios variant/baseline, so what drifts with
-    the machine cancels within each run; compared at the same level in both runs
-    (kvpages.core.stats.between_runs): the two runs' independent two-stage bootstraps when both
-    runs have >= 2 processes, else the Hodges-Lehmann shift of the repetitions.
-    Absolute: each run's log block medians, compared the same way. Without repetitions
-    (1 each), no interval can be formed and the verdict is 'same' or 'unclear'.
+    Each figure is the estimator of the run's own report (kvpages.core.estimator): absolute, a variant's time (the
+    geometric mean of its block medians); relative, its ratio to the baseline (of the paired per-repetition log-ratios,
+    so what drifts with the machine cancels within each run). B/A is exactly B's printed figure over A's, with the
+    interval of that statistic over the two runs' independent bootstraps (kvpages.core.estimator.between_runs).
+    Without repetitions (1 each), no interval can be formed and the verdict is 'same' or 'unclear'.
     """
     a_rows = {row_key(r): r for _, r in a.ok_rows().iterrows()}
     b_rows = {row_key(r): r for _, r in b.ok_rows().iterrows()}
@@ -108,24 +108,22 @@ def compare_runs(a: Run, b: Run, baseline: str = BASELINE) -> RunComparison:
         raise RunError(f"{a.path} and {b.path}: no timed (variant, point) in common; nothing to compare")
     absolute, relative = [], []
     for key in common:
-        ra, rb = a_rows[key], b_rows[key]
-        la, lb = levels(a, key), levels(b, key)
-        absolute.append(_Measured(key, float(ra["median_us"]), float(rb["median_us"]),
-                                  _between(la, lb, float(rb["median_us"] / ra["median_us"])), between_p_value(la, lb)))
+        absolute.append(_measured(key, levels(a, key), levels(b, key),
+                                  (float(a_rows[key]["median_us"]), float(b_rows[key]["median_us"]))))
         base_key = (baseline,) + key[1:]
         if key[0] == baseline or base_key not in a_rows or base_key not in b_rows:
             continue
-        pa, pb = paired_logs(a, base_key, key), paired_logs(b, base_key, key)
-        ratio_a = float(ra["median_us"] / a_rows[base_key]["median_us"])
-        ratio_b = float(rb["median_us"] / b_rows[base_key]["median_us"])
-        a_value = pa.interval().ratio if pa is not None else ratio_a
-        b_value = pb.interval().ratio if pb is not None else ratio_b
-        relative.append(_Measured(key, a_value, b_value, _between(pa, pb, ratio_b / ratio_a), between_p_value(pa, pb)))
+        ratio_a, ratio_b = (float(rows[key]["median_us"] / rows[base_key]["median_us"]) for rows in (a_rows, b_rows))
+        relative.append(_measured(key, paired_logs(a, base_key, key), paired_logs(b, base_key, key), (ratio_a, ratio_b)))
     return RunComparison(_judged(relative), _judged(absolute), sorted(set(a_rows) - set(b_rows)),
                          sorted(set(b_rows) - set(a_rows)), baseline, (a.process_count, b.process_count))
 
 
-def _between(a_logs: Levels | None, b_logs: Levels | None, fallback: float) -> Interval:
-    if a_logs is None or b_logs is None or a_logs.values.size < 2 or b_logs.values.size < 2:
-        return unknown(fallback, 0)
-    return between_runs(a_logs, b_logs)
+def _measured(key: tuple, a_logs: Levels | None, b_logs: Levels | None, fallback: tuple[float, float]) -> _Measured:
+    """One key's figures and B/A (`between_runs`); without samples in both, the rows' medians and an unknown
+    interval."""
+    if a_logs is None or b_logs is None:
+        a_value, b_value = fallback
+        return _Measured(key, a_value, b_value, unknown(b_value / a_value, 0), 1.0)
+    found = between_runs(a_logs, b_logs)
+    return _Measured(key, found.a, found.b, found.interval, found.p_value)

@@ -22,11 +22,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 
-import numpy as np
-
-from kvpages.core.stats import BOOTSTRAP_RESAMPLES, Interval, Levels, between_runs_shifts, finite_median
+from kvpages.core.stats import Interval, finite_median
 
 FASTER, SLOWER, SAME, UNCLEAR = "faster", "slower", "same", "unclear"
 VERDICTS = (FASTER, SLOWER, SAME, UNCLEAR)
@@ -54,40 +51,6 @@ def judge(interval: Interval, min_effect: float, discovered: bool = True) -> str
     if interval.known and discovered and interval.ci_low > 1:
         return SLOWER
     return UNCLEAR
-
-
-def median_p_value(levels: Levels | None) -> float:
-    """Two-sided p-value of 'the median log-ratio is 0', at the level the interval samples: with 2 or more
-    processes from the same two-stage bootstrap (kvpages.core.stats.Levels.p_value), else the sign test over
-    the repetitions (ties dropped); 1 without data."""
-    if levels is None:
-        return 1.0
-    if levels.process_count >= 2:
-        return levels.p_value()
-    logs = levels.values
-    positive, negative = int(np.sum(logs > 0)), int(np.sum(logs < 0))
-    n = positive + negative
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, i) for i in range(min(positive, negative) + 1)) / 2**n
-    return min(1.0, 2 * tail)
-
-
-def between_p_value(a: Levels | None, b: Levels | None) -> float:
-    """Two-sided p-value of 'B and A have the same median' (kvpages.core.stats.between_runs), at the level its
-    interval samples: with >= 2 processes in both, from the same two runs' bootstraps; else the Mann-Whitney test of
-    the repetitions (normal approximation, as the Hodges-Lehmann interval); 1 without two repetitions in each."""
-    if a is None or b is None or a.values.size < 2 or b.values.size < 2:
-        return 1.0
-    if a.process_count >= 2 and b.process_count >= 2:
-        shifts = between_runs_shifts(a, b)
-        tail = min(float(np.mean(shifts <= 0)), float(np.mean(shifts >= 0)))
-        return min(1.0, max(2 * tail, 1 / BOOTSTRAP_RESAMPLES))
-    n, m = a.values.size, b.values.size
-    diffs = np.subtract.outer(b.values, a.values)
-    u = float(np.sum(diffs > 0) + 0.5 * np.sum(diffs == 0))
-    z = (u - n * m / 2) / math.sqrt(n * m * (n + m + 1) / 12)
-    return min(1.0, 2 * (1 - NormalDist().cdf(abs(z))))
 
 
 def bh_adjusted(pvalues: list[float]) -> list[float]:

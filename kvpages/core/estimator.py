@@ -16,7 +16,15 @@ from statistics import NormalDist
 
 import numpy as np
 
-from kvpages.core.stats import BOOTSTRAP_RESAMPLES, CONFIDENCE, Interval, Levels, unknown
+from kvpages.core.stats import (
+    BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED,
+    CONFIDENCE,
+    Interval,
+    Levels,
+    resampled_means,
+    unknown,
+)
 
 
 @dataclass(frozen=True)
@@ -37,14 +45,18 @@ class Paired:
     processes: int
 
 
-def _percentiles(center: float, resampled: np.ndarray, levels: Levels, confidence: float) -> Interval:
+def _units(levels: Levels) -> tuple[str, int]:
+    """What the first bootstrap stage draws, and how many: processes (>= 2 of them), else one process's repetitions."""
+    return ("process", levels.process_count) if levels.process_count >= 2 else ("repetition", int(levels.values.size))
+
+
+def _percentiles(center: float, resampled: np.ndarray, units: tuple[str, int], confidence: float) -> Interval:
     """The percentile interval of a resampled mean, widened about `center` by sqrt(m / (m - 1)) for the m units the
-    first stage draws (processes, or one process's repetitions): the bootstrap variance of a mean of m is (m - 1) / m
-    of its variance, and with few units its spread is Student's t, not normal: widened by sqrt(m / (m - 1)) x
-    t_(m-1) / z (Hesterberg, "What Teachers Should Know About the Bootstrap", 2015: the expanded percentile)."""
+    first stage draws (`_units`): the bootstrap variance of a mean of m is (m - 1) / m of its variance, and with few
+    units its spread is Student's t, not normal: widened by sqrt(m / (m - 1)) x t_(m-1) / z (Hesterberg, "What
+    Teachers Should Know About the Bootstrap", 2015: the expanded percentile)."""
     lo, hi = _percentile_pair(resampled, 0.5 - confidence / 2, 0.5 + confidence / 2)
-    unit = "process" if levels.process_count >= 2 else "repetition"
-    n = levels.process_count if unit == "process" else int(levels.values.size)
+    unit, n = units
     widen = math.sqrt(n / (n - 1)) * t_quantile(0.5 + confidence / 2, n - 1) / NormalDist().inv_cdf(0.5 + confidence / 2)
     return Interval(math.exp(center), math.exp(center + (float(lo) - center) * widen),
                     math.exp(center + (float(hi) - center) * widen), n, confidence, unit)
@@ -79,7 +91,7 @@ def mean_estimate(levels: Levels, confidence: float = CONFIDENCE) -> Interval:
     center = float(np.mean(levels.values))
     if levels.values.size < 2:
         return unknown(math.exp(center), int(levels.values.size))
-    return _percentiles(center, levels.bootstrap_means, levels, confidence)
+    return _percentiles(center, levels.bootstrap_means, _units(levels), confidence)
 
 
 def paired_ratio(baseline: Levels, variant: Levels, confidence: float = CONFIDENCE) -> Paired:
@@ -99,6 +111,39 @@ def paired_ratio(baseline: Levels, variant: Levels, confidence: float = CONFIDEN
     if n < 2:
         return Paired(unknown(math.exp(center), n), 1.0, *times, n, count)
     shifts = variant.bootstrap_means - baseline.bootstrap_means
+    return Paired(_percentiles(center, shifts, _units(variant), confidence), _p_value(shifts), *times, n, count)
+
+
+def _p_value(shifts: np.ndarray) -> float:
+    """Two-sided p-value of 'the log shift is 0' from its resamples (at least 1 / the resamples)."""
     tail = min(float(np.mean(shifts <= 0)), float(np.mean(shifts >= 0)))
-    p_value = min(1.0, max(2 * tail, 1 / BOOTSTRAP_RESAMPLES))
-    return Paired(_percentiles(center, shifts, variant, confidence), p_value, *times, n, count)
+    return min(1.0, max(2 * tail, 1 / BOOTSTRAP_RESAMPLES))
+
+
+@dataclass(frozen=True)
+class BetweenRuns:
+    """One quantity in two independent runs A and B, as `kvpages compare` prints it: each run's figure (the same
+    estimator as its own report: exp of the mean of its levels) and B over A, exactly `b / a`."""
+
+    a: float
+    b: float
+    interval: Interval
+    p_value: float
+
+
+def between_runs(a: Levels, b: Levels, confidence: float = CONFIDENCE) -> BetweenRuns:
+    """B over A of two runs' levels (log block medians, or paired log-ratios against a baseline): the ratio of the two
+    printed figures, with the percentile interval of that same statistic over independent two-stage bootstraps of
+    the two runs (processes, then repetitions, when both have >= 2 processes; else each run's repetitions, one
+    stage), widened for the fewer units (`_percentiles`); and the two-sided p-value of 'B equals A' from the same
+    resamples. Fewer than 2 repetitions in either: the interval is unknown and the p-value 1."""
+    center = float(np.mean(b.values) - np.mean(a.values))
+    figures = (math.exp(float(np.mean(a.values))), math.exp(float(np.mean(b.values))))
+    if a.values.size < 2 or b.values.size < 2:
+        return BetweenRuns(*figures, unknown(math.exp(center), int(min(a.values.size, b.values.size))), 1.0)
+    if min(a.process_count, b.process_count) < 2:
+        a, b = (Levels(x.values, np.zeros(x.values.size, dtype=int)) for x in (a, b))
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    shifts = resampled_means(b, rng) - resampled_means(a, rng)
+    fewer = min((_units(a), _units(b)), key=lambda u: u[1])
+    return BetweenRuns(*figures, _percentiles(center, shifts, fewer, confidence), _p_value(shifts))

@@ -11,21 +11,10 @@ samples processes for this reason). So the intervals here follow the levels that
 
 - each block is summarised by its median; per repetition, the paired log-ratio
   log(candidate_k / baseline_k) of two variants' block medians (`Levels`);
-- with P >= 2 processes (`Levels.interval`): the median of every repetition, with the
-  percentile interval of a two-stage bootstrap that resamples processes, then the
-  repetitions of each drawn process (Kalibera and Jones's hierarchical resampling). It keeps
-  what varies between processes in the interval, and, being a median, a disturbed block
-  does not drag it along. Its coverage was checked by simulation (tests/test_analysis.py):
-  about 93-95% at 6 processes of 2 repetitions, for process effects and heavy-tailed
-  block outliers alike;
-- with one process, the median of the repetitions with the order-statistic interval of a
-  median (`median_interval`); it covers only what varies within a process, and says so
-  (`Interval.unit`);
-- between two runs (`between_runs`): the ratio of the two medians, with the percentile
-  interval of the ratio of the two runs' independent two-stage bootstraps when both have
-  >= 2 processes, else the Hodges-Lehmann shift of their repetitions with its
-  Mann-Whitney interval (`shift_interval`; Hollander and Wolfe, "Nonparametric Statistical
-  Methods", 1999, section 4.3);
+- the estimate of a time or a ratio, and its interval, is kvpages.core.estimator's: the mean of
+  the levels, with the percentile interval of a two-stage bootstrap that resamples processes,
+  then the repetitions of each drawn process (Kalibera and Jones's hierarchical resampling,
+  `resampled_means`); with one process, its repetitions alone, and it says so (`Interval.unit`);
 - `Levels.components`: the between-process and within-process standard deviations (one-way
   random-effects ANOVA estimates), the noise floor the report and `kvpages noise` print.
 """
@@ -36,7 +25,6 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import Protocol
 
 import numpy as np
@@ -86,41 +74,6 @@ def block_medians(blocks: list[np.ndarray]) -> np.ndarray:
     return np.array([median_of(b) for b in blocks])
 
 
-def median_rank(n: int, confidence: float = CONFIDENCE) -> tuple[int, float]:
-    """(k, coverage): [x_(k), x_(n+1-k)] covers the median with probability `coverage` >= `confidence`,
-    for the largest such k; where no k reaches it (n <= 5 at 95%), k = 1 with the coverage it has."""
-    best, coverage = 1, 1 - 2 * 0.5**n
-    for k in range(1, n // 2 + 1):
-        tail = sum(math.comb(n, i) for i in range(k)) / 2**n
-        if 1 - 2 * tail >= confidence:
-            best, coverage = k, 1 - 2 * tail
-    return best, coverage
-
-
-def median_interval(logs: np.ndarray, confidence: float = CONFIDENCE) -> Interval:
-    """exp(median of `logs`) with the order-statistic interval of the median; one value forms none."""
-    n = logs.size
-    center = math.exp(float(np.median(logs)))
-    if n < 2:
-        return unknown(center, n)
-    k, coverage = median_rank(n, confidence)
-    ordered = np.sort(logs)
-    return Interval(center, math.exp(float(ordered[k - 1])), math.exp(float(ordered[n - k])), n, coverage)
-
-
-def shift_interval(a_logs: np.ndarray, b_logs: np.ndarray, confidence: float = CONFIDENCE) -> Interval:
-    """exp(Hodges-Lehmann shift of b_logs over a_logs) with its Mann-Whitney interval (normal approximation)."""
-    n, m = a_logs.size, b_logs.size
-    if n < 2 or m < 2:
-        return unknown(math.exp(float(np.median(b_logs) - np.median(a_logs))), min(n, m))
-    diffs = np.sort(np.subtract.outer(b_logs, a_logs).ravel())
-    z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    k = math.floor(n * m / 2 - z * math.sqrt(n * m * (n + m + 1) / 12))
-    k = max(k, 0)
-    return Interval(math.exp(float(np.median(diffs))), math.exp(float(diffs[k])), math.exp(float(diffs[-1 - k])),
-                    min(n, m), confidence)
-
-
 @dataclass(frozen=True)
 class Components:
     """The spread of a log quantity at each level (standard deviations; ~ relative spreads, as a CV)."""
@@ -149,33 +102,15 @@ class Levels:
     def by_process(self) -> list[np.ndarray]:
         return [self.values[self.processes == p] for p in np.unique(self.processes)]
 
-    def interval(self, confidence: float = CONFIDENCE) -> Interval:
-        """exp of the estimate with its interval: at the process level with >= 2 processes, else within one."""
-        if self.process_count < 2:
-            return median_interval(self.values, confidence)
-        return hierarchical_interval(self, confidence)
-
     @functools.cached_property
-    def bootstrap(self) -> np.ndarray:
-        """The two-stage bootstrap's resampled medians (seeded: the same values give the same resamples).
+    def bootstrap_means(self) -> np.ndarray:
+        """The means of the two-stage bootstrap's resamples (seeded: the same values give the same resamples).
 
         A fresh generator with the same seed draws the same indices for every `Levels` of one shape (how many
         repetitions each process has), so they are drawn once per shape (`_seeded_draws`) and only the values
-        differ: a run has hundreds of these, all of one shape."""
-        groups = self.by_process()
-        return _medians_of(groups, _seeded_draws(tuple(g.size for g in groups)))
-
-    @functools.cached_property
-    def bootstrap_means(self) -> np.ndarray:
-        """The same two-stage resamples as `bootstrap` (the same indices for every `Levels` of one shape), their means."""
+        differ: a run has hundreds of these, all of one shape, and two variants of one point are resampled alike."""
         groups = self.by_process()
         return _means_of(groups, _seeded_draws(tuple(g.size for g in groups)))
-
-    def p_value(self) -> float:
-        """Two-sided p-value of 'the median is 0' from the same two-stage bootstrap (at least 1 / the resamples)."""
-        medians = self.bootstrap
-        tail = min(float(np.mean(medians <= 0)), float(np.mean(medians >= 0)))
-        return min(1.0, max(2 * tail, 1 / BOOTSTRAP_RESAMPLES))
 
     def components(self) -> Components:
         groups = self.by_process()
@@ -221,28 +156,8 @@ def _draws(sizes: tuple[int, ...], rng: np.random.Generator) -> _Draws:
 
 @functools.lru_cache(maxsize=64)
 def _seeded_draws(sizes: tuple[int, ...]) -> _Draws:
-    """`_draws` from a fresh generator seeded with BOOTSTRAP_SEED (what every `Levels.bootstrap` uses)."""
+    """`_draws` from a fresh generator seeded with BOOTSTRAP_SEED (what every `Levels.bootstrap_means` uses)."""
     return _draws(sizes, np.random.default_rng(BOOTSTRAP_SEED))
-
-
-def _medians_of(groups: list[np.ndarray], draws: _Draws) -> np.ndarray:
-    """The median of each resample: `np.median` along the rows bit for bit (the middle value, or the mean of the two
-    middle ones), from one sort; the padded case and values with a nan take numpy's own (nan)median."""
-    width = max(g.size for g in groups)
-    padded = np.full((len(groups), width), np.nan)
-    for i, g in enumerate(groups):
-        padded[i, :g.size] = g
-    values = padded.ravel()[draws.flat]
-    if draws.padding is not None:
-        values[draws.padding] = np.nan
-        return np.nanmedian(values, axis=1)  # a smaller process draws fewer
-    if np.isnan(padded).any():
-        return np.median(values, axis=1)
-    values.sort(axis=1)
-    n = values.shape[1]
-    if n % 2:
-        return values[:, n // 2].copy()
-    return (values[:, n // 2 - 1] + values[:, n // 2]) / 2
 
 
 def _means_of(groups: list[np.ndarray], draws: _Draws) -> np.ndarray:
@@ -258,36 +173,10 @@ def _means_of(groups: list[np.ndarray], draws: _Draws) -> np.ndarray:
     return (values * kept).sum(axis=1) / kept.sum(axis=1)
 
 
-def _resampled_medians(levels: Levels, rng: np.random.Generator) -> np.ndarray:
-    """BOOTSTRAP_RESAMPLES medians, each of a two-stage resample drawn from `rng` (`_draws`)."""
+def resampled_means(levels: Levels, rng: np.random.Generator) -> np.ndarray:
+    """BOOTSTRAP_RESAMPLES means, each of a two-stage resample drawn from `rng` (`_draws`)."""
     groups = levels.by_process()
-    return _medians_of(groups, _draws(tuple(g.size for g in groups), rng))
-
-
-def hierarchical_interval(levels: Levels, confidence: float = CONFIDENCE) -> Interval:
-    """exp(median of every repetition) with the percentile interval of its two-stage bootstrap."""
-    medians = levels.bootstrap
-    lo, hi = np.percentile(medians, [50 * (1 - confidence), 50 * (1 + confidence)])
-    return Interval(math.exp(float(np.median(levels.values))), math.exp(float(lo)), math.exp(float(hi)),
-                    levels.process_count, confidence, "process")
-
-
-def between_runs_shifts(a: Levels, b: Levels) -> np.ndarray:
-    """The log shifts B - A of the two runs' independent two-stage bootstraps (seeded), each >= 2 processes."""
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    return _resampled_medians(b, rng) - _resampled_medians(a, rng)
-
-
-def between_runs(a: Levels, b: Levels, confidence: float = CONFIDENCE) -> Interval:
-    """B over A: the two medians' ratio, with the percentile interval of the ratio of the two runs' independent
-    two-stage bootstraps when both have >= 2 processes; else the Hodges-Lehmann shift of their repetitions."""
-    if a.process_count < 2 or b.process_count < 2:
-        return shift_interval(a.values, b.values, confidence)
-    shifts = between_runs_shifts(a, b)
-    lo, hi = np.percentile(shifts, [50 * (1 - confidence), 50 * (1 + confidence)])
-    center = float(np.median(b.values) - np.median(a.values))
-    return Interval(math.exp(center), math.exp(float(lo)), math.exp(float(hi)),
-                    min(a.process_count, b.process_count), confidence, "process")
+    return _means_of(groups, _draws(tuple(g.size for g in groups), rng))
 
 
 def finite_median(values: list[float]) -> float:
