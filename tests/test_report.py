@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 from conftest import reference_runs, synthetic_run
@@ -17,10 +16,10 @@ from conftest import reference_runs, synthetic_run
 from kvpages.analysis.cite import coverage_text, pair_repro, sig
 from kvpages.analysis.findings import MEASURED, MODEL, NEEDS_GPU, findings
 from kvpages.analysis.ratios import analyze
-from kvpages.analysis.verdicts import FASTER, SAME, SLOWER, UNCLEAR, bh_adjusted, judge, median_p_value
+from kvpages.analysis.verdicts import FASTER, SAME, SLOWER, UNCLEAR, bh_adjusted, judge
 from kvpages.core.names import LABELS, label
 from kvpages.core.options import OPTIONS, BenchOptions
-from kvpages.core.stats import Interval, Levels
+from kvpages.core.stats import Interval
 from kvpages.render.report import write_report
 from kvpages.schema.reader import load_run
 from kvpages.schema.rows import ratio_id, scenario_row_id
@@ -59,14 +58,7 @@ def test_judge_needs_an_interval_that_excludes_1_and_an_effect_beyond_the_minimu
     assert judge(Interval(1.6, 0.0, math.inf, 1, math.nan), 0.08) == UNCLEAR
 
 
-def test_p_values_at_each_level_and_benjamini_hochberg():
-    one = np.zeros(10, dtype=int)
-    assert median_p_value(Levels(np.full(10, 0.1), one)) == pytest.approx(2 / 1024)  # the sign test, one process
-    assert median_p_value(Levels(np.array([0.1, -0.1]), one[:2])) == 1.0 and median_p_value(None) == 1.0
-    processes = np.repeat(np.arange(6), 2)
-    shifted = median_p_value(Levels(np.full(12, 0.1) + 0.01 * np.arange(12), processes))
-    centred = median_p_value(Levels(0.01 * (np.arange(12) - 5.5), processes))
-    assert shifted < 0.01 and centred > 0.3
+def test_benjamini_hochberg():
     assert bh_adjusted([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.04 * 4 / 3, 0.04 * 4 / 3, 0.5])
 
 

@@ -1,20 +1,13 @@
 """Verdicts with an effect size, over a family of comparisons (no torch).
 
 A ratio is called faster or slower only when all three hold:
-1. its interval excludes 1 (kvpages.core.stats: over processes, or over the repetitions of one process);
-2. its effect, |log ratio|, is at least log(1 + min_effect): a run's minimum effect is its noise floor,
-   the median relative half-width of its ratios' intervals, and never below `MIN_EFFECT_FLOOR`;
-3. it is a discovery of the family it belongs to: the p-values of the family (two-stage bootstrap over
-   processes; sign test in a run of one process), every variant against the baseline at every point of a
-   run, and separately every scenario ratio, are adjusted with
-   Benjamini-Hochberg at `FDR`, so at most ~5% of the differences called are expected to be false.
-   (Holm's family-wise control cannot call anything from 10 repetitions: the sign test's smallest
-   p-value is 2 / 2^10 = 0.002, and Holm needs 0.05 / 72 = 0.0007.)
-
-Otherwise the verdict is `SAME` when the point estimate lies within the minimum effect (the run cannot
-tell the two apart from its own noise) and `UNCLEAR` when the estimate is beyond it but the interval
-reaches 1 or the family correction rejects it. `judge` is the one place this is decided; the report,
-the charts, the summary and `compare` call it.
+1. its interval excludes 1 (kvpages.core.estimator: over processes, or over one process's repetitions);
+2. |log ratio| >= log(1 + min_effect), the run's noise floor (median relative interval half-width), at least
+   `MIN_EFFECT_FLOOR`;
+3. the Benjamini-Hochberg step at `FDR` keeps it within its family (every variant against the baseline at every
+   point of a run; separately every scenario ratio). Holm's family-wise control could call nothing from 10
+   repetitions.
+Otherwise it is `SAME` (within the minimum effect) or `UNCLEAR`. `judge` is the one place this is decided.
 """
 
 from __future__ import annotations
@@ -54,23 +47,6 @@ def judge(interval: Interval, min_effect: float, discovered: bool = True) -> str
     if interval.known and discovered and interval.ci_low > 1:
         return SLOWER
     return UNCLEAR
-
-
-def median_p_value(levels: Levels | None) -> float:
-    """Two-sided p-value of 'the median log-ratio is 0', at the level the interval samples: with 2 or more
-    processes from the same two-stage bootstrap (kvpages.core.stats.Levels.p_value), else the sign test over
-    the repetitions (ties dropped); 1 without data."""
-    if levels is None:
-        return 1.0
-    if levels.process_count >= 2:
-        return levels.p_value()
-    logs = levels.values
-    positive, negative = int(np.sum(logs > 0)), int(np.sum(logs < 0))
-    n = positive + negative
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, i) for i in range(min(positive, negative) + 1)) / 2**n
-    return min(1.0, 2 * tail)
 
 
 def between_p_value(a: Levels | None, b: Levels | None) -> float:

@@ -171,12 +171,6 @@ class Levels:
         groups = self.by_process()
         return _means_of(groups, _seeded_draws(tuple(g.size for g in groups)))
 
-    def p_value(self) -> float:
-        """Two-sided p-value of 'the median is 0' from the same two-stage bootstrap (at least 1 / the resamples)."""
-        medians = self.bootstrap
-        tail = min(float(np.mean(medians <= 0)), float(np.mean(medians >= 0)))
-        return min(1.0, max(2 * tail, 1 / BOOTSTRAP_RESAMPLES))
-
     def components(self) -> Components:
         groups = self.by_process()
         within_df = sum(g.size - 1 for g in groups)
