@@ -1,33 +1,10 @@
 """Statistics at the levels that vary: processes, then repetitions within them (no torch, no scipy).
 
-A run measures each (variant, point) in R *repetitions* (blocks of rounds), dealt to P fresh
-*processes* that run one after another (kvpages.measure.workers), and to passes over the sweep
-within each process; the variants of a point run interleaved, in a fresh seeded order in every
-repetition. Rounds within a block are not independent draws of what a rerun would see, and
-neither are the repetitions of one process: address-space layout, allocator state, code and data
-placement are fixed for a process's life, so a whole process can run a few percent slow (pyperf
-samples processes for this reason). So the intervals here follow the levels that vary
-(Kalibera and Jones, "Rigorous Benchmarking in Reasonable Time", ISMM 2013):
-
-- each block is summarised by its median; per repetition, the paired log-ratio
-  log(candidate_k / baseline_k) of two variants' block medians (`Levels`);
-- with P >= 2 processes (`Levels.interval`): the median of every repetition, with the
-  percentile interval of a two-stage bootstrap that resamples processes, then the
-  repetitions of each drawn process (Kalibera and Jones's hierarchical resampling). It keeps
-  what varies between processes in the interval, and, being a median, a disturbed block
-  does not drag it along. Its coverage was checked by simulation (tests/test_analysis.py):
-  about 93-95% at 6 processes of 2 repetitions, for process effects and heavy-tailed
-  block outliers alike;
-- with one process, the median of the repetitions with the order-statistic interval of a
-  median (`median_interval`); it covers only what varies within a process, and says so
-  (`Interval.unit`);
-- between two runs (`between_runs`): the ratio of the two medians, with the percentile
-  interval of the ratio of the two runs' independent two-stage bootstraps when both have
-  >= 2 processes, else the Hodges-Lehmann shift of their repetitions with its
-  Mann-Whitney interval (`shift_interval`; Hollander and Wolfe, "Nonparametric Statistical
-  Methods", 1999, section 4.3);
-- `Levels.components`: the between-process and within-process standard deviations (one-way
-  random-effects ANOVA estimates), the noise floor the report and `kvpages noise` print.
+A block is summarised by its median; a whole process can run a few percent slow (layout, allocator state), so
+intervals resample processes, then repetitions (Kalibera and Jones, "Rigorous Benchmarking in Reasonable Time",
+ISMM 2013; `Levels`), or with one process use the order-statistic interval of the median (`median_interval`).
+Between two runs: `between_runs` (Hodges-Lehmann with its Mann-Whitney interval below 2 processes; Hollander and
+Wolfe 1999, 4.3). docs/method.md gives the reasoning and the coverage checks.
 """
 
 from __future__ import annotations
@@ -67,23 +44,9 @@ def unknown(ratio: float, n: int) -> Interval:
     return Interval(ratio, 0.0, math.inf, n, math.nan)
 
 
-def median_of(values: np.ndarray) -> float:
-    """`float(np.median(values))` of a 1-D array, bit for bit (the middle value, or the mean of the two middle
-    ones; nan when any value is), without np.median's generic machinery: a run has thousands of blocks. Measured
-    by CPU time on the reference run, it saves about 0.1 s of the 0.8 s that loading and analysing it takes."""
-    n = values.size
-    if n == 0:
-        return float(np.median(values))  # nan, with numpy's warning
-    half = n // 2
-    part = np.partition(values, (half, n - 1) if n % 2 else (half - 1, half, n - 1))
-    if np.isnan(part[-1]):
-        return math.nan
-    return float(part[half]) if n % 2 else float((part[half - 1] + part[half]) / 2)
-
-
 def block_medians(blocks: list[np.ndarray]) -> np.ndarray:
     """One median per repetition."""
-    return np.array([median_of(b) for b in blocks])
+    return np.array([np.median(b) for b in blocks])
 
 
 def median_rank(n: int, confidence: float = CONFIDENCE) -> tuple[int, float]:
@@ -157,17 +120,14 @@ class Levels:
 
     @functools.cached_property
     def bootstrap(self) -> np.ndarray:
-        """The two-stage bootstrap's resampled medians (seeded: the same values give the same resamples).
-
-        A fresh generator with the same seed draws the same indices for every `Levels` of one shape (how many
-        repetitions each process has), so they are drawn once per shape (`_seeded_draws`) and only the values
-        differ: a run has hundreds of these, all of one shape."""
+        """The two-stage bootstrap's resampled medians, seeded. The draws depend only on the shape (repetitions per
+        process), so they are drawn once per shape (`_seeded_draws`): a run has hundreds of `Levels` of one shape."""
         groups = self.by_process()
         return _medians_of(groups, _seeded_draws(tuple(g.size for g in groups)))
 
     @functools.cached_property
     def bootstrap_means(self) -> np.ndarray:
-        """The same two-stage resamples as `bootstrap` (the same indices for every `Levels` of one shape), their means."""
+        """The means of the same resamples as `bootstrap`."""
         groups = self.by_process()
         return _means_of(groups, _seeded_draws(tuple(g.size for g in groups)))
 
@@ -220,8 +180,7 @@ def _seeded_draws(sizes: tuple[int, ...]) -> _Draws:
 
 
 def _medians_of(groups: list[np.ndarray], draws: _Draws) -> np.ndarray:
-    """The median of each resample: `np.median` along the rows bit for bit (the middle value, or the mean of the two
-    middle ones), from one sort; the padded case and values with a nan take numpy's own (nan)median."""
+    """The median of each resample."""
     width = max(g.size for g in groups)
     padded = np.full((len(groups), width), np.nan)
     for i, g in enumerate(groups):
@@ -230,13 +189,7 @@ def _medians_of(groups: list[np.ndarray], draws: _Draws) -> np.ndarray:
     if draws.padding is not None:
         values[draws.padding] = np.nan
         return np.nanmedian(values, axis=1)  # a smaller process draws fewer
-    if np.isnan(padded).any():
-        return np.median(values, axis=1)
-    values.sort(axis=1)
-    n = values.shape[1]
-    if n % 2:
-        return values[:, n // 2].copy()
-    return (values[:, n // 2 - 1] + values[:, n // 2]) / 2
+    return np.median(values, axis=1)
 
 
 def _means_of(groups: list[np.ndarray], draws: _Draws) -> np.ndarray:
