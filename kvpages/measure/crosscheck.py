@@ -18,7 +18,7 @@ GPU activity falls outside the capture window. A GPU memcpy belongs to a case wh
 
 Each case's answer (`CheckAnswer.outcome`):
 - `agree`: the meter's link-crossing transfers are the profiler's `Memcpy DtoH` copies, and its host syncs
-  (the calling thread's and a worker's wait's) the profiler's `cuda*Synchronize` calls, less the range's own;
+  (the calling thread's and a transfer thread's wait's) the profiler's `cuda*Synchronize` calls, less the range's own;
 - `mismatch`: they differ (the row becomes a mismatch);
 - `lost_records`: a copy call in the range has no GPU record at all: the profiler lost it, so
   nothing can be concluded (the row is timed, and its note says so). Not a byte mismatch.
@@ -302,9 +302,9 @@ def judge(measured: D2HMeasurement, seen: CaseProfile) -> CheckAnswer:
                            f"the meter counted {sum(b for b, _ in metered)} bytes in {len(metered)} D2H transfers "
                            f"{metered}, the CUDA profiler recorded {sum(b for b, _ in profiled)} bytes in "
                            f"{len(profiled)} 'Memcpy DtoH' copies {profiled}")
-    if seen.syncs is not None and seen.syncs != measured.host_syncs + measured.worker_syncs:
-        return CheckAnswer("mismatch", f"the meter counted {measured.host_syncs} host syncs (+{measured.worker_syncs} "
-                                       f"in a worker's wait), the CUDA profiler {seen.syncs} cuda*Synchronize calls")
+    if seen.syncs is not None and seen.syncs != measured.host_syncs + measured.transfer_syncs:
+        return CheckAnswer("mismatch", f"the meter counted {measured.host_syncs} host syncs (+{measured.transfer_syncs} "
+                                       f"in a transfer thread's wait), the CUDA profiler {seen.syncs} cuda*Synchronize calls")
     return AGREE
 
 

@@ -129,7 +129,7 @@ class ScenarioRow:
     Bytes, transfers and host syncs per request or step, as the meter counted them; latencies per request or
     step in microseconds: `blocked` until the calling (scheduler) thread got control back, `ready`
     until the page indices were usable on the host (equal, except for variants whose wait runs on
-    a worker thread; on a CPU run always equal).
+    a transfer thread; on a CPU run always equal).
     """
 
     scenario: str
