@@ -1,30 +1,17 @@
 """The D2H meter: observes what a variant actually hands to the host.
 
-`measure_call(call, inputs)` runs `call()` once under a
-`torch.overrides.TorchFunctionMode` that sees every hand-off of tensor data to the
-host: `.cpu()`, `.to(<cpu>)`, `.numpy()`, `.tolist()`, `.item()`, `int()/float()/bool()`,
-`np.asarray()`, `copy_` into host memory and `host[...] = device_tensor`.
+`measure_call(call, inputs)` runs `call()` once under a `TorchFunctionMode` that sees every hand-off of tensor
+data to the host (`.cpu()`, `.to(<cpu>)`, `.numpy()`, `.tolist()`, `.item()`, `int()`, `np.asarray()`, `copy_`
+into host memory, `host[...] = device_tensor`). A tensor is device side when it lives on an accelerator or is
+(computed from) the input, so a CPU run, where `.cpu()` is a no-op, still counts the bytes handed across
+(`Transfer.crossed_link` says no link was crossed); `.cpu().numpy()` is one transfer, not two.
 
-A tensor is *device side* when it lives on an accelerator, or when it is (or was
-computed from) the input: so on a CPU run, where `.cpu()` is a no-op, the meter
-still counts the bytes handed across the host boundary, and `Transfer.crossed_link`
-says that no link was crossed. A hand-off's result is host side, so
-`.cpu().numpy()` is one transfer, not two.
-
-It also counts the call's host syncs: how often the calling (scheduler) thread waited for the device.
-On CUDA it counts the waits themselves: `torch.cuda.set_sync_debug_mode("warn")` flags blocking copies to
-the host, `.item()`, `.tolist()` and `Stream.synchronize` (each warning recorded, none deduplicated), and
-`Event.synchronize` and `torch.cuda.synchronize`, which it does not flag, are wrapped (a warning raised
-inside them is not counted again). The mode is global to the process, so only the calling thread's syncs
-count; the previous mode is restored. Not counted: syncs inside the caching allocators (a cudaFree, a
-cudaHostAlloc), and a non-blocking copy into pageable memory, which waits without being flagged. On a CPU
-run there is no device to wait for: the figure is the number of blocking hand-offs to the host (every
-transfer above but a `non_blocking=True` copy), the materialisations that would wait on a device. A wait
-made inside `transfer_wait()` stands for a transfer thread's (a `Pending` run in this thread for the meter):
-it is counted apart, as `transfer_syncs`, for the profiler cross-check.
-
-The CUDA profiler's view of the same calls is compared with the meter's in a process of its
-own (kvpages.measure.crosscheck), never in the one that times.
+Host syncs (how often the calling thread waited for the device): on CUDA the waits themselves, from
+`torch.cuda.set_sync_debug_mode("warn")` (global, so only the calling thread's count) plus wrapped
+`Event.synchronize` and `torch.cuda.synchronize`; not counted: syncs inside the caching allocators, and a
+non-blocking copy into pageable memory. On a CPU run: the blocking hand-offs, which would wait on a device.
+Waits inside `transfer_wait()` are a transfer thread's, counted apart (`transfer_syncs`). The CUDA profiler's
+view is compared in a process of its own (kvpages.measure.crosscheck), never in the one that times.
 """
 
 from __future__ import annotations
