@@ -20,30 +20,26 @@ import pandas as pd
 
 from kvpages.schema.meta import Environment, ProcessInfo, RankInfo, RanksMeta, RunMeta
 from kvpages.schema.rows import (
-    COLUMNS,
-    FLOAT_COLUMNS,
-    INT_COLUMNS,
     KEY_COLUMNS,
     META_JSON,
     OK,
-    RANK_COLUMNS,
-    RANK_FLOAT_COLUMNS,
-    RANK_INT_COLUMNS,
+    POINTS,
     RANK_SAMPLE_COLUMNS,
     RANK_SAMPLES_CSV,
+    RANKS,
     RANKS_CSV,
     RESULTS_CSV,
     SAMPLE_COLUMNS,
     SAMPLES_CSV,
-    SCENARIO_COLUMNS,
-    SCENARIO_FLOAT_COLUMNS,
-    SCENARIO_INT_COLUMNS,
     SCENARIO_SAMPLE_COLUMNS,
     SCENARIO_SAMPLES_CSV,
+    SCENARIOS,
     SCENARIOS_CSV,
     SCHEMA_VERSION,
     TIMED,
     RankSampleSet,
+    Table,
+    typed_columns,
 )
 
 T = TypeVar("T")
@@ -146,19 +142,14 @@ def _read_csv(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
     return frame
 
 
-def _read_typed(path: Path, columns: tuple[str, ...], ints: tuple[str, ...], floats: tuple[str, ...]) -> pd.DataFrame:
-    """A rows CSV with exactly `columns`, typed."""
-    frame = _read_csv(path, columns)
-    return _typed(frame[list(columns)].copy(), ints, floats, path)
-
-
-def _typed(frame: pd.DataFrame, ints: tuple[str, ...], floats: tuple[str, ...], path: Path) -> pd.DataFrame:
-    """`frame` (all strings) with its integer and float columns parsed; empty cells become missing."""
+def _read_typed(path: Path, table: Table) -> pd.DataFrame:
+    """A rows CSV with exactly the table's columns, its integer and float columns parsed; empty cells missing."""
+    frame = _read_csv(path, table.columns)[list(table.columns)].copy()
     column = ""
     try:
-        for column in ints:
+        for column in typed_columns(table.row_type, "int"):
             frame[column] = pd.to_numeric(frame[column].replace("", None)).astype("Int64")
-        for column in floats:
+        for column in typed_columns(table.row_type, "float"):
             frame[column] = pd.to_numeric(frame[column].replace("", None)).astype("float64")
     except (ValueError, TypeError) as exc:
         raise RunError(f"{path}: column {column!r} holds a non-number ({exc})") from None
@@ -200,7 +191,7 @@ def load_run(path: str | Path) -> Run:
     else:
         folder, csv_path = path.parent, path
         meta = _read_meta(folder / META_JSON) if (folder / META_JSON).exists() else None
-    rows = _read_typed(csv_path, COLUMNS, INT_COLUMNS, FLOAT_COLUMNS)
+    rows = _read_typed(csv_path, POINTS)
     samples_path = folder / SAMPLES_CSV
     blocks, processes = _read_blocks(samples_path, SAMPLE_COLUMNS, row_key, ("samples_us",)) \
         if samples_path.exists() else ({}, {})
@@ -218,7 +209,7 @@ def _read_ranks(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, list[Ran
     path = folder / RANKS_CSV
     if not path.exists():
         return None, None
-    frame = _read_typed(path, RANK_COLUMNS, RANK_INT_COLUMNS, RANK_FLOAT_COLUMNS)
+    frame = _read_typed(path, RANKS)
     found: dict[tuple, list[RankSampleSet]] = {}
     samples_path = folder / RANK_SAMPLES_CSV
     if samples_path.exists():
@@ -248,7 +239,7 @@ def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, ScenarioSamples 
     path = folder / SCENARIOS_CSV
     if not path.exists():
         return None, None, {}
-    frame = _read_typed(path, SCENARIO_COLUMNS, SCENARIO_INT_COLUMNS, SCENARIO_FLOAT_COLUMNS)
+    frame = _read_typed(path, SCENARIOS)
     samples_path = folder / SCENARIO_SAMPLES_CSV
     blocks, processes = _read_blocks(samples_path, SCENARIO_SAMPLE_COLUMNS, lambda r: (r["scenario"], r["variant"]),
                                      ("blocked_us", "ready_us")) if samples_path.exists() else ({}, {})

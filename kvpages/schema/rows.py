@@ -98,9 +98,6 @@ class Row:
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Row))
-INT_COLUMNS = ("seq_len", "page_size", "num_pages", "rotation", "expected_d2h_bytes", "d2h_bytes", "d2h_transfers",
-               "host_syncs", "rounds", "iterations", "repetitions")
-FLOAT_COLUMNS = tuple(c for c in COLUMNS if c.endswith("_us")) + ("rep_spread",)
 
 
 @dataclass(frozen=True)
@@ -172,9 +169,6 @@ class ScenarioRow:
 
 
 SCENARIO_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ScenarioRow))
-SCENARIO_INT_COLUMNS = ("requests", "tokens", "chunk_size", "page_size", "busy_us", "calls", "expected_d2h_bytes",
-                        "d2h_bytes", "d2h_transfers", "host_syncs", "rounds", "repetitions")
-SCENARIO_FLOAT_COLUMNS = tuple(c for c in SCENARIO_COLUMNS if c.endswith("_us") and c != "busy_us")
 
 
 @dataclass(frozen=True)
@@ -236,9 +230,6 @@ class RankRow:
 
 
 RANK_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RankRow))
-RANK_INT_COLUMNS = ("rank", "world_size", "page_size", "requests", "tokens", "d2h_bytes", "d2h_transfers", "host_syncs",
-                    "rounds", "repetitions")
-RANK_FLOAT_COLUMNS = tuple(c for c in RANK_COLUMNS if c.endswith("_us"))
 
 
 @dataclass(frozen=True)
@@ -349,15 +340,24 @@ def scenario_row_id(scenario: str, variant: str) -> str:
     return f"{scenario}:{_id_part(variant)}"
 
 
+def typed_columns(row_type: type, kind: str) -> tuple[str, ...]:
+    """The columns of a row type whose values are `kind` ('int' or 'float', missing or not), from its annotations."""
+    return tuple(f.name for f in fields(row_type) if str(f.type).partition(" |")[0] == kind)
+
+
 @dataclass(frozen=True)
 class Table:
-    """One kind of row in a run folder: its rows file, its samples file and their columns."""
+    """One kind of row in a run folder: its rows file and row type, its samples file, columns and type."""
 
     rows_csv: str
     samples_csv: str
-    columns: tuple[str, ...]
+    row_type: type
     sample_columns: tuple[str, ...]
     sample_type: type[SampleSet] | type[ScenarioSampleSet] | type[RankSampleSet]
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(self.row_type))
 
     def samples_from(self, fields_: dict[str, object]) -> Samples:
         """A samples record of this table from its fields (as `dataclasses.asdict` gave them, lists for tuples)."""
@@ -365,9 +365,9 @@ class Table:
                                    for k, v in fields_.items()})
 
 
-POINTS = Table(RESULTS_CSV, SAMPLES_CSV, COLUMNS, SAMPLE_COLUMNS, SampleSet)
-SCENARIOS = Table(SCENARIOS_CSV, SCENARIO_SAMPLES_CSV, SCENARIO_COLUMNS, SCENARIO_SAMPLE_COLUMNS, ScenarioSampleSet)
-RANKS = Table(RANKS_CSV, RANK_SAMPLES_CSV, RANK_COLUMNS, RANK_SAMPLE_COLUMNS, RankSampleSet)
+POINTS = Table(RESULTS_CSV, SAMPLES_CSV, Row, SAMPLE_COLUMNS, SampleSet)
+SCENARIOS = Table(SCENARIOS_CSV, SCENARIO_SAMPLES_CSV, ScenarioRow, SCENARIO_SAMPLE_COLUMNS, ScenarioSampleSet)
+RANKS = Table(RANKS_CSV, RANK_SAMPLES_CSV, RankRow, RANK_SAMPLE_COLUMNS, RankSampleSet)
 TABLES = {table.rows_csv: table for table in (POINTS, SCENARIOS, RANKS)}
 
 
