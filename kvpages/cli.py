@@ -187,8 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="list every call")
     p.set_defaults(func=cmd_scenarios)
     for name, func, text in (
-        ("plot", cmd_plot, "regenerate the charts of a run folder (or results CSV) into that folder (drawn in two "
-                           "processes where two CPUs are free)"),
+        ("plot", cmd_plot, "regenerate the charts of a run folder (or results CSV) into that folder"),
         ("report", cmd_report, "write REPORT.md into a run folder and print it"),
         ("summary", cmd_summary, "print bytes and median latency per page size at a few sequence lengths"),
     ):
