@@ -176,11 +176,8 @@ def reply_and_exit(reply: dict) -> NoReturn:
 
 def run_crosscheck(cases: Sequence[CheckCase], device: str, timeout_s: float | None = None,
                    trace_out: Path | None = None) -> dict[str, CheckAnswer]:
-    """Cross-check `cases` in one profiler session of a fresh interpreter; {case id: answer}.
-
-    Raises CrosscheckError (once: the caller remembers it) when the cross-check is unavailable, its process failed
-    or timed out, or its reply is malformed.
-    `trace_out`: where the child writes the session's Chrome trace, gzipped (for the record).
+    """Cross-check `cases` in one profiler session of a fresh interpreter; {case id: answer}. Raises CrosscheckError
+    when the cross-check is unavailable; `trace_out`: where the child writes its Chrome trace, gzipped.
     """
     request = {**child_request(cases), "device": device, "trace_out": None if trace_out is None else str(trace_out)}
     limit = timeout_for(len(cases)) if timeout_s is None else timeout_s

@@ -48,12 +48,7 @@ class Block(Generic[T]):
 
 def plan(variants: Sequence[str], points: Sequence[T], repetitions: int, seed: int,
          passes: int = 1, processes: int = 1) -> tuple[Block[T], ...]:
-    """Every block of the run, in run order.
-
-    Repetition r goes to process r % processes; a process's repetitions are dealt to `passes`
-    sweeps over the points (at most one per repetition it has); within a pass, points come in
-    sweep order, and each of their repetitions runs every variant in a fresh shuffled order.
-    """
+    """Every block of the run, in run order (the module doc says how repetitions are dealt)."""
     if repetitions < 1:
         raise ValueError(f"repetitions must be >= 1, got {repetitions}")
     if not 1 <= processes <= repetitions:

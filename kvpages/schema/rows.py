@@ -1,15 +1,8 @@
 """The run-folder schema: the record types and their columns (no torch import).
 
-A run folder `results/<run-id>/` holds
-- `results.csv`: one `Row` per (variant, point);
-- `samples.csv`: one `SampleSet` per timed repetition (block) of a row, its per-round
-  times in microseconds, with the block's repetition and its position in the run order;
-- `scenarios.csv` and `scenario_samples.csv`: the same for whole requests and steps
-  (`ScenarioRow`, `ScenarioSampleSet`);
-- `meta.json`: a `RunMeta` (environment, command, options, start/end, completed);
-- `ratios.csv` (analysed runs): one `RatioRow` per (variant, baseline, point).
-`Table` names each pair of row and sample files; kvpages.schema.writer writes them and
-kvpages.schema.reader reads them back.
+results.csv holds one `Row` per (variant, point), samples.csv one `SampleSet` per timed block; scenarios.csv and
+scenario_samples.csv the same for whole requests and steps; ranks.csv and rank_samples.csv for multi-rank runs;
+ratios.csv (analysed runs) one `RatioRow` per (variant, baseline, point). results/README.md documents each column.
 """
 
 from __future__ import annotations
@@ -258,15 +251,11 @@ Samples = SampleSet | ScenarioSampleSet | RankSampleSet
 
 @dataclass(frozen=True)
 class RatioRow:
-    """`variant` against `baseline` at one point of an analysed run (ratios.csv).
+    """`variant` against `baseline` at one point of an analysed run (ratios.csv; results/README.md has each column).
 
-    ratio: the median of the paired per-repetition log-ratios of block medians variant/baseline, with its
-    interval at `confidence` (kvpages.core.stats): with `processes` >= 2, the percentile interval of a
-    two-stage bootstrap over processes, then repetitions (`interval_unit` 'process'); with one process, the
-    order-statistic interval of the median ('repetition'). bytes_ratio: measured D2H bytes.
-    verdict: kvpages.analysis.verdicts.judge (faster / slower only beyond `min_effect` and kept by the
-    Benjamini-Hochberg step, whose adjusted p-value is `q_value`; else same / unclear).
-    repro: the command that re-runs the pair (variant and baseline) at this point, interleaved as in the run.
+    ratio: variant / baseline time from the one estimator (kvpages.core.estimator.paired_ratio), its interval at
+    `confidence` over processes (`interval_unit` 'process') or one process's repetitions; verdict:
+    kvpages.analysis.verdicts.judge; repro: the command that re-runs the pair at this point, interleaved as in the run.
     """
 
     id: str
