@@ -1,22 +1,18 @@
 """How one point's interval is computed, top-down (no torch).
 
-1. A row's repetitions are its blocks (samples.csv, read by kvpages.schema.reader); each block's
-   level is the log of its median (`levels`).
-2. A variant against the baseline at one point pairs their levels repetition by repetition: the
-   paired log-ratios (`paired_logs`), each with the process that timed it.
-3. Their interval (`interval`) is kvpages.core.stats.Levels.interval: a two-stage bootstrap over
-   processes, then repetitions, with 2 or more processes; within the one process otherwise. A row
-   an interruption cut short (status partial) may hold the blocks of fewer processes than the run
-   had: its interval is then unknown, never the narrower within-process one.
+1. A row's repetitions are its blocks (samples.csv, read by kvpages.schema.reader); each block's level is the log
+   of its median (`levels`).
+2. A variant against the baseline at one point pairs their levels repetition by repetition (`paired_logs`), each
+   with the process that timed it.
+3. kvpages.analysis.ratios estimates the pair with the one estimator (kvpages.core.estimator.paired_ratio), and
+   keeps the interval unknown where an interruption left a row fewer processes than the run's method needs.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from kvpages.core.stats import Interval, Levels, block_medians, unknown
+from kvpages.core.stats import Levels, block_medians
 from kvpages.schema.reader import Run
 
 
@@ -47,11 +43,3 @@ def paired_logs(run: Run, baseline_key: tuple, variant_key: tuple, latency: str 
         return Levels(other.values - base.values, base.processes)
 
     return run.cached(("paired", baseline_key, variant_key, latency), compute)
-
-
-def interval(run: Run, logs: Levels) -> Interval:
-    """The interval of `logs` (exp of their median, with its bounds); unknown when they come from fewer
-    processes than the run's interval method needs (a row cut short by an interruption)."""
-    if logs.process_count < min(2, run.process_count):
-        return unknown(math.exp(float(np.median(logs.values))), int(logs.values.size))
-    return logs.interval()
