@@ -9,7 +9,6 @@ runs. User errors print one line and exit 2.
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -95,7 +94,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     analysis = _analysis(args.run)
     formats = ("png", "svg") if args.svg else ("png",)
-    charts = plot_run(analysis, formats, processes=2)  # drawing is most of the time: two CPUs where free
+    charts = plot_run(analysis, formats)
     if not charts:
         raise RunError(f"{args.run}: no timed rows (status ok), so there is nothing to plot")
     for path in charts:
@@ -188,8 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="list every call")
     p.set_defaults(func=cmd_scenarios)
     for name, func, text in (
-        ("plot", cmd_plot, "regenerate the charts of a run folder (or results CSV) into that folder (drawn in two "
-                           "processes where two CPUs are free)"),
+        ("plot", cmd_plot, "regenerate the charts of a run folder (or results CSV) into that folder"),
         ("report", cmd_report, "write REPORT.md into a run folder and print it"),
         ("summary", cmd_summary, "print bytes and median latency per page size at a few sequence lengths"),
     ):
@@ -230,23 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The `kvpages` program (`argv` None: the console script and `python -m kvpages`), or a command run in-process
-    with `argv`. The program runs once and exits, so it runs without the cyclic garbage collector (matplotlib's
-    figures are its cycles: about 10 MB more at the peak) and freezes what it holds before it exits, so the exit does
-    not collect it either (on the reference run about 0.6 s of `kvpages plot` and 0.1 s of `kvpages report`). A
-    caller passing `argv` keeps its collector."""
-    program = argv is None
-    if program:
-        gc.disable()
+    """The `kvpages` program (`argv` None: the console script and `python -m kvpages`), or a command run in-process."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except (RunError, CiteError, OSError) as exc:  # OSError: e.g. a run folder we may not write charts into
         print(f"kvpages: error: {exc}", file=sys.stderr)
         return 2
-    finally:
-        if program:
-            gc.freeze()
 
 
 if __name__ == "__main__":

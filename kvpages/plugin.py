@@ -204,21 +204,7 @@ def pytest_runtestloop(session: pytest.Session):
     if (kv is not None and kv.processes > 1 and kv.recorder is not None and not config.option.collectonly
             and not session.testsfailed):
         _run_workers(config, kv)
-    try:
-        return (yield)
-    finally:
-        if kv is not None:
-            _drop_unread_benchmarks(config)
-
-
-def _drop_unread_benchmarks(config: pytest.Config) -> None:
-    """With --benchmark-quiet and nothing to save, compare or draw, nothing reads pytest-benchmark's list of the
-    session's benchmarks: drop it, sparing the statistics it would compute for each of them at the session's end
-    (about 0.15 s a process; kvpages took each block's rounds when it ended)."""
-    bench = getattr(config, "_benchmarksession", None)
-    if bench is not None and bench.quiet and not (bench.json or bench.save or bench.autosave or bench.compare
-                                                  or bench.histogram or bench.cprofile_sort_by):
-        bench.benchmarks.clear()
+    return (yield)
 
 
 SHM = Path("/dev/shm")
@@ -241,13 +227,13 @@ def _run_workers(config: pytest.Config, kv: KvSession) -> None:
 
     folder = Path(tempfile.mkdtemp(prefix="kvpages-workers-", dir=worker_folder_parent()))
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
-    bench = getattr(config, "_benchmarksession", None)
+    option = config.option
     command = WorkerCommand(
         paths=tuple(str(arg).split("[", 1)[0] for arg in config.args),
         kv_args=kv.options.replace(crosscheck="off", results_dir=None).to_args(),
         extra=tuple(passed_through(config.invocation_params.args)),
         rootdir=str(config.rootpath), cwd=config.invocation_params.dir, folder=folder,
-        json_out=bool(bench is not None and (bench.json or bench.save or bench.autosave)),
+        json_out=bool(option.benchmark_json or option.benchmark_save or option.benchmark_autosave),
     )
     reporter = config.pluginmanager.get_plugin("terminalreporter")
 

@@ -47,6 +47,7 @@ def devices() -> list:
 
 # ----------------------------------------------------------------------------- synthetic runs
 
+import shutil  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -62,6 +63,22 @@ REPO = Path(__file__).resolve().parents[1]
 def reference_runs() -> list[Path]:
     """The sweep run folders committed under results/, oldest first (not the multi-rank runs, which time steps only)."""
     return sorted(p.parent for p in (REPO / "results").glob("*/meta.json") if not (p.parent / "ranks.csv").exists())
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory) -> Path:
+    """A copy of the newest committed sweep, re-analysed and reported with this code (REPORT.md, APPENDIX.md,
+    ratios.csv, scenario_ratios.csv, noisy.csv); tests only read it."""
+    if not reference_runs():
+        pytest.skip("no run committed under results/")
+    run = tmp_path_factory.mktemp("reference") / reference_runs()[-1].name
+    shutil.copytree(reference_runs()[-1], run)
+    from kvpages.analysis.ratios import analyze
+    from kvpages.render.report import write_report
+    from kvpages.schema.reader import load_run
+
+    write_report(analyze(load_run(run)))
+    return run
 
 
 FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider", "--kv-processes", "1",

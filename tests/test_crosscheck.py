@@ -131,10 +131,10 @@ def test_host_syncs_are_checked_against_the_profilers_synchronize_calls_less_the
              + _sync(10, "cudaStreamSynchronize") + _sync(30, "cudaEventSynchronize")
              + _sync(90, "cudaDeviceSynchronize")}  # the range's closing synchronize
     assert case_profiles(trace)["c"].syncs == 2
-    one_and_a_wait = D2HMeasurement((Transfer("Tensor.cpu", 512, True, False),), host_syncs=1, worker_syncs=1)
+    one_and_a_wait = D2HMeasurement((Transfer("Tensor.cpu", 512, True, False),), host_syncs=1, transfer_syncs=1)
     assert answers_of(trace, {"c": one_and_a_wait}) == {"c": AGREE}
     answer = answers_of(trace, {"c": metered(512)})["c"]
-    assert answer.outcome == "mismatch" and "the meter counted 0 host syncs (+0 in a worker's wait)" in answer.detail
+    assert answer.outcome == "mismatch" and "the meter counted 0 host syncs (+0 in a transfer thread's wait)" in answer.detail
     assert case_profiles(cuda_session_trace())[CASES[0]].syncs is None  # no synchronize records at all: unchecked
 
 

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
 
 import numpy as np
 import pytest
-from conftest import reference_runs
 
 from kvpages.analysis.cite import sig
 from kvpages.analysis.ratios import analyze
 from kvpages.core.estimator import paired_ratio, t_quantile
 from kvpages.core.stats import Levels
-from kvpages.render.report import write_report
 from kvpages.schema.reader import load_run
 
 
@@ -38,20 +35,8 @@ def agrees(a: str, b: str, ratio: str) -> bool:
     return low - _half_ulp(ratio) <= _number(ratio) <= high + _half_ulp(ratio)
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    if not reference_runs():
-        pytest.skip("no run committed under results/")
-    sweeps = [r for r in reference_runs() if not (r / "ranks.csv").exists()]
-    run = tmp_path_factory.mktemp("estimator") / sweeps[-1].name
-    shutil.copytree(sweeps[-1], run)
-    analysis = analyze(load_run(run))  # re-analysed from its samples with this code
-    write_report(analysis)
-    return run, analysis
-
-
 def test_every_ratio_of_the_reference_run_is_the_ratio_of_its_printed_times(reference):
-    _, analysis = reference
+    analysis = analyze(load_run(reference))
     assert analysis.ratios and analysis.scenario_ratios
     for r in analysis.ratios:
         assert r.ratio == pytest.approx(r.variant_median_us / r.baseline_median_us, rel=1e-12), r.id
@@ -71,7 +56,7 @@ def test_every_ratio_of_the_reference_run_is_the_ratio_of_its_printed_times(refe
 
 def test_every_table_row_of_the_report_and_appendix_agrees_with_itself(reference):
     """In every table that prints two times and their ratio, the printed ratio is theirs within the rounding."""
-    run, _ = reference
+    run = reference
     checked = 0
     text = (run / "REPORT.md").read_text() + (run / "APPENDIX.md").read_text()
     for line in text.splitlines():

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import math
 import shlex
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -20,7 +18,6 @@ from kvpages.analysis.verdicts import FASTER, SAME, SLOWER, UNCLEAR, bh_adjusted
 from kvpages.core.names import LABELS, label
 from kvpages.core.options import OPTIONS, BenchOptions
 from kvpages.core.stats import Interval
-from kvpages.render.report import write_report
 from kvpages.schema.reader import load_run
 from kvpages.schema.rows import ratio_id, scenario_row_id
 
@@ -29,17 +26,6 @@ needs_reference = pytest.mark.skipif(not reference_runs(), reason="no run commit
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kvpages", *args], capture_output=True, text=True)
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
-    """A copy of the newest committed run, reported (REPORT.md, ratios.csv, scenario_ratios.csv, noisy.csv)."""
-    if not reference_runs():
-        pytest.skip("no run committed under results/")
-    run = tmp_path_factory.mktemp("ref") / reference_runs()[-1].name
-    shutil.copytree(reference_runs()[-1], run)
-    write_report(analyze(load_run(run)))
-    return run
 
 
 def findings_rows(report: str) -> list[list[str]]:

@@ -168,7 +168,7 @@ from kvpages.measure.variants import Moves
 
 @step_variant("slow_worker", moves=Moves.PAGES, batched=True)
 def slow_worker(kv_slices, page_size):
-    """Returns at once; the data is ready 3 ms later, on the worker thread."""
+    """Returns at once; the data is ready 3 ms later, on the transfer thread."""
     import torch
     host = torch.cat([kv[::page_size] // page_size for kv in kv_slices]).cpu().numpy()
     sizes = [-(-kv.numel() // page_size) for kv in kv_slices]

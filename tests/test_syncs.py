@@ -16,7 +16,7 @@ from kvpages.core.names import STEP_BASELINE
 from kvpages.core.scenarios import StepScenario
 from kvpages.core.sweep import Point
 from kvpages.measure.inputs import make_scenario_workload, make_workload
-from kvpages.measure.meter import measure_call, worker_wait
+from kvpages.measure.meter import measure_call, transfer_wait
 from kvpages.measure.runner import Stop, check_metered
 from kvpages.measure.steps import IN_ORDER, get_step_variant, step_variant_names
 from kvpages.measure.targets import PointTarget, ScenarioTarget, measure
@@ -54,11 +54,11 @@ def test_a_wait_run_as_the_workers_is_not_the_calling_threads():
 
     def step():
         kv[:2].cpu()
-        with worker_wait():
+        with transfer_wait():
             kv[2:].cpu()
 
     measured = measure_call(step, (kv,))
-    assert (measured.host_syncs, measured.worker_syncs, measured.d2h_transfers) == (1, 1, 2)
+    assert (measured.host_syncs, measured.transfer_syncs, measured.d2h_transfers) == (1, 1, 2)
 
 
 @pytest.mark.parametrize("name", variant_names())
@@ -158,7 +158,7 @@ def test_cuda_steps_make_their_declared_syncs_on_the_scheduler_thread():
     for name in step_variant_names():
         measured = measure(target, name, target.inputs_for(name, workload)[0])
         assert measured.host_syncs == target.expected_syncs(name, "cuda"), name
-        counted[name] = (measured.host_syncs, measured.worker_syncs)
+        counted[name] = (measured.host_syncs, measured.transfer_syncs)
     assert counted[STEP_BASELINE] == (scenario.batch, 0)
     assert counted["batched_device_stride"] == (1, 0)
     assert counted["per_request[host_mirror]"] == (1, 0)

@@ -1,21 +1,10 @@
 """What converting at once costs the ranks of a multi-rank run (kvpages.measure.ranks; no torch).
 
-The rounds of a block run in cycles: each rank converts alone in turn, then every rank at once. Per cycle,
-the step at once costs the maximum over the ranks of their at-once rounds, and the step without contention
-the maximum over the ranks of their alone rounds of the same cycle. Both are the maximum of world_size
-draws, so the maximum-of-N bias and a rank that is always slower cancel, and their ratio is 1 when the ranks
-do not slow each other down. Per (scenario, step variant) and latency, contention.csv gives that ratio for
-the step, and for each rank its own at-once over alone:
-
-- each block (repetition) is summarised by its median, at once and alone, as every other statistic
-  of kvpages; the figures are the medians of those over the repetitions, and the ratio is the ratio
-  of the two figures (so the printed ratio is the ratio of the printed times);
-- its interval is the percentile interval of a bootstrap over the repetitions (`paired_ratio`): a
-  draw takes repetitions with replacement, each with its at-once and alone medians together (the
-  block is the unit, since rounds within a block are not independent). When at-once and alone
-  rounds come from one distribution it contains 1 at its nominal 95% (tests/test_ranks.py measures
-  it over 1000 seeds); a shift of a whole block, shared by its at-once and alone rounds, makes it
-  wider (more conservative), not narrower.
+Per cycle the step at once costs the maximum over the ranks of their at-once rounds, the step without contention
+the maximum of their alone rounds: both a maximum of world_size draws, so that bias cancels and the ratio is 1
+when the ranks do not slow each other down. Each block is summarised by its median; the ratio is the ratio of
+the medians over the repetitions, its interval a bootstrap over repetitions pairing each one's at-once and alone
+medians (`paired_ratio`; tests/test_ranks.py measures its coverage). docs/method.md has the reasoning.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """`kvpages fleet`: runs of one sweep from several machines, set side by side (no torch).
 
-`fleet_of(runs)` groups the runs by machine (kvpages.analysis.machines.Machine), pools each machine's runs
-as repetitions of one run (`pooled`), and analyses each machine as one run (kvpages.analysis.ratios.analyze):
-its ratios, intervals, verdicts and findings are the single-run analysis's, judged against that machine's
-own noise floor and family. The machines are then matched point by point: a ratio by (variant, baseline,
-dtype, layout, seq_len, page_size), a scenario ratio by (scenario, variant, latency). What every machine
-has is set side by side; what some machine lacks is listed, never filled in. Runs of different sweeps are
-compared on the points they share, and refused when they share none. Nothing here gates: `kvpages compare`
-is the gate.
+`fleet_of(runs)` pools each machine's runs (kvpages.analysis.machines) and analyses each machine as one run,
+against its own noise floor; then matches the machines point by point. What some machine lacks is listed, never
+filled in; runs that share no point are refused. Nothing here gates: `kvpages compare` is the gate.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """How one point's interval is computed, top-down (no torch).
 
-1. A row's repetitions are its blocks (samples.csv, read by kvpages.schema.reader); each block's
-   level is the log of its median (`levels`).
-2. A variant against the baseline at one point pairs their levels repetition by repetition: the
-   paired log-ratios (`paired_logs`), each with the process that timed it.
-3. Their estimate and interval are kvpages.core.estimator's (`paired_ratio` within a run, through
-   kvpages.analysis.ratios.estimate; `between_runs` across two, through kvpages.analysis.compare):
-   the mean of the levels, with a two-stage bootstrap over processes, then repetitions, with 2 or
-   more processes; within the one process otherwise. A row an interruption cut short (status
-   partial) may hold the blocks of fewer processes than the run had: its interval is then unknown,
-   never the narrower within-process one.
+1. A row's repetitions are its blocks (samples.csv, read by kvpages.schema.reader); each block's level is the log
+   of its median (`levels`).
+2. A variant against the baseline at one point pairs their levels repetition by repetition (`paired_logs`), each
+   with the process that timed it.
+3. kvpages.analysis.ratios estimates the pair with the one estimator (kvpages.core.estimator.paired_ratio), and
+   keeps the interval unknown where an interruption left a row fewer processes than the run's method needs;
+   kvpages.analysis.compare sets two runs' figures side by side with the same estimator (`between_runs`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The machine a run ran on, and one machine's runs pooled into one run (no torch).
 
-`Machine.of(environment)` is the one identity that tells machines apart (meta.json's device, device name,
-driver, PCIe link and host name): two runs with equal identities ran on one machine. `pooled(runs)` merges
-the runs of one machine as repetitions of one run: each run's processes become processes of the pooled
-run (run k's process p becomes process p + the processes of the runs before it), so the two-stage
-bootstrap (kvpages.core.stats.Levels) resamples the processes of every run, and each repetition stays
-paired with its baseline within its own run. A row is pooled only where every run timed it; its statistics
-are those of the pooled blocks (kvpages.core.stats.row_statistics, quartiles), except a scenario row's
-`busy_measured_us`, a median of per-round values that scenarios.csv does not keep, which a pooled row leaves empty.
+`Machine.of(environment)` tells machines apart (device, device name, driver, PCIe link, host name). `pooled(runs)`
+merges one machine's runs: run k's process p becomes process p + the processes of the runs before it, so the
+bootstrap resamples every run's processes and each repetition stays paired within its run. A row is pooled only
+where every run timed it; a pooled scenario row leaves `busy_measured_us` empty (its rounds are not kept).
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Verdicts with an effect size, over a family of comparisons (no torch).
 
 A ratio is called faster or slower only when all three hold:
-1. its interval excludes 1 (kvpages.core.stats: over processes, or over the repetitions of one process);
-2. its effect, |log ratio|, is at least log(1 + min_effect): a run's minimum effect is its noise floor,
-   the median relative half-width of its ratios' intervals, and never below `MIN_EFFECT_FLOOR`;
-3. it is a discovery of the family it belongs to: the p-values of the family (two-stage bootstrap over
-   processes; sign test in a run of one process), every variant against the baseline at every point of a
-   run, and separately every scenario ratio, are adjusted with
-   Benjamini-Hochberg at `FDR`, so at most ~5% of the differences called are expected to be false.
-   (Holm's family-wise control cannot call anything from 10 repetitions: the sign test's smallest
-   p-value is 2 / 2^10 = 0.002, and Holm needs 0.05 / 72 = 0.0007.)
-
-Otherwise the verdict is `SAME` when the point estimate lies within the minimum effect (the run cannot
-tell the two apart from its own noise) and `UNCLEAR` when the estimate is beyond it but the interval
-reaches 1 or the family correction rejects it. `judge` is the one place this is decided; the report,
-the charts, the summary and `compare` call it.
+1. its interval excludes 1 (kvpages.core.estimator: over processes, or over one process's repetitions);
+2. |log ratio| >= log(1 + min_effect), the run's noise floor (median relative interval half-width), at least
+   `MIN_EFFECT_FLOOR`;
+3. the Benjamini-Hochberg step at `FDR` keeps it within its family (every variant against the baseline at every
+   point of a run; separately every scenario ratio). Holm's family-wise control could call nothing from 10
+   repetitions.
+Otherwise it is `SAME` (within the minimum effect) or `UNCLEAR`. `judge` is the one place this is decided.
 """
 
 from __future__ import annotations

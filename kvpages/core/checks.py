@@ -9,24 +9,22 @@ import numbers
 from collections.abc import Iterable, Sequence
 
 
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer >= 1, got {value!r} of type {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
 def check_page_size(page_size: object) -> int:
     """Return `page_size` if it is an integer >= 1, else raise TypeError/ValueError."""
-    if isinstance(page_size, bool) or not isinstance(page_size, numbers.Integral):
-        raise TypeError(
-            f"page_size must be an integer >= 1, got {page_size!r} of type {type(page_size).__name__}"
-        )
-    if page_size < 1:
-        raise ValueError(f"page_size must be an integer >= 1, got {page_size!r}")
-    return int(page_size)
+    return _positive_int("page_size", page_size)
 
 
 def check_seq_len(seq_len: object) -> int:
-    """Return `seq_len` if it is an integer >= 1 (a sweep's sequence length)."""
-    if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral):
-        raise TypeError(f"seq_len must be an integer >= 1, got {seq_len!r} of type {type(seq_len).__name__}")
-    if seq_len < 1:
-        raise ValueError(f"seq_len must be an integer >= 1, got {seq_len!r}")
-    return int(seq_len)
+    """Return `seq_len` if it is an integer >= 1 (a sweep's sequence length), else raise TypeError/ValueError."""
+    return _positive_int("seq_len", seq_len)
 
 
 def check_count(what: str, value: object) -> int:

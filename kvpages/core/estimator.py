@@ -31,11 +31,9 @@ from kvpages.core.stats import (
 class Paired:
     """One variant against a baseline at one point, as every table and chart of a run shows it (`paired_ratio`).
 
-    `variant_us` and `baseline_us` are each that variant's time: the geometric mean of its per-repetition block
-    medians (its own interval, a chart's band, is `mean_estimate`). `interval.ratio` is exactly
-    variant / baseline, which is also exp(mean of the paired log-ratios), so a repetition's drift shared by both
-    cancels; its interval is the percentile interval of that same statistic over one two-stage bootstrap of
-    (process, repetition) pairs, drawn alike for both."""
+    `variant_us` and `baseline_us`: each variant's time, the geometric mean of its block medians; `interval.ratio` is
+    exactly variant_us / baseline_us, with the interval of that statistic over one bootstrap drawn alike for both.
+    """
 
     interval: Interval
     p_value: float
@@ -95,12 +93,10 @@ def mean_estimate(levels: Levels, confidence: float = CONFIDENCE) -> Interval:
 
 
 def paired_ratio(baseline: Levels, variant: Levels, confidence: float = CONFIDENCE) -> Paired:
-    """`variant`'s time over `baseline`'s (log block medians of the same repetitions), bootstrapped as one statistic.
-
-    Each resample draws processes, then each drawn process's repetitions (Kalibera and Jones 2013), and takes the
-    same (process, repetition) pairs for both variants (`Levels.bootstrap_means` draws the same indices for every
-    `Levels` of one shape). The two-sided p-value of 'the ratio is 1' comes from the same resamples (at least
-    1 / the resamples)."""
+    """`variant`'s time over `baseline`'s (log block medians of the same repetitions), bootstrapped as one statistic:
+    the same (process, repetition) resamples for both (Kalibera and Jones 2013), and from them the two-sided p-value
+    of 'the ratio is 1' (at least 1 / the resamples).
+    """
     if not np.array_equal(baseline.processes, variant.processes):
         raise ValueError(f"the two variants' repetitions come from different processes: "
                          f"{baseline.processes.tolist()} vs {variant.processes.tolist()}")

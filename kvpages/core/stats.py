@@ -1,22 +1,10 @@
 """Statistics at the levels that vary: processes, then repetitions within them (no torch, no scipy).
 
-A run measures each (variant, point) in R *repetitions* (blocks of rounds), dealt to P fresh
-*processes* that run one after another (kvpages.measure.workers), and to passes over the sweep
-within each process; the variants of a point run interleaved, in a fresh seeded order in every
-repetition. Rounds within a block are not independent draws of what a rerun would see, and
-neither are the repetitions of one process: address-space layout, allocator state, code and data
-placement are fixed for a process's life, so a whole process can run a few percent slow (pyperf
-samples processes for this reason). So the intervals here follow the levels that vary
-(Kalibera and Jones, "Rigorous Benchmarking in Reasonable Time", ISMM 2013):
-
-- each block is summarised by its median; per repetition, the paired log-ratio
-  log(candidate_k / baseline_k) of two variants' block medians (`Levels`);
-- the estimate of a time or a ratio, and its interval, is kvpages.core.estimator's: the mean of
-  the levels, with the percentile interval of a two-stage bootstrap that resamples processes,
-  then the repetitions of each drawn process (Kalibera and Jones's hierarchical resampling,
-  `resampled_means`); with one process, its repetitions alone, and it says so (`Interval.unit`);
-- `Levels.components`: the between-process and within-process standard deviations (one-way
-  random-effects ANOVA estimates), the noise floor the report and `kvpages noise` print.
+A block is summarised by its median; a whole process can run a few percent slow (layout, allocator state), so
+intervals resample processes, then repetitions (Kalibera and Jones, "Rigorous Benchmarking in Reasonable Time",
+ISMM 2013; `Levels`, `resampled_means`); with one process, its repetitions alone, and `Interval.unit` says so. The
+estimate of a time or a ratio is kvpages.core.estimator's (the mean of the levels); `Levels.components` gives the
+noise floor. docs/method.md gives the reasoning and the coverage checks.
 """
 
 from __future__ import annotations
@@ -55,23 +43,9 @@ def unknown(ratio: float, n: int) -> Interval:
     return Interval(ratio, 0.0, math.inf, n, math.nan)
 
 
-def median_of(values: np.ndarray) -> float:
-    """`float(np.median(values))` of a 1-D array, bit for bit (the middle value, or the mean of the two middle
-    ones; nan when any value is), without np.median's generic machinery: a run has thousands of blocks. Measured
-    by CPU time on the reference run, it saves about 0.1 s of the 0.8 s that loading and analysing it takes."""
-    n = values.size
-    if n == 0:
-        return float(np.median(values))  # nan, with numpy's warning
-    half = n // 2
-    part = np.partition(values, (half, n - 1) if n % 2 else (half - 1, half, n - 1))
-    if np.isnan(part[-1]):
-        return math.nan
-    return float(part[half]) if n % 2 else float((part[half - 1] + part[half]) / 2)
-
-
 def block_medians(blocks: list[np.ndarray]) -> np.ndarray:
     """One median per repetition."""
-    return np.array([median_of(b) for b in blocks])
+    return np.array([np.median(b) for b in blocks])
 
 
 @dataclass(frozen=True)

@@ -166,12 +166,9 @@ def largest_seq_len(page_size: int, dtype: str) -> int:
 class Sweep:
     """The axes of a run; `points(device)` expands their cross product.
 
-    Each (variant, point) is timed in `repetitions` blocks, dealt to `processes` fresh
-    processes that run one after another, and within each process to `passes` sweeps over
-    the points (at most one per repetition it has); within a repetition the point's variants
-    run in a fresh seeded order (kvpages.measure.schedule). `time_budget_s`
-    is the timed wall time a (variant, point) aims for over all its repetitions;
-    each block's rounds are bounded by `min_rounds` and `max_rounds`.
+    Each (variant, point) is timed in `repetitions` blocks, dealt to `processes` processes and within each to `passes`
+    sweeps over the points (kvpages.measure.schedule); `time_budget_s` is the timed wall time a (variant, point) aims
+    for over all its repetitions, each block's rounds bounded by `min_rounds` and `max_rounds`.
     """
 
     name: str

@@ -1,23 +1,12 @@
-"""Where the time goes: three profiled passes over a few points, in a process of its own, after the timing.
+"""Where the time goes: profiled passes over a few points, in a process of its own, after the timing.
 
-A ratio says which variant is faster; this says why: per (variant, point), the parts of one call's wall time.
-On CUDA: GPU kernel time, GPU copy time with its bytes and direction, the host's wait in copy and synchronize
-calls, other CUDA API calls (launches), and the host time outside them (Python, numpy, dispatch). On CPU, what
-a CPU run can say: the self time of the aten ops (copies apart) and the host time outside them (Python, numpy).
-
-Like the cross-check (kvpages.measure.crosscheck, whose child machinery it shares), it never profiles in the
-timing process: Kineto leaves CUPTI attached after a profile (pytorch#144455). `write_breakdown_into` starts
-`python -m kvpages.measure.breakdown` once, after the last timed block, over each page size at up to
-`LENGTHS_PER_PAGE_SIZE` lengths (the sweep's first dtype and layout), every variant of the run. After two
-unprofiled warm-up calls per case, `PASSES` passes go over all the cases, each making `CALLS` calls of each case,
-every call in a profiler range of its own; a row is the call of median wall time among a case's PASSES x CALLS
-(a first-call effect or one hiccup of the machine does not make the row). The synchronize that keeps GPU work
-inside the profile runs after each range, outside it: the timed call makes none, and GPU records are matched to
-their calls by correlation id, not by time. On CUDA a profile that saw no GPU activity at all is a failure, not
-a breakdown of zeros. The profiler's overhead inflates the absolute times, so the shares are the result; a
-failure is noted in meta.json and loses nothing (the run folder is finished before the breakdown starts).
-
-No torch import at module level.
+Per (variant, point), the parts of one call's wall time: on CUDA kernel and copy time, the host's wait, other
+CUDA API calls and the host time outside them; on CPU the self time of the aten ops and the host time outside.
+Never in the timing process: Kineto leaves CUPTI attached after a profile (pytorch#144455). A row is the call of
+median wall time among `PASSES` x `CALLS` profiled calls (one hiccup does not make the row); the synchronize that
+keeps GPU work inside the profile runs outside each range, and GPU records are matched by correlation id. The
+profiler inflates absolute times, so the shares are the result. A failure is noted in meta.json and loses
+nothing: the run folder is finished before the breakdown starts. No torch import at module level.
 """
 
 from __future__ import annotations

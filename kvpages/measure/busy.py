@@ -2,7 +2,7 @@
 
 A round runs in the scheduler's order (kvpages.measure.steps): a staged variant's indices, then this
 kernel on the scheduler's stream, then the readback. A blocking copy waits behind it; a non-blocking copy
-into pinned memory does not, and its wait moves to the transfer worker; a readback on a private stream gated
+into pinned memory does not, and its wait moves to the transfer thread; a readback on a private stream gated
 on the indices alone (deferred_device_stride) waits for neither. CUDA only: off CUDA the queue is empty.
 """
 

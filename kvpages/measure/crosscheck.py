@@ -1,33 +1,17 @@
 """The profiler cross-check of the D2H meter: one profiler session, in a process of its own.
 
-Kineto keeps CUPTI attached after a profile ends (unless TEARDOWN_CUPTI=1; pytorch#144455
-reports a 10-20% slowdown after profiling), and variants that make different numbers of
-CUDA API calls would be slowed differently. So no timing process ever profiles:
-`run_crosscheck` starts `python -m kvpages.measure.crosscheck` once per session, before anything
-is timed, and that child profiles one call of every planned (variant, point) and (step variant,
-scenario).
+No timing process ever profiles: Kineto keeps CUPTI attached after a profile (pytorch#144455: 10-20% slower
+after), which would slow variants by their number of CUDA API calls. `run_crosscheck` starts
+`python -m kvpages.measure.crosscheck` once per session, before anything is timed, which profiles one call of
+every planned case in ONE session: with CUPTI 12.6u2-13.0 a process's later sessions lose or shift GPU records
+(pytorch#192021, fixed in CUDA 13.1; pytorch#175790). Each case runs in a `record_function` range
+`kvpages:<case id>`, after a warm-up range that absorbs any loss at the start; a memcpy belongs to the case whose
+range holds the `cudaMemcpy*` call with its correlation id.
 
-It opens ONE profiler session for all the cases. With CUPTI 12.6 Update 2 up to 13.0 (what
-cu126-cu130 torch builds ship), a process's later profiler sessions lose or shift GPU
-records (pytorch#192021: session k loses k records at its start, fixed in CUDA 13.1;
-pytorch#175790), so a session per case would turn later cases into false mismatches. Each
-case runs inside a `record_function` range named `kvpages:<case id>`, after a warm-up range
-that absorbs any loss at the start of the session, with a synchronize inside the range so no
-GPU activity falls outside the capture window. A GPU memcpy belongs to a case when the CPU-side
-`cudaMemcpy*` call that issued it (same correlation id) lies inside the case's range.
-
-Each case's answer (`CheckAnswer.outcome`):
-- `agree`: the meter's link-crossing transfers are the profiler's `Memcpy DtoH` copies, and its host syncs
-  (the calling thread's and a worker's wait's) the profiler's `cuda*Synchronize` calls, less the range's own;
-- `mismatch`: they differ (the row becomes a mismatch);
-- `lost_records`: a copy call in the range has no GPU record at all: the profiler lost it, so
-  nothing can be concluded (the row is timed, and its note says so). Not a byte mismatch.
-When the child process fails, times out, or its profile shows no GPU activity at all for cases
-that crossed the link, the cross-check is *unavailable*: `run_crosscheck` raises
-`CrosscheckError` once, and the session goes on timing, with "cross-check unavailable: ..." in
-every row's note (it never starts the child again).
-
-No torch import at module level.
+A case's answer: `agree` (the meter's link-crossing transfers are the profiler's `Memcpy DtoH` copies, its host
+syncs the `cuda*Synchronize` calls), `mismatch` (the row becomes a mismatch) or `lost_records` (a copy call with
+no GPU record: nothing can be concluded). A child that fails, times out or sees no GPU activity makes the
+cross-check unavailable (`CrosscheckError`, once; every row's note says so). No torch import at module level.
 """
 
 from __future__ import annotations
@@ -192,11 +176,8 @@ def reply_and_exit(reply: dict) -> NoReturn:
 
 def run_crosscheck(cases: Sequence[CheckCase], device: str, timeout_s: float | None = None,
                    trace_out: Path | None = None) -> dict[str, CheckAnswer]:
-    """Cross-check `cases` in one profiler session of a fresh interpreter; {case id: answer}.
-
-    Raises CrosscheckError (once: the caller remembers it) when the cross-check is unavailable, its process failed
-    or timed out, or its reply is malformed.
-    `trace_out`: where the child writes the session's Chrome trace, gzipped (for the record).
+    """Cross-check `cases` in one profiler session of a fresh interpreter; {case id: answer}. Raises CrosscheckError
+    when the cross-check is unavailable; `trace_out`: where the child writes its Chrome trace, gzipped.
     """
     request = {**child_request(cases), "device": device, "trace_out": None if trace_out is None else str(trace_out)}
     limit = timeout_for(len(cases)) if timeout_s is None else timeout_s
@@ -302,9 +283,9 @@ def judge(measured: D2HMeasurement, seen: CaseProfile) -> CheckAnswer:
                            f"the meter counted {sum(b for b, _ in metered)} bytes in {len(metered)} D2H transfers "
                            f"{metered}, the CUDA profiler recorded {sum(b for b, _ in profiled)} bytes in "
                            f"{len(profiled)} 'Memcpy DtoH' copies {profiled}")
-    if seen.syncs is not None and seen.syncs != measured.host_syncs + measured.worker_syncs:
-        return CheckAnswer("mismatch", f"the meter counted {measured.host_syncs} host syncs (+{measured.worker_syncs} "
-                                       f"in a worker's wait), the CUDA profiler {seen.syncs} cuda*Synchronize calls")
+    if seen.syncs is not None and seen.syncs != measured.host_syncs + measured.transfer_syncs:
+        return CheckAnswer("mismatch", f"the meter counted {measured.host_syncs} host syncs (+{measured.transfer_syncs} "
+                                       f"in a transfer thread's wait), the CUDA profiler {seen.syncs} cuda*Synchronize calls")
     return AGREE
 
 

@@ -1,30 +1,17 @@
 """The D2H meter: observes what a variant actually hands to the host.
 
-`measure_call(call, inputs)` runs `call()` once under a
-`torch.overrides.TorchFunctionMode` that sees every hand-off of tensor data to the
-host: `.cpu()`, `.to(<cpu>)`, `.numpy()`, `.tolist()`, `.item()`, `int()/float()/bool()`,
-`np.asarray()`, `copy_` into host memory and `host[...] = device_tensor`.
+`measure_call(call, inputs)` runs `call()` once under a `TorchFunctionMode` that sees every hand-off of tensor
+data to the host (`.cpu()`, `.to(<cpu>)`, `.numpy()`, `.tolist()`, `.item()`, `int()`, `np.asarray()`, `copy_`
+into host memory, `host[...] = device_tensor`). A tensor is device side when it lives on an accelerator or is
+(computed from) the input, so a CPU run, where `.cpu()` is a no-op, still counts the bytes handed across
+(`Transfer.crossed_link` says no link was crossed); `.cpu().numpy()` is one transfer, not two.
 
-A tensor is *device side* when it lives on an accelerator, or when it is (or was
-computed from) the input: so on a CPU run, where `.cpu()` is a no-op, the meter
-still counts the bytes handed across the host boundary, and `Transfer.crossed_link`
-says that no link was crossed. A hand-off's result is host side, so
-`.cpu().numpy()` is one transfer, not two.
-
-It also counts the call's host syncs: how often the calling (scheduler) thread waited for the device.
-On CUDA it counts the waits themselves: `torch.cuda.set_sync_debug_mode("warn")` flags blocking copies to
-the host, `.item()`, `.tolist()` and `Stream.synchronize` (each warning recorded, none deduplicated), and
-`Event.synchronize` and `torch.cuda.synchronize`, which it does not flag, are wrapped (a warning raised
-inside them is not counted again). The mode is global to the process, so only the calling thread's syncs
-count; the previous mode is restored. Not counted: syncs inside the caching allocators (a cudaFree, a
-cudaHostAlloc), and a non-blocking copy into pageable memory, which waits without being flagged. On a CPU
-run there is no device to wait for: the figure is the number of blocking hand-offs to the host (every
-transfer above but a `non_blocking=True` copy), the materialisations that would wait on a device. A wait
-made inside `worker_wait()` stands for a transfer worker's (a `Pending` run in this thread for the meter):
-it is counted apart, as `worker_syncs`, for the profiler cross-check.
-
-The CUDA profiler's view of the same calls is compared with the meter's in a process of its
-own (kvpages.measure.crosscheck), never in the one that times.
+Host syncs (how often the calling thread waited for the device): on CUDA the waits themselves, from
+`torch.cuda.set_sync_debug_mode("warn")` (global, so only the calling thread's count) plus wrapped
+`Event.synchronize` and `torch.cuda.synchronize`; not counted: syncs inside the caching allocators, and a
+non-blocking copy into pageable memory. On a CPU run: the blocking hand-offs, which would wait on a device.
+Waits inside `transfer_wait()` are a transfer thread's, counted apart (`transfer_syncs`). The CUDA profiler's
+view is compared in a process of its own (kvpages.measure.crosscheck), never in the one that times.
 """
 
 from __future__ import annotations
@@ -65,8 +52,8 @@ class D2HMeasurement:
     transfers: tuple[Transfer, ...]
     host_syncs: int = 0
     """How often the calling thread waited for the device (see the module doc for what counts)."""
-    worker_syncs: int = 0
-    """The waits of a transfer worker's part (`worker_wait`), run in this thread: not the calling thread's."""
+    transfer_syncs: int = 0
+    """The waits of a transfer thread's part (`transfer_wait`), run in this thread: not the calling thread's."""
 
     @property
     def d2h_bytes(self) -> int:
@@ -133,18 +120,18 @@ SYNC_WARNING = "called a synchronizing CUDA operation"
 
 
 class SyncCount:
-    """The host syncs of the thread that made it: its own, and those inside `worker_wait()`."""
+    """The host syncs of the thread that made it: its own, and those inside `transfer_wait()`."""
 
     def __init__(self) -> None:
         self.thread = threading.get_ident()
         self.calling = 0
-        self.worker = 0
-        self.in_worker_wait = False
+        self.transfer = 0
+        self.in_transfer_wait = False
         self.in_wrapped = 0  # inside a wrapped synchronize: a sync warning raised there is that same sync
 
     def add(self) -> None:
-        if self.in_worker_wait:
-            self.worker += 1
+        if self.in_transfer_wait:
+            self.transfer += 1
         else:
             self.calling += 1
 
@@ -154,18 +141,18 @@ _ACTIVE = threading.local()
 
 
 @contextmanager
-def worker_wait() -> Iterator[None]:
-    """What runs inside is a transfer worker's wait, run in this thread for the meter: its syncs are not the
-    calling thread's (they count as `worker_syncs`)."""
+def transfer_wait() -> Iterator[None]:
+    """What runs inside is a transfer thread's wait, run in this thread for the meter: its syncs are not the
+    calling thread's (they count as `transfer_syncs`)."""
     count: SyncCount | None = getattr(_ACTIVE, "count", None)
     if count is None:
         yield
         return
-    count.in_worker_wait = True
+    count.in_transfer_wait = True
     try:
         yield
     finally:
-        count.in_worker_wait = False
+        count.in_transfer_wait = False
 
 
 def _counted(fn: Callable, count: SyncCount) -> Callable:
@@ -286,5 +273,5 @@ def measure_call(call: Callable[[], object], inputs: tuple[torch.Tensor, ...]) -
             call()
     finally:
         _ACTIVE.count = None
-    return D2HMeasurement(tuple(meter.transfers), count.calling, count.worker)
+    return D2HMeasurement(tuple(meter.transfers), count.calling, count.transfer)
 

@@ -1,23 +1,11 @@
 """Many ranks at once: what a scheduler step pays when every rank of a node converts in the same moment.
 
-torchrun starts the ranks (`torchrun --nproc-per-node N -m pytest bench/ --benchmark-only ...`):
-each rank is a pytest session of its own, on its own device (cuda:LOCAL_RANK, or the CPU), and
-kvpages joins them in one gloo process group (host-side: no collective kernel on a timed
-device). Every rank plans the same blocks of the step scenarios (`RankTarget`) and runs them
-through the one runner (kvpages.measure.runner) in the same order. Per block the ranks agree
-twice (`Group.agree`): before the timing (every rank checked and metered the same D2H) and
-after it (every rank's last output was right); a case one rank stops, every rank stops.
-
-Each timed round starts on a barrier, and the rounds run in cycles of world_size + 1: each rank
-converts alone in turn while the other ranks wait (rank 0, then rank 1, ...; the next cycle's turn
-starts at rank 1), then every rank converts at once. After a block, rank 0 gathers every rank's
-per-round blocked and ready times. Per cycle, the step at once costs the maximum over the ranks of their
-at-once rounds (the step waits for its slowest rank), and the step without contention the maximum
-over the ranks of their alone rounds of the same cycle: both are the maximum of world_size draws, so
-their ratio is 1 when the ranks do not slow each other down (kvpages.analysis.contention). Rank 0
-writes the one run folder. A rank that raises, or a barrier or gather that times out, stops the run
-with a message naming the rank (gloo's monitored barrier names the ranks that did not arrive);
-torchrun then stops the other ranks, and rank 0 keeps every row it finished.
+torchrun starts one pytest session per rank, on its own device; kvpages joins them in one gloo process group
+(host-side: no collective kernel on a timed device). Every rank runs the same blocks (`RankTarget`) through the
+one runner, agreeing before and after each timing (`Group.agree`). Rounds run in cycles of world_size + 1: each
+rank alone in turn, then every rank at once; rank 0 gathers the times and writes the run folder
+(kvpages.analysis.contention turns them into ratios). A rank that raises, or a barrier that times out, stops
+the run naming the rank.
 """
 
 from __future__ import annotations

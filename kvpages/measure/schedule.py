@@ -1,13 +1,9 @@
 """The schedule: which repetition of which variant runs in which process, and when; planned once as frozen data.
 
-At every point, each variant is timed in `repetitions` blocks. The repetitions are dealt to
-`processes` fresh processes that run one after another (repetition r to process r % processes;
-kvpages.measure.workers starts them), and within a process to `passes` sweeps over the points.
-Repetition r of a point runs all its variants back to back, in a fresh order drawn from a
-generator seeded with the sweep's seed, so drift of the machine hits every variant of a
-repetition alike (google/benchmark's random interleaving, asv's interleaved sampling). Every
-process plans the same blocks and runs its own; the last process is the session that records
-every block as it finishes (kvpages.measure.recorder). No torch import.
+Repetition r of a point goes to process r % processes (run one after another), and within a process to one of
+`passes` sweeps over the points; it runs all the point's variants back to back in a fresh seeded order, so
+drift hits every variant of a repetition alike (google/benchmark's random interleaving). Every process plans the
+same blocks and runs its own. No torch import.
 """
 
 from __future__ import annotations
@@ -52,12 +48,7 @@ class Block(Generic[T]):
 
 def plan(variants: Sequence[str], points: Sequence[T], repetitions: int, seed: int,
          passes: int = 1, processes: int = 1) -> tuple[Block[T], ...]:
-    """Every block of the run, in run order.
-
-    Repetition r goes to process r % processes; a process's repetitions are dealt to `passes`
-    sweeps over the points (at most one per repetition it has); within a pass, points come in
-    sweep order, and each of their repetitions runs every variant in a fresh shuffled order.
-    """
+    """Every block of the run, in run order (the module doc says how repetitions are dealt)."""
     if repetitions < 1:
         raise ValueError(f"repetitions must be >= 1, got {repetitions}")
     if not 1 <= processes <= repetitions:

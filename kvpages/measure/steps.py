@@ -4,9 +4,9 @@ The registry holds `per_request[<v>]` for every single-call variant v (kvpages.m
 slice converted on its own, which is what SGLang does today; and batched hypotheses, one
 decorated function each, at the bottom of this file. A step variant may be asynchronous: it
 returns a `Pending` whose `wait()` gives the arrays, so the calling (scheduler) thread is
-blocked only until it returns, and a worker thread waits for the data, as SGLang's Mooncake
+blocked only until it returns, and a transfer thread waits for the data, as SGLang's Mooncake
 path does ("The schedule stream may wait on the in-flight forward; move the D2H wait to the
-transfer worker").
+transfer thread").
 
 A scheduler step runs in this order, for every step variant (`StepVariant.run`): the variant's device work
 that comes before the next forward (`stage`), the next forward (in a busy-queue scenario, a kernel queued on
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from kvpages.core.names import per_request_name, per_request_of
-from kvpages.measure.meter import worker_wait
+from kvpages.measure.meter import transfer_wait
 from kvpages.measure.variants import ONE_SYNC, Moves, Syncs, Variant, all_variants, check_declared, unavailable_reason
 
 Arrays = list[np.ndarray]
@@ -127,10 +127,10 @@ class StepVariant:
         return readback()
 
     def arrays(self, kv_slices: Sequence[torch.Tensor], page_size: int, **extras: Any) -> Arrays:
-        """One step with no forward, any wait made here as the transfer worker's (kvpages.measure.meter)."""
+        """One step with no forward, any wait made here as the transfer thread's (kvpages.measure.meter)."""
         out = self.run(kv_slices, page_size, **extras)
         if isinstance(out, Pending):
-            with worker_wait():
+            with transfer_wait():
                 return out.wait()
         return out
 
@@ -296,11 +296,11 @@ def batched_device_stride(kv_slices: Sequence[torch.Tensor], page_size: int) -> 
 
 @step_variant("batched_device_stride_pinned", moves=Moves.PAGES, batched=True, requires=("cuda",), syncs=Syncs(0, 0))
 def batched_device_stride_pinned(kv_slices: Sequence[torch.Tensor], page_size: int) -> Pending:
-    """The batched step with one non-blocking copy into pinned memory; a worker waits on its event.
+    """The batched step with one non-blocking copy into pinned memory; a transfer thread waits on its event.
 
     Hypothesis: as `batched_device_stride`, and the scheduler thread is not blocked behind the
     work already queued on the stream (the in-flight forward): it returns as soon as the copy is
-    enqueued, while the transfer worker waits for the event, as SGLang's Mooncake path does.
+    enqueued, while the transfer thread waits for the event, as SGLang's Mooncake path does.
     """
     pages = [kv[::page_size] // page_size for kv in kv_slices]
     flat = torch.cat(pages)
@@ -338,7 +338,7 @@ def deferred_device_stride(kv_slices: Sequence[torch.Tensor], page_size: int) ->
     the device (int32, as `_page_indices_device`) and an event is recorded after them; the next forward is
     launched; then `flush_pending_metadata()` reads them back on a private stream that waits only on that event,
     into pinned memory (the device tensor kept alive for the copy by `record_stream`), and the send waits only
-    for that stream, on the transfer worker.
+    for that stream, on the transfer thread.
     Hypothesis: the scheduler thread is not blocked at all, not even behind the forward it just launched, and
     the indices are on the host without waiting for that forward (ready shorter than the forward); bytes as
     `batched_device_stride`, in int32. On a CPU run there are no streams: indices, forward and readback run in

@@ -1,18 +1,11 @@
 """What the runner measures at: a sweep point (one call of a variant) or a whole request or step (a step variant).
 
-Both are `Target`s: each builds its workload, calls a variant on it, checks the output against
-the reference, declares the D2H bytes and transfers it expects, times its rounds and makes its
-rows; kvpages.measure.runner runs one loop over them. A new kind of target is one class here
-(and its blocks in kvpages.measure.session).
-
-Points are timed by pytest-benchmark's own timer, one call per round. Whole requests and steps
-record two latencies per round: `blocked`, until the calling (scheduler) thread gets control
-back, and `ready`, until the page indices are usable on the host. A step variant that returns a
-`Pending` hands its wait to the transfer thread, as SGLang's transfer worker does; on CUDA, a busy
-scenario queues a sleeping kernel (the next forward) in each round, in the scheduler's order: after a
-staged variant's indices, before the readback (kvpages.measure.steps), so a blocking copy waits for it
-and a non-blocking one, or a readback on a stream of its own, does not. The forward's own launch is the
-scenario's work, not the variant's: it is left out of both latencies.
+Each `Target` builds its workload, calls a variant on it, checks the output, declares the D2H it expects, times
+its rounds and makes its rows; kvpages.measure.runner runs one loop over them. A new kind of target is one class
+here (and its blocks in kvpages.measure.session). Points are timed by pytest-benchmark's timer, one call per
+round; requests and steps record `blocked` (until the calling thread gets control back) and `ready` (until the
+page indices are usable on the host) per round. On CUDA a busy scenario queues a sleeping kernel (the next
+forward) in each round in the scheduler's order (kvpages.measure.steps); its launch is left out of both latencies.
 """
 
 from __future__ import annotations

@@ -1,26 +1,15 @@
 """The variants: implementations of "KV token indices on the device -> page indices on the host".
 
-Add a variant by writing one decorated function at the bottom of this file:
+Add one as a decorated function at the bottom of this file; its docstring's first line is its description
+(`kvpages list`), the rest its hypothesis:
 
     @variant("my_variant", moves=Moves.PAGES)
-    def my_variant(kv_indices: torch.Tensor, page_size: int) -> np.ndarray:
-        '''One-line description (listed by `kvpages list`).
+    def my_variant(kv_indices: torch.Tensor, page_size: int) -> np.ndarray: ...
 
-        Hypothesis: what it should change, and why.
-        '''
-        ...
-
-The benchmarks, the CLI and the tests read this registry; nothing else lists variants.
-A variant's body stays literal (no argument checks): calling it through the
-registry (`get_variant(name)(kv, page_size)`) checks the arguments first, and the
-harness checks them once per point, outside anything timed.
-
-A variant declares its host syncs per call as it declares its bytes: `syncs=Syncs(cuda, cpu)`, by default
-one (a blocking copy) when it moves anything and none when it moves nothing; the meter checks it.
-
-A variant that needs more than the device slice declares it: `extras=("host_pages",)` names inputs
-from `EXTRA_INPUTS`, which the workload builds with the pool, outside anything timed, and which
-the harness passes as keyword arguments (`fn(kv, page_size, host_pages=...)`), timed calls included.
+The benchmarks, the CLI and the tests read this registry. Bodies stay literal: calling through the registry
+checks the arguments, and the harness checks them once per point, outside anything timed. A variant declares its
+host syncs per call (`syncs=Syncs(cuda, cpu)`; by default one when it moves anything) and any extra inputs
+(`extras=("host_pages",)`, from `EXTRA_INPUTS`, built with the pool and passed by keyword).
 """
 
 from __future__ import annotations

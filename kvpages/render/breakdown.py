@@ -1,9 +1,7 @@
-"""Where the time goes: the stacked chart and the report section, from breakdown.csv (no torch).
+"""Where the time goes: the stacked chart and the report sections, from breakdown.csv (no torch).
 
-`plot_breakdown` writes `breakdown_<dtype>_<layout>.png`: a panel per page size, a group of bars per profiled
-seq_len, one bar per variant, stacked by the parts of one call's wall time as shares (kvpages.schema.breakdown.
-stack), with the profiled wall time per call above each bar. `breakdown_section` is the report's "Where the
-time goes", the zero-D2H floor's figures are in `floor_section`. Both label the breakdown as profiled, not timed.
+Bars stacked by the parts of one call's wall time as shares (kvpages.schema.breakdown.stack), labelled as profiled,
+not timed.
 """
 
 from __future__ import annotations
@@ -15,8 +13,7 @@ import numpy as np
 from kvpages.analysis.cite import sig
 from kvpages.analysis.ratios import Analysis
 from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, variant_sort_key
-from kvpages.render.markdown import markdown_table, us_text
-from kvpages.render.text import coverage
+from kvpages.render.text import coverage, table, us
 from kvpages.schema.breakdown import CALLS, PASSES, STACK_PARTS, BreakdownRow, shares, stack
 
 PROFILED = (f"{PASSES} profiled passes of {CALLS} calls per case, the call of median wall time kept, in a process of "
@@ -63,7 +60,7 @@ def plot_breakdown(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) 
                         heights.append(share)
                         bottoms.append(bottom)
                         bottom += share
-                    ax.annotate(us_text(row.wall_us), (x, 1.0), xytext=(0, 2), textcoords="offset points",
+                    ax.annotate(us(row.wall_us), (x, 1.0), xytext=(0, 2), textcoords="offset points",
                                 ha="center", va="bottom", fontsize=6, rotation=90)
                     ticks.append(x)
                     labels.append(f"{v}  s{seq_len}")
@@ -102,13 +99,13 @@ def breakdown_section(analysis: Analysis) -> str:
     header = ["page_size", "seq_len", "variant", "profiled µs/call"] + parts
     if cuda:
         header += ["GPU kernel µs", "GPU copy µs", "copy bytes", "direction"]
-    table = []
+    lines = []
     for r in rows:
-        cells = [r.page_size, r.seq_len, f"`{r.variant}`", us_text(r.wall_us)] + _share_cells(r)
+        cells = [r.page_size, r.seq_len, f"`{r.variant}`", us(r.wall_us)] + _share_cells(r)
         if cuda:
-            cells += [us_text(r.kernel_us or 0), us_text(r.memcpy_us or 0), r.memcpy_bytes or 0,
+            cells += [us(r.kernel_us or 0), us(r.memcpy_us or 0), r.memcpy_bytes or 0,
                       r.memcpy_direction or "-"]
-        table.append(cells)
+        lines.append(cells)
     what = ("On CUDA the wall time splits into the host's wait in copy and synchronize calls (with the GPU kernels' "
             "and copies' share of it), other CUDA API calls (launches), and host time outside them: Python, numpy "
             "(host_stride's stride and divide on the host), dispatch." if cuda else
@@ -117,11 +114,11 @@ def breakdown_section(analysis: Analysis) -> str:
             "and divide on the host).")
     host = [r for r in rows if r.variant == BASELINE and r.seq_len == max(x.seq_len for x in rows)]
     if host:
-        listed = ", ".join(f"{us_text(r.host_us)} µs ({r.host_us / r.wall_us:.0%}) at page size {r.page_size}"
+        listed = ", ".join(f"{us(r.host_us)} µs ({r.host_us / r.wall_us:.0%}) at page size {r.page_size}"
                            for r in sorted(host, key=lambda r: r.page_size))
         what += (f" `{BASELINE}`'s host time outside {'CUDA calls' if cuda else 'aten'} at {host[0].seq_len} tokens, "
                  f"where its numpy stride and divide run (none at page size 1, which returns early): {listed}.")
-    return f"{PROFILED} {what} `breakdown.csv` has every figure, with a stable `id` per row.\n\n" + markdown_table(header, table)
+    return f"{PROFILED} {what} `breakdown.csv` has every figure, with a stable `id` per row.\n\n" + table(header, lines)
 
 
 def breakdown_summary(analysis: Analysis) -> str:
@@ -144,18 +141,18 @@ def floor_section(analysis: Analysis) -> str:
     floor = analysis.floor
     if not floor:
         return ""
-    table = []
+    lines = []
     for page_size in sorted({r.page_size for r in floor}):
         at = sorted((r for r in floor if r.page_size == page_size), key=lambda r: r.seq_len)
         for r in sorted({at[0], at[len(at) // 2], at[-1]}, key=lambda r: r.seq_len):
             candidate = analysis.ratio_at(CANDIDATE, r.dtype, r.layout, r.page_size, r.seq_len)
-            table.append([page_size, r.seq_len,
-                          us_text(candidate.variant_median_us) if candidate else "", us_text(r.baseline_median_us),
-                          us_text(r.variant_median_us), f"{sig(r.ratio)} [{sig(r.ci_low)}, {sig(r.ci_high)}]"])
+            lines.append([page_size, r.seq_len,
+                          us(candidate.variant_median_us) if candidate else "", us(r.baseline_median_us),
+                          us(r.variant_median_us), f"{sig(r.ratio)} [{sig(r.ci_low)}, {sig(r.ci_high)}]"])
     header = ["page_size", "seq_len", f"{CANDIDATE} µs", f"{BASELINE} µs", f"{FLOOR} µs",
               f"{FLOOR} / {BASELINE} [{coverage(analysis)}]"]
     return (f"`{FLOOR}` reads the page indices from a host-side page table (as vLLM's and TensorRT-LLM's schedulers "
             "do) and moves 0 D2H bytes in 0 transfers: what no copy at all would cost per call (a grey dotted line in the "
             "per-call charts). Keeping such a table is not free: in whole requests and "
             f"steps, `per_request[{FLOOR}]` adds its upkeep, one batched D2H per step of the pages allocated in it "
-            "(see Per request and per step).\n\n" + markdown_table(header, table))
+            "(see Per request and per step).\n\n" + table(header, lines))

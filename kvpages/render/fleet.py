@@ -1,10 +1,6 @@
 """`FLEET.md`: one sweep's runs from several machines, side by side, rendered from one `Fleet` (no torch).
 
-It opens with the machines (their environments, from meta.json) and each machine's findings
-(kvpages.analysis.findings), then the chart (kvpages.render.fleet_chart), every ratio and scenario ratio
-side by side, the points not every machine has, and the method. Every figure in a machine's column is that
-machine's analysis (kvpages.analysis.ratios.analyze of its pooled runs): for a machine of one run, the
-figures of that run's ratios.csv and scenario_ratios.csv.
+Every figure in a machine's column is that machine's analysis of its pooled runs (kvpages.analysis.ratios.analyze).
 """
 
 from __future__ import annotations

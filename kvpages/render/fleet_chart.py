@@ -1,11 +1,7 @@
 """The fleet chart: every point's ratio to pre-PR, per machine, as a dot with its interval (no torch).
 
-`plot_fleet(fleet, path)` writes one PNG: a row of panels per variant (and per dtype and layout when the
-runs swept several), a panel per page size. In a panel the swept lengths run along x, and at each one every
-machine has its dot, side by side in the machine's colour and the variant's marker (kvpages.render.style),
-with the ratio's interval as a bar: filled where the machine's verdict is faster or slower, hollow where it
-is same or unclear. The dashed line is 1 (as fast as pre-PR); y is logarithmic, as ratios are. Only the
-points every machine timed are drawn; FLEET.md lists the others.
+A row of panels per variant (and dtype, layout), a panel per page size; filled dots where the machine's verdict is
+faster or slower, hollow where same or unclear. Only the points every machine timed are drawn; FLEET.md lists the rest.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """Charts of a run, regenerated from its files alone (no torch import).
 
-`plot_run(run)` writes, per (dtype, layout) of the run:
-1. `latency_<dtype>_<layout>.png`: median time vs seq_len, a panel per page size, each variant's band the
-   interval of its ratio to the baseline (the one its verdict uses) times the baseline's median;
-2. `bytes_<dtype>_<layout>.png`: metered D2H bytes vs seq_len with the ideal ceil(seq_len/page_size)*itemsize;
-3. `ratio_<dtype>_<layout>.png`: heatmap of the device_stride/host_stride ratio (paired over repetitions, from
-   the analysis) over seq_len x page_size, capped at 1/4..4 and centred on 1, cells beyond the cap marked,
-   each with its interval or '~' (same within the minimum effect);
-4. `link_model_<dtype>_<layout>.png`: one panel, the modeled merged PR / pre-PR ratio per page size, a band
-   over the link profiles, with the launch and sync term (a model, not a measurement);
-and, from the scenarios of the run:
-5. `scenario_requests.png`: blocked time per whole request against the prompt length, a panel per side and page size;
-6. `scenario_steps.png`: blocked time per whole step against the requests per step (bands as in 1);
-Each variant has one colour and marker in every chart (kvpages.render.style).
-7. `scenario_busy.png` (CUDA runs only): the busy-queue scenarios, blocked (scheduler thread) against ready (data
-   on host) per step variant, medians with IQR bars, a panel per scenario, the queued busy time as a reference
-   line (measured when scenarios.csv has `busy_measured_us`, else the nominal `busy_us`).
+`plot_run` writes, per (dtype, layout), latency, bytes, ratio (heatmap) and link_model charts, then the scenario
+charts (scenario_requests, scenario_steps, scenario_busy on CUDA), the breakdown and contention charts; each variant
+has one colour and marker in every chart (kvpages.render.style); kvpages.render.captions says what each shows.
 """
 
 from __future__ import annotations
@@ -40,7 +27,7 @@ from kvpages.core.names import CANDIDATE, variant_sort_key
 from kvpages.core.sweep import ITEMSIZE
 from kvpages.render.breakdown import plot_breakdown
 from kvpages.render.captions import time_label
-from kvpages.render.figures import new_figure, save, set_title, side_by_side
+from kvpages.render.figures import new_figure, save, set_title
 from kvpages.render.ranks import plot_contention
 from kvpages.render.style import legend_label, style
 from kvpages.render.text import coverage
@@ -59,12 +46,6 @@ def _lines(frame: pd.DataFrame, panel: tuple[str, ...], x: str) -> dict[tuple, l
     for row in sorted(records(frame), key=lambda r: r[x]):
         lines.setdefault((tuple(row[c] for c in panel), row["variant"]), []).append(row)
     return lines
-
-
-def _at(rows: list[Record], x: str, what: str, xs: list) -> np.ndarray:
-    """`what` of `rows` at each of `xs` (nan where none is)."""
-    found = {r[x]: r[what] for r in rows}
-    return np.array([found.get(value, np.nan) for value in xs], dtype=float)
 
 
 LEGEND_WIDTH = 3.2
@@ -104,11 +85,8 @@ def _own(ax, x, bands, look, label) -> None:
 
 
 def _log_axes(ax) -> None:
-    """Log-log axes with plain numbers (1, 2, 5, 10, 20, 50) rather than 2x10^1 on the y ticks.
-
-    Minor ticks only at 2 and 5 on y, none on x: a grid of 20 log panels otherwise spends
-    seconds laying out hundreds of unlabelled minor ticks.
-    """
+    """Log-log axes with plain tick numbers; minor ticks only at 2 and 5 on y (hundreds of unlabelled minor ticks
+    cost a grid of 20 panels seconds of layout)."""
     ax.set(xscale="log", yscale="log")
     plain = FuncFormatter(lambda value, _: f"{value:g}")
     ax.xaxis.set_minor_locator(NullLocator())
@@ -298,10 +276,7 @@ def _busy_panel_title(row) -> str:
 
 
 def plot_busy_queue(analysis: Analysis, stem: Path, formats) -> list[Path]:
-    """Blocked against ready per step variant in the busy-queue scenarios (`busy_us` > 0), a panel per scenario.
-
-    Only CUDA runs have them: on a CPU run those rows are 'skipped', and no chart is written.
-    """
+    """Blocked against ready per step variant in the busy-queue scenarios (`busy_us` > 0; CUDA runs only)."""
     run = analysis.run
     frame = run.scenarios
     if frame is None:
@@ -361,20 +336,13 @@ def plot_scenarios(analysis: Analysis, out_dir: Path, formats) -> list[Path]:
 CHARTS = (("latency", plot_latency), ("bytes", plot_bytes), ("ratio", plot_ratio), ("link_model", plot_link_model))
 
 
-def plot_run(analysis: Analysis, formats: tuple[str, ...] = ("png",), out_dir: Path | None = None,
-             processes: int = 1) -> list[Path]:
-    """Write every chart of the analysed run into `out_dir` (default: the run folder); returns the files written.
-    `processes` 2 (`kvpages plot`): the scenario and breakdown charts are drawn in a second process while this one
-    draws the per-point charts (kvpages.render.figures.side_by_side), where two CPUs are free."""
+def plot_run(analysis: Analysis, formats: tuple[str, ...] = ("png",), out_dir: Path | None = None) -> list[Path]:
+    """Write every chart of the analysed run into `out_dir` (default: the run folder); returns the files written."""
     folder = out_dir or analysis.run.path
-
-    def points() -> list[Path]:
-        written: list[Path] = []
-        for key, frame in analysis.run.ok_rows().groupby(["dtype", "layout"], sort=True):
-            dtype, layout = str(key[0]), str(key[1])
-            for name, chart in CHARTS:
-                written += chart(analysis, frame, dtype, layout, folder / f"{name}_{dtype}_{layout}", formats)
-        return written
-
-    return side_by_side(points, lambda: plot_scenarios(analysis, folder, formats) + plot_breakdown(analysis, folder, formats)
-                        + plot_contention(analysis, folder, formats), processes)
+    written: list[Path] = []
+    for key, frame in analysis.run.ok_rows().groupby(["dtype", "layout"], sort=True):
+        dtype, layout = str(key[0]), str(key[1])
+        for name, chart in CHARTS:
+            written += chart(analysis, frame, dtype, layout, folder / f"{name}_{dtype}_{layout}", formats)
+    return (written + plot_scenarios(analysis, folder, formats) + plot_breakdown(analysis, folder, formats)
+            + plot_contention(analysis, folder, formats))

@@ -1,9 +1,6 @@
-"""The design-review report: `REPORT.md` in the run folder, rendered from one `Analysis` (no torch).
+"""The design-review report: `REPORT.md` and `APPENDIX.md` in the run folder, from one `Analysis` (no torch).
 
-It opens with the findings (kvpages.analysis.findings), each with its figure and the id of the row behind
-it; the evidence follows, and the long tables go to an appendix. Every ratio and interval in it is a row
-of the run's `ratios.csv` or `scenario_ratios.csv`, which `write_report` writes beside it (with
-`noisy.csv`, the noisy rows the report counts).
+Every ratio and interval in it is a row of the `ratios.csv` or `scenario_ratios.csv` that `write_report` writes beside it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Multi-rank runs (torchrun): the roles a step's rows take, and the contention a step pays (no torch import).
 
-In a multi-rank run (kvpages.measure.ranks) every timed round of a step scenario starts on a
-barrier, and the rounds run in cycles: each rank converts alone in turn while the others wait,
-then every rank converts at once, as the ranks of one scheduler step do. The run folder holds
-meta.json's `ranks` (kvpages.schema.meta.RanksMeta), `ranks.csv` and `rank_samples.csv`
-(kvpages.schema.rows.RankRow, RankSampleSet: per (scenario, step variant), one `rank` and one
-`alone` row per rank, one `step` and one `alone_max` row), and, once analysed, `contention.csv`.
+Per (scenario, step variant), ranks.csv has one `rank` and one `alone` row per rank and one `step` and one
+`alone_max` row (kvpages.schema.rows.RankRow); an analysed run adds contention.csv.
 """
 
 from __future__ import annotations

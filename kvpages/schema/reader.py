@@ -20,31 +20,26 @@ import pandas as pd
 
 from kvpages.schema.meta import Environment, ProcessInfo, RankInfo, RanksMeta, RunMeta
 from kvpages.schema.rows import (
-    COLUMNS,
-    FLOAT_COLUMNS,
-    INT_COLUMNS,
     KEY_COLUMNS,
     META_JSON,
     OK,
-    RANK_COLUMNS,
-    RANK_FLOAT_COLUMNS,
-    RANK_INT_COLUMNS,
+    POINTS,
     RANK_SAMPLE_COLUMNS,
     RANK_SAMPLES_CSV,
+    RANKS,
     RANKS_CSV,
     RESULTS_CSV,
     SAMPLE_COLUMNS,
     SAMPLES_CSV,
-    SCENARIO_COLUMNS,
-    SCENARIO_FLOAT_COLUMNS,
-    SCENARIO_INT_COLUMNS,
     SCENARIO_SAMPLE_COLUMNS,
     SCENARIO_SAMPLES_CSV,
+    SCENARIOS,
     SCENARIOS_CSV,
     SCHEMA_VERSION,
     TIMED,
     RankSampleSet,
-    scenario_row_id,
+    Table,
+    typed_columns,
 )
 
 T = TypeVar("T")
@@ -147,19 +142,14 @@ def _read_csv(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
     return frame
 
 
-def _read_typed(path: Path, columns: tuple[str, ...], ints: tuple[str, ...], floats: tuple[str, ...]) -> pd.DataFrame:
-    """A rows CSV with exactly `columns`, typed."""
-    frame = _read_csv(path, columns)
-    return _typed(frame[list(columns)].copy(), ints, floats, path)
-
-
-def _typed(frame: pd.DataFrame, ints: tuple[str, ...], floats: tuple[str, ...], path: Path) -> pd.DataFrame:
-    """`frame` (all strings) with its integer and float columns parsed; empty cells become missing."""
+def _read_typed(path: Path, table: Table) -> pd.DataFrame:
+    """A rows CSV with exactly the table's columns, its integer and float columns parsed; empty cells missing."""
+    frame = _read_csv(path, table.columns)[list(table.columns)].copy()
     column = ""
     try:
-        for column in ints:
+        for column in typed_columns(table.row_type, "int"):
             frame[column] = pd.to_numeric(frame[column].replace("", None)).astype("Int64")
-        for column in floats:
+        for column in typed_columns(table.row_type, "float"):
             frame[column] = pd.to_numeric(frame[column].replace("", None)).astype("float64")
     except (ValueError, TypeError) as exc:
         raise RunError(f"{path}: column {column!r} holds a non-number ({exc})") from None
@@ -201,10 +191,13 @@ def load_run(path: str | Path) -> Run:
     else:
         folder, csv_path = path.parent, path
         meta = _read_meta(folder / META_JSON) if (folder / META_JSON).exists() else None
-    rows = _read_typed(csv_path, COLUMNS, INT_COLUMNS, FLOAT_COLUMNS)
+    rows = _read_typed(csv_path, POINTS)
     samples_path = folder / SAMPLES_CSV
-    samples, processes = _read_samples(samples_path) if samples_path.exists() else ({}, {})
-    _check_medians(rows, samples, csv_path)
+    blocks, processes = _read_blocks(samples_path, SAMPLE_COLUMNS, row_key, ("samples_us",)) \
+        if samples_path.exists() else ({}, {})
+    samples = {key: [b[0] for b in found] for key, found in blocks.items()}
+    if samples:
+        _check_medians(rows, samples, row_key, "median_us", csv_path, SAMPLES_CSV)
     scenarios, scenario_samples, scenario_processes = _read_scenarios(folder)
     ranks, rank_samples = _read_ranks(folder)
     return Run(folder, rows, samples, meta, scenarios, scenario_samples, {**processes, **scenario_processes}, ranks,
@@ -216,7 +209,7 @@ def _read_ranks(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, list[Ran
     path = folder / RANKS_CSV
     if not path.exists():
         return None, None
-    frame = _read_typed(path, RANK_COLUMNS, RANK_INT_COLUMNS, RANK_FLOAT_COLUMNS)
+    frame = _read_typed(path, RANKS)
     found: dict[tuple, list[RankSampleSet]] = {}
     samples_path = folder / RANK_SAMPLES_CSV
     if samples_path.exists():
@@ -246,79 +239,43 @@ def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, ScenarioSamples 
     path = folder / SCENARIOS_CSV
     if not path.exists():
         return None, None, {}
-    frame = _read_typed(path, SCENARIO_COLUMNS, SCENARIO_INT_COLUMNS,
-                        SCENARIO_FLOAT_COLUMNS)
-    # ids follow from the key: the same in a run written before they were a column
-    frame["id"] = [scenario_row_id(s, v) for s, v in zip(frame["scenario"], frame["variant"], strict=True)]
-    samples: dict[tuple, dict[str, list[np.ndarray]]] = {}
-    processes: dict[tuple, tuple[int, ...]] = {}
+    frame = _read_typed(path, SCENARIOS)
     samples_path = folder / SCENARIO_SAMPLES_CSV
-    if samples_path.exists():
-        required = SCENARIO_SAMPLE_COLUMNS
-        by_latency: dict[str, dict[tuple, list[tuple[int, int, np.ndarray]]]] = {"blocked": {}, "ready": {}}
-        records = _read_csv(samples_path, required).to_dict("records")
-        try:
-            blocked_us = _numbers([r["blocked_us"] for r in records])
-            differ = [i for i, r in enumerate(records) if r["ready_us"] != r["blocked_us"]]  # none on a CPU run
-            ready_us = dict(zip(differ, _numbers([records[i]["ready_us"] for i in differ]), strict=True))
-            parsed = {"blocked": blocked_us, "ready": [ready_us.get(i, b) for i, b in enumerate(blocked_us)]}
-            for i, r in enumerate(records):
-                key = (r["scenario"], r["variant"])
-                for what, found in by_latency.items():
-                    found.setdefault(key, []).append((int(r["repetition"]), int(r["process"]),
-                                                       parsed[what][i]))
-        except ValueError:
-            raise RunError(f"{samples_path}: a repetition, process or sample is not a number") from None
-        blocked, processes = _in_repetition_order(by_latency["blocked"])
-        ready, _ = _in_repetition_order(by_latency["ready"])
-        samples = {key: {"blocked": blocked[key], "ready": ready[key]} for key in blocked}
-    for _, row in frame[frame["status"].isin(TIMED)].iterrows():
-        entry = samples.get((row["scenario"], row["variant"]))
-        if entry is None:
-            raise RunError(f"{path}: row {row['scenario']} {row['variant']} has no samples in {SCENARIO_SAMPLES_CSV}")
-        median = float(np.median(np.concatenate(entry["blocked"])))
-        if not math.isclose(median, float(row["blocked_median_us"]), rel_tol=MEDIAN_RTOL, abs_tol=1e-12):
-            raise RunError(f"{path}: row {row['scenario']} {row['variant']} says blocked_median_us "
-                           f"{row['blocked_median_us']!r}, but its samples give {median!r}; the folder was edited or mixed up")
+    blocks, processes = _read_blocks(samples_path, SCENARIO_SAMPLE_COLUMNS, lambda r: (r["scenario"], r["variant"]),
+                                     ("blocked_us", "ready_us")) if samples_path.exists() else ({}, {})
+    samples = {key: {"blocked": [b[0] for b in found], "ready": [b[1] for b in found]} for key, found in blocks.items()}
+    _check_medians(frame, {key: found["blocked"] for key, found in samples.items()},
+                   lambda r: (r["scenario"], r["variant"]), "blocked_median_us", path, SCENARIO_SAMPLES_CSV)
     return frame, samples, processes
 
 
-def _read_samples(path: Path) -> tuple[dict[tuple, list[np.ndarray]], dict[tuple, tuple[int, ...]]]:
-    """samples.csv by row key, in repetition order, and each block's process."""
-    records = _read_csv(path, SAMPLE_COLUMNS).to_dict("records")
-    by_key: dict[tuple, list[tuple[int, int, np.ndarray]]] = {}
-    for i, record in enumerate(records):
+def _read_blocks(path: Path, columns: tuple[str, ...], key_of: Callable[[dict], tuple], series: tuple[str, ...]
+                 ) -> tuple[dict[tuple, list[tuple[np.ndarray, ...]]], dict[tuple, tuple[int, ...]]]:
+    """A samples file by key: each block's `series` (space-separated microseconds), in repetition order, and each
+    block's process."""
+    by_key: dict[tuple, list[tuple[int, int, tuple[np.ndarray, ...]]]] = {}
+    for i, record in enumerate(_read_csv(path, columns).to_dict("records")):
         try:
-            values = np.array(record["samples_us"].split(), dtype=np.float64)
+            values = tuple(np.array(record[c].split(), dtype=np.float64) for c in series)
             repetition, process = int(record["repetition"]), int(record["process"])
         except ValueError:
-            raise RunError(f"{path}: line {i + 2}: samples_us, repetition or process holds a non-number") from None
-        by_key.setdefault(row_key(record), []).append((repetition, process, values))
-    return _in_repetition_order(by_key)
-
-
-def _numbers(texts: list[str]) -> list[np.ndarray]:
-    """Each space-separated text as float64 values (ValueError where one holds something else)."""
-    return [np.array(t.split(), dtype=np.float64) for t in texts]
-
-
-def _in_repetition_order(by_key: dict[tuple, list[tuple[int, int, np.ndarray]]]
-                         ) -> tuple[dict[tuple, list[np.ndarray]], dict[tuple, tuple[int, ...]]]:
+            raise RunError(f"{path}: line {i + 2}: {', '.join(series)}, repetition or process holds a non-number"
+                           ) from None
+        by_key.setdefault(key_of(record), []).append((repetition, process, values))
     ordered = {key: sorted(blocks, key=lambda b: b[0]) for key, blocks in by_key.items()}
     return ({key: [v for _, _, v in blocks] for key, blocks in ordered.items()},
             {key: tuple(p for _, p, _ in blocks) for key, blocks in ordered.items()})
 
 
-def _check_medians(rows: pd.DataFrame, samples: dict[tuple, list[np.ndarray]], path: Path) -> None:
-    """Refuse a results.csv whose ok rows' medians are not those of their samples (a hand edit, a mix-up)."""
-    if not samples:
-        return
-    for _, row in rows[rows["status"].isin(TIMED)].iterrows():
-        key = row_key(row)
+def _check_medians(rows: pd.DataFrame, samples: dict[tuple, list[np.ndarray]], key_of: Callable[[dict], tuple],
+                   column: str, path: Path, samples_csv: str) -> None:
+    """Refuse a table whose timed rows' medians are not those of their samples (a hand edit, a mix-up)."""
+    for row in rows[rows["status"].isin(TIMED)].to_dict("records"):
+        key = key_of(row)
         blocks = samples.get(key)
         if blocks is None:
-            raise RunError(f"{path}: row {' '.join(map(str, key))} has no samples in {SAMPLES_CSV}")
+            raise RunError(f"{path}: row {' '.join(map(str, key))} has no samples in {samples_csv}")
         median = float(np.median(np.concatenate(blocks)))
-        if not math.isclose(median, float(row["median_us"]), rel_tol=MEDIAN_RTOL, abs_tol=1e-12):
-            raise RunError(f"{path}: row {' '.join(map(str, key))} says median_us {row['median_us']!r}, but its "
-                           f"samples in {SAMPLES_CSV} give {median!r}; the folder was edited or mixed up")
+        if not math.isclose(median, float(row[column]), rel_tol=MEDIAN_RTOL, abs_tol=1e-12):
+            raise RunError(f"{path}: row {' '.join(map(str, key))} says {column} {row[column]!r}, but its samples in "
+                           f"{samples_csv} give {median!r}; the folder was edited or mixed up")

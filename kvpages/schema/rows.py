@@ -1,15 +1,8 @@
 """The run-folder schema: the record types and their columns (no torch import).
 
-A run folder `results/<run-id>/` holds
-- `results.csv`: one `Row` per (variant, point);
-- `samples.csv`: one `SampleSet` per timed repetition (block) of a row, its per-round
-  times in microseconds, with the block's repetition and its position in the run order;
-- `scenarios.csv` and `scenario_samples.csv`: the same for whole requests and steps
-  (`ScenarioRow`, `ScenarioSampleSet`);
-- `meta.json`: a `RunMeta` (environment, command, options, start/end, completed);
-- `ratios.csv` (analysed runs): one `RatioRow` per (variant, baseline, point).
-`Table` names each pair of row and sample files; kvpages.schema.writer writes them and
-kvpages.schema.reader reads them back.
+results.csv holds one `Row` per (variant, point), samples.csv one `SampleSet` per timed block; scenarios.csv and
+scenario_samples.csv the same for whole requests and steps; ranks.csv and rank_samples.csv for multi-rank runs;
+ratios.csv (analysed runs) one `RatioRow` per (variant, baseline, point). results/README.md documents each column.
 """
 
 from __future__ import annotations
@@ -98,9 +91,6 @@ class Row:
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Row))
-INT_COLUMNS = ("seq_len", "page_size", "num_pages", "rotation", "expected_d2h_bytes", "d2h_bytes", "d2h_transfers",
-               "host_syncs", "rounds", "iterations", "repetitions")
-FLOAT_COLUMNS = tuple(c for c in COLUMNS if c.endswith("_us")) + ("rep_spread",)
 
 
 @dataclass(frozen=True)
@@ -129,7 +119,7 @@ class ScenarioRow:
     Bytes, transfers and host syncs per request or step, as the meter counted them; latencies per request or
     step in microseconds: `blocked` until the calling (scheduler) thread got control back, `ready`
     until the page indices were usable on the host (equal, except for variants whose wait runs on
-    a worker thread; on a CPU run always equal).
+    a transfer thread; on a CPU run always equal).
     """
 
     scenario: str
@@ -172,9 +162,6 @@ class ScenarioRow:
 
 
 SCENARIO_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ScenarioRow))
-SCENARIO_INT_COLUMNS = ("requests", "tokens", "chunk_size", "page_size", "busy_us", "calls", "expected_d2h_bytes",
-                        "d2h_bytes", "d2h_transfers", "host_syncs", "rounds", "repetitions")
-SCENARIO_FLOAT_COLUMNS = tuple(c for c in SCENARIO_COLUMNS if c.endswith("_us") and c != "busy_us")
 
 
 @dataclass(frozen=True)
@@ -236,9 +223,6 @@ class RankRow:
 
 
 RANK_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RankRow))
-RANK_INT_COLUMNS = ("rank", "world_size", "page_size", "requests", "tokens", "d2h_bytes", "d2h_transfers", "host_syncs",
-                    "rounds", "repetitions")
-RANK_FLOAT_COLUMNS = tuple(c for c in RANK_COLUMNS if c.endswith("_us"))
 
 
 @dataclass(frozen=True)
@@ -267,15 +251,11 @@ Samples = SampleSet | ScenarioSampleSet | RankSampleSet
 
 @dataclass(frozen=True)
 class RatioRow:
-    """`variant` against `baseline` at one point of an analysed run (ratios.csv).
+    """`variant` against `baseline` at one point of an analysed run (ratios.csv; results/README.md has each column).
 
-    ratio: the median of the paired per-repetition log-ratios of block medians variant/baseline, with its
-    interval at `confidence` (kvpages.core.stats): with `processes` >= 2, the percentile interval of a
-    two-stage bootstrap over processes, then repetitions (`interval_unit` 'process'); with one process, the
-    order-statistic interval of the median ('repetition'). bytes_ratio: measured D2H bytes.
-    verdict: kvpages.analysis.verdicts.judge (faster / slower only beyond `min_effect` and kept by the
-    Benjamini-Hochberg step, whose adjusted p-value is `q_value`; else same / unclear).
-    repro: the command that re-runs the pair (variant and baseline) at this point, interleaved as in the run.
+    ratio: variant / baseline time from the one estimator (kvpages.core.estimator.paired_ratio), its interval at
+    `confidence` over processes (`interval_unit` 'process') or one process's repetitions; verdict:
+    kvpages.analysis.verdicts.judge; repro: the command that re-runs the pair at this point, interleaved as in the run.
     """
 
     id: str
@@ -349,15 +329,24 @@ def scenario_row_id(scenario: str, variant: str) -> str:
     return f"{scenario}:{_id_part(variant)}"
 
 
+def typed_columns(row_type: type, kind: str) -> tuple[str, ...]:
+    """The columns of a row type whose values are `kind` ('int' or 'float', missing or not), from its annotations."""
+    return tuple(f.name for f in fields(row_type) if str(f.type).partition(" |")[0] == kind)
+
+
 @dataclass(frozen=True)
 class Table:
-    """One kind of row in a run folder: its rows file, its samples file and their columns."""
+    """One kind of row in a run folder: its rows file and row type, its samples file, columns and type."""
 
     rows_csv: str
     samples_csv: str
-    columns: tuple[str, ...]
+    row_type: type
     sample_columns: tuple[str, ...]
     sample_type: type[SampleSet] | type[ScenarioSampleSet] | type[RankSampleSet]
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(self.row_type))
 
     def samples_from(self, fields_: dict[str, object]) -> Samples:
         """A samples record of this table from its fields (as `dataclasses.asdict` gave them, lists for tuples)."""
@@ -365,9 +354,9 @@ class Table:
                                    for k, v in fields_.items()})
 
 
-POINTS = Table(RESULTS_CSV, SAMPLES_CSV, COLUMNS, SAMPLE_COLUMNS, SampleSet)
-SCENARIOS = Table(SCENARIOS_CSV, SCENARIO_SAMPLES_CSV, SCENARIO_COLUMNS, SCENARIO_SAMPLE_COLUMNS, ScenarioSampleSet)
-RANKS = Table(RANKS_CSV, RANK_SAMPLES_CSV, RANK_COLUMNS, RANK_SAMPLE_COLUMNS, RankSampleSet)
+POINTS = Table(RESULTS_CSV, SAMPLES_CSV, Row, SAMPLE_COLUMNS, SampleSet)
+SCENARIOS = Table(SCENARIOS_CSV, SCENARIO_SAMPLES_CSV, ScenarioRow, SCENARIO_SAMPLE_COLUMNS, ScenarioSampleSet)
+RANKS = Table(RANKS_CSV, RANK_SAMPLES_CSV, RankRow, RANK_SAMPLE_COLUMNS, RankSampleSet)
 TABLES = {table.rows_csv: table for table in (POINTS, SCENARIOS, RANKS)}
 
 
