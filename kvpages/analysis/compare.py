@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from kvpages.analysis.intervals import levels, paired_logs
 from kvpages.analysis.verdicts import VERDICTS, between_p_value, judge_family
-from kvpages.core.names import BASELINE
 from kvpages.core.stats import Interval, Levels, between_runs, unknown
 from kvpages.schema.reader import Run, RunError, row_key
 
@@ -91,8 +90,9 @@ def _judged(measured: list[_Measured]) -> Family:
                   judged.min_effect)
 
 
-def compare_runs(a: Run, b: Run, baseline: str = BASELINE) -> RunComparison:
-    """Align two runs on (variant, dtype, layout, seq_len, page_size) and judge B against A.
+def compare_runs(a: Run, b: Run, baseline: str | None = None) -> RunComparison:
+    """Align two runs on (variant, dtype, layout, seq_len, page_size) and judge B against A, the ratios against
+    `baseline` (None: the runs' own, --kv-baseline; a RunError when A's and B's differ).
 
     Relative: each run's paired per-repetition log-ratios variant/baseline, so what drifts with
     the machine cancels within each run; compared at the same level in both runs
@@ -101,6 +101,10 @@ def compare_runs(a: Run, b: Run, baseline: str = BASELINE) -> RunComparison:
     Absolute: each run's log block medians, compared the same way. Without repetitions
     (1 each), no interval can be formed and the verdict is 'same' or 'unclear'.
     """
+    if baseline is None and a.baseline != b.baseline:
+        raise RunError(f"{a.path} is against {a.baseline} and {b.path} against {b.baseline} (--kv-baseline): their "
+                       "ratios do not compare; rerun one with the other's --kv-baseline")
+    baseline = baseline or a.baseline
     a_rows = {row_key(r): r for _, r in a.ok_rows().iterrows()}
     b_rows = {row_key(r): r for _, r in b.ok_rows().iterrows()}
     common = sorted(set(a_rows) & set(b_rows))

@@ -35,6 +35,11 @@ STEP_CANDIDATE = per_request_name(CANDIDATE)
 STEP_FLOOR = per_request_name(FLOOR)
 
 
+def called(baseline: str) -> str:
+    """How a sentence names a baseline: 'pre-PR' for host_stride and per_request[host_stride], else `the name`."""
+    return "pre-PR" if (per_request_of(baseline) or baseline) == BASELINE else f"`{baseline}`"
+
+
 def variant_sort_key(name: str) -> tuple:
     """The baseline first, then the candidate, then the rest by name; step variants likewise
     (per_request[baseline], per_request[candidate], then the batched ones, then the other per-request ones)."""

@@ -45,6 +45,8 @@ CONVENTIONS = {"np.ndarray": "numpy", "numpy.ndarray": "numpy", "torch.Tensor": 
 MODULES = {"numpy": ("np", "numpy"), "torch": ("torch",)}
 """The modules the function is compiled with, and their default names."""
 PIP_TIMEOUT_S = 300.0
+PREFIX = "sglang@"
+"""Every SGLang function's variant name starts with it: sglang@<label>."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class SglangSource:
 
     @property
     def name(self) -> str:
-        return f"sglang@{self.label}"
+        return f"{PREFIX}{self.label}"
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ def variants_section(analysis: Analysis) -> str:
 
 def link_model_section(analysis: Analysis) -> str:
     run = analysis.run
-    modeled = with_link_model(run.ok_rows())  # one call's device ops, syncs, copies and bytes
+    modeled = with_link_model(run.ok_rows(), analysis.host_work)  # one call's device ops, syncs, copies and bytes
     modeled = modeled[modeled["variant"].isin([analysis.baseline, CANDIDATE])]
     longest = modeled.groupby(["dtype", "layout", "page_size"])["seq_len"].transform("max")
     chosen = modeled[modeled["seq_len"] == longest].sort_values(["page_size", "variant"])
@@ -62,7 +62,8 @@ def model_vs_measurement(analysis: Analysis) -> str:
         profile = profile_for(pcie, r["link"])
         if profile is None:
             continue
-        modeled = profile.predicted_us(str(r["variant"]), int(r["page_size"]), 1, r["d2h_bytes"], r["d2h_transfers"], 0.0)
+        modeled = profile.predicted_us(str(r["variant"]), int(r["page_size"]), 1, r["d2h_bytes"], r["d2h_transfers"], 0.0,
+                                       analysis.host_side(str(r["variant"])))
         time = analysis.time_of(r)
         rows.append([r["page_size"], r["seq_len"], f"`{r['variant']}`", r["link"], profile.label, us(time),
                      us(modeled), sig(time - modeled)])

@@ -40,7 +40,7 @@ def per_call_table(analysis: Analysis, page_sizes: list[int] | None = None) -> s
         if (page_sizes is not None and r.page_size not in page_sizes) or (
                 page_sizes is None and r.seq_len not in (min(at), max(at))):
             continue
-        predicted = [] if analysis.run.link_crossed else _predicted_cells(point_predictions(r))
+        predicted = [] if analysis.run.link_crossed else _predicted_cells(point_predictions(analysis, r))
         rows.append([r.page_size, r.seq_len, fraction(r.bytes_ratio), us(r.baseline_median_us), us(r.variant_median_us),
                      f"{sig(r.ratio)} {ci_text(r)} {r.verdict}", *predicted, f"`{r.id}`"])
     word = time_word(analysis)
@@ -58,7 +58,7 @@ def crossover_table(analysis: Analysis) -> str:
                                                                                                  c.page_size)]
         measured = c.describe()
         predicted = [] if analysis.run.link_crossed else [
-            f"L={x}" if (x := crossover(found, p)) else "none" for p in prediction_profiles()]
+            f"L={x}" if (x := crossover(analysis, found, p)) else "none" for p in prediction_profiles()]
         rows.append([c.page_size, measured, *predicted])
     what = "measured host-side (no transfer)" if not analysis.run.link_crossed else "measured"
     return table(["p", f"{what}: judged faster from", *_predicted_header(analysis)], rows)

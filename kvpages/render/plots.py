@@ -233,7 +233,7 @@ def plot_link_model(analysis: Analysis, frame, dtype: str, layout: str, stem: Pa
     for ax, page_size in zip(axes, page_sizes, strict=True):
         at = sorted((r for r in ratios if r.page_size == page_size), key=lambda r: r.seq_len)
         seq = [r.seq_len for r in at]
-        predicted = [point_predictions(r) for r in at]
+        predicted = [point_predictions(analysis, r) for r in at]
         for n, profile in enumerate(prediction_profiles()):
             ax.plot(seq, [p[n].ratio for p in predicted], color=palette[n], marker="osD"[n], ms=4, mfc="none",
                     ls=":" if profile.pinned else "-", label=profile_name(profile))
