@@ -35,9 +35,10 @@ STEP_CANDIDATE = per_request_name(CANDIDATE)
 STEP_FLOOR = per_request_name(FLOOR)
 
 
-def called(baseline: str) -> str:
-    """How a sentence names a baseline: 'pre-PR' for host_stride and per_request[host_stride], else `the name`."""
-    return "pre-PR" if (per_request_of(baseline) or baseline) == BASELINE else f"`{baseline}`"
+def called(baseline: str, quote: str = "`") -> str:
+    """How a sentence or a table names a baseline: 'pre-PR' for host_stride and per_request[host_stride], else the
+    name in `quote`s (a chart's text: quote='')."""
+    return "pre-PR" if (per_request_of(baseline) or baseline) == BASELINE else f"{quote}{baseline}{quote}"
 
 
 def variant_sort_key(name: str) -> tuple:
