@@ -182,15 +182,15 @@ def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: 
     base_row = base[(base["scenario"] == row["scenario"]) & (base["variant"] == analysis.scenario_baseline)].iloc[0]
     what = f"L={size}" if kind == "request" else f"B={size} requests"
     moved = f"{what} at page size {page_size}: {_moved(row)} against {_moved(base_row, base=True)}"
-    base = called(analysis.scenario_baseline)
+    named = called(analysis.scenario_baseline)
     if not analysis.run.link_crossed:
         predictions = scenario_predictions(analysis, ratio)
         ops = device_ops(variant, page_size, int(row["calls"]), analysis.host_side(variant))
         syncs = row["d2h_transfers"] if pd.isna(row["host_syncs"]) else row["host_syncs"]
         answer = (f"{moved}, {ops} device op(s) and {syncs} sync(s); predicted per {kind} at "
-                  f"{predicted_range(predictions)} {base}'s time (model).")
+                  f"{predicted_range(predictions)} {named}'s time (model).")
         return Finding(question, answer, predicted_figure(predictions, ratio.baseline), ratio.id, MODEL)
-    answer = f"{moved}; per {kind} {us_figure(ratio.variant_us)} µs against {base}'s {us_figure(ratio.baseline_us)} µs."
+    answer = f"{moved}; per {kind} {us_figure(ratio.variant_us)} µs against {named}'s {us_figure(ratio.baseline_us)} µs."
     return Finding(question, answer, scenario_figure(ratio), ratio.id, MEASURED)
 
 

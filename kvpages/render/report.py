@@ -14,7 +14,7 @@ from kvpages.analysis.findings import findings
 from kvpages.analysis.noise import components_text
 from kvpages.analysis.ratios import NOISY_SPREAD, Analysis
 from kvpages.analysis.verdicts import FDR, MIN_EFFECT_FLOOR
-from kvpages.core.names import BASELINE, CANDIDATE, LABELS, STEP_CANDIDATE, called, label
+from kvpages.core.names import BASELINE, CANDIDATE, LABELS, STEP_CANDIDATE, called, label, per_request_of
 from kvpages.render.appendix import (
     groups,
     link_model_section,
@@ -186,13 +186,14 @@ def scenario_main(analysis: Analysis) -> str:
     what = "blocked = ready µs" if same_latencies(analysis) else "blocked µs"
     lead = (f"Measured over whole requests (every call, prefill chunks of the chunk size; decode one call and "
             f"`.astype(np.int32)`) and whole steps (a step's requests), never multiplied from points: "
-            f"`{STEP_CANDIDATE}` ({label(CANDIDATE)}) against `{analysis.scenario_baseline}` ({label(BASELINE)}). "
+            f"`{STEP_CANDIDATE}` ({label(CANDIDATE)}) against `{analysis.scenario_baseline}` "
+            f"({label(per_request_of(analysis.scenario_baseline) or BASELINE)}). "
             "Every step variant, ready times and the batched hypotheses are in the appendix.")
     if same_latencies(analysis):
         lead += (" On this CPU run blocked equals ready for every row (no device queue, no worker-thread wait), so "
                  "they are one column.")
-    b = called(analysis.scenario_baseline)
-    return lead + "\n\n" + table(["kind", "side", "page_size", "size", f"bytes {b} → PR", f"{what} {b} → PR",
+    named = called(analysis.scenario_baseline)
+    return lead + "\n\n" + table(["kind", "side", "page_size", "size", f"bytes {named} → PR", f"{what} {named} → PR",
                                   f"ratio [{coverage(analysis)}] verdict", "id"], rows)
 
 
