@@ -248,9 +248,9 @@ def _model_check(analysis: Analysis) -> Finding | None:
 
 def subjects(analysis: Analysis) -> tuple[str, ...]:
     """What a run against another baseline (--kv-baseline) asks about: SGLang's own functions (--kv-sglang) set
-    against it, then the merged PR."""
+    against it, then the merged PR and pre-PR (each where it was timed, and is not the baseline)."""
     timed = {r.variant for r in analysis.ratios}
-    return tuple(sorted(v for v in timed if v.startswith(PREFIX))) + ((CANDIDATE,) if CANDIDATE in timed else ())
+    return tuple(sorted(v for v in timed if v.startswith(PREFIX))) + tuple(v for v in (CANDIDATE, BASELINE) if v in timed)
 
 
 def _faster(analysis: Analysis, variant: str) -> Finding | None:
