@@ -13,6 +13,7 @@ import pytest
 from conftest import synthetic_run
 
 from kvpages.analysis.findings import findings
+from kvpages.analysis.predict import point_predictions
 from kvpages.analysis.ratios import analyze
 from kvpages.cli import main
 from kvpages.core.options import BenchOptions
@@ -232,6 +233,10 @@ def test_a_baseline_of_one_s_own_reaches_ratios_findings_citations_and_compare(p
     assert ratios["repro"].str.contains("--kv-baseline sglang@old").all()
     analysis = analyze(load_run(folder))
     assert "sglang@old" in analysis.host_work and "sglang@new" not in analysis.host_work
+    r = next(r for r in analysis.ratios_of("sglang@new") if r.page_size == 16)
+    for p in point_predictions(analysis, r):  # sglang@old: its measured stride, no device op; sglang@new: one op
+        assert p.baseline_us == pytest.approx(r.baseline_median_us + p.profile.modeled_us(r.baseline_d2h_bytes, 1, 0))
+        assert p.variant_us == pytest.approx(p.profile.modeled_us(r.variant_d2h_bytes, 1, 1))
     first = findings(analysis)[0]
     assert first.answer.startswith("Is sglang@new faster than the baseline `sglang@old`? Predicted (model)")
     assert f"`{first.id}`" in (folder / "REPORT.md").read_text() and first.id.endswith("-vs-sglang@old")
