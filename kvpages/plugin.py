@@ -64,6 +64,10 @@ def pytest_configure(config: pytest.Config) -> None:
         from kvpages.measure.variants import get_variant
 
         _check_names("--kv-variants", options.variants, get_variant)
+    if options.baseline is not None:
+        from kvpages.measure.variants import get_variant
+
+        _check_names("--kv-baseline", (options.baseline,), get_variant)
     if options.step_variants is not None:
         from kvpages.measure.steps import get_step_variant
 

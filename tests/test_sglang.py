@@ -5,13 +5,21 @@ stays as it is."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
+import pandas as pd
 import pytest
+from conftest import synthetic_run
 
+from kvpages.analysis.findings import findings
+from kvpages.analysis.predict import point_predictions
+from kvpages.analysis.ratios import analyze
+from kvpages.cli import main
 from kvpages.core.options import BenchOptions
 from kvpages.core.sglang import COMMON, load_all, load_function, parse_specs, resolve
 from kvpages.schema.reader import load_run
+from kvpages.schema.rows import RATIOS_CSV
 
 BENCH = (Path(__file__).parents[1] / "bench" / "test_d2h.py").read_text()
 FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider", "--kv-device", "cpu",
@@ -179,3 +187,63 @@ def test_two_real_releases_run_beside_host_stride_and_device_stride(releases, py
         assert rows.loc[("sglang@0.5.15", page_size), "d2h_bytes"] == rows.loc[("host_stride", page_size), "d2h_bytes"]
         assert rows.loc[("sglang@0.5.16", page_size), "d2h_bytes"] == rows.loc[("device_stride", page_size),
                                                                                "d2h_bytes"]
+
+
+def checkout(folder: Path, source: str) -> tuple[Path, str]:
+    """A real git checkout of an SGLang-like tree, committed; with its short commit."""
+    tree(folder, source)
+    git = ("git", "-C", str(folder), "-c", "user.name=kvpages", "-c", "user.email=kvpages@example.invalid")
+    for args in (("init", "-q"), ("add", "-A"), ("commit", "-qm", "kv_to_page_indices")):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    return folder, subprocess.run([*git, "rev-parse", "--short", "HEAD"], check=True, capture_output=True,
+                                  text=True).stdout.strip()
+
+
+def test_checkouts_in_folders_of_one_name_are_labelled_apart_by_their_commit(tmp_path):
+    (a, first), (b, second) = checkout(tmp_path / "a" / "sglang", OLD), checkout(tmp_path / "b" / "sglang", NEW)
+    assert [f.source.name for f in load_all((str(a), str(b)))] == [f"sglang@sglang-{first}", f"sglang@sglang-{second}"]
+    assert [f.source.name for f in load_all((str(a),))] == ["sglang@sglang"]  # alone, the folder's name
+    c, d = tree(tmp_path / "c" / "same", NEW), tree(tmp_path / "d" / "same", NEW)  # not git checkouts
+    with pytest.raises(ValueError, match="both make the variant sglang@same, and no git commit tells them apart"):
+        load_all((str(c), str(d)))
+
+
+def test_an_unknown_baseline_is_a_usage_error_naming_the_valid_ones(pytester):
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    result = pytester.runpytest(*FAST, "--kv-baseline", "sglang@nowhere")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kv-baseline: unknown variant 'sglang@nowhere'; valid: host_stride, device_stride*"])
+    assert not (pytester.path / "results").exists()
+
+
+def test_a_baseline_of_one_s_own_reaches_ratios_findings_citations_and_compare(pytester, tmp_path, capsys):
+    """--kv-baseline sglang@old: every ratio is against it, the findings ask whether sglang@new is faster than it
+    (priced by the model from what each moved: sglang@old copies every token index, so its stride is host work), the
+    ids and repro commands carry it, and compare takes it from the runs, refusing a run against another."""
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    old, new = tree(tmp_path / "old", OLD), tree(tmp_path / "new", NEW)
+    result = pytester.runpytest_subprocess(*FAST, "--kv-sglang", f"{old},{new}", "--kv-baseline", "sglang@old",
+                                           "--kv-variants", "device_stride,sglang@old,sglang@new", "--kv-seq-lens",
+                                           "300", "--kv-page-sizes", "1,16", "--kv-repetitions", "2", "--kv-passes",
+                                           "1", "--kv-analyze")
+    result.assert_outcomes(passed=6)
+    folder = next((pytester.path / "results").iterdir())
+    ratios = pd.read_csv(folder / RATIOS_CSV)
+    assert set(ratios["baseline"]) == {"sglang@old"} and ratios["id"].str.endswith("-vs-sglang@old").all()
+    assert ratios["repro"].str.contains("--kv-baseline sglang@old").all()
+    analysis = analyze(load_run(folder))
+    assert "sglang@old" in analysis.host_work and "sglang@new" not in analysis.host_work
+    r = next(r for r in analysis.ratios_of("sglang@new") if r.page_size == 16)
+    for p in point_predictions(analysis, r):  # sglang@old: its measured stride, no device op; sglang@new: one op
+        assert p.baseline_us == pytest.approx(r.baseline_median_us + p.profile.modeled_us(r.baseline_d2h_bytes, 1, 0))
+        assert p.variant_us == pytest.approx(p.profile.modeled_us(r.variant_d2h_bytes, 1, 1))
+    first = findings(analysis)[0]
+    assert first.answer.startswith("Is sglang@new faster than the baseline `sglang@old`? Predicted (model)")
+    assert f"`{first.id}`" in (folder / "REPORT.md").read_text() and first.id.endswith("-vs-sglang@old")
+    assert main(["cite", str(folder), first.id]) == 0
+    assert "sglang@new / sglang@old" in capsys.readouterr().out
+    assert main(["compare", str(folder), str(folder)]) == 0
+    assert "each variant / sglang@old within its run" in capsys.readouterr().out
+    other = synthetic_run(tmp_path / "default", {("sglang@new", 300, 16): 1.0, ("host_stride", 300, 16): 1.0})
+    assert main(["compare", str(other), str(folder)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

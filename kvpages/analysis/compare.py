@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from kvpages.analysis.intervals import levels, paired_logs
 from kvpages.analysis.verdicts import VERDICTS, judge_family
 from kvpages.core.estimator import between_runs
-from kvpages.core.names import BASELINE
 from kvpages.core.stats import Interval, Levels, unknown
 from kvpages.schema.reader import Run, RunError, row_key
 
@@ -92,8 +91,9 @@ def _judged(measured: list[_Measured]) -> Family:
                   judged.min_effect)
 
 
-def compare_runs(a: Run, b: Run, baseline: str = BASELINE) -> RunComparison:
-    """Align two runs on (variant, dtype, layout, seq_len, page_size) and judge B against A.
+def compare_runs(a: Run, b: Run, baseline: str | None = None) -> RunComparison:
+    """Align two runs on (variant, dtype, layout, seq_len, page_size) and judge B against A, the ratios against
+    `baseline` (None: the runs' own, --kv-baseline; a RunError when A's and B's differ).
 
     Each figure is the estimator of the run's own report (kvpages.core.estimator): absolute, a variant's time (the
     geometric mean of its block medians); relative, its ratio to the baseline (of the paired per-repetition log-ratios,
@@ -101,6 +101,10 @@ def compare_runs(a: Run, b: Run, baseline: str = BASELINE) -> RunComparison:
     interval of that statistic over the two runs' independent bootstraps (kvpages.core.estimator.between_runs).
     Without repetitions (1 each), no interval can be formed and the verdict is 'same' or 'unclear'.
     """
+    if baseline is None and a.baseline != b.baseline:
+        raise RunError(f"{a.path} is against {a.baseline} and {b.path} against {b.baseline} (--kv-baseline): their "
+                       "ratios do not compare; rerun one with the other's --kv-baseline")
+    baseline = baseline or a.baseline
     a_rows = {row_key(r): r for _, r in a.ok_rows().iterrows()}
     b_rows = {row_key(r): r for _, r in b.ok_rows().iterrows()}
     common = sorted(set(a_rows) & set(b_rows))

@@ -24,9 +24,10 @@ from kvpages.analysis.predict import (
     scenario_predictions,
 )
 from kvpages.analysis.ratios import Analysis, ScenarioRatio
-from kvpages.analysis.verdicts import SAME
+from kvpages.analysis.verdicts import FASTER, SAME, SLOWER
 from kvpages.core.links import LinkProfile, device_ops, prediction_profiles, profile_for
-from kvpages.core.names import CANDIDATE, STEP_CANDIDATE, label
+from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, label, per_request_name
+from kvpages.core.sglang import PREFIX
 from kvpages.schema.rows import RatioRow
 
 MEASURED, NEEDS_GPU = "measured here", "needs a GPU run"
@@ -64,10 +65,10 @@ def profile_name(profile: LinkProfile) -> str:
     return f"{profile.label}{' (what-if)' if profile.pinned else ''}"
 
 
-def predicted_figure(predictions: tuple[Prediction, ...]) -> str:
+def predicted_figure(predictions: tuple[Prediction, ...], baseline: str = BASELINE) -> str:
     """'PCIe Gen5 x16, pageable 1.05; NVLink-C2C (GH200) 1.21; ... (model: predicted time / pre-PR's)'."""
     parts = "; ".join(f"{profile_name(p.profile)} {sig(p.ratio)}" for p in predictions)
-    return f"{parts} (model: predicted time / pre-PR's)"
+    return f"{parts} (model: predicted time / {called(baseline)}'s)"
 
 
 def predicted_range(predictions: tuple[Prediction, ...]) -> str:
@@ -92,13 +93,13 @@ def _page1(analysis: Analysis) -> Finding | None:
     if not rows:
         return None
     if not analysis.run.link_crossed:
-        worst = max(rows, key=lambda r: max(ratio_range(point_predictions(r))))
-        every = [p for r in rows for p in point_predictions(r)]
+        worst = max(rows, key=lambda r: max(ratio_range(point_predictions(analysis, r))))
+        every = [p for r in rows for p in point_predictions(analysis, r)]
         answer = (f"At page size 1 the bytes are equal, and the merged PR launches one device op before the same copy: "
                   f"predicted at {predicted_range(tuple(every))} pre-PR's time (model) over the {len(rows)} swept "
                   f"lengths and {len(every) // len(rows)} link profiles; the page_size == 1 shortcut launches none, "
                   f"so the model prices it as pre-PR's copy.")
-        return Finding("Page size 1 regression", answer, predicted_figure(point_predictions(worst)), worst.id, MODEL)
+        return Finding("Page size 1 regression", answer, predicted_figure(point_predictions(analysis, worst)), worst.id, MODEL)
     worst = max(rows, key=lambda r: r.ratio)
     slower = sum(r.verdict == "slower" for r in rows)
     shortcut = [r for r in analysis.ratios if r.variant == "device_stride_shortcut" and r.page_size == 1]
@@ -113,14 +114,14 @@ def _predicted_crossover(analysis: Analysis, rows: list[RatioRow]) -> Finding:
     parts, first = [], None
     for page_size in sorted({r.page_size for r in rows}):
         at = [r for r in rows if r.page_size == page_size]
-        found = [(profile_name(p), crossover(at, p)) for p in prediction_profiles()]
+        found = [(profile_name(p), crossover(analysis, at, p)) for p in prediction_profiles()]
         parts.append(f"p={page_size}: " + ", ".join(f"{name} {'L=' + str(c) if c else 'none'}" for name, c in found))
         if first is None and any(c for _, c in found):
             first = min((r for r in at if r.seq_len == min(c for _, c in found if c)), key=lambda r: r.seq_len)
     cited = first or max(rows, key=lambda r: (r.page_size, r.seq_len))
     answer = ("Predicted crossover (model: the smallest swept L at which the merged PR's predicted time is below "
               f"pre-PR's), per page size and link profile: {'; '.join(parts)}.")
-    return Finding("Crossover", answer, predicted_figure(point_predictions(cited)), cited.id, MODEL)
+    return Finding("Crossover", answer, predicted_figure(point_predictions(analysis, cited)), cited.id, MODEL)
 
 
 def _crossover(analysis: Analysis) -> Finding | None:
@@ -181,14 +182,15 @@ def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: 
     base_row = base[(base["scenario"] == row["scenario"]) & (base["variant"] == analysis.scenario_baseline)].iloc[0]
     what = f"L={size}" if kind == "request" else f"B={size} requests"
     moved = f"{what} at page size {page_size}: {_moved(row)} against {_moved(base_row, base=True)}"
+    named = called(analysis.scenario_baseline)
     if not analysis.run.link_crossed:
         predictions = scenario_predictions(analysis, ratio)
-        ops = device_ops(variant, page_size, int(row["calls"]))
+        ops = device_ops(variant, page_size, int(row["calls"]), analysis.host_side(variant))
         syncs = row["d2h_transfers"] if pd.isna(row["host_syncs"]) else row["host_syncs"]
         answer = (f"{moved}, {ops} device op(s) and {syncs} sync(s); predicted per {kind} at "
-                  f"{predicted_range(predictions)} pre-PR's time (model).")
-        return Finding(question, answer, predicted_figure(predictions), ratio.id, MODEL)
-    answer = f"{moved}; per {kind} {us_figure(ratio.variant_us)} µs against pre-PR's {us_figure(ratio.baseline_us)} µs."
+                  f"{predicted_range(predictions)} {named}'s time (model).")
+        return Finding(question, answer, predicted_figure(predictions, ratio.baseline), ratio.id, MODEL)
+    answer = f"{moved}; per {kind} {us_figure(ratio.variant_us)} µs against {named}'s {us_figure(ratio.baseline_us)} µs."
     return Finding(question, answer, scenario_figure(ratio), ratio.id, MEASURED)
 
 
@@ -217,7 +219,7 @@ def _blocked(analysis: Analysis) -> Finding:
                        "-", "-", "baseline missing")
     best = min(ratios, key=lambda r: r.interval.ratio)
     answer = (f"Behind a busy device queue, {label(best.variant)} blocks the scheduler thread "
-              f"{sig(best.interval.ratio)}x as long as pre-PR.")
+              f"{sig(best.interval.ratio)}x as long as {called(best.baseline)}.")
     return Finding("Scheduler thread blocked", answer, scenario_figure(best), best.id, MEASURED)
 
 
@@ -244,13 +246,49 @@ def _model_check(analysis: Analysis) -> Finding | None:
     return Finding("Model vs measurement", answer, f"model / measured {sig(ratio)}", cited.id, MEASURED)
 
 
+def subjects(analysis: Analysis) -> tuple[str, ...]:
+    """What a run against another baseline (--kv-baseline) asks about: SGLang's own functions (--kv-sglang) set
+    against it, then the merged PR and pre-PR (each where it was timed, and is not the baseline)."""
+    timed = {r.variant for r in analysis.ratios}
+    return tuple(sorted(v for v in timed if v.startswith(PREFIX))) + tuple(v for v in (CANDIDATE, BASELINE) if v in timed)
+
+
+def _faster(analysis: Analysis, variant: str) -> Finding | None:
+    """Is `variant` faster than the baseline: measured per point on a run that crossed a link, else the model's
+    prediction per point and link profile (each side priced by what it moved, as any pair)."""
+    rows = analysis.ratios_of(variant)
+    if not rows:
+        return None
+    base, largest = called(analysis.baseline), max(rows, key=lambda r: (r.page_size, r.seq_len))
+    question = f"{variant} vs {analysis.baseline}"
+    low, high = (fraction(f(r.bytes_ratio for r in rows)) for f in (min, max))
+    moved = f"it hands the host {low if low == high else f'{low}-{high}'} of {base}'s bytes (metered)"
+    if not analysis.run.link_crossed:
+        every = [p for r in rows for p in point_predictions(analysis, r)]
+        answer = (f"Is {variant} faster than the baseline {base}? Predicted (model) at {predicted_range(tuple(every))} "
+                  f"{base}'s time per call, below it at {sum(p.ratio < 1 for p in every)} of {len(every)} (point, link "
+                  f"profile) pairs over {len(rows)} swept points; {moved}.")
+        return Finding(question, answer, predicted_figure(point_predictions(analysis, largest), analysis.baseline),
+                       largest.id, MODEL)
+    count = {v: sum(r.verdict == v for r in rows) for v in (FASTER, SLOWER)}
+    cited = min(rows, key=lambda r: r.ratio) if count[FASTER] else largest
+    answer = (f"Is {variant} faster than the baseline {base}? Faster at {count[FASTER]} of {len(rows)} swept points, "
+              f"slower at {count[SLOWER]}, the same or unclear at the rest; {moved}.")
+    return Finding(question, answer, latency_figure(cited), cited.id, MEASURED)
+
+
 def findings(analysis: Analysis) -> tuple[Finding, ...]:
-    """The findings table of the report, in the order a review asks its questions."""
-    made = [_bytes(analysis), _page1(analysis), _crossover(analysis),
-            _scenario(analysis, "Per request: prefill chunks", "request", STEP_CANDIDATE, "prefill"),
-            _scenario(analysis, "Per request: decode", "request", STEP_CANDIDATE, "decode"),
-            _scenario(analysis, "Per step, one D2H per request", "step", STEP_CANDIDATE, None),
-            _scenario(analysis, "Per step, batched (one D2H)", "step", BATCHED, None)]
+    """The findings table of the report, in the order a review asks its questions: the merged PR against pre-PR,
+    or, against another baseline, each of `subjects` per call and per step."""
+    if analysis.baseline == BASELINE:
+        made = [_bytes(analysis), _page1(analysis), _crossover(analysis),
+                _scenario(analysis, "Per request: prefill chunks", "request", STEP_CANDIDATE, "prefill"),
+                _scenario(analysis, "Per request: decode", "request", STEP_CANDIDATE, "decode"),
+                _scenario(analysis, "Per step, one D2H per request", "step", STEP_CANDIDATE, None),
+                _scenario(analysis, "Per step, batched (one D2H)", "step", BATCHED, None)]
+    else:
+        made = [f for v in subjects(analysis) for f in (
+            _faster(analysis, v), _scenario(analysis, f"Per step: {v}", "step", per_request_name(v), None))]
     if analysis.run.scenarios is not None:
         made.append(_blocked(analysis))
     if analysis.run.link_crossed:

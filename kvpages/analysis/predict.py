@@ -36,14 +36,15 @@ def _transfers(d2h_bytes: int) -> int:
     return 1 if d2h_bytes > 0 else 0
 
 
-def point_predictions(r: RatioRow) -> tuple[Prediction, ...]:
-    """`r`'s variant and baseline at its point, one call each, on every prediction profile."""
+def point_predictions(analysis: Analysis, r: RatioRow) -> tuple[Prediction, ...]:
+    """`r`'s variant and baseline at its point, one call each, on every prediction profile, each priced by what the
+    meter saw it move (its bytes and copies; `Analysis.host_work` for an undeclared variant's stride)."""
     out = []
     for profile in prediction_profiles():
         variant = profile.predicted_us(r.variant, r.page_size, 1, r.variant_d2h_bytes, _transfers(r.variant_d2h_bytes),
-                                       r.variant_median_us)
+                                       r.variant_median_us, analysis.host_side(r.variant))
         baseline = profile.predicted_us(r.baseline, r.page_size, 1, r.baseline_d2h_bytes,
-                                        _transfers(r.baseline_d2h_bytes), r.baseline_median_us)
+                                        _transfers(r.baseline_d2h_bytes), r.baseline_median_us, analysis.host_side(r.baseline))
         out.append(Prediction(profile, variant, baseline))
     return tuple(out)
 
@@ -53,11 +54,11 @@ def ratio_range(predictions: tuple[Prediction, ...]) -> tuple[float, float]:
     return min(ratios), max(ratios)
 
 
-def crossover(rows: list[RatioRow], profile: LinkProfile) -> int | None:
+def crossover(analysis: Analysis, rows: list[RatioRow], profile: LinkProfile) -> int | None:
     """The smallest swept seq_len of `rows` (one variant, one page size) at which the model puts the variant below
     the baseline on `profile`; None: nowhere within the sweep."""
     for r in sorted(rows, key=lambda r: r.seq_len):
-        if next(p for p in point_predictions(r) if p.profile == profile).ratio < 1:
+        if next(p for p in point_predictions(analysis, r) if p.profile == profile).ratio < 1:
             return r.seq_len
     return None
 
@@ -73,20 +74,21 @@ def scenario_predictions(analysis: Analysis, ratio: ScenarioRatio) -> tuple[Pred
         for name, measured in ((ratio.variant, ratio.variant_us), (ratio.baseline, ratio.baseline_us)):
             row = rows[name]
             times.append(profile.predicted_us(name, int(row["page_size"]), int(row["calls"]), float(row["d2h_bytes"]),
-                                              float(row["d2h_transfers"]), measured))
+                                              float(row["d2h_transfers"]), measured, analysis.host_side(name)))
         out.append(Prediction(profile, times[0], times[1]))
     return tuple(out)
 
 
 
 
-def with_link_model(rows: pd.DataFrame) -> pd.DataFrame:
+def with_link_model(rows: pd.DataFrame, host_work: frozenset[str] = frozenset()) -> pd.DataFrame:
     """`rows` plus one `modeled_<link>_us` column per link profile: one call's device ops, syncs, copies and bytes
-    without host work (a model, see kvpages.core.links)."""
+    without host work (a model, see kvpages.core.links; `host_work`: `Analysis.host_work`)."""
     out = rows.copy()
     for profile in LINK_PROFILES:
         out[profile.column] = [
-            profile.predicted_us(str(v), int(p), 1, float(b), float(t), 0.0) if pd.notna(b) and pd.notna(t) else np.nan
+            profile.predicted_us(str(v), int(p), 1, float(b), float(t), 0.0, v in host_work)
+            if pd.notna(b) and pd.notna(t) else np.nan
             for v, p, b, t in zip(rows["variant"], rows["page_size"], rows["d2h_bytes"], rows["d2h_transfers"],
                                   strict=True)
         ]

@@ -30,7 +30,7 @@ from kvpages.analysis.verdicts import (
     min_effect,
 )
 from kvpages.core.estimator import Paired, mean_estimate, paired_ratio
-from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, STEP_BASELINE, per_request_name, variant_sort_key
+from kvpages.core.names import CANDIDATE, FLOOR, STEP_BASELINE, per_request_name, per_request_of, variant_sort_key
 from kvpages.core.stats import Interval, finite_median, unknown
 from kvpages.schema.breakdown import BreakdownRow, read_breakdown
 from kvpages.schema.ranks import ContentionRow
@@ -259,11 +259,17 @@ class Analysis:
     """Where the time goes (breakdown.csv): three profiled passes over a few points; its shares are the result."""
     contention: tuple[ContentionRow, ...] = ()
     """A multi-rank run's steps: every rank at once against rank 0 alone (kvpages.analysis.contention)."""
+    host_work: frozenset[str] = frozenset()
+    """The variants whose page indices come from host work, by what the meter saw them move (`host_work`)."""
 
     @property
     def floor(self) -> tuple[RatioRow, ...]:
         """The zero-D2H floor (host_mirror) against the baseline at every point where both were timed."""
         return self.ratios_of(FLOOR)
+
+    def host_side(self, variant: str) -> bool:
+        """Whether `variant` (or the variant of per_request[variant]) strides on the host, by `host_work`."""
+        return (per_request_of(variant) or variant) in self.host_work
 
     def scenario_ratio(self, scenario: str, variant: str, latency: str) -> ScenarioRatio | None:
         return self._scenario_index.get((scenario, variant, latency))
@@ -315,9 +321,11 @@ class Analysis:
         return pd.DataFrame([r.__dict__ for r in self.ratios])
 
 
-def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
-    """Analyse `run` once: every timed variant against `baseline` at every point where both were timed,
-    judged as one family (kvpages.analysis.verdicts), with the run's noise floor as the minimum effect."""
+def analyze(run: Run, baseline: str | None = None) -> Analysis:
+    """Analyse `run` once: every timed variant against `baseline` (None: the run's own, --kv-baseline) at every point
+    where both were timed, judged as one family (kvpages.analysis.verdicts), with the run's noise floor as the minimum
+    effect. The steps are against per_request[baseline] where the run timed it, else per_request[host_stride]."""
+    baseline = baseline or run.baseline
     ok = run.timed_rows()
     rows = records(ok)
     points: dict[tuple, list[Record]] = {}  # per point, sorted, as groupby(POINT_COLUMNS, sort=True)
@@ -360,12 +368,27 @@ def analyze(run: Run, baseline: str = BASELINE) -> Analysis:
         interval_unit=ratios[0].interval_unit if ratios else "repetition",
     )
     step_baseline = per_request_name(baseline)
+    if run.scenarios is not None and step_baseline not in set(run.scenarios["variant"]):
+        step_baseline = STEP_BASELINE
     try:
         breakdown = read_breakdown(run.path if run.path.is_dir() else run.path.parent)
     except ValueError as exc:
         raise RunError(str(exc)) from None
     return Analysis(run, baseline, ratios, tuple(crossovers(ratios)), best, noise,
-                    scenario_ratios(run, step_baseline, effect), step_baseline, breakdown, contention(run))
+                    scenario_ratios(run, step_baseline, effect), step_baseline, breakdown, contention(run),
+                    host_work(rows))
+
+
+def host_work(rows: list[Record]) -> frozenset[str]:
+    """The variants that, at every timed point with a page size above 1, handed the host every token index (the stride
+    is done on the host, after the copy) or nothing (a host-side table): what the link model carries over as host work
+    for a variant it has no declaration of (kvpages.core.links), e.g. sglang@<label>."""
+    verdicts: dict[str, bool] = {}
+    for r in rows:
+        if r["page_size"] > 1 and not pd.isna(r["d2h_bytes"]):
+            whole = r["d2h_bytes"] in (0, r["seq_len"] * np.dtype(r["dtype"]).itemsize)
+            verdicts[r["variant"]] = verdicts.get(r["variant"], True) and bool(whole)
+    return frozenset(v for v, host in verdicts.items() if host)
 
 
 def variant_order(column: pd.Series) -> pd.Series:

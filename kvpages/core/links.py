@@ -65,10 +65,11 @@ class LinkProfile:
                 + launches * (LAUNCH_US + KERNEL_US))
 
     def predicted_us(self, variant: str, page_size: int, calls: int, d2h_bytes: float, d2h_transfers: float,
-                     measured_us: float) -> float:
-        """A call or a whole request or step of `variant` on this link (the module's formula)."""
-        host = measured_us if carries_host_work(variant) else 0.0
-        return host + self.modeled_us(d2h_bytes, d2h_transfers, device_ops(variant, page_size, calls))
+                     measured_us: float, host_side: bool = False) -> float:
+        """A call or a whole request or step of `variant` on this link (the module's formula); `host_side`: what the
+        meter saw an undeclared variant move says its stride is host work (`carries_host_work`)."""
+        host = measured_us if carries_host_work(variant, host_side) else 0.0
+        return host + self.modeled_us(d2h_bytes, d2h_transfers, device_ops(variant, page_size, calls, host_side))
 
     @property
     def column(self) -> str:
@@ -119,21 +120,25 @@ def prediction_profiles() -> tuple[LinkProfile, ...]:
     return tuple(next(p for p in LINK_PROFILES if p.name == name) for name in PREDICTION_PROFILES)
 
 
-def carries_host_work(variant: str) -> bool:
-    """Whether `variant`'s (or a per-request step variant's) measured time carries over to a GPU box as host work."""
-    return (per_request_of(variant) or variant) in CARRIES_HOST_WORK
+def carries_host_work(variant: str, host_side: bool = False) -> bool:
+    """Whether `variant`'s (or a per-request step variant's) measured time carries over to a GPU box as host work:
+    by the declarations above, else (an undeclared variant, e.g. sglang@<label>) by `host_side`, what the meter saw
+    it move (kvpages.analysis.ratios.host_work: every token index, or nothing)."""
+    name = per_request_of(variant) or variant
+    return name in CARRIES_HOST_WORK if name in KERNELS_PER_CALL else host_side
 
 
-def device_ops(variant: str, page_size: int, calls: int = 1) -> int:
+def device_ops(variant: str, page_size: int, calls: int = 1, host_side: bool = False) -> int:
     """The device ops a call (or a whole request or step of `calls` calls) launches before its copies: a batched
-    step launches one per request and one to gather them (B + 1) and copies once."""
+    step launches one per request and one to gather them (B + 1) and copies once; an undeclared variant one per call,
+    none when its stride is host work (`host_side`)."""
     inner = per_request_of(variant)
     if inner is None and variant.startswith("batched_"):
         return calls + 1
     name = inner or variant
     if name == "device_stride_shortcut" and page_size == 1:
         return 0
-    return KERNELS_PER_CALL.get(name, 1) * calls
+    return KERNELS_PER_CALL.get(name, 0 if host_side else 1) * calls
 
 
 def model_terms() -> tuple[Term, ...]:

@@ -35,6 +35,12 @@ STEP_CANDIDATE = per_request_name(CANDIDATE)
 STEP_FLOOR = per_request_name(FLOOR)
 
 
+def called(baseline: str, quote: str = "`") -> str:
+    """How a sentence or a table names a baseline: 'pre-PR' for host_stride and per_request[host_stride], else the
+    name in `quote`s (a chart's text: quote='')."""
+    return "pre-PR" if (per_request_of(baseline) or baseline) == BASELINE else f"{quote}{baseline}{quote}"
+
+
 def variant_sort_key(name: str) -> tuple:
     """The baseline first, then the candidate, then the rest by name; step variants likewise
     (per_request[baseline], per_request[candidate], then the batched ones, then the other per-request ones)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpages.core.checks import check_choice, parse_choices, parse_positive_ints, split_csv
+from kvpages.core.names import BASELINE
 from kvpages.core.presets import PRESETS, Preset, get_preset
 from kvpages.core.scenarios import MIXED_LENGTHS, Scenario, parse_lengths, scenarios_from
 from kvpages.core.sglang import SPEC_FORMS, parse_specs
@@ -134,6 +135,9 @@ OPTIONS: tuple[Option, ...] = (
            _names),
     Option("--kv-sglang", "sglang", f"SGLang's own kv_to_page_indices as variants sglang@<label>, comma-separated "
            f"SPECs: {SPEC_FORMS}", parse_specs),
+    Option("--kv-baseline", "baseline", f"the variant every ratio, verdict, finding, chart and `kvpages compare` is "
+           f"against, e.g. sglang@0.5.23 (default {BASELINE}; a registered variant, see `kvpages list`)",
+           lambda f, t: t.strip()),  # checked against the registered variants by the plugin, after --kv-sglang
     Option("--kv-breakdown", "breakdown", "where the time goes: three profiled passes over a few points, in its own "
            "process after the timing: on, off (default: on)", _choice(BREAKDOWN_MODES, "breakdown mode")),
     Option("--kv-rank-timeout", "rank_timeout_s", "under torchrun: seconds a rank waits for the others at a barrier "
@@ -195,6 +199,7 @@ class BenchOptions:
     step_lens: str | None = None
     step_variants: tuple[str, ...] | None = None
     sglang: tuple[str, ...] | None = None
+    baseline: str | None = None
     breakdown: str | None = None
     rank_timeout_s: float | None = None
     results_dir: str | None = None
@@ -266,6 +271,10 @@ class BenchOptions:
     def scenario_budget_s(self) -> float:
         """--kv-time-budget when given, else the preset's scenario budget."""
         return self.time_budget_s if self.time_budget_s is not None else self.the_preset.scenario_budget_s
+
+    @property
+    def baseline_name(self) -> str:
+        return self.baseline or BASELINE
 
     @property
     def device_choice(self) -> str:

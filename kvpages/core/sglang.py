@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import dataclasses
 import os
 import re
 import shutil
@@ -45,6 +46,8 @@ CONVENTIONS = {"np.ndarray": "numpy", "numpy.ndarray": "numpy", "torch.Tensor": 
 MODULES = {"numpy": ("np", "numpy"), "torch": ("torch",)}
 """The modules the function is compiled with, and their default names."""
 PIP_TIMEOUT_S = 300.0
+PREFIX = "sglang@"
+"""Every SGLang function's variant name starts with it: sglang@<label>."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ class SglangSource:
 
     @property
     def name(self) -> str:
-        return f"sglang@{self.label}"
+        return f"{PREFIX}{self.label}"
 
 
 @dataclass(frozen=True)
@@ -279,13 +282,36 @@ def load_function(source: SglangSource) -> SglangFunction:
     return SglangFunction(source, code, line, CONVENTIONS[canonical], names)
 
 
+def _git_commit(folder: Path) -> str | None:
+    """The short commit of the git checkout `folder` lies in (`git rev-parse`, no network), or None."""
+    try:
+        done = subprocess.run(["git", "-C", str(folder), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    commit = done.stdout.strip()
+    return commit if done.returncode == 0 and commit else None
+
+
+def _told_apart(f: SglangFunction) -> SglangFunction:
+    """`f` labelled `<label>-<short commit>` when its file lies in a git checkout, else as it was."""
+    commit = _git_commit(f.source.file.parent)
+    if commit is None:
+        return f
+    return dataclasses.replace(f, source=dataclasses.replace(f.source, label=f"{f.source.label}-{commit}"))
+
+
 def load_all(specs: tuple[str, ...], cache: Path | None = None) -> tuple[SglangFunction, ...]:
-    """Resolve and read every SPEC; two SPECs that would register the same variant name are refused."""
-    functions = tuple(load_function(resolve(spec, cache)) for spec in dict.fromkeys(specs))
+    """Resolve and read every SPEC. Two that would make the same variant name (checkouts in folders of the same name)
+    are labelled apart by each one's git commit; a name they still share is refused."""
+    functions = [load_function(resolve(spec, cache)) for spec in dict.fromkeys(specs)]
+    names = [f.source.name for f in functions]
+    functions = [_told_apart(f) if names.count(f.source.name) > 1 else f for f in functions]
     seen: dict[str, str] = {}
     for f in functions:
         if f.source.name in seen:
             raise ValueError(f"{FLAG}: {seen[f.source.name]!r} and {f.source.spec!r} both make the variant "
-                             f"{f.source.name}; give only one of them")
+                             f"{f.source.name}, and no git commit tells them apart; give only one of them, or rename "
+                             "one checkout's folder")
         seen[f.source.name] = f.source.spec
-    return functions
+    return tuple(functions)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvpages.analysis.predict import with_link_model
 from kvpages.analysis.ratios import Analysis, variant_order
 from kvpages.core.links import LINK_PROFILES, profile_for
-from kvpages.core.names import CANDIDATE, label
+from kvpages.core.names import CANDIDATE, called, label
 from kvpages.render.text import ci_text, count, coverage, fraction, interval_cell, ratio_text, sig, table, us
 
 
@@ -25,7 +25,8 @@ def variants_section(analysis: Analysis) -> str:
                  ci_text(r), r.verdict]
                 for r in others if (r.dtype, r.layout, r.page_size) == (dtype, layout, page_size)]
         if rows:
-            header = ["ratios.csv id", "bytes", "bytes / pre-PR", "median µs", "spread", "time / pre-PR",
+            b = called(analysis.baseline)
+            header = ["ratios.csv id", "bytes", f"bytes / {b}", "median µs", "spread", f"time / {b}",
                       coverage(analysis), "verdict"]
             parts.append(f"#### page_size {page_size} ({dtype}, {layout})\n\n{table(header, rows)}")
     return "\n\n".join(parts) or "No other variant was timed."
@@ -33,7 +34,7 @@ def variants_section(analysis: Analysis) -> str:
 
 def link_model_section(analysis: Analysis) -> str:
     run = analysis.run
-    modeled = with_link_model(run.ok_rows())  # one call's device ops, syncs, copies and bytes
+    modeled = with_link_model(run.ok_rows(), analysis.host_work)  # one call's device ops, syncs, copies and bytes
     modeled = modeled[modeled["variant"].isin([analysis.baseline, CANDIDATE])]
     longest = modeled.groupby(["dtype", "layout", "page_size"])["seq_len"].transform("max")
     chosen = modeled[modeled["seq_len"] == longest].sort_values(["page_size", "variant"])
@@ -62,7 +63,8 @@ def model_vs_measurement(analysis: Analysis) -> str:
         profile = profile_for(pcie, r["link"])
         if profile is None:
             continue
-        modeled = profile.predicted_us(str(r["variant"]), int(r["page_size"]), 1, r["d2h_bytes"], r["d2h_transfers"], 0.0)
+        modeled = profile.predicted_us(str(r["variant"]), int(r["page_size"]), 1, r["d2h_bytes"], r["d2h_transfers"], 0.0,
+                                       analysis.host_side(str(r["variant"])))
         time = analysis.time_of(r)
         rows.append([r["page_size"], r["seq_len"], f"`{r['variant']}`", r["link"], profile.label, us(time),
                      us(modeled), sig(time - modeled)])
@@ -111,8 +113,9 @@ def scenarios_section(analysis: Analysis) -> str:
                                                ratio_cell(analysis, r["scenario"], r["variant"], "ready")]))
             rows.append([f"`{r['id']}`", r["calls"], count(r["d2h_bytes"]), r["d2h_transfers"], *latencies])
         if rows:
-            time = ["blocked = ready µs", f"/ pre-PR [{coverage(analysis)}]"] if merged else [
-                "blocked µs", f"blocked / pre-PR [{coverage(analysis)}]", "ready µs", f"ready / pre-PR [{coverage(analysis)}]"]
+            b = called(analysis.scenario_baseline)
+            time = ["blocked = ready µs", f"/ {b} [{coverage(analysis)}]"] if merged else [
+                "blocked µs", f"blocked / {b} [{coverage(analysis)}]", "ready µs", f"ready / {b} [{coverage(analysis)}]"]
             header = ["scenarios.csv id: scenario:step variant", "calls", "bytes", "transfers", *time]
             parts.append(f"#### {title}\n\n" + table(header, rows))
     others = frame[frame["status"] != "ok"]

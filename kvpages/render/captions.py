@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvpages.analysis.cite import sig
 from kvpages.analysis.ratios import Analysis
+from kvpages.core.names import called
 from kvpages.render.text import coverage
 
 
@@ -19,16 +20,17 @@ def caption(analysis: Analysis, name: str) -> str:
     band = f"each band that variant's own {coverage(analysis)}"
     time = time_label(analysis)
     stem = name.rsplit(".", 1)[0]
+    base = called(analysis.baseline)
     texts = {
         "latency": f"Measured {time} per call against the sequence length, a panel per page size: each marker is a "
                    f"variant's time (the geometric mean of its block medians), {band}.",
         "bytes": "Metered bytes handed to the host per call against the sequence length, a panel per page size, with "
                  "the ideal ceil(L/p) x itemsize: every variant but pre-PR sits on it; a variant that hands over 0 "
                  "bytes (the host mirror) is marked on the axis floor.",
-        "ratio": f"Merged PR / pre-PR {time} per call at every point, on a colour scale capped at 1/4 and 4 and centred "
+        "ratio": f"Merged PR / {base} {time} per call at every point, on a colour scale capped at 1/4 and 4 and centred "
                  f"on 1 (▲/▼: beyond the cap); each cell prints its interval; '~' with grey text: same (within the "
                  f"{effect} minimum effect); '?' on a hatched cell: unclear.",
-        "link_model": "A model, not a measurement: the predicted merged PR / pre-PR time per call on each link profile "
+        "link_model": f"A model, not a measurement: the predicted merged PR / {base} time per call on each link profile "
                       "(pre-PR's measured host work + device ops, syncs, copies and bytes / bandwidth; every term in "
                       "kvpages/core/links.py), against the sequence length, a panel per page size.",
         "scenario_requests": f"Measured {time} per whole request against the prompt length, a panel per side and page "

@@ -12,7 +12,7 @@ from kvpages.analysis.findings import profile_name
 from kvpages.analysis.predict import crossover, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis
 from kvpages.core.links import HOST_WORK, LINK_PROFILES, model_terms, prediction_profiles
-from kvpages.core.names import CANDIDATE, STEP_CANDIDATE
+from kvpages.core.names import CANDIDATE, STEP_CANDIDATE, called
 from kvpages.render.text import ci_text, count, coverage, fraction, table, us
 
 BATCHED = "batched_device_stride"
@@ -40,11 +40,12 @@ def per_call_table(analysis: Analysis, page_sizes: list[int] | None = None) -> s
         if (page_sizes is not None and r.page_size not in page_sizes) or (
                 page_sizes is None and r.seq_len not in (min(at), max(at))):
             continue
-        predicted = [] if analysis.run.link_crossed else _predicted_cells(point_predictions(r))
+        predicted = [] if analysis.run.link_crossed else _predicted_cells(point_predictions(analysis, r))
         rows.append([r.page_size, r.seq_len, fraction(r.bytes_ratio), us(r.baseline_median_us), us(r.variant_median_us),
                      f"{sig(r.ratio)} {ci_text(r)} {r.verdict}", *predicted, f"`{r.id}`"])
     word = time_word(analysis)
-    header = ["p", "L", "bytes PR / pre-PR", f"pre-PR {word}", f"PR {word}", f"PR / pre-PR [{coverage(analysis)}]",
+    b = called(analysis.baseline)
+    header = ["p", "L", f"bytes PR / {b}", f"{b} {word}", f"PR {word}", f"PR / {b} [{coverage(analysis)}]",
               *_predicted_header(analysis), "id"]
     return table(header, rows)
 
@@ -58,7 +59,7 @@ def crossover_table(analysis: Analysis) -> str:
                                                                                                  c.page_size)]
         measured = c.describe()
         predicted = [] if analysis.run.link_crossed else [
-            f"L={x}" if (x := crossover(found, p)) else "none" for p in prediction_profiles()]
+            f"L={x}" if (x := crossover(analysis, found, p)) else "none" for p in prediction_profiles()]
         rows.append([c.page_size, measured, *predicted])
     what = "measured host-side (no transfer)" if not analysis.run.link_crossed else "measured"
     return table(["p", f"{what}: judged faster from", *_predicted_header(analysis)], rows)
@@ -86,8 +87,9 @@ def scenario_table(analysis: Analysis) -> str:
                      us(r.baseline_us), us(r.variant_us), f"{sig(r.interval.ratio)} {interval} {r.verdict}",
                      *predicted])
     word = time_word(analysis)
-    header = ["what", "size", "step variant", "bytes", "D2H", f"pre-PR {word}", f"variant {word}",
-              f"variant / pre-PR [{coverage(analysis)}]", *_predicted_header(analysis)]
+    b = called(analysis.scenario_baseline)
+    header = ["what", "size", "step variant", "bytes", "D2H", f"{b} {word}", f"variant {word}",
+              f"variant / {b} [{coverage(analysis)}]", *_predicted_header(analysis)]
     return f"At page size {top}; every page size and step variant is in the appendix.\n\n" + table(header, rows)
 
 

@@ -23,7 +23,7 @@ from kvpages.analysis.predict import point_predictions
 from kvpages.analysis.ratios import Analysis, Record, records
 from kvpages.analysis.verdicts import SAME, UNCLEAR
 from kvpages.core.links import prediction_profiles
-from kvpages.core.names import CANDIDATE, variant_sort_key
+from kvpages.core.names import CANDIDATE, called, variant_sort_key
 from kvpages.core.sweep import ITEMSIZE
 from kvpages.render.breakdown import plot_breakdown
 from kvpages.render.captions import time_label
@@ -193,9 +193,10 @@ def plot_ratio(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, f
     bar = fig.colorbar(image, ax=ax)
     ticks = np.arange(-cap, cap + 1)
     bar.set_ticks(list(ticks), labels=[f"{2 ** t:g}" if t >= 0 else f"1/{2 ** -t:g}" for t in ticks])
-    bar.set_label(f"merged PR / pre-PR (red: higher; capped, ▲▼ beyond;\n[ ]: {coverage(analysis)}; ~ grey: same "
+    base = called(analysis.baseline, "")
+    bar.set_label(f"merged PR / {base} (red: higher; capped, ▲▼ beyond;\n[ ]: {coverage(analysis)}; ~ grey: same "
                   f"within {sig(100 * analysis.noise.min_effect)}%; ? hatched: unclear)", fontsize=8)
-    set_title(ax, _title(analysis.run, f"merged PR / pre-PR {time_label(analysis)} per call", dtype,
+    set_title(ax, _title(analysis.run, f"merged PR / {base} {time_label(analysis)} per call", dtype,
                      layout), fontsize=10)
     return save(fig, stem, formats)
 
@@ -211,14 +212,14 @@ def plot_link_model(analysis: Analysis, frame, dtype: str, layout: str, stem: Pa
     for ax, page_size in zip(axes, page_sizes, strict=True):
         at = sorted((r for r in ratios if r.page_size == page_size), key=lambda r: r.seq_len)
         seq = [r.seq_len for r in at]
-        predicted = [point_predictions(r) for r in at]
+        predicted = [point_predictions(analysis, r) for r in at]
         for n, profile in enumerate(prediction_profiles()):
             ax.plot(seq, [p[n].ratio for p in predicted], color=palette[n], marker="osD"[n], ms=4, mfc="none",
                     ls=":" if profile.pinned else "-", label=profile_name(profile))
         ax.axhline(1.0, color="black", lw=1, ls="--", label="1: same predicted time")
         _log_axes(ax)
         set_title(ax, f"page_size={page_size}")
-        ax.set(xlabel="seq_len (tokens)", ylabel="predicted time, merged PR / pre-PR")
+        ax.set(xlabel="seq_len (tokens)", ylabel=f"predicted time, merged PR / {called(analysis.baseline, '')}")
     _legend(fig, axes, "link profile (model)")
     fig.suptitle(_title(analysis.run, "MODEL, not measurement: predicted time per call on a GPU box", dtype, layout),
                  fontsize=10)

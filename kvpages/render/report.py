@@ -11,7 +11,7 @@ from kvpages.analysis.findings import findings
 from kvpages.analysis.noise import components_text
 from kvpages.analysis.ratios import NOISY_SPREAD, Analysis
 from kvpages.analysis.verdicts import FDR, MIN_EFFECT_FLOOR
-from kvpages.core.names import BASELINE, CANDIDATE, LABELS, STEP_CANDIDATE, label
+from kvpages.core.names import BASELINE, CANDIDATE, LABELS, STEP_CANDIDATE, called, label, per_request_of
 from kvpages.render.appendix import (
     groups,
     link_model_section,
@@ -132,7 +132,8 @@ def findings_section(analysis: Analysis) -> str:
                                 for f in findings(analysis)]
     model = ("" if analysis.run.link_crossed else "On this CPU run no link was crossed: a time figure is the model's "
              "predicted ratio per link profile (see The link model), and the measured host-side work is evidence. ")
-    return (f"{model}Measured ratios are variant / pre-PR with their {coverage(analysis)} (see Method); each id is a row of "
+    return (f"{model}Measured ratios are variant / {called(analysis.baseline)} with their {coverage(analysis)} (see "
+            "Method); each id is a row of "
             f"`{RATIOS_CSV}` (`r-...`) or `scenarios.csv` / `{SCENARIO_RATIOS_CSV}` (`req-...`, `step-...`); "
             "`kvpages cite <run> <id>` prints it in one line with its command.\n\n"
             + table(["question", "answer", "figure", "row id", "status"], rows))
@@ -149,7 +150,8 @@ def results_section(analysis: Analysis) -> str:
                              us(r.baseline_median_us), us(r.variant_median_us), ratio_text(r), ci_text(r), r.verdict,
                              " ≈ ".join(best), f"`{r.id}`"])
         if rows:
-            header = ["seq_len", "pre-PR bytes", "merged PR bytes", "bytes ratio", "pre-PR µs", "merged PR µs",
+            b = called(analysis.baseline)
+            header = ["seq_len", f"{b} bytes", "merged PR bytes", "bytes ratio", f"{b} µs", "merged PR µs",
                       "time ratio", coverage(analysis), "verdict", "fastest (≈: tied)", "id"]
             parts.append(f"### page_size {page_size} ({dtype}, {layout})\n\n{table(header, rows)}")
     return "\n\n".join(parts) if parts else f"No point has both {analysis.baseline} and {CANDIDATE} timed."
@@ -159,7 +161,7 @@ def crossover_section(analysis: Analysis) -> str:
     if not analysis.crossovers:
         return "No crossover can be computed: no point has both variants timed."
     rows = [[c.page_size, c.dtype, c.layout, c.describe()] for c in analysis.crossovers]
-    return (f"Smallest swept seq_len at which the merged PR is judged *faster* than pre-PR (interval below 1, "
+    return (f"Smallest swept seq_len at which the merged PR is judged *faster* than {called(analysis.baseline)} (interval below 1, "
             f"beyond the {analysis.noise.min_effect:.1%} minimum effect, kept by the family correction).\n\n"
             + table(["page_size", "dtype", "layout", "crossover"], rows))
 
@@ -181,12 +183,14 @@ def scenario_main(analysis: Analysis) -> str:
     what = "blocked = ready µs" if same_latencies(analysis) else "blocked µs"
     lead = (f"Measured over whole requests (every call, prefill chunks of the chunk size; decode one call and "
             f"`.astype(np.int32)`) and whole steps (a step's requests), never multiplied from points: "
-            f"`{STEP_CANDIDATE}` ({label(CANDIDATE)}) against `{analysis.scenario_baseline}` ({label(BASELINE)}). "
+            f"`{STEP_CANDIDATE}` ({label(CANDIDATE)}) against `{analysis.scenario_baseline}` "
+            f"({label(per_request_of(analysis.scenario_baseline) or BASELINE)}). "
             "Every step variant, ready times and the batched hypotheses are in the appendix.")
     if same_latencies(analysis):
         lead += (" On this CPU run blocked equals ready for every row (no device queue, no worker-thread wait), so "
                  "they are one column.")
-    return lead + "\n\n" + table(["kind", "side", "page_size", "size", "bytes pre-PR → PR", f"{what} pre-PR → PR",
+    named = called(analysis.scenario_baseline)
+    return lead + "\n\n" + table(["kind", "side", "page_size", "size", f"bytes {named} → PR", f"{what} {named} → PR",
                                   f"ratio [{coverage(analysis)}] verdict", "id"], rows)
 
 
@@ -210,6 +214,8 @@ def render(analysis: Analysis) -> str:
     command = run.meta.command if run.meta else "(unknown: no meta.json)"
     where = "CPU run: no link crossed" if not run.link_crossed else "CUDA run"
     names = f"Names: **pre-PR** = `{BASELINE}`, {LABELS[BASELINE]}; **merged PR** = `{CANDIDATE}`, {LABELS[CANDIDATE]}."
+    if analysis.baseline != BASELINE:
+        names += f" **Baseline** (--kv-baseline): `{analysis.baseline}`; every ratio is against it."
     sections = [
         f"# kvpages report: {run.run_id} ({run.device_name}; {where})\n\n{names}",
         "## Findings\n\n" + findings_section(analysis),
@@ -218,7 +224,7 @@ def render(analysis: Analysis) -> str:
     if charts:
         sections.append("## Charts\n\n" + charts)
     word = "host-side work (no transfer)" if not run.link_crossed else "time"
-    sections.append(f"## Evidence\n\n### Per call: merged PR vs pre-PR, {word}\n\n" + per_call_table(analysis)
+    sections.append(f"## Evidence\n\n### Per call: merged PR vs {called(analysis.baseline)}, {word}\n\n" + per_call_table(analysis)
                     + "\n\n### Crossover\n\n" + crossover_table(analysis))
     scenarios = scenario_table(analysis)
     if scenarios:
@@ -239,8 +245,9 @@ def render(analysis: Analysis) -> str:
 
 def render_appendix(analysis: Analysis) -> str:
     """APPENDIX.md: the long tables the report links to."""
+    base = called(analysis.baseline)
     sections = [f"# Appendix to [{REPORT_MD}]({REPORT_MD}): run {analysis.run.run_id}",
-                "## Merged PR vs pre-PR at every point\n\nFastest: the lowest time at the point, and every variant "
+                f"## Merged PR vs {base} at every point\n\nFastest: the lowest time at the point, and every variant "
                 "not judged slower than it.\n\n" + results_section(analysis),
                 "## Measured crossover\n\n" + crossover_section(analysis)]
     scenarios = scenario_main(analysis)
@@ -249,7 +256,7 @@ def render_appendix(analysis: Analysis) -> str:
     for title, text in (("Host mirror", floor_section(analysis)), ("Where the time goes", breakdown_section(analysis))):
         if text:
             sections.append(f"## {title}\n\n{text}")
-    sections.append("## The other variants vs pre-PR\n\n`spread`: how much the row's block medians vary between "
+    sections.append(f"## The other variants vs {base}\n\n`spread`: how much the row's block medians vary between "
                     "repetitions (results.csv `rep_spread`).\n\n" + variants_section(analysis)
                     + "\n\n## Link model per row\n\n" + link_model_section(analysis))
     full = scenarios_section(analysis)

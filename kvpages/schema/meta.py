@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvpages.core.names import BASELINE
 from kvpages.schema.rows import SCHEMA_VERSION
 
 
@@ -81,6 +82,8 @@ class RunMeta:
     """Where the time goes (breakdown.csv): what the profiled pass wrote, or why it wrote nothing."""
     ranks: RanksMeta | None = None
     """A multi-rank run's process group (schema version 4); None: one rank."""
+    baseline: str = BASELINE
+    """The variant every ratio of the run is against (--kv-baseline); a run written without it: host_stride."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from kvpages.core.names import BASELINE
 from kvpages.schema.meta import Environment, ProcessInfo, RankInfo, RanksMeta, RunMeta
 from kvpages.schema.rows import (
     KEY_COLUMNS,
@@ -105,6 +106,11 @@ class Run:
         if key not in self._cache:
             self._cache[key] = compute()
         return self._cache[key]
+
+    @property
+    def baseline(self) -> str:
+        """The variant its ratios are against (meta.json; host_stride for a bare CSV)."""
+        return self.meta.baseline if self.meta else BASELINE
 
     @property
     def process_count(self) -> int:
