@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import synthetic_run
+from conftest import assert_phases_add_up, synthetic_run
 from test_analysis import covers
 from test_plugin import BENCH, CPU, run_dirs
 
@@ -23,7 +23,7 @@ from kvpages.core.stats import Levels, hierarchical_interval, median_interval
 from kvpages.core.sweep import Point, Sweep
 from kvpages.measure.outcome import BlockOutcome, MeterReading
 from kvpages.measure.schedule import in_run_order, plan
-from kvpages.measure.workers import LogReader, WorkerEnd, WorkerLog
+from kvpages.measure.workers import BlocksSpent, LogReader, WorkerEnd, WorkerLog
 from kvpages.render.report import caveats
 from kvpages.schema.reader import load_run
 from kvpages.schema.rows import PARTIAL, POINTS, SAMPLES_CSV, SampleSet
@@ -164,9 +164,10 @@ def test_a_worker_log_is_read_as_it_grows_and_a_torn_last_line_waits(tmp_path):
     with open(tmp_path / "process-0.jsonl", "a") as f:
         f.write('st_stride-s32-p4-int32-fragmented", "table": "results.csv", "process": 0, "status": "ok", "note": "", '
                 '"fail": false, "reading": null, "samples": []}\n')
-    log.end(WorkerEnd(123, 1.5, 0.25, 1))
+    end = WorkerEnd(123, 1.5, BlocksSpent(1, 0.5, 0.25, 0.05, 0.01, 0.1))
+    log.end(end)
     assert reader.new_outcomes() == [BlockOutcome("host_stride-s32-p4-int32-fragmented", POINTS, 0)]
-    assert reader.end == WorkerEnd(123, 1.5, 0.25, 1)
+    assert reader.end == end
 
 
 TIMED = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider", "--kv-breakdown", "off")
@@ -187,6 +188,7 @@ def test_processes_time_their_share_in_fresh_pytest_workers_into_one_run_folder(
     roles = [(p.index, p.role) for p in run.meta.processes]
     assert roles == [(0, "worker"), (1, "session")] and len({p.pid for p in run.meta.processes}) == 2
     assert run.meta.completed and all(p.startup_s > 0 and p.blocks == 8 for p in run.meta.processes)
+    assert_phases_add_up(run.meta)
     names = {b["name"] for b in json.loads(out.read_text())["benchmarks"]}
     assert len(names) == 16 and {n.rsplit("-r", 1)[1].rstrip("]") for n in names} == {"0", "1", "2", "3"}
     assert analyze(run).ratios[0].interval_unit == "process"

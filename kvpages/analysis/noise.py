@@ -46,6 +46,9 @@ class AAFigures:
     relative_points: int
     noise_a: NoiseFloor
     noise_b: NoiseFloor
+    timed_a: str = ""
+    timed_b: str = ""
+    """How much of each run's wall time was timed (kvpages.schema.meta.RunMeta.efficiency_text)."""
 
     def fit_line(self) -> str:
         """One line: is this box fit for comparisons, judged by this pair against the calibrated values?"""
@@ -85,6 +88,7 @@ class AAFigures:
         ]
         for name, noise in (("A", self.noise_a), ("B", self.noise_b)):
             lines.append(f"noise floor {name}: {components_text(noise)}")
+        lines += [f"{name}: {timed}" for name, timed in (("A", self.timed_a), ("B", self.timed_b)) if timed]
         lines.append(self.fit_line())
         return "\n".join(lines)
 
@@ -128,5 +132,11 @@ def aa_figures(a: Analysis, b: Analysis, variant: str, fail_above_pct: float) ->
         slower=comparison.relative.counts()[SLOWER],
         faster=comparison.relative.counts()[FASTER],
         relative_points=len(comparison.relative.points),
-        noise_a=a.noise, noise_b=b.noise,
+        noise_a=a.noise, noise_b=b.noise, timed_a=efficiency(a), timed_b=efficiency(b),
     )
+
+
+def efficiency(analysis: Analysis) -> str:
+    """How much of the run's wall time was timed, in one line."""
+    meta = analysis.run.meta
+    return "no meta.json beside the CSV: timed seconds unknown" if meta is None else meta.efficiency_text()
