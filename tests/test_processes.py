@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import signal
@@ -16,8 +17,8 @@ from test_analysis import covers
 from test_plugin import BENCH, CPU, run_dirs
 
 from kvpages.analysis.compare import compare_runs
-from kvpages.analysis.noise import aa_figures
-from kvpages.analysis.ratios import analyze
+from kvpages.analysis.noise import aa_figures, allocation_text
+from kvpages.analysis.ratios import NoiseFloor, analyze
 from kvpages.core.presets import PRESETS
 from kvpages.core.stats import Levels, hierarchical_interval, median_interval
 from kvpages.core.sweep import Point, Sweep
@@ -25,6 +26,7 @@ from kvpages.measure.outcome import BlockOutcome, MeterReading
 from kvpages.measure.schedule import in_run_order, plan
 from kvpages.measure.workers import BlocksSpent, LogReader, WorkerEnd, WorkerLog
 from kvpages.render.report import caveats
+from kvpages.schema.meta import ProcessInfo
 from kvpages.schema.reader import load_run
 from kvpages.schema.rows import PARTIAL, POINTS, SAMPLES_CSV, SampleSet
 
@@ -143,6 +145,17 @@ def test_noise_states_both_levels_and_whether_the_box_is_fit(tmp_path):
     text = aa_figures(a, b, "device_stride", 10).text()
     assert "between processes" in text and "between repetitions within one" in text
     assert text.splitlines()[-1].startswith("fit for comparisons: ")
+
+
+def test_the_repetitions_per_process_follow_from_the_noise_and_the_costs(tmp_path):
+    meta = load_run(synthetic_run(tmp_path / "a", MEDIANS, processes=6, repetitions=12)).meta
+    phased = [ProcessInfo(p, 1000 + p, "worker", 2.0, 1.0, 6.0, 0, 0.5, 0.5, 1.0, 0.5, 0.5) for p in range(6)]
+    meta = dataclasses.replace(meta, processes=phased)  # a process costs 4 s besides 2 repetitions of 1 s each
+    noise = NoiseFloor(12, 0.2, 0.3, 0.05, processes=6, ratio_between_process=0.05, ratio_within_process=0.2)
+    text = allocation_text(noise, meta)  # sqrt(4 s * 0.2^2 / (1 s * 0.05^2)) = 8
+    assert "a process costs 4.0 s" in text and "8.0 repetitions per process" in text and "this run: 2" in text
+    assert allocation_text(dataclasses.replace(noise, ratio_within_process=math.nan), meta) == ""
+    assert allocation_text(noise, dataclasses.replace(meta, processes=[ProcessInfo(0, 1, "session", 2, 1, 6, 0)] * 6)) == ""
 
 
 # --------------------------------------------------------------------------------------------- worker processes
