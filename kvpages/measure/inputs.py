@@ -105,8 +105,8 @@ class PoolCache:
     A pool is a pure function of its arguments, and building a long fragmented one (a shuffle of
     millions of pages) costs more than a second; a later process loads it into its own fresh
     memory instead (its placement is still its own). Only a pool that passed its checks is saved,
-    so a process that loads one skips them: they were most of a later process's inputs phase (about
-    1 s of the dev box's 1.3 s per process of the default sweep, 6 processes).
+    so a process that loads one skips them: they were most of a later process's inputs (a sweep of
+    the default points in 3 processes on the loaded dev box: 0.27 s instead of 1.07 s a process).
     """
 
     folder: Path
