@@ -307,6 +307,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
                 terminalreporter.write_line(f"chart: {chart}")
             terminalreporter.write_line(f"report: {write_report(analysis)} (with ratios.csv)")
         kv.analysed(time.perf_counter() - started)
+        terminalreporter.write_line(f"kvpages: {writer.meta.efficiency_text()}")
     except ModuleNotFoundError as exc:
         if exc.name not in ANALYSIS_PACKAGES:
             raise

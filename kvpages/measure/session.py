@@ -213,12 +213,9 @@ class KvSession:
 
     def start(self, selected: Sequence[Block]) -> None:
         """Before the first block, once: SIGTERM made an interruption; the profiler cross-check run over the
-        `selected` blocks' cases; the run folder opened with its recorder (the session that writes it). The
-        objects alive now (about 225,000 after torch's import and collection) are frozen out of the garbage
-        collector's passes (`gc.freeze`), which walked them in every full pass, a few a process, one of them maybe
-        inside a timed round (a one-process sweep of the default points on the loaded dev box: full passes 0.17 s
-        without, 0.08 s with); what the blocks allocate is still collected."""
-        gc.freeze()
+        `selected` blocks' cases; the run folder opened with its recorder (the session that writes it)."""
+        gc.freeze()  # the ~225,000 objects alive now leave the full GC passes (a few a process, maybe in a timed
+        # round; a 1-process sweep of the default points, loaded dev box: passes 0.17 s without, 0.08 s with)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _interrupt)
         if self.log is not None:  # a worker logs its outcomes
