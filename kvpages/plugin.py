@@ -20,7 +20,7 @@ import pytest
 
 from kvpages.core.capacity import check_fits, host_available_bytes
 from kvpages.core.options import OPTIONS, BenchOptions
-from kvpages.measure.workers import WORKER_DIR_FLAG, WORKER_FLAG, exit_without_collecting
+from kvpages.measure.workers import WORKER_DIR_FLAG, WORKER_FLAG, exit_without_collecting, process_started_at
 
 if TYPE_CHECKING:
     from kvpages.measure.group import Launch
@@ -48,7 +48,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.stash[START_KEY] = time.perf_counter()
+    config.stash[START_KEY] = process_started_at()
     try:
         options = BenchOptions.parse(config.getoption)
     except (ValueError, TypeError) as exc:
@@ -148,7 +148,7 @@ def kv_session(config: pytest.Config) -> KvSession:
         config.stash[SESSION_KEY] = KvSession(
             config.stash[OPTIONS_KEY], Path(str(config.rootpath)), tuple(config.invocation_params.args),
             timing=not config.getoption("benchmark_disable", False), worker=config.getoption(WORKER_FLAG),
-            worker_dir=None if worker_dir is None else Path(worker_dir), configured_at=config.stash[START_KEY],
+            worker_dir=None if worker_dir is None else Path(worker_dir), started_at=config.stash[START_KEY],
             launch=launch,
         )
         exit_without_collecting()  # a process of the sweep (torch imported) exits without the last GC passes
@@ -203,8 +203,6 @@ def pytest_runtestloop(session: pytest.Session):
     fresh pytest worker, one after another (kvpages.measure.workers)."""
     config = session.config
     kv = config.stash.get(SESSION_KEY, None)
-    if kv is not None:
-        kv.loop_started = time.perf_counter()
     if (kv is not None and kv.processes > 1 and kv.recorder is not None and not config.option.collectonly
             and not session.testsfailed):
         _run_workers(config, kv)
@@ -281,6 +279,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if writer is None:
         terminalreporter.write_line("kvpages: timing disabled or nothing ran; no run folder written")
         return
+    started = time.perf_counter()
     try:
         from kvpages.analysis.ratios import analyze
         from kvpages.render.summary import summary_text
@@ -297,6 +296,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             for chart in plot_run(analysis):
                 terminalreporter.write_line(f"chart: {chart}")
             terminalreporter.write_line(f"report: {write_report(analysis)} (with ratios.csv)")
+        kv.analysed(time.perf_counter() - started)
+        terminalreporter.write_line(f"kvpages: {writer.meta.efficiency_text()}")
     except ModuleNotFoundError as exc:
         if exc.name not in ANALYSIS_PACKAGES:
             raise

@@ -53,7 +53,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from kvpages.core.stats import row_statistics  # noqa: E402
-from kvpages.schema.meta import Environment, ProcessInfo, RunMeta  # noqa: E402
+from kvpages.schema.meta import PHASES, Environment, ProcessInfo, RunMeta, RunTiming  # noqa: E402
 from kvpages.schema.rows import POINTS, Row, SampleSet  # noqa: E402
 from kvpages.schema.writer import RunWriter  # noqa: E402
 
@@ -122,5 +122,20 @@ def synthetic_run(folder: Path, medians_us: dict[tuple[str, int, int], float], s
                   "pytest bench/")
         writer.add_samples(POINTS, blocks)
         writer.add_rows(POINTS, [row])
-    writer.finish(True, "all rows recorded", {})
+    writer.finish(True, "all rows recorded", RunTiming(10.0 * processes))
     return folder
+
+
+def assert_phases_add_up(meta: RunMeta) -> None:
+    """meta.json's phases of a real sweep: none negative, each process's adding up to its wall (they are measured
+    apart, so this holds only if none is counted twice), and the processes' and the cross-check's to the session's;
+    and some of it timed."""
+    timing = meta.timing
+    assert timing is not None and meta.processes
+    for p in meta.processes:
+        phases = [getattr(p, name) for name in PHASES]
+        assert all(s is not None and s >= 0 for s in phases), p
+        assert sum(phases) == pytest.approx(p.wall_s, abs=1e-6)
+    sums = [getattr(timing, name) for name in PHASES]
+    assert sum(sums) + timing.crosscheck_s == pytest.approx(timing.wall_s, abs=1e-6) and timing.timed_s > 0
+    assert sum(p.wall_s for p in meta.processes) <= timing.wall_s <= timing.total_s

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from conftest import FAST, REPO
+from conftest import FAST, REPO, assert_phases_add_up
 
 from kvpages.core.sweep import Point
 from kvpages.measure.busy import PROBE_CYCLES, cycles_for
@@ -215,7 +215,8 @@ def test_a_sweep_with_the_crosscheck_on_runs_it_in_its_own_process(pytester):
     result.assert_outcomes(passed=4)
     [folder] = list((pytester.path / "results").iterdir())
     run = load_run(folder)
-    assert run.meta.crosscheck == "on (own process)" and run.meta.timing["crosscheck_s"] > 0
+    assert run.meta.crosscheck == "on (own process)" and run.meta.timing and run.meta.timing.crosscheck_s > 0
+    assert_phases_add_up(run.meta)
     assert (run.rows["note"] == "").all()
     assert (folder / "crosscheck_trace.json.gz").stat().st_size > 0
 

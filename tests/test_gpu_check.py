@@ -25,7 +25,7 @@ from conftest import REPO
 from kvpages.analysis.ratios import analyze
 from kvpages.render.plots import _busy_reference, plot_run
 from kvpages.render.report import write_report
-from kvpages.schema.meta import Environment, RunMeta
+from kvpages.schema.meta import Environment, RunMeta, RunTiming
 from kvpages.schema.reader import load_run
 from kvpages.schema.rows import SCENARIOS, ScenarioRow, ScenarioSampleSet
 from kvpages.schema.writer import RunWriter
@@ -284,7 +284,7 @@ def scenario_run(folder: Path, busy_status: str, busy_measured_us: float | None 
             rows.append(ScenarioRow(**{k: v for k, v in values_of.items() if k in names}))
     writer.add_samples(SCENARIOS, samples)
     writer.add_rows(SCENARIOS, rows)
-    writer.finish(True, "all rows recorded", {})
+    writer.finish(True, "all rows recorded", RunTiming(10.0))
     return folder
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import signal
@@ -11,21 +12,22 @@ import time
 
 import numpy as np
 import pytest
-from conftest import synthetic_run
+from conftest import assert_phases_add_up, synthetic_run
 from test_analysis import covers
 from test_plugin import BENCH, CPU, run_dirs
 
 from kvpages.analysis.compare import compare_runs
-from kvpages.analysis.noise import aa_figures
-from kvpages.analysis.ratios import analyze
+from kvpages.analysis.noise import aa_figures, allocation_text
+from kvpages.analysis.ratios import NoiseFloor, analyze
 from kvpages.core.estimator import mean_estimate
 from kvpages.core.presets import PRESETS
 from kvpages.core.stats import Levels
 from kvpages.core.sweep import Point, Sweep
 from kvpages.measure.outcome import BlockOutcome, MeterReading
 from kvpages.measure.schedule import in_run_order, plan
-from kvpages.measure.workers import LogReader, WorkerEnd, WorkerLog
+from kvpages.measure.workers import BlocksSpent, LogReader, WorkerEnd, WorkerLog
 from kvpages.render.report import caveats
+from kvpages.schema.meta import ProcessInfo
 from kvpages.schema.reader import load_run
 from kvpages.schema.rows import PARTIAL, POINTS, SAMPLES_CSV, SampleSet
 
@@ -147,6 +149,17 @@ def test_noise_states_both_levels_and_whether_the_box_is_fit(tmp_path):
     assert text.splitlines()[-1].startswith("fit for comparisons: ")
 
 
+def test_the_repetitions_per_process_follow_from_the_noise_and_the_costs(tmp_path):
+    meta = load_run(synthetic_run(tmp_path / "a", MEDIANS, processes=6, repetitions=12)).meta
+    phased = [ProcessInfo(p, 1000 + p, "worker", 2.0, 1.0, 6.0, 0, 0.5, 0.5, 1.0, 0.5, 0.5) for p in range(6)]
+    meta = dataclasses.replace(meta, processes=phased)  # a process costs 4 s besides 2 repetitions of 1 s each
+    noise = NoiseFloor(12, 0.2, 0.3, 0.05, processes=6, ratio_between_process=0.05, ratio_within_process=0.2)
+    text = allocation_text(noise, meta)  # sqrt(4 s * 0.2^2 / (1 s * 0.05^2)) = 8
+    assert "a process costs 4.0 s" in text and "8.0 repetitions per process" in text and "this run: 2" in text
+    assert allocation_text(dataclasses.replace(noise, ratio_within_process=math.nan), meta) == ""
+    assert allocation_text(noise, dataclasses.replace(meta, processes=[ProcessInfo(0, 1, "session", 2, 1, 6, 0)] * 6)) == ""
+
+
 # --------------------------------------------------------------------------------------------- worker processes
 
 
@@ -166,9 +179,10 @@ def test_a_worker_log_is_read_as_it_grows_and_a_torn_last_line_waits(tmp_path):
     with open(tmp_path / "process-0.jsonl", "a") as f:
         f.write('st_stride-s32-p4-int32-fragmented", "table": "results.csv", "process": 0, "status": "ok", "note": "", '
                 '"fail": false, "reading": null, "samples": []}\n')
-    log.end(WorkerEnd(123, 1.5, 0.25, 1))
+    end = WorkerEnd(123, 1.5, BlocksSpent(1, 0.5, 0.25, 0.05, 0.01, 0.1))
+    log.end(end)
     assert reader.new_outcomes() == [BlockOutcome("host_stride-s32-p4-int32-fragmented", POINTS, 0)]
-    assert reader.end == WorkerEnd(123, 1.5, 0.25, 1)
+    assert reader.end == end
 
 
 TIMED = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider", "--kv-breakdown", "off")
@@ -189,6 +203,7 @@ def test_processes_time_their_share_in_fresh_pytest_workers_into_one_run_folder(
     roles = [(p.index, p.role) for p in run.meta.processes]
     assert roles == [(0, "worker"), (1, "session")] and len({p.pid for p in run.meta.processes}) == 2
     assert run.meta.completed and all(p.startup_s > 0 and p.blocks == 8 for p in run.meta.processes)
+    assert_phases_add_up(run.meta)
     names = {b["name"] for b in json.loads(out.read_text())["benchmarks"]}
     assert len(names) == 16 and {n.rsplit("-r", 1)[1].rstrip("]") for n in names} == {"0", "1", "2", "3"}
     assert analyze(run).ratios[0].interval_unit == "process"

@@ -11,12 +11,16 @@ verdicts <= 10%, and says in one line whether the box is fit for comparisons. No
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from kvpages.analysis.compare import compare_runs
 from kvpages.analysis.ratios import Analysis, NoiseFloor
 from kvpages.analysis.verdicts import FASTER, SLOWER
 from kvpages.core.stats import finite_median
+from kvpages.schema.meta import RunMeta
 
 CALIBRATED = {"overlap": 0.994, "coverage": 0.834, "false_verdicts": 0.0}
 """What calibrated 95% intervals give on an A/A pair (see the module docstring)."""
@@ -46,6 +50,9 @@ class AAFigures:
     relative_points: int
     noise_a: NoiseFloor
     noise_b: NoiseFloor
+    timed_a: str = ""
+    timed_b: str = ""
+    """How much of each run's wall time was timed (kvpages.schema.meta.RunMeta.efficiency_text)."""
 
     def fit_line(self) -> str:
         """One line: is this box fit for comparisons, judged by this pair against the calibrated values?"""
@@ -85,6 +92,7 @@ class AAFigures:
         ]
         for name, noise in (("A", self.noise_a), ("B", self.noise_b)):
             lines.append(f"noise floor {name}: {components_text(noise)}")
+        lines += [f"{name}: {timed}" for name, timed in (("A", self.timed_a), ("B", self.timed_b)) if timed]
         lines.append(self.fit_line())
         return "\n".join(lines)
 
@@ -128,5 +136,31 @@ def aa_figures(a: Analysis, b: Analysis, variant: str, fail_above_pct: float) ->
         slower=comparison.relative.counts()[SLOWER],
         faster=comparison.relative.counts()[FASTER],
         relative_points=len(comparison.relative.points),
-        noise_a=a.noise, noise_b=b.noise,
+        noise_a=a.noise, noise_b=b.noise, timed_a=efficiency(a), timed_b=efficiency(b),
     )
+
+
+def efficiency(analysis: Analysis) -> str:
+    """How much of the run's wall time was timed, and the repetitions per process its noise and costs call for."""
+    meta = analysis.run.meta
+    if meta is None:
+        return "no meta.json beside the CSV: timed seconds unknown"
+    return "; ".join(filter(None, (meta.efficiency_text(), allocation_text(analysis.noise, meta))))
+
+
+def allocation_text(noise: NoiseFloor, meta: RunMeta) -> str:
+    """Kalibera and Jones's allocation (ISMM 2013) for this run: the repetitions per process that narrow a ratio's
+    interval most per second, r = sqrt(c_p s_w^2 / (c_r s_b^2)), where c_p is what a process costs besides its
+    repetitions (start-up, inputs, checks, end), c_r what one repetition of every case costs in it, and s_b, s_w the
+    ratios' between- and within-process components; "" where the run cannot say (one process, no phases)."""
+    processes = meta.processes
+    s_b, s_w = noise.ratio_between_process, noise.ratio_within_process
+    if len(processes) < 2 or not (s_b > 0 and s_w > 0) or any(p.end_s is None for p in processes):
+        return ""
+    each = meta.repetitions / len(processes)
+    c_p = float(np.mean([p.startup_s + p.inputs_s + (p.checks_s or 0) + (p.end_s or 0) for p in processes]))
+    c_r = float(np.mean([((p.warmup_s or 0) + (p.timed_s or 0) + (p.untimed_s or 0)) / each for p in processes]))
+    best = math.sqrt(c_p * s_w ** 2 / (c_r * s_b ** 2))
+    return (f"a process costs {c_p:.1f} s besides its repetitions, a repetition of every case {c_r:.1f} s; with "
+            f"ratios varying {s_b:.1%} between processes and {s_w:.1%} within one, {best:.1f} repetitions per process "
+            f"narrow the intervals most per second (Kalibera and Jones; this run: {each:g})")

@@ -10,12 +10,14 @@ repetitions is written as `partial`, with the count in `repetitions`.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from kvpages.core.options import BenchOptions
 from kvpages.measure.outcome import BlockOutcome, MeterReading
-from kvpages.measure.runner import Phases
 from kvpages.measure.targets import Context, Target
 from kvpages.schema.rows import OK, PARTIAL, RankRow, Row, Samples, ScenarioRow
 from kvpages.schema.writer import RunWriter
@@ -38,14 +40,28 @@ class Case:
     """A failure another process saw, to fail this process's next test of the case."""
 
 
+@contextmanager
+def deferred_interruption() -> Iterator[None]:
+    """SIGINT and SIGTERM held back meanwhile (in the main thread, where Python runs its signal handlers): one that
+    arrives is delivered at the end."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 class Recorder:
     """Records the outcomes of a run's blocks into its run folder (`writer`; None: a rank that writes nothing)."""
 
     def __init__(self, writer: RunWriter | None, cases: Sequence[tuple[Target, str]], context: Context,
-                 repetitions: int, process: int, launcher: tuple[str, ...], phase: Phases) -> None:
+                 repetitions: int, process: int, launcher: tuple[str, ...]) -> None:
         """`cases`: the (target, variant)s this run selected, each target's in variant order."""
         self.writer, self.context, self.repetitions, self.process = writer, context, repetitions, process
-        self.launcher, self.phase = launcher, phase
+        self.launcher = launcher
         self.cases: dict[str, Case] = {}
         self.by_target: dict[Target, list[Case]] = {}
         for target, variant in cases:
@@ -55,7 +71,12 @@ class Recorder:
         self.partial = 0
 
     def record(self, outcome: BlockOutcome) -> None:
-        """One block's outcome, from this process or a worker's log."""
+        """One block's outcome, from this process or a worker's log; an interruption (SIGINT, SIGTERM) waits until
+        it is recorded, so a block is in samples.csv exactly when it is in its row."""
+        with deferred_interruption():
+            self._record(outcome)
+
+    def _record(self, outcome: BlockOutcome) -> None:
         case = self.cases.get(outcome.case_id)
         if case is None or case.status is not None:  # not selected, or already recorded as stopped
             return
@@ -71,8 +92,7 @@ class Recorder:
             case.blocks += outcome.samples
             case.repetitions |= {s.repetition for s in outcome.samples}
             if self.writer is not None:
-                with self.phase("write"):
-                    self.writer.add_samples(outcome.table, outcome.samples)
+                self.writer.add_samples(outcome.table, outcome.samples)
         cases = self.by_target[case.target]
         if all(c.status is not None or self._complete(c) for c in cases):
             self._write(case.target, [c for c in cases if c.status is None], OK)
@@ -100,8 +120,7 @@ class Recorder:
             rows += target.rows(case.variant, self.context, reading, status, text, blocks, self.repro(case))
         self.recorded += len(cases)
         if rows and self.writer is not None:
-            with self.phase("write"):
-                self.writer.add_rows(target.table, rows)
+            self.writer.add_rows(target.table, rows)
 
     def repro(self, case: Case) -> str:
         """The command that re-runs just this case, with this run's options: rendered from the options table."""

@@ -31,6 +31,7 @@ from kvpages.measure.outcome import BlockOutcome, MeterReading
 from kvpages.measure.schedule import Block
 from kvpages.measure.targets import Context, Target, measure
 from kvpages.measure.timer import WARMUP_FIRST_S, WARMUP_LATER_S, rounds_for, time_block, warm_up
+from kvpages.measure.workers import BlocksSpent
 from kvpages.schema.rows import Samples
 
 T = TypeVar("T")
@@ -102,10 +103,17 @@ def check_metered(target: Target, variant: str, reading: MeterReading, earlier: 
 
 
 class Phases:
-    """Seconds spent in each phase of a process (generate, check, meter, timing, ...), for meta.json."""
+    """Where a process's time goes, for meta.json: seconds per phase (inputs, checks, warmup, crosscheck,
+    breakdown), the sum of its timed rounds, and the span of its blocks."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        self.timed_s = 0.0
+        self.blocks = 0
+        self.span: tuple[float, float] | None = None
+        """perf_counter() at its first block's start and at its last block's end."""
+        self.first_block_at: float | None = None
+        """time.time() at its first block's start (a worker's start-up is measured by the session)."""
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -114,6 +122,23 @@ class Phases:
             yield
         finally:
             self.seconds[name] += time.perf_counter() - start
+
+    @contextmanager
+    def block(self) -> Iterator[None]:
+        """Around each block."""
+        start = time.perf_counter()
+        if self.first_block_at is None:
+            self.first_block_at = time.time()
+        self.blocks += 1
+        try:
+            yield
+        finally:
+            self.span = (start if self.span is None else self.span[0], time.perf_counter())
+
+    def spent(self) -> BlocksSpent:
+        first, last = self.span or (0.0, 0.0)
+        return BlocksSpent(self.blocks, last - first, self.seconds["inputs"], self.seconds["checks"],
+                           self.seconds["warmup"], self.timed_s)
 
 
 @dataclass(frozen=True)
@@ -156,9 +181,6 @@ class Runner:
     pool_cache: PoolCache | None = None
     """Where the processes of a run share the pools they built (None: one process)."""
     cases: dict[str, CaseState] = field(default_factory=dict)
-    first_block_at: float | None = None
-    """time.time() when this process's first block started."""
-    blocks_run: int = 0
     loaded: environment.Loaded | None = None
     """The PCIe link and SM clock right after the first timed block, while the device is loaded (an idle link
     downshifts, an idle clock drops)."""
@@ -171,11 +193,9 @@ class Runner:
         """Check and meter (first block of a case here), time and collect one block. `earlier`: what the meters
         of earlier processes read for its case. A case that cannot run, or runs wrong, comes back stopped."""
         state = self.cases.setdefault(block.case_id, CaseState())
-        if self.first_block_at is None:
-            self.first_block_at = time.time()
-        self.blocks_run += 1
         try:
-            return self._run(benchmark, block, state, earlier)
+            with self.phase.block():
+                return self._run(benchmark, block, state, earlier)
         except Stop as stop:
             state.stopped = stop.status
             return BlockOutcome(block.case_id, block.target.table, self.process, reading=state.reading,
@@ -195,7 +215,7 @@ class Runner:
         pass over the targets, so each pass samples another placement of the inputs (as a new process would)."""
         if self._workload is None or self._workload[0] != target:
             self._workload = None  # free the previous pass's copy first
-            with self.phase("generate"):
+            with self.phase("inputs"):
                 built = self._built.get(target)
                 if built is None:
                     built = target.build(self.context.device, cache=self.pool_cache)
@@ -231,7 +251,7 @@ class Runner:
         try:
             workload = self.workload(target)
             if first_here:
-                with self.phase("check"):
+                with self.phase("checks"):
                     for inputs, expected in zip(target.inputs_for(variant, workload), workload.expected, strict=True):
                         problem = target.check(target.call_here(variant, inputs), expected)
                         if problem:
@@ -243,7 +263,7 @@ class Runner:
             self._built.pop(target, None)
             raise Stop("out_of_memory", f"out of memory: {str(exc).splitlines()[0]}", fail=False) from None
         if first_here:
-            with self.phase("meter"):
+            with self.phase("checks"):
                 state.reading = measure(target, variant, target.inputs_for(variant, workload)[0]).reading()
             check_metered(target, variant, state.reading, earlier, self.context.device)
         return workload
@@ -262,19 +282,21 @@ class Runner:
         target, options = block.target, self.context.options
         timer = target.timer(block.variant, self.context)
         inputs = target.inputs_for(block.variant, workload)  # with the variant's extras, if it declares any
-        with self.phase("timing"):
-            rounds = 1  # timing disabled: pytest-benchmark calls it once
-            if not benchmark.disabled and not self.spun_up and self.context.device == "cuda":
-                spin_up()  # this process's first timed block: an idle GPU's clock is low (an H200: 345 MHz)
-                self.spun_up = True
-            if not benchmark.disabled:
+        rounds = 1  # timing disabled: pytest-benchmark calls it once
+        if not benchmark.disabled:
+            with self.phase("warmup"):
+                if not self.spun_up and self.context.device == "cuda":
+                    spin_up()  # this process's first timed block: an idle GPU's clock is low (an H200: 345 MHz)
+                    self.spun_up = True
                 sweep = options.sweep
                 per_call_s = warm_up(timer.fn, inputs, target.page_size, timer.before_round,
                                      WARMUP_FIRST_S if first_here else WARMUP_LATER_S)
-                rounds = timer.agree_rounds(rounds_for(per_call_s, target.budget_s(options) / self.repetitions,
-                                                       sweep.min_rounds, sweep.max_rounds))
-            timer.start()
-            result = time_block(benchmark, timer.fn, inputs, target.page_size, timer.before_round, rounds)
+            rounds = timer.agree_rounds(rounds_for(per_call_s, target.budget_s(options) / self.repetitions,
+                                                   sweep.min_rounds, sweep.max_rounds))
+        timer.start()
+        result = time_block(benchmark, timer.fn, inputs, target.page_size, timer.before_round, rounds)
+        if not benchmark.disabled:
+            self.phase.timed_s += sum(benchmark.stats.stats.data)
         if self.context.device == "cuda" and self.loaded is None and not benchmark.disabled:
             self.loaded = environment.loaded_now()
 

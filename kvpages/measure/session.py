@@ -14,6 +14,7 @@ SIGTERM stops a session (or a worker) as SIGINT does: every finished block is ke
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import shlex
 import shutil
@@ -49,7 +50,7 @@ from kvpages.measure.workers import (
     run_workers,
     write_cases,
 )
-from kvpages.schema.meta import ProcessInfo, RunMeta
+from kvpages.schema.meta import ProcessInfo, RunMeta, RunTiming
 from kvpages.schema.writer import RunWriter, create_run_dir, utc_now
 
 
@@ -165,14 +166,24 @@ def add_breakdown(writer: RunWriter, exitstatus: int, plan: SweepPlan, device: s
         writer.meta.breakdown = where_time_goes.write_breakdown_into(writer.path, cases, device)
 
 
+def own_process(index: int, phase: Phases, workers: Sequence[WorkerRun], started_at: float, total_s: float
+                ) -> ProcessInfo:
+    """meta.json's record of the session's own process: its wall is the session's, less its workers' and the
+    cross-check's; its start-up runs to its first block, less both."""
+    others = sum(w.wall_s for w in workers) + phase.seconds["crosscheck"]
+    wall, span = total_s - others, phase.span
+    startup = wall if span is None else span[0] - started_at - others
+    return phase.spent().info(index, os.getpid(), "session", startup, wall)
+
+
 class KvSession:
     """The state of one pytest session of the sweep: options, device, plan, runner, recorder, run folder."""
 
     def __init__(self, options: BenchOptions, rootdir: Path, invocation_args: tuple[str, ...],
                  timing: bool = True, worker: int | None = None, worker_dir: Path | None = None,
-                 configured_at: float = 0.0, launch: Launch | None = None) -> None:
+                 started_at: float = 0.0, launch: Launch | None = None) -> None:
         self.options = options
-        self.configured_at = configured_at  # perf_counter at pytest_configure
+        self.started_at = started_at  # perf_counter when this process started (kvpages.measure.workers)
         self.device = resolve_device(options.device_choice)
         self.rootdir = rootdir
         self.results_dir = Path(options.results_dir) if options.results_dir else rootdir / "results"
@@ -197,13 +208,14 @@ class KvSession:
         self.recorder: Recorder | None = None
         self.workers: list[WorkerRun] = []
         self.worker_benchmarks: list[dict] = []  # the workers' pytest-benchmark JSON entries
-        self.loop_started: float | None = None  # perf_counter when this process's test loop began
 
     # ------------------------------------------------------------------ before the first block
 
     def start(self, selected: Sequence[Block]) -> None:
         """Before the first block, once: SIGTERM made an interruption; the profiler cross-check run over the
         `selected` blocks' cases; the run folder opened with its recorder (the session that writes it)."""
+        gc.freeze()  # the ~225,000 objects alive now leave the full GC passes (a few a process, maybe in a timed
+        # round; a 1-process sweep of the default points, loaded dev box: passes 0.17 s without, 0.08 s with)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _interrupt)
         if self.log is not None:  # a worker logs its outcomes
@@ -220,8 +232,7 @@ class KvSession:
         group = self.context.group
         if group is None or group.rank == 0:  # rank 0 gathers every rank's samples and writes the run folder
             self.writer = self._open_run_folder()
-        self.recorder = Recorder(self.writer, cases, self.context, self.repetitions, self.process, self.launcher,
-                                 self.phase)
+        self.recorder = Recorder(self.writer, cases, self.context, self.repetitions, self.process, self.launcher)
 
     def _open_run_folder(self) -> RunWriter:
         """A new run folder with its meta.json (after the cross-check, whose outcome the environment states)."""
@@ -284,17 +295,15 @@ class KvSession:
         if self.trace_dir is not None:
             shutil.rmtree(self.trace_dir, ignore_errors=True)
         if self.log is not None:
-            self.log.end(WorkerEnd(os.getpid(), self.runner.first_block_at, self.phase.seconds["generate"],
-                                   self.runner.blocks_run))
+            self.log.end(WorkerEnd(os.getpid(), self.phase.first_block_at, self.phase.spent()))
         if self.recorder is None:
             return
         self.recorder.finish()
         if self.writer is None:
             return
         meta = self.writer.meta
-        meta.processes = [w.info() for w in self.workers] + [ProcessInfo(
-            self.process, os.getpid(), "session", (self.loop_started or 0.0) - self.configured_at,
-            self.phase.seconds["generate"], total_s - sum(w.wall_s for w in self.workers), self.runner.blocks_run)]
+        meta.processes = [w.info() for w in self.workers] + [
+            own_process(self.process, self.phase, self.workers, self.started_at, total_s)]
         completed, note = end_note(self.recorder.recorded, self.recorder.partial, len(self.plan.planned), exitstatus,
                                    group is not None, None if group is None else group.failure)
         loaded = self.runner.loaded
@@ -303,10 +312,16 @@ class KvSession:
                                                    sm_clock_mhz_loaded=loaded.sm_clock_mhz)
         if self.options.breakdown != "off":  # what meta.json says if this process is stopped during the profile
             meta.breakdown = "not finished: the sweep was stopped during the profiled passes"
-        timing = {f"{name}_s": value for name, value in sorted(self.phase.seconds.items())} | {"session_s": total_s}
+        timing = RunTiming.of(total_s, meta.processes, self.phase.seconds["crosscheck"])
         self.writer.finish(completed, note, timing)  # the run folder is finished before the breakdown starts
         if self.options.breakdown != "off":
             with self.phase("breakdown"):
                 add_breakdown(self.writer, exitstatus, self.plan, self.device)
-            self.writer.meta.timing["breakdown_s"] = self.phase.seconds["breakdown"]
+            self.writer.meta.timing = dataclasses.replace(timing, breakdown_s=self.phase.seconds["breakdown"])
+            self.writer.write_meta()
+
+    def analysed(self, seconds: float) -> None:
+        """The analysis after the sweep (summary, charts, report) took `seconds`: meta.json says so."""
+        if self.writer is not None and self.writer.meta.timing is not None:
+            self.writer.meta.timing = dataclasses.replace(self.writer.meta.timing, analysis_s=seconds)
             self.writer.write_meta()

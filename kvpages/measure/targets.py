@@ -24,7 +24,7 @@ from kvpages.core.stats import latency_statistics, row_statistics
 from kvpages.core.sweep import ITEMSIZE, Point
 from kvpages.measure.busy import BusyQueue
 from kvpages.measure.group import Group
-from kvpages.measure.inputs import PoolCache, Workload, make_scenario_workload, make_workload, validate_page_layout
+from kvpages.measure.inputs import PoolCache, Workload, make_scenario_workload, make_workload
 from kvpages.measure.meter import D2HMeasurement, measure_call
 from kvpages.measure.outcome import MeterReading
 from kvpages.measure.schedule import Block
@@ -179,10 +179,8 @@ class PointTarget:
         return get_variant(variant).unavailable_reason(device)
 
     def build(self, device: str, rotation: int | None = None, cache: PoolCache | None = None) -> Workload:
-        built = make_workload(self.point, rotation, cache=cache)
-        for kv in built.inputs if rotation is None else ():  # the profiling processes profile, they check nothing
-            validate_page_layout(kv, self.point.page_size)
-        return built
+        return make_workload(self.point, rotation, cache=cache,
+                             validate=rotation is None)  # the profiling processes profile, they check nothing
 
     def inputs_for(self, variant: str, workload: Workload) -> tuple[Any, ...]:
         return with_extras(get_variant(variant).extras, workload, one_call=True)

@@ -49,14 +49,49 @@ PASSED_THROUGH = ("--benchmark-timer", "--benchmark-disable-gc")
 
 
 @dataclass(frozen=True)
+class BlocksSpent:
+    """Where a process's blocks went, from its first block's start to its last one's end (seconds)."""
+
+    blocks: int
+    span_s: float
+    inputs_s: float
+    checks_s: float
+    warmup_s: float
+    timed_s: float
+
+    def info(self, index: int, pid: int, role: str, startup_s: float, wall_s: float) -> ProcessInfo:
+        """meta.json's record of the process: its untimed work is the rest of the span, its end the rest of its wall."""
+        untimed = self.span_s - self.inputs_s - self.checks_s - self.warmup_s - self.timed_s
+        return ProcessInfo(index, pid, role, startup_s, self.inputs_s, wall_s, self.blocks, self.checks_s,
+                           self.warmup_s, self.timed_s, untimed, wall_s - startup_s - self.span_s)
+
+
+@dataclass(frozen=True)
 class WorkerEnd:
-    """A worker's last line: who it was and what its start cost."""
+    """A worker's last line: who it was and where its blocks went."""
 
     pid: int
     first_block_at: float | None
     """time.time() when its first block started (None: it timed nothing)."""
-    generate_s: float
-    blocks: int
+    spent: BlocksSpent
+
+    @classmethod
+    def from_json(cls, data: dict) -> WorkerEnd:
+        return cls(data["pid"], data["first_block_at"], BlocksSpent(**data["spent"]))
+
+
+def process_started_at() -> float:
+    """When this process started, on time.perf_counter()'s clock: its age from /proc/self/stat (Linux, 10 ms
+    resolution), so the session's start-up counts the interpreter and pytest's imports before any hook runs; now
+    where that cannot be read."""
+    now = time.perf_counter()
+    try:
+        with open("/proc/self/stat") as f:
+            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - started_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, AttributeError, ValueError, IndexError):
+        return now
+    return now - max(age, 0.0)
 
 
 class WorkerLog:
@@ -96,7 +131,7 @@ class LogReader:
         for line in complete.decode().splitlines():
             data = json.loads(line)
             if "end" in data:
-                self.end = WorkerEnd(**data["end"])
+                self.end = WorkerEnd.from_json(data["end"])
             else:
                 outcomes.append(BlockOutcome.from_json(data))
         return outcomes
@@ -170,7 +205,7 @@ class WorkerRun:
         if end is None:
             return ProcessInfo(self.process, -1, "worker", self.wall_s, 0.0, self.wall_s, 0)
         startup = self.wall_s if end.first_block_at is None else end.first_block_at - self.launched_at
-        return ProcessInfo(self.process, end.pid, "worker", startup, end.generate_s, self.wall_s, end.blocks)
+        return end.spent.info(self.process, end.pid, "worker", startup, self.wall_s)
 
 
 POLL_S = 0.2
@@ -247,7 +282,8 @@ def run_workers(command: WorkerCommand, limits_s: Sequence[float], record: Calla
             benchmarks += json.loads(json_path(command.folder, process).read_text())["benchmarks"]
         info = result.info()
         say(f"kvpages: process {process + 1} of {processes} (pid {info.pid}): {info.blocks} blocks in "
-            f"{info.wall_s:.1f} s, of which start-up {info.startup_s:.1f} s and inputs {info.generate_s:.1f} s")
+            f"{info.wall_s:.1f} s, of which start-up {info.startup_s:.1f} s, inputs {info.inputs_s:.1f} s and timed "
+            f"rounds {info.timed_s or 0.0:.1f} s")
     say(f"kvpages: process {processes} of {processes} (pid {os.getpid()}, this session) times its share now")
     return benchmarks
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvpages.analysis.findings import findings
-from kvpages.analysis.noise import components_text
+from kvpages.analysis.noise import components_text, efficiency
 from kvpages.analysis.ratios import NOISY_SPREAD, Analysis
 from kvpages.analysis.verdicts import FDR, MIN_EFFECT_FLOOR
 from kvpages.core.names import BASELINE, CANDIDATE, LABELS, STEP_CANDIDATE, called, label, per_request_of
@@ -58,7 +58,8 @@ def method_text(analysis: Analysis) -> str:
         f"comparison survives the Benjamini-Hochberg step at a false-discovery rate of {FDR:.0%} over its family "
         f"({families}), p-values from the same bootstrap; *same*: within the minimum effect; *unclear*: beyond it, "
         f"but the interval reaches 1 or the correction drops it. Holm's family-wise control would need p below "
-        f"{FDR:g}/{len(analysis.ratios)}, which {analysis.noise.repetitions} repetitions and 2000 resamples barely reach."
+        f"{FDR:g}/{len(analysis.ratios)}, which {analysis.noise.repetitions} repetitions and 2000 resamples barely reach. "
+        f"**Efficiency**: {efficiency(analysis)} (meta.json `timing`: each phase summed over the processes)."
     )
 
 

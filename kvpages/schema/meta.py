@@ -43,19 +43,89 @@ class Environment:
 
 @dataclass(frozen=True)
 class ProcessInfo:
-    """One process that timed part of a run (samples lines name it by `index`)."""
+    """One process that timed part of a run (samples lines name it by `index`), and where its wall time went: its
+    phases, in the order they come, add up to `wall_s` (None: a run from before they were recorded)."""
 
     index: int
     pid: int
     role: str
     """'worker' (a fresh pytest process started for its share) or 'session' (the pytest session the user ran)."""
     startup_s: float
-    """From its start to its first block: the interpreter, torch and pytest imports, collection (workers;
-    the session's counts from pytest_configure on)."""
-    generate_s: float
-    """Building (and validating) its inputs: the rest of what a process start costs."""
+    """From its start to its first block: the interpreter, torch and pytest imports, collection (the session's:
+    from its own start, less the profiler cross-check and the workers it ran meanwhile)."""
+    inputs_s: float
+    """Building, loading and validating its inputs (the first block of each target builds them)."""
     wall_s: float
+    """Its wall time (the session's: less the workers it ran one after another)."""
     blocks: int
+    checks_s: float | None = None
+    """Checking each case against the reference and metering it, in its first block here."""
+    warmup_s: float | None = None
+    """The untimed calls before each block's timed rounds."""
+    timed_s: float | None = None
+    """The timed rounds: the sum of its blocks' samples."""
+    untimed_s: float | None = None
+    """The rest of its blocks, from the first block's start to the last one's end: pytest's protocol of each test,
+    pytest-benchmark's set-up of each round, recording each block."""
+    end_s: float | None = None
+    """After its last block, until it ended (the session's: until its sweep ended)."""
+
+
+PHASES = ("startup_s", "inputs_s", "checks_s", "warmup_s", "timed_s", "untimed_s", "end_s")
+"""A process's phases (ProcessInfo), in the order they come."""
+
+
+@dataclass(frozen=True)
+class RunTiming:
+    """meta.json's `timing`: the session's wall time and where it went, each phase summed over the processes (which
+    ran one after another, so their phases and the session's own add up to its wall)."""
+
+    wall_s: float
+    """From the session's start (its process's) to the end of its sweep: every process's blocks, before the
+    breakdown and the analysis."""
+    startup_s: float | None = None
+    inputs_s: float | None = None
+    checks_s: float | None = None
+    warmup_s: float | None = None
+    timed_s: float | None = None
+    """Every timed round of the run: the sum of every sample of samples.csv and scenario_samples.csv (a step's
+    round, as pytest-benchmark timed it)."""
+    untimed_s: float | None = None
+    end_s: float | None = None
+    crosscheck_s: float = 0.0
+    """The profiler cross-check, in a process of its own, before the first block."""
+    breakdown_s: float | None = None
+    """Where the time goes (breakdown.csv), after the sweep, in a process of its own."""
+    analysis_s: float | None = None
+    """The summary, charts and report after it (None: not run, or not finished when this was written)."""
+
+    @classmethod
+    def of(cls, wall_s: float, processes: list[ProcessInfo], crosscheck_s: float) -> RunTiming:
+        """The session's timing from its processes' phases."""
+        sums = {name: sum(getattr(p, name) or 0.0 for p in processes) for name in PHASES}
+        return cls(wall_s, crosscheck_s=crosscheck_s, **sums)
+
+    @property
+    def total_s(self) -> float:
+        """The session's wall with what came after its sweep, as far as it is recorded."""
+        return self.wall_s + (self.breakdown_s or 0.0) + (self.analysis_s or 0.0)
+
+    def efficiency_text(self) -> str:
+        """How much of the session's wall time was timed, in one line."""
+        if self.timed_s is None:
+            return f"timed seconds not recorded (a run from before they were), of {self.total_s:.1f} s"
+        until = "its analysis" if self.analysis_s is not None else "its sweep" if self.breakdown_s is None else \
+            "its breakdown"
+        return (f"timed {self.timed_s:.1f} s of {self.total_s:.1f} s ({self.timed_s / self.total_s:.0%}), the session's "
+                f"wall from its start to the end of {until}")
+
+    @classmethod
+    def from_json(cls, data: dict[str, float]) -> RunTiming:
+        """meta.json's `timing`; a run from before the phases were recorded has only the session's wall."""
+        if "wall_s" not in data:
+            return cls(data["session_s"], crosscheck_s=data.get("crosscheck_s", 0.0),
+                       breakdown_s=data.get("breakdown_s"))
+        return cls(**data)
 
 
 @dataclass
@@ -72,7 +142,8 @@ class RunMeta:
     completed: bool = False
     end_note: str = "running (or killed before it could finish)"
     schema_version: int = SCHEMA_VERSION
-    timing: dict[str, float] = field(default_factory=dict)
+    timing: RunTiming | None = None
+    """Where the session's wall time went (None: still running, or killed)."""
     repetitions: int = 1
     order_seed: int = 0
     crosscheck: str = "off"
@@ -84,6 +155,12 @@ class RunMeta:
     """A multi-rank run's process group (schema version 4); None: one rank."""
     baseline: str = BASELINE
     """The variant every ratio of the run is against (--kv-baseline); a run written without it: host_stride."""
+
+    def efficiency_text(self) -> str:
+        """How much of the session's wall time was timed, in one line (the report's method and `kvpages noise`)."""
+        if self.timing is None:
+            return "timed seconds unknown: the run did not finish (interrupted or killed)"
+        return self.timing.efficiency_text()
 
 
 @dataclass(frozen=True)

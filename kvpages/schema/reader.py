@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from kvpages.core.names import BASELINE
-from kvpages.schema.meta import Environment, ProcessInfo, RankInfo, RanksMeta, RunMeta
+from kvpages.schema.meta import Environment, ProcessInfo, RankInfo, RanksMeta, RunMeta, RunTiming
 from kvpages.schema.rows import (
     KEY_COLUMNS,
     META_JSON,
@@ -176,12 +176,20 @@ def _read_meta(path: Path) -> RunMeta:
                        "(rerun the sweep to compare it)")
     try:
         env = Environment(**data.pop("environment"))
-        processes = [ProcessInfo(**p) for p in data.pop("processes", [])]
+        processes = [_process(p) for p in data.pop("processes", [])]
+        timing = data.pop("timing", None)
         group = data.pop("ranks", None)
         ranks = None if group is None else RanksMeta(**{**group, "ranks": tuple(RankInfo(**r) for r in group["ranks"])})
-        return RunMeta(environment=env, processes=processes, ranks=ranks, **data)
+        return RunMeta(environment=env, processes=processes, ranks=ranks,
+                       timing=RunTiming.from_json(timing) if timing else None, **data)
     except (TypeError, KeyError) as exc:
         raise RunError(f"{path}: fields do not match schema version {version} ({exc})") from None
+
+
+def _process(data: dict) -> ProcessInfo:
+    """A process of meta.json; one from before its phases were recorded named its inputs' phase `generate_s`."""
+    renamed = {"generate_s": "inputs_s"}
+    return ProcessInfo(**{renamed.get(k, k): v for k, v in data.items()})
 
 
 def load_run(path: str | Path) -> Run:

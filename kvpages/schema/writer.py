@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kvpages.schema.meta import RunMeta
+from kvpages.schema.meta import RunMeta, RunTiming
 from kvpages.schema.rows import (
     META_JSON,
     POINTS,
@@ -101,7 +101,7 @@ class RunWriter:
         finally:
             os.close(fd)
 
-    def finish(self, completed: bool, end_note: str, timing: dict[str, float]) -> None:
+    def finish(self, completed: bool, end_note: str, timing: RunTiming) -> None:
         self.meta.finished_utc = utc_now()
         self.meta.completed = completed
         self.meta.end_note = end_note
