@@ -47,12 +47,17 @@ def devices() -> list:
 
 # ----------------------------------------------------------------------------- synthetic runs
 
+import shutil  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from kvpages.analysis.ratios import Analysis, analyze  # noqa: E402
 from kvpages.core.stats import row_statistics  # noqa: E402
+from kvpages.render.report import write_report  # noqa: E402
 from kvpages.schema.meta import Environment, ProcessInfo, RunMeta  # noqa: E402
+from kvpages.schema.reader import load_run  # noqa: E402
 from kvpages.schema.rows import POINTS, Row, SampleSet  # noqa: E402
 from kvpages.schema.writer import RunWriter  # noqa: E402
 
@@ -62,6 +67,28 @@ REPO = Path(__file__).resolve().parents[1]
 def reference_runs() -> list[Path]:
     """The sweep run folders committed under results/, oldest first (not the multi-rank runs, which time steps only)."""
     return sorted(p.parent for p in (REPO / "results").glob("*/meta.json") if not (p.parent / "ranks.csv").exists())
+
+
+@dataclass(frozen=True)
+class Reported:
+    """A copy of a run folder, analysed with this code, and that analysis."""
+
+    path: Path
+    analysis: Analysis
+
+
+@pytest.fixture(scope="session")
+def reported_reference(tmp_path_factory: pytest.TempPathFactory) -> Reported:
+    """A copy of the newest committed sweep, re-analysed from its samples with this code and reported (ratios.csv,
+    scenario_ratios.csv, noisy.csv, REPORT.md, APPENDIX.md), once for every test that only reads it; a test that
+    changes a run folder copies this one first."""
+    if not reference_runs():
+        pytest.skip("no run committed under results/")
+    run = tmp_path_factory.mktemp("reference") / reference_runs()[-1].name
+    shutil.copytree(reference_runs()[-1], run)
+    analysis = analyze(load_run(run))
+    write_report(analysis)
+    return Reported(run, analysis)
 
 
 FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider", "--kv-processes", "1",

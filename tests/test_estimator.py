@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
 
 import numpy as np
 import pytest
-from conftest import reference_runs
+from conftest import Reported
 
 from kvpages.analysis.cite import sig
-from kvpages.analysis.ratios import analyze
 from kvpages.core.estimator import paired_ratio, t_quantile
 from kvpages.core.stats import Levels
-from kvpages.render.report import write_report
-from kvpages.schema.reader import load_run
 
 
 def _number(text: str) -> float:
@@ -39,15 +35,8 @@ def agrees(a: str, b: str, ratio: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    if not reference_runs():
-        pytest.skip("no run committed under results/")
-    sweeps = [r for r in reference_runs() if not (r / "ranks.csv").exists()]
-    run = tmp_path_factory.mktemp("estimator") / sweeps[-1].name
-    shutil.copytree(sweeps[-1], run)
-    analysis = analyze(load_run(run))  # re-analysed from its samples with this code
-    write_report(analysis)
-    return run, analysis
+def reference(reported_reference: Reported):
+    return reported_reference.path, reported_reference.analysis  # re-analysed from its samples with this code
 
 
 def test_every_ratio_of_the_reference_run_is_the_ratio_of_its_printed_times(reference):

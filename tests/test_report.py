@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import reference_runs, synthetic_run
+from conftest import Reported, reference_runs, synthetic_run
 
 from kvpages.analysis.cite import coverage_text, pair_repro, sig
 from kvpages.analysis.findings import MEASURED, MODEL, NEEDS_GPU, findings
@@ -21,7 +20,6 @@ from kvpages.analysis.verdicts import FASTER, SAME, SLOWER, UNCLEAR, bh_adjusted
 from kvpages.core.names import LABELS, label
 from kvpages.core.options import OPTIONS, BenchOptions
 from kvpages.core.stats import Interval, Levels
-from kvpages.render.report import write_report
 from kvpages.schema.reader import load_run
 from kvpages.schema.rows import ratio_id, scenario_row_id
 
@@ -33,14 +31,9 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
+def reference(reported_reference: Reported) -> Path:
     """A copy of the newest committed run, reported (REPORT.md, ratios.csv, scenario_ratios.csv, noisy.csv)."""
-    if not reference_runs():
-        pytest.skip("no run committed under results/")
-    run = tmp_path_factory.mktemp("ref") / reference_runs()[-1].name
-    shutil.copytree(reference_runs()[-1], run)
-    write_report(analyze(load_run(run)))
-    return run
+    return reported_reference.path
 
 
 def findings_rows(report: str) -> list[list[str]]:
