@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -134,3 +136,50 @@ def synthetic_run(folder: Path, medians_us: dict[tuple[str, int, int], float], s
         writer.add_rows(POINTS, [row])
     writer.finish(True, "all rows recorded", {})
     return folder
+
+
+# ----------------------------------------------------------------------------- bench/gpu_check.sh
+
+SCRIPT = REPO / "bench" / "gpu_check.sh"
+REHEARSAL = ("--device", "cpu", "--kv-time-budget", "0.002")
+"""A CPU rehearsal of the script's steps, each sweep timing its points and scenarios briefly."""
+
+
+def script_env(**extra: str) -> dict[str, str]:
+    """The test's python, and no CUDA device visible to the script's steps."""
+    return {**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": "", **extra}
+
+
+def gpu_check(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+              timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], env=env or script_env(), cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def shadow(folder: Path, *modules: str) -> dict[str, str]:
+    """An environment in which importing `modules` fails as if they were not installed."""
+    for name in modules:
+        (folder / name).mkdir(parents=True)
+        (folder / name / "__init__.py").write_text(f'raise ModuleNotFoundError("No module named {name!r}", name={name!r})\n')
+    return {**script_env(), "PYTHONPATH": f"{folder}{os.pathsep}{REPO}"}
+
+
+@dataclass(frozen=True)
+class Rehearsal:
+    """What a CPU rehearsal of gpu_check.sh with --archive left: its output, archive and run folders."""
+
+    done: subprocess.CompletedProcess
+    archive: Path
+    results: Path
+
+
+@pytest.fixture(scope="session")
+def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> Rehearsal:
+    """bench/gpu_check.sh's CPU rehearsal of every step, once for the session, where hypothesis cannot be imported
+    (as on a GPU box that has only what gpu_check.sh asks for). test_gpu_check.py checks its steps; its two sweeps
+    (cross-check off, then on in 2 processes) are the two real quick runs test_compare.py compares."""
+    tmp = tmp_path_factory.mktemp("rehearsal")
+    archive, results = tmp / "archive", tmp / "results"
+    done = gpu_check("--archive", str(archive), *REHEARSAL, "--kv-results", str(results),
+                     env=shadow(tmp / "shadow", "hypothesis"), timeout=300)
+    return Rehearsal(done, archive, results)
