@@ -12,7 +12,18 @@ import torch
 os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} -p no:hypothesispytest".strip()
 """The pytest sessions these tests start as plain subprocesses (gpu_check.sh's sweeps and CUDA tests, torchrun's ranks,
 an interrupted sweep) hold no property tests: without hypothesis's plugin each costs about 1.1 s of CPU less (0.7
-against 1.8 s for a one-test session on the dev box). Sessions run through pytester drop PYTEST_ADDOPTS anyway."""
+against 1.8 s for a one-test session on the dev box). pytester removes PYTEST_ADDOPTS: its sessions get the option
+from the fixture below."""
+
+
+@pytest.fixture
+def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """pytester, whose sessions (in this process or in a subprocess) run without hypothesis's plugin too: with it,
+    each costs about 1 s of CPU more, in this process as in a subprocess (a one-test session in this process: about
+    20 times the CPU without it, on the dev box)."""
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:hypothesispytest")
+    return pytester
+
 
 NO_CUDA_REASON = f"needs a CUDA device: torch.cuda.is_available() is False (torch {torch.__version__})"
 
