@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,7 +12,18 @@ import torch
 os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} -p no:hypothesispytest".strip()
 """The pytest sessions these tests start as plain subprocesses (gpu_check.sh's sweeps and CUDA tests, torchrun's ranks,
 an interrupted sweep) hold no property tests: without hypothesis's plugin each costs about 1.1 s of CPU less (0.7
-against 1.8 s for a one-test session on the dev box). Sessions run through pytester drop PYTEST_ADDOPTS anyway."""
+against 1.8 s for a one-test session on the dev box). pytester removes PYTEST_ADDOPTS: its sessions get the option
+from the fixture below."""
+
+
+@pytest.fixture
+def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """pytester, whose sessions (in this process or in a subprocess) run without hypothesis's plugin too: with it,
+    each costs about 1 s of CPU more, in this process as in a subprocess (a one-test session in this process: about
+    20 times the CPU without it, on the dev box)."""
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:hypothesispytest")
+    return pytester
+
 
 NO_CUDA_REASON = f"needs a CUDA device: torch.cuda.is_available() is False (torch {torch.__version__})"
 
@@ -48,12 +61,16 @@ def devices() -> list:
 # ----------------------------------------------------------------------------- synthetic runs
 
 import shutil  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from kvpages.analysis.ratios import Analysis, analyze  # noqa: E402
 from kvpages.core.stats import row_statistics  # noqa: E402
+from kvpages.render.report import write_report  # noqa: E402
 from kvpages.schema.meta import PHASES, Environment, ProcessInfo, RunMeta, RunTiming  # noqa: E402
+from kvpages.schema.reader import load_run  # noqa: E402
 from kvpages.schema.rows import POINTS, Row, SampleSet  # noqa: E402
 from kvpages.schema.writer import RunWriter  # noqa: E402
 
@@ -65,20 +82,26 @@ def reference_runs() -> list[Path]:
     return sorted(p.parent for p in (REPO / "results").glob("*/meta.json") if not (p.parent / "ranks.csv").exists())
 
 
+@dataclass(frozen=True)
+class Reported:
+    """A copy of a run folder, analysed with this code, and that analysis."""
+
+    path: Path
+    analysis: Analysis
+
+
 @pytest.fixture(scope="session")
-def reference(tmp_path_factory) -> Path:
-    """A copy of the newest committed sweep, re-analysed and reported with this code (REPORT.md, APPENDIX.md,
-    ratios.csv, scenario_ratios.csv, noisy.csv); tests only read it."""
+def reported_reference(tmp_path_factory: pytest.TempPathFactory) -> Reported:
+    """A copy of the newest committed sweep, re-analysed from its samples with this code and reported (ratios.csv,
+    scenario_ratios.csv, noisy.csv, REPORT.md, APPENDIX.md), once for every test that only reads it; a test that
+    changes a run folder copies this one first."""
     if not reference_runs():
         pytest.skip("no run committed under results/")
     run = tmp_path_factory.mktemp("reference") / reference_runs()[-1].name
     shutil.copytree(reference_runs()[-1], run)
-    from kvpages.analysis.ratios import analyze
-    from kvpages.render.report import write_report
-    from kvpages.schema.reader import load_run
-
-    write_report(analyze(load_run(run)))
-    return run
+    analysis = analyze(load_run(run))
+    write_report(analysis)
+    return Reported(run, analysis)
 
 
 FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider", "--kv-processes", "1",
@@ -139,3 +162,50 @@ def assert_phases_add_up(meta: RunMeta) -> None:
     sums = [getattr(timing, name) for name in PHASES]
     assert sum(sums) + timing.crosscheck_s == pytest.approx(timing.wall_s, abs=1e-6) and timing.timed_s > 0
     assert sum(p.wall_s for p in meta.processes) <= timing.wall_s <= timing.total_s
+
+
+# ----------------------------------------------------------------------------- bench/gpu_check.sh
+
+SCRIPT = REPO / "bench" / "gpu_check.sh"
+REHEARSAL = ("--device", "cpu", "--kv-time-budget", "0.002")
+"""A CPU rehearsal of the script's steps, each sweep timing its points and scenarios briefly."""
+
+
+def script_env(**extra: str) -> dict[str, str]:
+    """The test's python, and no CUDA device visible to the script's steps."""
+    return {**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": "", **extra}
+
+
+def gpu_check(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+              timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], env=env or script_env(), cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def shadow(folder: Path, *modules: str) -> dict[str, str]:
+    """An environment in which importing `modules` fails as if they were not installed."""
+    for name in modules:
+        (folder / name).mkdir(parents=True)
+        (folder / name / "__init__.py").write_text(f'raise ModuleNotFoundError("No module named {name!r}", name={name!r})\n')
+    return {**script_env(), "PYTHONPATH": f"{folder}{os.pathsep}{REPO}"}
+
+
+@dataclass(frozen=True)
+class Rehearsal:
+    """What a CPU rehearsal of gpu_check.sh with --archive left: its output, archive and run folders."""
+
+    done: subprocess.CompletedProcess
+    archive: Path
+    results: Path
+
+
+@pytest.fixture(scope="session")
+def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> Rehearsal:
+    """bench/gpu_check.sh's CPU rehearsal of every step, once for the session, where hypothesis cannot be imported
+    (as on a GPU box that has only what gpu_check.sh asks for). test_gpu_check.py checks its steps; its two sweeps
+    (cross-check off, then on in 2 processes) are the two real quick runs test_compare.py compares."""
+    tmp = tmp_path_factory.mktemp("rehearsal")
+    archive, results = tmp / "archive", tmp / "results"
+    done = gpu_check("--archive", str(archive), *REHEARSAL, "--kv-results", str(results),
+                     env=shadow(tmp / "shadow", "hypothesis"), timeout=300)
+    return Rehearsal(done, archive, results)

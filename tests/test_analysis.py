@@ -183,6 +183,36 @@ def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+EACH = """
+import contextlib, io, json, sys, traceback
+sys.modules['torch'] = None
+from kvpages.cli import main
+done = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse's usage errors
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        except BaseException:  # what the interpreter would print, and its exit status
+            traceback.print_exc()
+            code = 1
+    done.append((argv, code, out.getvalue(), err.getvalue()))
+assert not [m for m in sys.modules if m.split(".")[0] == "torch" and sys.modules[m] is not None]
+json.dump(done, sys.__stdout__)
+"""
+
+
+def cli_each(*commands: list[str], cwd: Path = REPO) -> list[subprocess.CompletedProcess]:
+    """Run kvpages commands one after the other in one fresh interpreter in which `import torch` fails, each command's
+    exit status, stdout and stderr kept apart as `cli` gives them: one interpreter's start-up, not one per command."""
+    done = subprocess.run([sys.executable, "-c", EACH, json.dumps(commands)], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [subprocess.CompletedProcess(argv, code, out, err) for argv, code, out, err in json.loads(done.stdout)]
+
+
 def write(path: Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
@@ -201,8 +231,7 @@ def write(path: Path, data: bytes) -> Path:
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, make, words):
     target = make(tmp_path)
-    for command in (["plot"], ["report"], ["summary"]):
-        done = cli(*command, str(target))
+    for done in cli_each(*([command, str(target)] for command in ("plot", "report", "summary"))):
         assert done.returncode == 2
         assert done.stderr.count("\n") == 1 and words in done.stderr and "Traceback" not in done.stderr
         assert done.stderr.startswith(f"kvpages: error: {target}")
@@ -214,11 +243,10 @@ def test_nothing_to_plot_and_an_unwritable_folder_are_one_line_errors(tmp_path, 
     (skipped_only / "meta.json").write_bytes((crossing_run / "meta.json").read_bytes())
     lines = (crossing_run / "results.csv").read_text().splitlines()
     (skipped_only / "results.csv").write_text(lines[0] + "\n" + lines[1].replace(",ok,", ",skipped,") + "\n")
-    done = cli("plot", str(skipped_only))
-    assert done.returncode == 2 and "no timed rows (status ok), so there is nothing to plot" in done.stderr
     (crossing_run / "latency_int32_fragmented.png").mkdir()  # a folder where a chart must go
-    done = cli("plot", str(crossing_run))
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    nothing, unwritable = cli_each(["plot", str(skipped_only)], ["plot", str(crossing_run)])
+    assert nothing.returncode == 2 and "no timed rows (status ok), so there is nothing to plot" in nothing.stderr
+    assert unwritable.returncode == 2 and unwritable.stderr.count("\n") == 1 and "Traceback" not in unwritable.stderr
 
 
 def test_incompatible_schema_version_and_nothing_in_common(tmp_path, crossing_run):
@@ -226,15 +254,14 @@ def test_incompatible_schema_version_and_nothing_in_common(tmp_path, crossing_ru
     meta["schema_version"] = 99
     write(tmp_path / "old" / "meta.json", json.dumps(meta).encode())
     write(tmp_path / "old" / "results.csv", (crossing_run / "results.csv").read_bytes())
-    done = cli("report", str(tmp_path / "old"))
-    assert done.returncode == 2 and "meta.json: schema version 99; this kvpages reads schema version 5 only" in done.stderr
     other = synthetic_run(tmp_path / "other", {("host_stride", 77, 7): 1.0})
-    done = cli("compare", str(crossing_run), str(other))
-    assert done.returncode == 2 and "no timed (variant, point) in common" in done.stderr
-    done = cli("compare", str(crossing_run), str(crossing_run), "--fail-above", "-3")
-    assert done.returncode == 2 and "--fail-above: -3.0 must be a percentage >= 0" in done.stderr
-    done = cli("frobnicate")
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "invalid choice: 'frobnicate'" in done.stderr
+    old, apart, negative, unknown = cli_each(
+        ["report", str(tmp_path / "old")], ["compare", str(crossing_run), str(other)],
+        ["compare", str(crossing_run), str(crossing_run), "--fail-above", "-3"], ["frobnicate"])
+    assert old.returncode == 2 and "meta.json: schema version 99; this kvpages reads schema version 5 only" in old.stderr
+    assert apart.returncode == 2 and "no timed (variant, point) in common" in apart.stderr
+    assert negative.returncode == 2 and "--fail-above: -3.0 must be a percentage >= 0" in negative.stderr
+    assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1 and "invalid choice: 'frobnicate'" in unknown.stderr
 
 
 @pytest.mark.skipif(not reference_runs(), reason="no run committed under results/")
@@ -243,19 +270,18 @@ def test_plot_report_compare_on_the_committed_reference_run_without_torch(tmp_pa
 
     run = tmp_path / reference_runs()[-1].name
     shutil.copytree(reference_runs()[-1], run)
-    done = cli("plot", str(run), "--svg")
-    assert done.returncode == 0, done.stderr
-    charts = [Path(line) for line in done.stdout.splitlines()]
+    plot, report, compare, summary = cli_each(["plot", str(run), "--svg"], ["report", str(run)],
+                                              ["compare", str(run), str(run / "results.csv"), "--fail-above", "0"],
+                                              ["summary", str(run)])
+    assert plot.returncode == 0, plot.stderr
+    charts = [Path(line) for line in plot.stdout.splitlines()]
     assert {p.suffix for p in charts} == {".png", ".svg"} and all(p.stat().st_size > 1000 for p in charts)
-    done = cli("report", str(run))
-    assert done.returncode == 0, done.stderr
-    assert (run / "REPORT.md").read_text() == done.stdout.rstrip("\n") + "\n"
-    assert "## Crossover" in done.stdout and (run / "ratios.csv").stat().st_size > 0
-    done = cli("compare", str(run), str(run / "results.csv"), "--fail-above", "0")
-    assert done.returncode == 0, done.stderr
-    assert "relative: " in done.stdout and " 0 slower" in done.stdout.split("relative: ")[-1]
-    done = cli("summary", str(run))
-    assert done.returncode == 0 and "page_size=64" in done.stdout
+    assert report.returncode == 0, report.stderr
+    assert (run / "REPORT.md").read_text() == report.stdout.rstrip("\n") + "\n"
+    assert "## Crossover" in report.stdout and (run / "ratios.csv").stat().st_size > 0
+    assert compare.returncode == 0, compare.stderr
+    assert "relative: " in compare.stdout and " 0 slower" in compare.stdout.split("relative: ")[-1]
+    assert summary.returncode == 0 and "page_size=64" in summary.stdout
 
 
 def test_kvpages_list_prints_the_registry():

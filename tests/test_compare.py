@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FAST, REPO, synthetic_run
+from conftest import REPO, Rehearsal, synthetic_run
 
 from kvpages.analysis.compare import compare_runs
 from kvpages.analysis.verdicts import FDR, MIN_EFFECT_FLOOR, SAME, SLOWER, VERDICTS, judge
@@ -48,15 +48,11 @@ def test_compare_s_verdicts_are_judge_s_with_the_family_s_minimum_effect_and_cor
 
 
 @pytest.fixture(scope="module")
-def two_runs(tmp_path_factory) -> tuple[Path, Path]:
-    """Two real quick sweeps of this checkout, one after the other (no scenarios: points are what compare reads)."""
-    results = tmp_path_factory.mktemp("runs")
-    for _ in range(2):
-        done = subprocess.run([sys.executable, "-m", "pytest", "bench/", "--kv-preset", "quick", "--kv-scenarios",
-                               "none", "--kv-results", str(results), "-q", "--benchmark-quiet", "-p", "no:logging",
-                               *FAST], cwd=REPO, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    a, b = sorted(results.iterdir())
+def two_runs(rehearsal: Rehearsal) -> tuple[Path, Path]:
+    """Two real quick sweeps of this checkout, one after the other: those of gpu_check.sh's CPU rehearsal (cross-check
+    off, then on in 2 processes), shared with test_gpu_check.py."""
+    assert rehearsal.done.returncode == 0, rehearsal.done.stdout[-3000:] + rehearsal.done.stderr[-3000:]
+    a, b = sorted(rehearsal.results.iterdir())
     return a, b
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO, reference_runs, synthetic_run
+from conftest import REPO, Reported, reference_runs, synthetic_run
 
 from kvpages.analysis.cite import sig
 from kvpages.analysis.findings import findings
@@ -41,10 +41,11 @@ SLOWER_BY = 2.0
 """Machine B's device_stride takes this many times as long as the reference's (exact in binary: medians scale exactly)."""
 
 
-def machine(tmp: Path, name: str, run_id: str | None = None, **environment: object) -> Path:
-    """A copy of the reference run as the run of another machine (`environment` fields changed in meta.json)."""
+def machine(tmp: Path, name: str, run_id: str | None = None, source: Path = REF, **environment: object) -> Path:
+    """A copy of the reference run (or of `source`, a copy of it) as the run of another machine (`environment`
+    fields changed in meta.json)."""
     folder = tmp / name
-    shutil.copytree(reference_runs()[-1], folder)
+    shutil.copytree(source, folder)
     meta = json.loads((folder / "meta.json").read_text())
     meta["environment"].update(environment)
     if run_id is not None:
@@ -91,15 +92,17 @@ def drop(folder: Path, variant: str, page_size: int, scenario: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory) -> dict[str, Path]:
+def folders(tmp_path_factory, reported_reference: Reported) -> dict[str, Path]:
     """a: the reference as it is; a2: a second run of a's machine; b: another host whose device_stride is 2x slower;
-    c: a third host that did not time device_shift at page size 16, nor one scenario."""
+    c: a third host that did not time device_shift at page size 16, nor one scenario. Each is a copy of the reference
+    as this code reports it (its ratios.csv), b's re-reported once slowed down."""
     tmp = tmp_path_factory.mktemp("fleet")
-    made = {"a": machine(tmp, "a"), "a2": machine(tmp, "a2", run_id="20261205T000000Z-cpu"),
-            "b": machine(tmp, "b", run_id="20261206T000000Z-cpu", hostname="box-b", device_name="AMD EPYC 9654"),
-            "c": machine(tmp, "c", run_id="20261207T000000Z-cpu", hostname="box-c")}
-    for name in ("a", "a2"):  # each copy's ratios.csv as this code analyses it
-        write_report(analyze(load_run(made[name])))
+    reported = reported_reference.path
+    made = {"a": machine(tmp, "a", source=reported),
+            "a2": machine(tmp, "a2", run_id="20261205T000000Z-cpu", source=reported),
+            "b": machine(tmp, "b", run_id="20261206T000000Z-cpu", source=reported, hostname="box-b",
+                         device_name="AMD EPYC 9654"),
+            "c": machine(tmp, "c", run_id="20261207T000000Z-cpu", source=reported, hostname="box-c")}
     slow_down(made["b"], "device_stride", SLOWER_BY)
     scenario = pd.read_csv(made["c"] / "scenarios.csv")["scenario"].iloc[0]
     drop(made["c"], "device_shift", 16, scenario)

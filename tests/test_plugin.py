@@ -210,12 +210,17 @@ def test_a_wrong_variant_fails_loudly_and_its_row_says_so(bench):
 
 
 def _start_slow_run(path: Path) -> subprocess.Popen:
+    """A session of 12 points in one process (the default would deal the repetitions to a worker as well, whose
+    blocks give the session its first row only once the worker has timed its share of every point: interrupting
+    a session with workers is test_processes.py's), so the first row is written after the first point's 2 blocks.
+    At 131072 tokens a point's inputs take longer to build than its blocks to time, and the 11 points after the
+    first leave seconds in which to interrupt."""
     (path / "test_d2h.py").write_text(BENCH)
-    seq_lens = ",".join(str(524288 + i) for i in range(12))
+    seq_lens = ",".join(str(131072 + i) for i in range(12))
     return subprocess.Popen(
         [sys.executable, "-m", "pytest", "test_d2h.py", "--benchmark-only", "--kv-variants", "device_stride",
          "--kv-page-sizes", "1", "--kv-seq-lens", seq_lens, "--kv-time-budget", "0.5", "-p", "no:cacheprovider",
-         "--kv-repetitions", "2", "--kv-passes", "1", "--kv-device", "cpu"],
+         "--kv-repetitions", "2", "--kv-passes", "1", "--kv-processes", "1", "--kv-device", "cpu"],
         cwd=path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 import shlex
-import subprocess
-import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import reference_runs, synthetic_run
+from conftest import Reported, reference_runs, synthetic_run
+from test_analysis import cli_each
 
 from kvpages.analysis.cite import coverage_text, pair_repro, sig
 from kvpages.analysis.findings import MEASURED, MODEL, NEEDS_GPU, findings
@@ -24,8 +24,10 @@ from kvpages.schema.rows import ratio_id, scenario_row_id
 needs_reference = pytest.mark.skipif(not reference_runs(), reason="no run committed under results/")
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvpages", *args], capture_output=True, text=True)
+@pytest.fixture(scope="module")
+def reference(reported_reference: Reported) -> Path:
+    """A copy of the newest committed run, reported (REPORT.md, ratios.csv, scenario_ratios.csv, noisy.csv)."""
+    return reported_reference.path
 
 
 def findings_rows(report: str) -> list[list[str]]:
@@ -87,20 +89,21 @@ def test_every_figure_in_the_findings_table_is_a_row_of_the_csvs(reference):
 @needs_reference
 def test_cite_reproduces_a_finding_in_one_line_and_refuses_a_bad_id(reference):
     report = (reference / "REPORT.md").read_text()
-    for _, _, _, row_id, _ in findings_rows(report)[1:4]:
-        done = cli("cite", str(reference), row_id.strip("`"))
+    row_ids = [row_id for _, _, _, row_id, _ in findings_rows(report)[1:4]]
+    *cited, unknown, listed, bad = cli_each(*(["cite", str(reference), row_id.strip("`")] for row_id in row_ids),
+                                            ["cite", str(reference), "r-device_stride-s999-p64-int32-fragmented"],
+                                            ["cite", str(reference), "--list"],
+                                            ["cite", str(reference.parent / "nope"), "r-x"])
+    for row_id, done in zip(row_ids, cited, strict=True):
         assert done.returncode == 0, done.stderr
         r = pd.read_csv(reference / "ratios.csv").set_index("id").loc[row_id.strip("`")] if row_id.startswith("`r-") \
             else None
         assert done.stdout.count("\n") == 1 and (r is None or f"{sig(r['ratio'])} [" in done.stdout)
         assert "commit " in done.stdout and "CPU run: no link crossed" in done.stdout
         assert "repro: pytest bench/" in done.stdout and "--kv-analyze" in done.stdout
-    done = cli("cite", str(reference), "r-device_stride-s999-p64-int32-fragmented")
-    assert done.returncode == 2 and done.stderr.count("\n") == 1
-    assert "did you mean r-device_stride-s" in done.stderr and "--list" in done.stderr
-    listed = cli("cite", str(reference), "--list")
+    assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1
+    assert "did you mean r-device_stride-s" in unknown.stderr and "--list" in unknown.stderr
     assert listed.returncode == 0 and "r-device_stride-s8192-p64-int32-fragmented" in listed.stdout.split()
-    bad = cli("cite", str(reference.parent / "nope"), "r-x")
     assert bad.returncode == 2 and "no such file or folder" in bad.stderr
 
 
