@@ -40,18 +40,42 @@ class Case:
     """A failure another process saw, to fail this process's next test of the case."""
 
 
+@dataclass
+class _Held:
+    depth: int = 0
+    pending: str | None = None
+    """An interruption that arrived while held, delivered when the outermost hold ends."""
+
+
+_HELD = _Held()
+
+
+def interrupt(signum: int, frame: object) -> None:
+    """The session's SIGINT and SIGTERM handler: a KeyboardInterrupt, or, while a block is being recorded
+    (`deferred_interruption`), one held until it is. Blocking the signals alone would not do: one the C handler
+    caught just before is still run by Python at the next bytecode, inside the held region."""
+    message = f"signal {signal.Signals(signum).name}"
+    if _HELD.depth:
+        _HELD.pending = message
+        return
+    raise KeyboardInterrupt(message)
+
+
 @contextmanager
 def deferred_interruption() -> Iterator[None]:
     """SIGINT and SIGTERM held back meanwhile (in the main thread, where Python runs its signal handlers): one that
-    arrives is delivered at the end."""
+    arrives is delivered at the end, as a KeyboardInterrupt."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    _HELD.depth += 1
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        _HELD.depth -= 1
+    if _HELD.depth == 0 and _HELD.pending is not None:
+        message, _HELD.pending = _HELD.pending, None
+        raise KeyboardInterrupt(message)
 
 
 class Recorder:

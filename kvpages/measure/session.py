@@ -35,7 +35,7 @@ from kvpages.measure import environment
 from kvpages.measure.group import Group, Launch
 from kvpages.measure.inputs import PoolCache
 from kvpages.measure.ranks import RankTarget
-from kvpages.measure.recorder import Recorder
+from kvpages.measure.recorder import Recorder, interrupt
 from kvpages.measure.runner import Crosscheck, Phases, Runner
 from kvpages.measure.schedule import Block, in_run_order, plan
 from kvpages.measure.steps import get_step_variant, step_variant_names
@@ -59,10 +59,6 @@ def resolve_device(choice: str) -> str:
     if choice == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return choice
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
 class SweepPlan:
@@ -217,7 +213,8 @@ class KvSession:
         gc.freeze()  # the ~225,000 objects alive now leave the full GC passes (a few a process, maybe in a timed
         # round; a 1-process sweep of the default points, loaded dev box: passes 0.17 s without, 0.08 s with)
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, _interrupt)
+            signal.signal(signal.SIGTERM, interrupt)
+            signal.signal(signal.SIGINT, interrupt)
         if self.log is not None:  # a worker logs its outcomes
             return
         cases = self.plan.cases(selected)

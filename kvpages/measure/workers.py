@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvpages.measure.outcome import BlockOutcome
+from kvpages.measure.recorder import deferred_interruption
 from kvpages.schema.meta import ProcessInfo
 
 WORKER_FLAG = "--kv-worker"
@@ -228,8 +229,9 @@ def run_worker(command: WorkerCommand, process: int, limit_s: float, record: Cal
         interrupted = timed_out = False
         try:
             while True:
-                for outcome in log.new_outcomes():
-                    record(outcome)
+                with deferred_interruption():  # what was read is recorded whole: the log's offset has moved past it
+                    for outcome in log.new_outcomes():
+                        record(outcome)
                 try:
                     child.wait(timeout=POLL_S)
                     break
