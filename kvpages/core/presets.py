@@ -60,8 +60,8 @@ PRESETS: dict[str, Preset] = {
                (RequestScenario(32768, 8192, 64, "prefill"), StepScenario(8, MIXED_LENGTHS, 64),
                 StepScenario(8, MIXED_LENGTHS, 64, busy_us=BUSY_US)),
                0.03, "seconds; what CI and the GPU check run"),
-        Preset(Sweep("default", seq_lens=_DEFAULT_SEQ_LENS, page_sizes=(1, 16, 64, 128), time_budget_s=0.05,
-                     processes=DEFAULT_PROCESSES, repetitions=DEFAULT_REPETITIONS, passes=1),
+        Preset(Sweep("default", seq_lens=_DEFAULT_SEQ_LENS, page_sizes=(1, 16, 64, 128), time_budget_s=0.07,
+                     processes=DEFAULT_PROCESSES, repetitions=DEFAULT_REPETITIONS, passes=1, max_rounds=1000),
                _DEFAULT_SCENARIOS, 0.02, "`make bench`"),
         Preset(Sweep(
             "full",

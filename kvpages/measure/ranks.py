@@ -113,7 +113,7 @@ class RankTarget(ScenarioTarget):
         ranks at once, and the maximum over the ranks of their alone rounds (us; the k-th values of every line are
         the k-th cycle's)."""
         modes = np.asarray(series[0])
-        per_rank = np.asarray(series[1:]).reshape(self.world_size, 3, modes.size) * 1e6
+        per_rank = np.round(np.asarray(series[1:]).reshape(self.world_size, 3, modes.size) * 1e6, 3)  # as timer.to_us
         together = modes == TOGETHER
         cycles = int(together.sum())
         alone = [(modes == r).nonzero()[0][:cycles] for r in range(self.world_size)]

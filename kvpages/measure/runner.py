@@ -1,11 +1,12 @@
 """The runner: one loop over the planned blocks of every target (kvpages.measure.targets).
 
-Every (variant, target) is checked against the reference and metered in its first block of each
-process (and cross-checked against the profiler, when that is on), then timed in interleaved,
-seeded repetitions dealt to processes and passes. `Runner.run(benchmark, block)` returns the
-block's `BlockOutcome` (kvpages.measure.outcome): its samples and the meter's reading, or the
-stop of a case that cannot run, or runs wrong, which then runs no further blocks here. The
-runner knows nothing of the session: the session hands each outcome to its recorder
+Every (variant, target) is checked against the reference (on every input in the run's first
+process, on one in each later one) and metered in its first block of each process (and
+cross-checked against the profiler, when that is on), then timed in interleaved, seeded
+repetitions dealt to processes and passes. `Runner.run(benchmark, block)` returns the block's
+`BlockOutcome` (kvpages.measure.outcome): its samples and the meter's reading, or the stop of a
+case that cannot run, or runs wrong, which then runs no further blocks here. The runner knows
+nothing of the session: the session hands each outcome to its recorder
 (kvpages.measure.recorder), or a worker to its log.
 Data flows one way: block -> workload -> variant (checked, metered, timed) -> samples -> outcome.
 """
@@ -252,7 +253,10 @@ class Runner:
             workload = self.workload(target)
             if first_here:
                 with self.phase("checks"):
-                    for inputs, expected in zip(target.inputs_for(variant, workload), workload.expected, strict=True):
+                    # every input in the run's first process; one in each later process, which times the same code
+                    # on the same pool (every block also checks its last timed round's output)
+                    pairs = list(zip(target.inputs_for(variant, workload), workload.expected, strict=True))
+                    for inputs, expected in pairs if self.process == 0 else pairs[:1]:
                         problem = target.check(target.call_here(variant, inputs), expected)
                         if problem:
                             raise Stop("mismatch", f"wrong output: {problem}", fail=True)
@@ -290,7 +294,7 @@ class Runner:
                     self.spun_up = True
                 sweep = options.sweep
                 per_call_s = warm_up(timer.fn, inputs, target.page_size, timer.before_round,
-                                     WARMUP_FIRST_S if first_here else WARMUP_LATER_S)
+                                     WARMUP_FIRST_S if first_here else WARMUP_LATER_S, every_input=first_here)
             rounds = timer.agree_rounds(rounds_for(per_call_s, target.budget_s(options) / self.repetitions,
                                                    sweep.min_rounds, sweep.max_rounds))
         timer.start()

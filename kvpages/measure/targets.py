@@ -29,7 +29,7 @@ from kvpages.measure.meter import D2HMeasurement, measure_call
 from kvpages.measure.outcome import MeterReading
 from kvpages.measure.schedule import Block
 from kvpages.measure.steps import IN_ORDER, Arrays, Stamps, get_step_variant, step_call
-from kvpages.measure.timer import synchronizer
+from kvpages.measure.timer import synchronizer, to_us
 from kvpages.measure.variants import WithExtras, call_args, get_variant
 from kvpages.schema.rows import (
     POINTS,
@@ -204,7 +204,7 @@ class PointTarget:
 
     def timer(self, variant: str, ctx: Context) -> Timer:
         return Timer(get_variant(variant).fn, synchronizer(ctx.device),
-                     lambda benchmark, rounds: (tuple(t * 1e6 for t in benchmark.stats.stats.data),))
+                     lambda benchmark, rounds: (to_us(benchmark.stats.stats.data),))
 
     def extra_info(self, variant: str, reading: MeterReading) -> dict[str, Any]:
         p = self.point
@@ -302,8 +302,8 @@ class ScenarioTarget:
             busy.reset()
 
         def series(benchmark, rounds: int) -> tuple[tuple[float, ...], ...]:
-            return (tuple(t * 1e6 for t in stamps.blocked[-rounds:]), tuple(t * 1e6 for t in stamps.ready[-rounds:]),
-                    tuple(busy.measured_us()[-rounds:]))
+            return (to_us(stamps.blocked[-rounds:]), to_us(stamps.ready[-rounds:]),
+                    to_us(us / 1e6 for us in busy.measured_us()[-rounds:]))
 
         return Timer(fn, sync, series, start)  # each round starts on an idle device; the forward is in the round
 

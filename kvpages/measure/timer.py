@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -17,10 +17,17 @@ import torch
 from kvpages.measure.variants import call_args
 
 WARMUP_FIRST_S = 0.001
-"""A (variant, point)'s first block in a process (right after its check and meter ran it on every input) warms up
-for at least this long (untimed)..."""
+"""A (variant, point)'s first block in a process warms up on every input, and for at least this long (untimed)..."""
 WARMUP_LATER_S = 0.0005
-"""...its later blocks, after the other variants ran, for at least this long; every warm-up covers every input."""
+"""...its later blocks, after the other variants ran, for at least this long and one call: their inputs' first-time
+allocations are behind them, and one call of a long point warms it (a pass over 32 inputs of 524288 tokens was most
+of the default sweep's warm-up)."""
+
+
+def to_us(seconds: Iterable[float]) -> tuple[float, ...]:
+    """Seconds as microseconds to the nanosecond, the clocks' resolution: a rounded value's repr is short, so
+    samples.csv, which keeps every round, is about a third of the size."""
+    return tuple(round(t * 1e6, 3) for t in seconds)
 
 
 def synchronizer(device: str) -> Callable[[], None]:
@@ -28,8 +35,9 @@ def synchronizer(device: str) -> Callable[[], None]:
 
 
 def warm_up(fn: Callable, inputs: Sequence, page_size: int, sync: Callable[[], None],
-            min_s: float) -> float:
-    """Call `fn` on every input, and for at least `min_s`, untimed; return the mean seconds per call.
+            min_s: float, every_input: bool = True) -> float:
+    """Call `fn` on every input (`every_input`; else at least once), and for at least `min_s`, untimed; return the
+    mean seconds per call.
 
     Each result is held until the next call returns, as pytest-benchmark's timed loop holds
     round N's result while round N+1 runs; so a variant that allocates its output (a pinned
@@ -38,7 +46,7 @@ def warm_up(fn: Callable, inputs: Sequence, page_size: int, sync: Callable[[], N
     """
     held = None
     calls, start = 0, time.perf_counter()
-    while calls < len(inputs) or time.perf_counter() - start < min_s:
+    while calls < (len(inputs) if every_input else 1) or time.perf_counter() - start < min_s:
         sync()
         args, kwargs = call_args(inputs[calls % len(inputs)], page_size)
         held = fn(*args, **kwargs)  # noqa: F841 (held on purpose, see above)
