@@ -110,7 +110,7 @@ OPTIONS: tuple[Option, ...] = (
            lambda f, t: _integer(f, t, 0, "an integer seed", "0")),
     Option("--kv-time-budget", "time_budget_s",
            "timed seconds per (variant, point), all repetitions together (default: the preset's)", _float_seconds, repr),
-    Option("--kv-repetitions", "repetitions", "interleaved repetitions (blocks) per (variant, point) (default: the preset's)",
+    Option("--kv-repetitions", "repetitions", "interleaved repetitions per (variant, point), a block each (default: the preset's)",
            lambda f, t: _integer(f, t, 1, "an integer", "10")),
     Option("--kv-passes", "passes", "sweeps over the points that each process's repetitions are dealt to "
            "(default: the preset's)", lambda f, t: _integer(f, t, 1, "an integer", "2")),
