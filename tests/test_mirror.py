@@ -14,9 +14,9 @@ from kvpages.measure.inputs import make_scenario_workload, make_workload
 from kvpages.measure.targets import PointTarget, ScenarioTarget, measure
 from kvpages.measure.variants import Moves, get_variant, variant
 
-STEP = StepScenario(6, "uniform:100,700", 16)
-PREFILL = RequestScenario(3000, 1024, 16)
-DECODE = RequestScenario(3000, 1024, 16, side="decode", prefix=37)
+STEP = StepScenario(6, "uniform:100,700", page_size=16)
+PREFILL = RequestScenario(3000, 1024, page_size=16)
+DECODE = RequestScenario(3000, 1024, page_size=16, side="decode", prefix=37)
 
 
 @pytest.mark.parametrize("device", devices())

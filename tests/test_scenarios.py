@@ -45,11 +45,11 @@ def test_prefill_chunks_follow_send_kv_chunk():
 
 
 def test_a_request_expands_into_its_prefill_calls_and_its_decode_call():
-    prefill = RequestScenario(20000, 8192, 64, "prefill")
+    prefill = RequestScenario(20000, 8192, "prefill", page_size=64)
     assert [(c.start, c.end) for c in prefill.calls()] == [(0, 8192), (8192, 16384), (16384, 20000)]
-    decode = RequestScenario(20000, 8192, 64, "decode", prefix=100)
+    decode = RequestScenario(20000, 8192, "decode", page_size=64, prefix=100)
     assert [(c.start, c.end) for c in decode.calls()] == [(100, 20000)]
-    step = StepScenario(3, "500,700", 16)
+    step = StepScenario(3, "500,700", page_size=16)
     assert [(c.row, c.start, c.end) for c in step.calls()] == [(0, 0, 500), (1, 0, 700), (2, 0, 500)]
 
 
@@ -66,13 +66,13 @@ def test_length_distributions_are_named_seeded_and_documented():
 @pytest.mark.parametrize(
     "make, words",
     [
-        (lambda: RequestScenario(1000, 0, 64), "chunk size must be an integer >= 1, got 0"),
-        (lambda: RequestScenario(1000, 256, 64, "decode", prefix=1000), "prefix 1000 must be >= 0 and < the prompt length 1000"),
-        (lambda: StepScenario(0, "fixed:100", 16), "a step needs B >= 1 requests, got 0"),
-        (lambda: StepScenario(2, "zipf:1.1", 16), "unknown length distribution 'zipf'; valid: fixed, uniform, lognormal"),
-        (lambda: StepScenario(2, "uniform:9,3", 16), "uniform:LO,HI"),
-        (lambda: StepScenario(2, "12,abc", 16), "give comma-separated integers >= 1"),
-        (lambda: StepScenario(4, "fixed:1000000000", 1), "beyond int32's maximum 2147483647"),
+        (lambda: RequestScenario(1000, 0, page_size=64), "chunk size must be an integer >= 1, got 0"),
+        (lambda: RequestScenario(1000, 256, "decode", 1000, page_size=64), "prefix 1000 must be >= 0 and < the prompt length 1000"),
+        (lambda: StepScenario(0, "fixed:100", page_size=16), "a step needs B >= 1 requests, got 0"),
+        (lambda: StepScenario(2, "zipf:1.1", page_size=16), "unknown length distribution 'zipf'; valid: fixed, uniform, lognormal"),
+        (lambda: StepScenario(2, "uniform:9,3", page_size=16), "uniform:LO,HI"),
+        (lambda: StepScenario(2, "12,abc", page_size=16), "give comma-separated integers >= 1"),
+        (lambda: StepScenario(4, "fixed:1000000000", page_size=1), "beyond int32's maximum 2147483647"),
     ],
 )
 def test_bad_scenarios_are_refused_naming_the_value(make, words):
@@ -81,9 +81,9 @@ def test_bad_scenarios_are_refused_naming_the_value(make, words):
     assert words in str(err.value)
 
 
-@pytest.mark.parametrize("scenario", [StepScenario(5, "uniform:1,900", 16, layout="fragmented", seed=2),
-                                      RequestScenario(3000, 700, 64, "prefill"),
-                                      RequestScenario(3000, 700, 64, "decode", prefix=33)])
+@pytest.mark.parametrize("scenario", [StepScenario(5, "uniform:1,900", page_size=16, layout="fragmented", seed=2),
+                                      RequestScenario(3000, 700, "prefill", page_size=64),
+                                      RequestScenario(3000, 700, "decode", page_size=64, prefix=33)])
 @pytest.mark.parametrize("name", step_variant_names())
 def test_every_step_variant_matches_the_reference_call_by_call(scenario, name):
     variant = get_step_variant(name)
@@ -99,7 +99,7 @@ def test_every_step_variant_matches_the_reference_call_by_call(scenario, name):
 
 
 def test_a_batched_step_makes_one_transfer_and_per_request_one_per_request():
-    scenario = StepScenario(6, "uniform:100,300", 16)
+    scenario = StepScenario(6, "uniform:100,300", page_size=16)
     slices = make_scenario_workload(scenario, "cpu", copies=1).inputs[0]
     target = ScenarioTarget(scenario)
     per = measure(target, STEP_BASELINE, slices)

@@ -25,7 +25,7 @@ from kvpages.measure.variants import get_variant, variant_names
 REPO = Path(__file__).resolve().parents[1]
 FAST = ("--benchmark-only", "--kv-time-budget", "0.002", "-p", "no:cacheprovider", "--kv-breakdown", "off",
         "--kv-repetitions", "1")
-STEP = StepScenario(5, "uniform:100,900", 16)
+STEP = StepScenario(5, "uniform:100,900", page_size=16)
 
 
 def syncs(body, kv: torch.Tensor) -> tuple[int, int]:
@@ -151,7 +151,7 @@ def test_cuda_each_wait_counts_once_and_the_mode_is_restored():
 
 @pytest.mark.cuda
 def test_cuda_steps_make_their_declared_syncs_on_the_scheduler_thread():
-    scenario = StepScenario(5, "uniform:100,900", 16)
+    scenario = StepScenario(5, "uniform:100,900", page_size=16)
     target = ScenarioTarget(scenario)
     workload = make_scenario_workload(scenario, "cuda", copies=1)
     counted = {}

@@ -29,10 +29,11 @@ TARGETS = {"overlap": 0.95, "coverage": 0.75, "false_verdicts": 0.10, "width": 0
 
 @dataclass(frozen=True)
 class AAFigures:
-    a_run: str
-    b_run: str
+    """The A/A figures of `variant` against A's baseline between runs A and B (their analyses `a` and `b`)."""
+
+    a: Analysis
+    b: Analysis
     variant: str
-    baseline: str
     points: int
     overlap: int
     a_in_b: int
@@ -41,18 +42,11 @@ class AAFigures:
     median_width_a: float
     median_width_b: float
     """Median over points of the CI's width divided by the ratio."""
-    crossovers_a: tuple[str, ...]
-    crossovers_b: tuple[str, ...]
     fail_above_pct: float
     regressions: int
     slower: int
     faster: int
     relative_points: int
-    noise_a: NoiseFloor
-    noise_b: NoiseFloor
-    timed_a: str = ""
-    timed_b: str = ""
-    """How much of each run's wall time was timed (kvpages.schema.meta.RunMeta.efficiency_text)."""
 
     def fit_line(self) -> str:
         """One line: is this box fit for comparisons, judged by this pair against the calibrated values?"""
@@ -74,8 +68,9 @@ class AAFigures:
         def frac(k: int) -> str:
             return f"{k}/{n} ({k / n:.0%})" if n else "0/0"
 
+        runs = (("A", self.a), ("B", self.b))
         lines = [
-            f"A/A noise check of {self.variant}/{self.baseline}: A = {self.a_run}, B = {self.b_run}",
+            f"A/A noise check of {self.variant}/{self.a.baseline}: A = {self.a.run.run_id}, B = {self.b.run.run_id}",
             f"points with the ratio in both runs: {n}",
             f"intervals overlap: {frac(self.overlap)} (target >= {TARGETS['overlap']:.0%})",
             f"A's ratio inside B's CI: {frac(self.a_in_b)}; B's ratio inside A's CI: {frac(self.b_in_a)} "
@@ -83,16 +78,15 @@ class AAFigures:
             f"median CI width / ratio: A {self.median_width_a:.1%}, B {self.median_width_b:.1%} "
             f"(target <= {TARGETS['width']:.0%})",
             f"ratio moved by more than 10%: {frac(self.moved_10pct)}",
-            f"crossover A: {'; '.join(self.crossovers_a) or 'none computed'}",
-            f"crossover B: {'; '.join(self.crossovers_b) or 'none computed'}",
+            *(f"crossover {name}: {'; '.join(f'p{c.page_size}: {c.describe()}' for c in run.crossovers) or 'none computed'}"
+              for name, run in runs),
             f"compare A B (relative, every variant): {self.slower} slower, {self.faster} faster of "
             f"{self.relative_points} points; "
             f"--fail-above {self.fail_above_pct:g}: {'FAIL' if self.regressions else 'OK'} "
             f"({self.regressions} point(s) beyond it)",
         ]
-        for name, noise in (("A", self.noise_a), ("B", self.noise_b)):
-            lines.append(f"noise floor {name}: {components_text(noise)}")
-        lines += [f"{name}: {timed}" for name, timed in (("A", self.timed_a), ("B", self.timed_b)) if timed]
+        lines += [f"noise floor {name}: {components_text(run.noise)}" for name, run in runs]
+        lines += [f"{name}: {timed}" for name, run in runs if (timed := efficiency(run))]
         lines.append(self.fit_line())
         return "\n".join(lines)
 
@@ -119,24 +113,19 @@ def aa_figures(a: Analysis, b: Analysis, variant: str, fail_above_pct: float) ->
 
     comparison = compare_runs(a.run, b.run, a.baseline)
 
-    def crossings(analysis: Analysis) -> tuple[str, ...]:
-        return tuple(f"p{c.page_size}: {c.describe()}" for c in analysis.crossovers)
-
     return AAFigures(
-        a_run=a.run.run_id, b_run=b.run.run_id, variant=variant, baseline=a.baseline, points=len(pairs),
+        a=a, b=b, variant=variant, points=len(pairs),
         overlap=sum(ra.ci_low <= rb.ci_high and rb.ci_low <= ra.ci_high for ra, rb in pairs),
         a_in_b=sum(inside(ra, rb) for ra, rb in pairs),
         b_in_a=sum(inside(rb, ra) for ra, rb in pairs),
         moved_10pct=sum(abs(rb.ratio / ra.ratio - 1) > 0.10 for ra, rb in pairs),
         median_width_a=finite_median([(ra.ci_high - ra.ci_low) / ra.ratio for ra, _ in pairs]),
         median_width_b=finite_median([(rb.ci_high - rb.ci_low) / rb.ratio for _, rb in pairs]),
-        crossovers_a=crossings(a), crossovers_b=crossings(b),
         fail_above_pct=fail_above_pct,
         regressions=len(comparison.regressions(fail_above_pct)),
         slower=comparison.relative.counts()[SLOWER],
         faster=comparison.relative.counts()[FASTER],
         relative_points=len(comparison.relative.points),
-        noise_a=a.noise, noise_b=b.noise, timed_a=efficiency(a), timed_b=efficiency(b),
     )
 
 

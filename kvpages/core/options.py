@@ -110,7 +110,7 @@ OPTIONS: tuple[Option, ...] = (
            lambda f, t: _integer(f, t, 0, "an integer seed", "0")),
     Option("--kv-time-budget", "time_budget_s",
            "timed seconds per (variant, point), all repetitions together (default: the preset's)", _float_seconds, repr),
-    Option("--kv-repetitions", "repetitions", "interleaved repetitions (blocks) per (variant, point) (default: the preset's)",
+    Option("--kv-repetitions", "repetitions", "interleaved repetitions per (variant, point), a block each (default: the preset's)",
            lambda f, t: _integer(f, t, 1, "an integer", "10")),
     Option("--kv-passes", "passes", "sweeps over the points that each process's repetitions are dealt to "
            "(default: the preset's)", lambda f, t: _integer(f, t, 1, "an integer", "2")),
@@ -229,27 +229,24 @@ class BenchOptions:
     def replace(self, **changes: Any) -> BenchOptions:
         return dataclasses.replace(self, **changes)
 
-    @property
-    def preset_name(self) -> str:
-        return self.preset or "default"
-
     @functools.cached_property
-    def the_preset(self) -> Preset:
-        return get_preset(self.preset_name)
+    def selected_preset(self) -> Preset:
+        """The Preset that `preset` (the name given, None: default) names."""
+        return get_preset(self.preset or "default")
 
     @functools.cached_property
     def sweep(self) -> Sweep:
         """The preset's sweep with the given axes and settings replaced (validated again)."""
         changes = {name: getattr(self, name) for name in SWEEP_FIELDS if getattr(self, name) is not None}
         if self.repetitions is not None and self.processes is None:  # fewer repetitions: at most one process each
-            changes["processes"] = min(self.the_preset.sweep.processes, self.repetitions)
+            changes["processes"] = min(self.selected_preset.sweep.processes, self.repetitions)
         try:
-            return self.the_preset.sweep.replace(**changes)
+            return self.selected_preset.sweep.replace(**changes)
         except ValueError as exc:
             about = ("seq_lens", "page_sizes", "dtypes") + (("repetitions", "processes") if "processes" in str(exc) else ())
             given = " ".join(f"{o.flag} {o.render(getattr(self, o.field))}" for o in OPTIONS
                              if o.field in about and getattr(self, o.field) is not None)
-            raise ValueError(f"{given or '--kv-preset ' + self.preset_name}: {exc}") from None
+            raise ValueError(f"{given or '--kv-preset ' + self.selected_preset.name}: {exc}") from None
 
     @functools.cached_property
     def scenario_set(self) -> tuple[Scenario, ...]:
@@ -258,7 +255,7 @@ class BenchOptions:
             return ()
         given = [o for o in OPTIONS if o.field in BY_HAND and getattr(self, o.field) is not None]
         if not given:
-            return self.the_preset.scenarios
+            return self.selected_preset.scenarios
         try:
             return scenarios_from(self.sweep.page_sizes, self.sweep.dtypes, self.request_lens or (),
                                   self.chunk_size or DEFAULT_CHUNK_SIZE, self.prefix or 0, self.step_sizes or (),
@@ -270,7 +267,7 @@ class BenchOptions:
     @property
     def scenario_budget_s(self) -> float:
         """--kv-time-budget when given, else the preset's scenario budget."""
-        return self.time_budget_s if self.time_budget_s is not None else self.the_preset.scenario_budget_s
+        return self.time_budget_s if self.time_budget_s is not None else self.selected_preset.scenario_budget_s
 
     @property
     def baseline_name(self) -> str:

@@ -50,15 +50,15 @@ _DEFAULT_SEQ_LENS = (512, 2048, PARTIAL_PAGE_LEN, 8192, 32768, 131072, 524288)
 _DEFAULT_SCENARIOS: tuple[Scenario, ...] = (
     *request_scenarios((2048, 8192, 32768, 131072), 8192, (1, 64)),
     *step_scenarios((1, 8, 32, 128), MIXED_LENGTHS, (1, 64)),
-    StepScenario(32, MIXED_LENGTHS, 64, busy_us=BUSY_US),
+    StepScenario(32, MIXED_LENGTHS, page_size=64, busy_us=BUSY_US),
 )
 
 PRESETS: dict[str, Preset] = {
     preset.name: preset
     for preset in (
         Preset(Sweep("quick", seq_lens=(512, 8192), page_sizes=(1, 64), time_budget_s=0.06, repetitions=6, passes=6),
-               (RequestScenario(32768, 8192, 64, "prefill"), StepScenario(8, MIXED_LENGTHS, 64),
-                StepScenario(8, MIXED_LENGTHS, 64, busy_us=BUSY_US)),
+               (RequestScenario(32768, 8192, "prefill", page_size=64), StepScenario(8, MIXED_LENGTHS, page_size=64),
+                StepScenario(8, MIXED_LENGTHS, page_size=64, busy_us=BUSY_US)),
                0.03, "seconds; what CI and the GPU check run"),
         Preset(Sweep("default", seq_lens=_DEFAULT_SEQ_LENS, page_sizes=(1, 16, 64, 128), time_budget_s=0.07,
                      processes=DEFAULT_PROCESSES, repetitions=DEFAULT_REPETITIONS, passes=1, max_rounds=1000),

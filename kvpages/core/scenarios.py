@@ -56,38 +56,43 @@ def prefill_chunks(prompt_len: int, chunk_size: int, page_size: int) -> list[tup
     return slices
 
 
-@dataclass(frozen=True)
-class RequestScenario:
-    """One request: prompt length L, decode-side prefix P, chunk size C, page size p; one side of it."""
+@dataclass(frozen=True, kw_only=True)
+class ScenarioPool:
+    """What a request and a step share: the pool's page size p, index dtype and page layout, and the device work."""
 
-    prompt_len: int
-    chunk_size: int
     page_size: int
-    side: str = "prefill"
-    prefix: int = 0
     dtype: str = "int32"
     layout: str = "fragmented"
     busy_us: int = 0
     """Device work queued in each round as the next forward (CUDA only): a sleeping kernel of this many microseconds."""
 
     def __post_init__(self) -> None:
-        check_seq_len(self.prompt_len)
         check_page_size(self.page_size)
+        check_choice("dtype", self.dtype, DTYPES)
+
+
+@dataclass(frozen=True)
+class RequestScenario(ScenarioPool):
+    """One request: prompt length L, decode-side prefix P, chunk size C, page size p; one side of it."""
+
+    prompt_len: int
+    chunk_size: int
+    side: str = "prefill"
+    prefix: int = 0
+
+    def __post_init__(self) -> None:
+        check_seq_len(self.prompt_len)
+        super().__post_init__()
         check_count("chunk size", self.chunk_size)
         if not 0 <= self.prefix < self.prompt_len:
             raise ValueError(f"prefix {self.prefix} must be >= 0 and < the prompt length {self.prompt_len}")
         check_choice("side", self.side, SIDES)
-        check_choice("dtype", self.dtype, DTYPES)
-        _check_pool(self, self.rows_per_round, self.prompt_len)
+        _check_pool(self, self.requests, self.prompt_len)
 
     kind = "request"
 
     @property
     def requests(self) -> int:
-        return 1
-
-    @property
-    def rows_per_round(self) -> int:
         return 1
 
     @property
@@ -152,22 +157,17 @@ def draw_lengths(spec: str, count: int, seed: int) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class StepScenario:
+class StepScenario(ScenarioPool):
     """One decode-side scheduler step: B requests, each converted on its own (or batched, by a step variant)."""
 
     batch: int
     lengths_spec: str
-    page_size: int
-    dtype: str = "int32"
-    layout: str = "fragmented"
     seed: int = 0
-    busy_us: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
             raise ValueError(f"a step needs B >= 1 requests, got {self.batch!r}")
-        check_page_size(self.page_size)
-        check_choice("dtype", self.dtype, DTYPES)
+        super().__post_init__()
         parse_lengths(self.lengths_spec)
         _check_pool(self, self.batch, max(self.lengths))
 
@@ -176,10 +176,6 @@ class StepScenario:
 
     @property
     def requests(self) -> int:
-        return self.batch
-
-    @property
-    def rows_per_round(self) -> int:
         return self.batch
 
     @functools.cached_property
@@ -265,13 +261,13 @@ def describe(scenario: Scenario) -> Iterator[str]:
 def request_scenarios(lens: tuple[int, ...], chunk: int, page_sizes: tuple[int, ...], prefix: int = 0,
                       dtype: str = "int32") -> tuple[RequestScenario, ...]:
     """Both sides of a request for every prompt length and page size."""
-    return tuple(RequestScenario(L, chunk, p, side, prefix if side == "decode" else 0, dtype)
+    return tuple(RequestScenario(L, chunk, side, prefix if side == "decode" else 0, page_size=p, dtype=dtype)
                  for p in page_sizes for side in SIDES for L in lens)
 
 
 def step_scenarios(batches: tuple[int, ...], lengths: str, page_sizes: tuple[int, ...],
                    dtype: str = "int32") -> tuple[StepScenario, ...]:
-    return tuple(StepScenario(b, lengths, p, dtype) for p in page_sizes for b in batches)
+    return tuple(StepScenario(b, lengths, page_size=p, dtype=dtype) for p in page_sizes for b in batches)
 
 
 MIXED_LENGTHS = "lognormal:4096,1.0,65536"

@@ -181,7 +181,7 @@ class LatencyBlock(Protocol):
 
 def latency_statistics(blocks: Sequence[LatencyBlock]) -> dict[str, float]:
     """A request's or step's row statistics: blocked and ready quartiles of every round of every block pooled, the
-    rounds and the repetitions (blocks)."""
+    rounds and the repetitions (one block each)."""
     pooled = [quartiles([np.asarray(getattr(b, f"{what}_us")) for b in blocks], f"{what}_")
               for what in ("blocked", "ready")]
     return {**pooled[0], **pooled[1], "rounds": sum(len(b.blocked_us) for b in blocks), "repetitions": len(blocks)}

@@ -240,7 +240,7 @@ class KvSession:
         if group is not None:
             label += f"-{group.size}ranks"
         path = create_run_dir(self.results_dir, label)
-        meta = RunMeta(run_id=path.name, preset=self.options.preset_name, options=self.options.as_strings(),
+        meta = RunMeta(run_id=path.name, preset=self.options.selected_preset.name, options=self.options.as_strings(),
                        command=self.command, started_utc=self.started_utc, environment=env,
                        repetitions=self.repetitions, order_seed=self.options.sweep.seed, baseline=self.options.baseline_name,
                        crosscheck=self.runner.crosscheck.status(self.crosscheck_on), ranks=None if group is None else group.meta)

@@ -24,7 +24,7 @@ METHOD = (
     "once costs the maximum over the ranks of their at-once rounds (a scheduler step waits for its slowest rank), "
     "and the step alone the maximum over the ranks of their alone rounds of the same cycle. Both are a maximum "
     "over the same ranks, so neither the maximum-of-N bias nor a rank that is always slower reads as contention: "
-    "the contention is 1 when the ranks do not slow each other down. Each block (repetition) is summarised by its "
+    "the contention is 1 when the ranks do not slow each other down. Each repetition's timed block is summarised by its "
     "median; the figures printed are the medians of those over the repetitions, and the contention is their ratio, "
     "with the percentile interval of a bootstrap over the repetitions, each drawn with its at-once and alone "
     "medians together (`kvpages.analysis.contention`: when at-once and alone rounds come from one distribution it "

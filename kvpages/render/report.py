@@ -44,8 +44,8 @@ def method_text(analysis: Analysis) -> str:
     """How the run was timed and judged; the family sizes are the run's own."""
     families = f"{len(analysis.ratios)} ratios per call and {len(analysis.scenario_ratios)} scenario ratios"
     return (
-        "Each (variant, point) was timed in R repetitions (blocks of rounds), dealt to P fresh processes that ran one "
-        "after another (repetition r in process r % P: a process's address-space layout, allocator state and code "
+        "Each (variant, point) was timed in R repetitions (a timed block of rounds each), dealt to P fresh processes that ran "
+        "one after another (repetition r in process r % P: a process's address-space layout, allocator state and code "
         "placement are fixed for its life), the point's variants back to back in a fresh seeded order per repetition "
         "(samples.csv: `repetition`, `order`, `process`), so drift hits them alike. **One estimator everywhere** "
         "(`kvpages.core.estimator.paired_ratio`): a variant's time is the geometric mean of its per-repetition block "

@@ -59,7 +59,7 @@ class Run:
     path: Path
     rows: pd.DataFrame
     samples: dict[tuple, list[np.ndarray]]
-    """Per row key, the per-round times of each repetition (block), in repetition order."""
+    """Per row key, the per-round times of its block in each repetition, in repetition order."""
     meta: RunMeta | None
     scenarios: pd.DataFrame | None = None
     """scenarios.csv (whole requests and steps), or None for a run without them."""
