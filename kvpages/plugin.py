@@ -297,7 +297,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
                 terminalreporter.write_line(f"chart: {chart}")
             terminalreporter.write_line(f"report: {write_report(analysis)} (with ratios.csv)")
         kv.analysed(time.perf_counter() - started)
-        terminalreporter.write_line(f"kvpages: {writer.meta.efficiency_text()}")
+        timing = writer.meta.timing
+        after = f"; then its analysis {timing.analysis_s:.1f} s" if timing and timing.analysis_s else ""
+        terminalreporter.write_line(f"kvpages: {writer.meta.efficiency_text()}{after}")
     except ModuleNotFoundError as exc:
         if exc.name not in ANALYSIS_PACKAGES:
             raise

@@ -40,7 +40,8 @@ def test_quick_preset_writes_a_complete_run(bench):
     result.assert_outcomes(passed=4 * (n_variants - 1) * reps, skipped=4 * reps)  # the pinned variant needs CUDA
     result.stdout.fnmatch_lines(["*kvpages summary*", "*CPU run: no PCIe link was crossed*",
                                  f"{reps} interleaved repetitions*", "run folder: *",
-                                 "kvpages: timed * s of * s (*%), the session's wall from its start to the end of its analysis"])
+                                 "kvpages: timed * s of * s (*%), the session's wall from its start to the end of its breakdown; "
+                                 "then its analysis * s"])
     [folder] = run_dirs(bench.path)
     assert folder.name.endswith("-cpu")
     run = load_run(folder)

@@ -106,18 +106,18 @@ class RunTiming:
         return cls(wall_s, crosscheck_s=crosscheck_s, **sums)
 
     @property
-    def total_s(self) -> float:
-        """The session's wall with what came after its sweep, as far as it is recorded."""
-        return self.wall_s + (self.breakdown_s or 0.0) + (self.analysis_s or 0.0)
+    def measured_s(self) -> float:
+        """The session's wall with the breakdown after its sweep: what measuring the run took (its analysis, written
+        into meta.json after REPORT.md, is left out, so a report re-made from the folder says the same)."""
+        return self.wall_s + (self.breakdown_s or 0.0)
 
     def efficiency_text(self) -> str:
         """How much of the session's wall time was timed, in one line."""
         if self.timed_s is None:
-            return f"timed seconds not recorded (a run from before they were), of {self.total_s:.1f} s"
-        until = "its analysis" if self.analysis_s is not None else "its sweep" if self.breakdown_s is None else \
-            "its breakdown"
-        return (f"timed {self.timed_s:.1f} s of {self.total_s:.1f} s ({self.timed_s / self.total_s:.0%}), the session's "
-                f"wall from its start to the end of {until}")
+            return f"timed seconds not recorded (a run from before they were), of {self.measured_s:.1f} s"
+        until = "its sweep" if self.breakdown_s is None else "its breakdown"
+        return (f"timed {self.timed_s:.1f} s of {self.measured_s:.1f} s ({self.timed_s / self.measured_s:.0%}), the "
+                f"session's wall from its start to the end of {until}")
 
     @classmethod
     def from_json(cls, data: dict[str, float]) -> RunTiming:
