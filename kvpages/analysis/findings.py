@@ -262,7 +262,7 @@ def _faster(analysis: Analysis, variant: str) -> Finding | None:
     base, largest = called(analysis.baseline), max(rows, key=lambda r: (r.page_size, r.seq_len))
     question = f"{variant} vs {analysis.baseline}"
     low, high = (fraction(f(r.bytes_ratio for r in rows)) for f in (min, max))
-    moved = f"it hands the host {low if low == high else f'{low}-{high}'} of {base}'s bytes (metered)"
+    moved = f"it hands the host {low if low == high else f'{low}-{high}'}x {base}'s bytes (metered)"
     if not analysis.run.link_crossed:
         every = [p for r in rows for p in point_predictions(analysis, r)]
         answer = (f"Is {variant} faster than the baseline {base}? Predicted (model) at {predicted_range(tuple(every))} "
