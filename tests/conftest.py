@@ -60,6 +60,7 @@ def devices() -> list:
 
 # ----------------------------------------------------------------------------- synthetic runs
 
+import functools  # noqa: E402
 import shutil  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -77,9 +78,17 @@ from kvpages.schema.writer import RunWriter  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 
+@functools.cache
 def reference_runs() -> list[Path]:
-    """The sweep run folders committed under results/, oldest first (not the multi-rank runs, which time steps only)."""
-    return sorted(p.parent for p in (REPO / "results").glob("*/meta.json") if not (p.parent / "ranks.csv").exists())
+    """The sweep run folders committed under results/, oldest first (not the multi-rank runs, which time steps only).
+    Committed means tracked by git where this is a checkout: a sweep the user has just run into results/ is not
+    the reference the tests read."""
+    found = [p.parent for p in (REPO / "results").glob("*/meta.json") if not (p.parent / "ranks.csv").exists()]
+    tracked = subprocess.run(["git", "ls-files", "--", "results/*/meta.json"], cwd=REPO, capture_output=True, text=True)
+    if tracked.returncode == 0 and tracked.stdout.strip():
+        names = {Path(line).parent.name for line in tracked.stdout.split()}
+        found = [p for p in found if p.name in names]
+    return sorted(found)
 
 
 @dataclass(frozen=True)
