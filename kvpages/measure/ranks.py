@@ -22,7 +22,7 @@ from kvpages.measure.outcome import MeterReading
 from kvpages.measure.schedule import Block
 from kvpages.measure.steps import Stamps, get_step_variant, step_call
 from kvpages.measure.targets import Context, ScenarioTarget, Timer, finish_for
-from kvpages.measure.timer import synchronizer
+from kvpages.measure.timer import US_DECIMALS, synchronizer
 from kvpages.schema.ranks import ALONE, ALONE_MAX, RANK, STEP
 from kvpages.schema.rows import RANKS, RankRow, RankSampleSet, ScenarioRow, timing_columns
 
@@ -113,7 +113,7 @@ class RankTarget(ScenarioTarget):
         ranks at once, and the maximum over the ranks of their alone rounds (us; the k-th values of every line are
         the k-th cycle's)."""
         modes = np.asarray(series[0])
-        per_rank = np.round(np.asarray(series[1:]).reshape(self.world_size, 3, modes.size) * 1e6, 3)  # as timer.to_us
+        per_rank = np.round(np.asarray(series[1:]).reshape(self.world_size, 3, modes.size) * 1e6, US_DECIMALS)
         together = modes == TOGETHER
         cycles = int(together.sum())
         alone = [(modes == r).nonzero()[0][:cycles] for r in range(self.world_size)]

@@ -29,7 +29,7 @@ from kvpages.measure.meter import D2HMeasurement, measure_call
 from kvpages.measure.outcome import MeterReading
 from kvpages.measure.schedule import Block
 from kvpages.measure.steps import IN_ORDER, Arrays, Stamps, get_step_variant, step_call
-from kvpages.measure.timer import synchronizer, to_us
+from kvpages.measure.timer import US_DECIMALS, synchronizer, to_us
 from kvpages.measure.variants import WithExtras, call_args, get_variant
 from kvpages.schema.rows import (
     POINTS,
@@ -303,7 +303,7 @@ class ScenarioTarget:
 
         def series(benchmark, rounds: int) -> tuple[tuple[float, ...], ...]:
             return (to_us(stamps.blocked[-rounds:]), to_us(stamps.ready[-rounds:]),
-                    to_us(us / 1e6 for us in busy.measured_us()[-rounds:]))
+                    tuple(round(us, US_DECIMALS) for us in busy.measured_us()[-rounds:]))
 
         return Timer(fn, sync, series, start)  # each round starts on an idle device; the forward is in the round
 

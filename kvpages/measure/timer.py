@@ -24,10 +24,14 @@ allocations are behind them, and one call of a long point warms it (a pass over 
 of the default sweep's warm-up)."""
 
 
+US_DECIMALS = 3
+"""Samples are kept in microseconds to the nanosecond, the clocks' resolution: a rounded value's repr is short, so
+samples.csv, which keeps every round, is about a third of the size."""
+
+
 def to_us(seconds: Iterable[float]) -> tuple[float, ...]:
-    """Seconds as microseconds to the nanosecond, the clocks' resolution: a rounded value's repr is short, so
-    samples.csv, which keeps every round, is about a third of the size."""
-    return tuple(round(t * 1e6, 3) for t in seconds)
+    """Seconds as microseconds, to `US_DECIMALS`."""
+    return tuple(round(t * 1e6, US_DECIMALS) for t in seconds)
 
 
 def synchronizer(device: str) -> Callable[[], None]:

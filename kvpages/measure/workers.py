@@ -223,7 +223,6 @@ def run_worker(command: WorkerCommand, process: int, limit_s: float, record: Cal
     output = command.folder / f"process-{process}.out"
     log = LogReader(log_path(command.folder, process))
     launched, start = time.time(), time.perf_counter()
-    timed_out = False
     with open(output, "w") as out:
         child = subprocess.Popen(command.argv(process), cwd=command.cwd, stdout=out, stderr=subprocess.STDOUT)
         interrupted = timed_out = False
