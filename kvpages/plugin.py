@@ -20,7 +20,13 @@ import pytest
 
 from kvpages.core.capacity import check_fits, host_available_bytes
 from kvpages.core.options import OPTIONS, BenchOptions
-from kvpages.measure.workers import WORKER_DIR_FLAG, WORKER_FLAG, exit_without_collecting, process_started_at
+from kvpages.measure.workers import (
+    WORKER_DIR_FLAG,
+    WORKER_FLAG,
+    WORKER_GO_FLAG,
+    exit_without_collecting,
+    process_started_at,
+)
 
 if TYPE_CHECKING:
     from kvpages.measure.group import Launch
@@ -45,6 +51,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(WORKER_FLAG, type=int, default=None, metavar="K",
                     help="internal: time only process K's share and log it (the session starts its workers)")
     group.addoption(WORKER_DIR_FLAG, default=None, metavar="DIR", help="internal: where a worker logs its blocks")
+    group.addoption(WORKER_GO_FLAG, type=int, default=None, metavar="FD",
+                    help="internal: the pipe a worker waits on for its turn")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -149,10 +157,19 @@ def kv_session(config: pytest.Config) -> KvSession:
             config.stash[OPTIONS_KEY], Path(str(config.rootpath)), tuple(config.invocation_params.args),
             timing=not config.getoption("benchmark_disable", False), worker=config.getoption(WORKER_FLAG),
             worker_dir=None if worker_dir is None else Path(worker_dir), started_at=config.stash[START_KEY],
-            launch=launch,
+            launch=launch, go_fd=config.getoption(WORKER_GO_FLAG), benchmark_output=benchmark_output(config),
         )
         exit_without_collecting()  # a process of the sweep (torch imported) exits without the last GC passes
     return config.stash[SESSION_KEY]
+
+
+def benchmark_output(config: pytest.Config) -> bool:
+    """Whether pytest-benchmark shows or keeps its statistics of the blocks: its table (not --benchmark-quiet), JSON,
+    saved runs, comparisons or histograms."""
+    o = config.option
+    return not getattr(o, "benchmark_quiet", False) or any(getattr(o, name, None) for name in (
+        "benchmark_json", "benchmark_save", "benchmark_autosave", "benchmark_compare", "benchmark_compare_fail",
+        "benchmark_histogram", "benchmark_save_data", "benchmark_cprofile", "benchmark_csv"))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -184,7 +201,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     folder = config.getoption(WORKER_DIR_FLAG)
     if folder is None or config.getoption(WORKER_FLAG) is None:
         return
-    from kvpages.measure.workers import read_cases
+    from kvpages.measure.worklog import read_cases
 
     cases = read_cases(Path(folder))
     keep: list[pytest.Item] = []
@@ -253,10 +270,10 @@ def _run_workers(config: pytest.Config, kv: KvSession) -> None:
 def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json: dict) -> None:
     """--benchmark-json (and --benchmark-save) hold every process's benchmarks, the workers' too."""
     kv = config.stash.get(SESSION_KEY, None)
-    if kv is None or not kv.worker_benchmarks:
+    if kv is None or not kv.workers.benchmarks:
         return
     with_data = any("data" in b.get("stats", {}) for b in output_json["benchmarks"])
-    for entry in kv.worker_benchmarks:
+    for entry in kv.workers.benchmarks:
         stats = entry.get("stats", {})
         output_json["benchmarks"].append(entry if with_data else {**entry, "stats": {
             k: v for k, v in stats.items() if k != "data"}})

@@ -13,6 +13,7 @@ Data flows one way: block -> workload -> variant (checked, metered, timed) -> sa
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -32,7 +33,7 @@ from kvpages.measure.outcome import BlockOutcome, MeterReading
 from kvpages.measure.schedule import Block
 from kvpages.measure.targets import Context, Target, measure
 from kvpages.measure.timer import WARMUP_FIRST_S, WARMUP_LATER_S, rounds_for, time_block, warm_up
-from kvpages.measure.workers import BlocksSpent
+from kvpages.measure.worklog import BlocksSpent
 from kvpages.schema.rows import Samples
 
 T = TypeVar("T")
@@ -187,6 +188,8 @@ class Runner:
     downshifts, an idle clock drops)."""
     spun_up: bool = False
     """The device's clock raised, before this process's first timed block."""
+    benchmark_output: bool = True
+    """pytest-benchmark shows or keeps statistics of each block; else its rounds go once they are in its samples."""
     _workload: tuple[Target, Workload] | None = None
     _built: dict[Target, Workload] = field(default_factory=dict)
 
@@ -300,7 +303,7 @@ class Runner:
         timer.start()
         result = time_block(benchmark, timer.fn, inputs, target.page_size, timer.before_round, rounds)
         if not benchmark.disabled:
-            self.phase.timed_s += sum(benchmark.stats.stats.data)
+            self.phase.timed_s += math.fsum(benchmark.stats.stats.data)
         if self.context.device == "cuda" and self.loaded is None and not benchmark.disabled:
             self.loaded = environment.loaded_now()
 
@@ -313,4 +316,7 @@ class Runner:
         together(self.context.group, block, "after its timing", checked)
         if benchmark.disabled:  # nothing timed (--benchmark-disable: a check of every case)
             return ()
-        return target.samples(block.variant, block, timer.series(benchmark, rounds))
+        samples = target.samples(block.variant, block, timer.series(benchmark, rounds))
+        if not self.benchmark_output:
+            benchmark.stats.stats.data.clear()  # its end skips it: 0.4 s of 690 blocks' statistics a process
+        return samples

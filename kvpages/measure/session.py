@@ -41,15 +41,8 @@ from kvpages.measure.schedule import Block, in_run_order, plan
 from kvpages.measure.steps import get_step_variant, step_variant_names
 from kvpages.measure.targets import Context, PointTarget, ScenarioTarget, Target
 from kvpages.measure.variants import variant_names
-from kvpages.measure.workers import (
-    WorkerCommand,
-    WorkerEnd,
-    WorkerLog,
-    WorkerRun,
-    log_path,
-    run_workers,
-    write_cases,
-)
+from kvpages.measure.workers import WorkerCommand, Workers, run_workers
+from kvpages.measure.worklog import WorkerEnd, WorkerLog, log_path, write_cases
 from kvpages.schema.meta import ProcessInfo, RunMeta, RunTiming
 from kvpages.schema.writer import RunWriter, create_run_dir, utc_now
 
@@ -162,11 +155,10 @@ def add_breakdown(writer: RunWriter, exitstatus: int, plan: SweepPlan, device: s
         writer.meta.breakdown = where_time_goes.write_breakdown_into(writer.path, cases, device)
 
 
-def own_process(index: int, phase: Phases, workers: Sequence[WorkerRun], started_at: float, total_s: float
-                ) -> ProcessInfo:
-    """meta.json's record of the session's own process: its wall is the session's, less its workers' and the
-    cross-check's; its start-up runs to its first block, less both."""
-    others = sum(w.wall_s for w in workers) + phase.seconds["crosscheck"]
+def own_process(index: int, phase: Phases, workers: Workers, started_at: float, total_s: float) -> ProcessInfo:
+    """meta.json's record of the session's own process: its wall is the session's, less its workers' (their start-up
+    together, then their turns) and the cross-check's; its start-up runs to its first block, less both."""
+    others = workers.startup_s + workers.turns_s + phase.seconds["crosscheck"]
     wall, span = total_s - others, phase.span
     startup = wall if span is None else span[0] - started_at - others
     return phase.spent().info(index, os.getpid(), "session", startup, wall)
@@ -177,7 +169,8 @@ class KvSession:
 
     def __init__(self, options: BenchOptions, rootdir: Path, invocation_args: tuple[str, ...],
                  timing: bool = True, worker: int | None = None, worker_dir: Path | None = None,
-                 started_at: float = 0.0, launch: Launch | None = None) -> None:
+                 started_at: float = 0.0, launch: Launch | None = None, go_fd: int | None = None,
+                 benchmark_output: bool = True) -> None:
         self.options = options
         self.started_at = started_at  # perf_counter when this process started (kvpages.measure.workers)
         self.device = resolve_device(options.device_choice)
@@ -195,27 +188,27 @@ class KvSession:
         self.processes = sweep.processes if timing else 1
         self.process = self.processes - 1 if worker is None else worker
         self.log = None if worker is None or worker_dir is None else WorkerLog(log_path(worker_dir, worker))
+        self.go_fd = go_fd  # a worker waits on it for its turn (kvpages.measure.workers)
         self.plan = SweepPlan(options, self.device, group, self.repetitions, self.processes, self.process)
         self.runner = Runner(self.context, self.repetitions, self.plan.passes, self.process, self.phase,
-                             pool_cache=None if worker_dir is None else PoolCache(worker_dir))
+                             pool_cache=None if worker_dir is None else PoolCache(worker_dir),
+                             benchmark_output=benchmark_output)
         self.crosscheck_on = crosscheck_enabled(options.crosscheck_mode, self.device) and self.log is None
         self.trace_dir: Path | None = None  # where the cross-check process leaves its profile
         self.writer: RunWriter | None = None
         self.recorder: Recorder | None = None
-        self.workers: list[WorkerRun] = []
-        self.worker_benchmarks: list[dict] = []  # the workers' pytest-benchmark JSON entries
-
-    # ------------------------------------------------------------------ before the first block
+        self.workers = Workers()
 
     def start(self, selected: Sequence[Block]) -> None:
         """Before the first block, once: SIGTERM made an interruption; the profiler cross-check run over the
         `selected` blocks' cases; the run folder opened with its recorder (the session that writes it)."""
-        gc.freeze()  # the ~225,000 objects alive now leave the full GC passes (a few a process, maybe in a timed
-        # round; a 1-process sweep of the default points, loaded dev box: passes 0.17 s without, 0.08 s with)
+        gc.freeze()  # the ~225,000 objects alive now leave the full GC passes (0.17 s of them a process -> 0.08 s)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, interrupt)
             signal.signal(signal.SIGINT, interrupt)
-        if self.log is not None:  # a worker logs its outcomes
+        if self.log is not None:  # a worker logs its outcomes, once its turn comes
+            if self.go_fd is not None and not self.log.wait_for_turn(self.go_fd):
+                pytest.exit("kvpages: the session ended before this worker's turn", pytest.ExitCode.INTERRUPTED)
             return
         cases = self.plan.cases(selected)
         if self.crosscheck_on:
@@ -236,9 +229,8 @@ class KvSession:
         confirmed = self.crosscheck_on and self.runner.crosscheck.unavailable is None
         env = environment.capture(self.device, self.rootdir, confirmed)
         group = self.context.group
-        label = "cpu" if self.device == "cpu" else f"cuda-{self.context.device_name}"
-        if group is not None:
-            label += f"-{group.size}ranks"
+        label = ("cpu" if self.device == "cpu" else f"cuda-{self.context.device_name}") + (
+            "" if group is None else f"-{group.size}ranks")
         path = create_run_dir(self.results_dir, label)
         meta = RunMeta(run_id=path.name, preset=self.options.selected_preset.name, options=self.options.as_strings(),
                        command=self.command, started_utc=self.started_utc, environment=env,
@@ -252,14 +244,13 @@ class KvSession:
     # ------------------------------------------------------------------ the blocks
 
     def run_workers(self, command: WorkerCommand, say: Callable[[str], None]) -> None:
-        """Time the earlier processes' shares in worker processes (kvpages.measure.workers.run_workers); the
-        recorder takes each outcome a worker logs as it is written."""
+        """Time the earlier processes' shares in workers; the recorder takes each outcome a worker logs as it comes."""
         assert self.recorder is not None, "workers run in a session that records"
         write_cases(command.folder, list(self.recorder.cases))
         self.runner.pool_cache = PoolCache(command.folder)
         limits = [worker_limit_s(self.plan, self.options, self.repetitions, process, frozenset(self.recorder.cases))
                   for process in range(self.processes - 1)]
-        self.worker_benchmarks = run_workers(command, limits, self.recorder.record, say, self.workers)
+        run_workers(command, WORKER_START_S, limits, self.recorder.record, say, self.workers)
 
     def run(self, benchmark, block: Block) -> None:
         """Run one block (called by bench/) and record its outcome; a stopped case's test is skipped or failed."""
@@ -292,14 +283,14 @@ class KvSession:
         if self.trace_dir is not None:
             shutil.rmtree(self.trace_dir, ignore_errors=True)
         if self.log is not None:
-            self.log.end(WorkerEnd(os.getpid(), self.phase.first_block_at, self.phase.spent()))
+            self.log.end(WorkerEnd(os.getpid(), self.phase.first_block_at, self.phase.spent(), self.log.released_at))
         if self.recorder is None:
             return
         self.recorder.finish()
         if self.writer is None:
             return
         meta = self.writer.meta
-        meta.processes = [w.info() for w in self.workers] + [
+        meta.processes = [w.info() for w in self.workers.runs] + [
             own_process(self.process, self.phase, self.workers, self.started_at, total_s)]
         completed, note = end_note(self.recorder.recorded, self.recorder.partial, len(self.plan.planned), exitstatus,
                                    group is not None, None if group is None else group.failure)
@@ -309,7 +300,7 @@ class KvSession:
                                                    sm_clock_mhz_loaded=loaded.sm_clock_mhz)
         if self.options.breakdown != "off":  # what meta.json says if this process is stopped during the profile
             meta.breakdown = "not finished: the sweep was stopped during the profiled passes"
-        timing = RunTiming.of(total_s, meta.processes, self.phase.seconds["crosscheck"])
+        timing = RunTiming.of(total_s, meta.processes, self.phase.seconds["crosscheck"], self.workers.overlap_s)
         self.writer.finish(completed, note, timing)  # the run folder is finished before the breakdown starts
         if self.options.breakdown != "off":
             with self.phase("breakdown"):

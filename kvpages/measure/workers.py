@@ -3,14 +3,17 @@
 A process fixes its address-space layout, allocator state, code and data placement for its whole
 life, so repetitions inside one process cannot see a shift of the whole process. With
 `--kv-processes P` (P >= 2), the pytest session the user runs is the last of P processes: before it
-times its own share, it starts each earlier process in turn, never two at once, as
+times its own share, it starts the P - 1 earlier ones together, as
 
     python -m pytest <the same files> <the same --kv-* options> --benchmark-only --kv-worker K --kv-worker-dir DIR
+        --kv-worker-go FD
 
+Each imports and collects, says it is ready in its log, and waits on its pipe FD. Once every one is
+ready (nothing runs but their waits), the session lets them time one at a time, never two at once:
+the start-ups, about 2 s of one core each, overlap on the box's cores instead of adding up.
 A worker plans the same blocks (kvpages.measure.schedule), collects only those of process K, keeps
 only the cases the session selected (DIR/cases.json), and logs each finished block to
-DIR/process-K.jsonl as it goes: each block's outcome (kvpages.measure.outcome), then one `end`
-line with its pid and costs. The session's recorder reads each outcome as it is written
+DIR/process-K.jsonl as it goes (kvpages.measure.worklog). The session's recorder reads each outcome as it is written
 (kvpages.measure.recorder), so an interrupted run keeps the workers' finished blocks too; then the
 session times its own share.
 No torch import.
@@ -19,7 +22,6 @@ No torch import.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import gc
 import json
 import os
@@ -28,16 +30,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvpages.measure.outcome import BlockOutcome
 from kvpages.measure.recorder import deferred_interruption
+from kvpages.measure.worklog import LogReader, WorkerEnd, json_path, log_path
 from kvpages.schema.meta import ProcessInfo
 
 WORKER_FLAG = "--kv-worker"
 WORKER_DIR_FLAG = "--kv-worker-dir"
-CASES_JSON = "cases.json"
+WORKER_GO_FLAG = "--kv-worker-go"
 LEAN_PYTEST = ("-q", "--benchmark-quiet", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:logging",
                "-p", "no:unraisableexception")
 """A worker's pytest: quiet (no table of its hundreds of benchmarks: the session reports the run), no cache, and
@@ -47,38 +50,6 @@ around each phase of the ~600 tests: about 0.4 s a process) and the unraisable-e
 collections at the end of a session: about 0.3 s); the Makefile's BENCH_PYTEST leaves the same out of the session."""
 PASSED_THROUGH = ("--benchmark-timer", "--benchmark-disable-gc")
 """pytest-benchmark options that change how a block is timed: a worker gets them as the session got them."""
-
-
-@dataclass(frozen=True)
-class BlocksSpent:
-    """Where a process's blocks went, from its first block's start to its last one's end (seconds)."""
-
-    blocks: int
-    span_s: float
-    inputs_s: float
-    checks_s: float
-    warmup_s: float
-    timed_s: float
-
-    def info(self, index: int, pid: int, role: str, startup_s: float, wall_s: float) -> ProcessInfo:
-        """meta.json's record of the process: its untimed work is the rest of the span, its end the rest of its wall."""
-        untimed = self.span_s - self.inputs_s - self.checks_s - self.warmup_s - self.timed_s
-        return ProcessInfo(index, pid, role, startup_s, self.inputs_s, wall_s, self.blocks, self.checks_s,
-                           self.warmup_s, self.timed_s, untimed, wall_s - startup_s - self.span_s)
-
-
-@dataclass(frozen=True)
-class WorkerEnd:
-    """A worker's last line: who it was and where its blocks went."""
-
-    pid: int
-    first_block_at: float | None
-    """time.time() when its first block started (None: it timed nothing)."""
-    spent: BlocksSpent
-
-    @classmethod
-    def from_json(cls, data: dict) -> WorkerEnd:
-        return cls(data["pid"], data["first_block_at"], BlocksSpent(**data["spent"]))
 
 
 def process_started_at() -> float:
@@ -93,58 +64,6 @@ def process_started_at() -> float:
     except (OSError, AttributeError, ValueError, IndexError):
         return now
     return now - max(age, 0.0)
-
-
-class WorkerLog:
-    """A worker's log: one JSON line per block outcome (kvpages.measure.outcome), flushed as it goes, then its end."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._file = open(path, "a")  # noqa: SIM115 (open for the worker's whole session)
-
-    def write(self, outcome: BlockOutcome) -> None:
-        self._file.write(outcome.to_json() + "\n")
-        self._file.flush()
-
-    def end(self, end: WorkerEnd) -> None:
-        self._file.write(json.dumps({"end": dataclasses.asdict(end)}) + "\n")
-        self._file.close()
-
-
-class LogReader:
-    """Reads a worker's log as it grows: each call returns the outcomes of the lines completed since the last
-    (a torn last line, of a worker still writing or killed, waits or is dropped); its end line sets `end`."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.end: WorkerEnd | None = None
-
-    def new_outcomes(self) -> list[BlockOutcome]:
-        if not self.path.exists():
-            return []
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            text = f.read()
-        complete = text[:text.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        outcomes = []
-        for line in complete.decode().splitlines():
-            data = json.loads(line)
-            if "end" in data:
-                self.end = WorkerEnd.from_json(data["end"])
-            else:
-                outcomes.append(BlockOutcome.from_json(data))
-        return outcomes
-
-
-def log_path(folder: Path, process: int) -> Path:
-    return folder / f"process-{process}.jsonl"
-
-
-def json_path(folder: Path, process: int) -> Path:
-    """Where a worker's pytest-benchmark JSON goes, when the session writes one."""
-    return folder / f"process-{process}.json"
 
 
 def passed_through(invocation_args: Sequence[str]) -> list[str]:
@@ -172,11 +91,40 @@ class WorkerCommand:
     folder: Path
     json_out: bool
 
-    def argv(self, process: int) -> list[str]:
+    def argv(self, process: int, go_fd: int) -> list[str]:
         json_args = ["--benchmark-json", str(json_path(self.folder, process))] if self.json_out else []
         return [sys.executable, "-m", "pytest", *self.paths, *self.kv_args, "--benchmark-only",
-                WORKER_FLAG, str(process), WORKER_DIR_FLAG, str(self.folder), "--rootdir", self.rootdir,
-                *LEAN_PYTEST, *self.extra, *json_args]
+                WORKER_FLAG, str(process), WORKER_DIR_FLAG, str(self.folder), WORKER_GO_FLAG, str(go_fd),
+                "--rootdir", self.rootdir, *LEAN_PYTEST, *self.extra, *json_args]
+
+
+@dataclass
+class Started:
+    """A worker launched, waiting for its turn."""
+
+    process: int
+    child: subprocess.Popen
+    go_fd: int | None
+    """The write end of its pipe (None once written or closed)."""
+    output: Path
+    log: LogReader
+    launched_at: float
+    """time.time() at its launch."""
+
+    def release(self) -> None:
+        """Its turn: it starts timing now."""
+        assert self.go_fd is not None
+        os.write(self.go_fd, b"g")
+        self.dismiss()
+
+    def dismiss(self) -> None:
+        """Close its pipe: a worker still waiting exits."""
+        if self.go_fd is not None:
+            os.close(self.go_fd)
+            self.go_fd = None
+
+    def tail(self) -> str:
+        return "\n".join(self.output.read_text(errors="replace").splitlines()[-15:])
 
 
 @dataclass(frozen=True)
@@ -187,7 +135,10 @@ class WorkerRun:
     returncode: int
     end: WorkerEnd | None
     launched_at: float
-    wall_s: float
+    ready_s: float
+    """From its launch until it was ready (its start-up, beside the other workers')."""
+    turn_s: float
+    """From the session's go until it exited (timing its share, one worker at a time)."""
     output_tail: str
     interrupted: bool = False
     """The session, or the worker itself, was interrupted (SIGINT, SIGTERM) before the worker's end."""
@@ -195,65 +146,53 @@ class WorkerRun:
     """It ran past its limit and was killed."""
 
     @property
+    def wall_s(self) -> float:
+        """Its own wall time, without its wait for its turn."""
+        return self.ready_s + self.turn_s
+
+    @property
     def ok(self) -> bool:
         """It ran to its end: every case passed or was recorded as failed (pytest's 0 and 1)."""
         return self.returncode in (0, 1) and self.end is not None
 
     def info(self) -> ProcessInfo:
-        """meta.json's record of it; its start-up runs from its launch to its first block (all of it, if it timed
-        nothing or did not get that far)."""
+        """meta.json's record of it; its start-up runs from its launch to its first block, less its wait for its
+        turn (all of its wall, if it timed nothing or did not get that far)."""
         end = self.end
         if end is None:
             return ProcessInfo(self.process, -1, "worker", self.wall_s, 0.0, self.wall_s, 0)
-        startup = self.wall_s if end.first_block_at is None else end.first_block_at - self.launched_at
+        if end.first_block_at is None or end.released_at is None:
+            startup = self.wall_s
+        else:
+            startup = self.ready_s + end.first_block_at - end.released_at
         return end.spent.info(self.process, end.pid, "worker", startup, self.wall_s)
+
+
+@dataclass
+class Workers:
+    """A session's workers: each one's run as it ends, their start-up and their pytest-benchmark JSON entries."""
+
+    runs: list[WorkerRun] = field(default_factory=list)
+    startup_s: float = 0.0
+    """The session's wall from their launch until every one was ready."""
+    benchmarks: list[dict] = field(default_factory=list)
+
+    @property
+    def overlap_s(self) -> float:
+        """How much of their start-ups ran beside one another: their sum, less the wall they took."""
+        return sum(r.ready_s for r in self.runs) - self.startup_s if self.runs else 0.0
+
+    @property
+    def turns_s(self) -> float:
+        return sum(r.turn_s for r in self.runs)
 
 
 POLL_S = 0.2
 """How often the session reads a running worker's log: its outcomes reach the run folder this soon."""
+READY_POLL_S = 0.02
+"""How often it looks whether the workers are ready (nothing is timed meanwhile)."""
 STOP_WAIT_S = 30.0
 """How long an interrupted session waits for a worker it passed the interruption on to, before killing it."""
-
-
-def run_worker(command: WorkerCommand, process: int, limit_s: float, record: Callable[[BlockOutcome], None]
-               ) -> WorkerRun:
-    """Start worker `process`, wait for it at most `limit_s` (then kill it), and `record` each outcome it logs as it
-    is written (its output goes to a file beside the log). Interrupted meanwhile (SIGINT, SIGTERM), the session
-    passes SIGINT on to the worker and records what it logged until it stopped."""
-    output = command.folder / f"process-{process}.out"
-    log = LogReader(log_path(command.folder, process))
-    launched, start = time.time(), time.perf_counter()
-    with open(output, "w") as out:
-        child = subprocess.Popen(command.argv(process), cwd=command.cwd, stdout=out, stderr=subprocess.STDOUT)
-        interrupted = timed_out = False
-        try:
-            while True:
-                with deferred_interruption():  # what was read is recorded whole: the log's offset has moved past it
-                    for outcome in log.new_outcomes():
-                        record(outcome)
-                try:
-                    child.wait(timeout=POLL_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    if time.perf_counter() - start > limit_s:
-                        child.kill()
-                        child.wait()
-                        timed_out = True
-                        break
-        except KeyboardInterrupt:
-            interrupted = True
-            child.send_signal(signal.SIGINT)
-            try:
-                child.wait(timeout=STOP_WAIT_S)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-        for outcome in log.new_outcomes():
-            record(outcome)
-    wall = time.perf_counter() - start
-    tail = "\n".join(output.read_text(errors="replace").splitlines()[-15:])
-    interrupted |= child.returncode in (2, -signal.SIGINT)  # pytest's exit status when interrupted, or the signal
-    return WorkerRun(process, child.returncode, log.end, launched, wall, tail, interrupted, timed_out)
 
 
 class WorkerFailed(Exception):
@@ -261,40 +200,138 @@ class WorkerFailed(Exception):
     completed."""
 
 
-def run_workers(command: WorkerCommand, limits_s: Sequence[float], record: Callable[[BlockOutcome], None],
-                say: Callable[[str], None], runs: list[WorkerRun]) -> list[dict]:
-    """Run the earlier processes' shares, one fresh worker after another (worker K within `limits_s[K]`), each into
-    `runs` as it ends; return their pytest-benchmark JSON entries. An interrupted worker interrupts the session
-    (KeyboardInterrupt); one that did not run to its end fails the run (WorkerFailed, naming it)."""
-    benchmarks: list[dict] = []
+def launch(command: WorkerCommand, processes: int) -> list[Started]:
+    """Start workers 0 .. processes - 1 at once, each waiting for its turn on a pipe of its own."""
+    started = []
+    for process in range(processes):
+        read_fd, write_fd = os.pipe()
+        output = command.folder / f"process-{process}.out"
+        try:
+            with open(output, "w") as out:
+                child = subprocess.Popen(command.argv(process, read_fd), cwd=command.cwd, stdout=out,
+                                         stderr=subprocess.STDOUT, pass_fds=(read_fd,))
+        except BaseException:
+            os.close(write_fd)
+            raise
+        finally:
+            os.close(read_fd)
+        started.append(Started(process, child, write_fd, output, LogReader(log_path(command.folder, process)),
+                               time.time()))
+    return started
+
+
+def wait_ready(started: Sequence[Started], limit_s: float) -> float:
+    """Wait until every worker is ready; return the wall from the first launch to the last ready. One that exits
+    first, or is not ready within `limit_s`, fails the run (WorkerFailed, naming it)."""
+    begin = time.perf_counter()
+    total = len(started) + 1
+    while True:
+        waiting = []
+        for s in started:
+            s.log.new_outcomes()  # none before its turn: only its ready line
+            if s.log.ready_at is not None:
+                continue
+            if s.child.poll() is not None:
+                raise WorkerFailed(f"kvpages: worker process {s.process} of {total} exited with status "
+                                   f"{s.child.returncode} before it was ready; the last lines it printed:\n{s.tail()}")
+            waiting.append(s)
+        if not waiting:
+            return max(s.log.ready_at or 0.0 for s in started) - min(s.launched_at for s in started)
+        if time.perf_counter() - begin > limit_s:
+            for late in waiting:
+                late.child.kill()
+            s = waiting[0]
+            raise WorkerFailed(f"kvpages: worker process {s.process} of {total} was not ready within its limit of "
+                               f"{limit_s:.0f} s and was stopped; the last lines it printed:\n{s.tail()}")
+        time.sleep(READY_POLL_S)
+
+
+def run_worker(started: Started, limit_s: float, record: Callable[[BlockOutcome], None]) -> WorkerRun:
+    """Let a ready worker time its share, wait for it at most `limit_s` (then kill it), and `record` each outcome it
+    logs as it is written (its output goes to a file beside the log). Interrupted meanwhile (SIGINT, SIGTERM), the
+    session passes SIGINT on to the worker and records what it logged until it stopped."""
+    log, child = started.log, started.child
+    start = time.perf_counter()
+    started.release()
+    interrupted = timed_out = False
+    try:
+        while True:
+            with deferred_interruption():  # what was read is recorded whole: the log's offset has moved past it
+                for outcome in log.new_outcomes():
+                    record(outcome)
+            try:
+                child.wait(timeout=POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                if time.perf_counter() - start > limit_s:
+                    child.kill()
+                    child.wait()
+                    timed_out = True
+                    break
+    except KeyboardInterrupt:
+        interrupted = True
+        child.send_signal(signal.SIGINT)
+        try:
+            child.wait(timeout=STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    for outcome in log.new_outcomes():
+        record(outcome)
+    turn = time.perf_counter() - start
+    ready_s = (log.ready_at or started.launched_at) - started.launched_at
+    interrupted |= child.returncode in (2, -signal.SIGINT)  # pytest's exit status when interrupted, or the signal
+    return WorkerRun(started.process, child.returncode, log.end, started.launched_at, ready_s, turn, started.tail(),
+                     interrupted, timed_out)
+
+
+def dismiss(started: Sequence[Started]) -> None:
+    """The workers whose turn did not come exit (their pipes closed); one that does not within STOP_WAIT_S is
+    killed."""
+    for s in started:
+        s.dismiss()
+    deadline = time.perf_counter() + STOP_WAIT_S
+    for s in started:
+        try:
+            s.child.wait(timeout=max(0.0, deadline - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            s.child.kill()
+            s.child.wait()
+
+
+def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence[float],
+                record: Callable[[BlockOutcome], None], say: Callable[[str], None], workers: Workers) -> None:
+    """Run the earlier processes' shares: every worker started at once and, when all are ready (within
+    `start_limit_s`), one after another (worker K within `limits_s[K]`), each into `workers` as it ends, with its
+    pytest-benchmark JSON entries. An interrupted worker interrupts the session (KeyboardInterrupt); one that did not
+    run to its end fails the run (WorkerFailed, naming it); either way the workers still waiting exit."""
     processes = len(limits_s) + 1
-    for process, limit in enumerate(limits_s):
-        result = run_worker(command, process, limit, record)
-        runs.append(result)
-        if result.interrupted:
-            raise KeyboardInterrupt(f"worker process {process} was interrupted")
-        if result.timed_out:
-            raise WorkerFailed(f"kvpages: worker process {process} of {processes} did not finish within its "
-                               f"limit of {limit:.0f} s and was stopped; the last lines it printed:\n{result.output_tail}")
-        if not result.ok:
-            raise WorkerFailed(f"kvpages: worker process {process} of {processes} exited with status "
-                               f"{result.returncode} before its end; the last lines it printed:\n{result.output_tail}")
-        if command.json_out:
-            benchmarks += json.loads(json_path(command.folder, process).read_text())["benchmarks"]
-        info = result.info()
-        say(f"kvpages: process {process + 1} of {processes} (pid {info.pid}): {info.blocks} blocks in "
-            f"{info.wall_s:.1f} s, of which start-up {info.startup_s:.1f} s, inputs {info.inputs_s:.1f} s and timed "
-            f"rounds {info.timed_s or 0.0:.1f} s")
+    started = launch(command, len(limits_s))
+    try:
+        workers.startup_s = wait_ready(started, start_limit_s)
+        say(f"kvpages: {len(started)} worker processes started together, all ready in {workers.startup_s:.1f} s")
+        for s, limit in zip(started, limits_s, strict=True):
+            result = run_worker(s, limit, record)
+            workers.runs.append(result)
+            if result.interrupted:
+                raise KeyboardInterrupt(f"worker process {s.process} was interrupted")
+            if result.timed_out:
+                raise WorkerFailed(f"kvpages: worker process {s.process} of {processes} did not finish within its "
+                                   f"limit of {limit:.0f} s and was stopped; the last lines it printed:\n"
+                                   f"{result.output_tail}")
+            if not result.ok:
+                raise WorkerFailed(f"kvpages: worker process {s.process} of {processes} exited with status "
+                                   f"{result.returncode} before its end; the last lines it printed:\n"
+                                   f"{result.output_tail}")
+            if command.json_out:
+                workers.benchmarks += json.loads(json_path(command.folder, s.process).read_text())["benchmarks"]
+            info = result.info()
+            say(f"kvpages: process {s.process + 1} of {processes} (pid {info.pid}): {info.blocks} blocks in "
+                f"{info.wall_s:.1f} s, of which start-up {info.startup_s:.1f} s, inputs {info.inputs_s:.1f} s and "
+                f"timed rounds {info.timed_s or 0.0:.1f} s")
+    finally:
+        dismiss(started)
     say(f"kvpages: process {processes} of {processes} (pid {os.getpid()}, this session) times its share now")
-    return benchmarks
-
-
-def read_cases(folder: Path) -> frozenset[str]:
-    return frozenset(json.loads((folder / CASES_JSON).read_text()))
-
-
-def write_cases(folder: Path, case_ids: Sequence[str]) -> None:
-    (folder / CASES_JSON).write_text(json.dumps(sorted(set(case_ids))))
 
 
 def exit_without_collecting() -> None:

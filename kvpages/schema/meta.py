@@ -96,14 +96,18 @@ class RunTiming:
     """The profiler cross-check, in a process of its own, before the first block."""
     breakdown_s: float | None = None
     """Where the time goes (breakdown.csv), after the sweep, in a process of its own."""
+    startup_overlap_s: float = 0.0
+    """The workers start together: how much of their start-ups ran beside one another, left out of `startup_s`."""
     analysis_s: float | None = None
     """The summary, charts and report after it (None: not run, or not finished when this was written)."""
 
     @classmethod
-    def of(cls, wall_s: float, processes: list[ProcessInfo], crosscheck_s: float) -> RunTiming:
-        """The session's timing from its processes' phases."""
+    def of(cls, wall_s: float, processes: list[ProcessInfo], crosscheck_s: float, overlap_s: float = 0.0
+           ) -> RunTiming:
+        """The session's timing from its processes' phases, their start-ups less `overlap_s`."""
         sums = {name: sum(getattr(p, name) or 0.0 for p in processes) for name in PHASES}
-        return cls(wall_s, crosscheck_s=crosscheck_s, **sums)
+        sums["startup_s"] -= overlap_s
+        return cls(wall_s, crosscheck_s=crosscheck_s, startup_overlap_s=overlap_s, **sums)
 
     @property
     def measured_s(self) -> float:

@@ -1,0 +1,131 @@
+"""The log a worker process writes and its session reads (kvpages.measure.workers): one JSON line when the worker
+is ready, one per block outcome (kvpages.measure.outcome) as it finishes, then its end line with its pid and costs;
+and the pipe the worker waits on for its turn. No torch import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvpages.measure.outcome import BlockOutcome
+from kvpages.schema.meta import ProcessInfo
+
+CASES_JSON = "cases.json"
+
+
+@dataclass(frozen=True)
+class BlocksSpent:
+    """Where a process's blocks went, from its first block's start to its last one's end (seconds)."""
+
+    blocks: int
+    span_s: float
+    inputs_s: float
+    checks_s: float
+    warmup_s: float
+    timed_s: float
+
+    def info(self, index: int, pid: int, role: str, startup_s: float, wall_s: float) -> ProcessInfo:
+        """meta.json's record of the process: its untimed work is the rest of the span, its end the rest of its wall."""
+        untimed = self.span_s - self.inputs_s - self.checks_s - self.warmup_s - self.timed_s
+        return ProcessInfo(index, pid, role, startup_s, self.inputs_s, wall_s, self.blocks, self.checks_s,
+                           self.warmup_s, self.timed_s, untimed, wall_s - startup_s - self.span_s)
+
+
+@dataclass(frozen=True)
+class WorkerEnd:
+    """A worker's last line: who it was and where its blocks went."""
+
+    pid: int
+    first_block_at: float | None
+    """time.time() when its first block started (None: it timed nothing)."""
+    spent: BlocksSpent
+    released_at: float | None = None
+    """time.time() when the session let it time its share (None: it did not wait for its turn)."""
+
+    @classmethod
+    def from_json(cls, data: dict) -> WorkerEnd:
+        return cls(data["pid"], data["first_block_at"], BlocksSpent(**data["spent"]), data.get("released_at"))
+
+
+class WorkerLog:
+    """A worker's log: one JSON line per block outcome (kvpages.measure.outcome), flushed as it goes, then its end."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = open(path, "a")  # noqa: SIM115 (open for the worker's whole session)
+        self.released_at: float | None = None
+        """time.time() when its turn came."""
+
+    def write(self, outcome: BlockOutcome) -> None:
+        self._file.write(outcome.to_json() + "\n")
+        self._file.flush()
+
+    def wait_for_turn(self, go_fd: int) -> bool:
+        """Say it is ready (imported and collected), then wait until the session writes to `go_fd`: False if the
+        pipe closed unwritten (the session stopped, or an earlier worker failed)."""
+        self._file.write(json.dumps({"ready": time.time()}) + "\n")
+        self._file.flush()
+        try:
+            go = os.read(go_fd, 1)
+        finally:
+            os.close(go_fd)
+        self.released_at = time.time()
+        return bool(go)
+
+    def end(self, end: WorkerEnd) -> None:
+        self._file.write(json.dumps({"end": dataclasses.asdict(end)}) + "\n")
+        self._file.close()
+
+
+class LogReader:
+    """Reads a worker's log as it grows: each call returns the outcomes of the lines completed since the last
+    (a torn last line, of a worker still writing or killed, waits or is dropped); its end line sets `end`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.ready_at: float | None = None
+        """time.time() when it said it was ready (its ready line)."""
+        self.end: WorkerEnd | None = None
+
+    def new_outcomes(self) -> list[BlockOutcome]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            text = f.read()
+        complete = text[:text.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        outcomes = []
+        for line in complete.decode().splitlines():
+            data = json.loads(line)
+            if "ready" in data:
+                self.ready_at = data["ready"]
+            elif "end" in data:
+                self.end = WorkerEnd.from_json(data["end"])
+            else:
+                outcomes.append(BlockOutcome.from_json(data))
+        return outcomes
+
+
+def log_path(folder: Path, process: int) -> Path:
+    return folder / f"process-{process}.jsonl"
+
+
+def json_path(folder: Path, process: int) -> Path:
+    """Where a worker's pytest-benchmark JSON goes, when the session writes one."""
+    return folder / f"process-{process}.json"
+
+
+def read_cases(folder: Path) -> frozenset[str]:
+    return frozenset(json.loads((folder / CASES_JSON).read_text()))
+
+
+def write_cases(folder: Path, case_ids: Sequence[str]) -> None:
+    (folder / CASES_JSON).write_text(json.dumps(sorted(set(case_ids))))
