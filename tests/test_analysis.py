@@ -46,7 +46,7 @@ def covers(interval, value: float) -> bool:
     return interval.ci_low <= value <= interval.ci_high
 
 
-@pytest.mark.parametrize("processes, per_process, between", [(6, 2, 0.1), (6, 2, 0.0), (1, 12, 0.0)])
+@pytest.mark.parametrize("processes, per_process, between", [(6, 2, 0.1), (6, 2, 0.0), (1, 12, 0.0), (6, 1, 0.1)])
 def test_between_runs_is_the_ratio_of_the_printed_figures_calibrated_and_finds_shifts(processes, per_process,
                                                                                      between):
     """Two independent runs (6 processes x 2 repetitions with and without a process effect, and one process x 12

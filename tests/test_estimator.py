@@ -83,7 +83,8 @@ def _two_level(rng: np.random.Generator, processes: int, per_process: int, betwe
 
 
 @pytest.mark.parametrize("processes, per_process, between, within, outliers",
-                         [(6, 2, 0.2, 0.03, 0.0), (6, 2, 0.05, 0.03, 0.15), (6, 2, 0.0, 0.1, 0.0), (1, 12, 0.0, 0.1, 0.0)])
+                         [(6, 2, 0.2, 0.03, 0.0), (6, 2, 0.05, 0.03, 0.15), (6, 2, 0.0, 0.1, 0.0), (1, 12, 0.0, 0.1, 0.0),
+                          (6, 1, 0.05, 0.03, 0.0), (6, 1, 0.0, 0.1, 0.15)])
 def test_the_paired_ratio_is_calibrated_and_drift_shared_by_a_repetition_cancels(processes, per_process, between,
                                                                                  within, outliers):
     """A/A: true ratio 1, a strong drift shared by both variants in each repetition, and the ratio's own process

@@ -82,20 +82,22 @@ def _two_level(rng: np.random.Generator, processes: int, per_process: int, betwe
     return Levels(np.array(values), np.array(owners))
 
 
+@pytest.mark.parametrize("per_process", [2, 1])
 @pytest.mark.parametrize("between, within, outliers", [(0.2, 0.03, 0.0), (0.0, 0.1, 0.0)])
-def test_the_process_level_interval_is_calibrated_where_a_repetition_level_one_is_not(between, within, outliers):
-    """6 processes of 2 repetitions, true value 1: the estimator's two-stage bootstrap holds it about 95% of the time,
-    for a strong process effect and no process effect at all (block outliers: tests/test_estimator.py); the same
-    values taken as one process's repetitions do not."""
+def test_the_process_level_interval_is_calibrated_where_a_repetition_level_one_is_not(between, within, outliers,
+                                                                                       per_process):
+    """6 processes of 2 repetitions, or of 1 (the default preset), true value 1: the estimator's two-stage bootstrap
+    holds it about 95% of the time, for a strong process effect and no process effect at all (block outliers:
+    tests/test_estimator.py); with 2 per process, the same values taken as one process's repetitions do not."""
     rng = np.random.default_rng(7)
     hits = naive_hits = 0
     trials = 300
     for _ in range(trials):
-        levels = _two_level(rng, 6, 2, between, within, outliers)
+        levels = _two_level(rng, 6, per_process, between, within, outliers)
         hits += covers(mean_estimate(levels), 1.0)
         naive_hits += covers(mean_estimate(Levels(levels.values, np.zeros(levels.values.size, dtype=int))), 1.0)
     assert 0.90 <= hits / trials <= 0.99
-    if between >= 0.2:  # repetitions alone cannot see a shift of a whole process
+    if between >= 0.2 and per_process > 1:  # repetitions alone cannot see a shift of a whole process
         assert naive_hits / trials < 0.90
 
 
@@ -158,6 +160,9 @@ def test_the_repetitions_per_process_follow_from_the_noise_and_the_costs(tmp_pat
     assert "a process costs 4.0 s" in text and "8.0 repetitions per process" in text and "this run: 2" in text
     assert allocation_text(dataclasses.replace(noise, ratio_within_process=math.nan), meta) == ""
     assert allocation_text(noise, dataclasses.replace(meta, processes=[ProcessInfo(0, 1, "session", 2, 1, 6, 0)] * 6)) == ""
+    one_each = dataclasses.replace(meta, repetitions=6)  # the default: the within-process spread is not measured
+    text = allocation_text(dataclasses.replace(noise, ratio_within_process=math.nan), one_each)
+    assert "a process costs 4.0 s" in text and "one repetition per process" in text and "not measured" in text
 
 
 # --------------------------------------------------------------------------------------------- worker processes
@@ -207,6 +212,60 @@ def test_processes_time_their_share_in_fresh_pytest_workers_into_one_run_folder(
     names = {b["name"] for b in json.loads(out.read_text())["benchmarks"]}
     assert len(names) == 16 and {n.rsplit("-r", 1)[1].rstrip("]") for n in names} == {"0", "1", "2", "3"}
     assert analyze(run).ratios[0].interval_unit == "process"
+
+
+WHEN = '''
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+WHO = sys.argv[sys.argv.index("--kv-worker") + 1] if "--kv-worker" in sys.argv else "session"
+STARTED, FIRST = time.time(), []
+
+
+def pytest_runtest_call(item):
+    FIRST.append(FIRST[0] if FIRST else time.time())
+    if WHO == "0" and {fail}:
+        os._exit(3)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    Path(__file__).with_name(f"when-{{WHO}}.json").write_text(json.dumps(
+        {{"started": STARTED, "first": FIRST[0] if FIRST else None, "ended": time.time(), "status": int(exitstatus)}}))
+'''
+THREE = [a if a not in ("4", "2") else "3" for a in TWO]  # 3 processes of one repetition each
+
+
+def _when(pytester, who: str) -> dict:
+    return json.loads((pytester.path / f"when-{who}.json").read_text())
+
+
+def test_workers_start_together_and_time_one_at_a_time(pytester):
+    pytester.makeconftest(WHEN.format(fail=False))
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    result = pytester.runpytest_subprocess(*THREE, *CPU, *TIMED)
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["kvpages: 2 worker processes started together, all ready in *"])
+    first, second, session = (_when(pytester, who) for who in ("0", "1", "session"))
+    assert second["started"] < first["first"]  # both started before either timed
+    assert first["ended"] <= second["first"] and second["ended"] <= session["first"]  # never two at once
+    [folder] = run_dirs(pytester.path)
+    meta = load_run(folder).meta
+    assert meta.completed and [p.role for p in meta.processes] == ["worker", "worker", "session"]
+    assert meta.timing is not None and meta.timing.startup_overlap_s > 0  # their start-ups overlapped
+    assert_phases_add_up(meta)
+
+
+def test_when_a_worker_fails_the_ones_still_waiting_exit_without_timing(pytester):
+    pytester.makeconftest(WHEN.format(fail=True))
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    result = pytester.runpytest_subprocess(*THREE, *CPU, *TIMED, timeout=100)
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
+    result.stdout.fnmatch_lines(["*kvpages: worker process 0 of 3 exited with status 3 before its end*"])
+    waiting = _when(pytester, "1")
+    assert waiting["first"] is None and waiting["status"] == pytest.ExitCode.INTERRUPTED
 
 
 def test_a_worker_keeps_the_cases_the_session_selected(pytester):

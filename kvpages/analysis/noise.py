@@ -96,6 +96,10 @@ def components_text(noise: NoiseFloor) -> str:
     if noise.processes < 2:
         return (f"1 process: between-process spread unknown; within it, ratios {noise.ratio_within_process:.1%}, "
                 f"times {noise.time_within_process:.1%} (log-sd between repetitions)")
+    if math.isnan(noise.ratio_within_process):  # one repetition per process: the levels cannot be told apart
+        return (f"{noise.processes} processes of one repetition: ratios vary {noise.ratio_between_process:.1%} and "
+                f"absolute times {noise.time_between_process:.1%} between them, each repetition's own spread "
+                "included (log-sd, median over rows)")
     return (f"{noise.processes} processes: ratios vary {noise.ratio_between_process:.1%} between processes and "
             f"{noise.ratio_within_process:.1%} between repetitions within one; absolute times "
             f"{noise.time_between_process:.1%} and {noise.time_within_process:.1%} (log-sd components, median over rows)")
@@ -140,16 +144,24 @@ def efficiency(analysis: Analysis) -> str:
 def allocation_text(noise: NoiseFloor, meta: RunMeta) -> str:
     """Kalibera and Jones's allocation (ISMM 2013) for this run: the repetitions per process that narrow a ratio's
     interval most per second, r = sqrt(c_p s_w^2 / (c_r s_b^2)), where c_p is what a process costs besides its
-    repetitions (start-up, inputs, checks, end), c_r what one repetition of every case costs in it, and s_b, s_w the
-    ratios' between- and within-process components; "" where the run cannot say (one process, no phases)."""
+    repetitions (start-up, less the part the workers' overlapped, inputs, checks, end), c_r what one repetition of
+    every case costs in it, and s_b, s_w the ratios' between- and within-process components; "" where the run cannot
+    say (one process, no phases); with one repetition per process s_w is not measured, and the line says so."""
     processes = meta.processes
-    s_b, s_w = noise.ratio_between_process, noise.ratio_within_process
-    if len(processes) < 2 or not (s_b > 0 and s_w > 0) or any(p.end_s is None for p in processes):
+    if len(processes) < 2 or any(p.end_s is None for p in processes):
         return ""
     each = meta.repetitions / len(processes)
+    overlap = meta.timing.startup_overlap_s if meta.timing is not None else 0.0
     c_p = float(np.mean([p.startup_s + p.inputs_s + (p.checks_s or 0) + (p.end_s or 0) for p in processes]))
+    c_p -= overlap / len(processes)
     c_r = float(np.mean([((p.warmup_s or 0) + (p.timed_s or 0) + (p.untimed_s or 0)) / each for p in processes]))
+    costs = f"a process costs {c_p:.1f} s besides its repetitions, a repetition of every case {c_r:.1f} s"
+    s_b, s_w = noise.ratio_between_process, noise.ratio_within_process
+    if each == 1 and math.isnan(s_w):
+        return (f"{costs}; one repetition per process, so the within-process spread that Kalibera and Jones's "
+                "allocation needs is not measured here (a run with 2 per process measures it)")
+    if not (s_b > 0 and s_w > 0):
+        return ""
     best = math.sqrt(c_p * s_w ** 2 / (c_r * s_b ** 2))
-    return (f"a process costs {c_p:.1f} s besides its repetitions, a repetition of every case {c_r:.1f} s; with "
-            f"ratios varying {s_b:.1%} between processes and {s_w:.1%} within one, {best:.1f} repetitions per process "
-            f"narrow the intervals most per second (Kalibera and Jones; this run: {each:g})")
+    return (f"{costs}; with ratios varying {s_b:.1%} between processes and {s_w:.1%} within one, {best:.1f} repetitions "
+            f"per process narrow the intervals most per second (Kalibera and Jones; this run: {each:g})")

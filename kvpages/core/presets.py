@@ -36,12 +36,12 @@ class Preset:
         return self.sweep.name
 
 
-DEFAULT_PROCESSES, DEFAULT_REPETITIONS = 6, 12
-"""How a timed run's repetitions are spent: 6 fresh processes of 2 repetitions each, one pass each. Chosen from
-measurements on the 2-core dev box (docs/method.md, "Why processes"): a process start
-costs about 2 s (interpreter, torch and pytest imports, collection) plus about 1 s for its inputs (2.5 s for the
-process that builds them first), the ratios vary about 17-20% between repetitions of one process and 4-6%
-between processes, and 6 is the fewest processes a two-stage bootstrap holds its coverage with."""
+DEFAULT_PROCESSES, DEFAULT_REPETITIONS = 6, 6
+"""How a timed run's repetitions are spent: 6 fresh processes of one repetition each, one pass each. Kalibera and
+Jones's allocation from the dev box's default sweep of 2 per process (results/20261203T234635Z-cpu: a process
+costs 3.6 s besides its repetitions, a repetition of every case 2.4 s, ratios vary 2.6% between processes and 1.0%
+within one) is 0.5 per process: one, the fewest. 6 is the fewest processes the two-stage bootstrap holds its
+coverage with (tests/test_processes.py)."""
 
 PARTIAL_PAGE_LEN = 3000
 """A per-call length that is no whole number of pages at any swept page size above 1 (16 to 256): the last page
@@ -60,9 +60,9 @@ PRESETS: dict[str, Preset] = {
                (RequestScenario(32768, 8192, "prefill", page_size=64), StepScenario(8, MIXED_LENGTHS, page_size=64),
                 StepScenario(8, MIXED_LENGTHS, page_size=64, busy_us=BUSY_US)),
                0.03, "seconds; what CI and the GPU check run"),
-        Preset(Sweep("default", seq_lens=_DEFAULT_SEQ_LENS, page_sizes=(1, 16, 64, 128), time_budget_s=0.07,
+        Preset(Sweep("default", seq_lens=_DEFAULT_SEQ_LENS, page_sizes=(1, 16, 64, 128), time_budget_s=0.4,
                      processes=DEFAULT_PROCESSES, repetitions=DEFAULT_REPETITIONS, passes=1, max_rounds=1000),
-               _DEFAULT_SCENARIOS, 0.02, "`make bench`"),
+               _DEFAULT_SCENARIOS, 0.07, "`make bench`"),
         Preset(Sweep(
             "full",
             # 1M and 2M tokens: the longest contexts served today; a point that does not
