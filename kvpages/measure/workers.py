@@ -200,9 +200,8 @@ class WorkerFailed(Exception):
     completed."""
 
 
-def launch(command: WorkerCommand, processes: int) -> list[Started]:
-    """Start workers 0 .. processes - 1 at once, each waiting for its turn on a pipe of its own."""
-    started = []
+def launch(command: WorkerCommand, processes: int, started: list[Started]) -> None:
+    """Start workers 0 .. processes - 1 at once into `started`, each waiting for its turn on a pipe of its own."""
     for process in range(processes):
         read_fd, write_fd = os.pipe()
         output = command.folder / f"process-{process}.out"
@@ -217,7 +216,6 @@ def launch(command: WorkerCommand, processes: int) -> list[Started]:
             os.close(read_fd)
         started.append(Started(process, child, write_fd, output, LogReader(log_path(command.folder, process)),
                                time.time()))
-    return started
 
 
 def wait_ready(started: Sequence[Started], limit_s: float) -> float:
@@ -306,8 +304,9 @@ def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence
     pytest-benchmark JSON entries. An interrupted worker interrupts the session (KeyboardInterrupt); one that did not
     run to its end fails the run (WorkerFailed, naming it); either way the workers still waiting exit."""
     processes = len(limits_s) + 1
-    started = launch(command, len(limits_s))
+    started: list[Started] = []
     try:
+        launch(command, len(limits_s), started)
         workers.startup_s = wait_ready(started, start_limit_s)
         say(f"kvpages: {len(started)} worker processes started together, all ready in {workers.startup_s:.1f} s")
         for s, limit in zip(started, limits_s, strict=True):
