@@ -30,6 +30,11 @@ def per_request_of(step_variant: str) -> str | None:
     return None
 
 
+def case_id(variant: str, target_id: str) -> str:
+    """The id of one (variant, target) case: what its blocks, rows and profiled ranges are keyed by."""
+    return f"{variant}-{target_id}"
+
+
 STEP_BASELINE = per_request_name(BASELINE)
 STEP_CANDIDATE = per_request_name(CANDIDATE)
 STEP_FLOOR = per_request_name(FLOOR)

@@ -22,6 +22,7 @@ import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,8 +32,7 @@ from kvpages.core.sweep import DTYPES, INDEX_MAX, ITEMSIZE, max_token_index, poo
 SIDES = ("prefill", "decode")
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(NamedTuple):
     """One conversion: `req_to_token[row, start:end]` turned into page indices."""
 
     row: int
