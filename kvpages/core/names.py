@@ -1,7 +1,5 @@
-"""The names the two sides share: the baseline and the candidate, and the per-request step variants.
-
-Built here once and parsed here once: the measuring side registers `per_request[<v>]` for every
-variant v, and the analysis side orders and picks step variants by these functions. No torch.
+"""The names the measuring and the analysis sides share: the baseline, the candidate, the per-request step
+variants and the cases, each built and parsed here once. No torch.
 """
 
 from __future__ import annotations

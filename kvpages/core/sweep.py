@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kvpages.core.checks import check_choice, check_count, check_page_size, check_seq_len
+from kvpages.core.checks import check_choice, check_count, check_positive
 
 DTYPES: tuple[str, ...] = ("int32", "int64")
 """Index dtypes: int32 is what SGLang's `req_to_token` holds."""
@@ -54,8 +54,8 @@ class Point:
     check_range: bool = dataclasses.field(default=True, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        check_seq_len(self.seq_len)
-        check_page_size(self.page_size)
+        check_positive("seq_len", self.seq_len)
+        check_positive("page_size", self.page_size)
         check_choice("dtype", self.dtype, DTYPES)
         check_choice("device", self.device, DEVICES)
         check_choice("layout", self.layout, LAYOUTS)
@@ -181,9 +181,9 @@ class Sweep:
             if not getattr(self, axis):
                 raise ValueError(f"sweep {self.name!r}: axis {axis} is empty")
         for seq_len in self.seq_lens:
-            check_seq_len(seq_len)
+            check_positive("seq_len", seq_len)
         for page_size in self.page_sizes:
-            check_page_size(page_size)
+            check_positive("page_size", page_size)
         for dtype in self.dtypes:
             check_choice("dtype", dtype, DTYPES)
         for layout in self.layouts:
