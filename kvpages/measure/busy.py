@@ -1,7 +1,7 @@
 """The busy queue: device work (a sleeping kernel) queued in each round, as the next forward would be.
 
 A round runs in the scheduler's order (kvpages.measure.steps): a staged variant's indices, this kernel, then the
-readback, so a blocking copy waits behind it and a non-blocking one does not. CUDA only: off CUDA it is empty.
+readback: a blocking copy waits behind it, a non-blocking copy into pinned memory does not. CUDA only.
 """
 
 from __future__ import annotations

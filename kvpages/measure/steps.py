@@ -317,11 +317,9 @@ def deferred_device_stride(kv_slices: Sequence[torch.Tensor], page_size: int) ->
 
     Source: SGLang main after 0.5.23, test/registered/unit/disaggregation/test_deferred_metadata_flush.py: the
     inline readback "sits on the scheduler stream, which the WAR barrier fences behind the in-flight forward, so
-    it stalled the very path that has to launch the next forward". So the step's page indices are computed on
-    the device (int32, as `_page_indices_device`) and an event is recorded after them; the next forward is
-    launched; then `flush_pending_metadata()` reads them back on a private stream that waits only on that event,
-    into pinned memory (the device tensor kept alive for the copy by `record_stream`), and the send waits only
-    for that stream, on the transfer thread.
+    it stalled the very path that has to launch the next forward". So the page indices are computed on the device
+    (int32, as `_page_indices_device`), the next forward is launched, then `flush_pending_metadata()` reads them
+    back into pinned memory on a private stream that waits only for them, and the send waits on the transfer thread.
     Hypothesis: the scheduler thread is not blocked at all, not even behind the forward it just launched, and
     the indices are on the host without waiting for that forward (ready shorter than the forward); bytes as
     `batched_device_stride`, in int32. On a CPU run there are no streams: indices, forward and readback run in
