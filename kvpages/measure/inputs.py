@@ -118,15 +118,14 @@ class PoolCache:
 
 
 def make_pool(lengths: Sequence[int], page_size: int, dtype: str, device: str, layout: str, seed: int,
-              pad_to: int | None = None, cache: PoolCache | None = None,
-              check: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+              cache: PoolCache | None = None, check: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
     """A `req_to_token` pool with one row per length, its pages taken in turn from one free list of pages
     1..pool_pages (page 0 is SGLang's padding slot), shuffled for `fragmented`; rows are padded with 0. A pool
     built here is `check`ed before it is kept in the `cache`, from which a later process loads it."""
-    key = (tuple(lengths), page_size, dtype, layout, seed, pad_to)
+    key = (tuple(lengths), page_size, dtype, layout, seed)
     host = cache.load(key) if cache is not None else None
     if host is None:
-        host = _build_pool(lengths, page_size, dtype, layout, seed, pad_to)
+        host = _build_pool(lengths, page_size, dtype, layout, seed)
         if check is not None:
             check(host)
         if cache is not None:
@@ -134,8 +133,7 @@ def make_pool(lengths: Sequence[int], page_size: int, dtype: str, device: str, l
     return host.to(device).contiguous()
 
 
-def _build_pool(lengths: Sequence[int], page_size: int, dtype: str, layout: str, seed: int,
-                pad_to: int | None) -> torch.Tensor:
+def _build_pool(lengths: Sequence[int], page_size: int, dtype: str, layout: str, seed: int) -> torch.Tensor:
     pages_per_row = [math.ceil(n / page_size) for n in lengths]
     pages = pool_pages(sum(pages_per_row))
     generator = torch.Generator().manual_seed(seed)
@@ -143,8 +141,7 @@ def _build_pool(lengths: Sequence[int], page_size: int, dtype: str, layout: str,
         free_pages = torch.randperm(pages, generator=generator) + 1
     else:
         free_pages = torch.arange(1, pages + 1, dtype=torch.int64)
-    width = max(lengths) if pad_to is None else pad_to
-    pool = torch.zeros((len(lengths), width), dtype=TORCH_DTYPES[dtype])  # every token index fits (Point checks)
+    pool = torch.zeros((len(lengths), max(lengths)), dtype=TORCH_DTYPES[dtype])  # every token index fits (Point checks)
     offset = 0
     for row, (n, pages) in enumerate(zip(lengths, pages_per_row, strict=True)):
         own = free_pages[offset:offset + pages]
