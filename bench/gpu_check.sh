@@ -1,32 +1,22 @@
 #!/usr/bin/env bash
-# make gpu-check: on a CUDA machine, in one go (about 3-4 minutes on an H200, at most GPU_CHECK_TOTAL_S = 280 s),
-# with this machine's own python and torch, no pip and no network. The results come first, the tests last.
-# Each step's estimate on one H200 (not yet measured there; a CPU rehearsal's times are in the log) is in [ ]:
-#   1. [10 s] preflight: every package the steps need, and a CUDA device; one line naming what is missing if not,
-#   2. [40-60 s] a `quick` sweep on the GPU with the profiler cross-check off: points and scenarios (whole requests,
-#      steps, the busy queue, the pinned worker-thread wait), written as a run folder to results/ with charts
-#      (scenario_busy.png: blocked against ready behind a busy queue), ratios.csv, scenarios.csv and REPORT.md,
-#      then the breakdown's child (at most 30 s + 0.5 s a case),
-#   3. [10-15 s] the profiler preflight: one tiny CUDA profile in a child process must see the device-to-host copy,
-#   4. [60-80 s] the same sweep with the cross-check on (its child: at most 30 s + 0.5 s a case), its repetitions
-#      dealt to 2 fresh processes (the session and one pytest worker, stopped at its own limit: the multi-process
-#      path on CUDA); skipped, saying why, if step 3 failed,
-#   5. [5 s] `kvpages compare` of the two run folders (A: cross-check off, B: on): the timing process is not skewed,
-#      then, with 2 or more GPUs, the quick preset's steps on 2, 4 and 8 ranks at once (torchrun, one GPU each,
-#      as many as there are), each a run folder with ranks.csv and contention.csv; with one GPU it says so,
-#   6. [50-80 s] the CUDA-marked tests (variants and inputs on CUDA, the meter against the CUDA profiler, the sweep's
-#      CUDA twins, the busy-queue step: a blocking copy waits for a queued 500 us kernel, a pinned one does not),
-#      less the in-process quick sweep (test_cuda_quick_sweep_writes_a_complete_run), which steps 2 and 4 cover.
-#   One GPU: about 175-250 s in all, inside the 280 s budget; each ranks-N step adds up to a sweep step.
-# A failing step does not stop the others: each failure is collected (name and exit code) and named in a
-# one-line summary at the end. Each step runs under `timeout`, cut to what is left of the whole budget.
+# make gpu-check: on a CUDA machine, in one go (about 3-4 minutes expected on one H200, not yet measured there; at
+# most GPU_CHECK_TOTAL_S = 280 s), with this machine's own python and torch, no pip and no network. Results first:
+#   1. preflight: every package the steps need, and a CUDA device; one line naming what is missing if not;
+#   2. a `quick` sweep on the GPU, profiler cross-check off (points, whole requests, steps, the busy queue), written
+#      as a run folder to results/ with its charts, REPORT.md and breakdown;
+#   3. the profiler preflight: one tiny CUDA profile in a child process must see the device-to-host copy;
+#   4. the same sweep, cross-check on, its repetitions dealt to 2 processes (skipped, saying why, if 3 failed);
+#   5. `kvpages compare` of the two run folders; with 2 or more GPUs, the quick preset's steps on 2, 4 and 8 ranks
+#      at once (torchrun, one GPU each, as many as there are), each a run folder;
+#   6. the CUDA-marked tests, less the in-process quick sweep that steps 2 and 4 cover.
+# A failing step does not stop the others: each runs under `timeout`, cut to what is left of the budget, and the
+# last line names every failure.
 #
 # Usage: bash bench/gpu_check.sh [--archive DIR] [--device cuda|cpu] [--] [pytest options for both sweeps]
-#   --archive DIR   tee everything printed, from the first line, into DIR/gpu_check.log (stderr merged into
-#                   stdout, so the log keeps the order), and after each sweep and at the end (re)write
-#                   DIR/runs.tar.gz, atomically, with the run folders this invocation made, as results/<run-id>/...
-#                   (`tar xzf DIR/runs.tar.gz` at the repository root puts them in place). DIR, relative to the
-#                   current folder, is created; it holds nothing else (but a runs.tar.gz.part while one is written).
+#   --archive DIR   tee everything printed (stderr merged, in order) into DIR/gpu_check.log, and after each sweep
+#                   and at the end (re)write DIR/runs.tar.gz atomically with the run folders this invocation made,
+#                   as results/<run-id>/... (`tar xzf` it at the repository root). DIR, relative to the current
+#                   folder, is created; it holds nothing else.
 #   --device cpu    rehearse the same steps on the CPU: sweeps on cpu, no profiler preflight, no nvidia-smi; the
 #                   CUDA tests then all skip. (Default: --device cuda.)
 #   --help          print this header (the one place the usage and exit codes are written) and exit.

@@ -1,8 +1,4 @@
-"""Will a sweep's points fit in memory? Estimated before anything is built (no torch import).
-
-`PoolGeometry.memory_bytes` (kvpages.core.sweep) estimates each point's peak; `check_fits`
-refuses a sweep with a point beyond the memory that is free now, naming the estimate.
-"""
+"""Will a sweep's points fit in memory? Estimated (`PoolGeometry.memory_bytes`) before anything is built."""
 
 from __future__ import annotations
 

@@ -9,22 +9,13 @@ import numbers
 from collections.abc import Iterable, Sequence
 
 
-def _positive_int(name: str, value: object) -> int:
+def check_positive(name: str, value: object) -> int:
+    """Return `value` if it is an integer >= 1 (a page size, a sequence length), else raise TypeError/ValueError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer >= 1, got {value!r} of type {type(value).__name__}")
     if value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     return int(value)
-
-
-def check_page_size(page_size: object) -> int:
-    """Return `page_size` if it is an integer >= 1, else raise TypeError/ValueError."""
-    return _positive_int("page_size", page_size)
-
-
-def check_seq_len(seq_len: object) -> int:
-    """Return `seq_len` if it is an integer >= 1 (a sweep's sequence length), else raise TypeError/ValueError."""
-    return _positive_int("seq_len", seq_len)
 
 
 def check_count(what: str, value: object) -> int:

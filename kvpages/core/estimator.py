@@ -1,11 +1,9 @@
 """The one estimator of a run's tables and charts: a variant's time and the ratio of two (no torch, no scipy).
 
-A variant's time at a point is the geometric mean of its per-repetition block medians (`mean_estimate`), and
-a ratio is the ratio of two such times (`paired_ratio`), which equals the mean of the paired per-repetition
-log-ratios: drift a repetition shares cancels, and a reader's own division of the two printed times gives the
-printed ratio. The interval of each is the percentile interval of that same statistic over the two-stage
-bootstrap of kvpages.core.stats.Levels (processes, then repetitions), the same draws for both variants,
-widened for few units (the expanded percentile).
+A time is the geometric mean of the block medians (`mean_estimate`); a ratio is the ratio of two times
+(`paired_ratio`), which equals the mean of the paired log-ratios, so drift a repetition shares cancels. Each
+interval is the expanded percentile interval of that statistic over the two-stage bootstrap of
+kvpages.core.stats.Levels, the same draws for both variants.
 """
 
 from __future__ import annotations
@@ -29,11 +27,8 @@ from kvpages.core.stats import (
 
 @dataclass(frozen=True)
 class Paired:
-    """One variant against a baseline at one point, as every table and chart of a run shows it (`paired_ratio`).
-
-    `variant_us` and `baseline_us`: each variant's time, the geometric mean of its block medians; `interval.ratio` is
-    exactly variant_us / baseline_us, with the interval of that statistic over one bootstrap drawn alike for both.
-    """
+    """One variant against a baseline at one point (`paired_ratio`): `interval.ratio` is exactly
+    variant_us / baseline_us, each the geometric mean of that variant's block medians."""
 
     interval: Interval
     p_value: float
@@ -49,28 +44,15 @@ def _units(levels: Levels) -> tuple[str, int]:
 
 
 def _percentiles(center: float, resampled: np.ndarray, units: tuple[str, int], confidence: float) -> Interval:
-    """The percentile interval of a resampled mean, widened about `center` by sqrt(m / (m - 1)) for the m units the
-    first stage draws (`_units`): the bootstrap variance of a mean of m is (m - 1) / m of its variance, and with few
-    units its spread is Student's t, not normal: widened by sqrt(m / (m - 1)) x t_(m-1) / z (Hesterberg, "What
-    Teachers Should Know About the Bootstrap", 2015: the expanded percentile)."""
-    lo, hi = _percentile_pair(resampled, 0.5 - confidence / 2, 0.5 + confidence / 2)
+    """The percentile interval of a resampled mean, widened about `center` for the m units the first stage draws
+    (`_units`) by sqrt(m / (m - 1)) x t_(m-1) / z: the bootstrap variance of a mean of m is (m - 1) / m of its
+    variance, and with few units its spread is Student's t (Hesterberg, "What Teachers Should Know About the
+    Bootstrap", 2015: the expanded percentile)."""
+    lo, hi = np.percentile(resampled, [50 * (1 - confidence), 50 * (1 + confidence)])
     unit, n = units
     widen = math.sqrt(n / (n - 1)) * t_quantile(0.5 + confidence / 2, n - 1) / NormalDist().inv_cdf(0.5 + confidence / 2)
     return Interval(math.exp(center), math.exp(center + (float(lo) - center) * widen),
                     math.exp(center + (float(hi) - center) * widen), n, confidence, unit)
-
-
-def _percentile_pair(values: np.ndarray, low: float, high: float) -> tuple[float, float]:
-    """`np.percentile(values, [100 * low, 100 * high])` (its linear interpolation) from one sort, without its
-    per-call machinery: a run asks for a thousand of them."""
-    ordered = np.sort(values)
-    out = []
-    for q in (low, high):
-        at = q * (ordered.size - 1)
-        below = math.floor(at)
-        above = min(below + 1, ordered.size - 1)
-        out.append(float(ordered[below] + (ordered[above] - ordered[below]) * (at - below)))
-    return out[0], out[1]
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -83,8 +65,7 @@ def t_quantile(p: float, df: int) -> float:
 
 
 def mean_estimate(levels: Levels, confidence: float = CONFIDENCE) -> Interval:
-    """exp(mean of `levels`), i.e. the geometric mean of the block medians, with the percentile interval of the
-    two-stage bootstrap of that mean (one process: the ordinary bootstrap of its repetitions); `unknown` from
+    """exp(mean of `levels`), the geometric mean of the block medians, with its bootstrap interval; `unknown` from
     fewer than 2 repetitions."""
     center = float(np.mean(levels.values))
     if levels.values.size < 2:
@@ -93,10 +74,8 @@ def mean_estimate(levels: Levels, confidence: float = CONFIDENCE) -> Interval:
 
 
 def paired_ratio(baseline: Levels, variant: Levels, confidence: float = CONFIDENCE) -> Paired:
-    """`variant`'s time over `baseline`'s (log block medians of the same repetitions), bootstrapped as one statistic:
-    the same (process, repetition) resamples for both (Kalibera and Jones 2013), and from them the two-sided p-value
-    of 'the ratio is 1' (at least 1 / the resamples).
-    """
+    """`variant`'s time over `baseline`'s (log block medians of the same repetitions), bootstrapped as one statistic
+    with the same resamples for both (Kalibera and Jones 2013), and the two-sided p-value of 'the ratio is 1'."""
     if not np.array_equal(baseline.processes, variant.processes):
         raise ValueError(f"the two variants' repetitions come from different processes: "
                          f"{baseline.processes.tolist()} vs {variant.processes.tolist()}")
@@ -118,8 +97,8 @@ def _p_value(shifts: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class BetweenRuns:
-    """One quantity in two independent runs A and B, as `kvpages compare` prints it: each run's figure (the same
-    estimator as its own report: exp of the mean of its levels) and B over A, exactly `b / a`."""
+    """One quantity in two independent runs A and B (`kvpages compare`): each run's figure, as its own report
+    gives it, and B over A, exactly `b / a`."""
 
     a: float
     b: float
@@ -128,11 +107,10 @@ class BetweenRuns:
 
 
 def between_runs(a: Levels, b: Levels, confidence: float = CONFIDENCE) -> BetweenRuns:
-    """B over A of two runs' levels (log block medians, or paired log-ratios against a baseline): the ratio of the two
-    printed figures, with the percentile interval of that same statistic over independent two-stage bootstraps of
-    the two runs (processes, then repetitions, when both have >= 2 processes; else each run's repetitions, one
-    stage), widened for the fewer units (`_percentiles`); and the two-sided p-value of 'B equals A' from the same
-    resamples. Fewer than 2 repetitions in either: the interval is unknown and the p-value 1."""
+    """B over A of two runs' levels (log block medians, or paired log-ratios): the ratio of the two printed figures,
+    with its interval over independent bootstraps of the two runs (two-stage when both have >= 2 processes, else
+    over repetitions), widened for the fewer units, and the p-value of 'B equals A'. Fewer than 2 repetitions in
+    either: the interval is unknown and the p-value 1."""
     center = float(np.mean(b.values) - np.mean(a.values))
     figures = (math.exp(float(np.mean(a.values))), math.exp(float(np.mean(b.values))))
     if a.values.size < 2 or b.values.size < 2:

@@ -60,7 +60,7 @@ class LinkProfile:
     pinned: bool = False
 
     def modeled_us(self, d2h_bytes: float, d2h_transfers: float, launches: int = 0) -> float:
-        """The link and device terms of `d2h_transfers` blocking copies of `d2h_bytes` after `launches` device ops."""
+        """The link and device terms of the module's formula."""
         return (d2h_transfers * (self.latency_us + SYNC_US) + d2h_bytes / (self.bandwidth_gb_s * 1e3)
                 + launches * (LAUNCH_US + KERNEL_US))
 
@@ -142,7 +142,7 @@ def device_ops(variant: str, page_size: int, calls: int = 1, host_side: bool = F
 
 
 def model_terms() -> tuple[Term, ...]:
-    """Every term of the model beside the profiles' own (the report lists them with their sources)."""
+    """Every term of the model beside the profiles' own."""
     return (LAUNCH, KERNEL, SYNC)
 
 

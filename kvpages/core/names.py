@@ -1,7 +1,5 @@
-"""The names the two sides share: the baseline and the candidate, and the per-request step variants.
-
-Built here once and parsed here once: the measuring side registers `per_request[<v>]` for every
-variant v, and the analysis side orders and picks step variants by these functions. No torch.
+"""The names the measuring and the analysis sides share: the baseline, the candidate, the per-request step
+variants and the cases, each built and parsed here once. No torch.
 """
 
 from __future__ import annotations
@@ -28,6 +26,11 @@ def per_request_of(step_variant: str) -> str | None:
     if step_variant.startswith(head) and step_variant.endswith(tail):
         return step_variant[len(head):-len(tail)]
     return None
+
+
+def case_id(variant: str, target_id: str) -> str:
+    """The id of one (variant, target) case: what its blocks, rows and profiled ranges are keyed by."""
+    return f"{variant}-{target_id}"
 
 
 STEP_BASELINE = per_request_name(BASELINE)

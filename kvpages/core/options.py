@@ -1,10 +1,7 @@
 """The `--kv-*` options: one table, parsed and checked before anything runs, and rendered back (no torch).
 
-`OPTIONS` is the only list of them: the pytest plugin registers it, `BenchOptions.parse` reads it,
-and `BenchOptions.to_args` renders it back, the inverse of parsing, which is how every row's
-repro command is made (so an option added here cannot be forgotten there). Each option sets one
-field of `BenchOptions` (None: not given); the sweep and the scenarios follow from the preset
-and those fields.
+`OPTIONS` is the only list of them: the plugin registers it, `BenchOptions.parse` reads it, and
+`BenchOptions.to_args` renders it back (every row's repro command). Each sets one field of `BenchOptions`.
 """
 
 from __future__ import annotations
@@ -241,7 +238,7 @@ class BenchOptions:
         if self.repetitions is not None and self.processes is None:  # fewer repetitions: at most one process each
             changes["processes"] = min(self.selected_preset.sweep.processes, self.repetitions)
         try:
-            return self.selected_preset.sweep.replace(**changes)
+            return dataclasses.replace(self.selected_preset.sweep, **changes)
         except ValueError as exc:
             about = ("seq_lens", "page_sizes", "dtypes") + (("repetitions", "processes") if "processes" in str(exc) else ())
             given = " ".join(f"{o.flag} {o.render(getattr(self, o.field))}" for o in OPTIONS

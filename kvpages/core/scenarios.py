@@ -10,10 +10,9 @@ Facts from SGLang 0.5.23 (python/sglang/srt/disaggregation/):
   `req_to_token[row][prefix_len:origin_input_len]`, followed by `.astype(np.int32)` (for ZMQ);
 - every request is converted on its own: nothing gathers a step's requests into one D2H.
 
-A `RequestScenario` is one request on one side (prefill: all its chunks; decode: its one call); a
-`StepScenario` is one decode-side scheduler step of B requests whose lengths are given or drawn from
-a named, seeded distribution (`LENGTHS` documents them). `calls()` lists the (row, start, end) slices
-a scenario converts, in order.
+A `RequestScenario` is one request on one side; a `StepScenario` is one decode-side scheduler step of B requests
+whose lengths are given or drawn from a named, seeded distribution (`LENGTHS`). `calls()` lists the slices a
+scenario converts, in order.
 """
 
 from __future__ import annotations
@@ -22,17 +21,17 @@ import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from kvpages.core.checks import check_choice, check_count, check_page_size, check_seq_len
+from kvpages.core.checks import check_choice, check_count, check_positive
 from kvpages.core.sweep import DTYPES, INDEX_MAX, ITEMSIZE, max_token_index, pool_pages
 
 SIDES = ("prefill", "decode")
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(NamedTuple):
     """One conversion: `req_to_token[row, start:end]` turned into page indices."""
 
     row: int
@@ -64,10 +63,10 @@ class ScenarioPool:
     dtype: str = "int32"
     layout: str = "fragmented"
     busy_us: int = 0
-    """Device work queued in each round as the next forward (CUDA only): a sleeping kernel of this many microseconds."""
+    """Device work queued in each round as the next forward (CUDA only): a sleeping kernel of this many µs."""
 
     def __post_init__(self) -> None:
-        check_page_size(self.page_size)
+        check_positive("page_size", self.page_size)
         check_choice("dtype", self.dtype, DTYPES)
 
 
@@ -81,7 +80,7 @@ class RequestScenario(ScenarioPool):
     prefix: int = 0
 
     def __post_init__(self) -> None:
-        check_seq_len(self.prompt_len)
+        check_positive("seq_len", self.prompt_len)
         super().__post_init__()
         check_count("chunk size", self.chunk_size)
         if not 0 <= self.prefix < self.prompt_len:
@@ -180,7 +179,7 @@ class StepScenario(ScenarioPool):
 
     @functools.cached_property
     def lengths(self) -> tuple[int, ...]:
-        """The B request lengths, drawn once (a frozen dataclass may still cache in its __dict__)."""
+        """The B request lengths, drawn once."""
         return draw_lengths(self.lengths_spec, self.batch, self.seed)
 
     def calls(self) -> tuple[Call, ...]:
@@ -213,12 +212,8 @@ class Upkeep:
 
 def mirror_upkeep(scenario: Scenario) -> tuple[Upkeep, ...]:
     """What keeping a host mirror of the page table costs in a request or step: one batched D2H per scheduler step
-    of the page indices allocated in it.
-
-    Decode side: at most one new page per request per step, so one D2H of one page index per request (its last
-    page), at its bound. Prefill side: every chunk is a step that allocates its pages, so one D2H of the chunk's
-    pages before its conversion (an empty send allocates nothing and copies nothing).
-    """
+    of the page indices allocated in it. Decode side: at most one new page per request per step (its last page);
+    prefill side: every chunk is a step that allocates its pages (an empty send allocates nothing)."""
     p, calls = scenario.page_size, scenario.calls()
     if scenario.side == "decode":
         return (Upkeep(0, tuple((c.row, (c.end - 1) // p) for c in calls)),)

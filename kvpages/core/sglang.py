@@ -1,18 +1,14 @@
 """SGLang's own `kv_to_page_indices`, taken by its source: where it comes from, and what its signature says (no torch).
 
-A `--kv-sglang` SPEC is one of
-- `installed`: the sglang package this Python would import (found, never imported);
-- a path to an SGLang checkout, to its `python/` folder, or to `sglang/srt/mem_cache/common.py` itself;
-- a released version such as `0.5.15`: fetched once with `pip download --no-deps` into the cache folder
-  (`$KVPAGES_CACHE/sglang/<version>/`, default `~/.cache/kvpages/sglang/<version>/`), of which only
-  `common.py` and `version.py` are kept.
+A `--kv-sglang` SPEC is `installed` (the sglang package this Python would import), a path to an SGLang
+checkout, its `python/` folder or `sglang/srt/mem_cache/common.py` itself, or a released version such as
+`0.5.15`, fetched once with `pip download --no-deps` into `$KVPAGES_CACHE/sglang/<version>/` (default
+`~/.cache/kvpages/sglang/<version>/`), keeping only `common.py` and `version.py`.
 
-`resolve(spec)` finds the file; `load_function(source)` reads `kv_to_page_indices` from it with `ast` and
-places its calling convention by the annotation of its first parameter: `np.ndarray` (the caller copies the
-token indices to the host first, as SGLang <= 0.5.15 callers did) or `torch.Tensor` (it gets the device
-tensor). sglang is never imported: its import chain needs GPU kernels and dozens of packages.
-kvpages.measure.sglang compiles the function with numpy and torch and registers it as `sglang@<label>`.
-Every problem is a ValueError naming the spec or the file and what was found, raised before anything runs.
+`resolve(spec)` finds the file; `load_function(source)` reads `kv_to_page_indices` with `ast` and places its
+calling convention by its first parameter's annotation: `np.ndarray` (the caller copies the token indices to the
+host first) or `torch.Tensor`. sglang is never imported: its import chain needs GPU kernels and dozens of
+packages. Every problem is a ValueError naming the spec or the file, raised before anything runs.
 """
 
 from __future__ import annotations
@@ -140,13 +136,6 @@ def _installed(spec: str) -> SglangSource:
     return SglangSource(spec, file, _version_in(package.parent) or _short(package.parent))
 
 
-def _released(spec: str, cache: Path) -> SglangSource:
-    folder = cache / spec
-    if not (folder / COMMON).is_file():
-        _fetch(spec, folder)
-    return SglangSource(spec, folder / COMMON, spec)
-
-
 def _fetch(version: str, folder: Path) -> None:
     """pip download --no-deps sglang==version; keep its common.py and version.py under `folder`."""
     with tempfile.TemporaryDirectory(prefix="kvpages-sglang-") as tmp:
@@ -199,7 +188,10 @@ def resolve(spec: str, cache: Path | None = None) -> SglangSource:
     if _looks_like_path(spec):
         return _from_path(spec)
     if VERSION.match(spec):
-        return _released(spec, cache or cache_dir())
+        folder = (cache or cache_dir()) / spec
+        if not (folder / COMMON).is_file():
+            _fetch(spec, folder)
+        return SglangSource(spec, folder / COMMON, spec)
     raise ValueError(f"{FLAG}: {spec!r} is not a SPEC; valid: {SPEC_FORMS}")
 
 
@@ -282,21 +274,15 @@ def load_function(source: SglangSource) -> SglangFunction:
     return SglangFunction(source, code, line, CONVENTIONS[canonical], names)
 
 
-def _git_commit(folder: Path) -> str | None:
-    """The short commit of the git checkout `folder` lies in (`git rev-parse`, no network), or None."""
-    try:
-        done = subprocess.run(["git", "-C", str(folder), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    commit = done.stdout.strip()
-    return commit if done.returncode == 0 and commit else None
-
-
 def _told_apart(f: SglangFunction) -> SglangFunction:
     """`f` labelled `<label>-<short commit>` when its file lies in a git checkout, else as it was."""
-    commit = _git_commit(f.source.file.parent)
-    if commit is None:
+    try:
+        done = subprocess.run(["git", "-C", str(f.source.file.parent), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return f
+    commit = done.stdout.strip()
+    if done.returncode != 0 or not commit:
         return f
     return dataclasses.replace(f, source=dataclasses.replace(f.source, label=f"{f.source.label}-{commit}"))
 

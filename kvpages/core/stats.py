@@ -1,10 +1,8 @@
 """Statistics at the levels that vary: processes, then repetitions within them (no torch, no scipy).
 
-A block is summarised by its median; a whole process can run a few percent slow (layout, allocator state), so
-intervals resample processes, then repetitions (Kalibera and Jones, "Rigorous Benchmarking in Reasonable Time",
-ISMM 2013; `Levels`, `resampled_means`); with one process, its repetitions alone, and `Interval.unit` says so. The
-estimate of a time or a ratio is kvpages.core.estimator's (the mean of the levels); `Levels.components` gives the
-noise floor. docs/method.md gives the reasoning and the coverage checks.
+A block is summarised by its median; a whole process can run a few percent slow, so intervals resample
+processes, then repetitions (Kalibera and Jones, "Rigorous Benchmarking in Reasonable Time", ISMM 2013); with one
+process, its repetitions alone. docs/method.md gives the reasoning and the coverage checks.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ CONFIDENCE = 0.95
 
 @dataclass(frozen=True)
 class Interval:
-    """A ratio estimate and its interval, from `n` repetitions, at the confidence the data allow (`confidence`)."""
+    """A ratio estimate and its interval, from `n` units, at the confidence the data allow."""
 
     ratio: float
     ci_low: float
@@ -35,7 +33,6 @@ class Interval:
     @property
     def known(self) -> bool:
         return math.isfinite(self.ci_high)
-
 
 
 def unknown(ratio: float, n: int) -> Interval:
@@ -78,11 +75,8 @@ class Levels:
 
     @functools.cached_property
     def bootstrap_means(self) -> np.ndarray:
-        """The means of the two-stage bootstrap's resamples (seeded: the same values give the same resamples).
-
-        A fresh generator with the same seed draws the same indices for every `Levels` of one shape (how many
-        repetitions each process has), so they are drawn once per shape (`_seeded_draws`) and only the values
-        differ: a run has hundreds of these, all of one shape, and two variants of one point are resampled alike."""
+        """The means of the two-stage bootstrap's resamples, seeded: every `Levels` of one shape (repetitions per
+        process) is resampled alike, so two variants of a point are, and the draws are made once per shape."""
         groups = self.by_process()
         return _means_of(groups, _seeded_draws(tuple(g.size for g in groups)))
 
@@ -116,7 +110,7 @@ class _Draws:
 
 def _draws(sizes: tuple[int, ...], rng: np.random.Generator) -> _Draws:
     """Processes with replacement, then each drawn process's repetitions with replacement (Kalibera and Jones 2013,
-    section 4.3), for processes of `sizes` repetitions: the generator is drawn exactly as it always was."""
+    section 4.3), for processes of `sizes` repetitions."""
     count, width = len(sizes), max(sizes)
     sizes_array = np.array(sizes)
     drawn = rng.integers(0, count, size=(BOOTSTRAP_RESAMPLES, count))
@@ -159,11 +153,6 @@ def finite_median(values: list[float]) -> float:
     return float(np.median(finite)) if finite else math.nan
 
 
-def relative_spread(medians: np.ndarray) -> float:
-    """The spread between repetitions: the standard deviation of log block medians (~ the CV); 0 for one."""
-    return float(np.std(np.log(medians), ddof=1)) if medians.size > 1 else 0.0
-
-
 def quartiles(blocks_us: list[np.ndarray], prefix: str = "") -> dict[str, float]:
     """`{prefix}q1_us`, `{prefix}median_us`, `{prefix}q3_us` of every round of every block, pooled."""
     q1, median, q3 = np.percentile(np.concatenate(blocks_us), [25, 50, 75])
@@ -188,13 +177,14 @@ def latency_statistics(blocks: Sequence[LatencyBlock]) -> dict[str, float]:
 
 
 def row_statistics(blocks_us: list[np.ndarray]) -> dict[str, float]:
-    """A row's statistics: of every round of every block pooled (microseconds), and the spread between
-    the block medians (`rep_spread`). results.csv's timing columns are exactly these."""
+    """results.csv's timing columns: of every round of every block pooled (microseconds), and `rep_spread`, the
+    standard deviation of the log block medians (~ their CV; 0 for one block)."""
     data = np.concatenate(blocks_us)
     q = quartiles(blocks_us)
+    medians = block_medians(blocks_us)
     return {
         **q, "iqr_us": q["q3_us"] - q["q1_us"],
         "min_us": float(data.min()), "max_us": float(data.max()), "mean_us": float(data.mean()),
         "stddev_us": float(data.std(ddof=1)) if data.size > 1 else 0.0,
-        "rep_spread": relative_spread(block_medians(blocks_us)),
+        "rep_spread": float(np.std(np.log(medians), ddof=1)) if medians.size > 1 else 0.0,
     }

@@ -11,9 +11,8 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
-from kvpages.core.checks import check_choice, check_count, check_page_size, check_seq_len
+from kvpages.core.checks import check_choice, check_count, check_positive
 
 DTYPES: tuple[str, ...] = ("int32", "int64")
 """Index dtypes: int32 is what SGLang's `req_to_token` holds."""
@@ -25,14 +24,10 @@ LAYOUTS: tuple[str, ...] = ("fragmented", "contiguous")
 """fragmented: pages come from a shuffled free list; contiguous: consecutive pages."""
 
 ROTATION_TARGET_BYTES = 64 * 2**20
-"""Timed rounds rotate among request rows that together span this many bytes..."""
 MIN_ROTATION = 2
 MAX_ROTATION = 32
-"""...within these bounds. With 32 rows, slices of 524288 int32 tokens (2 MiB) or longer
-span 64 MiB, more than the 50-60 MB L2 of an H100/H200 and the caches of the CPUs we run
-on, so long rows are not timed out of a warm cache. Shorter rows stay partly cache
-resident whatever we do; so may they in production, where the scheduler wrote those
-indices shortly before the send."""
+"""Timed rounds rotate among 2 to 32 request rows that together span 64 MiB, more than the 50-60 MB L2 of an
+H100/H200, so long rows are not timed out of a warm cache (short ones stay partly cached, as in production)."""
 
 
 def pool_pages(handed_out: int) -> int:
@@ -59,8 +54,8 @@ class Point:
     check_range: bool = dataclasses.field(default=True, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        check_seq_len(self.seq_len)
-        check_page_size(self.page_size)
+        check_positive("seq_len", self.seq_len)
+        check_positive("page_size", self.page_size)
         check_choice("dtype", self.dtype, DTYPES)
         check_choice("device", self.device, DEVICES)
         check_choice("layout", self.layout, LAYOUTS)
@@ -98,11 +93,8 @@ class Point:
 
 @dataclass(frozen=True)
 class PoolGeometry:
-    """The `req_to_token` pool a point's inputs are cut from (see kvpages.measure.inputs), and what it costs.
-
-    Pages 1..pool_pages are handed out (page 0 is SGLang's padding slot), so the largest
-    token index is pool_pages * page_size + page_size - 1.
-    """
+    """The `req_to_token` pool a point's inputs are cut from (kvpages.measure.inputs), and what it costs: pages
+    1..pool_pages are handed out (page 0 is SGLang's padding slot)."""
 
     rows: int
     row_tokens: int
@@ -126,10 +118,6 @@ class PoolGeometry:
         return max_token_index(self.pool_pages, self.page_size)
 
     @property
-    def generated_tokens(self) -> int:
-        return self.rows * self.pages_per_row * self.page_size
-
-    @property
     def pool_bytes(self) -> int:
         """The pool itself: what the session keeps of a point between passes."""
         return self.itemsize * self.rows * self.row_tokens
@@ -141,7 +129,7 @@ class PoolGeometry:
         generated token in int64, and the pool in its own dtype; checking one row takes about
         33 bytes per token (int64 copies of the row, positions and the expected row, a bool mask).
         """
-        tokens_int64 = 8 * self.generated_tokens
+        tokens_int64 = 8 * self.rows * self.pages_per_row * self.page_size
         pool = self.pool_bytes
         page_ids = 3 * 8 * self.pool_pages
         check_row = 33 * self.row_tokens
@@ -193,9 +181,9 @@ class Sweep:
             if not getattr(self, axis):
                 raise ValueError(f"sweep {self.name!r}: axis {axis} is empty")
         for seq_len in self.seq_lens:
-            check_seq_len(seq_len)
+            check_positive("seq_len", seq_len)
         for page_size in self.page_sizes:
-            check_page_size(page_size)
+            check_positive("page_size", page_size)
         for dtype in self.dtypes:
             check_choice("dtype", dtype, DTYPES)
         for layout in self.layouts:
@@ -210,8 +198,7 @@ class Sweep:
                              f"at least one repetition of each case; give at most {self.repetitions} processes")
         if not 1 <= self.min_rounds <= self.max_rounds:
             raise ValueError(f"need 1 <= min_rounds <= max_rounds, got {self.min_rounds} and {self.max_rounds}")
-        for _ in self.points("cpu"):  # each point checks that its token indices fit its dtype
-            pass
+        list(self.points("cpu"))  # each point checks that its token indices fit its dtype
 
     def points(self, device: str) -> Iterator[Point]:
         """Points ordered by dtype, layout, page size, then sequence length."""
@@ -219,7 +206,3 @@ class Sweep:
             self.dtypes, self.layouts, self.page_sizes, self.seq_lens
         ):
             yield Point(seq_len, page_size, dtype, device, layout, self.seed)
-
-    def replace(self, **changes: Any) -> Sweep:
-        """A copy with some axes replaced (validated again)."""
-        return dataclasses.replace(self, **changes)

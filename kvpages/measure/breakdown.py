@@ -2,11 +2,9 @@
 
 Per (variant, point), the parts of one call's wall time: on CUDA kernel and copy time, the host's wait, other
 CUDA API calls and the host time outside them; on CPU the self time of the aten ops and the host time outside.
-Never in the timing process: Kineto leaves CUPTI attached after a profile (pytorch#144455). A row is the call of
-median wall time among `PASSES` x `CALLS` profiled calls (one hiccup does not make the row); the synchronize that
-keeps GPU work inside the profile runs outside each range, and GPU records are matched by correlation id. The
-profiler inflates absolute times, so the shares are the result. A failure is noted in meta.json and loses
-nothing: the run folder is finished before the breakdown starts. No torch import at module level.
+A row is the call of median wall time among `PASSES` x `CALLS` profiled calls; the profiler inflates absolute
+times, so the shares are the result. A failure is noted in meta.json and loses nothing. No torch import at
+module level.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from kvpages.core.names import case_id
 from kvpages.measure.crosscheck import (
     MEMCPY_CATEGORIES,
     NO_GPU_ACTIVITY,
@@ -44,8 +43,7 @@ LENGTHS_PER_PAGE_SIZE = 3
 CALL_MARK = "#"
 BASE_TIMEOUT_S = 30.0
 PER_CASE_TIMEOUT_S = 0.5
-"""The child's limit: 30 s to start (interpreter, torch, CUDA, the profiler and its trace) and 0.5 s per case
-(its inputs and PASSES x CALLS profiled calls): 42 s for the quick preset's 24 cases."""
+"""The child's limit: 30 s to start and 0.5 s per case (its inputs and PASSES x CALLS profiled calls)."""
 COPY_OPS = ("aten::copy_", "aten::_to_copy", "aten::to", "aten::clone", "aten::_copy_from",
             "aten::_copy_from_and_resize", "aten::contiguous")
 TOP_OPS = 3
@@ -77,7 +75,7 @@ def planned_cases(blocks: Sequence[Block], planned: set[str], device: str) -> li
     variants = list(dict.fromkeys(b.variant for b in blocks))
     targets = [PointTarget(p) for p in chosen_points(points)]
     return [CheckCase(v, t) for t in targets for v in variants
-            if f"{v}-{t.id}" in planned and t.unavailable_reason(v, device) is None]
+            if case_id(v, t.id) in planned and t.unavailable_reason(v, device) is None]
 
 
 def run_breakdown(cases: Sequence[CheckCase], device: str, timeout_s: float | None = None) -> list[BreakdownRow]:
@@ -95,8 +93,8 @@ def run_breakdown(cases: Sequence[CheckCase], device: str, timeout_s: float | No
 
 
 def write_breakdown_into(folder: Path, cases: Sequence[CheckCase], device: str, timeout_s: float | None = None) -> str:
-    """Run the breakdown and write breakdown.csv into the run folder; return meta.json's note (never raises
-    for a failed breakdown: the run folder is kept as it is, and the note says why there is no breakdown.csv)."""
+    """Run the breakdown and write breakdown.csv into the run folder; return meta.json's note, which says why
+    there is no breakdown.csv when it failed (never raises)."""
     if not cases:
         return "no case to profile"
     start = time.perf_counter()
@@ -157,14 +155,14 @@ def breakdown_rows(trace: dict, cases: dict[str, dict], device: str, calls: int)
     gpu = {int(e["args"]["correlation"]): e for e in events
            if e.get("cat") in ("kernel",) + MEMCPY_CATEGORIES and "correlation" in e.get("args", {})}
     rows = []
-    for case_id, meta in cases.items():
-        if len(ranges.get(case_id, ())) != calls:
-            raise ValueError(f"the profile has {len(ranges.get(case_id, ()))} ranges for case {case_id}, "
+    for case, meta in cases.items():
+        if len(ranges.get(case, ())) != calls:
+            raise ValueError(f"the profile has {len(ranges.get(case, ()))} ranges for case {case}, "
                              f"expected {calls}")
-        r = sorted(ranges[case_id], key=lambda e: float(e.get("dur", 0)))[calls // 2]
+        r = sorted(ranges[case], key=lambda e: float(e.get("dur", 0)))[calls // 2]
         start, wall = float(r["ts"]), float(r.get("dur", 0))
         named = self_times(_inside(ops, start, start + wall))
-        common = dict(id=case_id, variant=meta["variant"], device=device, dtype=meta["dtype"], layout=meta["layout"],
+        common = dict(id=case, variant=meta["variant"], device=device, dtype=meta["dtype"], layout=meta["layout"],
                       seq_len=meta["seq_len"], page_size=meta["page_size"], calls=calls, wall_us=wall,
                       top_ops=_top(named))
         if device != "cuda":

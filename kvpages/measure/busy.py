@@ -1,9 +1,7 @@
 """The busy queue: device work (a sleeping kernel) queued in each round, as the next forward would be.
 
-A round runs in the scheduler's order (kvpages.measure.steps): a staged variant's indices, then this
-kernel on the scheduler's stream, then the readback. A blocking copy waits behind it; a non-blocking copy
-into pinned memory does not, and its wait moves to the transfer thread; a readback on a private stream gated
-on the indices alone (deferred_device_stride) waits for neither. CUDA only: off CUDA the queue is empty.
+A round runs in the scheduler's order (kvpages.measure.steps): a staged variant's indices, this kernel, then the
+readback: a blocking copy waits behind it, a non-blocking copy into pinned memory does not. CUDA only.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ import torch
 
 SPIN_UP_MS = 30.0
 """Before calibrating, keep the GPU busy this long, so its clock has boosted (an idle H200 reads 345 MHz, 1980 MHz
-under load: a kernel calibrated at idle would run about 5x shorter once the clock boosts)."""
+under load)."""
 PROBE_CYCLES = 1_000_000
 PROBES = 5
 
@@ -44,21 +42,16 @@ def cycles_for(busy_us: float, probe_cycles: int, probe_elapsed_us: list[float])
 class BusyQueue:
     """Queues `busy_us` of device work (a sleeping kernel) on the current stream, without waiting for it.
 
-    Calibrated once, after a spin-up, from the fastest of several probes; each queued kernel is
-    bracketed by CUDA events (their launch left out of the round's latencies), so `measured_us()` gives the busy
-    time each round actually had, which scenarios.csv records.
+    Calibrated once, after a spin-up, from the fastest of several probes; each queued kernel is bracketed by CUDA
+    events, so `measured_us()` gives the busy time each round had (scenarios.csv records it).
     """
 
     def __init__(self, busy_us: int) -> None:
         self.cycles = 0
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         if busy_us:
-            self.cycles = cycles_for(busy_us, PROBE_CYCLES, self._probe())
-
-    @staticmethod
-    def _probe() -> list[float]:
-        spin_up()  # the clock first
-        return [_elapsed_us(PROBE_CYCLES) for _ in range(PROBES)]
+            spin_up()  # the clock first
+            self.cycles = cycles_for(busy_us, PROBE_CYCLES, [_elapsed_us(PROBE_CYCLES) for _ in range(PROBES)])
 
     def __call__(self) -> None:
         if self.cycles:

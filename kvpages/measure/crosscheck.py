@@ -1,17 +1,14 @@
 """The profiler cross-check of the D2H meter: one profiler session, in a process of its own.
 
-No timing process ever profiles: Kineto keeps CUPTI attached after a profile (pytorch#144455: 10-20% slower
-after), which would slow variants by their number of CUDA API calls. `run_crosscheck` starts
-`python -m kvpages.measure.crosscheck` once per session, before anything is timed, which profiles one call of
-every planned case in ONE session: with CUPTI 12.6u2-13.0 a process's later sessions lose or shift GPU records
-(pytorch#192021, fixed in CUDA 13.1; pytorch#175790). Each case runs in a `record_function` range
-`kvpages:<case id>`, after a warm-up range that absorbs any loss at the start; a memcpy belongs to the case whose
+No timing process ever profiles: Kineto keeps CUPTI attached after a profile (pytorch#144455). `run_crosscheck`
+starts `python -m kvpages.measure.crosscheck` once, before anything is timed, which profiles one call of every
+planned case in ONE session (with CUPTI 12.6u2-13.0 a process's later sessions lose GPU records: pytorch#192021,
+pytorch#175790), each in a range `kvpages:<case id>` after a warm-up range; a memcpy belongs to the case whose
 range holds the `cudaMemcpy*` call with its correlation id.
 
-A case's answer: `agree` (the meter's link-crossing transfers are the profiler's `Memcpy DtoH` copies, its host
-syncs the `cuda*Synchronize` calls), `mismatch` (the row becomes a mismatch) or `lost_records` (a copy call with
-no GPU record: nothing can be concluded). A child that fails, times out or sees no GPU activity makes the
-cross-check unavailable (`CrosscheckError`, once; every row's note says so). No torch import at module level.
+A case's answer is one of OUTCOMES: `lost_records` is a copy call with no GPU record (nothing can be concluded).
+A child that fails, times out or sees no GPU activity makes the cross-check unavailable (`CrosscheckError`).
+No torch import at module level.
 """
 
 from __future__ import annotations
@@ -26,20 +23,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from kvpages.core.names import case_id
+
 if TYPE_CHECKING:
     from kvpages.measure.meter import D2HMeasurement
     from kvpages.measure.targets import Target
 
 OUTCOMES = ("agree", "mismatch", "lost_records")
 TRACE_FILE = "crosscheck_trace.json.gz"
-"""The cross-check session's Chrome trace, kept in the run folder for the record."""
 RANGE_PREFIX = "kvpages:"
 WARM_UP_RANGE = RANGE_PREFIX + "warm-up"
 BASE_TIMEOUT_S = 30.0
 PER_CASE_TIMEOUT_S = 0.5
-"""The child's time limit: 30 s (interpreter, torch and CUDA start, the profiler's start and its trace) plus 0.5 s
-per case (build, meter, one profiled call): 54 s for the quick preset's 48 cases, well inside a sweep step of
-bench/gpu_check.sh (150 s), so a hung child stops the cross-check, not the sweep."""
+"""The child's limit: 30 s to start (interpreter, torch, CUDA, the profiler and its trace) plus 0.5 s a case, well
+inside a sweep step of bench/gpu_check.sh, so a hung child stops the cross-check, not the sweep."""
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset")
 """Chrome-trace categories of device activity (kernels, copies, sets), current and older Kineto."""
@@ -62,7 +59,11 @@ class CheckCase:
 
     @property
     def id(self) -> str:
-        return f"{self.variant}-{self.target.id}"
+        return case_id(self.variant, self.target.id)
+
+
+class CrosscheckError(RuntimeError):
+    """The cross-check is unavailable: its process failed or timed out, or its profiler saw nothing."""
 
 
 @dataclass(frozen=True)
@@ -78,10 +79,6 @@ class CheckAnswer:
 
 
 AGREE = CheckAnswer("agree")
-
-
-class CrosscheckError(RuntimeError):
-    """The cross-check is unavailable: its process failed or timed out, or its profiler saw nothing."""
 
 
 def timeout_for(cases: int) -> float:
@@ -108,7 +105,7 @@ def child_request(cases: Sequence[CheckCase]) -> dict:
 
 
 def cases_of(request: dict) -> list[CheckCase]:
-    """The child's side of `child_request`: import the modules, register the SGLang sources, rebuild the cases."""
+    """The child's side of `child_request`."""
     import importlib
 
     from kvpages.measure.sglang import register_sources
@@ -139,12 +136,8 @@ def case_inputs(cases: Sequence[CheckCase], device: str) -> dict[str, object]:
 
 def run_child(module: str, request: dict, limit_s: float, what: str, error: type[Exception]) -> dict:
     """Run `python -m module` with `request` (JSON) on its stdin and return its reply, the JSON object on the last
-    line of its stdout; raise `error` naming `what` when there is none.
-
-    The reply is read before the exit status is judged: a child that replied in full and then crashed at exit
-    (CUPTI's teardown has, on H100-class machines) still gives its answer. A child that timed out, or exited
-    without a well-formed reply, is one clear error, never a traceback of the caller's.
-    """
+    line of its stdout, else raise `error` naming `what`. The reply is read before the exit status is judged: a
+    child that replied and then crashed at exit (CUPTI's teardown has, on H100-class machines) still answers."""
     cases = len(request.get("cases", ()))
     try:
         done = subprocess.run([sys.executable, "-m", module], input=json.dumps(request), capture_output=True,
@@ -166,8 +159,8 @@ def run_child(module: str, request: dict, limit_s: float, what: str, error: type
 
 
 def reply_and_exit(reply: dict) -> NoReturn:
-    """The child's last act: print `reply` as one JSON line, flush, and leave at once with status 0, skipping the
-    interpreter's teardown (and with it CUPTI's, which has crashed at exit on H100-class machines)."""
+    """The child's last act: print `reply` as one JSON line and leave at once, skipping the interpreter's teardown
+    (and CUPTI's, which has crashed at exit on H100-class machines)."""
     sys.stdout.write(json.dumps(reply) + "\n")
     sys.stdout.flush()
     sys.stderr.flush()
@@ -176,9 +169,8 @@ def reply_and_exit(reply: dict) -> NoReturn:
 
 def run_crosscheck(cases: Sequence[CheckCase], device: str, timeout_s: float | None = None,
                    trace_out: Path | None = None) -> dict[str, CheckAnswer]:
-    """Cross-check `cases` in one profiler session of a fresh interpreter; {case id: answer}. Raises CrosscheckError
-    when the cross-check is unavailable; `trace_out`: where the child writes its Chrome trace, gzipped.
-    """
+    """Cross-check `cases` in one profiler session of a fresh interpreter: {case id: answer}, or CrosscheckError;
+    `trace_out`: where the child writes its Chrome trace, gzipped."""
     request = {**child_request(cases), "device": device, "trace_out": None if trace_out is None else str(trace_out)}
     limit = timeout_for(len(cases)) if timeout_s is None else timeout_s
     reply = run_child("kvpages.measure.crosscheck", request, limit, "profiler cross-check", CrosscheckError)
@@ -235,11 +227,8 @@ def gpu_events(trace: dict) -> int:
 
 
 def case_profiles(trace: dict) -> dict[str, CaseProfile]:
-    """Per `kvpages:<case id>` range of a Chrome trace: the DtoH copies issued by the copy calls inside it.
-
-    A copy call (`cudaMemcpy*` on the CPU side) belongs to the range that contains its start; its GPU
-    record is the memcpy with the same correlation id. The warm-up range is left out.
-    """
+    """Per `kvpages:<case id>` range of a Chrome trace but the warm-up: the DtoH copies of the copy calls that start
+    inside it (their GPU records: the memcpys of the same correlation ids)."""
     events = trace.get("traceEvents", [])
     ranges = [e for e in events if str(e.get("name", "")).startswith(RANGE_PREFIX) and e.get("ph") == "X"
               and e.get("cat") != "gpu_user_annotation" and e["name"] != WARM_UP_RANGE]
@@ -268,10 +257,8 @@ def case_profiles(trace: dict) -> dict[str, CaseProfile]:
 
 
 def judge(measured: D2HMeasurement, seen: CaseProfile) -> CheckAnswer:
-    """Compare the meter's link-crossing transfers with what the profiler saw of the same call.
-
-    Zero-byte hand-offs issue no memcpy, so they are left out of the comparison.
-    """
+    """Compare the meter's link-crossing transfers with what the profiler saw of the same call (zero-byte
+    hand-offs issue no memcpy: left out)."""
     if seen.lost:
         return CheckAnswer("lost_records", f"the profiler lost records: {seen.lost} of {seen.copy_calls} copy call(s) "
                                            "in this case have no GPU record (CUPTI before CUDA 13.1, pytorch#192021); "
@@ -297,7 +284,7 @@ def answers_of(trace: dict, measured: dict[str, D2HMeasurement]) -> dict[str, Ch
         raise CrosscheckError(f"{NO_GPU_ACTIVITY}, so the meter cannot be cross-checked")
     seen = case_profiles(trace)
     empty = CaseProfile((), 0, 0)
-    return {case_id: judge(m, seen.get(case_id, empty)) for case_id, m in measured.items()}
+    return {case: judge(m, seen.get(case, empty)) for case, m in measured.items()}
 
 
 # ----------------------------------------------------------------------------- the child's side
@@ -336,7 +323,6 @@ def profile_cases(cases: Sequence[CheckCase], device: str, trace_out: str | None
 
 
 def trace_of(prof) -> dict:
-    import os
     import tempfile
 
     fd, path = tempfile.mkstemp(suffix=".json", prefix="kvpages-trace-")

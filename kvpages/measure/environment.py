@@ -47,15 +47,6 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def git_state(repo: Path) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the checkout at `repo`; run folders under results/ do not count as dirty."""
-    commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
-    if commit is None:
-        return None, None
-    status = _run(["git", "status", "--porcelain", "--", ".", ":(exclude)results"], cwd=repo)
-    return commit, bool(status)
-
-
 SMI_FIELDS = "driver_version,pcie.link.gen.current,pcie.link.width.current,pcie.link.gen.max,pcie.link.width.max"
 _SMI_LINE = re.compile(r"^\s*([0-9][0-9.]*)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*$")
 
@@ -69,10 +60,8 @@ def gpu_uuid() -> str | None:
 
 
 def parse_smi(out: str | None) -> tuple[str | None, str | None]:
-    """(driver, 'GenN xW (max GenM xV)') from the first well-formed line of nvidia-smi's CSV, else (None, None).
-
-    Warning lines and anything else that is not five numbers are ignored.
-    """
+    """(driver, 'GenN xW (max GenM xV)') from the first line of nvidia-smi's CSV that is five numbers, else
+    (None, None)."""
     for line in (out or "").splitlines():
         match = _SMI_LINE.match(line)
         if match:
@@ -82,10 +71,8 @@ def parse_smi(out: str | None) -> tuple[str | None, str | None]:
 
 
 def nvidia_smi_facts(uuid: str | None) -> tuple[str | None, str | None]:
-    """(driver version, PCIe link) of the GPU with `uuid`, from nvidia-smi; (None, None) when it cannot tell.
-
-    nvidia-smi numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES, so the GPU is named by UUID.
-    """
+    """(driver version, PCIe link) of the GPU with `uuid` (nvidia-smi ignores CUDA_VISIBLE_DEVICES), from
+    nvidia-smi; (None, None) when it cannot tell."""
     if uuid is None:
         return None, None
     return parse_smi(_run(["nvidia-smi", f"--id={uuid}", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"]))
@@ -97,7 +84,6 @@ class Loaded:
 
     pcie_link: str | None
     sm_clock_mhz: int | None
-    """clocks.sm: an idle H200 reads 345 MHz, 1980 MHz under load."""
 
 
 def parse_loaded(out: str | None) -> Loaded:
@@ -127,8 +113,10 @@ def device_name(device: str) -> str:
 
 
 def capture(device: str, repo: Path, crosschecked: bool = False) -> Environment:
-    """The environment of a run on `device` ('cpu' or 'cuda'), from the checkout at `repo`."""
-    commit, dirty = git_state(repo)
+    """The environment of a run on `device` ('cpu' or 'cuda'), from the checkout at `repo` (run folders under
+    results/ do not make it dirty)."""
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
+    status = _run(["git", "status", "--porcelain", "--", ".", ":(exclude)results"], cwd=repo)
     driver = pcie = uuid = None
     if device == "cuda":
         uuid = gpu_uuid()
@@ -149,7 +137,7 @@ def capture(device: str, repo: Path, crosschecked: bool = False) -> Environment:
         driver_version=driver or "unknown",
         pcie_link=pcie or "unknown",
         git_commit=commit,
-        git_dirty=dirty,
+        git_dirty=None if commit is None else bool(status),
         link_crossed=device == "cuda",
         link_note=CPU_LINK_NOTE if device == "cpu" else CUDA_LINK_NOTE + CROSSCHECK_NOTES[crosschecked],
         gpu_uuid=uuid,

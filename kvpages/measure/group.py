@@ -1,9 +1,7 @@
 """The ranks of a multi-rank run (torchrun): where this process stands among them, and their gloo process group.
 
-kvpages.measure.ranks times the step scenarios on them; see its doc for the protocol. gloo runs on
-the host, so no barrier or gather puts a kernel on a timed device. Every collective is bounded by
-the run's timeout (--kv-rank-timeout), and a gather starts with gloo's monitored barrier, which
-names the ranks that did not arrive.
+gloo runs on the host, so no barrier or gather puts a kernel on a timed device. Every collective is bounded by
+--kv-rank-timeout, and a gather starts with gloo's monitored barrier, which names the ranks that did not arrive.
 """
 
 from __future__ import annotations
@@ -137,9 +135,7 @@ class Group:
 
     def start_together(self, what: str) -> None:
         """The start of a timed round: every rank leaves at about the same moment. gloo's barrier releases the
-        ranks over TCP, up to milliseconds apart on a loaded host (longer than a small step takes), so the ranks of
-        one host meet at a spin barrier in shared memory instead (`HostBarrier`: microseconds); ranks on several
-        hosts use gloo's barrier."""
+        ranks over TCP, up to milliseconds apart, so the ranks of one host meet at a `HostBarrier` instead."""
         if self.spin is None:
             self._collective(what, dist.barrier)
             return
@@ -180,10 +176,9 @@ class Group:
 
 
 class HostBarrier:
-    """A spin barrier in shared memory for the ranks of one host. Each rank writes the generation it has reached
-    into its own 8-byte slot and spins until every slot holds it: no lock and no atomic is needed, since a rank only
-    ever writes its own slot, and generations only grow. The last rank to arrive releases the others within
-    microseconds (they are already spinning on their own cores)."""
+    """A spin barrier in shared memory for the ranks of one host: each rank writes the generation it has reached
+    into its own 8-byte slot and spins until every slot holds it (no lock needed: a rank writes only its own slot,
+    and generations only grow). The last to arrive releases the others within microseconds."""
 
     def __init__(self, path: str, size: int, rank: int) -> None:
         with open(path, "r+b") as f:
@@ -193,8 +188,7 @@ class HostBarrier:
 
     @classmethod
     def shared(cls, group: Group) -> HostBarrier:
-        """Rank 0 creates the barrier's file (in /dev/shm where there is one), every rank maps it, rank 0 unlinks it
-        (so a stopped run leaves nothing behind)."""
+        """Rank 0 creates the barrier's file (in /dev/shm where there is one), every rank maps it, rank 0 unlinks it."""
         path = ""
         if group.rank == 0:
             fd, path = tempfile.mkstemp(prefix="kvpages-ranks-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)

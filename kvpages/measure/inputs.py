@@ -1,12 +1,9 @@
 """Seeded workloads that look like SGLang's: request rows of a `req_to_token` pool.
 
-SGLang keeps, per request slot, the KV token index of every token of the request
-in an int32 `req_to_token[max_reqs, max_context_len]` tensor on the GPU. Token
-indices come in pages: page `g` owns tokens `g*page_size ... g*page_size + page_size-1`,
-and a request's pages come from a free list that gets shuffled as requests come
-and go (fragmented) or, in a fresh pool, in order (contiguous). Every page of a
-request is full except possibly the last one, and a chunked send starts at a
-page-aligned offset. A sent chunk is the row slice `req_to_token[row, start:end]`.
+SGLang keeps the KV token index of every token of a request in an int32 `req_to_token[max_reqs,
+max_context_len]` tensor on the GPU. Page `g` owns tokens `g*page_size ... g*page_size + page_size-1`, and a
+request's pages come from a free list, shuffled as requests come and go (fragmented) or in order (contiguous).
+A sent chunk is the row slice `req_to_token[row, start:end]`, starting at a page boundary.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvpages.core.checks import check_page_size
+from kvpages.core.checks import check_positive
 from kvpages.core.scenarios import Call, Scenario, Upkeep, mirror_upkeep
 from kvpages.core.sweep import Point, pool_pages
 from kvpages.measure.steps import Refresh, StepExtra
@@ -33,12 +30,8 @@ TORCH_DTYPES: dict[str, torch.dtype] = {"int32": torch.int32, "int64": torch.int
 
 @dataclass(frozen=True)
 class Workload:
-    """The inputs of one target: slices of one `req_to_token` pool, and the expected page indices.
-
-    `inputs` holds the sets the timed rounds rotate among: a point's request slices (one tensor
-    each), or a scenario's copies (a tuple of slices each, one per call); `expected` holds each
-    set's reference output.
-    """
+    """The inputs of one target: the sets the timed rounds rotate among, slices of one `req_to_token` pool (a
+    point's: one tensor each; a scenario's: a tuple of slices, one per call), and each set's expected output."""
 
     pool: torch.Tensor
     inputs: tuple[Any, ...]
@@ -100,14 +93,9 @@ if set(EXTRA_BUILDERS) != set(EXTRA_INPUTS):
 
 @dataclass(frozen=True)
 class PoolCache:
-    """Pools an earlier process of the same run built, as files in the run's worker folder (kvpages.measure.workers).
-
-    A pool is a pure function of its arguments, and building a long fragmented one (a shuffle of
-    millions of pages) costs more than a second; a later process loads it into its own fresh
-    memory instead (its placement is still its own). Only a pool that passed its checks is saved,
-    so a process that loads one skips them: they were most of a later process's inputs (a sweep of
-    the default points in 3 processes on the loaded dev box: 0.27 s instead of 1.07 s a process).
-    """
+    """Pools an earlier process of the same run built and checked, as files in the run's worker folder: a pool is a
+    pure function of its arguments, and a later process loads it into its own memory instead of building and
+    checking it again (a long fragmented pool shuffles millions of pages: a second or more)."""
 
     folder: Path
 
@@ -130,19 +118,14 @@ class PoolCache:
 
 
 def make_pool(lengths: Sequence[int], page_size: int, dtype: str, device: str, layout: str, seed: int,
-              pad_to: int | None = None, cache: PoolCache | None = None,
-              check: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
-    """A `req_to_token` pool with one row per length, its pages taken in turn from one free list.
-
-    The free list holds pages 1..pool_pages (page 0 is SGLang's padding slot), with some slack,
-    shuffled for `fragmented`; row r's tokens are its pages' tokens in order, padded with 0.
-    A pool built here is `check`ed (it raises on a bad pool) before it is kept in the `cache`; with a
-    `cache`, a pool an earlier process built and checked is loaded instead (the same values).
-    """
-    key = (tuple(lengths), page_size, dtype, layout, seed, pad_to)
+              cache: PoolCache | None = None, check: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+    """A `req_to_token` pool with one row per length, its pages taken in turn from one free list of pages
+    1..pool_pages (page 0 is SGLang's padding slot), shuffled for `fragmented`; rows are padded with 0. A pool
+    built here is `check`ed before it is kept in the `cache`, from which a later process loads it."""
+    key = (tuple(lengths), page_size, dtype, layout, seed)
     host = cache.load(key) if cache is not None else None
     if host is None:
-        host = _build_pool(lengths, page_size, dtype, layout, seed, pad_to)
+        host = _build_pool(lengths, page_size, dtype, layout, seed)
         if check is not None:
             check(host)
         if cache is not None:
@@ -150,8 +133,7 @@ def make_pool(lengths: Sequence[int], page_size: int, dtype: str, device: str, l
     return host.to(device).contiguous()
 
 
-def _build_pool(lengths: Sequence[int], page_size: int, dtype: str, layout: str, seed: int,
-                pad_to: int | None) -> torch.Tensor:
+def _build_pool(lengths: Sequence[int], page_size: int, dtype: str, layout: str, seed: int) -> torch.Tensor:
     pages_per_row = [math.ceil(n / page_size) for n in lengths]
     pages = pool_pages(sum(pages_per_row))
     generator = torch.Generator().manual_seed(seed)
@@ -159,8 +141,7 @@ def _build_pool(lengths: Sequence[int], page_size: int, dtype: str, layout: str,
         free_pages = torch.randperm(pages, generator=generator) + 1
     else:
         free_pages = torch.arange(1, pages + 1, dtype=torch.int64)
-    width = max(lengths) if pad_to is None else pad_to
-    pool = torch.zeros((len(lengths), width), dtype=TORCH_DTYPES[dtype])  # every token index fits (Point checks)
+    pool = torch.zeros((len(lengths), max(lengths)), dtype=TORCH_DTYPES[dtype])  # every token index fits (Point checks)
     offset = 0
     for row, (n, pages) in enumerate(zip(lengths, pages_per_row, strict=True)):
         own = free_pages[offset:offset + pages]
@@ -171,13 +152,9 @@ def _build_pool(lengths: Sequence[int], page_size: int, dtype: str, layout: str,
 
 def make_workload(point: Point, rotation: int | None = None, chunk_offset_pages: int = 0,
                   cache: PoolCache | None = None, validate: bool = False) -> Workload:
-    """Build `rotation` request rows for `point` and slice one chunk of `point.seq_len` tokens from each.
-
-    The chunk starts `chunk_offset_pages` pages into its request (a later chunk of
-    a chunked prefill). Page 0 is never handed out (SGLang reserves slot 0 for padding).
-    The result is the same for the same point, whatever the device. `validate`: every slice is
-    checked against the page invariant (once per run: in the process that builds the pool).
-    """
+    """`rotation` request rows for `point`, and from each a chunk of `point.seq_len` tokens that starts
+    `chunk_offset_pages` pages into its request; the same for the same point, whatever the device. `validate`:
+    every slice is checked against the page invariant (in the process that builds the pool)."""
     geometry = point.geometry(rotation, chunk_offset_pages)
     rows, row_tokens = geometry.rows, geometry.row_tokens
     start = chunk_offset_pages * point.page_size
@@ -219,13 +196,10 @@ def make_scenario_workload(scenario: Scenario, device: str, copies: int, seed: i
 
 
 def validate_page_layout(kv_indices: torch.Tensor, page_size: int) -> None:
-    """Check the invariant the conversion relies on; raise ValueError naming the first violation.
-
-    Token `i` of the slice belongs to page `i // page_size`; the page's first token
-    must be a non-negative multiple of page_size and its tokens consecutive.
-    """
+    """Check the invariant the conversion relies on (token `i` belongs to page `i // page_size`, whose first token
+    is a non-negative multiple of page_size and its tokens consecutive); a ValueError names the first violation."""
     check_kv_indices(kv_indices)
-    check_page_size(page_size)
+    check_positive("page_size", page_size)
     n = kv_indices.numel()
     if n == 0 or _keeps_page_layout(kv_indices, page_size):
         return
@@ -250,9 +224,8 @@ def validate_page_layout(kv_indices: torch.Tensor, page_size: int) -> None:
 
 
 def _keeps_page_layout(kv: torch.Tensor, page_size: int) -> bool:
-    """Whether `kv` keeps the page invariant: the check of every slice of a run, in the slice's own dtype and in
-    about three passes over it (the search for the first violation, which names it, takes about eight at int64:
-    3-4x as long on the dev box)."""
+    """Whether `kv` keeps the page invariant, in its own dtype and about three passes over it (the search for the
+    first violation, which names it, takes about eight at int64)."""
     if page_size == 1:
         return bool((kv >= 0).all())
     full = kv.numel() - kv.numel() % page_size

@@ -3,15 +3,13 @@
 `measure_call(call, inputs)` runs `call()` once under a `TorchFunctionMode` that sees every hand-off of tensor
 data to the host (`.cpu()`, `.to(<cpu>)`, `.numpy()`, `.tolist()`, `.item()`, `int()`, `np.asarray()`, `copy_`
 into host memory, `host[...] = device_tensor`). A tensor is device side when it lives on an accelerator or is
-(computed from) the input, so a CPU run, where `.cpu()` is a no-op, still counts the bytes handed across
-(`Transfer.crossed_link` says no link was crossed); `.cpu().numpy()` is one transfer, not two.
+(computed from) the input, so a CPU run, where `.cpu()` is a no-op, still counts the bytes handed across;
+`.cpu().numpy()` is one transfer, not two.
 
-Host syncs (how often the calling thread waited for the device): on CUDA the waits themselves, from
-`torch.cuda.set_sync_debug_mode("warn")` (global, so only the calling thread's count) plus wrapped
-`Event.synchronize` and `torch.cuda.synchronize`; not counted: syncs inside the caching allocators, and a
-non-blocking copy into pageable memory. On a CPU run: the blocking hand-offs, which would wait on a device.
-Waits inside `transfer_wait()` are a transfer thread's, counted apart (`transfer_syncs`). The CUDA profiler's
-view is compared in a process of its own (kvpages.measure.crosscheck), never in the one that times.
+Host syncs: on CUDA the calling thread's waits, from `torch.cuda.set_sync_debug_mode("warn")` plus wrapped
+`Event.synchronize` and `torch.cuda.synchronize` (not counted: syncs inside the caching allocators, and a
+non-blocking copy into pageable memory); on a CPU run, the blocking hand-offs. Waits inside `transfer_wait()` are
+a transfer thread's, counted apart (`transfer_syncs`).
 """
 
 from __future__ import annotations
@@ -51,9 +49,8 @@ class D2HMeasurement:
 
     transfers: tuple[Transfer, ...]
     host_syncs: int = 0
-    """How often the calling thread waited for the device (see the module doc for what counts)."""
     transfer_syncs: int = 0
-    """The waits of a transfer thread's part (`transfer_wait`), run in this thread: not the calling thread's."""
+    """The waits of a transfer thread's part (`transfer_wait`), run in this thread (module doc)."""
 
     @property
     def d2h_bytes(self) -> int:

@@ -1,8 +1,7 @@
 """What one block leaves: its samples and the meter's reading, or the stop of its case. No torch import.
 
-The runner (kvpages.measure.runner) returns a `BlockOutcome` for every block it runs; the session
-hands it to its recorder (kvpages.measure.recorder), and a worker process writes it to its log as
-one JSON line (kvpages.measure.workers), which the session's recorder reads as it is written.
+The runner returns a `BlockOutcome` for every block; the session hands it to its recorder, and a worker process
+writes it to its log as one JSON line, which the session's recorder reads as it is written.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ class MeterReading:
     d2h_transfers: int
     link: str
     host_syncs: int
-    """How often the calling thread waited for the device (kvpages.measure.meter)."""
 
 
 @dataclass(frozen=True)

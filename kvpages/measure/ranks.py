@@ -1,11 +1,9 @@
 """Many ranks at once: what a scheduler step pays when every rank of a node converts in the same moment.
 
-torchrun starts one pytest session per rank, on its own device; kvpages joins them in one gloo process group
-(host-side: no collective kernel on a timed device). Every rank runs the same blocks (`RankTarget`) through the
-one runner, agreeing before and after each timing (`Group.agree`). Rounds run in cycles of world_size + 1: each
-rank alone in turn, then every rank at once; rank 0 gathers the times and writes the run folder
-(kvpages.analysis.contention turns them into ratios). A rank that raises, or a barrier that times out, stops
-the run naming the rank.
+torchrun starts one pytest session per rank, on its own device, joined in one gloo group (kvpages.measure.group).
+Every rank runs the same blocks (`RankTarget`) through the one runner. Rounds run in cycles of world_size + 1:
+each rank alone in turn, then every rank at once; rank 0 gathers the times and writes the run folder. A rank
+that raises, or a barrier that times out, stops the run naming the rank.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from kvpages.core.names import case_id
 from kvpages.core.stats import latency_statistics
 from kvpages.measure.outcome import MeterReading
 from kvpages.measure.schedule import Block
@@ -65,7 +64,7 @@ class RankTarget(ScenarioTarget):
         group = ctx.group
         assert group is not None, "a RankTarget runs in a multi-rank session"
         stamps, state = Stamps(), _Rounds()
-        busy, sync, case = ctx.busy_queue(self.scenario.busy_us), synchronizer(ctx.device), f"{variant}-{self.id}"
+        busy, sync, case = ctx.busy_queue(self.scenario.busy_us), synchronizer(ctx.device), case_id(variant, self.id)
         call = step_call(get_step_variant(variant), finish_for(self.scenario), ctx.transfer_thread, stamps, busy)
 
         def before_round() -> None:

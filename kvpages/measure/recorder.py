@@ -1,10 +1,8 @@
 """The recorder: where every block's outcome goes, from this process or from a worker's log, as it arrives.
 
-A block's samples are written to the run folder's samples file as soon as its outcome arrives, so an
-interrupted run keeps every block it finished. A case stopped (skipped, mismatch, ...) is written at
-once with its status. A target's ok rows are written, in variant order, when each of its cases has
-every planned repetition or has stopped; at the end (`finish`) a case interrupted after some of its
-repetitions is written as `partial`, with the count in `repetitions`.
+A block's samples are written as soon as its outcome arrives, so an interrupted run keeps every block it
+finished; a stopped case's row at once, with its status; a target's ok rows, in variant order, once each of its
+cases is complete or stopped; at the end (`finish`), a case interrupted part way as `partial`.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from kvpages.core.names import case_id
 from kvpages.core.options import BenchOptions
 from kvpages.measure.outcome import BlockOutcome, MeterReading
 from kvpages.measure.targets import Context, Target
@@ -89,7 +88,7 @@ class Recorder:
         self.cases: dict[str, Case] = {}
         self.by_target: dict[Target, list[Case]] = {}
         for target, variant in cases:
-            case = self.cases[f"{variant}-{target.id}"] = Case(target, variant)
+            case = self.cases[case_id(variant, target.id)] = Case(target, variant)
             self.by_target.setdefault(target, []).append(case)
         self.recorded = 0  # cases with a row written
         self.partial = 0

@@ -14,9 +14,11 @@ from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
+from kvpages.core.names import case_id
+
 
 class HasId(Protocol):
-    """What a block measures at (a kvpages.measure.targets.Target in a sweep): anything with an id."""
+    """What a block measures at (a kvpages.measure.targets.Target): anything with an id."""
 
     @property
     def id(self) -> str: ...
@@ -39,7 +41,7 @@ class Block(Generic[T]):
 
     @property
     def case_id(self) -> str:
-        return f"{self.variant}-{self.target.id}"
+        return case_id(self.variant, self.target.id)
 
     @property
     def id(self) -> str:

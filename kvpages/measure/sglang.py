@@ -1,13 +1,9 @@
 """SGLang's own `kv_to_page_indices` as variants: compiled from its source with numpy and torch, and registered.
 
-kvpages.core.sglang finds the file and reads the function with `ast` (sglang is never imported);
-`register_sglang(function)` compiles that one definition, with numpy and torch under the names the file
-gives them, and registers it as the variant `sglang@<label>` with the calling convention its signature shows:
-
-- `np.ndarray` first parameter: the caller copies the token indices to the host first (`kv.cpu().numpy()`,
-  as SGLang <= 0.5.15's callers did), then calls it; it moves every token index (`Moves.TOKENS`);
-- `torch.Tensor` first parameter: it gets the device tensor and is called as it is (no wrapper); it is expected
-  to move one index per page (`Moves.PAGES`), which the meter and the reference check verify like any variant's.
+kvpages.core.sglang reads the function with `ast`; `register_sglang` compiles that one definition and registers it
+as `sglang@<label>`: with an `np.ndarray` first parameter the caller copies the token indices to the host first,
+as SGLang <= 0.5.15's callers did (`Moves.TOKENS`); with a `torch.Tensor` one it gets the device tensor and is
+expected to move one index per page (`Moves.PAGES`).
 """
 
 from __future__ import annotations

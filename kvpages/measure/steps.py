@@ -1,23 +1,18 @@
 """Step variants: `(list of kv slices, page_size) -> list of page-index arrays`, one scheduler step's worth.
 
-The registry holds `per_request[<v>]` for every single-call variant v (kvpages.measure.variants): each
-slice converted on its own, which is what SGLang does today; and batched hypotheses, one
-decorated function each, at the bottom of this file. A step variant may be asynchronous: it
-returns a `Pending` whose `wait()` gives the arrays, so the calling (scheduler) thread is
-blocked only until it returns, and a transfer thread waits for the data, as SGLang's Mooncake
-path does ("The schedule stream may wait on the in-flight forward; move the D2H wait to the
-transfer thread").
+The registry holds `per_request[<v>]` for every single-call variant v (each slice converted on its own, as SGLang
+does today) and the batched hypotheses, one decorated function each at the bottom of this file. A step variant
+may return a `Pending` whose `wait()` gives the arrays: the scheduler thread is blocked only until it returns,
+and a transfer thread waits for the data, as SGLang's Mooncake path does.
 
-A scheduler step runs in this order, for every step variant (`StepVariant.run`): the variant's device work
-that comes before the next forward (`stage`), the next forward (in a busy-queue scenario, a kernel queued on
-the scheduler's stream), then the readback. Only a staged variant (`staged=True`: its function returns the
-readback as a callable) does anything before the forward; any other does all its work in the readback, behind
-the forward, as SGLang 0.5.23's inline readback waits behind the in-flight forward.
+A scheduler step runs in this order: the variant's device work before the next forward (`stage`: only a
+`staged=True` variant, whose function returns the readback, does any), the next forward (in a busy-queue
+scenario, a kernel queued on the scheduler's stream), then the readback, as SGLang 0.5.23's inline readback waits
+behind the in-flight forward.
 """
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +24,7 @@ import torch
 
 from kvpages.core.names import per_request_name, per_request_of
 from kvpages.measure.meter import transfer_wait
-from kvpages.measure.variants import ONE_SYNC, Moves, Syncs, Variant, all_variants, check_declared, unavailable_reason
+from kvpages.measure.variants import ONE_SYNC, Moves, Syncs, Variant, all_variants, check_declared, described, unavailable_reason
 
 Arrays = list[np.ndarray]
 IN_ORDER = ("ran in order on the CPU: no streams, so the indices, the forward and the readback ran one after "
@@ -88,15 +83,14 @@ class StepVariant:
     batched: bool  # one D2H for the whole step, instead of one per request
     requires: tuple[str, ...]
     module: str
-    """Where it was registered (a conftest's step variants are imported by the cross-check process too)."""
+    """Where it was registered (the cross-check process imports a conftest's step variants too)."""
     extras: tuple[str, ...] = ()
     """Extra inputs (kvpages.measure.variants.EXTRA_INPUTS), each a StepExtra, by keyword."""
     syncs: Syncs = ONE_SYNC
-    """Host syncs on the calling (scheduler) thread: per step when batched, else per request."""
+    """Per step when batched, else per request."""
     staged: bool = False
-    """Its function does the device work that precedes the next forward and returns the readback."""
     itemsize: int | None = None
-    """Bytes per page index it hands over when the variant fixes them (an int32 readback), else the pool's."""
+    """Bytes per page index when the variant fixes them (an int32 readback), else the pool's."""
 
     def unavailable_reason(self, device: str) -> str | None:
         return unavailable_reason(self.requires, device)
@@ -119,16 +113,9 @@ class StepVariant:
             return cast(Readback, self.fn(kv_slices, page_size, **extras))
         return lambda: cast("Arrays | Pending", self.fn(kv_slices, page_size, **extras))
 
-    def run(self, kv_slices: Sequence[torch.Tensor], page_size: int, forward: Callable[[], None] = lambda: None,
-            **extras: Any) -> Arrays | Pending:
-        """One step in the scheduler's order: `stage`, then `forward()`, then the readback."""
-        readback = self.stage(kv_slices, page_size, **extras)
-        forward()
-        return readback()
-
     def arrays(self, kv_slices: Sequence[torch.Tensor], page_size: int, **extras: Any) -> Arrays:
         """One step with no forward, any wait made here as the transfer thread's (kvpages.measure.meter)."""
-        out = self.run(kv_slices, page_size, **extras)
+        out = self.stage(kv_slices, page_size, **extras)()
         if isinstance(out, Pending):
             with transfer_wait():
                 return out.wait()
@@ -147,16 +134,13 @@ def _register(variant: StepVariant) -> None:
 def step_variant(name: str, *, moves: Moves, batched: bool, requires: tuple[str, ...] = (),
                  extras: tuple[str, ...] = (), syncs: Syncs | None = None, staged: bool = False,
                  index_dtype: torch.dtype | None = None) -> Callable[[StepFn], StepFn]:
-    """Register the decorated function as step variant `name`; its docstring's first line describes it.
-    `syncs`: its host syncs on the calling thread (per step when batched, else per request), when not what
-    `moves` implies; `staged`: it returns its readback (module doc); `index_dtype`: the dtype of the page
-    indices it hands over, when it fixes it."""
+    """Register the decorated function as step variant `name`, as `variant` does; `syncs` per step when batched,
+    else per request; `staged`: it returns its readback (module doc); `index_dtype`: the dtype of the page indices
+    it hands over, when it fixes it."""
     check_declared(name, requires, extras)
 
     def register(fn: StepFn) -> StepFn:
-        doc = inspect.getdoc(fn)
-        if not doc:
-            raise ValueError(f"step variant {name!r} needs a docstring: its first line is the description")
+        doc = described("step variant", name, fn)
         _register(StepVariant(name, fn, doc.splitlines()[0], doc, moves, batched, tuple(requires), fn.__module__,
                               tuple(extras), moves.syncs if syncs is None else syncs, staged,
                               None if index_dtype is None else index_dtype.itemsize))
@@ -243,9 +227,8 @@ class Stamps:
 
 def step_call(variant: StepVariant, finish: Callable[[Arrays], Arrays], transfer_thread: ThreadPoolExecutor,
               stamps: Stamps, forward: Callable[[], None]) -> Callable[[Sequence[torch.Tensor], int], Arrays]:
-    """One request or step as the scheduler makes it (its device work before the forward, `forward()`, the
-    readback: the module doc), stamping when it is unblocked and when the data is ready, less the
-    forward's launch."""
+    """One request or step in the scheduler's order (module doc), stamping when it is unblocked and when the data
+    is ready, less the forward's launch."""
 
     def wait_in_thread(pending: Pending) -> tuple[Arrays, float]:
         arrays = finish(pending.wait())
@@ -334,11 +317,9 @@ def deferred_device_stride(kv_slices: Sequence[torch.Tensor], page_size: int) ->
 
     Source: SGLang main after 0.5.23, test/registered/unit/disaggregation/test_deferred_metadata_flush.py: the
     inline readback "sits on the scheduler stream, which the WAR barrier fences behind the in-flight forward, so
-    it stalled the very path that has to launch the next forward". So the step's page indices are computed on
-    the device (int32, as `_page_indices_device`) and an event is recorded after them; the next forward is
-    launched; then `flush_pending_metadata()` reads them back on a private stream that waits only on that event,
-    into pinned memory (the device tensor kept alive for the copy by `record_stream`), and the send waits only
-    for that stream, on the transfer thread.
+    it stalled the very path that has to launch the next forward". So the page indices are computed on the device
+    (int32, as `_page_indices_device`), the next forward is launched, then `flush_pending_metadata()` reads them
+    back into pinned memory on a private stream that waits only for them, and the send waits on the transfer thread.
     Hypothesis: the scheduler thread is not blocked at all, not even behind the forward it just launched, and
     the indices are on the host without waiting for that forward (ready shorter than the forward); bytes as
     `batched_device_stride`, in int32. On a CPU run there are no streams: indices, forward and readback run in

@@ -6,10 +6,9 @@ Add one as a decorated function at the bottom of this file; its docstring's firs
     @variant("my_variant", moves=Moves.PAGES)
     def my_variant(kv_indices: torch.Tensor, page_size: int) -> np.ndarray: ...
 
-The benchmarks, the CLI and the tests read this registry. Bodies stay literal: calling through the registry
-checks the arguments, and the harness checks them once per point, outside anything timed. A variant declares its
-host syncs per call (`syncs=Syncs(cuda, cpu)`; by default one when it moves anything) and any extra inputs
-(`extras=("host_pages",)`, from `EXTRA_INPUTS`, built with the pool and passed by keyword).
+Bodies stay literal: calling through the registry checks the arguments, and the harness checks them once per
+point, outside anything timed. A variant may declare its host syncs per call (`syncs=Syncs(cuda, cpu)`; by
+default one when it moves anything) and extra inputs (`extras=("host_pages",)`, from `EXTRA_INPUTS`).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvpages.core.checks import check_page_size
+from kvpages.core.checks import check_positive
 
 VariantFn = Callable[..., np.ndarray]
 """`fn(kv_indices, page_size, **extras) -> page indices on the host`."""
@@ -57,11 +56,8 @@ class Moves(enum.Enum):
 
 @dataclass(frozen=True)
 class Syncs:
-    """How often one call makes the calling (scheduler) thread wait for the device: its expected `host_syncs`.
-
-    `cuda`: on CUDA, where the meter counts the waits themselves; `cpu`: on a CPU run, where it counts the
-    blocking hand-offs to the host, the ones that would wait on a device (kvpages.measure.meter).
-    """
+    """How often one call makes the calling (scheduler) thread wait for the device: its expected `host_syncs` on
+    CUDA and on a CPU run, where the meter counts the blocking hand-offs instead (kvpages.measure.meter)."""
 
     cuda: int
     cpu: int
@@ -76,12 +72,8 @@ NO_SYNC = Syncs(cuda=0, cpu=0)
 
 @dataclass(frozen=True)
 class HostPages:
-    """Where one request slice's page indices lie in the host-side page table (`host_pages` extra input).
-
-    `table[row, page]` is the page index of page `page` of the request in pool row `row` (a
-    numpy array the workload fills when it builds the pool, as a scheduler that kept a host
-    mirror of `req_to_token` would); the slice starts at page `first_page` of its request.
-    """
+    """Where one request slice's page indices lie in the host-side page table (`host_pages` extra input):
+    `table[row, page]` is page `page` of the request in pool row `row`; the slice starts at page `first_page`."""
 
     table: np.ndarray
     row: int
@@ -135,13 +127,11 @@ class Variant:
     moves: Moves
     requires: tuple[str, ...]
     extras: tuple[str, ...] = ()
-    """Extra inputs (names from EXTRA_INPUTS) the function takes by keyword."""
     syncs: Syncs = ONE_SYNC
-    """Its host syncs per call (the decorator's default follows `moves`)."""
 
     def __call__(self, kv_indices: torch.Tensor, page_size: int, **extras: Any) -> np.ndarray:
         check_kv_indices(kv_indices)
-        check_page_size(page_size)
+        check_positive("page_size", page_size)
         if set(extras) != set(self.extras):
             raise TypeError(f"variant {self.name!r} takes the extra inputs {', '.join(self.extras) or 'none'}, "
                             f"got {', '.join(extras) or 'none'}")
@@ -187,14 +177,20 @@ def variant(name: str, *, moves: Moves, requires: tuple[str, ...] = (), extras: 
     check_declared(name, requires, extras)
 
     def decorate(fn: VariantFn) -> VariantFn:
-        doc = inspect.getdoc(fn)
-        if not doc:
-            raise ValueError(f"variant {name!r} needs a docstring: its first line is the description")
+        doc = described("variant", name, fn)
         register(Variant(name, fn, doc.splitlines()[0], doc, moves, tuple(requires), tuple(extras),
                          moves.syncs if syncs is None else syncs))
         return fn
 
     return decorate
+
+
+def described(what: str, name: str, fn: Callable) -> str:
+    """The docstring of a (step) variant's function, which it must have: its first line is the description."""
+    doc = inspect.getdoc(fn)
+    if not doc:
+        raise ValueError(f"{what} {name!r} needs a docstring: its first line is the description")
+    return doc
 
 
 def variant_names() -> tuple[str, ...]:
