@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvpages.core.names import case_id
 from kvpages.core.options import BenchOptions, crosscheck_enabled
 from kvpages.core.scenarios import StepScenario
 from kvpages.measure import breakdown as where_time_goes
@@ -91,7 +92,7 @@ class SweepPlan:
         """The (target, variant)s of the `selected` blocks, in run order, each target's in variant order."""
         ids = {b.case_id for b in selected}
         targets = dict.fromkeys(b.target for b in self.point_blocks + self.scenario_blocks if b.case_id in ids)
-        return [(t, v) for t in targets for v in self.variants_of(t) if f"{v}-{t.id}" in ids]
+        return [(t, v) for t in targets for v in self.variants_of(t) if case_id(v, t.id) in ids]
 
 
 WORKER_START_S = 45.0
