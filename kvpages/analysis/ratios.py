@@ -1,9 +1,7 @@
 """Analyse a run once: every variant against the baseline, crossovers, the fastest variants, the noise floor.
 
-`analyze(run)` computes one typed `Analysis` of a run (every variant against the baseline with
-repetition-level confidence intervals, the crossovers, the fastest variants per point, the noise
-floor, the whole requests and steps); the renderers only format it. Every figure comes from a
-run's files (kvpages.schema.reader). No torch import.
+`analyze(run)` computes one typed `Analysis` from a run's files (kvpages.schema.reader), the whole requests and steps
+included; the renderers only format it. No torch import.
 """
 
 from __future__ import annotations
@@ -43,12 +41,9 @@ NOISY_SPREAD = 0.10
 
 POINT_COLUMNS = ("dtype", "layout", "page_size", "seq_len")
 
-
-
-
 Record = dict[str, Any]
-"""One row of results.csv or scenarios.csv as a dict (`DataFrame.to_dict("records")`): the analysis walks
-hundreds of rows, and a pandas row (`iterrows`) costs a hundred times more to make."""
+"""One row of results.csv or scenarios.csv as a dict (`DataFrame.to_dict("records")`): a pandas row (`iterrows`)
+costs a hundred times more to make, and the analysis walks hundreds."""
 
 
 def records(frame: pd.DataFrame) -> list[Record]:
@@ -58,47 +53,38 @@ def records(frame: pd.DataFrame) -> list[Record]:
 def estimate(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | None = None) -> Paired | None:
     """The one estimator (kvpages.core.estimator.paired_ratio) of a pair, once per run; None without samples of the
     same repetitions for both (keys: row keys, or (scenario, variant) with a `latency`)."""
-    return run.cached(("estimate", baseline_key, variant_key, latency),
-                      lambda: _estimate(run, baseline_key, variant_key, latency))
+    def compute() -> Paired | None:
+        base, other = levels(run, baseline_key, latency), levels(run, variant_key, latency)
+        if base is None or other is None or not np.array_equal(base.processes, other.processes):
+            return None
+        found = paired_ratio(base, other)
+        if base.process_count < min(2, run.process_count):  # a row an interruption cut short to fewer processes
+            return dataclasses.replace(found, interval=unknown(found.interval.ratio, found.repetitions), p_value=1.0)
+        return found
 
-
-def _estimate(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | None) -> Paired | None:
-    base, other = levels(run, baseline_key, latency), levels(run, variant_key, latency)
-    if base is None or other is None or not np.array_equal(base.processes, other.processes):
-        return None
-    found = paired_ratio(base, other)
-    if base.process_count < min(2, run.process_count):  # a row an interruption cut short to fewer processes
-        return dataclasses.replace(found, interval=unknown(found.interval.ratio, found.repetitions), p_value=1.0)
-    return found
+    return run.cached(("estimate", baseline_key, variant_key, latency), compute)
 
 
 @dataclass(frozen=True)
 class _Pair:
-    """A variant's row against the baseline's at one point, before the family is judged."""
+    """A variant's row against the baseline's at one point, before the family is judged; `found` None: a bare CSV's
+    medians, with no repetitions to judge from."""
 
     variant: Record
     baseline: Record
-    interval: Interval
-    p_value: float
     found: Paired | None
 
     @property
-    def times(self) -> tuple[float, float]:
-        if self.found is None:  # a bare CSV's medians
-            return float(self.variant["median_us"]), float(self.baseline["median_us"])
-        return self.found.variant_us, self.found.baseline_us
-
-
-def _pair(run: Run, variant: Record, baseline: Record) -> _Pair:
-    found = estimate(run, row_key(baseline), row_key(variant))
-    if found is None:  # a bare CSV has no repetitions to judge from
-        return _Pair(variant, baseline, unknown(float(variant["median_us"] / baseline["median_us"]), 0), 1.0, None)
-    return _Pair(variant, baseline, found.interval, found.p_value, found)
+    def interval(self) -> Interval:
+        if self.found is None:
+            return unknown(float(self.variant["median_us"] / self.baseline["median_us"]), 0)
+        return self.found.interval
 
 
 def _ratio(pair: _Pair, effect: float, q_value: float) -> RatioRow:
     variant, baseline, interval, found = pair.variant, pair.baseline, pair.interval, pair.found
-    variant_us, baseline_us = pair.times
+    variant_us, baseline_us = ((float(variant["median_us"]), float(baseline["median_us"])) if found is None
+                               else (found.variant_us, found.baseline_us))
     name, base = str(variant["variant"]), str(baseline["variant"])
     dtype, layout, seq_len, page_size = (str(variant["dtype"]), str(variant["layout"]), int(variant["seq_len"]),
                                          int(variant["page_size"]))
@@ -317,9 +303,6 @@ class Analysis:
         band = self.scenario_band(str(row["scenario"]), str(row["variant"]), latency)
         return float(row[f"{latency}_median_us"]) if band is None else band.ratio
 
-    def ratios_frame(self) -> pd.DataFrame:
-        return pd.DataFrame([r.__dict__ for r in self.ratios])
-
 
 def analyze(run: Run, baseline: str | None = None) -> Analysis:
     """Analyse `run` once: every timed variant against `baseline` (None: the run's own, --kv-baseline) at every point
@@ -341,11 +324,11 @@ def analyze(run: Run, baseline: str | None = None) -> Analysis:
             continue
         for row in sorted(at, key=lambda r: variant_sort_key(r["variant"])):
             if row["variant"] != baseline:
-                pairs.append(_pair(run, row, base))
+                pairs.append(_Pair(row, base, estimate(run, row_key(base), row_key(row))))
     half_width = finite_median([(p.interval.ci_high - p.interval.ci_low) / 2 / p.interval.ratio
                                 for p in pairs if p.interval.known])
     effect = min_effect(half_width)
-    qvalues = bh_adjusted([p.p_value for p in pairs])
+    qvalues = bh_adjusted([1.0 if p.found is None else p.found.p_value for p in pairs])
     ratios = tuple(_ratio(p, effect, q) for p, q in zip(pairs, qvalues, strict=True))
     best = {key: fastest(run, [r for r in at if r["variant"] != FLOOR] or at, effect)
             for key, at in points.items()}  # the zero-D2H floor is a reference, not a contender

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvpages.analysis.cite import fraction, sig
 from kvpages.analysis.findings import findings
 from kvpages.analysis.noise import components_text, efficiency
 from kvpages.analysis.ratios import NOISY_SPREAD, Analysis
@@ -24,7 +25,7 @@ from kvpages.render.breakdown import breakdown_section, breakdown_summary, floor
 from kvpages.render.captions import caption
 from kvpages.render.evidence import crossover_table, model_section, per_call_table, scenario_table
 from kvpages.render.ranks import render_ranks
-from kvpages.render.text import ci_text, count, coverage, fraction, ratio_text, table, us
+from kvpages.render.text import ci_text, count, coverage, table
 from kvpages.schema.ranks import CONTENTION_COLUMNS, CONTENTION_CSV
 from kvpages.schema.rows import (
     NOISY_CSV,
@@ -148,7 +149,7 @@ def results_section(analysis: Analysis) -> str:
             if (r.dtype, r.layout, r.page_size) == (dtype, layout, page_size):
                 best = analysis.fastest.get((dtype, layout, page_size, r.seq_len), ())
                 rows.append([r.seq_len, count(r.baseline_d2h_bytes), count(r.variant_d2h_bytes), fraction(r.bytes_ratio),
-                             us(r.baseline_median_us), us(r.variant_median_us), ratio_text(r), ci_text(r), r.verdict,
+                             sig(r.baseline_median_us), sig(r.variant_median_us), sig(r.ratio), ci_text(r), r.verdict,
                              " ≈ ".join(best), f"`{r.id}`"])
         if rows:
             b = called(analysis.baseline)
@@ -179,7 +180,7 @@ def scenario_main(analysis: Analysis) -> str:
         b = {**base.loc[r["scenario"]].to_dict(), "scenario": r["scenario"]}
         size = f"{r['tokens']} tokens" if r["kind"] == "request" else f"{r['requests']} requests"
         rows.append([r["kind"], r["side"], r["page_size"], size, f"{count(b['d2h_bytes'])} → {count(r['d2h_bytes'])}",
-                     f"{us(analysis.scenario_time(b))} → {us(analysis.scenario_time(r))}",
+                     f"{sig(analysis.scenario_time(b))} → {sig(analysis.scenario_time(r))}",
                      ratio_cell(analysis, r["scenario"], STEP_CANDIDATE, "blocked"), f"`{r['id']}`"])
     what = "blocked = ready µs" if same_latencies(analysis) else "blocked µs"
     lead = (f"Measured over whole requests (every call, prefill chunks of the chunk size; decode one call and "
