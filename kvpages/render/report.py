@@ -27,6 +27,7 @@ from kvpages.render.evidence import crossover_table, model_section, per_call_tab
 from kvpages.render.ranks import render_ranks
 from kvpages.render.text import ci_text, count, coverage, table
 from kvpages.schema.ranks import CONTENTION_COLUMNS, CONTENTION_CSV
+from kvpages.schema.reader import Run
 from kvpages.schema.rows import (
     NOISY_CSV,
     PARTIAL,
@@ -64,8 +65,7 @@ def method_text(analysis: Analysis) -> str:
     )
 
 
-def environment_paragraph(analysis: Analysis) -> str:
-    run = analysis.run
+def environment_paragraph(run: Run) -> str:
     if run.meta is None:
         return f"Run {run.run_id} on {run.device_name}; no meta.json beside the CSV, so the environment is unknown."
     m, e = run.meta, run.meta.environment
@@ -212,7 +212,7 @@ def where_the_time_goes(analysis: Analysis) -> str:
 def render(analysis: Analysis) -> str:
     run = analysis.run
     if run.ranks is not None:
-        return render_ranks(analysis, environment_paragraph(analysis))
+        return render_ranks(analysis, environment_paragraph(run))
     command = run.meta.command if run.meta else "(unknown: no meta.json)"
     where = "CPU run: no link crossed" if not run.link_crossed else "CUDA run"
     names = f"Names: **pre-PR** = `{BASELINE}`, {LABELS[BASELINE]}; **merged PR** = `{CANDIDATE}`, {LABELS[CANDIDATE]}."
@@ -238,7 +238,7 @@ def render(analysis: Analysis) -> str:
         "### The link model\n\n" + model_section(analysis),
         "## Method and caveats\n\n" + method_text(analysis) + "\n\n" + noise_paragraph(analysis) + "\n\n"
         + ("\n".join(f"- {c}" for c in caveats(analysis)) or "- no caveats"),
-        "## Environment and reproduce\n\n" + environment_paragraph(analysis) + f"\n\n```\n{command}\n```\n\nEach row "
+        "## Environment and reproduce\n\n" + environment_paragraph(run) + f"\n\n```\n{command}\n```\n\nEach row "
         f"of `results.csv` re-runs one variant (`repro`); each row of `{RATIOS_CSV}` and `{SCENARIO_RATIOS_CSV}` re-runs "
         f"its pair, interleaved as in the run. Every table in full: [{APPENDIX_MD}]({APPENDIX_MD}).",
     ]

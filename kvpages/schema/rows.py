@@ -49,6 +49,11 @@ def timing_columns(row_type: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields(row_type) if f.metadata.get("timing"))
 
 
+def typed_columns(row_type: type, kind: str) -> tuple[str, ...]:
+    """The columns of a row type whose values are `kind` ('int' or 'float', missing or not), from its annotations."""
+    return tuple(f.name for f in fields(row_type) if str(f.type).partition(" |")[0] == kind)
+
+
 class _Status:
     """A row whose `status` is checked when it is made."""
 
@@ -57,6 +62,48 @@ class _Status:
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"unknown row status {self.status!r}; valid: {', '.join(STATUSES)}")
+
+
+@dataclass(frozen=True)
+class Table:
+    """One kind of row in a run folder: its rows file and row type, its samples file and samples type."""
+
+    rows_csv: str
+    samples_csv: str
+    row_type: type
+    sample_type: type[SampleSet] | type[ScenarioSampleSet] | type[RankSampleSet]
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return columns(self.row_type)
+
+    @property
+    def sample_columns(self) -> tuple[str, ...]:
+        """The samples type's fields, with `rounds` (the length of each series) before the first series."""
+        names = columns(self.sample_type)
+        first = next(i for i, f in enumerate(fields(self.sample_type)) if str(f.type).startswith("tuple"))
+        return names[:first] + ("rounds",) + names[first:]
+
+    def samples_from(self, fields_: dict[str, object]) -> Samples:
+        """A samples record of this table from its fields (as `dataclasses.asdict` gave them, lists for tuples)."""
+        return self.sample_type(**{k: tuple(v) if isinstance(v, list) else v  # type: ignore[arg-type]
+                                   for k, v in fields_.items()})
+
+
+@dataclass(frozen=True)
+class SampleSet:
+    """The raw per-round times of one timed block: repetition `repetition` of a row, the
+    `order`-th block the run timed, in process `process` (an index into meta.json's processes)."""
+
+    variant: str
+    dtype: str
+    layout: str
+    seq_len: int
+    page_size: int
+    repetition: int
+    order: int
+    process: int
+    samples_us: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -94,20 +141,28 @@ class Row(_Status):
     repro: str = ""
 
 
-@dataclass(frozen=True)
-class SampleSet:
-    """The raw per-round times of one timed block: repetition `repetition` of a row, the
-    `order`-th block the run timed, in process `process` (an index into meta.json's processes)."""
+POINTS = Table(RESULTS_CSV, SAMPLES_CSV, Row, SampleSet)
 
+
+@dataclass(frozen=True)
+class StepBlock:
+    """A timed block of a (scenario, step variant), numbered as SampleSet's."""
+
+    scenario: str
     variant: str
-    dtype: str
-    layout: str
-    seq_len: int
-    page_size: int
     repetition: int
     order: int
     process: int
-    samples_us: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ScenarioSampleSet(StepBlock):
+    """One timed block of a (scenario, step variant): per round, blocked and ready microseconds."""
+
+    blocked_us: tuple[float, ...]
+    ready_us: tuple[float, ...]
+    busy_us: tuple[float, ...] = ()
+    """Per round, the device busy time queued before it (busy-queue scenarios on CUDA; else empty)."""
 
 
 @dataclass(frozen=True)
@@ -159,19 +214,19 @@ class ScenarioRow(_Status):
         object.__setattr__(self, "id", scenario_row_id(self.scenario, self.variant))
 
 
-@dataclass(frozen=True)
-class ScenarioSampleSet:
-    """One timed block of a (scenario, step variant): per round, blocked and ready microseconds."""
+SCENARIOS = Table(SCENARIOS_CSV, SCENARIO_SAMPLES_CSV, ScenarioRow, ScenarioSampleSet)
 
-    scenario: str
-    variant: str
-    repetition: int
-    order: int
-    process: int
+
+@dataclass(frozen=True)
+class RankSampleSet(StepBlock):
+    """One timed block of a (scenario, step variant) of a multi-rank run, as one role (and rank) saw it."""
+
+    role: str
+    rank: int | None
     blocked_us: tuple[float, ...]
     ready_us: tuple[float, ...]
-    busy_us: tuple[float, ...] = ()
-    """Per round, the device busy time queued before it (busy-queue scenarios on CUDA; else empty)."""
+    skew_us: tuple[float, ...] = ()
+    """Per round (step lines): the last rank's start minus the first's."""
 
 
 @dataclass(frozen=True)
@@ -210,21 +265,8 @@ class RankRow(_Status):
     repro: str = ""
 
 
-@dataclass(frozen=True)
-class RankSampleSet:
-    """One timed block of a (scenario, step variant) of a multi-rank run, as one role (and rank) saw it."""
-
-    scenario: str
-    variant: str
-    repetition: int
-    order: int
-    process: int
-    role: str
-    rank: int | None
-    blocked_us: tuple[float, ...]
-    ready_us: tuple[float, ...]
-    skew_us: tuple[float, ...] = ()
-    """Per round (step lines): the last rank's start minus the first's."""
+RANKS = Table(RANKS_CSV, RANK_SAMPLES_CSV, RankRow, RankSampleSet)
+TABLES = {table.rows_csv: table for table in (POINTS, SCENARIOS, RANKS)}
 
 
 Samples = SampleSet | ScenarioSampleSet | RankSampleSet
@@ -309,43 +351,6 @@ def ratio_id(variant: str, baseline: str, dtype: str, layout: str, seq_len: int,
 def scenario_row_id(scenario: str, variant: str) -> str:
     """A scenarios.csv row's stable id: <scenario>:<variant> (brackets made shell-safe)."""
     return f"{scenario}:{_id_part(variant)}"
-
-
-def typed_columns(row_type: type, kind: str) -> tuple[str, ...]:
-    """The columns of a row type whose values are `kind` ('int' or 'float', missing or not), from its annotations."""
-    return tuple(f.name for f in fields(row_type) if str(f.type).partition(" |")[0] == kind)
-
-
-@dataclass(frozen=True)
-class Table:
-    """One kind of row in a run folder: its rows file and row type, its samples file and samples type."""
-
-    rows_csv: str
-    samples_csv: str
-    row_type: type
-    sample_type: type[SampleSet] | type[ScenarioSampleSet] | type[RankSampleSet]
-
-    @property
-    def columns(self) -> tuple[str, ...]:
-        return columns(self.row_type)
-
-    @property
-    def sample_columns(self) -> tuple[str, ...]:
-        """The samples type's fields, with `rounds` (the length of each series) before the first series."""
-        names = columns(self.sample_type)
-        first = next(i for i, f in enumerate(fields(self.sample_type)) if str(f.type).startswith("tuple"))
-        return names[:first] + ("rounds",) + names[first:]
-
-    def samples_from(self, fields_: dict[str, object]) -> Samples:
-        """A samples record of this table from its fields (as `dataclasses.asdict` gave them, lists for tuples)."""
-        return self.sample_type(**{k: tuple(v) if isinstance(v, list) else v  # type: ignore[arg-type]
-                                   for k, v in fields_.items()})
-
-
-POINTS = Table(RESULTS_CSV, SAMPLES_CSV, Row, SampleSet)
-SCENARIOS = Table(SCENARIOS_CSV, SCENARIO_SAMPLES_CSV, ScenarioRow, ScenarioSampleSet)
-RANKS = Table(RANKS_CSV, RANK_SAMPLES_CSV, RankRow, RankSampleSet)
-TABLES = {table.rows_csv: table for table in (POINTS, SCENARIOS, RANKS)}
 
 
 def _spaced(values: tuple[float, ...]) -> str:
