@@ -1,9 +1,7 @@
-"""The `kvpages` command: list variants and options; plot, report, summarize, cite, compare and noise-check run folders; set
-machines side by side (fleet).
+"""The `kvpages` command: list, report on, compare and set side by side the variants, options and runs.
 
-Only `list` imports torch (it reads the variant registry); the analysis commands
-need only pandas, and `plot` matplotlib: each command imports what it uses, when it
-runs. User errors print one line and exit 2.
+Only `list` imports torch (it reads the variant registry); each command imports what it uses, when it runs. User
+errors print one line and exit 2.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Citations: the pair repro command of a ratio, and `kvpages cite RUN ID`'s one line (no torch).
 
-A row's `repro` (results.csv, scenarios.csv) re-runs that variant alone. A ratio needs the pair: the
-same command with the variant selection widened to (variant, baseline), so the two run interleaved in
-every repetition as in the run. It is parsed back through the options table
-(kvpages.core.options.BenchOptions) and rendered again, so the flags are always the table's.
+A row's `repro` re-runs its variant alone; a ratio's re-runs the pair, interleaved as in the run: the row's command
+parsed back through the options table (kvpages.core.options.BenchOptions), widened to the pair and rendered again.
 """
 
 from __future__ import annotations

@@ -26,11 +26,8 @@ _LINK_MAX = re.compile(r"\(max ([^)]+)\)")
 
 @dataclass(frozen=True)
 class Machine:
-    """What tells machines apart: two runs whose identities are equal ran on one machine.
-
-    A run written before meta.json recorded the host has `hostname` None: runs of equal devices, drivers and
-    links from such runs cannot be told apart, and count as one machine.
-    """
+    """What tells machines apart: two runs whose identities are equal ran on one machine (runs whose `hostname` is
+    None, and whose devices, drivers and links are equal, count as one)."""
 
     device: str
     device_name: str
@@ -74,8 +71,7 @@ def _offsets(runs: Sequence[Run]) -> list[int]:
 
 
 def _processes(run: Run, offset: int) -> list[ProcessInfo]:
-    """A run's processes renumbered from `offset`; a run from before schema 3 recorded none, and stands as one
-    process whose timings are unknown (nan)."""
+    """A run's processes renumbered from `offset`; a run that lists none stands as one process of unknown timings."""
     if meta_of(run).processes:
         return [dataclasses.replace(p, index=p.index + offset) for p in meta_of(run).processes]
     return [ProcessInfo(offset, 0, "session", math.nan, math.nan, math.nan, sum(len(b) for b in run.samples.values()))]

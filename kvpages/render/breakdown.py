@@ -1,8 +1,5 @@
-"""Where the time goes: the stacked chart and the report sections, from breakdown.csv (no torch).
-
-Bars stacked by the parts of one call's wall time as shares (kvpages.schema.breakdown.stack), labelled as profiled,
-not timed.
-"""
+"""Where the time goes: the stacked chart (shares of one call's wall time, kvpages.schema.breakdown.stack) and the
+report sections, from breakdown.csv (no torch)."""
 
 from __future__ import annotations
 

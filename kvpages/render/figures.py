@@ -1,9 +1,5 @@
-"""How every chart makes, titles and saves a figure (no torch).
-
-Matplotlib's object-oriented API on the Agg canvas, without pyplot: no backend to choose, no global list of open
-figures to close, and nothing of it is imported by the commands that draw nothing (`kvpages report` reads the
-charts' names, not their pixels).
-"""
+"""How every chart makes, titles and saves a figure (no torch): matplotlib's object-oriented API on the Agg canvas,
+without pyplot (no backend to choose, no global list of open figures to close)."""
 
 from __future__ import annotations
 

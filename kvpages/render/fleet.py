@@ -13,9 +13,9 @@ from kvpages.analysis.cite import interval_of
 from kvpages.analysis.findings import Finding, findings
 from kvpages.analysis.fleet import Fleet, Matched, Member, Missing, sweep_of
 from kvpages.analysis.machines import meta_of
-from kvpages.core.names import BASELINE, CANDIDATE, LABELS
+from kvpages.core.names import BASELINE
 from kvpages.render.fleet_chart import CHART_CAPTION, CHART_PNG, plot_fleet
-from kvpages.render.text import coverage, interval_cell, table
+from kvpages.render.text import NAMES, coverage, interval_cell, table
 from kvpages.schema.reader import RunError
 from kvpages.schema.rows import RATIOS_CSV, SCENARIO_RATIOS_CSV, RatioRow, ratio_id, scenario_row_id
 from kvpages.schema.writer import write_atomic
@@ -178,9 +178,8 @@ def missing_section(fleet: Fleet) -> str:
 
 
 def render(fleet: Fleet) -> str:
-    names = f"Names: **pre-PR** = `{BASELINE}`, {LABELS[BASELINE]}; **merged PR** = `{CANDIDATE}`, {LABELS[CANDIDATE]}."
     sections = [
-        f"# kvpages fleet: {len(fleet.members)} machines, {fleet.run_count} runs\n\n{names}",
+        f"# kvpages fleet: {len(fleet.members)} machines, {fleet.run_count} runs\n\n{NAMES}",
         "## Machines\n\n" + machines_section(fleet),
         "## Findings per machine\n\n" + findings_section(fleet),
         f"## Chart\n\n![{CHART_PNG}]({CHART_PNG})\n\n*{CHART_CAPTION}*",

@@ -12,7 +12,7 @@ from kvpages.analysis.findings import findings
 from kvpages.analysis.noise import components_text, efficiency
 from kvpages.analysis.ratios import NOISY_SPREAD, Analysis
 from kvpages.analysis.verdicts import FDR, MIN_EFFECT_FLOOR
-from kvpages.core.names import BASELINE, CANDIDATE, LABELS, STEP_CANDIDATE, called, label, per_request_of
+from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, label, per_request_of
 from kvpages.render.appendix import (
     groups,
     link_model_section,
@@ -25,7 +25,7 @@ from kvpages.render.breakdown import breakdown_section, breakdown_summary, floor
 from kvpages.render.captions import caption
 from kvpages.render.evidence import crossover_table, model_section, per_call_table, scenario_table
 from kvpages.render.ranks import render_ranks
-from kvpages.render.text import ci_text, count, coverage, table
+from kvpages.render.text import NAMES, ci_text, count, coverage, table
 from kvpages.schema.ranks import CONTENTION_COLUMNS, CONTENTION_CSV
 from kvpages.schema.reader import Run
 from kvpages.schema.rows import (
@@ -196,17 +196,11 @@ def scenario_main(analysis: Analysis) -> str:
                                   f"ratio [{coverage(analysis)}] verdict", "id"], rows)
 
 
-def charts_section(analysis: Analysis, folder: Path | None = None) -> str:
+def charts_section(analysis: Analysis) -> str:
     order = ("bytes", "link_model", "latency", "ratio", "scenario_requests", "scenario_steps", "scenario_busy")
-    charts = sorted((p.name for p in (folder or analysis.run.path).glob("*.png")),  # the questions' order
+    charts = sorted((p.name for p in analysis.run.path.glob("*.png")),  # the questions' order
                     key=lambda n: (next((i for i, o in enumerate(order) if n.startswith(o)), len(order)), n))
     return "\n\n".join(f"![{name}]({name})\n*{caption(analysis, name)}*" for name in charts)
-
-
-def where_the_time_goes(analysis: Analysis) -> str:
-    """At most a few lines beside the breakdown chart; the table is in the appendix."""
-    text = breakdown_summary(analysis)
-    return f"{text} The table is in [{APPENDIX_MD}]({APPENDIX_MD}#where-the-time-goes)." if text else ""
 
 
 def render(analysis: Analysis) -> str:
@@ -215,7 +209,7 @@ def render(analysis: Analysis) -> str:
         return render_ranks(analysis, environment_paragraph(run))
     command = run.meta.command if run.meta else "(unknown: no meta.json)"
     where = "CPU run: no link crossed" if not run.link_crossed else "CUDA run"
-    names = f"Names: **pre-PR** = `{BASELINE}`, {LABELS[BASELINE]}; **merged PR** = `{CANDIDATE}`, {LABELS[CANDIDATE]}."
+    names = NAMES
     if analysis.baseline != BASELINE:
         names += f" **Baseline** (--kv-baseline): `{analysis.baseline}`; every ratio is against it."
     sections = [
@@ -231,9 +225,10 @@ def render(analysis: Analysis) -> str:
     scenarios = scenario_table(analysis)
     if scenarios:
         sections.append("### Per request and per step\n\n" + scenarios)
-    time_goes = where_the_time_goes(analysis)
+    time_goes = breakdown_summary(analysis)  # a few lines beside the chart; the table is in the appendix
     if time_goes:
-        sections.append("### Where the time goes\n\n" + time_goes)
+        sections.append(f"### Where the time goes\n\n{time_goes} The table is in [{APPENDIX_MD}]({APPENDIX_MD}"
+                        "#where-the-time-goes).")
     sections += [
         "### The link model\n\n" + model_section(analysis),
         "## Method and caveats\n\n" + method_text(analysis) + "\n\n" + noise_paragraph(analysis) + "\n\n"

@@ -7,9 +7,13 @@ from collections.abc import Sequence
 
 from kvpages.analysis.cite import coverage_text, sig
 from kvpages.analysis.ratios import Analysis
+from kvpages.core.names import BASELINE, CANDIDATE, LABELS
 from kvpages.core.stats import Interval
 from kvpages.schema.ranks import ContentionRow
 from kvpages.schema.rows import RatioRow
+
+NAMES = f"Names: **pre-PR** = `{BASELINE}`, {LABELS[BASELINE]}; **merged PR** = `{CANDIDATE}`, {LABELS[CANDIDATE]}."
+"""What a report or a fleet report says first: the two variants its questions are about."""
 
 
 def table(header: list[str], rows: Sequence[Sequence[object]]) -> str:

@@ -1,8 +1,6 @@
 """Reads a run folder back (kvpages.schema.rows), validating it: what every analysis starts from (no torch).
 
-`load_run(path)` returns a `Run`: results.csv and scenarios.csv as typed frames, their raw
-samples by row, and meta.json. A folder that was edited, mixed up or is not a run is refused
-with a `RunError` naming the file and what is wrong.
+A folder that was edited, mixed up or is not a run is refused with a `RunError` naming the file and what is wrong.
 """
 
 from __future__ import annotations

@@ -169,10 +169,9 @@ class ScenarioSampleSet(StepBlock):
 class ScenarioRow(_Status):
     """One (scenario, step variant): a whole request (all its calls) or a whole scheduler step, measured as one.
 
-    Bytes, transfers and host syncs per request or step, as the meter counted them; latencies per request or
-    step in microseconds: `blocked` until the calling (scheduler) thread got control back, `ready`
-    until the page indices were usable on the host (equal, except for variants whose wait runs on
-    a transfer thread; on a CPU run always equal).
+    Bytes, transfers and host syncs per request or step, as the meter counted them; latencies in microseconds per
+    request or step: `blocked` until the calling (scheduler) thread got control back, `ready` until the page indices
+    were usable on the host (equal, except for variants whose wait runs on a transfer thread).
     """
 
     scenario: str

@@ -1,7 +1,5 @@
-"""Writes a run folder (kvpages.schema.rows): each finished block's samples and each finished row are
-appended to their CSV in one write, and meta.json is replaced atomically, so an interrupted run keeps
-every finished block and row, parseable. No torch import.
-"""
+"""Writes a run folder (kvpages.schema.rows): each finished block's samples and row are appended in one write, and
+meta.json is replaced atomically, so an interrupted run keeps every finished block and row, parseable (no torch)."""
 
 from __future__ import annotations
 
