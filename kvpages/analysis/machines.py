@@ -65,11 +65,6 @@ def meta_of(run: Run) -> RunMeta:
     return run.meta
 
 
-def _offsets(runs: Sequence[Run]) -> list[int]:
-    """Per run, the index of its first process in the pooled run."""
-    return [sum(r.process_count for r in runs[:i]) for i in range(len(runs))]
-
-
 def _processes(run: Run, offset: int) -> list[ProcessInfo]:
     """A run's processes renumbered from `offset`; a run that lists none stands as one process of unknown timings."""
     if meta_of(run).processes:
@@ -104,7 +99,7 @@ def pooled(runs: Sequence[Run]) -> Run:
     """One run of one machine's runs, pooled as repetitions (see the module docstring); one run is itself."""
     if len(runs) == 1:
         return runs[0]
-    offsets = _offsets(runs)
+    offsets = [sum(r.process_count for r in runs[:i]) for i in range(len(runs))]  # each run's first process
     processes: dict[tuple, tuple[int, ...]] = {}
     samples: dict[tuple, list[np.ndarray]] = {}
 

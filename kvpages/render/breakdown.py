@@ -11,7 +11,7 @@ from kvpages.analysis.cite import sig
 from kvpages.analysis.ratios import Analysis
 from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, variant_sort_key
 from kvpages.render.text import coverage, table
-from kvpages.schema.breakdown import CALLS, PASSES, STACK_PARTS, BreakdownRow, shares, stack
+from kvpages.schema.breakdown import CALLS, PASSES, STACK_PARTS, shares, stack
 
 PROFILED = (f"{PASSES} profiled passes of {CALLS} calls per case, the call of median wall time kept, in a process of "
             "its own after the timing: the profiler's overhead inflates every absolute time, so the shares are the "
@@ -83,10 +83,6 @@ def plot_breakdown(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) 
     return save(fig, out_dir / f"breakdown_{dtype}_{layout}", formats)
 
 
-def _share_cells(row: BreakdownRow) -> list[str]:
-    return [f"{share:.0%}" for _, share in shares(row)]
-
-
 def breakdown_section(analysis: Analysis) -> str:
     rows = sorted(analysis.breakdown, key=lambda r: (r.page_size, r.seq_len, variant_sort_key(r.variant)))
     if not rows:
@@ -98,7 +94,7 @@ def breakdown_section(analysis: Analysis) -> str:
         header += ["GPU kernel µs", "GPU copy µs", "copy bytes", "direction"]
     lines = []
     for r in rows:
-        cells = [r.page_size, r.seq_len, f"`{r.variant}`", sig(r.wall_us)] + _share_cells(r)
+        cells = [r.page_size, r.seq_len, f"`{r.variant}`", sig(r.wall_us)] + [f"{s:.0%}" for _, s in shares(r)]
         if cuda:
             cells += [sig(r.kernel_us or 0), sig(r.memcpy_us or 0), r.memcpy_bytes or 0,
                       r.memcpy_direction or "-"]

@@ -20,10 +20,6 @@ def time_word(analysis: Analysis) -> str:
     return "µs" if analysis.run.link_crossed else "host-side µs (no transfer)"
 
 
-def _predicted_cells(predictions) -> list[str]:
-    return [sig(p.ratio) for p in predictions]
-
-
 def _predicted_header(analysis: Analysis) -> list[str]:
     if analysis.run.link_crossed:
         return []
@@ -38,7 +34,7 @@ def per_call_table(analysis: Analysis, page_sizes: list[int] | None = None) -> s
         if (page_sizes is not None and r.page_size not in page_sizes) or (
                 page_sizes is None and r.seq_len not in (min(at), max(at))):
             continue
-        predicted = [] if analysis.run.link_crossed else _predicted_cells(point_predictions(analysis, r))
+        predicted = [] if analysis.run.link_crossed else [sig(p.ratio) for p in point_predictions(analysis, r)]
         rows.append([r.page_size, r.seq_len, fraction(r.bytes_ratio), sig(r.baseline_median_us), sig(r.variant_median_us),
                      f"{sig(r.ratio)} {ci_text(r)} {r.verdict}", *predicted, f"`{r.id}`"])
     word = time_word(analysis)
@@ -79,7 +75,7 @@ def scenario_table(analysis: Analysis) -> str:
         if r is None:
             continue
         size = f"L={row['tokens']}" if row["kind"] == "request" else f"B={row['requests']}"
-        predicted = [] if analysis.run.link_crossed else _predicted_cells(scenario_predictions(analysis, r))
+        predicted = [] if analysis.run.link_crossed else [sig(p.ratio) for p in scenario_predictions(analysis, r)]
         interval = ci_text(r.interval) if r.interval.known else "[n/a]"
         rows.append([f"{row['kind']} {row['side']}", size, row["variant"], count(row["d2h_bytes"]), row["d2h_transfers"],
                      sig(r.baseline_us), sig(r.variant_us), f"{sig(r.interval.ratio)} {interval} {r.verdict}",
