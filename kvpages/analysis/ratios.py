@@ -303,6 +303,10 @@ class Analysis:
         band = self.scenario_band(str(row["scenario"]), str(row["variant"]), latency)
         return float(row[f"{latency}_median_us"]) if band is None else band.ratio
 
+    def ratios_frame(self) -> pd.DataFrame:
+        """ratios.csv's table as a frame (the notebook's)."""
+        return pd.DataFrame([r.__dict__ for r in self.ratios])
+
 
 def analyze(run: Run, baseline: str | None = None) -> Analysis:
     """Analyse `run` once: every timed variant against `baseline` (None: the run's own, --kv-baseline) at every point
