@@ -268,19 +268,13 @@ class Analysis:
 
     @functools.cached_property
     def _ratio_index(self) -> dict[tuple, RatioRow]:
-        """The ratios by (variant, dtype, layout, page_size, seq_len), the first of each (the charts and the report
-        look up hundreds)."""
-        index: dict[tuple, RatioRow] = {}
-        for r in self.ratios:
-            index.setdefault((r.variant, r.dtype, r.layout, r.page_size, r.seq_len), r)
-        return index
+        """The ratios by (variant, dtype, layout, page_size, seq_len), one each (the charts and the report look up
+        hundreds)."""
+        return {(r.variant, r.dtype, r.layout, r.page_size, r.seq_len): r for r in self.ratios}
 
     @functools.cached_property
     def _scenario_index(self) -> dict[tuple, ScenarioRatio]:
-        index: dict[tuple, ScenarioRatio] = {}
-        for r in self.scenario_ratios:
-            index.setdefault((r.scenario, r.variant, r.latency), r)
-        return index
+        return {(r.scenario, r.variant, r.latency): r for r in self.scenario_ratios}
 
     def time_band(self, variant: str, dtype: str, layout: str, page_size: int, seq_len: int) -> Interval | None:
         """A variant's time at a point with its own interval (the tables' figure; a chart's marker and band)."""
