@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from kvpages.core.options import OPTIONS, BenchOptions
 from kvpages.core.stats import Interval
+from kvpages.schema.meta import Environment
 from kvpages.schema.rows import RatioRow, ScenarioRatioRow
 
 ANALYZE_FLAG = "--kv-analyze"
@@ -56,6 +57,13 @@ def sig(value: float, digits: int = 3) -> str:
         places -= 1
         rounded = round(value, places)
     return f"{rounded:,.{max(places, 0)}f}"
+
+
+def commit_text(environment: Environment) -> str | None:
+    """The run's commit as a citation gives it: its first 12 hex digits, '(dirty)' when the tree was; None without."""
+    if not environment.git_commit:
+        return None
+    return f"{environment.git_commit[:12]}{' (dirty)' if environment.git_dirty else ''}"
 
 
 def interval_text(i: Interval) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kvpages.analysis.cite import Citation, CiteError, fraction, interval_of, interval_text, sig
+from kvpages.analysis.cite import Citation, CiteError, commit_text, fraction, interval_of, interval_text, sig
 from kvpages.analysis.predict import (
     Prediction,
     crossover,
@@ -306,9 +306,7 @@ def _machine(analysis: Analysis) -> str:
 
 def _commit(analysis: Analysis) -> str:
     meta = analysis.run.meta
-    if meta is None or not meta.environment.git_commit:
-        return "commit unknown"
-    return f"commit {meta.environment.git_commit[:12]}{' (dirty)' if meta.environment.git_dirty else ''}"
+    return f"commit {(commit_text(meta.environment) if meta else None) or 'unknown'}"
 
 
 def cite(analysis: Analysis, row_id: str) -> Citation:

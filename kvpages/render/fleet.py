@@ -9,9 +9,9 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kvpages.analysis.cite import interval_of
+from kvpages.analysis.cite import commit_text, interval_of
 from kvpages.analysis.findings import Finding, findings
-from kvpages.analysis.fleet import Fleet, Matched, Member, Missing, sweep_of
+from kvpages.analysis.fleet import Fleet, Matched, Missing, sweep_of
 from kvpages.analysis.machines import meta_of
 from kvpages.core.names import BASELINE
 from kvpages.render.fleet_chart import CHART_CAPTION, CHART_PNG, plot_fleet
@@ -69,11 +69,6 @@ def _cell(values: list[object]) -> str:
     return " / ".join(shown)
 
 
-def _commit(member: Member) -> str:
-    return _cell([f"{e.git_commit[:12]}{' (dirty)' if e.git_dirty else ''}" if e.git_commit else None
-                  for e in (meta_of(r).environment for r in member.runs)])
-
-
 def machines_section(fleet: Fleet) -> str:
     members = fleet.members
     rows: list[list[str]] = [["runs"] + [", ".join(f"`{r.run_id}`" for r in m.runs) for m in members]]
@@ -81,7 +76,7 @@ def machines_section(fleet: Fleet) -> str:
              for what, name in ENVIRONMENT]
     noise = [m.analysis.noise for m in members]
     rows += [
-        ["git commit"] + [_commit(m) for m in members],
+        ["git commit"] + [_cell([commit_text(meta_of(r).environment) for r in m.runs]) for m in members],
         ["sweep"] + [_cell([sweep_of(meta_of(r)) for r in m.runs]) for m in members],
         ["repetitions, processes"] + [f"{n.repetitions} in {n.processes} process(es)" for n in noise],
         ["intervals"] + [coverage(m.analysis) for m in members],
