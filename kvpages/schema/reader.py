@@ -208,7 +208,7 @@ def load_run(path: str | Path) -> Run:
 
 
 def _read_ranks(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, list[RankSampleSet]] | None]:
-    """ranks.csv and rank_samples.csv of a multi-rank run; (None, None) for any other run."""
+    """ranks.csv and rank_samples.csv of a multi-rank run, checked as results.csv is; (None, None) for any other run."""
     path = folder / RANKS_CSV
     if not path.exists():
         return None, None
@@ -228,10 +228,9 @@ def _read_ranks(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, list[Ran
             raise RunError(f"{samples_path}: a repetition, process, rank or sample is not a number") from None
     for blocks in found.values():
         blocks.sort(key=lambda b: b.repetition)
-    for row in frame[frame["status"].isin(TIMED)].to_dict("records"):
-        key = (row["scenario"], row["variant"], row["role"], -1 if pd.isna(row["rank"]) else int(row["rank"]))
-        if key not in found:
-            raise RunError(f"{path}: row {' '.join(map(str, key[:3]))} has no samples in {RANK_SAMPLES_CSV}")
+    _check_medians(frame, {key: [np.asarray(b.blocked_us) for b in blocks] for key, blocks in found.items()},
+                   lambda r: (r["scenario"], r["variant"], r["role"], -1 if pd.isna(r["rank"]) else int(r["rank"])),
+                   "blocked_median_us", path, RANK_SAMPLES_CSV)
     return frame, found
 
 
