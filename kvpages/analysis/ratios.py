@@ -25,7 +25,7 @@ from kvpages.analysis.verdicts import (
     bh_adjusted,
     discoveries,
     judge,
-    min_effect,
+    judge_family,
 )
 from kvpages.core.estimator import Paired, mean_estimate, paired_ratio
 from kvpages.core.names import CANDIDATE, FLOOR, STEP_BASELINE, per_request_name, per_request_of, variant_sort_key
@@ -81,7 +81,7 @@ class _Pair:
         return self.found.interval
 
 
-def _ratio(pair: _Pair, effect: float, q_value: float) -> RatioRow:
+def _ratio(pair: _Pair, effect: float, q_value: float, verdict: str) -> RatioRow:
     variant, baseline, interval, found = pair.variant, pair.baseline, pair.interval, pair.found
     variant_us, baseline_us = ((float(variant["median_us"]), float(baseline["median_us"])) if found is None
                                else (found.variant_us, found.baseline_us))
@@ -96,7 +96,7 @@ def _ratio(pair: _Pair, effect: float, q_value: float) -> RatioRow:
         bytes_ratio=float(variant["d2h_bytes"] / baseline["d2h_bytes"]),
         variant_median_us=variant_us, baseline_median_us=baseline_us,
         variant_d2h_bytes=int(variant["d2h_bytes"]), baseline_d2h_bytes=int(baseline["d2h_bytes"]),
-        verdict=judge(interval, effect, discoveries([q_value])[0]), min_effect=effect, q_value=q_value,
+        verdict=verdict, min_effect=effect, q_value=q_value,
         repro=pair_repro(str(variant["repro"]), name, base),
         processes=0 if found is None else found.processes, interval_unit=interval.unit,
     )
@@ -323,11 +323,10 @@ def analyze(run: Run, baseline: str | None = None) -> Analysis:
         for row in sorted(at, key=lambda r: variant_sort_key(r["variant"])):
             if row["variant"] != baseline:
                 pairs.append(_Pair(row, base, estimate(run, row_key(base), row_key(row))))
-    half_width = finite_median([(p.interval.ci_high - p.interval.ci_low) / 2 / p.interval.ratio
-                                for p in pairs if p.interval.known])
-    effect = min_effect(half_width)
-    qvalues = bh_adjusted([1.0 if p.found is None else p.found.p_value for p in pairs])
-    ratios = tuple(_ratio(p, effect, q) for p, q in zip(pairs, qvalues, strict=True))
+    judged = judge_family([p.interval for p in pairs], [1.0 if p.found is None else p.found.p_value for p in pairs])
+    effect = judged.min_effect
+    ratios = tuple(_ratio(p, effect, q, verdict)
+                   for p, q, verdict in zip(pairs, judged.q_values, judged.verdicts, strict=True))
     best = {key: fastest(run, [r for r in at if r["variant"] != FLOOR] or at, effect)
             for key, at in points.items()}  # the zero-D2H floor is a reference, not a contender
     spreads = ok["rep_spread"].dropna()
@@ -339,7 +338,7 @@ def analyze(run: Run, baseline: str | None = None) -> Analysis:
         repetitions=repetitions,
         median_spread=float(spreads.median()) if len(spreads) else math.nan,
         max_spread=float(spreads.max()) if len(spreads) else math.nan,
-        median_ci_half_width=half_width,
+        median_ci_half_width=judged.half_width,
         min_effect=effect,
         processes=run.process_count,
         ratio_between_process=finite_median([c.between_process for c in ratio_parts]),
