@@ -16,7 +16,7 @@ from kvpages.core.options import BenchOptions
 from kvpages.measure.group import HostBarrier, Launch, ranked_options
 from kvpages.measure.ranks import TOGETHER, round_modes
 from kvpages.schema.ranks import ALONE, ALONE_MAX, CONTENTION_COLUMNS, CONTENTION_CSV, RANK, STEP
-from kvpages.schema.rows import RANK_COLUMNS
+from kvpages.schema.rows import RankRow, columns
 
 STEPS = '''
 def test_scenario(benchmark, kv_scenario, kv_session):
@@ -78,7 +78,7 @@ def test_rank_rows_hold_every_rank_at_once_and_alone_and_the_step_at_once_and_al
     folder, _ = two_ranks
     [run] = list((folder / "results").iterdir())
     rows = pd.read_csv(run / "ranks.csv")
-    assert list(rows.columns) == list(RANK_COLUMNS)
+    assert list(rows.columns) == list(columns(RankRow))
     assert len(rows) == 2 * len(VARIANTS) * 6  # two steps (B=2, B=4) x variants x (2 ranks at once and alone, step x 2)
     assert (rows["status"] == "ok").all()
     for (_, _), case in rows.groupby(["scenario", "variant"]):

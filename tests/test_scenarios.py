@@ -28,7 +28,7 @@ from kvpages.measure.targets import ScenarioTarget, measure
 from kvpages.measure.variants import call_args, reference_page_indices
 from kvpages.render.report import render, render_appendix
 from kvpages.schema.reader import load_run
-from kvpages.schema.rows import SCENARIO_COLUMNS, scenario_row_id
+from kvpages.schema.rows import SCENARIOS, scenario_row_id
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO_BENCH = (REPO / "bench" / "test_steps.py").read_text()
@@ -131,7 +131,7 @@ def test_quick_scenarios_write_scenarios_csv_with_both_latencies(scenario_bench)
     assert result.ret == 0
     [folder] = list((scenario_bench.path / "results").iterdir())
     frame = pd.read_csv(folder / "scenarios.csv")
-    assert list(frame.columns) == list(SCENARIO_COLUMNS)
+    assert list(frame.columns) == list(SCENARIOS.columns)
     assert set(frame["scenario"]) == {s.id for s in PRESETS["quick"].scenarios}
     ok = frame[frame["status"] == "ok"]
     assert set(ok["kind"]) == {"request", "step"}

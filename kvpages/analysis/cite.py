@@ -1,9 +1,7 @@
 """Citations: the pair repro command of a ratio, and `kvpages cite RUN ID`'s one line (no torch).
 
-A row's `repro` (results.csv, scenarios.csv) re-runs that variant alone. A ratio needs the pair: the
-same command with the variant selection widened to (variant, baseline), so the two run interleaved in
-every repetition as in the run. It is parsed back through the options table
-(kvpages.core.options.BenchOptions) and rendered again, so the flags are always the table's.
+A row's `repro` re-runs its variant alone; a ratio's re-runs the pair, interleaved as in the run: the row's command
+parsed back through the options table (kvpages.core.options.BenchOptions), widened to the pair and rendered again.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from dataclasses import dataclass
 
 from kvpages.core.options import OPTIONS, BenchOptions
 from kvpages.core.stats import Interval
+from kvpages.schema.meta import Environment
 from kvpages.schema.rows import RatioRow, ScenarioRatioRow
 
 ANALYZE_FLAG = "--kv-analyze"
@@ -58,6 +57,13 @@ def sig(value: float, digits: int = 3) -> str:
         places -= 1
         rounded = round(value, places)
     return f"{rounded:,.{max(places, 0)}f}"
+
+
+def commit_text(environment: Environment) -> str | None:
+    """The run's commit as a citation gives it: its first 12 hex digits, '(dirty)' when the tree was; None without."""
+    if not environment.git_commit:
+        return None
+    return f"{environment.git_commit[:12]}{' (dirty)' if environment.git_dirty else ''}"
 
 
 def interval_text(i: Interval) -> str:

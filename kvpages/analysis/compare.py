@@ -95,11 +95,9 @@ def compare_runs(a: Run, b: Run, baseline: str | None = None) -> RunComparison:
     """Align two runs on (variant, dtype, layout, seq_len, page_size) and judge B against A, the ratios against
     `baseline` (None: the runs' own, --kv-baseline; a RunError when A's and B's differ).
 
-    Each figure is the estimator of the run's own report (kvpages.core.estimator): absolute, a variant's time (the
-    geometric mean of its block medians); relative, its ratio to the baseline (of the paired per-repetition log-ratios,
-    so what drifts with the machine cancels within each run). B/A is exactly B's printed figure over A's, with the
-    interval of that statistic over the two runs' independent bootstraps (kvpages.core.estimator.between_runs).
-    Without repetitions (1 each), no interval can be formed and the verdict is 'same' or 'unclear'.
+    Each figure is the run's own report's (kvpages.core.estimator): absolute, a variant's time; relative, its ratio to
+    the baseline, so what drifts with the machine cancels within each run. B/A is B's printed figure over A's, with
+    the interval of the two runs' independent bootstraps (`between_runs`); without repetitions, no interval.
     """
     if baseline is None and a.baseline != b.baseline:
         raise RunError(f"{a.path} is against {a.baseline} and {b.path} against {b.baseline} (--kv-baseline): their "

@@ -23,13 +23,6 @@ LATENCIES = ("ready", "blocked")
 """ready first: the page indices on the host is what the step waits for."""
 
 
-def _row_medians(values: np.ndarray) -> np.ndarray:
-    """`np.median(values, axis=1)` bit for bit, from one sort: four times faster on short rows (a rank run's report
-    draws about 200 of these bootstraps)."""
-    ordered, half = np.sort(values, axis=1), values.shape[1] // 2
-    return ordered[:, half] if values.shape[1] % 2 else (ordered[:, half - 1] + ordered[:, half]) / 2
-
-
 def paired_ratio(at_once: np.ndarray, alone: np.ndarray, confidence: float = CONFIDENCE) -> Interval:
     """median(at_once) / median(alone) of per-repetition block medians, with the percentile interval of a bootstrap
     over the repetitions (`BOOTSTRAP_RESAMPLES` draws, seeded): each draw takes a repetition's at-once and alone
@@ -41,7 +34,7 @@ def paired_ratio(at_once: np.ndarray, alone: np.ndarray, confidence: float = CON
     if n < 2:
         return unknown(ratio, n)
     drawn = np.random.default_rng(BOOTSTRAP_SEED).integers(0, n, size=(BOOTSTRAP_RESAMPLES, n))
-    ratios = _row_medians(at_once[drawn]) / _row_medians(alone[drawn])
+    ratios = np.median(at_once[drawn], axis=1) / np.median(alone[drawn], axis=1)
     lo, hi = np.percentile(ratios, [50 * (1 - confidence), 50 * (1 + confidence)])
     return Interval(ratio, float(lo), float(hi), n, confidence)
 

@@ -1,11 +1,8 @@
 """The answers a design review asks for, each with its figure, the id of the row behind it, and a status (no torch).
 
-`findings(analysis)` gives one `Finding` per question (bytes per call, the page size 1 regression, the
-crossover, per request, per step, the scheduler thread's blocked time). On a run that crossed no link, a
-time finding is a prediction per link profile (kvpages.analysis.predict, kvpages.core.links), worded as
-one, with the status "model: confirm with a GPU run"; the measured host-side ratios are evidence, never a
-finding. On a CUDA run the findings are measured, and one more sets the model against the measurement. `cite`
-gives the one-line citation of any ratios.csv or scenarios.csv row id.
+On a run that crossed no link, a time finding is the model's prediction per link profile (kvpages.analysis.predict),
+with the status `MODEL`: measured host-side ratios are evidence, never a finding. On a CUDA run the findings are
+measured, and one more sets the model against the measurement. `cite` quotes any ratios.csv or scenarios.csv row.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kvpages.analysis.cite import Citation, CiteError, fraction, interval_of, interval_text, sig
+from kvpages.analysis.cite import Citation, CiteError, commit_text, fraction, interval_of, interval_text, sig
 from kvpages.analysis.predict import (
     Prediction,
     crossover,
@@ -28,6 +25,7 @@ from kvpages.analysis.verdicts import FASTER, SAME, SLOWER
 from kvpages.core.links import LinkProfile, device_ops, prediction_profiles, profile_for
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, label, per_request_name
 from kvpages.core.sglang import PREFIX
+from kvpages.core.stats import Interval
 from kvpages.schema.rows import RatioRow
 
 MEASURED, NEEDS_GPU = "measured here", "needs a GPU run"
@@ -52,13 +50,14 @@ def bytes_figure(r: RatioRow) -> str:
     return f"{r.variant_d2h_bytes:,} / {r.baseline_d2h_bytes:,} bytes = {fraction(r.bytes_ratio)} (metered, exact)"
 
 
-def verdict_text(verdict: str, min_effect: float) -> str:
-    """A verdict as a figure states it: 'same' says within what."""
-    return f"same (within the {sig(100 * min_effect)}% minimum effect)" if verdict == SAME else verdict
+def figure(interval: Interval, verdict: str, min_effect: float) -> str:
+    """A ratio with its interval and verdict; 'same' says within what."""
+    said = f"same (within the {sig(100 * min_effect)}% minimum effect)" if verdict == SAME else verdict
+    return f"{interval_text(interval)}: {said}"
 
 
 def latency_figure(r: RatioRow) -> str:
-    return f"{interval_text(interval_of(r))}: {verdict_text(r.verdict, r.min_effect)}"
+    return figure(interval_of(r), r.verdict, r.min_effect)
 
 
 def profile_name(profile: LinkProfile) -> str:
@@ -145,7 +144,7 @@ def _crossover(analysis: Analysis) -> Finding | None:
 
 
 def scenario_figure(r: ScenarioRatio) -> str:
-    return f"{interval_text(r.interval)}: {verdict_text(r.verdict, r.min_effect)}"
+    return figure(r.interval, r.verdict, r.min_effect)
 
 
 def _scenario_rows(analysis: Analysis, kind: str, variant: str, side: str | None = None) -> list[tuple]:
@@ -190,12 +189,8 @@ def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: 
         answer = (f"{moved}, {ops} device op(s) and {syncs} sync(s); predicted per {kind} at "
                   f"{predicted_range(predictions)} {named}'s time (model).")
         return Finding(question, answer, predicted_figure(predictions, ratio.baseline), ratio.id, MODEL)
-    answer = f"{moved}; per {kind} {us_figure(ratio.variant_us)} µs against {named}'s {us_figure(ratio.baseline_us)} µs."
+    answer = f"{moved}; per {kind} {sig(ratio.variant_us)} µs against {named}'s {sig(ratio.baseline_us)} µs."
     return Finding(question, answer, scenario_figure(ratio), ratio.id, MEASURED)
-
-
-def us_figure(value: float) -> str:
-    return sig(value)
 
 
 def _blocked(analysis: Analysis) -> Finding:
@@ -311,9 +306,7 @@ def _machine(analysis: Analysis) -> str:
 
 def _commit(analysis: Analysis) -> str:
     meta = analysis.run.meta
-    if meta is None or not meta.environment.git_commit:
-        return "commit unknown"
-    return f"commit {meta.environment.git_commit[:12]}{' (dirty)' if meta.environment.git_dirty else ''}"
+    return f"commit {(commit_text(meta.environment) if meta else None) or 'unknown'}"
 
 
 def cite(analysis: Analysis, row_id: str) -> Citation:

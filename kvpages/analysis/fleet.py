@@ -125,13 +125,6 @@ def _timed(run: Run) -> set[tuple]:
     return keys
 
 
-def _by_machine(runs: Sequence[Run]) -> dict[Machine, list[Run]]:
-    grouped: dict[Machine, list[Run]] = {}
-    for run in runs:
-        grouped.setdefault(machine_of(run), []).append(run)
-    return grouped
-
-
 def _check(runs: Sequence[Run], grouped: dict[Machine, list[Run]], machines: list[Run]) -> None:
     """Refuse a fleet of one machine, and machines that share no timed point (naming the runs' sweeps)."""
     names = ", ".join(str(r.path) for r in runs)
@@ -171,7 +164,9 @@ def point_order(key: tuple) -> tuple:
 
 def fleet_of(runs: Sequence[Run]) -> Fleet:
     """The fleet of `runs`: grouped by machine, each machine's runs pooled and analysed, matched point by point."""
-    grouped = _by_machine(runs)
+    grouped: dict[Machine, list[Run]] = {}
+    for run in runs:
+        grouped.setdefault(machine_of(run), []).append(run)
     machines = [pooled(group) for group in grouped.values()]
     _check(runs, grouped, machines)
     members = [Member(f"M{i}", machine, tuple(group), analyze(run))

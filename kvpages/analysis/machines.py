@@ -26,11 +26,8 @@ _LINK_MAX = re.compile(r"\(max ([^)]+)\)")
 
 @dataclass(frozen=True)
 class Machine:
-    """What tells machines apart: two runs whose identities are equal ran on one machine.
-
-    A run written before meta.json recorded the host has `hostname` None: runs of equal devices, drivers and
-    links from such runs cannot be told apart, and count as one machine.
-    """
+    """What tells machines apart: two runs whose identities are equal ran on one machine (runs whose `hostname` is
+    None, and whose devices, drivers and links are equal, count as one)."""
 
     device: str
     device_name: str
@@ -68,14 +65,8 @@ def meta_of(run: Run) -> RunMeta:
     return run.meta
 
 
-def _offsets(runs: Sequence[Run]) -> list[int]:
-    """Per run, the index of its first process in the pooled run."""
-    return [sum(r.process_count for r in runs[:i]) for i in range(len(runs))]
-
-
 def _processes(run: Run, offset: int) -> list[ProcessInfo]:
-    """A run's processes renumbered from `offset`; a run from before schema 3 recorded none, and stands as one
-    process whose timings are unknown (nan)."""
+    """A run's processes renumbered from `offset`; a run that lists none stands as one process of unknown timings."""
     if meta_of(run).processes:
         return [dataclasses.replace(p, index=p.index + offset) for p in meta_of(run).processes]
     return [ProcessInfo(offset, 0, "session", math.nan, math.nan, math.nan, sum(len(b) for b in run.samples.values()))]
@@ -108,7 +99,7 @@ def pooled(runs: Sequence[Run]) -> Run:
     """One run of one machine's runs, pooled as repetitions (see the module docstring); one run is itself."""
     if len(runs) == 1:
         return runs[0]
-    offsets = _offsets(runs)
+    offsets = [sum(r.process_count for r in runs[:i]) for i in range(len(runs))]  # each run's first process
     processes: dict[tuple, tuple[int, ...]] = {}
     samples: dict[tuple, list[np.ndarray]] = {}
 

@@ -1,9 +1,7 @@
 """Analyse a run once: every variant against the baseline, crossovers, the fastest variants, the noise floor.
 
-`analyze(run)` computes one typed `Analysis` of a run (every variant against the baseline with
-repetition-level confidence intervals, the crossovers, the fastest variants per point, the noise
-floor, the whole requests and steps); the renderers only format it. Every figure comes from a
-run's files (kvpages.schema.reader). No torch import.
+`analyze(run)` computes one typed `Analysis` from a run's files (kvpages.schema.reader), the whole requests and steps
+included; the renderers only format it. No torch import.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from kvpages.analysis.verdicts import (
     bh_adjusted,
     discoveries,
     judge,
-    min_effect,
+    judge_family,
 )
 from kvpages.core.estimator import Paired, mean_estimate, paired_ratio
 from kvpages.core.names import CANDIDATE, FLOOR, STEP_BASELINE, per_request_name, per_request_of, variant_sort_key
@@ -43,12 +41,9 @@ NOISY_SPREAD = 0.10
 
 POINT_COLUMNS = ("dtype", "layout", "page_size", "seq_len")
 
-
-
-
 Record = dict[str, Any]
-"""One row of results.csv or scenarios.csv as a dict (`DataFrame.to_dict("records")`): the analysis walks
-hundreds of rows, and a pandas row (`iterrows`) costs a hundred times more to make."""
+"""One row of results.csv or scenarios.csv as a dict (`DataFrame.to_dict("records")`): a pandas row (`iterrows`)
+costs a hundred times more to make, and the analysis walks hundreds."""
 
 
 def records(frame: pd.DataFrame) -> list[Record]:
@@ -58,47 +53,38 @@ def records(frame: pd.DataFrame) -> list[Record]:
 def estimate(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | None = None) -> Paired | None:
     """The one estimator (kvpages.core.estimator.paired_ratio) of a pair, once per run; None without samples of the
     same repetitions for both (keys: row keys, or (scenario, variant) with a `latency`)."""
-    return run.cached(("estimate", baseline_key, variant_key, latency),
-                      lambda: _estimate(run, baseline_key, variant_key, latency))
+    def compute() -> Paired | None:
+        base, other = levels(run, baseline_key, latency), levels(run, variant_key, latency)
+        if base is None or other is None or not np.array_equal(base.processes, other.processes):
+            return None
+        found = paired_ratio(base, other)
+        if base.process_count < min(2, run.process_count):  # a row an interruption cut short to fewer processes
+            return dataclasses.replace(found, interval=unknown(found.interval.ratio, found.repetitions), p_value=1.0)
+        return found
 
-
-def _estimate(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | None) -> Paired | None:
-    base, other = levels(run, baseline_key, latency), levels(run, variant_key, latency)
-    if base is None or other is None or not np.array_equal(base.processes, other.processes):
-        return None
-    found = paired_ratio(base, other)
-    if base.process_count < min(2, run.process_count):  # a row an interruption cut short to fewer processes
-        return dataclasses.replace(found, interval=unknown(found.interval.ratio, found.repetitions), p_value=1.0)
-    return found
+    return run.cached(("estimate", baseline_key, variant_key, latency), compute)
 
 
 @dataclass(frozen=True)
 class _Pair:
-    """A variant's row against the baseline's at one point, before the family is judged."""
+    """A variant's row against the baseline's at one point, before the family is judged; `found` None: a bare CSV's
+    medians, with no repetitions to judge from."""
 
     variant: Record
     baseline: Record
-    interval: Interval
-    p_value: float
     found: Paired | None
 
     @property
-    def times(self) -> tuple[float, float]:
-        if self.found is None:  # a bare CSV's medians
-            return float(self.variant["median_us"]), float(self.baseline["median_us"])
-        return self.found.variant_us, self.found.baseline_us
+    def interval(self) -> Interval:
+        if self.found is None:
+            return unknown(float(self.variant["median_us"] / self.baseline["median_us"]), 0)
+        return self.found.interval
 
 
-def _pair(run: Run, variant: Record, baseline: Record) -> _Pair:
-    found = estimate(run, row_key(baseline), row_key(variant))
-    if found is None:  # a bare CSV has no repetitions to judge from
-        return _Pair(variant, baseline, unknown(float(variant["median_us"] / baseline["median_us"]), 0), 1.0, None)
-    return _Pair(variant, baseline, found.interval, found.p_value, found)
-
-
-def _ratio(pair: _Pair, effect: float, q_value: float) -> RatioRow:
+def _ratio(pair: _Pair, effect: float, q_value: float, verdict: str) -> RatioRow:
     variant, baseline, interval, found = pair.variant, pair.baseline, pair.interval, pair.found
-    variant_us, baseline_us = pair.times
+    variant_us, baseline_us = ((float(variant["median_us"]), float(baseline["median_us"])) if found is None
+                               else (found.variant_us, found.baseline_us))
     name, base = str(variant["variant"]), str(baseline["variant"])
     dtype, layout, seq_len, page_size = (str(variant["dtype"]), str(variant["layout"]), int(variant["seq_len"]),
                                          int(variant["page_size"]))
@@ -110,7 +96,7 @@ def _ratio(pair: _Pair, effect: float, q_value: float) -> RatioRow:
         bytes_ratio=float(variant["d2h_bytes"] / baseline["d2h_bytes"]),
         variant_median_us=variant_us, baseline_median_us=baseline_us,
         variant_d2h_bytes=int(variant["d2h_bytes"]), baseline_d2h_bytes=int(baseline["d2h_bytes"]),
-        verdict=judge(interval, effect, discoveries([q_value])[0]), min_effect=effect, q_value=q_value,
+        verdict=verdict, min_effect=effect, q_value=q_value,
         repro=pair_repro(str(variant["repro"]), name, base),
         processes=0 if found is None else found.processes, interval_unit=interval.unit,
     )
@@ -282,19 +268,13 @@ class Analysis:
 
     @functools.cached_property
     def _ratio_index(self) -> dict[tuple, RatioRow]:
-        """The ratios by (variant, dtype, layout, page_size, seq_len), the first of each (the charts and the report
-        look up hundreds)."""
-        index: dict[tuple, RatioRow] = {}
-        for r in self.ratios:
-            index.setdefault((r.variant, r.dtype, r.layout, r.page_size, r.seq_len), r)
-        return index
+        """The ratios by (variant, dtype, layout, page_size, seq_len), one each (the charts and the report look up
+        hundreds)."""
+        return {(r.variant, r.dtype, r.layout, r.page_size, r.seq_len): r for r in self.ratios}
 
     @functools.cached_property
     def _scenario_index(self) -> dict[tuple, ScenarioRatio]:
-        index: dict[tuple, ScenarioRatio] = {}
-        for r in self.scenario_ratios:
-            index.setdefault((r.scenario, r.variant, r.latency), r)
-        return index
+        return {(r.scenario, r.variant, r.latency): r for r in self.scenario_ratios}
 
     def time_band(self, variant: str, dtype: str, layout: str, page_size: int, seq_len: int) -> Interval | None:
         """A variant's time at a point with its own interval (the tables' figure; a chart's marker and band)."""
@@ -318,6 +298,7 @@ class Analysis:
         return float(row[f"{latency}_median_us"]) if band is None else band.ratio
 
     def ratios_frame(self) -> pd.DataFrame:
+        """ratios.csv's table as a frame (the notebook's)."""
         return pd.DataFrame([r.__dict__ for r in self.ratios])
 
 
@@ -341,12 +322,11 @@ def analyze(run: Run, baseline: str | None = None) -> Analysis:
             continue
         for row in sorted(at, key=lambda r: variant_sort_key(r["variant"])):
             if row["variant"] != baseline:
-                pairs.append(_pair(run, row, base))
-    half_width = finite_median([(p.interval.ci_high - p.interval.ci_low) / 2 / p.interval.ratio
-                                for p in pairs if p.interval.known])
-    effect = min_effect(half_width)
-    qvalues = bh_adjusted([p.p_value for p in pairs])
-    ratios = tuple(_ratio(p, effect, q) for p, q in zip(pairs, qvalues, strict=True))
+                pairs.append(_Pair(row, base, estimate(run, row_key(base), row_key(row))))
+    judged = judge_family([p.interval for p in pairs], [1.0 if p.found is None else p.found.p_value for p in pairs])
+    effect = judged.min_effect
+    ratios = tuple(_ratio(p, effect, q, verdict)
+                   for p, q, verdict in zip(pairs, judged.q_values, judged.verdicts, strict=True))
     best = {key: fastest(run, [r for r in at if r["variant"] != FLOOR] or at, effect)
             for key, at in points.items()}  # the zero-D2H floor is a reference, not a contender
     spreads = ok["rep_spread"].dropna()
@@ -358,7 +338,7 @@ def analyze(run: Run, baseline: str | None = None) -> Analysis:
         repetitions=repetitions,
         median_spread=float(spreads.median()) if len(spreads) else math.nan,
         max_spread=float(spreads.max()) if len(spreads) else math.nan,
-        median_ci_half_width=half_width,
+        median_ci_half_width=judged.half_width,
         min_effect=effect,
         processes=run.process_count,
         ratio_between_process=finite_median([c.between_process for c in ratio_parts]),

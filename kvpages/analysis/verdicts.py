@@ -70,15 +70,20 @@ class Judged:
 
     verdicts: tuple[str, ...]
     q_values: tuple[float, ...]
-    min_effect: float
-    """The family's minimum effect: its noise floor (`min_effect` of the median relative half-width of its intervals)."""
+    half_width: float
+    """The family's noise floor: the median relative half-width of its intervals."""
+
+    @property
+    def min_effect(self) -> float:
+        return min_effect(self.half_width)
 
 
 def judge_family(intervals: Sequence[Interval], p_values: Sequence[float]) -> Judged:
     """Judge every ratio of a family with `judge`: the minimum effect from the family's own intervals, and the
     Benjamini-Hochberg step over its p-values (how the report judges a run's ratios; `kvpages compare` judges B
     against A this way)."""
-    effect = min_effect(finite_median([(i.ci_high - i.ci_low) / 2 / i.ratio for i in intervals if i.known]))
+    half_width = finite_median([(i.ci_high - i.ci_low) / 2 / i.ratio for i in intervals if i.known])
     q_values = bh_adjusted(list(p_values))
+    effect = min_effect(half_width)
     verdicts = tuple(judge(i, effect, kept) for i, kept in zip(intervals, discoveries(q_values), strict=True))
-    return Judged(verdicts, tuple(q_values), effect)
+    return Judged(verdicts, tuple(q_values), half_width)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from kvpages.analysis.cite import fraction, sig
 from kvpages.analysis.predict import with_link_model
 from kvpages.analysis.ratios import Analysis, variant_order
 from kvpages.core.links import LINK_PROFILES, profile_for
 from kvpages.core.names import CANDIDATE, called, label
-from kvpages.render.text import ci_text, count, coverage, fraction, interval_cell, ratio_text, sig, table, us
+from kvpages.render.text import ci_text, count, coverage, interval_cell, table
 
 
 def groups(analysis: Analysis):
@@ -20,8 +21,8 @@ def variants_section(analysis: Analysis) -> str:
     others = [r for r in analysis.ratios if r.variant != CANDIDATE]
     spread = analysis.run.ok_rows().set_index(["variant", "dtype", "layout", "page_size", "seq_len"])["rep_spread"]
     for (dtype, layout, page_size), _ in groups(analysis):
-        rows = [[f"`{r.id}`", count(r.variant_d2h_bytes), fraction(r.bytes_ratio), us(r.variant_median_us),
-                 f"{sig(100 * spread.get((r.variant, dtype, layout, page_size, r.seq_len), float('nan')))}%", ratio_text(r),
+        rows = [[f"`{r.id}`", count(r.variant_d2h_bytes), fraction(r.bytes_ratio), sig(r.variant_median_us),
+                 f"{sig(100 * spread.get((r.variant, dtype, layout, page_size, r.seq_len), float('nan')))}%", sig(r.ratio),
                  ci_text(r), r.verdict]
                 for r in others if (r.dtype, r.layout, r.page_size) == (dtype, layout, page_size)]
         if rows:
@@ -39,8 +40,8 @@ def link_model_section(analysis: Analysis) -> str:
     longest = modeled.groupby(["dtype", "layout", "page_size"])["seq_len"].transform("max")
     chosen = modeled[modeled["seq_len"] == longest].sort_values(["page_size", "variant"])
     header = ["page_size", "seq_len", "variant", "bytes", "transfers", "measured µs"] + [p.label + " µs" for p in LINK_PROFILES]
-    rows = [[r["page_size"], r["seq_len"], r["variant"], count(r["d2h_bytes"]), r["d2h_transfers"], us(analysis.time_of(r))]
-            + [us(r[p.column]) for p in LINK_PROFILES] for _, r in chosen.iterrows()]
+    rows = [[r["page_size"], r["seq_len"], r["variant"], count(r["d2h_bytes"]), r["d2h_transfers"], sig(analysis.time_of(r))]
+            + [sig(r[p.column]) for p in LINK_PROFILES] for _, r in chosen.iterrows()]
     lead = ("**Model, not measurement**: the link and device terms of one call per link profile, without host work "
             "(every term and its source: the report's link model section, `kvpages/core/links.py`), at the longest "
             "swept seq_len. ")
@@ -66,8 +67,8 @@ def model_vs_measurement(analysis: Analysis) -> str:
         modeled = profile.predicted_us(str(r["variant"]), int(r["page_size"]), 1, r["d2h_bytes"], r["d2h_transfers"], 0.0,
                                        analysis.host_side(str(r["variant"])))
         time = analysis.time_of(r)
-        rows.append([r["page_size"], r["seq_len"], f"`{r['variant']}`", r["link"], profile.label, us(time),
-                     us(modeled), sig(time - modeled)])
+        rows.append([r["page_size"], r["seq_len"], f"`{r['variant']}`", r["link"], profile.label, sig(time),
+                     sig(modeled), sig(time - modeled)])
     if not rows:
         return f"\n\nNo link profile matches this run's link (PCIe: {pcie}), so the model is not compared with it."
     header = ["page_size", "seq_len", "variant", "link", "profile", "measured µs", "modeled µs", "measured - modeled µs"]
@@ -108,8 +109,8 @@ def scenarios_section(analysis: Analysis) -> str:
         chosen = ok[ok["kind"] == kind].sort_values(["side", "page_size", "busy_us", "requests", "tokens", "variant"],
                                                     key=variant_order)
         for _, r in chosen.iterrows():
-            latencies = ([us(analysis.scenario_time(r)), ratio_cell(analysis, r["scenario"], r["variant"], "blocked")]
-                         + ([] if merged else [us(analysis.scenario_time(r, "ready")),
+            latencies = ([sig(analysis.scenario_time(r)), ratio_cell(analysis, r["scenario"], r["variant"], "blocked")]
+                         + ([] if merged else [sig(analysis.scenario_time(r, "ready")),
                                                ratio_cell(analysis, r["scenario"], r["variant"], "ready")]))
             rows.append([f"`{r['id']}`", r["calls"], count(r["d2h_bytes"]), r["d2h_transfers"], *latencies])
         if rows:

@@ -1,8 +1,5 @@
-"""Where the time goes: the stacked chart and the report sections, from breakdown.csv (no torch).
-
-Bars stacked by the parts of one call's wall time as shares (kvpages.schema.breakdown.stack), labelled as profiled,
-not timed.
-"""
+"""Where the time goes: the stacked chart (shares of one call's wall time, kvpages.schema.breakdown.stack) and the
+report sections, from breakdown.csv (no torch)."""
 
 from __future__ import annotations
 
@@ -13,8 +10,8 @@ import numpy as np
 from kvpages.analysis.cite import sig
 from kvpages.analysis.ratios import Analysis
 from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, variant_sort_key
-from kvpages.render.text import coverage, table, us
-from kvpages.schema.breakdown import CALLS, PASSES, STACK_PARTS, BreakdownRow, shares, stack
+from kvpages.render.text import coverage, table
+from kvpages.schema.breakdown import CALLS, PASSES, STACK_PARTS, shares, stack
 
 PROFILED = (f"{PASSES} profiled passes of {CALLS} calls per case, the call of median wall time kept, in a process of "
             "its own after the timing: the profiler's overhead inflates every absolute time, so the shares are the "
@@ -60,7 +57,7 @@ def plot_breakdown(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) 
                         heights.append(share)
                         bottoms.append(bottom)
                         bottom += share
-                    ax.annotate(us(row.wall_us), (x, 1.0), xytext=(0, 2), textcoords="offset points",
+                    ax.annotate(sig(row.wall_us), (x, 1.0), xytext=(0, 2), textcoords="offset points",
                                 ha="center", va="bottom", fontsize=6, rotation=90)
                     ticks.append(x)
                     labels.append(f"{v}  s{seq_len}")
@@ -86,10 +83,6 @@ def plot_breakdown(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) 
     return save(fig, out_dir / f"breakdown_{dtype}_{layout}", formats)
 
 
-def _share_cells(row: BreakdownRow) -> list[str]:
-    return [f"{share:.0%}" for _, share in shares(row)]
-
-
 def breakdown_section(analysis: Analysis) -> str:
     rows = sorted(analysis.breakdown, key=lambda r: (r.page_size, r.seq_len, variant_sort_key(r.variant)))
     if not rows:
@@ -101,9 +94,9 @@ def breakdown_section(analysis: Analysis) -> str:
         header += ["GPU kernel µs", "GPU copy µs", "copy bytes", "direction"]
     lines = []
     for r in rows:
-        cells = [r.page_size, r.seq_len, f"`{r.variant}`", us(r.wall_us)] + _share_cells(r)
+        cells = [r.page_size, r.seq_len, f"`{r.variant}`", sig(r.wall_us)] + [f"{s:.0%}" for _, s in shares(r)]
         if cuda:
-            cells += [us(r.kernel_us or 0), us(r.memcpy_us or 0), r.memcpy_bytes or 0,
+            cells += [sig(r.kernel_us or 0), sig(r.memcpy_us or 0), r.memcpy_bytes or 0,
                       r.memcpy_direction or "-"]
         lines.append(cells)
     what = ("On CUDA the wall time splits into the host's wait in copy and synchronize calls (with the GPU kernels' "
@@ -114,7 +107,7 @@ def breakdown_section(analysis: Analysis) -> str:
             "and divide on the host).")
     host = [r for r in rows if r.variant == BASELINE and r.seq_len == max(x.seq_len for x in rows)]
     if host:
-        listed = ", ".join(f"{us(r.host_us)} µs ({r.host_us / r.wall_us:.0%}) at page size {r.page_size}"
+        listed = ", ".join(f"{sig(r.host_us)} µs ({r.host_us / r.wall_us:.0%}) at page size {r.page_size}"
                            for r in sorted(host, key=lambda r: r.page_size))
         what += (f" `{BASELINE}`'s host time outside {'CUDA calls' if cuda else 'aten'} at {host[0].seq_len} tokens, "
                  f"where its numpy stride and divide run (none at page size 1, which returns early): {listed}.")
@@ -147,8 +140,8 @@ def floor_section(analysis: Analysis) -> str:
         for r in sorted({at[0], at[len(at) // 2], at[-1]}, key=lambda r: r.seq_len):
             candidate = analysis.ratio_at(CANDIDATE, r.dtype, r.layout, r.page_size, r.seq_len)
             lines.append([page_size, r.seq_len,
-                          us(candidate.variant_median_us) if candidate else "", us(r.baseline_median_us),
-                          us(r.variant_median_us), f"{sig(r.ratio)} [{sig(r.ci_low)}, {sig(r.ci_high)}]"])
+                          sig(candidate.variant_median_us) if candidate else "", sig(r.baseline_median_us),
+                          sig(r.variant_median_us), f"{sig(r.ratio)} [{sig(r.ci_low)}, {sig(r.ci_high)}]"])
     header = ["page_size", "seq_len", f"{CANDIDATE} µs", f"{BASELINE} µs", f"{FLOOR} µs",
               f"{FLOOR} / {BASELINE} [{coverage(analysis)}]"]
     return (f"`{FLOOR}` reads the page indices from a host-side page table (as vLLM's and TensorRT-LLM's schedulers "

@@ -147,9 +147,6 @@ def document(c: Compared) -> ComparisonDocument:
         [PointKey(*k) for k in c.result.only_a], [PointKey(*k) for k in c.result.only_b])
 
 
-def json_text(c: Compared) -> str:
-    return document(c).to_json().rstrip("\n")
-
-
-FORMATS: dict[str, Callable[[Compared], str]] = {"text": text, "markdown": markdown, "json": json_text}
+FORMATS: dict[str, Callable[[Compared], str]] = {"text": text, "markdown": markdown,
+                                                 "json": lambda c: document(c).to_json()}
 """`kvpages compare --format`: the first is the default."""

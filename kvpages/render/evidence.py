@@ -7,23 +7,17 @@ set the model's prediction per link profile beside them. Every time and ratio co
 
 from __future__ import annotations
 
-from kvpages.analysis.cite import sig
-from kvpages.analysis.findings import profile_name
+from kvpages.analysis.cite import fraction, sig
+from kvpages.analysis.findings import BATCHED, profile_name
 from kvpages.analysis.predict import crossover, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis
 from kvpages.core.links import HOST_WORK, LINK_PROFILES, model_terms, prediction_profiles
 from kvpages.core.names import CANDIDATE, STEP_CANDIDATE, called
-from kvpages.render.text import ci_text, count, coverage, fraction, table, us
-
-BATCHED = "batched_device_stride"
+from kvpages.render.text import ci_text, count, coverage, table
 
 
 def time_word(analysis: Analysis) -> str:
     return "µs" if analysis.run.link_crossed else "host-side µs (no transfer)"
-
-
-def _predicted_cells(predictions) -> list[str]:
-    return [sig(p.ratio) for p in predictions]
 
 
 def _predicted_header(analysis: Analysis) -> list[str]:
@@ -40,8 +34,8 @@ def per_call_table(analysis: Analysis, page_sizes: list[int] | None = None) -> s
         if (page_sizes is not None and r.page_size not in page_sizes) or (
                 page_sizes is None and r.seq_len not in (min(at), max(at))):
             continue
-        predicted = [] if analysis.run.link_crossed else _predicted_cells(point_predictions(analysis, r))
-        rows.append([r.page_size, r.seq_len, fraction(r.bytes_ratio), us(r.baseline_median_us), us(r.variant_median_us),
+        predicted = [] if analysis.run.link_crossed else [sig(p.ratio) for p in point_predictions(analysis, r)]
+        rows.append([r.page_size, r.seq_len, fraction(r.bytes_ratio), sig(r.baseline_median_us), sig(r.variant_median_us),
                      f"{sig(r.ratio)} {ci_text(r)} {r.verdict}", *predicted, f"`{r.id}`"])
     word = time_word(analysis)
     b = called(analysis.baseline)
@@ -81,10 +75,10 @@ def scenario_table(analysis: Analysis) -> str:
         if r is None:
             continue
         size = f"L={row['tokens']}" if row["kind"] == "request" else f"B={row['requests']}"
-        predicted = [] if analysis.run.link_crossed else _predicted_cells(scenario_predictions(analysis, r))
+        predicted = [] if analysis.run.link_crossed else [sig(p.ratio) for p in scenario_predictions(analysis, r)]
         interval = ci_text(r.interval) if r.interval.known else "[n/a]"
         rows.append([f"{row['kind']} {row['side']}", size, row["variant"], count(row["d2h_bytes"]), row["d2h_transfers"],
-                     us(r.baseline_us), us(r.variant_us), f"{sig(r.interval.ratio)} {interval} {r.verdict}",
+                     sig(r.baseline_us), sig(r.variant_us), f"{sig(r.interval.ratio)} {interval} {r.verdict}",
                      *predicted])
     word = time_word(analysis)
     b = called(analysis.scenario_baseline)

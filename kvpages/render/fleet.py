@@ -9,13 +9,13 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kvpages.analysis.cite import interval_of
+from kvpages.analysis.cite import commit_text, interval_of
 from kvpages.analysis.findings import Finding, findings
-from kvpages.analysis.fleet import Fleet, Matched, Member, Missing, sweep_of
+from kvpages.analysis.fleet import Fleet, Matched, Missing, sweep_of
 from kvpages.analysis.machines import meta_of
-from kvpages.core.names import BASELINE, CANDIDATE, LABELS
+from kvpages.core.names import BASELINE
 from kvpages.render.fleet_chart import CHART_CAPTION, CHART_PNG, plot_fleet
-from kvpages.render.text import coverage, interval_cell, table
+from kvpages.render.text import NAMES, coverage, interval_cell, table
 from kvpages.schema.reader import RunError
 from kvpages.schema.rows import RATIOS_CSV, SCENARIO_RATIOS_CSV, RatioRow, ratio_id, scenario_row_id
 from kvpages.schema.writer import write_atomic
@@ -69,11 +69,6 @@ def _cell(values: list[object]) -> str:
     return " / ".join(shown)
 
 
-def _commit(member: Member) -> str:
-    return _cell([f"{e.git_commit[:12]}{' (dirty)' if e.git_dirty else ''}" if e.git_commit else None
-                  for e in (meta_of(r).environment for r in member.runs)])
-
-
 def machines_section(fleet: Fleet) -> str:
     members = fleet.members
     rows: list[list[str]] = [["runs"] + [", ".join(f"`{r.run_id}`" for r in m.runs) for m in members]]
@@ -81,7 +76,7 @@ def machines_section(fleet: Fleet) -> str:
              for what, name in ENVIRONMENT]
     noise = [m.analysis.noise for m in members]
     rows += [
-        ["git commit"] + [_commit(m) for m in members],
+        ["git commit"] + [_cell([commit_text(meta_of(r).environment) for r in m.runs]) for m in members],
         ["sweep"] + [_cell([sweep_of(meta_of(r)) for r in m.runs]) for m in members],
         ["repetitions, processes"] + [f"{n.repetitions} in {n.processes} process(es)" for n in noise],
         ["intervals"] + [coverage(m.analysis) for m in members],
@@ -178,9 +173,8 @@ def missing_section(fleet: Fleet) -> str:
 
 
 def render(fleet: Fleet) -> str:
-    names = f"Names: **pre-PR** = `{BASELINE}`, {LABELS[BASELINE]}; **merged PR** = `{CANDIDATE}`, {LABELS[CANDIDATE]}."
     sections = [
-        f"# kvpages fleet: {len(fleet.members)} machines, {fleet.run_count} runs\n\n{names}",
+        f"# kvpages fleet: {len(fleet.members)} machines, {fleet.run_count} runs\n\n{NAMES}",
         "## Machines\n\n" + machines_section(fleet),
         "## Findings per machine\n\n" + findings_section(fleet),
         f"## Chart\n\n![{CHART_PNG}]({CHART_PNG})\n\n*{CHART_CAPTION}*",

@@ -8,10 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator
@@ -19,6 +15,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator
 from kvpages.analysis.fleet import Fleet, point_order
 from kvpages.analysis.verdicts import FASTER, SLOWER
 from kvpages.core.names import BASELINE
+from kvpages.render.figures import DPI, new_figure
 from kvpages.render.style import style
 
 CHART_PNG = "fleet_ratios.png"
@@ -64,7 +61,8 @@ def plot_fleet(fleet: Fleet, path: Path) -> Path:
     several = len({(dtype, layout) for _, _, dtype, layout in rows}) > 1
     legend_in = 0.3 + 0.2 * -(-(len(fleet.members) + 3) // 2)
     width, height = 3.1 * len(page_sizes) + 1.3, 2.3 * max(1, len(rows)) + legend_in + 1.0
-    fig, grid = plt.subplots(max(1, len(rows)), len(page_sizes), figsize=(width, height), squeeze=False, sharey="row")
+    fig = new_figure(width, height)
+    grid = fig.subplots(max(1, len(rows)), len(page_sizes), squeeze=False, sharey="row")
     fig.subplots_adjust(left=1.1 / width, right=1 - 0.2 / width, bottom=0.6 / height, top=1 - (legend_in + 0.5) / height,
                         wspace=0.08, hspace=0.35)
     fig.suptitle(f"Time ratio to pre-PR per point, per machine: {len(fleet.members)} machines, {fleet.run_count} runs",
@@ -104,6 +102,5 @@ def plot_fleet(fleet: Fleet, path: Path) -> Path:
         where = f"\n{dtype} {layout}" if several else ""
         vs = "" if baseline == BASELINE else f" / {baseline}"
         grid[i][0].set_ylabel(f"{variant}{vs}{where}", fontsize=8)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig.savefig(path, dpi=DPI)
     return path

@@ -1,13 +1,13 @@
 """Charts of a run, regenerated from its files alone (no torch import).
 
-`plot_run` writes, per (dtype, layout), latency, bytes, ratio (heatmap) and link_model charts, then the scenario
-charts (scenario_requests, scenario_steps, scenario_busy on CUDA), the breakdown and contention charts; each variant
-has one colour and marker in every chart (kvpages.render.style); kvpages.render.captions says what each shows.
+`plot_run` writes the per-point charts per (dtype, layout) (`CHARTS`), then the scenario, breakdown and contention
+charts; a variant has one style in every chart (kvpages.render.style); kvpages.render.captions says what each shows.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -24,10 +24,11 @@ from kvpages.analysis.ratios import Analysis, Record, records
 from kvpages.analysis.verdicts import SAME, UNCLEAR
 from kvpages.core.links import prediction_profiles
 from kvpages.core.names import CANDIDATE, called, variant_sort_key
+from kvpages.core.stats import Interval
 from kvpages.core.sweep import ITEMSIZE
 from kvpages.render.breakdown import plot_breakdown
 from kvpages.render.captions import time_label
-from kvpages.render.figures import new_figure, save, set_title, side_by_side
+from kvpages.render.figures import new_figure, save, set_title
 from kvpages.render.ranks import plot_contention
 from kvpages.render.style import legend_label, style
 from kvpages.render.text import coverage
@@ -41,7 +42,7 @@ def _variants(frame) -> list[str]:
 
 def _lines(frame: pd.DataFrame, panel: tuple[str, ...], x: str) -> dict[tuple, list[Record]]:
     """The rows of each line, keyed (panel, variant) with `panel` the values of the `panel` columns, in order of `x`
-    (equal x in the file's order): one pass over the rows, where a pandas filter per line costs a chart dozens."""
+    (equal x in the file's order)."""
     lines: dict[tuple, list[Record]] = {}
     for row in sorted(records(frame), key=lambda r: r[x]):
         lines.setdefault((tuple(row[c] for c in panel), row["variant"]), []).append(row)
@@ -76,12 +77,19 @@ def _legend(fig, axes, title: str) -> None:
                title_fontsize=7, frameon=False)
 
 
-def _own(ax, x, bands, look, label) -> None:
-    """A variant's times (markers) inside its own intervals (the band), from the one estimator."""
-    ax.plot(x, [b.ratio if b is not None else np.nan for b in bands], ms=4, mfc="none", label=label, **look.kwargs())
-    low = np.array([b.ci_low if b is not None and b.known else np.nan for b in bands])
-    high = np.array([b.ci_high if b is not None and b.known else np.nan for b in bands])
-    ax.fill_between(x, low, high, color=look.color, alpha=0.2, lw=0)
+def _own(ax, lines: dict[tuple, list[Record]], panel: tuple, variants: list[str], x: str,
+         band: Callable[[Record, str], Interval | None]) -> None:
+    """Each variant's times in a panel (markers) inside its own intervals (the band), from the one estimator."""
+    for v in variants:
+        rows = lines.get((panel, v), [])
+        bands = [band(r, v) for r in rows]
+        if rows:
+            xs, look = [r[x] for r in rows], style(v)
+            ax.plot(xs, [b.ratio if b is not None else np.nan for b in bands], ms=4, mfc="none", label=legend_label(v),
+                    **look.kwargs())
+            low = np.array([b.ci_low if b is not None and b.known else np.nan for b in bands])
+            high = np.array([b.ci_high if b is not None and b.known else np.nan for b in bands])
+            ax.fill_between(xs, low, high, color=look.color, alpha=0.2, lw=0)
 
 
 def _log_axes(ax) -> None:
@@ -107,13 +115,8 @@ def plot_latency(analysis: Analysis, frame, dtype: str, layout: str, stem: Path,
     fig, axes = _panels(len(page_sizes))
     lines = _lines(frame, ("page_size",), "seq_len")
     for ax, page_size in zip(axes, page_sizes, strict=True):
-        for v in variants:
-            rows = lines.get(((page_size,), v))
-            if not rows:
-                continue
-            seq = [r["seq_len"] for r in rows]
-            bands = [analysis.time_band(v, dtype, layout, page_size, int(s)) for s in seq]
-            _own(ax, seq, bands, style(v), legend_label(v))
+        _own(ax, lines, (page_size,), variants, "seq_len",
+             lambda r, v: analysis.time_band(v, dtype, layout, int(r["page_size"]), int(r["seq_len"])))
         _log_axes(ax)
         set_title(ax, f"page_size={page_size}")
         ax.set(xlabel="seq_len (tokens)", ylabel=f"{time_label(analysis)} per call (µs)")
@@ -238,12 +241,7 @@ def _scenario_panels(analysis: Analysis, kind: str, x: str, xlabel: str, what: s
     fig, axes = _panels(len(panels), legend=legend_width(legend_label(v) for v in variants))
     lines = _lines(ok, ("side", "page_size"), x)
     for ax, (side, page_size) in zip(axes, panels, strict=True):
-        for v in variants:
-            rows = lines.get(((side, page_size), v))
-            if not rows:
-                continue
-            xs = [r[x] for r in rows]
-            _own(ax, xs, [analysis.scenario_band(str(r["scenario"]), v) for r in rows], style(v), legend_label(v))
+        _own(ax, lines, (side, page_size), variants, x, lambda r, v: analysis.scenario_band(str(r["scenario"]), v))
         _log_axes(ax)
         chunks = sorted({int(r["chunk_size"]) for (at, _), rows in lines.items() if at == (side, page_size)
                          for r in rows if int(r["chunk_size"])})
@@ -261,10 +259,9 @@ def _scenario_panels(analysis: Analysis, kind: str, x: str, xlabel: str, what: s
 
 def _busy_reference(rows) -> tuple[float, str]:
     """The busy time queued before each call: measured (median over the panel's variants) when recorded, else nominal."""
-    if "busy_measured_us" in rows.columns:
-        measured = pd.to_numeric(rows["busy_measured_us"], errors="coerce").dropna()
-        if not measured.empty:
-            return float(measured.median()), "measured busy queue"
+    measured = pd.to_numeric(rows["busy_measured_us"], errors="coerce").dropna()
+    if not measured.empty:
+        return float(measured.median()), "measured busy queue"
     return float(rows["busy_us"].iloc[0]), "nominal busy queue"
 
 
@@ -337,21 +334,13 @@ def plot_scenarios(analysis: Analysis, out_dir: Path, formats) -> list[Path]:
 CHARTS = (("latency", plot_latency), ("bytes", plot_bytes), ("ratio", plot_ratio), ("link_model", plot_link_model))
 
 
-def plot_run(analysis: Analysis, formats: tuple[str, ...] = ("png",), out_dir: Path | None = None,
-             processes: int = 1) -> list[Path]:
-    """Write every chart of the analysed run into `out_dir` (default: the run folder); returns the files written.
-    `processes` 2 (`kvpages plot`): the scenario and breakdown charts are drawn in a second process while this one
-    draws the per-point charts (kvpages.render.figures.side_by_side), where two CPUs are free: on the 2-core dev
-    box, the reference run's `kvpages plot` takes about 3.0 s instead of 4.3 s."""
+def plot_run(analysis: Analysis, formats: tuple[str, ...] = ("png",), out_dir: Path | None = None) -> list[Path]:
+    """Write every chart of the analysed run into `out_dir` (default: the run folder); returns the files written."""
     folder = out_dir or analysis.run.path
-
-    def points() -> list[Path]:
-        written: list[Path] = []
-        for key, frame in analysis.run.ok_rows().groupby(["dtype", "layout"], sort=True):
-            dtype, layout = str(key[0]), str(key[1])
-            for name, chart in CHARTS:
-                written += chart(analysis, frame, dtype, layout, folder / f"{name}_{dtype}_{layout}", formats)
-        return written
-
-    return side_by_side(points, lambda: plot_scenarios(analysis, folder, formats) + plot_breakdown(analysis, folder, formats)
-                        + plot_contention(analysis, folder, formats), processes)
+    written: list[Path] = []
+    for key, frame in analysis.run.ok_rows().groupby(["dtype", "layout"], sort=True):
+        dtype, layout = str(key[0]), str(key[1])
+        for name, chart in CHARTS:
+            written += chart(analysis, frame, dtype, layout, folder / f"{name}_{dtype}_{layout}", formats)
+    return (written + plot_scenarios(analysis, folder, formats) + plot_breakdown(analysis, folder, formats)
+            + plot_contention(analysis, folder, formats))

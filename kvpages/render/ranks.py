@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvpages.analysis.cite import coverage_text
+from kvpages.analysis.cite import coverage_text, sig
 from kvpages.analysis.ratios import Analysis
 from kvpages.core.names import label
 from kvpages.render.style import legend_label, style
-from kvpages.render.text import ci_text, table, us
+from kvpages.render.text import ci_text, table
 from kvpages.schema.ranks import CONTENTION_CSV, ContentionRow
 
 CONTENTION_CHART = "contention"
@@ -41,8 +41,8 @@ def _level(rows: list[ContentionRow]) -> str:
 def contention_table(analysis: Analysis, latency: str = "ready") -> str:
     """The step's contention per (scenario, step variant)."""
     found = [c for c in analysis.contention if c.latency == latency and c.rank is None]
-    rows = [[c.scenario, f"`{c.variant}`", c.world_size, us(c.alone_median_us), us(c.at_once_median_us),
-             f"{c.ratio:.3f}", ci_text(c), "" if c.skew_median_us is None else us(c.skew_median_us), f"`{c.id}`"]
+    rows = [[c.scenario, f"`{c.variant}`", c.world_size, sig(c.alone_median_us), sig(c.at_once_median_us),
+             f"{c.ratio:.3f}", ci_text(c), "" if c.skew_median_us is None else sig(c.skew_median_us), f"`{c.id}`"]
             for c in found]
     return table(["scenario", "step variant", "ranks", "step alone µs (max over ranks)",
                   "step at once µs (max over ranks)", "contention", f"{_level(found)} interval", "skew µs", "id"], rows)
@@ -51,7 +51,7 @@ def contention_table(analysis: Analysis, latency: str = "ready") -> str:
 def per_rank_table(analysis: Analysis, latency: str = "ready") -> str:
     """Each rank's own at-once / alone ratio per (scenario, step variant)."""
     found = [c for c in analysis.contention if c.latency == latency and c.rank is not None]
-    rows = [[c.scenario, f"`{c.variant}`", f"rank {c.rank}", us(c.alone_median_us), us(c.at_once_median_us),
+    rows = [[c.scenario, f"`{c.variant}`", f"rank {c.rank}", sig(c.alone_median_us), sig(c.at_once_median_us),
              f"{c.ratio:.3f}", ci_text(c), f"`{c.id}`"] for c in found]
     return table(["scenario", "step variant", "rank", "alone µs", "at once µs", "at once / alone",
                   f"{_level(found)} interval", "id"], rows)
@@ -99,7 +99,7 @@ def contention_summary(analysis: Analysis) -> list[str]:
         return []
     lines = [f"{steps[0].world_size} ranks at once (ready µs per step, each the maximum over the ranks; contention = "
              "the step at once over the step with each rank alone, with its interval):"]
-    lines += [f"  {c.scenario}  {label(c.variant)}: alone {us(c.alone_median_us)}, at once {us(c.at_once_median_us)}, "
+    lines += [f"  {c.scenario}  {label(c.variant)}: alone {sig(c.alone_median_us)}, at once {sig(c.at_once_median_us)}, "
               f"contention {c.ratio:.3f} {ci_text(c)}" for c in steps]
     return lines
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvpages.analysis.cite import fraction, sig
 from kvpages.analysis.findings import findings
 from kvpages.analysis.noise import components_text, efficiency
 from kvpages.analysis.ratios import NOISY_SPREAD, Analysis
 from kvpages.analysis.verdicts import FDR, MIN_EFFECT_FLOOR
-from kvpages.core.names import BASELINE, CANDIDATE, LABELS, STEP_CANDIDATE, called, label, per_request_of
+from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, label, per_request_of
 from kvpages.render.appendix import (
     groups,
     link_model_section,
@@ -24,8 +25,9 @@ from kvpages.render.breakdown import breakdown_section, breakdown_summary, floor
 from kvpages.render.captions import caption
 from kvpages.render.evidence import crossover_table, model_section, per_call_table, scenario_table
 from kvpages.render.ranks import render_ranks
-from kvpages.render.text import ci_text, count, coverage, fraction, ratio_text, table, us
+from kvpages.render.text import NAMES, ci_text, count, coverage, table
 from kvpages.schema.ranks import CONTENTION_COLUMNS, CONTENTION_CSV
+from kvpages.schema.reader import Run
 from kvpages.schema.rows import (
     NOISY_CSV,
     PARTIAL,
@@ -63,8 +65,7 @@ def method_text(analysis: Analysis) -> str:
     )
 
 
-def environment_paragraph(analysis: Analysis) -> str:
-    run = analysis.run
+def environment_paragraph(run: Run) -> str:
     if run.meta is None:
         return f"Run {run.run_id} on {run.device_name}; no meta.json beside the CSV, so the environment is unknown."
     m, e = run.meta, run.meta.environment
@@ -148,7 +149,7 @@ def results_section(analysis: Analysis) -> str:
             if (r.dtype, r.layout, r.page_size) == (dtype, layout, page_size):
                 best = analysis.fastest.get((dtype, layout, page_size, r.seq_len), ())
                 rows.append([r.seq_len, count(r.baseline_d2h_bytes), count(r.variant_d2h_bytes), fraction(r.bytes_ratio),
-                             us(r.baseline_median_us), us(r.variant_median_us), ratio_text(r), ci_text(r), r.verdict,
+                             sig(r.baseline_median_us), sig(r.variant_median_us), sig(r.ratio), ci_text(r), r.verdict,
                              " ≈ ".join(best), f"`{r.id}`"])
         if rows:
             b = called(analysis.baseline)
@@ -179,7 +180,7 @@ def scenario_main(analysis: Analysis) -> str:
         b = {**base.loc[r["scenario"]].to_dict(), "scenario": r["scenario"]}
         size = f"{r['tokens']} tokens" if r["kind"] == "request" else f"{r['requests']} requests"
         rows.append([r["kind"], r["side"], r["page_size"], size, f"{count(b['d2h_bytes'])} → {count(r['d2h_bytes'])}",
-                     f"{us(analysis.scenario_time(b))} → {us(analysis.scenario_time(r))}",
+                     f"{sig(analysis.scenario_time(b))} → {sig(analysis.scenario_time(r))}",
                      ratio_cell(analysis, r["scenario"], STEP_CANDIDATE, "blocked"), f"`{r['id']}`"])
     what = "blocked = ready µs" if same_latencies(analysis) else "blocked µs"
     lead = (f"Measured over whole requests (every call, prefill chunks of the chunk size; decode one call and "
@@ -195,26 +196,20 @@ def scenario_main(analysis: Analysis) -> str:
                                   f"ratio [{coverage(analysis)}] verdict", "id"], rows)
 
 
-def charts_section(analysis: Analysis, folder: Path | None = None) -> str:
+def charts_section(analysis: Analysis) -> str:
     order = ("bytes", "link_model", "latency", "ratio", "scenario_requests", "scenario_steps", "scenario_busy")
-    charts = sorted((p.name for p in (folder or analysis.run.path).glob("*.png")),  # the questions' order
+    charts = sorted((p.name for p in analysis.run.path.glob("*.png")),  # the questions' order
                     key=lambda n: (next((i for i, o in enumerate(order) if n.startswith(o)), len(order)), n))
     return "\n\n".join(f"![{name}]({name})\n*{caption(analysis, name)}*" for name in charts)
-
-
-def where_the_time_goes(analysis: Analysis) -> str:
-    """At most a few lines beside the breakdown chart; the table is in the appendix."""
-    text = breakdown_summary(analysis)
-    return f"{text} The table is in [{APPENDIX_MD}]({APPENDIX_MD}#where-the-time-goes)." if text else ""
 
 
 def render(analysis: Analysis) -> str:
     run = analysis.run
     if run.ranks is not None:
-        return render_ranks(analysis, environment_paragraph(analysis))
+        return render_ranks(analysis, environment_paragraph(run))
     command = run.meta.command if run.meta else "(unknown: no meta.json)"
     where = "CPU run: no link crossed" if not run.link_crossed else "CUDA run"
-    names = f"Names: **pre-PR** = `{BASELINE}`, {LABELS[BASELINE]}; **merged PR** = `{CANDIDATE}`, {LABELS[CANDIDATE]}."
+    names = NAMES
     if analysis.baseline != BASELINE:
         names += f" **Baseline** (--kv-baseline): `{analysis.baseline}`; every ratio is against it."
     sections = [
@@ -230,14 +225,15 @@ def render(analysis: Analysis) -> str:
     scenarios = scenario_table(analysis)
     if scenarios:
         sections.append("### Per request and per step\n\n" + scenarios)
-    time_goes = where_the_time_goes(analysis)
+    time_goes = breakdown_summary(analysis)  # a few lines beside the chart; the table is in the appendix
     if time_goes:
-        sections.append("### Where the time goes\n\n" + time_goes)
+        sections.append(f"### Where the time goes\n\n{time_goes} The table is in [{APPENDIX_MD}]({APPENDIX_MD}"
+                        "#where-the-time-goes).")
     sections += [
         "### The link model\n\n" + model_section(analysis),
         "## Method and caveats\n\n" + method_text(analysis) + "\n\n" + noise_paragraph(analysis) + "\n\n"
         + ("\n".join(f"- {c}" for c in caveats(analysis)) or "- no caveats"),
-        "## Environment and reproduce\n\n" + environment_paragraph(analysis) + f"\n\n```\n{command}\n```\n\nEach row "
+        "## Environment and reproduce\n\n" + environment_paragraph(run) + f"\n\n```\n{command}\n```\n\nEach row "
         f"of `results.csv` re-runs one variant (`repro`); each row of `{RATIOS_CSV}` and `{SCENARIO_RATIOS_CSV}` re-runs "
         f"its pair, interleaved as in the run. Every table in full: [{APPENDIX_MD}]({APPENDIX_MD}).",
     ]

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Protocol
 
-from kvpages.analysis.cite import coverage_text, fraction, sig  # noqa: F401 (the report's too)
+from kvpages.analysis.cite import coverage_text, sig
 from kvpages.analysis.ratios import Analysis
+from kvpages.core.names import BASELINE, CANDIDATE, LABELS
 from kvpages.core.stats import Interval
+from kvpages.schema.ranks import ContentionRow
 from kvpages.schema.rows import RatioRow
+
+NAMES = f"Names: **pre-PR** = `{BASELINE}`, {LABELS[BASELINE]}; **merged PR** = `{CANDIDATE}`, {LABELS[CANDIDATE]}."
+"""What a report or a fleet report says first: the two variants its questions are about."""
 
 
 def table(header: list[str], rows: Sequence[Sequence[object]]) -> str:
@@ -18,26 +22,12 @@ def table(header: list[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
-def us(value: float) -> str:
-    """Microseconds: three significant figures, thousands separators, never 2.2e+03 (kvpages.analysis.cite.sig)."""
-    return sig(value)
-
-
 def count(value: object) -> str:
     """Bytes or any count with thousands separators ('' when missing)."""
     return "" if value is None or value != value else f"{int(value):,}"  # type: ignore[call-overload]
 
 
-class HasInterval(Protocol):
-    """A row with an interval: a ratios.csv or a contention.csv row."""
-
-    @property
-    def ci_low(self) -> float: ...
-    @property
-    def ci_high(self) -> float: ...
-
-
-def ci_text(r: HasInterval) -> str:
+def ci_text(r: RatioRow | ContentionRow | Interval) -> str:
     """A ratio's interval as the report prints it (its ratios.csv or contention.csv row, rounded)."""
     if not math.isfinite(r.ci_high):
         return "[n/a: 1 repetition]"
@@ -48,10 +38,6 @@ def interval_cell(i: Interval, verdict: str) -> str:
     """A ratio in one table cell: '1.23 [1.10, 1.30] slower' ('[n/a]' where there is no interval)."""
     ci = f"[{sig(i.ci_low)}, {sig(i.ci_high)}]" if i.known else "[n/a]"
     return f"{sig(i.ratio)} {ci} {verdict}"
-
-
-def ratio_text(r: RatioRow) -> str:
-    return sig(r.ratio)
 
 
 def coverage(analysis: Analysis) -> str:

@@ -1,21 +1,18 @@
 """breakdown.csv: where the time of one call goes, per (variant, point), from three profiled passes (no torch).
 
-Written by kvpages.measure.breakdown into the run folder; read by the report and the charts. The profiler's
-overhead inflates every absolute figure, so the shares of a row are the result, not its microseconds.
-Columns that do not apply on the run's device are empty: the aten columns on CUDA (there the host side
-is split by CUDA API calls instead), the CUDA columns on CPU.
+Written by kvpages.measure.breakdown; the profiler inflates every absolute figure, so a row's shares are the result.
+Columns that do not apply on the run's device are empty: the aten columns on CUDA, the CUDA columns on CPU.
 """
 
 from __future__ import annotations
 
 import csv
-import dataclasses
-import io
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
-from kvpages.schema.writer import write_atomic
+from kvpages.schema.rows import columns, typed_columns
+from kvpages.schema.writer import write_table
 
 BREAKDOWN_CSV = "breakdown.csv"
 PASSES = 3
@@ -59,30 +56,20 @@ class BreakdownRow:
     """The largest self times, e.g. 'aten::copy_ 12.1; aten::floor_divide 3.2' (µs per call)."""
 
 
-BREAKDOWN_COLUMNS = tuple(f.name for f in fields(BreakdownRow))
-_INTS = ("seq_len", "page_size", "calls", "memcpy_bytes")
-_FLOATS = tuple(c for c in BREAKDOWN_COLUMNS if c.endswith("_us"))
+BREAKDOWN_COLUMNS = columns(BreakdownRow)
+_PARSE = {**dict.fromkeys(typed_columns(BreakdownRow, "int"), int),
+          **dict.fromkeys(typed_columns(BreakdownRow, "float"), float)}
 
 
 def write_breakdown(folder: Path, rows: list[BreakdownRow]) -> Path:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=BREAKDOWN_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: "" if v is None else v for k, v in dataclasses.asdict(row).items()})
-    path = folder / BREAKDOWN_CSV
-    write_atomic(path, out.getvalue())
-    return path
+    return write_table(folder, BREAKDOWN_CSV, BREAKDOWN_COLUMNS, rows)
 
 
 def _value(column: str, text: str) -> object:
-    if text == "" and column in _INTS + _FLOATS:
-        return None
-    if column in _INTS:
-        return int(text)
-    if column in _FLOATS:
-        return float(text)
-    return text
+    parse = _PARSE.get(column)
+    if parse is None:
+        return text
+    return None if text == "" else parse(text)
 
 
 def read_breakdown(folder: Path) -> tuple[BreakdownRow, ...]:
@@ -100,6 +87,12 @@ def read_breakdown(folder: Path) -> tuple[BreakdownRow, ...]:
         raise ValueError(f"{path}: cannot read it ({exc})") from None
 
 
+STACK_PARTS = {"cpu": ("aten copies", "other aten ops (stride, divide, ...)", "host: Python, numpy"),
+               "cuda": ("GPU kernels (waited for)", "GPU copies (waited for)", "other wait (synchronize, queue)",
+                        "CUDA API calls (launches)", "host: Python, numpy, dispatch")}
+"""The parts of `stack`, per device, in stacking order."""
+
+
 def stack(row: BreakdownRow) -> tuple[tuple[str, float], ...]:
     """The parts of the call's wall time, in µs, that add up to `wall_us` (what the stacked chart shows).
 
@@ -112,18 +105,9 @@ def stack(row: BreakdownRow) -> tuple[tuple[str, float], ...]:
         gpu = kernel + memcpy
         waited = min(wait, gpu)
         share = (lambda part: waited * part / gpu) if gpu > 0 else (lambda part: 0.0)
-        return (("GPU kernels (waited for)", share(kernel)), ("GPU copies (waited for)", share(memcpy)),
-                ("other wait (synchronize, queue)", wait - waited), ("CUDA API calls (launches)", launch),
-                ("host: Python, numpy, dispatch", row.host_us))
-    return (("aten copies", row.aten_copy_us or 0.0), ("other aten ops (stride, divide, ...)", row.aten_ops_us or 0.0),
-            ("host: Python, numpy", row.host_us))
-
-
-STACK_PARTS = {"cpu": tuple(label for label, _ in stack(BreakdownRow("", "", "cpu", "", "", 1, 1, 1, 0, 0, 0, 0, None,
-                                                                     None, None, None, None, "", ""))),
-               "cuda": tuple(label for label, _ in stack(BreakdownRow("", "", "cuda", "", "", 1, 1, 1, 0, 0, None, None,
-                                                                      0, 0, 0, 0, 0, "", "")))}
-"""The parts of `stack`, per device, in stacking order."""
+        return tuple(zip(STACK_PARTS["cuda"], (share(kernel), share(memcpy), wait - waited, launch, row.host_us),
+                         strict=True))
+    return tuple(zip(STACK_PARTS["cpu"], (row.aten_copy_us or 0.0, row.aten_ops_us or 0.0, row.host_us), strict=True))
 
 
 def shares(row: BreakdownRow) -> tuple[tuple[str, float], ...]:

@@ -79,7 +79,7 @@ class ComparisonDocument:
     only_b: list[PointKey]
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=1, allow_nan=False) + "\n"
+        return json.dumps(dataclasses.asdict(self), indent=1, allow_nan=False)
 
 
 def finite(value: float) -> float | None:

@@ -1,8 +1,6 @@
 """Reads a run folder back (kvpages.schema.rows), validating it: what every analysis starts from (no torch).
 
-`load_run(path)` returns a `Run`: results.csv and scenarios.csv as typed frames, their raw
-samples by row, and meta.json. A folder that was edited, mixed up or is not a run is refused
-with a `RunError` naming the file and what is wrong.
+A folder that was edited, mixed up or is not a run is refused with a `RunError` naming the file and what is wrong.
 """
 
 from __future__ import annotations
@@ -25,14 +23,11 @@ from kvpages.schema.rows import (
     META_JSON,
     OK,
     POINTS,
-    RANK_SAMPLE_COLUMNS,
     RANK_SAMPLES_CSV,
     RANKS,
     RANKS_CSV,
     RESULTS_CSV,
-    SAMPLE_COLUMNS,
     SAMPLES_CSV,
-    SCENARIO_SAMPLE_COLUMNS,
     SCENARIO_SAMPLES_CSV,
     SCENARIOS,
     SCENARIOS_CSV,
@@ -176,7 +171,7 @@ def _read_meta(path: Path) -> RunMeta:
                        "(rerun the sweep to compare it)")
     try:
         env = Environment(**data.pop("environment"))
-        processes = [_process(p) for p in data.pop("processes", [])]
+        processes = [ProcessInfo(**p) for p in data.pop("processes", [])]
         timing = data.pop("timing", None)
         group = data.pop("ranks", None)
         ranks = None if group is None else RanksMeta(**{**group, "ranks": tuple(RankInfo(**r) for r in group["ranks"])})
@@ -184,12 +179,6 @@ def _read_meta(path: Path) -> RunMeta:
                        timing=RunTiming.from_json(timing) if timing else None, **data)
     except (TypeError, KeyError) as exc:
         raise RunError(f"{path}: fields do not match schema version {version} ({exc})") from None
-
-
-def _process(data: dict) -> ProcessInfo:
-    """A process of meta.json; one from before its phases were recorded named its inputs' phase `generate_s`."""
-    renamed = {"generate_s": "inputs_s"}
-    return ProcessInfo(**{renamed.get(k, k): v for k, v in data.items()})
 
 
 def load_run(path: str | Path) -> Run:
@@ -207,7 +196,7 @@ def load_run(path: str | Path) -> Run:
         meta = _read_meta(folder / META_JSON) if (folder / META_JSON).exists() else None
     rows = _read_typed(csv_path, POINTS)
     samples_path = folder / SAMPLES_CSV
-    blocks, processes = _read_blocks(samples_path, SAMPLE_COLUMNS, row_key, ("samples_us",)) \
+    blocks, processes = _read_blocks(samples_path, POINTS.sample_columns, row_key, ("samples_us",)) \
         if samples_path.exists() else ({}, {})
     samples = {key: [b[0] for b in found] for key, found in blocks.items()}
     if samples:
@@ -219,7 +208,7 @@ def load_run(path: str | Path) -> Run:
 
 
 def _read_ranks(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, list[RankSampleSet]] | None]:
-    """ranks.csv and rank_samples.csv of a multi-rank run; (None, None) for any other run."""
+    """ranks.csv and rank_samples.csv of a multi-rank run, checked as results.csv is; (None, None) for any other run."""
     path = folder / RANKS_CSV
     if not path.exists():
         return None, None
@@ -228,7 +217,7 @@ def _read_ranks(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, list[Ran
     samples_path = folder / RANK_SAMPLES_CSV
     if samples_path.exists():
         try:
-            for r in _read_csv(samples_path, RANK_SAMPLE_COLUMNS).to_dict("records"):
+            for r in _read_csv(samples_path, RANKS.sample_columns).to_dict("records"):
                 rank = int(r["rank"]) if r["rank"] != "" else None
                 series = [tuple(float(v) for v in r[c].split()) for c in ("blocked_us", "ready_us", "skew_us")]
                 block = RankSampleSet(r["scenario"], r["variant"], int(r["repetition"]), int(r["order"]),
@@ -239,10 +228,9 @@ def _read_ranks(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, list[Ran
             raise RunError(f"{samples_path}: a repetition, process, rank or sample is not a number") from None
     for blocks in found.values():
         blocks.sort(key=lambda b: b.repetition)
-    for row in frame[frame["status"].isin(TIMED)].to_dict("records"):
-        key = (row["scenario"], row["variant"], row["role"], -1 if pd.isna(row["rank"]) else int(row["rank"]))
-        if key not in found:
-            raise RunError(f"{path}: row {' '.join(map(str, key[:3]))} has no samples in {RANK_SAMPLES_CSV}")
+    _check_medians(frame, {key: [np.asarray(b.blocked_us) for b in blocks] for key, blocks in found.items()},
+                   lambda r: (r["scenario"], r["variant"], r["role"], -1 if pd.isna(r["rank"]) else int(r["rank"])),
+                   "blocked_median_us", path, RANK_SAMPLES_CSV)
     return frame, found
 
 
@@ -255,7 +243,7 @@ def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, ScenarioSamples 
         return None, None, {}
     frame = _read_typed(path, SCENARIOS)
     samples_path = folder / SCENARIO_SAMPLES_CSV
-    blocks, processes = _read_blocks(samples_path, SCENARIO_SAMPLE_COLUMNS, lambda r: (r["scenario"], r["variant"]),
+    blocks, processes = _read_blocks(samples_path, SCENARIOS.sample_columns, lambda r: (r["scenario"], r["variant"]),
                                      ("blocked_us", "ready_us")) if samples_path.exists() else ({}, {})
     samples = {key: {"blocked": [b[0] for b in found], "ready": [b[1] for b in found]} for key, found in blocks.items()}
     _check_medians(frame, {key: found["blocked"] for key, found in samples.items()},

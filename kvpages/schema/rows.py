@@ -12,10 +12,7 @@ from dataclasses import dataclass, field, fields
 from kvpages.core.names import BASELINE
 
 SCHEMA_VERSION = 5
-"""5: `host_syncs` in results.csv, scenarios.csv and ranks.csv; 4: multi-rank runs (meta.json `ranks`, ranks.csv:
-kvpages.schema.ranks); 3: processes (each samples line has its `process`, meta.json lists the processes); 2:
-repetitions (samples.csv has one line per block, with `repetition` and `order`). Only this version is read: an
-older run folder is refused, naming its version."""
+"""The only version read (5 added `host_syncs`): an older run folder is refused, naming its version."""
 RESULTS_CSV = "results.csv"
 SAMPLES_CSV = "samples.csv"
 META_JSON = "meta.json"
@@ -42,18 +39,75 @@ TIMING = {"timing": True}
 """Field metadata of the timing columns: empty on a row that was not timed (skipped, mismatch, ...)."""
 
 
+def columns(record_type: type) -> tuple[str, ...]:
+    """A record type's CSV columns: its fields, in order."""
+    return tuple(f.name for f in fields(record_type))
+
+
 def timing_columns(row_type: type) -> tuple[str, ...]:
     """The timing columns of a row type, from its fields: what a row that was not timed leaves empty."""
     return tuple(f.name for f in fields(row_type) if f.metadata.get("timing"))
 
 
-def check_status(status: str) -> None:
-    if status not in STATUSES:
-        raise ValueError(f"unknown row status {status!r}; valid: {', '.join(STATUSES)}")
+def typed_columns(row_type: type, kind: str) -> tuple[str, ...]:
+    """The columns of a row type whose values are `kind` ('int' or 'float', missing or not), from its annotations."""
+    return tuple(f.name for f in fields(row_type) if str(f.type).partition(" |")[0] == kind)
+
+
+class _Status:
+    """A row whose `status` is checked when it is made."""
+
+    status: str
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown row status {self.status!r}; valid: {', '.join(STATUSES)}")
 
 
 @dataclass(frozen=True)
-class Row:
+class Table:
+    """One kind of row in a run folder: its rows file and row type, its samples file and samples type."""
+
+    rows_csv: str
+    samples_csv: str
+    row_type: type
+    sample_type: type[SampleSet] | type[ScenarioSampleSet] | type[RankSampleSet]
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return columns(self.row_type)
+
+    @property
+    def sample_columns(self) -> tuple[str, ...]:
+        """The samples type's fields, with `rounds` (the length of each series) before the first series."""
+        names = columns(self.sample_type)
+        first = next(i for i, f in enumerate(fields(self.sample_type)) if str(f.type).startswith("tuple"))
+        return names[:first] + ("rounds",) + names[first:]
+
+    def samples_from(self, fields_: dict[str, object]) -> Samples:
+        """A samples record of this table from its fields (as `dataclasses.asdict` gave them, lists for tuples)."""
+        return self.sample_type(**{k: tuple(v) if isinstance(v, list) else v  # type: ignore[arg-type]
+                                   for k, v in fields_.items()})
+
+
+@dataclass(frozen=True)
+class SampleSet:
+    """The raw per-round times of one timed block: repetition `repetition` of a row, the
+    `order`-th block the run timed, in process `process` (an index into meta.json's processes)."""
+
+    variant: str
+    dtype: str
+    layout: str
+    seq_len: int
+    page_size: int
+    repetition: int
+    order: int
+    process: int
+    samples_us: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Row(_Status):
     """One (variant, point) of a run. Times in microseconds per call, bytes per call."""
 
     variant: str
@@ -86,40 +140,38 @@ class Row:
     note: str = ""
     repro: str = ""
 
-    def __post_init__(self) -> None:
-        check_status(self.status)
 
-
-COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Row))
+POINTS = Table(RESULTS_CSV, SAMPLES_CSV, Row, SampleSet)
 
 
 @dataclass(frozen=True)
-class SampleSet:
-    """The raw per-round times of one timed block: repetition `repetition` of a row, the
-    `order`-th block the run timed, in process `process` (an index into meta.json's processes)."""
+class StepBlock:
+    """A timed block of a (scenario, step variant), numbered as SampleSet's."""
 
+    scenario: str
     variant: str
-    dtype: str
-    layout: str
-    seq_len: int
-    page_size: int
     repetition: int
     order: int
     process: int
-    samples_us: tuple[float, ...]
-
-
-SAMPLE_COLUMNS = KEY_COLUMNS + ("repetition", "order", "process", "rounds", "samples_us")
 
 
 @dataclass(frozen=True)
-class ScenarioRow:
+class ScenarioSampleSet(StepBlock):
+    """One timed block of a (scenario, step variant): per round, blocked and ready microseconds."""
+
+    blocked_us: tuple[float, ...]
+    ready_us: tuple[float, ...]
+    busy_us: tuple[float, ...] = ()
+    """Per round, the device busy time queued before it (busy-queue scenarios on CUDA; else empty)."""
+
+
+@dataclass(frozen=True)
+class ScenarioRow(_Status):
     """One (scenario, step variant): a whole request (all its calls) or a whole scheduler step, measured as one.
 
-    Bytes, transfers and host syncs per request or step, as the meter counted them; latencies per request or
-    step in microseconds: `blocked` until the calling (scheduler) thread got control back, `ready`
-    until the page indices were usable on the host (equal, except for variants whose wait runs on
-    a transfer thread; on a CPU run always equal).
+    Bytes, transfers and host syncs per request or step, as the meter counted them; latencies in microseconds per
+    request or step: `blocked` until the calling (scheduler) thread got control back, `ready` until the page indices
+    were usable on the host (equal, except for variants whose wait runs on a transfer thread).
     """
 
     scenario: str
@@ -157,34 +209,27 @@ class ScenarioRow:
     """The row's stable id (`scenario_row_id`); filled in from the scenario and variant."""
 
     def __post_init__(self) -> None:
-        check_status(self.status)
+        super().__post_init__()
         object.__setattr__(self, "id", scenario_row_id(self.scenario, self.variant))
 
 
-SCENARIO_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ScenarioRow))
+SCENARIOS = Table(SCENARIOS_CSV, SCENARIO_SAMPLES_CSV, ScenarioRow, ScenarioSampleSet)
 
 
 @dataclass(frozen=True)
-class ScenarioSampleSet:
-    """One timed block of a (scenario, step variant): per round, blocked and ready microseconds."""
+class RankSampleSet(StepBlock):
+    """One timed block of a (scenario, step variant) of a multi-rank run, as one role (and rank) saw it."""
 
-    scenario: str
-    variant: str
-    repetition: int
-    order: int
-    process: int
+    role: str
+    rank: int | None
     blocked_us: tuple[float, ...]
     ready_us: tuple[float, ...]
-    busy_us: tuple[float, ...] = ()
-    """Per round, the device busy time queued before it (busy-queue scenarios on CUDA; else empty)."""
-
-
-SCENARIO_SAMPLE_COLUMNS = ("scenario", "variant", "repetition", "order", "process", "rounds", "blocked_us", "ready_us",
-                           "busy_us")
+    skew_us: tuple[float, ...] = ()
+    """Per round (step lines): the last rank's start minus the first's."""
 
 
 @dataclass(frozen=True)
-class RankRow:
+class RankRow(_Status):
     """A (scenario, step variant) of a multi-rank run as one rank saw it, at once or alone, or as the whole step saw
     it, at once or alone (`role`: kvpages.schema.ranks.ROLES); latencies in microseconds per step, as ScenarioRow's.
 
@@ -218,32 +263,10 @@ class RankRow:
     note: str = ""
     repro: str = ""
 
-    def __post_init__(self) -> None:
-        check_status(self.status)
 
+RANKS = Table(RANKS_CSV, RANK_SAMPLES_CSV, RankRow, RankSampleSet)
+TABLES = {table.rows_csv: table for table in (POINTS, SCENARIOS, RANKS)}
 
-RANK_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RankRow))
-
-
-@dataclass(frozen=True)
-class RankSampleSet:
-    """One timed block of a (scenario, step variant) of a multi-rank run, as one role (and rank) saw it."""
-
-    scenario: str
-    variant: str
-    repetition: int
-    order: int
-    process: int
-    role: str
-    rank: int | None
-    blocked_us: tuple[float, ...]
-    ready_us: tuple[float, ...]
-    skew_us: tuple[float, ...] = ()
-    """Per round (step lines): the last rank's start minus the first's."""
-
-
-RANK_SAMPLE_COLUMNS = ("scenario", "variant", "repetition", "order", "process", "role", "rank", "rounds", "blocked_us",
-                       "ready_us", "skew_us")
 
 Samples = SampleSet | ScenarioSampleSet | RankSampleSet
 """One timed block's samples: of a point, of a scenario, or of one role of a multi-rank step."""
@@ -308,8 +331,8 @@ class ScenarioRatioRow:
     interval_unit: str = "repetition"
 
 
-RATIO_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RatioRow))
-SCENARIO_RATIO_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ScenarioRatioRow))
+RATIO_COLUMNS = columns(RatioRow)
+SCENARIO_RATIO_COLUMNS = columns(ScenarioRatioRow)
 
 
 def _id_part(name: str) -> str:
@@ -327,37 +350,6 @@ def ratio_id(variant: str, baseline: str, dtype: str, layout: str, seq_len: int,
 def scenario_row_id(scenario: str, variant: str) -> str:
     """A scenarios.csv row's stable id: <scenario>:<variant> (brackets made shell-safe)."""
     return f"{scenario}:{_id_part(variant)}"
-
-
-def typed_columns(row_type: type, kind: str) -> tuple[str, ...]:
-    """The columns of a row type whose values are `kind` ('int' or 'float', missing or not), from its annotations."""
-    return tuple(f.name for f in fields(row_type) if str(f.type).partition(" |")[0] == kind)
-
-
-@dataclass(frozen=True)
-class Table:
-    """One kind of row in a run folder: its rows file and row type, its samples file, columns and type."""
-
-    rows_csv: str
-    samples_csv: str
-    row_type: type
-    sample_columns: tuple[str, ...]
-    sample_type: type[SampleSet] | type[ScenarioSampleSet] | type[RankSampleSet]
-
-    @property
-    def columns(self) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(self.row_type))
-
-    def samples_from(self, fields_: dict[str, object]) -> Samples:
-        """A samples record of this table from its fields (as `dataclasses.asdict` gave them, lists for tuples)."""
-        return self.sample_type(**{k: tuple(v) if isinstance(v, list) else v  # type: ignore[arg-type]
-                                   for k, v in fields_.items()})
-
-
-POINTS = Table(RESULTS_CSV, SAMPLES_CSV, Row, SAMPLE_COLUMNS, SampleSet)
-SCENARIOS = Table(SCENARIOS_CSV, SCENARIO_SAMPLES_CSV, ScenarioRow, SCENARIO_SAMPLE_COLUMNS, ScenarioSampleSet)
-RANKS = Table(RANKS_CSV, RANK_SAMPLES_CSV, RankRow, RANK_SAMPLE_COLUMNS, RankSampleSet)
-TABLES = {table.rows_csv: table for table in (POINTS, SCENARIOS, RANKS)}
 
 
 def _spaced(values: tuple[float, ...]) -> str:

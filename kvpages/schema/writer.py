@@ -1,7 +1,5 @@
-"""Writes a run folder (kvpages.schema.rows): each finished block's samples and each finished row are
-appended to their CSV in one write, and meta.json is replaced atomically, so an interrupted run keeps
-every finished block and row, parseable. No torch import.
-"""
+"""Writes a run folder (kvpages.schema.rows): each finished block's samples and row are appended in one write, and
+meta.json is replaced atomically, so an interrupted run keeps every finished block and row, parseable (no torch)."""
 
 from __future__ import annotations
 
@@ -52,12 +50,8 @@ def create_run_dir(results_dir: Path, device_label: str) -> Path:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, then rename it over `path`.
-
-    A reader, or a run interrupted at any point, sees the old file or the new one,
-    never a torn one. (No fsync: this guards against interruption and crashes of
-    the process, not against power loss, and keeps bookkeeping off the run's clock.)
-    """
+    """Write `text` to a temporary file beside `path`, then rename it over `path`: a reader, or a run interrupted at any
+    point, sees the old file or the new one (no fsync: this guards against crashes, not power loss)."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", newline="") as f:
         f.write(text)
