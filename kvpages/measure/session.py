@@ -116,6 +116,17 @@ def end_note(done: int, partial: int, planned: int, exitstatus: int, multi_rank:
     return True, f"all {done} {rows} recorded"
 
 
+def crosscheck(cases: list[profiler_check.CheckCase], device: str, trace_out: Path) -> Crosscheck:
+    """The profiler cross-check, in a process of its own, before any timing, over every selected case that can
+    run; when it fails, every row's note says why and the session goes on timing (it never retries)."""
+    if not cases:
+        return Crosscheck()
+    try:
+        return Crosscheck(profiler_check.run_crosscheck(cases, device, trace_out=trace_out))
+    except profiler_check.CrosscheckError as exc:
+        return Crosscheck(unavailable=str(exc))
+
+
 def own_process(index: int, phase: Phases, workers: Workers, started_at: float, total_s: float) -> ProcessInfo:
     """meta.json's record of the session's own process: its wall is the session's, less its workers' (their start-up
     together, then their turns) and the cross-check's; its start-up runs to its first block, less both."""
@@ -174,27 +185,17 @@ class KvSession:
             return
         cases = self.plan.cases(selected)
         if self.crosscheck_on:
-            self._crosscheck([profiler_check.CheckCase(v, t) for t, v in cases
-                              if t.unavailable_reason(v, self.device) is None])
+            self.trace_dir = Path(tempfile.mkdtemp(prefix="kvpages-crosscheck-"))
+            with self.phase("crosscheck"):
+                self.runner.crosscheck = crosscheck([profiler_check.CheckCase(v, t) for t, v in cases if
+                                                     t.unavailable_reason(v, self.device) is None],
+                                                    self.device, self.trace_dir / profiler_check.TRACE_FILE)
         if not self.timing or not selected:
             return
         group = self.context.group
         if group is None or group.rank == 0:  # rank 0 gathers every rank's samples and writes the run folder
             self.writer = self._open_run_folder()
         self.recorder = Recorder(self.writer, cases, self.context, self.repetitions, self.process, self.launcher)
-
-    def _crosscheck(self, cases: list[profiler_check.CheckCase]) -> None:
-        """The profiler cross-check, in a process of its own, before any timing, over every selected case that can
-        run; when it fails, every row's note says why and the session goes on timing (it never retries)."""
-        self.trace_dir = Path(tempfile.mkdtemp(prefix="kvpages-crosscheck-"))
-        with self.phase("crosscheck"):
-            if not cases:
-                return
-            try:
-                self.runner.crosscheck = Crosscheck(profiler_check.run_crosscheck(
-                    cases, self.device, trace_out=self.trace_dir / profiler_check.TRACE_FILE))
-            except profiler_check.CrosscheckError as exc:
-                self.runner.crosscheck = Crosscheck(unavailable=str(exc))
 
     def _open_run_folder(self) -> RunWriter:
         """A new run folder with its meta.json (after the cross-check, whose outcome the environment states)."""
@@ -212,8 +213,6 @@ class KvSession:
         if self.trace_dir is not None and (self.trace_dir / profiler_check.TRACE_FILE).exists():
             shutil.move(self.trace_dir / profiler_check.TRACE_FILE, path / profiler_check.TRACE_FILE)
         return writer
-
-    # ------------------------------------------------------------------ the blocks
 
     def run_workers(self, command: WorkerCommand, say: Callable[[str], None]) -> None:
         """Time the earlier processes' shares in workers; the recorder takes each outcome a worker logs as it comes."""
@@ -243,8 +242,6 @@ class KvSession:
             if outcome.fail:
                 pytest.fail(message, pytrace=False)
             pytest.skip(message)
-
-    # ------------------------------------------------------------------ the end
 
     def finish(self, exitstatus: int, total_s: float) -> None:
         """Close the run folder: completed only if every planned case ran and the session passed (a worker: its log)."""
