@@ -189,13 +189,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from kvpages.measure.worklog import read_cases
 
     cases = read_cases(Path(folder))
-    keep: list[pytest.Item] = []
-    dropped: list[pytest.Item] = []
-    for item in items:
-        block = _block_of(item)
-        (keep if block is not None and block.case_id in cases else dropped).append(item)
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
+    keep = [item for item in items if (block := _block_of(item)) is not None and block.case_id in cases]
+    if len(keep) < len(items):
+        kept = set(keep)
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = keep
 
 
