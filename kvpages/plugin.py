@@ -18,13 +18,7 @@ import pytest
 
 from kvpages.core.capacity import check_fits, host_available_bytes
 from kvpages.core.options import OPTIONS, BenchOptions
-from kvpages.measure.workers import (
-    WORKER_DIR_FLAG,
-    WORKER_FLAG,
-    WORKER_GO_FLAG,
-    exit_without_collecting,
-    process_started_at,
-)
+from kvpages.measure.workers import WORKER_DIR_FLAG, WORKER_FLAG, WORKER_GO_FLAG, exit_without_collecting, process_started_at
 
 if TYPE_CHECKING:
     from kvpages.measure.group import Launch
@@ -78,10 +72,8 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch  # only when a CUDA device is asked for
 
         if not torch.cuda.is_available():
-            raise pytest.UsageError(
-                f"--kv-device: 'cuda' is not available here (torch {torch.__version__}, "
-                f"CUDA build: {torch.version.cuda}); valid here: auto, cpu"
-            )
+            raise pytest.UsageError(f"--kv-device: 'cuda' is not available here (torch {torch.__version__}, "
+                                    f"CUDA build: {torch.version.cuda}); valid here: auto, cpu")
     if "WORLD_SIZE" in os.environ:  # started by torchrun: one pytest session per rank (kvpages.measure.ranks)
         options = _ranked(config, options)
     worker, worker_dir = config.getoption(WORKER_FLAG), config.getoption(WORKER_DIR_FLAG)
@@ -303,11 +295,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     except ModuleNotFoundError as exc:
         if exc.name not in ANALYSIS_PACKAGES:
             raise
-        terminalreporter.write_line(
-            f"kvpages: the run folder {writer.path} is complete, but {exc.name} is not installed, so there is no "
-            f"summary, chart or report; pip install {' '.join(ANALYSIS_PACKAGES)} (or run `kvpages report` "
-            "on another machine)"
-        )
+        terminalreporter.write_line(f"kvpages: the run folder {writer.path} is complete, but {exc.name} is not installed, "
+                                    f"so there is no summary, chart or report; pip install {' '.join(ANALYSIS_PACKAGES)} "
+                                    "(or run `kvpages report` on another machine)")
 
 
 ANALYSIS_PACKAGES = ("pandas", "matplotlib")

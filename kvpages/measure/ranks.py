@@ -152,9 +152,8 @@ class RankTarget(ScenarioTarget):
             return (made(STEP, None, []),)
         of = [b for b in blocks if isinstance(b, RankSampleSet)]
         ranks = range(self.world_size)
-        return tuple(made(role, rank, [b for b in of if (b.role, b.rank) == (role, rank)])
-                     for role, rank in [(RANK, r) for r in ranks] + [(ALONE, r) for r in ranks] + [(STEP, None),
-                                                                                                  (ALONE_MAX, None)])
+        roles = [(RANK, r) for r in ranks] + [(ALONE, r) for r in ranks] + [(STEP, None), (ALONE_MAX, None)]
+        return tuple(made(role, rank, [b for b in of if (b.role, b.rank) == (role, rank)]) for role, rank in roles)
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": "ranked step", "world_size": self.world_size, **dataclasses.asdict(self.scenario)}

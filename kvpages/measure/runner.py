@@ -50,8 +50,7 @@ ERROR = "error"
 def is_out_of_memory(exc: BaseException) -> bool:
     """A CUDA or CPU allocation failure (torch raises a plain RuntimeError for the CPU allocator)."""
     return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
-        isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(exc)
-    )
+        isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(exc))
 
 
 def together(group: Group | None, block: Block, when: str, step: Callable[[], T]) -> T:
