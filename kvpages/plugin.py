@@ -1,11 +1,9 @@
 """The pytest plugin: `--kv-*` options, the generated benchmarks and the run folder.
 
-Registered through the `pytest11` entry point, so it is active wherever kvpages is
-installed; it imports torch only when a kvpages benchmark is collected (or an
-option needs it to be checked). Benchmarks are parametrized from the schedule of
-blocks (kvpages.measure.schedule): `kv_case` (bench/test_d2h.py) over the sweep's points and
-variants, `kv_scenario` (bench/test_steps.py) over the whole-request and step scenarios
-and the step variants, so a new variant is benchmarked without touching bench/.
+Registered through the `pytest11` entry point, so it is active wherever kvpages is installed; it imports torch only
+when a kvpages benchmark is collected (or an option needs it to be checked). `kv_case` (bench/test_d2h.py) and
+`kv_scenario` (bench/test_steps.py) are parametrized from the schedule of blocks (kvpages.measure.schedule), so a
+new variant is benchmarked without touching bench/.
 """
 
 from __future__ import annotations
@@ -20,13 +18,7 @@ import pytest
 
 from kvpages.core.capacity import check_fits, host_available_bytes
 from kvpages.core.options import OPTIONS, BenchOptions
-from kvpages.measure.workers import (
-    WORKER_DIR_FLAG,
-    WORKER_FLAG,
-    WORKER_GO_FLAG,
-    exit_without_collecting,
-    process_started_at,
-)
+from kvpages.measure.workers import WORKER_DIR_FLAG, WORKER_FLAG, WORKER_GO_FLAG, exit_without_collecting, process_started_at
 
 if TYPE_CHECKING:
     from kvpages.measure.group import Launch
@@ -42,12 +34,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("kvpages", "kvpages D2H sweep (benchmarks in bench/)")
     for option in OPTIONS:
         group.addoption(option.flag, default=None, help=option.help)
-    group.addoption(
-        "--kv-analyze",
-        action="store_true",
-        default=False,
-        help="after the run, write its charts and REPORT.md into the run folder",
-    )
+    group.addoption("--kv-analyze", action="store_true", default=False,
+                    help="after the run, write its charts and REPORT.md into the run folder")
     group.addoption(WORKER_FLAG, type=int, default=None, metavar="K",
                     help="internal: time only process K's share and log it (the session starts its workers)")
     group.addoption(WORKER_DIR_FLAG, default=None, metavar="DIR", help="internal: where a worker logs its blocks")
@@ -68,26 +56,24 @@ def pytest_configure(config: pytest.Config) -> None:
             register_specs(options.sglang)
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
-    if options.variants is not None:
-        from kvpages.measure.variants import get_variant
-
-        _check_names("--kv-variants", options.variants, get_variant)
-    if options.baseline is not None:
-        from kvpages.measure.variants import get_variant
-
-        _check_names("--kv-baseline", (options.baseline,), get_variant)
-    if options.step_variants is not None:
+    if options.variants or options.baseline or options.step_variants:  # each name registered, or the valid ones listed
         from kvpages.measure.steps import get_step_variant
+        from kvpages.measure.variants import get_variant
 
-        _check_names("--kv-step-variants", options.step_variants, get_step_variant)
+        for flag, names, lookup in (("--kv-variants", options.variants or (), get_variant),
+                                    ("--kv-baseline", (options.baseline,) if options.baseline else (), get_variant),
+                                    ("--kv-step-variants", options.step_variants or (), get_step_variant)):
+            for name in names:
+                try:
+                    lookup(name)
+                except ValueError as exc:
+                    raise pytest.UsageError(f"{flag}: {exc}") from None
     if options.device == "cuda":
         import torch  # only when a CUDA device is asked for
 
         if not torch.cuda.is_available():
-            raise pytest.UsageError(
-                f"--kv-device: 'cuda' is not available here (torch {torch.__version__}, "
-                f"CUDA build: {torch.version.cuda}); valid here: auto, cpu"
-            )
+            raise pytest.UsageError(f"--kv-device: 'cuda' is not available here (torch {torch.__version__}, "
+                                    f"CUDA build: {torch.version.cuda}); valid here: auto, cpu")
     if "WORLD_SIZE" in os.environ:  # started by torchrun: one pytest session per rank (kvpages.measure.ranks)
         options = _ranked(config, options)
     worker, worker_dir = config.getoption(WORKER_FLAG), config.getoption(WORKER_DIR_FLAG)
@@ -135,15 +121,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         raise pytest.UsageError(f"--kv-seq-lens: {exc}") from None
     if not config.option.collectonly:
         kv.start([b for item in session.items if (b := _block_of(item)) is not None])
-
-
-def _check_names(flag: str, names: tuple[str, ...], lookup) -> None:
-    """Each name must be registered: a usage error that lists the valid ones otherwise."""
-    for name in names:
-        try:
-            lookup(name)
-        except ValueError as exc:
-            raise pytest.UsageError(f"{flag}: {exc}") from None
 
 
 def kv_session(config: pytest.Config) -> KvSession:
@@ -204,13 +181,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from kvpages.measure.worklog import read_cases
 
     cases = read_cases(Path(folder))
-    keep: list[pytest.Item] = []
-    dropped: list[pytest.Item] = []
-    for item in items:
-        block = _block_of(item)
-        (keep if block is not None and block.case_id in cases else dropped).append(item)
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
+    keep = [item for item in items if (block := _block_of(item)) is not None and block.case_id in cases]
+    if len(keep) < len(items):
+        kept = set(keep)
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = keep
 
 
@@ -242,7 +216,7 @@ def worker_folder_parent() -> str | None:
 def _run_workers(config: pytest.Config, kv: KvSession) -> None:
     import tempfile
 
-    from kvpages.measure.workers import WorkerCommand, WorkerFailed, passed_through
+    from kvpages.measure.workers import WorkerCommand, WorkerFailed
 
     folder = Path(tempfile.mkdtemp(prefix="kvpages-workers-", dir=worker_folder_parent()))
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
@@ -250,7 +224,8 @@ def _run_workers(config: pytest.Config, kv: KvSession) -> None:
     command = WorkerCommand(
         paths=tuple(str(arg).split("[", 1)[0] for arg in config.args),
         kv_args=kv.options.replace(crosscheck="off", results_dir=None).to_args(),
-        extra=tuple(passed_through(config.invocation_params.args)),
+        timed_as=("--benchmark-timer", option.benchmark_timer) + (
+            ("--benchmark-disable-gc",) if option.benchmark_disable_gc else ()),
         rootdir=str(config.rootpath), cwd=config.invocation_params.dir, folder=folder,
         json_out=bool(option.benchmark_json or option.benchmark_save or option.benchmark_autosave),
     )
@@ -320,11 +295,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     except ModuleNotFoundError as exc:
         if exc.name not in ANALYSIS_PACKAGES:
             raise
-        terminalreporter.write_line(
-            f"kvpages: the run folder {writer.path} is complete, but {exc.name} is not installed, so there is no "
-            f"summary, chart or report; pip install {' '.join(ANALYSIS_PACKAGES)} (or run `kvpages report` "
-            "on another machine)"
-        )
+        terminalreporter.write_line(f"kvpages: the run folder {writer.path} is complete, but {exc.name} is not installed, "
+                                    f"so there is no summary, chart or report; pip install {' '.join(ANALYSIS_PACKAGES)} "
+                                    "(or run `kvpages report` on another machine)")
 
 
 ANALYSIS_PACKAGES = ("pandas", "matplotlib")

@@ -1,9 +1,8 @@
 """Many ranks at once: what a scheduler step pays when every rank of a node converts in the same moment.
 
-torchrun starts one pytest session per rank, on its own device, joined in one gloo group (kvpages.measure.group).
-Every rank runs the same blocks (`RankTarget`) through the one runner. Rounds run in cycles of world_size + 1:
-each rank alone in turn, then every rank at once; rank 0 gathers the times and writes the run folder. A rank
-that raises, or a barrier that times out, stops the run naming the rank.
+torchrun starts one pytest session per rank, joined in one gloo group (kvpages.measure.group), and every rank runs
+the same blocks (`RankTarget`) through the one runner, in cycles of rounds (docs/guide.md, "the rounds and the
+contention"); rank 0 gathers the times and writes the run folder.
 """
 
 from __future__ import annotations
@@ -29,16 +28,11 @@ TOGETHER = -1
 """A round in which every rank converts at once (`round_modes`); any other round is one rank's, alone."""
 
 
-def cycle_rounds(world_size: int) -> int:
-    """The rounds of one cycle: each rank alone, then every rank at once."""
-    return world_size + 1
-
-
 def round_modes(rounds: int, world_size: int) -> tuple[int, ...]:
-    """Who converts in each timed round: the rank converting alone, or TOGETHER (every rank at once); cycles of each
-    rank alone in turn, then every rank, the turn starting one rank later in each cycle, so no rank always goes
+    """Who converts in each timed round: the rank converting alone, or TOGETHER; cycles of world_size + 1 rounds,
+    each rank alone in turn, then every rank, the turn starting one rank later in each cycle, so no rank always goes
     first (fewer rounds than a cycle: every rank, in each)."""
-    cycle = cycle_rounds(world_size)
+    cycle = world_size + 1
     if rounds < cycle:
         return (TOGETHER,) * rounds
     return tuple(mode for k in range(rounds // cycle)
@@ -47,6 +41,8 @@ def round_modes(rounds: int, world_size: int) -> tuple[int, ...]:
 
 @dataclass
 class _Rounds:
+    """Where a block's timed rounds are: who converts in each, and the round now."""
+
     modes: tuple[int, ...] = (TOGETHER,)
     timing: bool = False
     index: int = -1
@@ -80,7 +76,7 @@ class RankTarget(ScenarioTarget):
             return state.held
 
         def rounds(wanted: int) -> int:
-            agreed = group.agree_rounds(f"{case}: agreeing on the rounds", wanted, cycle_rounds(group.size))
+            agreed = group.agree_rounds(f"{case}: agreeing on the rounds", wanted, group.size + 1)  # whole cycles
             state.modes = round_modes(agreed, group.size)
             return agreed
 
@@ -156,9 +152,8 @@ class RankTarget(ScenarioTarget):
             return (made(STEP, None, []),)
         of = [b for b in blocks if isinstance(b, RankSampleSet)]
         ranks = range(self.world_size)
-        return tuple(made(role, rank, [b for b in of if (b.role, b.rank) == (role, rank)])
-                     for role, rank in [(RANK, r) for r in ranks] + [(ALONE, r) for r in ranks] + [(STEP, None),
-                                                                                                  (ALONE_MAX, None)])
+        roles = [(RANK, r) for r in ranks] + [(ALONE, r) for r in ranks] + [(STEP, None), (ALONE_MAX, None)]
+        return tuple(made(role, rank, [b for b in of if (b.role, b.rank) == (role, rank)]) for role, rank in roles)
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": "ranked step", "world_size": self.world_size, **dataclasses.asdict(self.scenario)}

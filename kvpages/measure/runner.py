@@ -1,14 +1,10 @@
 """The runner: one loop over the planned blocks of every target (kvpages.measure.targets).
 
-Every (variant, target) is checked against the reference (on every input in the run's first
-process, on one in each later one) and metered in its first block of each process (and
-cross-checked against the profiler, when that is on), then timed in interleaved, seeded
-repetitions dealt to processes and passes. `Runner.run(benchmark, block)` returns the block's
-`BlockOutcome` (kvpages.measure.outcome): its samples and the meter's reading, or the stop of a
-case that cannot run, or runs wrong, which then runs no further blocks here. The runner knows
-nothing of the session: the session hands each outcome to its recorder
-(kvpages.measure.recorder), or a worker to its log.
-Data flows one way: block -> workload -> variant (checked, metered, timed) -> samples -> outcome.
+Each (variant, target) is checked against the reference and metered in its first block in each process (and
+cross-checked against the profiler, when that is on), then timed in the blocks dealt to this process (the steps:
+docs/method.md#how-a-block-is-measured). `Runner.run(benchmark, block)` returns the block's `BlockOutcome`: its
+samples and the meter's reading, or the stop of a case that cannot run, or runs wrong, which then runs no further
+blocks here. The runner knows nothing of the session, which hands each outcome on.
 """
 
 from __future__ import annotations
@@ -54,8 +50,7 @@ ERROR = "error"
 def is_out_of_memory(exc: BaseException) -> bool:
     """A CUDA or CPU allocation failure (torch raises a plain RuntimeError for the CPU allocator)."""
     return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
-        isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(exc)
-    )
+        isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(exc))
 
 
 def together(group: Group | None, block: Block, when: str, step: Callable[[], T]) -> T:

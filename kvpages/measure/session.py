@@ -1,13 +1,7 @@
 """The sweep session: wires the options, the plan of blocks, the runner, the recorder and the run folder.
 
-One session per pytest session (kvpages.plugin). It plans the blocks of the sweep's points and of
-the whole requests and steps as frozen data (kvpages.measure.schedule). Before the first block
-(`start`, at the end of collection) it runs the profiler cross-check and opens the run folder with
-its recorder (kvpages.measure.recorder). It starts the earlier processes' shares in fresh worker
-processes (`run_workers`, kvpages.measure.workers), whose outcomes its recorder reads from their
-logs as they are written, then runs its own share through one runner (kvpages.measure.runner),
-handing each block's outcome to the same recorder. It closes the run folder with the run's
-completion, processes and phase timings. In a worker, the session logs its outcomes instead.
+One session per pytest session (kvpages.plugin); how a block travels through it: docs/guide.md#how-a-block-travels.
+In a worker process (kvpages.measure.workers) the session logs its outcomes instead of recording them.
 SIGTERM stops a session (or a worker) as SIGINT does: every finished block is kept.
 """
 
@@ -46,13 +40,6 @@ from kvpages.measure.workers import WorkerCommand, Workers, run_workers
 from kvpages.measure.worklog import WorkerEnd, WorkerLog, log_path, write_cases
 from kvpages.schema.meta import ProcessInfo, RunMeta, RunTiming
 from kvpages.schema.writer import RunWriter, create_run_dir, utc_now
-
-
-def resolve_device(choice: str) -> str:
-    """'auto' becomes 'cuda' when CUDA is available, else 'cpu'."""
-    if choice == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return choice
 
 
 class SweepPlan:
@@ -95,16 +82,11 @@ class SweepPlan:
         return [(t, v) for t in targets for v in self.variants_of(t) if case_id(v, t.id) in ids]
 
 
-WORKER_START_S = 45.0
-"""A worker's allowance for what comes before its blocks: the interpreter, torch and pytest imports, collection,
-CUDA's start (a process of the dev box's default sweep takes 2-3 s)..."""
-WORKER_PER_TARGET_S = 5.0
-"""...plus this much per point, request or step of its share, for building its inputs (a 512K-token pool: well
-under a second on an idle dev box)..."""
-WORKER_PER_BLOCK_S = 0.05
-"""...plus this much untimed work per block (its check, meter and bookkeeping: about 5-10 ms on the dev box)..."""
-WORKER_BUDGET_FACTOR = 10.0
-"""...plus this many times the timed budget of its blocks (warm-up and rounds of minimum length come on top of it)."""
+# A worker's time limit (worker_limit_s), well over what each part of its share takes:
+WORKER_START_S = 45.0  # its start-up: imports, collection, CUDA's start
+WORKER_PER_TARGET_S = 5.0  # building the inputs of each point, request or step of its share
+WORKER_PER_BLOCK_S = 0.05  # each block's untimed work: its check, meter and bookkeeping
+WORKER_BUDGET_FACTOR = 10.0  # times its blocks' timed budget (warm-up and minimum rounds come on top)
 
 
 def worker_limit_s(plan: SweepPlan, options: BenchOptions, repetitions: int, process: int,
@@ -134,26 +116,15 @@ def end_note(done: int, partial: int, planned: int, exitstatus: int, multi_rank:
     return True, f"all {done} {rows} recorded"
 
 
-def crosscheck(cases: list[tuple[Target, str]], device: str, trace_out: Path) -> Crosscheck:
+def crosscheck(cases: list[profiler_check.CheckCase], device: str, trace_out: Path) -> Crosscheck:
     """The profiler cross-check, in a process of its own, before any timing, over every selected case that can
     run; when it fails, every row's note says why and the session goes on timing (it never retries)."""
     if not cases:
         return Crosscheck()
     try:
-        return Crosscheck(profiler_check.run_crosscheck([profiler_check.CheckCase(v, t) for t, v in cases], device,
-                                                        trace_out=trace_out))
+        return Crosscheck(profiler_check.run_crosscheck(cases, device, trace_out=trace_out))
     except profiler_check.CrosscheckError as exc:
         return Crosscheck(unavailable=str(exc))
-
-
-def add_breakdown(writer: RunWriter, exitstatus: int, plan: SweepPlan, device: str) -> None:
-    """Where the time goes, into the finished run folder, in a process of its own: breakdown.csv, and meta.json's
-    note of it."""
-    if exitstatus == pytest.ExitCode.INTERRUPTED:
-        writer.meta.breakdown = "not run: the session was interrupted"
-    else:
-        cases = where_time_goes.planned_cases(plan.point_blocks, plan.planned, device)
-        writer.meta.breakdown = where_time_goes.write_breakdown_into(writer.path, cases, device)
 
 
 def own_process(index: int, phase: Phases, workers: Workers, started_at: float, total_s: float) -> ProcessInfo:
@@ -174,7 +145,8 @@ class KvSession:
                  benchmark_output: bool = True) -> None:
         self.options = options
         self.started_at = started_at  # perf_counter when this process started (kvpages.measure.workers)
-        self.device = resolve_device(options.device_choice)
+        auto = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = auto if options.device_choice == "auto" else options.device_choice
         self.rootdir = rootdir
         self.results_dir = Path(options.results_dir) if options.results_dir else rootdir / "results"
         group = None if launch is None else Group(launch, self.device, options.rank_timeout_s)  # joins the ranks
@@ -215,9 +187,9 @@ class KvSession:
         if self.crosscheck_on:
             self.trace_dir = Path(tempfile.mkdtemp(prefix="kvpages-crosscheck-"))
             with self.phase("crosscheck"):
-                self.runner.crosscheck = crosscheck(
-                    [(t, v) for t, v in cases if t.unavailable_reason(v, self.device) is None], self.device,
-                    self.trace_dir / profiler_check.TRACE_FILE)
+                self.runner.crosscheck = crosscheck([profiler_check.CheckCase(v, t) for t, v in cases if
+                                                     t.unavailable_reason(v, self.device) is None],
+                                                    self.device, self.trace_dir / profiler_check.TRACE_FILE)
         if not self.timing or not selected:
             return
         group = self.context.group
@@ -241,8 +213,6 @@ class KvSession:
         if self.trace_dir is not None and (self.trace_dir / profiler_check.TRACE_FILE).exists():
             shutil.move(self.trace_dir / profiler_check.TRACE_FILE, path / profiler_check.TRACE_FILE)
         return writer
-
-    # ------------------------------------------------------------------ the blocks
 
     def run_workers(self, command: WorkerCommand, say: Callable[[str], None]) -> None:
         """Time the earlier processes' shares in workers; the recorder takes each outcome a worker logs as it comes."""
@@ -273,8 +243,6 @@ class KvSession:
                 pytest.fail(message, pytrace=False)
             pytest.skip(message)
 
-    # ------------------------------------------------------------------ the end
-
     def finish(self, exitstatus: int, total_s: float) -> None:
         """Close the run folder: completed only if every planned case ran and the session passed (a worker: its log)."""
         self.context.transfer_thread.shutdown(wait=True)
@@ -303,9 +271,13 @@ class KvSession:
             meta.breakdown = "not finished: the sweep was stopped during the profiled passes"
         timing = RunTiming.of(total_s, meta.processes, self.phase.seconds["crosscheck"], self.workers.overlap_s)
         self.writer.finish(completed, note, timing)  # the run folder is finished before the breakdown starts
-        if self.options.breakdown != "off":
+        if self.options.breakdown != "off":  # where the time goes, in a process of its own, into the finished folder
             with self.phase("breakdown"):
-                add_breakdown(self.writer, exitstatus, self.plan, self.device)
+                if exitstatus == pytest.ExitCode.INTERRUPTED:
+                    meta.breakdown = "not run: the session was interrupted"
+                else:
+                    cases = where_time_goes.planned_cases(self.plan.point_blocks, self.plan.planned, self.device)
+                    meta.breakdown = where_time_goes.write_breakdown_into(self.writer.path, cases, self.device)
             self.writer.meta.timing = dataclasses.replace(timing, breakdown_s=self.phase.seconds["breakdown"])
             self.writer.write_meta()
 

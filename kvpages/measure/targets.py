@@ -1,11 +1,10 @@
 """What the runner measures at: a sweep point (one call of a variant) or a whole request or step (a step variant).
 
 Each `Target` builds its workload, calls a variant on it, checks the output, declares the D2H it expects, times
-its rounds and makes its rows; kvpages.measure.runner runs one loop over them. A new kind of target is one class
-here (and its blocks in kvpages.measure.session). Points are timed by pytest-benchmark's timer, one call per
-round; requests and steps record `blocked` (until the calling thread gets control back) and `ready` (until the
-page indices are usable on the host) per round. On CUDA a busy scenario queues a sleeping kernel (the next
-forward) in each round in the scheduler's order (kvpages.measure.steps); its launch is left out of both latencies.
+its rounds and makes its rows; kvpages.measure.runner runs one loop over them, and a new kind of target is one class
+here (its blocks planned in kvpages.measure.session). Points are timed by pytest-benchmark, one call per round;
+requests and steps record per round `blocked` (until the calling thread gets control back) and `ready` (until the
+page indices are usable on the host), a busy scenario's queued forward left out of both (kvpages.measure.steps).
 """
 
 from __future__ import annotations
@@ -349,10 +348,7 @@ class ScenarioTarget:
 
 def target_from_json(data: dict[str, Any]) -> PointTarget | ScenarioTarget:
     """The inverse of `as_json` (the cross-check process rebuilds its targets from it)."""
-    fields = {k: v for k, v in data.items() if k != "kind"}
-    kinds: dict[str, Callable[[], PointTarget | ScenarioTarget]] = {
-        "point": lambda: PointTarget(Point(**fields)),
-        "request": lambda: ScenarioTarget(RequestScenario(**fields)),
-        "step": lambda: ScenarioTarget(StepScenario(**fields)),
-    }
-    return kinds[data["kind"]]()
+    kinds: dict[str, type[Point | RequestScenario | StepScenario]] = {
+        "point": Point, "request": RequestScenario, "step": StepScenario}
+    spec = kinds[data["kind"]](**{k: v for k, v in data.items() if k != "kind"})
+    return PointTarget(spec) if isinstance(spec, Point) else ScenarioTarget(spec)

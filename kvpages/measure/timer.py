@@ -1,8 +1,7 @@
 """Times one block of a variant with pytest-benchmark: warm up, then one call per round.
 
-Every round starts on an idle device (a synchronize in pytest-benchmark's untimed setup),
-so no queued work leaks into it; the variants return only once their data is on the host.
-Rounds rotate among the point's request rows, so long rows are not timed from a warm cache.
+Every round starts on an idle device (a synchronize in pytest-benchmark's untimed setup), and rounds rotate among
+the point's request rows, so long rows are not timed from a warm cache.
 """
 
 from __future__ import annotations
@@ -20,18 +19,14 @@ from kvpages.measure.variants import call_args
 WARMUP_FIRST_S = 0.001
 """A (variant, point)'s first block in a process warms up on every input, and for at least this long (untimed)..."""
 WARMUP_LATER_S = 0.0005
-"""...its later blocks, after the other variants ran, for at least this long and one call: their inputs' first-time
-allocations are behind them, and one call of a long point warms it (a pass over 32 inputs of 524288 tokens was most
-of the default sweep's warm-up)."""
-
-
+"""...its later blocks for at least this long and one call: their inputs' first-time allocations are behind them,
+and one call of a long point warms it."""
 US_DECIMALS = 3
-"""Samples are kept in microseconds to the nanosecond, the clocks' resolution: a rounded value's repr is short, so
-samples.csv, which keeps every round, is about a third of the size."""
+"""Samples are kept in microseconds to the nanosecond, the clocks' resolution (short reprs: samples.csv a third the size)."""
 
 
 def to_us(seconds: Iterable[float]) -> tuple[float, ...]:
-    """Seconds as microseconds, to `US_DECIMALS` (numpy's rounding: a tenth of the time of `round` per sample)."""
+    """Seconds as microseconds, to `US_DECIMALS` (numpy's rounding: a tenth of `round`'s time)."""
     return tuple(np.round(np.fromiter(seconds, float) * 1e6, US_DECIMALS).tolist())
 
 
@@ -42,13 +37,8 @@ def synchronizer(device: str) -> Callable[[], None]:
 def warm_up(fn: Callable, inputs: Sequence, page_size: int, sync: Callable[[], None],
             min_s: float, every_input: bool = True) -> float:
     """Call `fn` on every input (`every_input`; else at least once), and for at least `min_s`, untimed; return the
-    mean seconds per call.
-
-    Each result is held until the next call returns, as pytest-benchmark's timed loop holds
-    round N's result while round N+1 runs; so a variant that allocates its output (a pinned
-    host buffer, say) has as many buffers live here as in the timed rounds, and the timed
-    rounds pay for no first-time allocation (no cudaHostAlloc inside a timed round).
-    """
+    mean seconds per call. Each result is held until the next call returns, as the timed loop holds round N's
+    result while round N+1 runs, so no first-time allocation (a pinned host buffer, say) falls in a timed round."""
     held = None
     calls, start = 0, time.perf_counter()
     while calls < (len(inputs) if every_input else 1) or time.perf_counter() - start < min_s:
@@ -70,11 +60,8 @@ class BlockResult:
 
 def time_block(benchmark, fn: Callable, inputs: Sequence, page_size: int,
                sync: Callable[[], None], rounds: int) -> BlockResult:
-    """Time `rounds` rounds of one call each with `benchmark.pedantic`, rotating inputs.
-
-    `sync` runs in the untimed setup before every round (it may also queue device work). An input set with
-    extras (kvpages.measure.variants.WithExtras) passes them by keyword, from the same untimed setup.
-    """
+    """Time `rounds` rounds of one call each with `benchmark.pedantic`, rotating inputs; `sync` runs in the untimed
+    setup before every round (it may also queue device work), and an input's extras are passed by keyword."""
     order = itertools.cycle(range(len(inputs)))
     last = [0]
 

@@ -1,22 +1,16 @@
-"""Fresh processes for a sweep's repetitions: pyperf's idea, with pytest as the runner.
+"""Fresh processes for a sweep's repetitions: pyperf's idea, with pytest as the runner (docs/guide.md#processes).
 
-A process fixes its address-space layout, allocator state, code and data placement for its whole
-life, so repetitions inside one process cannot see a shift of the whole process. With
-`--kv-processes P` (P >= 2), the pytest session the user runs is the last of P processes: before it
-times its own share, it starts the P - 1 earlier ones together, as
+With `--kv-processes P` (P >= 2) the user's pytest session is the last of P processes. Before it times its own
+share it starts the P - 1 earlier ones together, as
 
     python -m pytest <the same files> <the same --kv-* options> --benchmark-only --kv-worker K --kv-worker-dir DIR
         --kv-worker-go FD
 
-Each imports and collects, says it is ready in its log, and waits on its pipe FD. Once every one is
-ready (nothing runs but their waits), the session lets them time one at a time, never two at once:
-the start-ups, about 2 s of one core each, overlap on the box's cores instead of adding up.
-A worker plans the same blocks (kvpages.measure.schedule), collects only those of process K, keeps
-only the cases the session selected (DIR/cases.json), and logs each finished block to
-DIR/process-K.jsonl as it goes (kvpages.measure.worklog). The session's recorder reads each outcome as it is written
-(kvpages.measure.recorder), so an interrupted run keeps the workers' finished blocks too; then the
-session times its own share.
-No torch import.
+Each imports and collects, says it is ready in its log, and waits on its pipe FD. Once every one is ready, the
+session lets them time one at a time, never two at once, so their start-ups overlap on the cores instead of adding
+up. A worker plans the same blocks (kvpages.measure.schedule), collects only those of process K among the cases the
+session selected (DIR/cases.json), and logs each finished block to DIR/process-K.jsonl (kvpages.measure.worklog),
+which the session's recorder reads as it is written. No torch import.
 """
 
 from __future__ import annotations
@@ -35,7 +29,7 @@ from pathlib import Path
 
 from kvpages.measure.outcome import BlockOutcome
 from kvpages.measure.recorder import deferred_interruption
-from kvpages.measure.worklog import LogReader, WorkerEnd, json_path, log_path
+from kvpages.measure.worklog import LogReader, json_path, log_path
 from kvpages.schema.meta import ProcessInfo
 
 WORKER_FLAG = "--kv-worker"
@@ -43,13 +37,9 @@ WORKER_DIR_FLAG = "--kv-worker-dir"
 WORKER_GO_FLAG = "--kv-worker-go"
 LEAN_PYTEST = ("-q", "--benchmark-quiet", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:logging",
                "-p", "no:unraisableexception")
-"""A worker's pytest: quiet (no table of its hundreds of benchmarks: the session reports the run), no cache, and
-without three plugins bench/ does not use: hypothesis's (no property tests; about 1.5 s of import at the end of a
-session), log capture (it attaches its handlers to the root and every non-propagating logger, torch's ~40,
-around each phase of the ~600 tests: about 0.4 s a process) and the unraisable-exception hook (two full garbage
-collections at the end of a session: about 0.3 s); the Makefile's BENCH_PYTEST leaves the same out of the session."""
-PASSED_THROUGH = ("--benchmark-timer", "--benchmark-disable-gc")
-"""pytest-benchmark options that change how a block is timed: a worker gets them as the session got them."""
+"""A worker's pytest: quiet (the session reports the run), no cache, and without three plugins bench/ does not use,
+which cost each process about 1.5 s (hypothesis's import), 0.4 s (log capture around every test phase) and 0.3 s
+(the unraisable-exception hook's garbage collections); the Makefile's BENCH_PYTEST leaves the same out."""
 
 
 def process_started_at() -> float:
@@ -66,18 +56,6 @@ def process_started_at() -> float:
     return now - max(age, 0.0)
 
 
-def passed_through(invocation_args: Sequence[str]) -> list[str]:
-    """The `PASSED_THROUGH` options among the session's arguments, as given (`--opt value` or `--opt=value`)."""
-    out: list[str] = []
-    args = list(invocation_args)
-    for i, arg in enumerate(args):
-        name = arg.split("=", 1)[0]
-        if name in PASSED_THROUGH:
-            takes_value = name != "--benchmark-disable-gc" and "=" not in arg and i + 1 < len(args)
-            out += [arg, args[i + 1]] if takes_value else [arg]
-    return out
-
-
 @dataclass(frozen=True)
 class WorkerCommand:
     """How the session starts worker K: everything but K is the same for every worker."""
@@ -85,7 +63,8 @@ class WorkerCommand:
     paths: tuple[str, ...]
     """The session's file arguments, parametrization stripped (a worker's blocks have other ids)."""
     kv_args: tuple[str, ...]
-    extra: tuple[str, ...]
+    timed_as: tuple[str, ...]
+    """The session's pytest-benchmark options that change how a block is timed (its timer, its GC)."""
     rootdir: str
     cwd: Path
     folder: Path
@@ -95,14 +74,28 @@ class WorkerCommand:
         json_args = ["--benchmark-json", str(json_path(self.folder, process))] if self.json_out else []
         return [sys.executable, "-m", "pytest", *self.paths, *self.kv_args, "--benchmark-only",
                 WORKER_FLAG, str(process), WORKER_DIR_FLAG, str(self.folder), WORKER_GO_FLAG, str(go_fd),
-                "--rootdir", self.rootdir, *LEAN_PYTEST, *self.extra, *json_args]
+                "--rootdir", self.rootdir, *LEAN_PYTEST, *self.timed_as, *json_args]
+
+
+POLL_S = 0.2
+"""How often the session reads a running worker's log: its outcomes reach the run folder this soon."""
+READY_POLL_S = 0.02
+"""How often it looks whether the workers are ready (nothing is timed meanwhile)."""
+STOP_WAIT_S = 30.0
+"""How long an interrupted session waits for a worker it passed the interruption on to, before killing it."""
+
+
+class WorkerFailed(Exception):
+    """A worker process did not run to its end (killed, crashed, refused, or past its limit): the run fails."""
 
 
 @dataclass
-class Started:
-    """A worker launched, waiting for its turn."""
+class Worker:
+    """One worker process: launched, waiting on its pipe for its turn, then timing its share."""
 
     process: int
+    total: int
+    """The run's processes, the session's included (for messages)."""
     child: subprocess.Popen
     go_fd: int | None
     """The write end of its pipe (None once written or closed)."""
@@ -110,40 +103,16 @@ class Started:
     log: LogReader
     launched_at: float
     """time.time() at its launch."""
-
-    def release(self) -> None:
-        """Its turn: it starts timing now."""
-        assert self.go_fd is not None
-        os.write(self.go_fd, b"g")
-        self.dismiss()
-
-    def dismiss(self) -> None:
-        """Close its pipe: a worker still waiting exits."""
-        if self.go_fd is not None:
-            os.close(self.go_fd)
-            self.go_fd = None
-
-    def tail(self) -> str:
-        return "\n".join(self.output.read_text(errors="replace").splitlines()[-15:])
-
-
-@dataclass(frozen=True)
-class WorkerRun:
-    """What one worker left: its exit status, its end line, its wall time and the tail of its output."""
-
-    process: int
-    returncode: int
-    end: WorkerEnd | None
-    launched_at: float
-    ready_s: float
-    """From its launch until it was ready (its start-up, beside the other workers')."""
-    turn_s: float
+    turn_s: float = 0.0
     """From the session's go until it exited (timing its share, one worker at a time)."""
-    output_tail: str
     interrupted: bool = False
     """The session, or the worker itself, was interrupted (SIGINT, SIGTERM) before the worker's end."""
     timed_out: bool = False
-    """It ran past its limit and was killed."""
+
+    @property
+    def ready_s(self) -> float:
+        """From its launch until it was ready (its start-up, beside the other workers')."""
+        return (self.log.ready_at or self.launched_at) - self.launched_at
 
     @property
     def wall_s(self) -> float:
@@ -153,12 +122,55 @@ class WorkerRun:
     @property
     def ok(self) -> bool:
         """It ran to its end: every case passed or was recorded as failed (pytest's 0 and 1)."""
-        return self.returncode in (0, 1) and self.end is not None
+        return self.child.returncode in (0, 1) and self.log.end is not None
+
+    def failed(self, what: str) -> WorkerFailed:
+        """The run's failure: this worker `what`, with the last lines it printed."""
+        tail = "\n".join(self.output.read_text(errors="replace").splitlines()[-15:])
+        return WorkerFailed(f"kvpages: worker process {self.process} of {self.total} {what}; the last lines it "
+                            f"printed:\n{tail}")
+
+    def dismiss(self) -> None:
+        """Close its pipe: a worker still waiting exits."""
+        if self.go_fd is not None:
+            os.close(self.go_fd)
+            self.go_fd = None
+
+    def run(self, limit_s: float, record: Callable[[BlockOutcome], None]) -> None:
+        """Let it time its share, wait for it at most `limit_s` (then kill it), and `record` each outcome it logs as
+        it is written. Interrupted meanwhile (SIGINT, SIGTERM), the session passes SIGINT on to the worker and
+        records what it logged until it stopped."""
+        start = time.perf_counter()
+        assert self.go_fd is not None
+        os.write(self.go_fd, b"g")  # its turn: it starts timing now
+        self.dismiss()
+        try:
+            while True:
+                with deferred_interruption():  # what was read is recorded whole: the log's offset has moved past it
+                    for outcome in self.log.new_outcomes():
+                        record(outcome)
+                try:
+                    self.child.wait(timeout=POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.perf_counter() - start > limit_s:
+                        self.timed_out = True
+                        self.child.kill()
+                        self.child.wait()
+                        break
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.child.send_signal(signal.SIGINT)
+            wait_or_kill(self.child, STOP_WAIT_S)
+        for outcome in self.log.new_outcomes():
+            record(outcome)
+        self.turn_s = time.perf_counter() - start
+        self.interrupted |= self.child.returncode in (2, -signal.SIGINT)  # pytest's status when interrupted, or the signal
 
     def info(self) -> ProcessInfo:
         """meta.json's record of it; its start-up runs from its launch to its first block, less its wait for its
         turn (all of its wall, if it timed nothing or did not get that far)."""
-        end = self.end
+        end = self.log.end
         if end is None:
             return ProcessInfo(self.process, -1, "worker", self.wall_s, 0.0, self.wall_s, 0)
         if end.first_block_at is None or end.released_at is None:
@@ -170,9 +182,9 @@ class WorkerRun:
 
 @dataclass
 class Workers:
-    """A session's workers: each one's run as it ends, their start-up and their pytest-benchmark JSON entries."""
+    """A session's workers: each one as it ends, their start-up and their pytest-benchmark JSON entries."""
 
-    runs: list[WorkerRun] = field(default_factory=list)
+    runs: list[Worker] = field(default_factory=list)
     startup_s: float = 0.0
     """The session's wall from their launch until every one was ready."""
     benchmarks: list[dict] = field(default_factory=list)
@@ -187,158 +199,94 @@ class Workers:
         return sum(r.turn_s for r in self.runs)
 
 
-POLL_S = 0.2
-"""How often the session reads a running worker's log: its outcomes reach the run folder this soon."""
-READY_POLL_S = 0.02
-"""How often it looks whether the workers are ready (nothing is timed meanwhile)."""
-STOP_WAIT_S = 30.0
-"""How long an interrupted session waits for a worker it passed the interruption on to, before killing it."""
+def wait_or_kill(child: subprocess.Popen, timeout_s: float) -> None:
+    """Wait for `child` to exit, at most `timeout_s`, then kill it."""
+    try:
+        child.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
-class WorkerFailed(Exception):
-    """A worker process did not run to its end (killed, crashed, refused, or past its limit): the run cannot be
-    completed."""
+def launch(command: WorkerCommand, process: int, total: int) -> Worker:
+    """Start worker `process`, to wait for its turn on a pipe of its own."""
+    read_fd, write_fd = os.pipe()
+    output = command.folder / f"process-{process}.out"
+    try:
+        with open(output, "w") as out:
+            child = subprocess.Popen(command.argv(process, read_fd), cwd=command.cwd, stdout=out,
+                                     stderr=subprocess.STDOUT, pass_fds=(read_fd,))
+    except BaseException:
+        os.close(write_fd)
+        raise
+    finally:
+        os.close(read_fd)
+    return Worker(process, total, child, write_fd, output, LogReader(log_path(command.folder, process)), time.time())
 
 
-def launch(command: WorkerCommand, processes: int, started: list[Started]) -> None:
-    """Start workers 0 .. processes - 1 at once into `started`, each waiting for its turn on a pipe of its own."""
-    for process in range(processes):
-        read_fd, write_fd = os.pipe()
-        output = command.folder / f"process-{process}.out"
-        try:
-            with open(output, "w") as out:
-                child = subprocess.Popen(command.argv(process, read_fd), cwd=command.cwd, stdout=out,
-                                         stderr=subprocess.STDOUT, pass_fds=(read_fd,))
-        except BaseException:
-            os.close(write_fd)
-            raise
-        finally:
-            os.close(read_fd)
-        started.append(Started(process, child, write_fd, output, LogReader(log_path(command.folder, process)),
-                               time.time()))
-
-
-def wait_ready(started: Sequence[Started], limit_s: float) -> float:
+def wait_ready(started: Sequence[Worker], limit_s: float) -> float:
     """Wait until every worker is ready; return the wall from the first launch to the last ready. One that exits
     first, or is not ready within `limit_s`, fails the run (WorkerFailed, naming it)."""
     begin = time.perf_counter()
-    total = len(started) + 1
     while True:
         waiting = []
-        for s in started:
-            s.log.new_outcomes()  # none before its turn: only its ready line
-            if s.log.ready_at is not None:
+        for w in started:
+            w.log.new_outcomes()  # none before its turn: only its ready line
+            if w.log.ready_at is not None:
                 continue
-            if s.child.poll() is not None:
-                raise WorkerFailed(f"kvpages: worker process {s.process} of {total} exited with status "
-                                   f"{s.child.returncode} before it was ready; the last lines it printed:\n{s.tail()}")
-            waiting.append(s)
+            if w.child.poll() is not None:
+                raise w.failed(f"exited with status {w.child.returncode} before it was ready")
+            waiting.append(w)
         if not waiting:
-            return max(s.log.ready_at or 0.0 for s in started) - min(s.launched_at for s in started)
+            return max(w.log.ready_at or 0.0 for w in started) - min(w.launched_at for w in started)
         if time.perf_counter() - begin > limit_s:
             for late in waiting:
                 late.child.kill()
-            s = waiting[0]
-            raise WorkerFailed(f"kvpages: worker process {s.process} of {total} was not ready within its limit of "
-                               f"{limit_s:.0f} s and was stopped; the last lines it printed:\n{s.tail()}")
+            raise waiting[0].failed(f"was not ready within its limit of {limit_s:.0f} s and was stopped")
         time.sleep(READY_POLL_S)
-
-
-def run_worker(started: Started, limit_s: float, record: Callable[[BlockOutcome], None]) -> WorkerRun:
-    """Let a ready worker time its share, wait for it at most `limit_s` (then kill it), and `record` each outcome it
-    logs as it is written (its output goes to a file beside the log). Interrupted meanwhile (SIGINT, SIGTERM), the
-    session passes SIGINT on to the worker and records what it logged until it stopped."""
-    log, child = started.log, started.child
-    start = time.perf_counter()
-    started.release()
-    interrupted = timed_out = False
-    try:
-        while True:
-            with deferred_interruption():  # what was read is recorded whole: the log's offset has moved past it
-                for outcome in log.new_outcomes():
-                    record(outcome)
-            try:
-                child.wait(timeout=POLL_S)
-                break
-            except subprocess.TimeoutExpired:
-                if time.perf_counter() - start > limit_s:
-                    child.kill()
-                    child.wait()
-                    timed_out = True
-                    break
-    except KeyboardInterrupt:
-        interrupted = True
-        child.send_signal(signal.SIGINT)
-        try:
-            child.wait(timeout=STOP_WAIT_S)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-    for outcome in log.new_outcomes():
-        record(outcome)
-    turn = time.perf_counter() - start
-    ready_s = (log.ready_at or started.launched_at) - started.launched_at
-    interrupted |= child.returncode in (2, -signal.SIGINT)  # pytest's exit status when interrupted, or the signal
-    return WorkerRun(started.process, child.returncode, log.end, started.launched_at, ready_s, turn, started.tail(),
-                     interrupted, timed_out)
-
-
-def dismiss(started: Sequence[Started]) -> None:
-    """The workers whose turn did not come exit (their pipes closed); one that does not within STOP_WAIT_S is
-    killed."""
-    for s in started:
-        s.dismiss()
-    deadline = time.perf_counter() + STOP_WAIT_S
-    for s in started:
-        try:
-            s.child.wait(timeout=max(0.0, deadline - time.perf_counter()))
-        except subprocess.TimeoutExpired:
-            s.child.kill()
-            s.child.wait()
 
 
 def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence[float],
                 record: Callable[[BlockOutcome], None], say: Callable[[str], None], workers: Workers) -> None:
-    """Run the earlier processes' shares: every worker started at once and, when all are ready (within
-    `start_limit_s`), one after another (worker K within `limits_s[K]`), each into `workers` as it ends, with its
-    pytest-benchmark JSON entries. An interrupted worker interrupts the session (KeyboardInterrupt); one that did not
-    run to its end fails the run (WorkerFailed, naming it); either way the workers still waiting exit."""
-    processes = len(limits_s) + 1
-    started: list[Started] = []
+    """Run the earlier processes' shares: every worker started at once, ready within `start_limit_s`, then one after
+    another (worker K within `limits_s[K]`), each into `workers` as it ends. An interrupted worker interrupts the
+    session (KeyboardInterrupt), one that did not run to its end fails the run (WorkerFailed); either way the
+    workers still waiting exit (their pipes closed), or are killed after STOP_WAIT_S."""
+    total = len(limits_s) + 1
+    started: list[Worker] = []
     try:
-        launch(command, len(limits_s), started)
+        for process in range(total - 1):
+            started.append(launch(command, process, total))
         workers.startup_s = wait_ready(started, start_limit_s)
         say(f"kvpages: {len(started)} worker processes started together, all ready in {workers.startup_s:.1f} s")
-        for s, limit in zip(started, limits_s, strict=True):
-            result = run_worker(s, limit, record)
-            workers.runs.append(result)
-            if result.interrupted:
-                raise KeyboardInterrupt(f"worker process {s.process} was interrupted")
-            if result.timed_out:
-                raise WorkerFailed(f"kvpages: worker process {s.process} of {processes} did not finish within its "
-                                   f"limit of {limit:.0f} s and was stopped; the last lines it printed:\n"
-                                   f"{result.output_tail}")
-            if not result.ok:
-                raise WorkerFailed(f"kvpages: worker process {s.process} of {processes} exited with status "
-                                   f"{result.returncode} before its end; the last lines it printed:\n"
-                                   f"{result.output_tail}")
+        for w, limit in zip(started, limits_s, strict=True):
+            w.run(limit, record)
+            workers.runs.append(w)
+            if w.interrupted:
+                raise KeyboardInterrupt(f"worker process {w.process} was interrupted")
+            if w.timed_out:
+                raise w.failed(f"did not finish within its limit of {limit:.0f} s and was stopped")
+            if not w.ok:
+                raise w.failed(f"exited with status {w.child.returncode} before its end")
             if command.json_out:
-                workers.benchmarks += json.loads(json_path(command.folder, s.process).read_text())["benchmarks"]
-            info = result.info()
-            say(f"kvpages: process {s.process + 1} of {processes} (pid {info.pid}): {info.blocks} blocks in "
+                workers.benchmarks += json.loads(json_path(command.folder, w.process).read_text())["benchmarks"]
+            info = w.info()
+            say(f"kvpages: process {w.process + 1} of {total} (pid {info.pid}): {info.blocks} blocks in "
                 f"{info.wall_s:.1f} s, of which start-up {info.startup_s:.1f} s, inputs {info.inputs_s:.1f} s and "
                 f"timed rounds {info.timed_s or 0.0:.1f} s")
     finally:
-        dismiss(started)
-    say(f"kvpages: process {processes} of {processes} (pid {os.getpid()}, this session) times its share now")
+        for w in started:
+            w.dismiss()
+        deadline = time.perf_counter() + STOP_WAIT_S
+        for w in started:
+            wait_or_kill(w.child, max(0.0, deadline - time.perf_counter()))
+    say(f"kvpages: process {total} of {total} (pid {os.getpid()}, this session) times its share now")
 
 
 def exit_without_collecting() -> None:
-    """Leave the objects alive now out of the garbage collector's last passes when this interpreter exits.
+    """Leave the objects alive at exit out of the garbage collector's last passes (once, however often asked for).
 
-    A process that imported torch holds about a million objects, and walking them at exit took about 0.45 s of
-    its 0.65 s exit on the dev box, in each of a sweep's processes (its workers, the breakdown's child and the
-    session). Everything still frees by reference counting, and files are closed by then; nothing measured runs.
-    Runs at exit, once, however often it is asked for."""
+    A process that imported torch holds about a million objects: walking them took about 0.45 s of a 0.65 s exit,
+    in each sweep process. Everything still frees by reference counting, files are closed by then, nothing is timed."""
     atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)

@@ -57,7 +57,6 @@ class WorkerLog:
     """A worker's log: one JSON line per block outcome (kvpages.measure.outcome), flushed as it goes, then its end."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
         self._file = open(path, "a")  # noqa: SIM115 (open for the worker's whole session)
         self.released_at: float | None = None
         """time.time() when its turn came."""
