@@ -258,7 +258,8 @@ def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence
         for process in range(total - 1):
             started.append(launch(command, process, total))
         workers.startup_s = wait_ready(started, start_limit_s)
-        say(f"kvpages: {len(started)} worker processes started together, all ready in {workers.startup_s:.1f} s")
+        count = f"{len(started)} worker process" + ("es" if len(started) > 1 else "")
+        say(f"kvpages: {count} started together, all ready in {workers.startup_s:.1f} s")
         for w, limit in zip(started, limits_s, strict=True):
             w.run(limit, record)
             workers.runs.append(w)
