@@ -7,6 +7,7 @@ errors print one line and exit 2.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -92,7 +93,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     analysis = _analysis(args.run)
     formats = ("png", "svg") if args.svg else ("png",)
-    charts = plot_run(analysis, formats)
+    charts = plot_run(analysis, formats, processes=2)  # drawing is most of the time: two CPUs where free
     if not charts:
         raise RunError(f"{args.run}: no timed rows (status ok), so there is nothing to plot")
     for path in charts:
@@ -227,13 +228,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The `kvpages` program (`argv` None: the console script and `python -m kvpages`), or a command run in-process
-    with `argv`."""
+    with `argv`. The program runs once and exits, so it runs without the cyclic garbage collector (matplotlib's
+    figures are its cycles) and freezes what it holds before it exits, so the exit does not collect it either (the
+    reference run, 2-core dev box: `kvpages plot` 3.05 -> 2.85 s, `kvpages report` 1.50 -> 1.39 s); a caller passing
+    `argv` keeps its collector."""
+    program = argv is None
+    if program:
+        gc.disable()
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except (RunError, CiteError, OSError) as exc:  # OSError: e.g. a run folder we may not write charts into
         print(f"kvpages: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if program:
+            gc.freeze()
 
 
 if __name__ == "__main__":

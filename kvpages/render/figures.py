@@ -1,9 +1,18 @@
-"""How every chart makes, titles and saves a figure (no torch): matplotlib's object-oriented API on the Agg canvas,
-without pyplot (no backend to choose, no global list of open figures to close)."""
+"""How every chart makes, titles and saves a figure, and how `kvpages plot` draws on two CPUs (no torch).
+
+Matplotlib's object-oriented API on the Agg canvas, without pyplot: no backend to choose, no global list of open
+figures to close, and nothing of it is imported by the commands that draw nothing (`kvpages report` reads the
+charts' names, not their pixels).
+"""
 
 from __future__ import annotations
 
+import os
+import pickle
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -20,8 +29,9 @@ def new_figure(width: float, height: float) -> Figure:
 
 
 def set_title(ax: Axes, text: str, **kwargs) -> None:
-    """`ax.set_title` at y=1.0, where the automatic placement puts it on these charts (nothing above the axes), without
-    laying out every tick label once more per draw to find that out."""
+    """`ax.set_title` at the top of the axes (y=1.0), where matplotlib's automatic placement puts it on these charts:
+    they have no tick labels above the axes and no offset text. The automatic placement would lay out every tick
+    label of both axes once more per draw to find that out (about a fifth of `kvpages plot`'s drawing time)."""
     ax.set_title(text, y=1.0, **kwargs)
 
 
@@ -33,3 +43,64 @@ def save(fig: Figure, stem: Path, formats: tuple[str, ...]) -> list[Path]:
         fig.savefig(out, dpi=DPI)
         written.append(out)
     return written
+
+
+Drawing = Callable[[], list[Path]]
+"""Draws some charts; returns the files it wrote."""
+
+
+def cpus() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def side_by_side(here: Drawing, there: Drawing, processes: int = 1) -> list[Path]:
+    """`here() + there()`. With `processes` >= 2 on Linux with two CPUs, `there` is drawn in a forked child at the
+    same time (drawing is most of `kvpages plot`'s time, and no chart needs another); its exception, if any, is
+    raised here once `here` is done. Only `kvpages plot` asks for this: a benchmark session (torch, its threads)
+    and the notebook draw in their own process, and elsewhere (macOS: fork is unsafe with some system libraries;
+    Windows: none) it draws one after the other."""
+    if processes < 2 or cpus() < 2 or not sys.platform.startswith("linux"):
+        return here() + there()
+    wait = _forked(there)
+    try:
+        mine = here()
+    except BaseException:
+        wait(quiet=True)
+        raise
+    return mine + wait()
+
+
+def _forked(drawing: Drawing) -> Callable[..., list[Path]]:
+    """Start `drawing` in a forked child; the returned `wait()` gives its result or raises its exception."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: draw, send back the result or the exception, and leave without any exit handler
+        try:
+            os.close(read)
+            try:
+                payload = pickle.dumps((True, drawing()))
+            except BaseException as exc:
+                try:
+                    payload = pickle.dumps((False, exc))
+                except Exception:
+                    payload = pickle.dumps((False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+            with os.fdopen(write, "wb") as pipe:
+                pipe.write(payload)
+        finally:
+            os._exit(0)
+    os.close(write)
+
+    def wait(quiet: bool = False) -> list[Path]:
+        with os.fdopen(read, "rb") as pipe:
+            payload = pipe.read()
+        os.waitpid(pid, 0)
+        result: tuple[bool, Any] = pickle.loads(payload) if payload else (False, RuntimeError("the chart process died"))
+        done, value = result
+        if done:
+            return value
+        if not quiet:
+            raise value
+        return []
+
+    return wait
