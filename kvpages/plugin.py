@@ -174,14 +174,20 @@ def _block_of(item: pytest.Item):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In a worker, keep only the cases the session selected (its -k, -m or node ids)."""
+    """In a worker, keep only the cases the session selected (its -k, -m or node ids); after the first, only those that
+    can run on the device (process 0 records the others as skipped)."""
     folder = config.getoption(WORKER_DIR_FLAG)
-    if folder is None or config.getoption(WORKER_FLAG) is None:
+    if folder is None or config.getoption(WORKER_FLAG) is None or SESSION_KEY not in config.stash:
         return
     from kvpages.measure.worklog import read_cases
 
-    cases = read_cases(Path(folder))
-    keep = [item for item in items if (block := _block_of(item)) is not None and block.case_id in cases]
+    cases, kv = read_cases(Path(folder)), config.stash[SESSION_KEY]
+
+    def runs_here(block) -> bool:
+        return block.case_id in cases and (
+            kv.process == 0 or block.target.unavailable_reason(block.variant, kv.device) is None)
+
+    keep = [item for item in items if (block := _block_of(item)) is not None and runs_here(block)]
     if len(keep) < len(items):
         kept = set(keep)
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
