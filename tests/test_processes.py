@@ -221,8 +221,12 @@ import sys
 import time
 from pathlib import Path
 
+import kvpages.measure.runner as runner
+
 WHO = sys.argv[sys.argv.index("--kv-worker") + 1] if "--kv-worker" in sys.argv else "session"
-STARTED, FIRST = time.time(), []
+STARTED, FIRST, METERED = time.time(), [], []
+measure = runner.measure
+runner.measure = lambda *args: METERED.append(1) or measure(*args)
 
 
 def pytest_runtest_call(item):
@@ -233,7 +237,8 @@ def pytest_runtest_call(item):
 
 def pytest_sessionfinish(session, exitstatus):
     Path(__file__).with_name(f"when-{{WHO}}.json").write_text(json.dumps(
-        {{"started": STARTED, "first": FIRST[0] if FIRST else None, "ended": time.time(), "status": int(exitstatus)}}))
+        {{"started": STARTED, "first": FIRST[0] if FIRST else None, "ended": time.time(), "status": int(exitstatus),
+          "metered": len(METERED)}}))
 '''
 THREE = [a if a not in ("4", "2") else "3" for a in TWO]  # 3 processes of one repetition each
 
@@ -242,7 +247,7 @@ def _when(pytester, who: str) -> dict:
     return json.loads((pytester.path / f"when-{who}.json").read_text())
 
 
-def test_workers_start_together_and_time_one_at_a_time(pytester):
+def test_workers_start_together_and_time_one_at_a_time_on_process_0s_readings(pytester):
     pytester.makeconftest(WHEN.format(fail=False))
     pytester.makepyfile(test_kv_sweep=BENCH)
     result = pytester.runpytest_subprocess(*THREE, *CPU, *TIMED)
@@ -251,6 +256,7 @@ def test_workers_start_together_and_time_one_at_a_time(pytester):
     first, second, session = (_when(pytester, who) for who in ("0", "1", "session"))
     assert second["started"] < first["first"]  # both started before either timed
     assert first["ended"] <= second["first"] and second["ended"] <= session["first"]  # never two at once
+    assert (first["metered"], second["metered"], session["metered"]) == (4, 0, 0)  # process 0's readings stand
     [folder] = run_dirs(pytester.path)
     meta = load_run(folder).meta
     assert meta.completed and [p.role for p in meta.processes] == ["worker", "worker", "session"]

@@ -120,6 +120,10 @@ class Recorder:
         if all(c.status is not None or self._complete(c) for c in cases):
             self._write(case.target, [c for c in cases if c.status is None], OK)
 
+    def first_readings(self) -> dict[str, MeterReading]:
+        """What process 0's meter read of each case it metered."""
+        return {case_id: case.readings[0] for case_id, case in self.cases.items() if 0 in case.readings}
+
     def finish(self) -> None:
         """Write what the run left unwritten: a case interrupted after some of its repetitions is `partial`."""
         for target, cases in self.by_target.items():

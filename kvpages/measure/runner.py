@@ -1,7 +1,8 @@
 """The runner: one loop over the planned blocks of every target (kvpages.measure.targets).
 
-Each (variant, target) is checked against the reference and metered in its first block in each process (and
-cross-checked against the profiler, when that is on), then timed in the blocks dealt to this process (the steps:
+Each (variant, target) is checked against the reference in its first block in each process (on every input in
+process 0, on one in a later one) and metered in process 0's (a later process takes process 0's reading: the same
+code on the same pool), and cross-checked against the profiler when that is on, then timed in the blocks dealt to this process (the steps:
 docs/method.md#how-a-block-is-measured). `Runner.run(benchmark, block)` returns the block's `BlockOutcome`: its
 samples and the meter's reading, or the stop of a case that cannot run, or runs wrong, which then runs no further
 blocks here. The runner knows nothing of the session, which hands each outcome on.
@@ -152,6 +153,15 @@ class Crosscheck:
             return "off"
         return "on (own process)" if self.unavailable is None else f"unavailable: {self.unavailable}"
 
+    def note(self, case_id: str) -> str:
+        """What a case's row notes of its cross-check ("": nothing); a mismatch stops the case."""
+        answer = self.answers.get(case_id)
+        if answer is None:
+            return "" if self.unavailable is None else f"cross-check unavailable: {self.unavailable}"
+        if answer.outcome == "mismatch":
+            raise Stop("mismatch", f"profiler cross-check: {answer.detail}", fail=True)
+        return f"cross-check inconclusive: {answer.detail}" if answer.outcome == "lost_records" else ""
+
 
 @dataclass
 class CaseState:
@@ -179,18 +189,19 @@ class Runner:
     """Where the processes of a run share the pools they built (None: one process)."""
     cases: dict[str, CaseState] = field(default_factory=dict)
     loaded: environment.Loaded | None = None
-    """The PCIe link and SM clock right after the first timed block, while the device is loaded (an idle link
-    downshifts, an idle clock drops)."""
+    """The PCIe link and SM clock after the first timed block, under load (an idle link downshifts, a clock drops)."""
     spun_up: bool = False
     """The device's clock raised, before this process's first timed block."""
+    first_readings: dict[str, MeterReading] = field(default_factory=dict)
+    """What process 0's meter read of each case (a later worker's: kvpages.measure.worklog.read_readings)."""
     benchmark_output: bool = True
     """pytest-benchmark shows or keeps statistics of each block; else its rounds go once they are in its samples."""
     _workload: tuple[Target, Workload] | None = None
     _built: dict[Target, Workload] = field(default_factory=dict)
 
     def run(self, benchmark, block: Block, earlier: dict[int, MeterReading]) -> BlockOutcome:
-        """Check and meter (first block of a case here), time and collect one block. `earlier`: what the meters
-        of earlier processes read for its case. A case that cannot run, or runs wrong, comes back stopped."""
+        """Check and meter (a case's first block here), time and collect one block, or its stop (it cannot run, or runs
+        wrong). `earlier`: what the meters of earlier processes read of its case."""
         state = self.cases.setdefault(block.case_id, CaseState())
         try:
             with self.phase.block():
@@ -240,19 +251,18 @@ class Runner:
         return BlockOutcome(block.case_id, target.table, self.process, samples, state.reading, note=state.note)
 
     def _prepare(self, block: Block, state: CaseState, first_here: bool, earlier: dict[int, MeterReading]) -> Workload:
-        """The block's workload; the case checked against the reference and metered in its first block here."""
+        """The block's workload; the case checked against the reference (and metered) in its first block here."""
         target, variant = block.target, block.variant
         reason = target.unavailable_reason(variant, self.context.device)
         if reason is not None:
             raise Stop("skipped", reason, fail=False)
         if first_here:
-            self._crosscheck(block, state)
+            state.note = self.crosscheck.note(block.case_id) or state.note
         try:
             workload = self.workload(target)
             if first_here:
                 with self.phase("checks"):
-                    # every input in the run's first process; one in each later process, which times the same code
-                    # on the same pool (every block also checks its last timed round's output)
+                    # every input in process 0, one in the later ones (every block checks its last round's output too)
                     pairs = list(zip(target.inputs_for(variant, workload), workload.expected, strict=True))
                     for inputs, expected in pairs if self.process == 0 else pairs[:1]:
                         problem = target.check(target.call_here(variant, inputs), expected)
@@ -264,21 +274,14 @@ class Runner:
             self._workload = None
             self._built.pop(target, None)
             raise Stop("out_of_memory", f"out of memory: {str(exc).splitlines()[0]}", fail=False) from None
-        if first_here:
+        metered = None if self.process == 0 else self.first_readings.get(block.case_id, earlier.get(0))
+        if first_here and metered is not None:  # the same code on the same pool: process 0's reading stands
+            state.reading = metered
+        elif first_here:
             with self.phase("checks"):
                 state.reading = measure(target, variant, target.inputs_for(variant, workload)[0]).reading()
             check_metered(target, variant, state.reading, earlier, self.context.device)
         return workload
-
-    def _crosscheck(self, block: Block, state: CaseState) -> None:
-        answer = self.crosscheck.answers.get(block.case_id)
-        if answer is None:
-            if self.crosscheck.unavailable is not None:
-                state.note = f"cross-check unavailable: {self.crosscheck.unavailable}"
-        elif answer.outcome == "mismatch":
-            raise Stop("mismatch", f"profiler cross-check: {answer.detail}", fail=True)
-        elif answer.outcome == "lost_records":
-            state.note = f"cross-check inconclusive: {answer.detail}"
 
     def _time(self, benchmark, block: Block, workload: Workload, first_here: bool) -> tuple[Samples, ...]:
         target, options = block.target, self.context.options

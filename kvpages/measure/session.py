@@ -37,7 +37,7 @@ from kvpages.measure.steps import get_step_variant, step_variant_names
 from kvpages.measure.targets import Context, PointTarget, ScenarioTarget, Target
 from kvpages.measure.variants import variant_names
 from kvpages.measure.workers import WorkerCommand, Workers, run_workers
-from kvpages.measure.worklog import WorkerEnd, WorkerLog, log_path, write_cases
+from kvpages.measure.worklog import WorkerEnd, WorkerLog, log_path, read_readings, write_cases
 from kvpages.schema.meta import ProcessInfo, RunMeta, RunTiming
 from kvpages.schema.writer import RunWriter, create_run_dir, utc_now
 
@@ -173,8 +173,7 @@ class KvSession:
         self.workers = Workers()
 
     def start(self, selected: Sequence[Block]) -> None:
-        """Before the first block, once: SIGTERM made an interruption; the profiler cross-check run over the
-        `selected` blocks' cases; the run folder opened with its recorder (the session that writes it)."""
+        """Before the first block, once: signals; the cross-check of the `selected` cases; the run folder, recorder."""
         gc.freeze()  # the ~225,000 objects alive now leave the full GC passes (0.17 s of them a process -> 0.08 s)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, interrupt)
@@ -182,6 +181,7 @@ class KvSession:
         if self.log is not None:  # a worker logs its outcomes, once its turn comes
             if self.go_fd is not None and not self.log.wait_for_turn(self.go_fd):
                 pytest.exit("kvpages: the session ended before this worker's turn", pytest.ExitCode.INTERRUPTED)
+            self.runner.first_readings = read_readings(self.log.folder)
             return
         cases = self.plan.cases(selected)
         if self.crosscheck_on:
@@ -221,7 +221,7 @@ class KvSession:
         self.runner.pool_cache = PoolCache(command.folder)
         limits = [worker_limit_s(self.plan, self.options, self.repetitions, process, frozenset(self.recorder.cases))
                   for process in range(self.processes - 1)]
-        run_workers(command, WORKER_START_S, limits, self.recorder.record, say, self.workers)
+        run_workers(command, WORKER_START_S, limits, self.recorder.record, say, self.workers, self.recorder.first_readings)
 
     def run(self, benchmark, block: Block) -> None:
         """Run one block (called by bench/) and record its outcome; a stopped case's test is skipped or failed."""

@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvpages.measure.outcome import BlockOutcome
+from kvpages.measure.outcome import BlockOutcome, MeterReading
 from kvpages.measure.recorder import deferred_interruption
-from kvpages.measure.worklog import LogReader, json_path, log_path
+from kvpages.measure.worklog import LogReader, json_path, log_path, write_readings
 from kvpages.schema.meta import ProcessInfo
 
 WORKER_FLAG = "--kv-worker"
@@ -247,9 +247,11 @@ def wait_ready(started: Sequence[Worker], limit_s: float) -> float:
 
 
 def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence[float],
-                record: Callable[[BlockOutcome], None], say: Callable[[str], None], workers: Workers) -> None:
+                record: Callable[[BlockOutcome], None], say: Callable[[str], None], workers: Workers,
+                first_readings: Callable[[], dict[str, MeterReading]]) -> None:
     """Run the earlier processes' shares: every worker started at once, ready within `start_limit_s`, then one after
-    another (worker K within `limits_s[K]`), each into `workers` as it ends. An interrupted worker interrupts the
+    another (worker K within `limits_s[K]`), each into `workers` as it ends; once worker 0 has, the later ones get
+    its meter's `first_readings` (kvpages.measure.worklog.write_readings). An interrupted worker interrupts the
     session (KeyboardInterrupt), one that did not run to its end fails the run (WorkerFailed); either way the
     workers still waiting exit (their pipes closed), or are killed after STOP_WAIT_S."""
     total = len(limits_s) + 1
@@ -269,6 +271,8 @@ def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence
                 raise w.failed(f"did not finish within its limit of {limit:.0f} s and was stopped")
             if not w.ok:
                 raise w.failed(f"exited with status {w.child.returncode} before its end")
+            if w.process == 0:
+                write_readings(command.folder, first_readings())
             if command.json_out:
                 workers.benchmarks += json.loads(json_path(command.folder, w.process).read_text())["benchmarks"]
             info = w.info()

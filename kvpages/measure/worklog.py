@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpages.measure.outcome import BlockOutcome
+from kvpages.measure.outcome import BlockOutcome, MeterReading
 from kvpages.schema.meta import ProcessInfo
 
 CASES_JSON = "cases.json"
+READINGS_JSON = "readings.json"
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class WorkerLog:
     """A worker's log: one JSON line per block outcome (kvpages.measure.outcome), flushed as it goes, then its end."""
 
     def __init__(self, path: Path) -> None:
+        self.folder = path.parent
         self._file = open(path, "a")  # noqa: SIM115 (open for the worker's whole session)
         self.released_at: float | None = None
         """time.time() when its turn came."""
@@ -128,3 +130,14 @@ def read_cases(folder: Path) -> frozenset[str]:
 
 def write_cases(folder: Path, case_ids: Sequence[str]) -> None:
     (folder / CASES_JSON).write_text(json.dumps(sorted(set(case_ids))))
+
+
+def write_readings(folder: Path, readings: dict[str, MeterReading]) -> None:
+    """What process 0's meter read of each case, for the later workers (`read_readings`)."""
+    (folder / READINGS_JSON).write_text(json.dumps({case: dataclasses.asdict(r) for case, r in readings.items()}))
+
+
+def read_readings(folder: Path) -> dict[str, MeterReading]:
+    """`write_readings`'s readings; none before process 0 has ended."""
+    path = folder / READINGS_JSON
+    return {case: MeterReading(**r) for case, r in json.loads(path.read_text()).items()} if path.exists() else {}
