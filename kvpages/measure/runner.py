@@ -2,10 +2,10 @@
 
 Each (variant, target) is checked against the reference in its first block in each process (on every input in
 process 0, on one in a later one) and metered in process 0's (a later process takes process 0's reading: the same
-code on the same pool), and cross-checked against the profiler when that is on, then timed in the blocks dealt to this process (the steps:
-docs/method.md#how-a-block-is-measured). `Runner.run(benchmark, block)` returns the block's `BlockOutcome`: its
-samples and the meter's reading, or the stop of a case that cannot run, or runs wrong, which then runs no further
-blocks here. The runner knows nothing of the session, which hands each outcome on.
+code on the same pool), and cross-checked against the profiler when that is on, then timed in the blocks dealt to
+this process (the steps: docs/method.md#how-a-block-is-measured). `Runner.run(benchmark, block)` returns the
+block's `BlockOutcome`: its samples and the meter's reading, or the stop of a case that cannot run, or runs wrong,
+which then runs no further blocks here. The runner knows nothing of the session, which hands each outcome on.
 """
 
 from __future__ import annotations
