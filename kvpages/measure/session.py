@@ -30,7 +30,7 @@ from kvpages.measure import environment
 from kvpages.measure.group import Group, Launch
 from kvpages.measure.inputs import PoolCache
 from kvpages.measure.ranks import RankTarget
-from kvpages.measure.recorder import Recorder, interrupt
+from kvpages.measure.recorder import Recorder, deferred_interruption, interrupt
 from kvpages.measure.runner import Crosscheck, Phases, Runner
 from kvpages.measure.schedule import Block, in_run_order, plan
 from kvpages.measure.steps import get_step_variant, step_variant_names
@@ -192,10 +192,10 @@ class KvSession:
                                                     self.device, self.trace_dir / profiler_check.TRACE_FILE)
         if not self.timing or not selected:
             return
-        group = self.context.group
-        if group is None or group.rank == 0:  # rank 0 gathers every rank's samples and writes the run folder
-            self.writer = self._open_run_folder()
-        self.recorder = Recorder(self.writer, cases, self.context, self.repetitions, self.process, self.launcher)
+        with deferred_interruption():  # a signal waits until the run folder (rank 0's: it gathers) and its recorder are
+            if self.context.group is None or self.context.group.rank == 0:  # whole, so its end is written
+                self.writer = self._open_run_folder()
+            self.recorder = Recorder(self.writer, cases, self.context, self.repetitions, self.process, self.launcher)
 
     def _open_run_folder(self) -> RunWriter:
         """A new run folder with its meta.json (after the cross-check, whose outcome the environment states)."""
