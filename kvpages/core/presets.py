@@ -38,9 +38,9 @@ class Preset:
 
 DEFAULT_PROCESSES, DEFAULT_REPETITIONS = 6, 6
 """How a timed run's repetitions are spent: 6 fresh processes of one repetition each, one pass each. Kalibera and
-Jones's allocation from the dev box's default sweep of 2 per process (results/20261203T234635Z-cpu: a process
-costs 3.6 s besides its repetitions, a repetition of every case 2.4 s, ratios vary 2.6% between processes and 1.0%
-within one) is 0.5 per process: one, the fewest. 6 is the fewest processes the two-stage bootstrap holds its
+Jones's allocation from the dev box's default sweep of 2 per process (reference run 20261203T234635Z-cpu, commit
+9b1c64b: a process costs 3.6 s besides its repetitions, a repetition of every case 2.4 s, ratios vary 2.6% between
+processes and 1.0% within one) is 0.5 per process: one, the fewest. 6 is the fewest processes the two-stage bootstrap holds its
 coverage with (tests/test_processes.py)."""
 
 PARTIAL_PAGE_LEN = 3000
