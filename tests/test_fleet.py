@@ -195,26 +195,28 @@ def test_two_runs_of_one_machine_are_one_column_whose_intervals_resample_both_ru
     fleet = fleet_of(load_runs([folders["a"], folders["b"], folders["a2"]]))
     assert [len(m.runs) for m in fleet.members] == [2, 1]
     pooled = fleet.members[0].analysis
-    assert pooled.noise.processes == 12 and pooled.noise.repetitions == 24
     a, a2 = load_run(folders["a"]), load_run(folders["a2"])
+    assert a.meta is not None
+    reps, procs = 2 * a.meta.repetitions, 2 * len(a.meta.processes)  # a2 is a copy of the reference run a
+    assert pooled.noise.processes == procs and pooled.noise.repetitions == reps
     baseline, variant = ("host_stride", "int32", "fragmented", 8192, 64), ("device_stride", "int32", "fragmented", 8192, 64)
     pooled_levels = []
     for key in (baseline, variant):
         one, two = levels(a, key), levels(a2, key)
         assert one is not None and two is not None
         pooled_levels.append(Levels(np.concatenate([one.values, two.values]),
-                                    np.concatenate([one.processes, two.processes + 6])))
+                                    np.concatenate([one.processes, two.processes + procs // 2])))
     expected = paired_ratio(*pooled_levels).interval
     found = pooled.ratio_at("device_stride", "int32", "fragmented", 64, 8192)
     assert found is not None and (found.ratio, found.ci_low, found.ci_high) == (expected.ratio, expected.ci_low,
                                                                                expected.ci_high)
-    assert found.repetitions == 24 and found.processes == 12
+    assert found.repetitions == reps and found.processes == procs
     alone = analyze(a).ratio_at("device_stride", "int32", "fragmented", 64, 8192)
     assert alone is not None and (found.ci_low, found.ci_high) != (alone.ci_low, alone.ci_high)
     report = render(fleet)
     table = {row[0]: row[1:] for row in table_rows(section(report, "Machines"))}
     assert table[""] == ["M1", "M2"] and table["runs"][0] == f"`{REF_ID}`, `20261205T000000Z-cpu`"
-    assert table["repetitions, processes"][0] == "24 in 12 process(es)"
+    assert table["repetitions, processes"][0] == f"{reps} in {procs} process(es)"
 
 
 
