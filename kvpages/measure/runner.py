@@ -193,7 +193,7 @@ class Runner:
     spun_up: bool = False
     """The device's clock raised, before this process's first timed block."""
     first_readings: dict[str, MeterReading] = field(default_factory=dict)
-    """What process 0's meter read of each case (a later worker's: kvpages.measure.worklog.read_readings)."""
+    """What process 0's meter read of each case, in a later process (kvpages.measure.worklog.read_readings)."""
     benchmark_output: bool = True
     """pytest-benchmark shows or keeps statistics of each block; else its rounds go once they are in its samples."""
     _workload: tuple[Target, Workload] | None = None
@@ -274,13 +274,12 @@ class Runner:
             self._workload = None
             self._built.pop(target, None)
             raise Stop("out_of_memory", f"out of memory: {str(exc).splitlines()[0]}", fail=False) from None
-        metered = None if self.process == 0 else self.first_readings.get(block.case_id, earlier.get(0))
-        if first_here and metered is not None:  # the same code on the same pool: process 0's reading stands
-            state.reading = metered
-        elif first_here:
-            with self.phase("checks"):
-                state.reading = measure(target, variant, target.inputs_for(variant, workload)[0]).reading()
-            check_metered(target, variant, state.reading, earlier, self.context.device)
+        if first_here:  # process 0 meters; a later one takes its reading (the same code on the same pool)
+            state.reading = None if self.process == 0 else self.first_readings.get(block.case_id)
+            if state.reading is None:
+                with self.phase("checks"):
+                    state.reading = measure(target, variant, target.inputs_for(variant, workload)[0]).reading()
+                check_metered(target, variant, state.reading, earlier, self.context.device)
         return workload
 
     def _time(self, benchmark, block: Block, workload: Workload, first_here: bool) -> tuple[Samples, ...]:

@@ -160,8 +160,7 @@ class KvSession:
         self.repetitions = sweep.repetitions if timing else 1
         self.processes = sweep.processes if timing else 1
         self.process = self.processes - 1 if worker is None else worker
-        self.log = None if worker is None or worker_dir is None else WorkerLog(log_path(worker_dir, worker))
-        self.go_fd = go_fd  # a worker waits on it for its turn (kvpages.measure.workers)
+        self.log = None if worker is None or worker_dir is None else WorkerLog(log_path(worker_dir, worker), go_fd)
         self.plan = SweepPlan(options, self.device, group, self.repetitions, self.processes, self.process)
         self.runner = Runner(self.context, self.repetitions, self.plan.passes, self.process, self.phase,
                              pool_cache=None if worker_dir is None else PoolCache(worker_dir),
@@ -179,7 +178,7 @@ class KvSession:
             signal.signal(signal.SIGTERM, interrupt)
             signal.signal(signal.SIGINT, interrupt)
         if self.log is not None:  # a worker logs its outcomes, once its turn comes
-            if self.go_fd is not None and not self.log.wait_for_turn(self.go_fd):
+            if not self.log.wait_for_turn():
                 pytest.exit("kvpages: the session ended before this worker's turn", pytest.ExitCode.INTERRUPTED)
             self.runner.first_readings = read_readings(self.log.folder)
             return
@@ -222,6 +221,7 @@ class KvSession:
         limits = [worker_limit_s(self.plan, self.options, self.repetitions, process, frozenset(self.recorder.cases))
                   for process in range(self.processes - 1)]
         run_workers(command, WORKER_START_S, limits, self.recorder.record, say, self.workers, self.recorder.first_readings)
+        self.runner.first_readings = self.recorder.first_readings()  # this process is a later one too
 
     def run(self, benchmark, block: Block) -> None:
         """Run one block (called by bench/) and record its outcome; a stopped case's test is skipped or failed."""

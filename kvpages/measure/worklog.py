@@ -57,9 +57,11 @@ class WorkerEnd:
 class WorkerLog:
     """A worker's log: one JSON line per block outcome (kvpages.measure.outcome), flushed as it goes, then its end."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, go_fd: int | None = None) -> None:
         self.folder = path.parent
         self._file = open(path, "a")  # noqa: SIM115 (open for the worker's whole session)
+        self.go_fd = go_fd
+        """The pipe it waits on for its turn (None: it does not wait)."""
         self.released_at: float | None = None
         """time.time() when its turn came."""
 
@@ -67,15 +69,17 @@ class WorkerLog:
         self._file.write(outcome.to_json() + "\n")
         self._file.flush()
 
-    def wait_for_turn(self, go_fd: int) -> bool:
-        """Say it is ready (imported and collected), then wait until the session writes to `go_fd`: False if the
+    def wait_for_turn(self) -> bool:
+        """Say it is ready (imported and collected), then wait until the session writes to its pipe: False if the
         pipe closed unwritten (the session stopped, or an earlier worker failed)."""
+        if self.go_fd is None:
+            return True
         self._file.write(json.dumps({"ready": time.time()}) + "\n")
         self._file.flush()
         try:
-            go = os.read(go_fd, 1)
+            go = os.read(self.go_fd, 1)
         finally:
-            os.close(go_fd)
+            os.close(self.go_fd)
         self.released_at = time.time()
         return bool(go)
 
