@@ -54,13 +54,18 @@ BENCH_PYTEST := -q --benchmark-quiet -p no:hypothesispytest -p no:logging -p no:
 bench: $(STAMP)
 	$(BIN)/python -m pytest bench/ --benchmark-only --kv-preset $(PRESET) --kv-analyze $(BENCH_PYTEST) $(PYTEST_ARGS)
 
-# mypy runs beside the tests (about 30 s of one core on the dev box, off the wall time of a fresh clone's make test);
-# its output is printed only when it fails, after the tests, so pytest's summary stays the last line of a pass.
+# The tests run in $(TEST_WORKERS) pytest-xdist workers (--dist loadgroup: the tests that read gpu_check.sh's rehearsal
+# share one worker, and so one rehearsal); on the 2-core dev box, 243 s of pytest in one process take 157 s so.
+# mypy runs beside them (about 30 s of one core); its output is printed only when it fails, after the tests, so
+# pytest's summary stays the last line of a pass.
+TEST_WORKERS ?= 2
+TEST_PYTEST := tests/ bench/ --benchmark-disable --kv-preset quick -q -n $(TEST_WORKERS) --dist loadgroup
+
 test: $(STAMP)
 	$(BIN)/python -m ruff check kvpages tests bench
 	@log=$$(mktemp); $(BIN)/python -m mypy > $$log 2>&1 & types=$$!; \
-	echo "mypy (beside the tests), then: pytest tests/ bench/ --benchmark-disable --kv-preset quick -q $(PYTEST_ARGS)"; \
-	$(BIN)/python -m pytest tests/ bench/ --benchmark-disable --kv-preset quick -q $(PYTEST_ARGS); tests=$$?; \
+	echo "mypy (beside the tests), then: pytest $(TEST_PYTEST) $(PYTEST_ARGS)"; \
+	$(BIN)/python -m pytest $(TEST_PYTEST) $(PYTEST_ARGS); tests=$$?; \
 	wait $$types || { cat $$log; echo "mypy failed" >&2; rm -f $$log; exit 1; }; rm -f $$log; exit $$tests
 
 lint: $(STAMP)

@@ -16,6 +16,12 @@ against 1.8 s for a one-test session on the dev box). pytester removes PYTEST_AD
 from the fixture below."""
 
 
+for _name in [n for n in os.environ if n.startswith("PYTEST_XDIST_")]:
+    del os.environ[_name]
+"""Under `pytest -n` (make test), the sessions these tests start are plain sessions, not xdist workers: with
+PYTEST_XDIST_WORKER in their environment, pytest-benchmark would turn --benchmark-only into a usage error."""
+
+
 @pytest.fixture
 def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     """pytester, whose sessions (in this process or in a subprocess) run without hypothesis's plugin too: with it,
@@ -28,12 +34,13 @@ def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pyte
 NO_CUDA_REASON = f"needs a CUDA device: torch.cuda.is_available() is False (torch {torch.__version__})"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
     for item in items:
-        if "cuda" in item.keywords:
+        if "cuda" in item.keywords and not torch.cuda.is_available():
             item.add_marker(pytest.mark.skip(reason=NO_CUDA_REASON))
+        if "rehearsal" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("rehearsal"))  # under `-n --dist loadgroup`, one rehearsal
 
 
 def call_variant(v, kv: torch.Tensor, page_size: int):

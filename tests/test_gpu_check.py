@@ -29,7 +29,7 @@ from kvpages.schema.reader import load_run
 from kvpages.schema.rows import SCENARIOS, ScenarioRow, ScenarioSampleSet
 from kvpages.schema.writer import RunWriter
 
-SMALL = ("--kv-seq-lens", "256", "--kv-page-sizes", "16")
+SMALL = ("--kv-seq-lens", "256", "--kv-page-sizes", "16", "--kv-scenarios", "none", "--kv-breakdown", "off", "--kv-processes", "1")
 """Fewer points, for the rehearsals that check what happens around a sweep rather than in it."""
 
 
