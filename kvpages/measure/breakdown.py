@@ -227,7 +227,7 @@ def profile_trace(cases: Sequence[CheckCase], device: str, calls: int, passes: i
 
 
 def profile_breakdown(cases: Sequence[CheckCase], device: str, calls: int, passes: int) -> list[BreakdownRow]:
-    meta = {c.id: {"variant": c.variant, **{k: getattr(c.target.point, k) for k in  # type: ignore[attr-defined]
+    meta = {c.id: {"variant": c.variant, **{k: getattr(c.target.point, k) for k in  # type: ignore[union-attr]
                                             ("dtype", "layout", "seq_len", "page_size")}} for c in cases}
     return breakdown_rows(profile_trace(cases, device, calls, passes), meta, device, passes * calls)
 

@@ -18,7 +18,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import wraps
 
 import torch
@@ -62,26 +62,18 @@ class D2HMeasurement:
 
     @property
     def link(self) -> str:
-        """'none (no transfer)' when nothing was handed over, 'none (cpu)' when nothing crossed a link, else
-        'pcie pinned', 'pcie pageable' or 'pcie mixed'."""
         if not self.transfers:
             return NO_TRANSFER
         crossed = [t for t in self.transfers if t.crossed_link]
         if not crossed:
             return "none (cpu)"
         kinds = {t.pinned for t in crossed}
-        if kinds == {True}:
-            return "pcie pinned"
-        if kinds == {False}:
-            return "pcie pageable"
-        return "pcie mixed"
+        if len(kinds) > 1:
+            return "pcie mixed"
+        return "pcie pinned" if kinds == {True} else "pcie pageable"
 
     def reading(self) -> MeterReading:
         return MeterReading(self.d2h_bytes, self.d2h_transfers, self.link, self.host_syncs)
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 def _target_device(args: tuple, kwargs: dict) -> torch.device | None:
@@ -116,15 +108,15 @@ SYNC_WARNING = "called a synchronizing CUDA operation"
 """What torch.cuda.set_sync_debug_mode("warn") warns (c10::cuda::warn_or_error_on_sync)."""
 
 
+@dataclass
 class SyncCount:
     """The host syncs of the thread that made it: its own, and those inside `transfer_wait()`."""
 
-    def __init__(self) -> None:
-        self.thread = threading.get_ident()
-        self.calling = 0
-        self.transfer = 0
-        self.in_transfer_wait = False
-        self.in_wrapped = 0  # inside a wrapped synchronize: a sync warning raised there is that same sync
+    thread: int = field(default_factory=threading.get_ident)
+    calling: int = 0
+    transfer: int = 0
+    in_transfer_wait: bool = False
+    in_wrapped: int = 0  # inside a wrapped synchronize: a sync warning raised there is that same sync
 
     def add(self) -> None:
         if self.in_transfer_wait:
@@ -139,12 +131,8 @@ _ACTIVE = threading.local()
 
 @contextmanager
 def transfer_wait() -> Iterator[None]:
-    """What runs inside is a transfer thread's wait, run in this thread for the meter: its syncs are not the
-    calling thread's (they count as `transfer_syncs`)."""
-    count: SyncCount | None = getattr(_ACTIVE, "count", None)
-    if count is None:
-        yield
-        return
+    """What runs inside is a transfer thread's wait, run in this thread: its syncs count as `transfer_syncs`."""
+    count: SyncCount = getattr(_ACTIVE, "count", None) or SyncCount()  # not metered: counted nowhere
     count.in_transfer_wait = True
     try:
         yield
@@ -171,8 +159,7 @@ def _counted(fn: Callable, count: SyncCount) -> Callable:
 
 @contextmanager
 def cuda_syncs(count: SyncCount) -> Iterator[None]:
-    """Count the CUDA syncs of `count`'s thread while inside (see the module doc); the mode, the warning
-    filters and the wrapped functions are restored on the way out."""
+    """Count the CUDA syncs of `count`'s thread while inside (module doc); everything is restored on the way out."""
     previous = torch.cuda.get_sync_debug_mode()
     event_sync, device_sync = torch.cuda.Event.synchronize, torch.cuda.synchronize
 
@@ -216,7 +203,7 @@ class D2HMeter(TorchFunctionMode):
         crossed = src.device.type != "cpu"
         pinned = bool(crossed and dst is not None and dst.is_pinned())
         blocking = not (kwargs or {}).get("non_blocking", False)
-        self.transfers.append(Transfer(op, _nbytes(src), crossed, pinned, blocking))
+        self.transfers.append(Transfer(op, src.numel() * src.element_size(), crossed, pinned, blocking))
         if blocking and self.count is not None:
             self.count.add()
 
@@ -260,8 +247,8 @@ class D2HMeter(TorchFunctionMode):
 
 
 def measure_call(call: Callable[[], object], inputs: tuple[torch.Tensor, ...]) -> D2HMeasurement:
-    """Run `call()` once and return what it handed to the host of `inputs` (and what was computed from them), and
-    its host syncs: counted for real when an input lives on CUDA, else the blocking hand-offs (module doc)."""
+    """Run `call()` once: what it handed to the host of `inputs` (and of what was computed from them) and its host
+    syncs (module doc)."""
     count = SyncCount()
     on_cuda = any(t.device.type == "cuda" for t in inputs)
     _ACTIVE.count = count
