@@ -41,16 +41,16 @@ if TYPE_CHECKING:
 
 LENGTHS_PER_PAGE_SIZE = 3
 CALL_MARK = "#"
-BASE_TIMEOUT_S = 30.0
-PER_CASE_TIMEOUT_S = 0.5
-"""The child's limit: 30 s to start and 0.5 s per case (its inputs and PASSES x CALLS profiled calls)."""
 COPY_OPS = ("aten::copy_", "aten::_to_copy", "aten::to", "aten::clone", "aten::_copy_from",
             "aten::_copy_from_and_resize", "aten::contiguous")
 TOP_OPS = 3
+BASE_TIMEOUT_S = 30.0
+PER_CASE_TIMEOUT_S = 0.5
+"""The child's limit: 30 s to start and 0.5 s per case (its inputs and PASSES x CALLS profiled calls)."""
 
 
 class BreakdownError(RuntimeError):
-    """The breakdown process failed or timed out."""
+    """The breakdown process failed or timed out, or its profiler saw nothing."""
 
 
 def chosen_points(points: Sequence[Point]) -> list[Point]:
