@@ -1,10 +1,6 @@
 """Where the time goes: profiled passes over a few points, in a process of its own, after the timing.
 
-Per (variant, point), the parts of one call's wall time: on CUDA kernel and copy time, the host's wait, other
-CUDA API calls and the host time outside them; on CPU the self time of the aten ops and the host time outside.
-A row is the call of median wall time among `PASSES` x `CALLS` profiled calls; the profiler inflates absolute
-times, so the shares are the result. A failure is noted in meta.json and loses nothing. No torch import at
-module level.
+What a row holds: docs/method.md, "How a block is measured", step 6. No torch import at module level.
 """
 
 from __future__ import annotations

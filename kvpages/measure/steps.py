@@ -5,10 +5,8 @@ does today) and the batched hypotheses, one decorated function each at the botto
 may return a `Pending` whose `wait()` gives the arrays: the scheduler thread is blocked only until it returns,
 and a transfer thread waits for the data, as SGLang's Mooncake path does.
 
-A scheduler step runs in this order: the variant's device work before the next forward (`stage`: only a
-`staged=True` variant, whose function returns the readback, does any), the next forward (in a busy-queue
-scenario, a kernel queued on the scheduler's stream), then the readback, as SGLang 0.5.23's inline readback waits
-behind the in-flight forward.
+A step runs in SGLang's order (docs/method.md, "The scheduler's order in a step"): a `staged=True` variant's
+device work (its function returns the readback), the next forward, then the readback.
 """
 
 from __future__ import annotations
