@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from kvpages.core.sweep import Point
     from kvpages.measure.schedule import Block
 
-LENGTHS_PER_PAGE_SIZE = 3
 CALL_MARK = "#"
 COPY_OPS = ("aten::copy_", "aten::_to_copy", "aten::to", "aten::clone", "aten::_copy_from",
             "aten::_copy_from_and_resize", "aten::contiguous")
@@ -58,8 +57,7 @@ def chosen_points(points: Sequence[Point]) -> list[Point]:
     out = []
     for page_size in sorted({p.page_size for p in same}):
         row = sorted((p for p in same if p.page_size == page_size), key=lambda p: p.seq_len)
-        picks = sorted({0, len(row) // 2, len(row) - 1}) if len(row) >= LENGTHS_PER_PAGE_SIZE else range(len(row))
-        out += [row[i] for i in picks]
+        out += [row[i] for i in sorted({0, len(row) // 2, len(row) - 1})]
     return out
 
 

@@ -11,6 +11,7 @@ device work (its function returns the readback), the next forward, then the read
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -159,16 +160,10 @@ def _per_request(v: Variant) -> StepFn:
     return run_with
 
 
-_PER_REQUEST: dict[tuple[Variant, ...], dict[str, StepVariant]] = {}
-
-
-def _per_request_variants() -> dict[str, StepVariant]:
-    """per_request[<v>] for every single-call variant registered now (a conftest's too); made once per registry."""
-    registered = all_variants()
-    if registered not in _PER_REQUEST:
-        _PER_REQUEST.clear()  # the registry grew (a conftest, --kv-sglang): the new set replaces the old
-        _PER_REQUEST[registered] = {per_request_name(v.name): _per_request_variant(v) for v in registered}
-    return _PER_REQUEST[registered]
+@functools.lru_cache(maxsize=1)  # the registry grows (a conftest, --kv-sglang): the new set replaces the old
+def _per_request_variants(registered: tuple[Variant, ...]) -> dict[str, StepVariant]:
+    """per_request[<v>] for every single-call variant registered (a conftest's too)."""
+    return {per_request_name(v.name): _per_request_variant(v) for v in registered}
 
 
 def _per_request_variant(v: Variant) -> StepVariant:
@@ -184,7 +179,7 @@ def _per_request_variant(v: Variant) -> StepVariant:
 
 
 def all_step_variants() -> tuple[StepVariant, ...]:
-    return tuple({**_per_request_variants(), **_REGISTRY}.values())
+    return tuple({**_per_request_variants(all_variants()), **_REGISTRY}.values())
 
 
 def step_variant_names() -> tuple[str, ...]:
@@ -286,14 +281,10 @@ def batched_device_stride_pinned(kv_slices: Sequence[torch.Tensor], page_size: i
     return Pending(wait)
 
 
-_PRIVATE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
-
-
+@functools.cache
 def _private_stream(device: torch.device) -> torch.cuda.Stream:
     """The readback's own stream on `device`, made once (as SGLang keeps one for its metadata flush)."""
-    if device not in _PRIVATE_STREAMS:
-        _PRIVATE_STREAMS[device] = torch.cuda.Stream(device=device)
-    return _PRIVATE_STREAMS[device]
+    return torch.cuda.Stream(device=device)
 
 
 @step_variant("deferred_device_stride", moves=Moves.PAGES, batched=True, staged=True, syncs=Syncs(cuda=0, cpu=1),
