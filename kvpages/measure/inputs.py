@@ -138,11 +138,8 @@ def _build_pool(lengths: Sequence[int], page_size: int, dtype: str, layout: str,
     else:
         free_pages = torch.arange(1, pages + 1, dtype=torch.int64)
     pool = torch.zeros((len(lengths), max(lengths)), dtype=TORCH_DTYPES[dtype])  # every token index fits (Point checks)
-    offset = 0
-    for row, (n, pages) in enumerate(zip(lengths, pages_per_row, strict=True)):
-        own = free_pages[offset:offset + pages]
+    for row, (n, own) in enumerate(zip(lengths, free_pages[:sum(pages_per_row)].split(pages_per_row), strict=True)):
         pool[row, :n] = own if page_size == 1 else (own[:, None] * page_size + torch.arange(page_size)).reshape(-1)[:n]
-        offset += pages
     return pool
 
 
