@@ -36,12 +36,12 @@ if TYPE_CHECKING:
     from kvpages.measure.schedule import Block
 
 CALL_MARK = "#"
-COPY_OPS = ("aten::copy_", "aten::_to_copy", "aten::to", "aten::clone", "aten::_copy_from",
-            "aten::_copy_from_and_resize", "aten::contiguous")
-TOP_OPS = 3
 BASE_TIMEOUT_S = 30.0
 PER_CASE_TIMEOUT_S = 0.5
 """The child's limit: 30 s to start and 0.5 s per case (its inputs and PASSES x CALLS profiled calls)."""
+COPY_OPS = ("aten::copy_", "aten::_to_copy", "aten::to", "aten::clone", "aten::_copy_from",
+            "aten::_copy_from_and_resize", "aten::contiguous")
+TOP_OPS = 3
 
 
 class BreakdownError(RuntimeError):

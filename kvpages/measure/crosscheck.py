@@ -233,10 +233,8 @@ def case_profiles(trace: dict) -> dict[str, CaseProfile]:
              and str(e.get("name", "")).startswith(("cudaMemcpy", "cuMemcpy"))]
     syncs = [float(e["ts"]) for e in events if e.get("cat") in RUNTIME_CATEGORIES
              and str(e.get("name", "")).startswith("cuda") and str(e.get("name", "")).endswith("Synchronize")]
-    by_correlation: dict[int, dict] = {}
-    for e in events:
-        if e.get("cat") in MEMCPY_CATEGORIES and "correlation" in e.get("args", {}):
-            by_correlation[int(e["args"]["correlation"])] = e
+    by_correlation = {int(e["args"]["correlation"]): e for e in events
+                      if e.get("cat") in MEMCPY_CATEGORIES and "correlation" in e.get("args", {})}
     out = {}
     for r in ranges:
         start, end = float(r["ts"]), float(r["ts"]) + float(r.get("dur", 0))
@@ -279,8 +277,7 @@ def answers_of(trace: dict, measured: dict[str, D2HMeasurement]) -> dict[str, Ch
     if crossed and gpu_events(trace) == 0:
         raise CrosscheckError(f"{NO_GPU_ACTIVITY}, so the meter cannot be cross-checked")
     seen = case_profiles(trace)
-    empty = CaseProfile((), 0, 0)
-    return {case: judge(m, seen.get(case, empty)) for case, m in measured.items()}
+    return {case: judge(m, seen.get(case, CaseProfile((), 0, 0))) for case, m in measured.items()}
 
 
 # ----------------------------------------------------------------------------- the child's side

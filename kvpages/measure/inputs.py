@@ -51,9 +51,8 @@ class Workload:
         return self.built_extras[name]
 
     def fresh_copy(self) -> Workload:
-        """The same inputs in newly allocated memory: a copy of the pool, and every slice at the same place in it
-        (the expected outputs and the host-side extras are shared: they are never written, or rewritten with the
-        same values)."""
+        """The same inputs in a copy of the pool, every slice at the same place in it (the expected outputs and the
+        host-side extras are shared: they are never written, or rewritten with the same values)."""
         pool = self.pool.clone()
 
         def moved(view: torch.Tensor) -> torch.Tensor:
