@@ -272,7 +272,6 @@ def judge(measured: D2HMeasurement, seen: CaseProfile) -> CheckAnswer:
 
 
 def answers_of(trace: dict, measured: dict[str, D2HMeasurement]) -> dict[str, CheckAnswer]:
-    """Each case's answer from one session's trace."""
     crossed = any(t.crossed_link and t.nbytes for m in measured.values() for t in m.transfers)
     if crossed and gpu_events(trace) == 0:
         raise CrosscheckError(f"{NO_GPU_ACTIVITY}, so the meter cannot be cross-checked")

@@ -188,23 +188,18 @@ def validate_page_layout(kv_indices: torch.Tensor, page_size: int) -> None:
     if n == 0 or _keeps_page_layout(kv_indices, page_size):
         return
     kv = kv_indices.to(torch.int64)
-    positions = torch.arange(n, device=kv.device)
     firsts = kv[::page_size]
     bad = (firsts < 0) | (firsts % page_size != 0)
     if bool(bad.any()):
         page = int(bad.nonzero()[0])
-        raise ValueError(
-            f"kv_indices break the page invariant: position {page * page_size} (first token of page {page}) "
-            f"holds {int(firsts[page])}, which is not a non-negative multiple of page_size={page_size}"
-        )
-    expected = firsts.repeat_interleave(page_size)[:n] + positions % page_size
+        raise ValueError(f"kv_indices break the page invariant: position {page * page_size} (first token of page "
+                         f"{page}) holds {int(firsts[page])}, which is not a non-negative multiple of page_size={page_size}")
+    expected = firsts.repeat_interleave(page_size)[:n] + torch.arange(n, device=kv.device) % page_size
     wrong = kv != expected
     if bool(wrong.any()):
         i = int(wrong.nonzero()[0])
-        raise ValueError(
-            f"kv_indices break the page invariant: position {i} holds {int(kv[i])}, expected {int(expected[i])} "
-            f"(tokens of a page must be consecutive; page_size={page_size})"
-        )
+        raise ValueError(f"kv_indices break the page invariant: position {i} holds {int(kv[i])}, expected "
+                         f"{int(expected[i])} (tokens of a page must be consecutive; page_size={page_size})")
 
 
 def _keeps_page_layout(kv: torch.Tensor, page_size: int) -> bool:
