@@ -36,7 +36,6 @@ def warm_up(fn: Callable, inputs: Sequence, page_size: int, sync: Callable[[], N
     """Call `fn` on every input (`every_input`; else at least once), and for at least `min_s`, untimed; return the
     mean seconds per call. Each result is held until the next call returns, as the timed loop holds round N's
     result while round N+1 runs, so no first-time allocation (a pinned host buffer, say) falls in a timed round."""
-    held = None
     calls, start = 0, time.perf_counter()
     while calls < (len(inputs) if every_input else 1) or time.perf_counter() - start < min_s:
         sync()
