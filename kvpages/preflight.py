@@ -1,9 +1,7 @@
 """`python -m kvpages.preflight [--cuda] [--profiler]`: can this Python run the sweep? Checked before anything runs.
 
-bench/gpu_check.sh runs it first: stock PyTorch CUDA images ship neither pandas, matplotlib,
-pytest nor pytest-benchmark, and a GPU lease must not be spent finding that out one
-traceback at a time. It prints one line naming everything missing and how to get it,
-online or offline. Exit codes:
+bench/gpu_check.sh runs it first: stock PyTorch CUDA images ship neither pandas, matplotlib, pytest nor
+pytest-benchmark, and a GPU lease must not be spent finding that out one traceback at a time. Exit codes:
 
 - 0: ready;
 - 2: packages are missing (one line names them);
@@ -40,10 +38,10 @@ NEEDS: tuple[Need, ...] = (
 """What a sweep with --kv-analyze needs; the CUDA-marked tests need only the first four."""
 
 
-def missing(needs: tuple[Need, ...] = NEEDS) -> list[Need]:
+def missing() -> list[Need]:
     """The needs whose module does not import (an ImportError of another module propagates)."""
     out = []
-    for need in needs:
+    for need in NEEDS:
         try:
             importlib.import_module(need.module)
         except ModuleNotFoundError as exc:

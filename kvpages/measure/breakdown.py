@@ -1,10 +1,6 @@
 """Where the time goes: profiled passes over a few points, in a process of its own, after the timing.
 
-Per (variant, point), the parts of one call's wall time: on CUDA kernel and copy time, the host's wait, other
-CUDA API calls and the host time outside them; on CPU the self time of the aten ops and the host time outside.
-A row is the call of median wall time among `PASSES` x `CALLS` profiled calls; the profiler inflates absolute
-times, so the shares are the result. A failure is noted in meta.json and loses nothing. No torch import at
-module level.
+What a row holds: docs/method.md, "How a block is measured", step 6. No torch import at module level.
 """
 
 from __future__ import annotations
@@ -39,7 +35,6 @@ if TYPE_CHECKING:
     from kvpages.core.sweep import Point
     from kvpages.measure.schedule import Block
 
-LENGTHS_PER_PAGE_SIZE = 3
 CALL_MARK = "#"
 BASE_TIMEOUT_S = 30.0
 PER_CASE_TIMEOUT_S = 0.5
@@ -50,7 +45,7 @@ TOP_OPS = 3
 
 
 class BreakdownError(RuntimeError):
-    """The breakdown process failed or timed out."""
+    """The breakdown process failed or timed out, or its profiler saw nothing."""
 
 
 def chosen_points(points: Sequence[Point]) -> list[Point]:
@@ -62,8 +57,7 @@ def chosen_points(points: Sequence[Point]) -> list[Point]:
     out = []
     for page_size in sorted({p.page_size for p in same}):
         row = sorted((p for p in same if p.page_size == page_size), key=lambda p: p.seq_len)
-        picks = sorted({0, len(row) // 2, len(row) - 1}) if len(row) >= LENGTHS_PER_PAGE_SIZE else range(len(row))
-        out += [row[i] for i in picks]
+        out += [row[i] for i in sorted({0, len(row) // 2, len(row) - 1})]
     return out
 
 
@@ -227,7 +221,7 @@ def profile_trace(cases: Sequence[CheckCase], device: str, calls: int, passes: i
 
 
 def profile_breakdown(cases: Sequence[CheckCase], device: str, calls: int, passes: int) -> list[BreakdownRow]:
-    meta = {c.id: {"variant": c.variant, **{k: getattr(c.target.point, k) for k in  # type: ignore[attr-defined]
+    meta = {c.id: {"variant": c.variant, **{k: getattr(c.target.point, k) for k in  # type: ignore[union-attr]
                                             ("dtype", "layout", "seq_len", "page_size")}} for c in cases}
     return breakdown_rows(profile_trace(cases, device, calls, passes), meta, device, passes * calls)
 

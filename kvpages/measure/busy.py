@@ -1,7 +1,5 @@
-"""The busy queue: device work (a sleeping kernel) queued in each round, as the next forward would be.
-
-A round runs in the scheduler's order (kvpages.measure.steps): a staged variant's indices, this kernel, then the
-readback: a blocking copy waits behind it, a non-blocking copy into pinned memory does not. CUDA only.
+"""The busy queue: device work (a sleeping kernel) queued in each round, as the next forward would be (a blocking
+copy waits behind it, a non-blocking copy into pinned memory does not). CUDA only.
 """
 
 from __future__ import annotations
@@ -16,8 +14,8 @@ PROBES = 5
 
 
 def spin_up() -> float:
-    """Keep the current CUDA device busy for SPIN_UP_MS (sleeping kernels of growing length, each waited for), so
-    its clock has boosted; return the microseconds it spun. Each process does this before its first timed block."""
+    """Keep the current CUDA device busy for SPIN_UP_MS, so its clock has boosted; return the microseconds it spun.
+    Each process does this before its first timed block."""
     spun_us, cycles = 0.0, PROBE_CYCLES
     while spun_us < SPIN_UP_MS * 1e3:
         spun_us += _elapsed_us(cycles)
@@ -25,11 +23,17 @@ def spin_up() -> float:
     return spun_us
 
 
-def _elapsed_us(cycles: int) -> float:
+def _sleep(cycles: int) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+    """Queue a sleeping kernel of `cycles` between two timing events, without waiting for it."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     torch.cuda._sleep(cycles)
     end.record()
+    return start, end
+
+
+def _elapsed_us(cycles: int) -> float:
+    start, end = _sleep(cycles)
     end.synchronize()
     return start.elapsed_time(end) * 1e3
 
@@ -40,11 +44,8 @@ def cycles_for(busy_us: float, probe_cycles: int, probe_elapsed_us: list[float])
 
 
 class BusyQueue:
-    """Queues `busy_us` of device work (a sleeping kernel) on the current stream, without waiting for it.
-
-    Calibrated once, after a spin-up, from the fastest of several probes; each queued kernel is bracketed by CUDA
-    events, so `measured_us()` gives the busy time each round had (scenarios.csv records it).
-    """
+    """Queues `busy_us` of device work on the current stream, calibrated once after a spin-up from the fastest of
+    several probes; `measured_us()` gives the busy time each round had (scenarios.csv records it)."""
 
     def __init__(self, busy_us: int) -> None:
         self.cycles = 0
@@ -55,11 +56,7 @@ class BusyQueue:
 
     def __call__(self) -> None:
         if self.cycles:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.cuda._sleep(self.cycles)
-            end.record()
-            self._events.append((start, end))
+            self._events.append(_sleep(self.cycles))
 
     def reset(self) -> None:
         self._events.clear()

@@ -63,7 +63,7 @@ class CheckCase:
 
 
 class CrosscheckError(RuntimeError):
-    """The cross-check is unavailable: its process failed or timed out, or its profiler saw nothing."""
+    """The cross-check is unavailable (module doc)."""
 
 
 @dataclass(frozen=True)
@@ -118,8 +118,7 @@ def cases_of(request: dict) -> list[CheckCase]:
 
 
 def case_inputs(cases: Sequence[CheckCase], device: str) -> dict[str, object]:
-    """One input set per case, each slice in memory of its own (the rest of its pool is freed), with the extras
-    its variant declares."""
+    """One input set per case, with its variant's extras, each slice in memory of its own (its pool freed)."""
     import torch
 
     from kvpages.measure.variants import WithExtras
@@ -136,8 +135,8 @@ def case_inputs(cases: Sequence[CheckCase], device: str) -> dict[str, object]:
 
 def run_child(module: str, request: dict, limit_s: float, what: str, error: type[Exception]) -> dict:
     """Run `python -m module` with `request` (JSON) on its stdin and return its reply, the JSON object on the last
-    line of its stdout, else raise `error` naming `what`. The reply is read before the exit status is judged: a
-    child that replied and then crashed at exit (CUPTI's teardown has, on H100-class machines) still answers."""
+    line of its stdout, else raise `error` naming `what`. A child that replied and then crashed at exit (CUPTI's
+    teardown has, on H100-class machines) still answers."""
     cases = len(request.get("cases", ()))
     try:
         done = subprocess.run([sys.executable, "-m", module], input=json.dumps(request), capture_output=True,
@@ -169,8 +168,7 @@ def reply_and_exit(reply: dict) -> NoReturn:
 
 def run_crosscheck(cases: Sequence[CheckCase], device: str, timeout_s: float | None = None,
                    trace_out: Path | None = None) -> dict[str, CheckAnswer]:
-    """Cross-check `cases` in one profiler session of a fresh interpreter: {case id: answer}, or CrosscheckError;
-    `trace_out`: where the child writes its Chrome trace, gzipped."""
+    """{case id: answer} from one profiler session of a fresh interpreter, which writes its trace to `trace_out`."""
     request = {**child_request(cases), "device": device, "trace_out": None if trace_out is None else str(trace_out)}
     limit = timeout_for(len(cases)) if timeout_s is None else timeout_s
     reply = run_child("kvpages.measure.crosscheck", request, limit, "profiler cross-check", CrosscheckError)
@@ -222,7 +220,6 @@ def _dtoh_copy(event: dict) -> ProfiledCopy | None:
 
 
 def gpu_events(trace: dict) -> int:
-    """How many device events (kernels, copies, sets) the trace holds."""
     return sum(1 for e in trace.get("traceEvents", []) if e.get("cat") in GPU_CATEGORIES)
 
 
@@ -236,10 +233,8 @@ def case_profiles(trace: dict) -> dict[str, CaseProfile]:
              and str(e.get("name", "")).startswith(("cudaMemcpy", "cuMemcpy"))]
     syncs = [float(e["ts"]) for e in events if e.get("cat") in RUNTIME_CATEGORIES
              and str(e.get("name", "")).startswith("cuda") and str(e.get("name", "")).endswith("Synchronize")]
-    by_correlation: dict[int, dict] = {}
-    for e in events:
-        if e.get("cat") in MEMCPY_CATEGORIES and "correlation" in e.get("args", {}):
-            by_correlation[int(e["args"]["correlation"])] = e
+    by_correlation = {int(e["args"]["correlation"]): e for e in events
+                      if e.get("cat") in MEMCPY_CATEGORIES and "correlation" in e.get("args", {})}
     out = {}
     for r in ranges:
         start, end = float(r["ts"]), float(r["ts"]) + float(r.get("dur", 0))
@@ -257,8 +252,8 @@ def case_profiles(trace: dict) -> dict[str, CaseProfile]:
 
 
 def judge(measured: D2HMeasurement, seen: CaseProfile) -> CheckAnswer:
-    """Compare the meter's link-crossing transfers with what the profiler saw of the same call (zero-byte
-    hand-offs issue no memcpy: left out)."""
+    """The meter's link-crossing transfers against what the profiler saw of the same call (zero-byte hand-offs
+    issue no memcpy: left out)."""
     if seen.lost:
         return CheckAnswer("lost_records", f"the profiler lost records: {seen.lost} of {seen.copy_calls} copy call(s) "
                                            "in this case have no GPU record (CUPTI before CUDA 13.1, pytorch#192021); "
@@ -277,21 +272,18 @@ def judge(measured: D2HMeasurement, seen: CaseProfile) -> CheckAnswer:
 
 
 def answers_of(trace: dict, measured: dict[str, D2HMeasurement]) -> dict[str, CheckAnswer]:
-    """Each case's answer from one session's trace; CrosscheckError when the profiler saw no GPU activity at all
-    although some case crossed the link."""
     crossed = any(t.crossed_link and t.nbytes for m in measured.values() for t in m.transfers)
     if crossed and gpu_events(trace) == 0:
         raise CrosscheckError(f"{NO_GPU_ACTIVITY}, so the meter cannot be cross-checked")
     seen = case_profiles(trace)
-    empty = CaseProfile((), 0, 0)
-    return {case: judge(m, seen.get(case, empty)) for case, m in measured.items()}
+    return {case: judge(m, seen.get(case, CaseProfile((), 0, 0))) for case, m in measured.items()}
 
 
 # ----------------------------------------------------------------------------- the child's side
 
 
 def profile_cases(cases: Sequence[CheckCase], device: str, trace_out: str | None = None) -> dict[str, CheckAnswer]:
-    """Meter every case, then profile one call of each in one session, and judge (in this process)."""
+    """Meter every case, then profile one call of each in one session, and judge."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -325,14 +317,11 @@ def profile_cases(cases: Sequence[CheckCase], device: str, trace_out: str | None
 def trace_of(prof) -> dict:
     import tempfile
 
-    fd, path = tempfile.mkstemp(suffix=".json", prefix="kvpages-trace-")
-    os.close(fd)
-    try:
+    with tempfile.TemporaryDirectory(prefix="kvpages-trace-") as folder:
+        path = os.path.join(folder, "trace.json")
         prof.export_chrome_trace(path)
         with open(path) as f:
             return json.load(f)
-    finally:
-        os.unlink(path)
 
 
 def main() -> NoReturn:

@@ -12,7 +12,7 @@ import hashlib
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +43,6 @@ class Workload:
     """Per input set (rows relative to the set's first row), what keeping a host-side table costs."""
     built_extras: dict[str, tuple[StepExtra, ...]] = field(default_factory=dict, compare=False, repr=False)
 
-    @property
-    def rotation(self) -> int:
-        return len(self.inputs)
-
     def extra(self, name: str) -> tuple[StepExtra, ...]:
         """The extra input `name` (kvpages.measure.variants.EXTRA_INPUTS) for each input set, built on first use
         (outside anything timed) and shared with the fresh copies."""
@@ -55,16 +51,15 @@ class Workload:
         return self.built_extras[name]
 
     def fresh_copy(self) -> Workload:
-        """The same inputs in newly allocated memory: a copy of the pool, and every slice at the same place in it
-        (the expected outputs and the host-side extras are shared: they are never written, or rewritten with the
-        same values)."""
+        """The same inputs in a copy of the pool, every slice at the same place in it (the expected outputs and the
+        host-side extras are shared: they are never written, or rewritten with the same values)."""
         pool = self.pool.clone()
 
         def moved(view: torch.Tensor) -> torch.Tensor:
             return pool.as_strided(view.size(), view.stride(), view.storage_offset())
 
         inputs = tuple(moved(x) if isinstance(x, torch.Tensor) else tuple(moved(t) for t in x) for x in self.inputs)
-        return Workload(pool, inputs, self.expected, self.page_size, self.calls, self.upkeep, self.built_extras)
+        return replace(self, pool=pool, inputs=inputs)
 
 
 def host_pages(workload: Workload) -> tuple[StepExtra, ...]:
@@ -72,9 +67,9 @@ def host_pages(workload: Workload) -> tuple[StepExtra, ...]:
     once, and per input set where each slice's pages lie in it and the upkeep D2H due before a call."""
     p = workload.page_size
     table = np.ascontiguousarray((workload.pool[:, ::p] // p).cpu().numpy())
-    sets_rows = [min(c.row for c in calls) for calls in workload.calls]
     out = []
-    for calls, first_row in zip(workload.calls, sets_rows, strict=True):
+    for calls in workload.calls:
+        first_row = min(c.row for c in calls)
         refreshes = {}
         for u in workload.upkeep:
             rows = np.array([first_row + r for r, _ in u.pages], dtype=np.int64)
@@ -142,11 +137,8 @@ def _build_pool(lengths: Sequence[int], page_size: int, dtype: str, layout: str,
     else:
         free_pages = torch.arange(1, pages + 1, dtype=torch.int64)
     pool = torch.zeros((len(lengths), max(lengths)), dtype=TORCH_DTYPES[dtype])  # every token index fits (Point checks)
-    offset = 0
-    for row, (n, pages) in enumerate(zip(lengths, pages_per_row, strict=True)):
-        own = free_pages[offset:offset + pages]
+    for row, (n, own) in enumerate(zip(lengths, free_pages[:sum(pages_per_row)].split(pages_per_row), strict=True)):
         pool[row, :n] = own if page_size == 1 else (own[:, None] * page_size + torch.arange(page_size)).reshape(-1)[:n]
-        offset += pages
     return pool
 
 
@@ -156,43 +148,35 @@ def make_workload(point: Point, rotation: int | None = None, chunk_offset_pages:
     `chunk_offset_pages` pages into its request; the same for the same point, whatever the device. `validate`:
     every slice is checked against the page invariant (in the process that builds the pool)."""
     geometry = point.geometry(rotation, chunk_offset_pages)
-    rows, row_tokens = geometry.rows, geometry.row_tokens
     start = chunk_offset_pages * point.page_size
-    page_size = point.page_size
-
-    def check(pool: torch.Tensor) -> None:
-        for row in range(rows):
-            validate_page_layout(pool[row, start:row_tokens], page_size)
-
-    req_to_token = make_pool([row_tokens] * rows, point.page_size, point.dtype, point.device, point.layout, point.seed,
-                             cache=cache, check=check if validate else None)
-
-    kv_indices = tuple(req_to_token[row, start:row_tokens] for row in range(rows))
-    expected = tuple(reference_page_indices(kv, page_size) for kv in kv_indices)
-    return Workload(req_to_token, kv_indices, expected, page_size,
-                    tuple((Call(row, start, row_tokens),) for row in range(rows)))
+    calls = [(Call(row, start, geometry.row_tokens),) for row in range(geometry.rows)]
+    sets = _workload([geometry.row_tokens] * geometry.rows, calls, point.page_size, point.dtype, point.device,
+                     point.layout, point.seed, cache, validate)
+    return replace(sets, inputs=tuple(x for x, in sets.inputs), expected=tuple(e for e, in sets.expected))
 
 
 def make_scenario_workload(scenario: Scenario, device: str, copies: int, seed: int = 0,
                            cache: PoolCache | None = None) -> Workload:
     """The pool of `copies` sets of the scenario's rows, and each set's calls as slices with their references."""
-    lengths = tuple(scenario.lengths) * copies
     per_copy = len(scenario.lengths)
     calls = [tuple(Call(k * per_copy + c.row, c.start, c.end) for c in scenario.calls()) for k in range(copies)]
+    return _workload(tuple(scenario.lengths) * copies, calls, scenario.page_size, scenario.dtype, device,
+                     scenario.layout, seed, cache, True, mirror_upkeep(scenario))
+
+
+def _workload(lengths: Sequence[int], calls: Sequence[tuple[Call, ...]], page_size: int, dtype: str, device: str,
+              layout: str, seed: int, cache: PoolCache | None, validate: bool, upkeep: tuple[Upkeep, ...] = ()) -> Workload:
+    """A pool of rows of these lengths, and per set its calls' slices of it (a tuple) and their references."""
 
     def check(pool: torch.Tensor) -> None:
         for call in (c for copy in calls for c in copy):
-            if call.start % scenario.page_size == 0:  # a decode prefix may start mid-page
-                validate_page_layout(pool[call.row, call.start:call.end], scenario.page_size)
+            if call.start % page_size == 0:  # a decode prefix may start mid-page
+                validate_page_layout(pool[call.row, call.start:call.end], page_size)
 
-    pool = make_pool(lengths, scenario.page_size, scenario.dtype, device, scenario.layout, seed, cache=cache,
-                     check=check)
-    slices, expected = [], []
-    for copy in calls:
-        views = tuple(pool[c.row, c.start:c.end] for c in copy)
-        slices.append(views)
-        expected.append(tuple(reference_page_indices(v, scenario.page_size) for v in views))
-    return Workload(pool, tuple(slices), tuple(expected), scenario.page_size, tuple(calls), mirror_upkeep(scenario))
+    pool = make_pool(lengths, page_size, dtype, device, layout, seed, cache=cache, check=check if validate else None)
+    slices = tuple(tuple(pool[c.row, c.start:c.end] for c in copy) for copy in calls)
+    expected = tuple(tuple(reference_page_indices(v, page_size) for v in views) for views in slices)
+    return Workload(pool, slices, expected, page_size, tuple(calls), upkeep)
 
 
 def validate_page_layout(kv_indices: torch.Tensor, page_size: int) -> None:
@@ -204,23 +188,18 @@ def validate_page_layout(kv_indices: torch.Tensor, page_size: int) -> None:
     if n == 0 or _keeps_page_layout(kv_indices, page_size):
         return
     kv = kv_indices.to(torch.int64)
-    positions = torch.arange(n, device=kv.device)
     firsts = kv[::page_size]
     bad = (firsts < 0) | (firsts % page_size != 0)
     if bool(bad.any()):
         page = int(bad.nonzero()[0])
-        raise ValueError(
-            f"kv_indices break the page invariant: position {page * page_size} (first token of page {page}) "
-            f"holds {int(firsts[page])}, which is not a non-negative multiple of page_size={page_size}"
-        )
-    expected = firsts.repeat_interleave(page_size)[:n] + positions % page_size
+        raise ValueError(f"kv_indices break the page invariant: position {page * page_size} (first token of page "
+                         f"{page}) holds {int(firsts[page])}, which is not a non-negative multiple of page_size={page_size}")
+    expected = firsts.repeat_interleave(page_size)[:n] + torch.arange(n, device=kv.device) % page_size
     wrong = kv != expected
     if bool(wrong.any()):
         i = int(wrong.nonzero()[0])
-        raise ValueError(
-            f"kv_indices break the page invariant: position {i} holds {int(kv[i])}, expected {int(expected[i])} "
-            f"(tokens of a page must be consecutive; page_size={page_size})"
-        )
+        raise ValueError(f"kv_indices break the page invariant: position {i} holds {int(kv[i])}, expected "
+                         f"{int(expected[i])} (tokens of a page must be consecutive; page_size={page_size})")
 
 
 def _keeps_page_layout(kv: torch.Tensor, page_size: int) -> bool:

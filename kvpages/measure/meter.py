@@ -1,15 +1,7 @@
-"""The D2H meter: observes what a variant actually hands to the host.
+"""The D2H meter: what a variant actually hands to the host, and its host syncs (docs/method.md, "The meter").
 
-`measure_call(call, inputs)` runs `call()` once under a `TorchFunctionMode` that sees every hand-off of tensor
-data to the host (`.cpu()`, `.to(<cpu>)`, `.numpy()`, `.tolist()`, `.item()`, `int()`, `np.asarray()`, `copy_`
-into host memory, `host[...] = device_tensor`). A tensor is device side when it lives on an accelerator or is
-(computed from) the input, so a CPU run, where `.cpu()` is a no-op, still counts the bytes handed across;
-`.cpu().numpy()` is one transfer, not two.
-
-Host syncs: on CUDA the calling thread's waits, from `torch.cuda.set_sync_debug_mode("warn")` plus wrapped
-`Event.synchronize` and `torch.cuda.synchronize` (not counted: syncs inside the caching allocators, and a
-non-blocking copy into pageable memory); on a CPU run, the blocking hand-offs. Waits inside `transfer_wait()` are
-a transfer thread's, counted apart (`transfer_syncs`).
+A tensor is device side when it lives on an accelerator or is (computed from) the input, so a CPU run, where
+`.cpu()` is a no-op, still counts the bytes handed across; `.cpu().numpy()` is one transfer, not two.
 """
 
 from __future__ import annotations
@@ -18,7 +10,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import wraps
 
 import torch
@@ -40,9 +32,6 @@ class Transfer:
     blocking: bool = True  # the calling thread waits for it (all but a non_blocking=True copy)
 
 
-NO_TRANSFER = "none (no transfer)"
-
-
 @dataclass(frozen=True)
 class D2HMeasurement:
     """What one call handed to the host."""
@@ -50,7 +39,7 @@ class D2HMeasurement:
     transfers: tuple[Transfer, ...]
     host_syncs: int = 0
     transfer_syncs: int = 0
-    """The waits of a transfer thread's part (`transfer_wait`), run in this thread (module doc)."""
+    """The waits of a transfer thread's part (`transfer_wait`), run in this thread."""
 
     @property
     def d2h_bytes(self) -> int:
@@ -62,26 +51,18 @@ class D2HMeasurement:
 
     @property
     def link(self) -> str:
-        """'none (no transfer)' when nothing was handed over, 'none (cpu)' when nothing crossed a link, else
-        'pcie pinned', 'pcie pageable' or 'pcie mixed'."""
         if not self.transfers:
-            return NO_TRANSFER
+            return "none (no transfer)"
         crossed = [t for t in self.transfers if t.crossed_link]
         if not crossed:
             return "none (cpu)"
         kinds = {t.pinned for t in crossed}
-        if kinds == {True}:
-            return "pcie pinned"
-        if kinds == {False}:
-            return "pcie pageable"
-        return "pcie mixed"
+        if len(kinds) > 1:
+            return "pcie mixed"
+        return "pcie pinned" if kinds == {True} else "pcie pageable"
 
     def reading(self) -> MeterReading:
         return MeterReading(self.d2h_bytes, self.d2h_transfers, self.link, self.host_syncs)
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 def _target_device(args: tuple, kwargs: dict) -> torch.device | None:
@@ -116,15 +97,15 @@ SYNC_WARNING = "called a synchronizing CUDA operation"
 """What torch.cuda.set_sync_debug_mode("warn") warns (c10::cuda::warn_or_error_on_sync)."""
 
 
+@dataclass
 class SyncCount:
     """The host syncs of the thread that made it: its own, and those inside `transfer_wait()`."""
 
-    def __init__(self) -> None:
-        self.thread = threading.get_ident()
-        self.calling = 0
-        self.transfer = 0
-        self.in_transfer_wait = False
-        self.in_wrapped = 0  # inside a wrapped synchronize: a sync warning raised there is that same sync
+    thread: int = field(default_factory=threading.get_ident)
+    calling: int = 0
+    transfer: int = 0
+    in_transfer_wait: bool = False
+    in_wrapped: int = 0  # inside a wrapped synchronize: a sync warning raised there is that same sync
 
     def add(self) -> None:
         if self.in_transfer_wait:
@@ -139,12 +120,8 @@ _ACTIVE = threading.local()
 
 @contextmanager
 def transfer_wait() -> Iterator[None]:
-    """What runs inside is a transfer thread's wait, run in this thread for the meter: its syncs are not the
-    calling thread's (they count as `transfer_syncs`)."""
-    count: SyncCount | None = getattr(_ACTIVE, "count", None)
-    if count is None:
-        yield
-        return
+    """What runs inside is a transfer thread's wait, run in this thread: its syncs count as `transfer_syncs`."""
+    count: SyncCount = getattr(_ACTIVE, "count", None) or SyncCount()  # not metered: counted nowhere
     count.in_transfer_wait = True
     try:
         yield
@@ -171,8 +148,7 @@ def _counted(fn: Callable, count: SyncCount) -> Callable:
 
 @contextmanager
 def cuda_syncs(count: SyncCount) -> Iterator[None]:
-    """Count the CUDA syncs of `count`'s thread while inside (see the module doc); the mode, the warning
-    filters and the wrapped functions are restored on the way out."""
+    """Count the CUDA syncs of `count`'s thread while inside (module doc); everything is restored on the way out."""
     previous = torch.cuda.get_sync_debug_mode()
     event_sync, device_sync = torch.cuda.Event.synchronize, torch.cuda.synchronize
 
@@ -198,26 +174,23 @@ def cuda_syncs(count: SyncCount) -> Iterator[None]:
 
 
 class D2HMeter(TorchFunctionMode):
-    """Records a `Transfer` for every hand-off of device-side data to the host (see module doc); on a CPU run,
-    each blocking one is also a host sync of `count`."""
+    """Records a `Transfer` for every hand-off of device-side data to the host; on a CPU run, each blocking one is
+    also a host sync of `count`."""
 
     def __init__(self, inputs: tuple[torch.Tensor, ...], count: SyncCount | None = None) -> None:
         super().__init__()
         self.count = count
         self.transfers: list[Transfer] = []
-        self._device_side = WeakIdKeyDictionary()
-        for tensor in inputs:
-            self._device_side[tensor] = True
+        self._device_side = WeakIdKeyDictionary(dict.fromkeys(inputs, True))
 
     def _is_device_side(self, obj: object) -> bool:
         return isinstance(obj, torch.Tensor) and (obj.device.type != "cpu" or obj in self._device_side)
 
-    def _record(self, op: str, src: torch.Tensor, dst: torch.Tensor | None, kwargs: dict | None = None) -> None:
+    def _record(self, op: str, src: torch.Tensor, dst: torch.Tensor | None, non_blocking: bool = False) -> None:
         crossed = src.device.type != "cpu"
         pinned = bool(crossed and dst is not None and dst.is_pinned())
-        blocking = not (kwargs or {}).get("non_blocking", False)
-        self.transfers.append(Transfer(op, _nbytes(src), crossed, pinned, blocking))
-        if blocking and self.count is not None:
+        self.transfers.append(Transfer(op, src.numel() * src.element_size(), crossed, pinned, not non_blocking))
+        if not non_blocking and self.count is not None:
             self.count.add()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -229,7 +202,7 @@ class D2HMeter(TorchFunctionMode):
                 out = func(*args, **kwargs)
                 if out is src:  # a no-op on a CPU run: hand out a host-side alias
                     out = out.view_as(out)
-                self._record("Tensor.cpu" if func is _T.cpu else "Tensor.to", src, out, kwargs)
+                self._record("Tensor.cpu" if func is _T.cpu else "Tensor.to", src, out, kwargs.get("non_blocking", False))
                 return out
         elif func in _TO_HOST_SCALARS:
             src = args[0]
@@ -241,8 +214,7 @@ class D2HMeter(TorchFunctionMode):
             dst, src = args[0], args[1]
             if self._is_device_side(src) and not self._is_device_side(dst):
                 out = func(*args, **kwargs)
-                self._record("Tensor.copy_", src, dst, {"non_blocking": args[2] if len(args) > 2 else
-                                                        kwargs.get("non_blocking", False)})
+                self._record("Tensor.copy_", src, dst, args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
                 return out
         elif func is _T.__setitem__:
             dst, value = args[0], args[2]
@@ -260,8 +232,8 @@ class D2HMeter(TorchFunctionMode):
 
 
 def measure_call(call: Callable[[], object], inputs: tuple[torch.Tensor, ...]) -> D2HMeasurement:
-    """Run `call()` once and return what it handed to the host of `inputs` (and what was computed from them), and
-    its host syncs: counted for real when an input lives on CUDA, else the blocking hand-offs (module doc)."""
+    """Run `call()` once: what it handed to the host of `inputs` (and of what was computed from them) and its host
+    syncs (module doc)."""
     count = SyncCount()
     on_cuda = any(t.device.type == "cuda" for t in inputs)
     _ACTIVE.count = count

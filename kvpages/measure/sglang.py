@@ -1,9 +1,7 @@
-"""SGLang's own `kv_to_page_indices` as variants: compiled from its source with numpy and torch, and registered.
+"""SGLang's own `kv_to_page_indices` as variants `sglang@<label>`, compiled from its source with numpy and torch.
 
-kvpages.core.sglang reads the function with `ast`; `register_sglang` compiles that one definition and registers it
-as `sglang@<label>`: with an `np.ndarray` first parameter the caller copies the token indices to the host first,
-as SGLang <= 0.5.15's callers did (`Moves.TOKENS`); with a `torch.Tensor` one it gets the device tensor and is
-expected to move one index per page (`Moves.PAGES`).
+kvpages.core.sglang reads the function with `ast`; the calling convention (docs/guide.md, "SGLang's own code") sets
+its `moves`: `Moves.TOKENS` for an `np.ndarray` first parameter, `Moves.PAGES` for a `torch.Tensor` one.
 """
 
 from __future__ import annotations

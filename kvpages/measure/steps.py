@@ -5,14 +5,13 @@ does today) and the batched hypotheses, one decorated function each at the botto
 may return a `Pending` whose `wait()` gives the arrays: the scheduler thread is blocked only until it returns,
 and a transfer thread waits for the data, as SGLang's Mooncake path does.
 
-A scheduler step runs in this order: the variant's device work before the next forward (`stage`: only a
-`staged=True` variant, whose function returns the readback, does any), the next forward (in a busy-queue
-scenario, a kernel queued on the scheduler's stream), then the readback, as SGLang 0.5.23's inline readback waits
-behind the in-flight forward.
+A step runs in SGLang's order (docs/method.md, "The scheduler's order in a step"): a `staged=True` variant's
+device work (its function returns the readback), the next forward, then the readback.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,14 +31,11 @@ IN_ORDER = ("ran in order on the CPU: no streams, so the indices, the forward an
 """The note on a staged variant's rows off CUDA."""
 
 
+@dataclass(frozen=True)
 class Pending:
     """Page indices on their way to the host; `wait()` blocks until they are there and returns them."""
 
-    def __init__(self, wait: Callable[[], Arrays]) -> None:
-        self._wait = wait
-
-    def wait(self) -> Arrays:
-        return self._wait()
+    wait: Callable[[], Arrays]
 
 
 Readback = Callable[[], "Arrays | Pending"]
@@ -107,8 +103,7 @@ class StepVariant:
         return (1 if self.batched else calls) * self.syncs.on(device)
 
     def stage(self, kv_slices: Sequence[torch.Tensor], page_size: int, **extras: Any) -> Readback:
-        """The work before the next forward (a staged variant's device work), returning the readback to run after
-        it; a variant that is not staged does nothing before the forward."""
+        """The work before the next forward (none unless staged), returning the readback to run after it."""
         if self.staged:
             return cast(Readback, self.fn(kv_slices, page_size, **extras))
         return lambda: cast("Arrays | Pending", self.fn(kv_slices, page_size, **extras))
@@ -125,12 +120,6 @@ class StepVariant:
 _REGISTRY: dict[str, StepVariant] = {}
 
 
-def _register(variant: StepVariant) -> None:
-    if variant.name in _REGISTRY or per_request_of(variant.name) is not None:
-        raise ValueError(f"step variant {variant.name!r} is already registered; choose another name")
-    _REGISTRY[variant.name] = variant
-
-
 def step_variant(name: str, *, moves: Moves, batched: bool, requires: tuple[str, ...] = (),
                  extras: tuple[str, ...] = (), syncs: Syncs | None = None, staged: bool = False,
                  index_dtype: torch.dtype | None = None) -> Callable[[StepFn], StepFn]:
@@ -141,9 +130,11 @@ def step_variant(name: str, *, moves: Moves, batched: bool, requires: tuple[str,
 
     def register(fn: StepFn) -> StepFn:
         doc = described("step variant", name, fn)
-        _register(StepVariant(name, fn, doc.splitlines()[0], doc, moves, batched, tuple(requires), fn.__module__,
-                              tuple(extras), moves.syncs if syncs is None else syncs, staged,
-                              None if index_dtype is None else index_dtype.itemsize))
+        if name in _REGISTRY or per_request_of(name) is not None:
+            raise ValueError(f"step variant {name!r} is already registered; choose another name")
+        _REGISTRY[name] = StepVariant(name, fn, doc.splitlines()[0], doc, moves, batched, tuple(requires), fn.__module__,
+                                      tuple(extras), moves.syncs if syncs is None else syncs, staged,
+                                      None if index_dtype is None else index_dtype.itemsize)
         return fn
 
     return register
@@ -169,35 +160,26 @@ def _per_request(v: Variant) -> StepFn:
     return run_with
 
 
-_PER_REQUEST: dict[tuple[Variant, ...], dict[str, StepVariant]] = {}
+@functools.lru_cache(maxsize=1)  # the registry grows (a conftest, --kv-sglang): the new set replaces the old
+def _per_request_variants(registered: tuple[Variant, ...]) -> dict[str, StepVariant]:
+    """per_request[<v>] for every single-call variant registered (a conftest's too)."""
+    return {per_request_name(v.name): _per_request_variant(v) for v in registered}
 
 
-def _per_request_variants() -> dict[str, StepVariant]:
-    """per_request[<v>] for every single-call variant registered now (a conftest's too); made once per registry."""
-    registered = all_variants()
-    if registered not in _PER_REQUEST:
-        _PER_REQUEST.clear()  # the registry grew (a conftest, --kv-sglang): the new set replaces the old
-        _PER_REQUEST[registered] = _make_per_request(registered)
-    return _PER_REQUEST[registered]
-
-
-def _make_per_request(registered: tuple[Variant, ...]) -> dict[str, StepVariant]:
-    def described(v: Variant) -> tuple[str, str]:
-        if not v.extras:
-            return (f"Each request converted on its own with {v.name}, as SGLang's PD paths do.",
-                    f"Each request converted on its own with {v.name}: one D2H per request.")
-        return (f"Each request converted on its own with {v.name}, plus the upkeep of its {', '.join(v.extras)} "
-                "(one batched D2H per scheduler step).", f"Each request converted on its own with {v.name}, after the "
-                f"upkeep its {', '.join(v.extras)} needs in that step (kvpages.core.scenarios.EXTRA_UPKEEP).")
-
-    return {per_request_name(v.name): StepVariant(
-        per_request_name(v.name), _per_request(v), described(v)[0], f"{described(v)[1]}\n\n{v.doc}", v.moves, False,
-        v.requires, v.fn.__module__, v.extras, v.syncs,
-    ) for v in registered}
+def _per_request_variant(v: Variant) -> StepVariant:
+    own = f"Each request converted on its own with {v.name}"
+    if v.extras:
+        extras = ", ".join(v.extras)
+        description = f"{own}, plus the upkeep of its {extras} (one batched D2H per scheduler step)."
+        doc = f"{own}, after the upkeep its {extras} needs in that step (kvpages.core.scenarios.EXTRA_UPKEEP)."
+    else:
+        description, doc = f"{own}, as SGLang's PD paths do.", f"{own}: one D2H per request."
+    return StepVariant(per_request_name(v.name), _per_request(v), description, f"{doc}\n\n{v.doc}", v.moves, False,
+                       v.requires, v.fn.__module__, v.extras, v.syncs)
 
 
 def all_step_variants() -> tuple[StepVariant, ...]:
-    return tuple({**_per_request_variants(), **_REGISTRY}.values())
+    return tuple({**_per_request_variants(all_variants()), **_REGISTRY}.values())
 
 
 def step_variant_names() -> tuple[str, ...]:
@@ -220,7 +202,6 @@ class Stamps:
     started: list[float] = field(default_factory=list)
 
     def clear(self) -> None:
-        """Forget the warm-up's calls: the timed rounds start now."""
         for stamps in (self.blocked, self.ready, self.started):
             stamps.clear()
 
@@ -300,14 +281,10 @@ def batched_device_stride_pinned(kv_slices: Sequence[torch.Tensor], page_size: i
     return Pending(wait)
 
 
-_PRIVATE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
-
-
+@functools.cache
 def _private_stream(device: torch.device) -> torch.cuda.Stream:
     """The readback's own stream on `device`, made once (as SGLang keeps one for its metadata flush)."""
-    if device not in _PRIVATE_STREAMS:
-        _PRIVATE_STREAMS[device] = torch.cuda.Stream(device=device)
-    return _PRIVATE_STREAMS[device]
+    return torch.cuda.Stream(device=device)
 
 
 @step_variant("deferred_device_stride", moves=Moves.PAGES, batched=True, staged=True, syncs=Syncs(cuda=0, cpu=1),

@@ -1,10 +1,9 @@
 """What the runner measures at: a sweep point (one call of a variant) or a whole request or step (a step variant).
 
-Each `Target` builds its workload, calls a variant on it, checks the output, declares the D2H it expects, times
-its rounds and makes its rows; kvpages.measure.runner runs one loop over them, and a new kind of target is one class
-here (its blocks planned in kvpages.measure.session). Points are timed by pytest-benchmark, one call per round;
-requests and steps record per round `blocked` (until the calling thread gets control back) and `ready` (until the
-page indices are usable on the host), a busy scenario's queued forward left out of both (kvpages.measure.steps).
+Each target builds its workload, calls a variant on it, checks the output, declares the D2H it expects, times its
+rounds and makes its rows. Points are timed by pytest-benchmark, one call per round; requests and steps record per
+round `blocked` (until the calling thread gets control back) and `ready` (until the page indices are usable on the
+host), a busy scenario's queued forward left out of both (kvpages.measure.steps).
 """
 
 from __future__ import annotations
@@ -12,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
 from kvpages.core.options import BenchOptions
-from kvpages.core.scenarios import EXTRA_UPKEEP, SCENARIO_ROTATION, RequestScenario, Scenario, StepScenario
+from kvpages.core.scenarios import EXTRA_UPKEEP, SCENARIO_ROTATION, RequestScenario, Scenario, StepScenario, Upkeep
 from kvpages.core.stats import latency_statistics, row_statistics
 from kvpages.core.sweep import ITEMSIZE, Point
 from kvpages.measure.busy import BusyQueue
@@ -39,7 +38,6 @@ from kvpages.schema.rows import (
     SampleSet,
     ScenarioRow,
     ScenarioSampleSet,
-    Table,
     timing_columns,
 )
 
@@ -104,44 +102,8 @@ def arrays_match(out: object, expected: Sequence[np.ndarray]) -> str | None:
     return None
 
 
-class Target(Protocol):
-    """One thing the runner measures each of its variants at; see the module doc."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def page_size(self) -> int: ...
-
-    table: Table
-
-    def unavailable_reason(self, variant: str, device: str) -> str | None: ...
-    def build(self, device: str, rotation: int | None = None, cache: PoolCache | None = None) -> Workload:
-        """The workload; `rotation` input sets instead of the target's own number (1 in the profiling processes),
-        its pool loaded from `cache` when an earlier process of the run built it."""
-        ...
-    def inputs_for(self, variant: str, workload: Workload) -> tuple[Any, ...]: ...
-    def call_here(self, variant: str, inputs: Any) -> Any: ...
-    def check(self, out: Any, expected: Any) -> str | None: ...
-    def expected_d2h(self, variant: str) -> tuple[int, int | None]: ...
-    def expected_syncs(self, variant: str, device: str) -> int: ...
-    def budget_s(self, options: BenchOptions) -> float: ...
-    def timer(self, variant: str, ctx: Context) -> Timer: ...
-    def extra_info(self, variant: str, reading: MeterReading) -> dict[str, Any]: ...
-    def samples(self, variant: str, block: Block, series: tuple[tuple[float, ...], ...]) -> tuple[Samples, ...]:
-        """A block's samples records (a multi-rank step has one per rank and role: kvpages.measure.ranks)."""
-        ...
-    def rows(self, variant: str, ctx: Context, reading: MeterReading | None, status: str, note: str,
-             blocks: Sequence[Samples], repro: str) -> tuple[Row | ScenarioRow | RankRow, ...]:
-        """A case's rows (a multi-rank step has one per rank and role)."""
-        ...
-    def narrowed(self, variant: str, options: BenchOptions, device: str) -> tuple[str, BenchOptions]: ...
-    def as_json(self) -> dict[str, Any]: ...
-
-
 def measure(target: Target, variant: str, inputs: Any) -> D2HMeasurement:
-    """What one call of `variant` at `target` hands to the host (any wait in this thread); an extra input's
-    upkeep copies (kvpages.measure.steps.StepExtra) count as device side too."""
+    """What one call of `variant` at `target` hands to the host; an extra's upkeep copies count as device side too."""
     (slices, _), extras = call_args(inputs, 0)
     tensors = (slices,) if isinstance(slices, torch.Tensor) else tuple(slices)
     tensors += tuple(t for e in extras.values() for t in getattr(e, "device_tensors", ()))
@@ -178,6 +140,7 @@ class PointTarget:
         return get_variant(variant).unavailable_reason(device)
 
     def build(self, device: str, rotation: int | None = None, cache: PoolCache | None = None) -> Workload:
+        """`rotation`: input sets instead of the target's own number; `cache`: pools an earlier process built."""
         return make_workload(self.point, rotation, cache=cache,
                              validate=rotation is None)  # the profiling processes profile, they check nothing
 
@@ -276,18 +239,19 @@ class ScenarioTarget:
     def check(self, out: Any, expected: Any) -> str | None:
         return arrays_match(out, finish_for(self.scenario)(list(expected)))
 
+    def upkeep(self, variant: str) -> list[Upkeep]:
+        """The upkeep copies of the variant's extras: each one blocking D2H."""
+        return [u for extra in get_step_variant(variant).extras if extra in EXTRA_UPKEEP
+                for u in EXTRA_UPKEEP[extra](self.scenario)]
+
     def expected_d2h(self, variant: str) -> tuple[int, int | None]:
-        s, v = self.scenario, get_step_variant(variant)
+        s, v, upkeep = self.scenario, get_step_variant(variant), self.upkeep(variant)
         calls = s.calls()
-        upkeep = [u for extra in v.extras if extra in EXTRA_UPKEEP for u in EXTRA_UPKEEP[extra](s)]
         return v.expected_d2h_bytes([c.tokens for c in calls], s.page_size, ITEMSIZE[s.dtype]) \
             + sum(len(u.pages) for u in upkeep) * ITEMSIZE[s.dtype], v.expected_transfers(len(calls)) + len(upkeep)
 
     def expected_syncs(self, variant: str, device: str) -> int:
-        """The step variant's host syncs, and one blocking copy per upkeep of its extras."""
-        s, v = self.scenario, get_step_variant(variant)
-        upkeep = sum(len(EXTRA_UPKEEP[extra](s)) for extra in v.extras if extra in EXTRA_UPKEEP)
-        return v.expected_syncs(len(s.calls()), device) + upkeep
+        return get_step_variant(variant).expected_syncs(len(self.scenario.calls()), device) + len(self.upkeep(variant))
 
     def budget_s(self, options: BenchOptions) -> float:
         return options.scenario_budget_s
@@ -346,7 +310,11 @@ class ScenarioTarget:
         return {"kind": self.scenario.kind, **asdict(self.scenario)}
 
 
-def target_from_json(data: dict[str, Any]) -> PointTarget | ScenarioTarget:
+Target = PointTarget | ScenarioTarget
+"""One thing the runner measures each of its variants at (a multi-rank step is a ScenarioTarget too)."""
+
+
+def target_from_json(data: dict[str, Any]) -> Target:
     """The inverse of `as_json` (the cross-check process rebuilds its targets from it)."""
     kinds: dict[str, type[Point | RequestScenario | StepScenario]] = {
         "point": Point, "request": RequestScenario, "step": StepScenario}

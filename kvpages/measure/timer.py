@@ -1,8 +1,5 @@
-"""Times one block of a variant with pytest-benchmark: warm up, then one call per round.
-
-Every round starts on an idle device (a synchronize in pytest-benchmark's untimed setup), and rounds rotate among
-the point's request rows, so long rows are not timed from a warm cache.
-"""
+"""Times one block of a variant with pytest-benchmark: warm up, then one call per round, each on an idle device
+(docs/method.md, "How a block is measured", step 5)."""
 
 from __future__ import annotations
 
@@ -39,7 +36,6 @@ def warm_up(fn: Callable, inputs: Sequence, page_size: int, sync: Callable[[], N
     """Call `fn` on every input (`every_input`; else at least once), and for at least `min_s`, untimed; return the
     mean seconds per call. Each result is held until the next call returns, as the timed loop holds round N's
     result while round N+1 runs, so no first-time allocation (a pinned host buffer, say) falls in a timed round."""
-    held = None
     calls, start = 0, time.perf_counter()
     while calls < (len(inputs) if every_input else 1) or time.perf_counter() - start < min_s:
         sync()
@@ -61,7 +57,7 @@ class BlockResult:
 def time_block(benchmark, fn: Callable, inputs: Sequence, page_size: int,
                sync: Callable[[], None], rounds: int) -> BlockResult:
     """Time `rounds` rounds of one call each with `benchmark.pedantic`, rotating inputs; `sync` runs in the untimed
-    setup before every round (it may also queue device work), and an input's extras are passed by keyword."""
+    setup before every round (it may also queue device work)."""
     order = itertools.cycle(range(len(inputs)))
     last = [0]
 
@@ -75,5 +71,4 @@ def time_block(benchmark, fn: Callable, inputs: Sequence, page_size: int,
 
 
 def rounds_for(per_call_s: float, budget_s: float, min_rounds: int, max_rounds: int) -> int:
-    """Rounds that fill `budget_s` at `per_call_s`, within [min_rounds, max_rounds]."""
     return max(min_rounds, min(max_rounds, int(budget_s / max(per_call_s, 1e-9))))

@@ -45,12 +45,12 @@ class Moves(enum.Enum):
 
     @property
     def expected_transfers(self) -> int | None:
-        """0 for NONE (checked: the meter must see no hand-off at all); else not fixed by the declaration."""
+        """0 for NONE (the meter must see no hand-off at all); else not fixed by the declaration."""
         return 0 if self is Moves.NONE else None
 
     @property
     def syncs(self) -> Syncs:
-        """The host syncs a call that moves this declares unless it says otherwise: none for NONE, else one."""
+        """The host syncs per call unless the variant declares its own."""
         return NO_SYNC if self is Moves.NONE else ONE_SYNC
 
 
@@ -118,7 +118,7 @@ def unavailable_reason(requires: tuple[str, ...], device: str) -> str | None:
 
 @dataclass(frozen=True)
 class Variant:
-    """A registered implementation; call it to run it with checked arguments."""
+    """A registered implementation; calling it checks the arguments."""
 
     name: str
     fn: VariantFn
@@ -141,7 +141,6 @@ class Variant:
         return self.fn(kv_indices, page_size, **extras)
 
     def unavailable_reason(self, device: str) -> str | None:
-        """Why this variant cannot run on `device` ('cpu' or 'cuda'), or None if it can."""
         return unavailable_reason(self.requires, device)
 
     def expected_d2h_bytes(self, seq_len: int, page_size: int, itemsize: int) -> int:
@@ -172,8 +171,8 @@ def register(new: Variant) -> Variant:
 
 def variant(name: str, *, moves: Moves, requires: tuple[str, ...] = (), extras: tuple[str, ...] = (),
             syncs: Syncs | None = None) -> Callable[[VariantFn], VariantFn]:
-    """Register the decorated function as variant `name`; its docstring's first line is its description.
-    `syncs`: its host syncs per call, when not what `moves` implies (Moves.syncs)."""
+    """Register the decorated function as variant `name`; `syncs`: its host syncs per call, when not what `moves`
+    implies (Moves.syncs)."""
     check_declared(name, requires, extras)
 
     def decorate(fn: VariantFn) -> VariantFn:
@@ -194,12 +193,10 @@ def described(what: str, name: str, fn: Callable) -> str:
 
 
 def variant_names() -> tuple[str, ...]:
-    """Registered names, in registration order."""
     return tuple(_REGISTRY)
 
 
 def get_variant(name: str) -> Variant:
-    """The variant called `name`; an unknown name raises a ValueError listing the valid names."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown variant {name!r}; valid: {', '.join(_REGISTRY)}")
     return _REGISTRY[name]
@@ -212,9 +209,7 @@ def all_variants() -> tuple[Variant, ...]:
 def check_kv_indices(kv_indices: object) -> torch.Tensor:
     """Return `kv_indices` if it is a 1-D int32/int64 tensor, else raise TypeError/ValueError."""
     if not isinstance(kv_indices, torch.Tensor):
-        raise TypeError(
-            f"kv_indices must be a 1-D torch.Tensor of int32 or int64, got {type(kv_indices).__name__}"
-        )
+        raise TypeError(f"kv_indices must be a 1-D torch.Tensor of int32 or int64, got {type(kv_indices).__name__}")
     if kv_indices.dtype not in INDEX_DTYPES:
         raise TypeError(f"kv_indices has dtype {kv_indices.dtype}; valid: torch.int32, torch.int64")
     if kv_indices.dim() != 1:
