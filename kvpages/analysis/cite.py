@@ -84,8 +84,7 @@ def coverage_text(confidence: float) -> str:
     """An interval's exact coverage as a header says it, e.g. '95%' or '97.9%' (no trailing '.0')."""
     if confidence != confidence:
         return "n/a"
-    text = f"{confidence:.1%}"
-    return text.replace(".0%", "%")
+    return f"{confidence:.1%}".replace(".0%", "%")
 
 
 def interval_of(row: RatioRow | ScenarioRatioRow) -> Interval:

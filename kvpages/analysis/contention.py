@@ -2,9 +2,7 @@
 
 Per cycle the step at once costs the maximum over the ranks of their at-once rounds, the step without contention
 the maximum of their alone rounds: both a maximum of world_size draws, so that bias cancels and the ratio is 1
-when the ranks do not slow each other down. Each block is summarised by its median; the ratio is the ratio of
-the medians over the repetitions, its interval a bootstrap over repetitions pairing each one's at-once and alone
-medians (`paired_ratio`; tests/test_ranks.py measures its coverage). docs/method.md has the reasoning.
+when the ranks do not slow each other down. docs/method.md has the reasoning.
 """
 
 from __future__ import annotations
@@ -19,14 +17,13 @@ from kvpages.schema.ranks import ALONE, ALONE_MAX, RANK, STEP, ContentionRow, co
 from kvpages.schema.reader import Run, RunError
 from kvpages.schema.rows import RankSampleSet
 
-LATENCIES = ("ready", "blocked")
-"""ready first: the page indices on the host is what the step waits for."""
+LATENCIES = ("ready", "blocked")  # ready first: the page indices on the host is what the step waits for
 
 
 def paired_ratio(at_once: np.ndarray, alone: np.ndarray, confidence: float = CONFIDENCE) -> Interval:
-    """median(at_once) / median(alone) of per-repetition block medians, with the percentile interval of a bootstrap
-    over the repetitions (`BOOTSTRAP_RESAMPLES` draws, seeded): each draw takes a repetition's at-once and alone
-    medians together. One repetition forms no interval."""
+    """median(at_once) / median(alone) of per-repetition block medians, with the percentile interval of a seeded
+    bootstrap over the repetitions, each draw taking a repetition's two medians together (tests/test_ranks.py
+    measures its coverage). One repetition forms no interval."""
     if at_once.shape != alone.shape:
         raise ValueError(f"at-once and alone pair by repetition: {at_once.size} vs {alone.size} repetitions")
     ratio = float(np.median(at_once) / np.median(alone))

@@ -1,9 +1,8 @@
 """The answers a design review asks for, each with its figure, the id of the row behind it, and a status (no torch).
 
 On a run that crossed no link, a time finding is the model's prediction per link profile (kvpages.analysis.predict),
-with the status `MODEL`: measured host-side ratios are evidence, never a finding. On a CUDA run the findings are
-measured, and one more sets the model against the measurement. `cite` quotes any ratios.csv or scenarios.csv row.
-"""
+status `MODEL`: measured host-side ratios are evidence, never a finding. On a CUDA run the findings are measured, and
+one more sets the model against the measurement. `cite` quotes any ratios.csv or scenarios.csv row."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from kvpages.analysis.predict import (
     ratio_range,
     scenario_predictions,
 )
-from kvpages.analysis.ratios import Analysis, ScenarioRatio
+from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.verdicts import FASTER, SAME, SLOWER
 from kvpages.core.links import LinkProfile, device_ops, prediction_profiles, profile_for
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, label, per_request_name
@@ -29,8 +28,7 @@ from kvpages.core.stats import Interval
 from kvpages.schema.rows import RatioRow
 
 MEASURED, NEEDS_GPU = "measured here", "needs a GPU run"
-GPU_COMMAND = "make gpu-check"
-"""The command that measures on a CUDA machine what a CPU run's model predicts (bench/gpu_check.sh)."""
+GPU_COMMAND = "make gpu-check"  # measures on a CUDA machine what a CPU run's model predicts (bench/gpu_check.sh)
 MODEL = f"model: confirm with a GPU run (`{GPU_COMMAND}`)"
 BATCHED = "batched_device_stride"
 
@@ -39,10 +37,8 @@ BATCHED = "batched_device_stride"
 class Finding:
     question: str
     answer: str
-    figure: str
-    """The figure with its interval and coverage, as the row behind it gives it ('-' when there is none)."""
-    id: str
-    """The ratios.csv or scenarios.csv row id behind the figure ('-' when there is none)."""
+    figure: str  # with its interval and coverage, as the row behind it gives it ('-': none)
+    id: str  # the ratios.csv or scenarios.csv row id behind the figure ('-': none)
     status: str
 
 
@@ -143,10 +139,6 @@ def _crossover(analysis: Analysis) -> Finding | None:
     return Finding("Crossover", answer, latency_figure(cited), cited.id, MEASURED)
 
 
-def scenario_figure(r: ScenarioRatio) -> str:
-    return figure(r.interval, r.verdict, r.min_effect)
-
-
 def _scenario_rows(analysis: Analysis, kind: str, variant: str, side: str | None = None) -> list[tuple]:
     frame = analysis.run.scenarios
     if frame is None:
@@ -190,7 +182,7 @@ def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: 
                   f"{predicted_range(predictions)} {named}'s time (model).")
         return Finding(question, answer, predicted_figure(predictions, ratio.baseline), ratio.id, MODEL)
     answer = f"{moved}; per {kind} {sig(ratio.variant_us)} µs against {named}'s {sig(ratio.baseline_us)} µs."
-    return Finding(question, answer, scenario_figure(ratio), ratio.id, MEASURED)
+    return Finding(question, answer, figure(ratio.interval, ratio.verdict, ratio.min_effect), ratio.id, MEASURED)
 
 
 def _blocked(analysis: Analysis) -> Finding:
@@ -215,7 +207,8 @@ def _blocked(analysis: Analysis) -> Finding:
     best = min(ratios, key=lambda r: r.interval.ratio)
     answer = (f"Behind a busy device queue, {label(best.variant)} blocks the scheduler thread "
               f"{sig(best.interval.ratio)}x as long as {called(best.baseline)}.")
-    return Finding("Scheduler thread blocked", answer, scenario_figure(best), best.id, MEASURED)
+    return Finding("Scheduler thread blocked", answer, figure(best.interval, best.verdict, best.min_effect), best.id,
+                   MEASURED)
 
 
 def _model_check(analysis: Analysis) -> Finding | None:
@@ -304,22 +297,19 @@ def _machine(analysis: Analysis) -> str:
     return f"{where}, PCIe {link or 'unknown'}"
 
 
-def _commit(analysis: Analysis) -> str:
-    meta = analysis.run.meta
-    return f"commit {(commit_text(meta.environment) if meta else None) or 'unknown'}"
-
-
 def cite(analysis: Analysis, row_id: str) -> Citation:
     """The one-line citation of a ratios.csv or scenarios.csv row id; CiteError names how to list the valid ones."""
+    meta = analysis.run.meta
+    where = (_machine(analysis), f"commit {(commit_text(meta.environment) if meta else None) or 'unknown'}")
     for r in analysis.ratios:
         if r.id == row_id:
             what = (f"{label(r.variant)} / {label(r.baseline)}, L={r.seq_len} p={r.page_size} {r.dtype} {r.layout}: "
                     f"{bytes_figure(r)}; latency")
-            return Citation(r.id, what, interval_of(r), r.verdict, _machine(analysis), _commit(analysis), r.repro)
+            return Citation(r.id, what, interval_of(r), r.verdict, *where, r.repro)
     for s in analysis.scenario_ratios:
         if s.id == row_id and s.latency == "blocked":
             what = f"{s.scenario}: {label(s.variant)} / {label(s.baseline)}, blocked"
-            return Citation(s.id, what, s.interval, s.verdict, _machine(analysis), _commit(analysis), s.repro)
+            return Citation(s.id, what, s.interval, s.verdict, *where, s.repro)
     ids = all_ids(analysis)
     close = difflib.get_close_matches(row_id, ids, n=1)
     hint = f"did you mean {close[0]}? " if close else ""

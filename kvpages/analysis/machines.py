@@ -26,8 +26,7 @@ _LINK_MAX = re.compile(r"\(max ([^)]+)\)")
 
 @dataclass(frozen=True)
 class Machine:
-    """What tells machines apart: two runs whose identities are equal ran on one machine (runs whose `hostname` is
-    None, and whose devices, drivers and links are equal, count as one)."""
+    """What tells machines apart: runs of equal identities ran on one machine (None hostnames count as equal)."""
 
     device: str
     device_name: str
@@ -45,7 +44,6 @@ class Machine:
                    found.group(1) if found else link, environment.hostname)
 
     def describe(self) -> str:
-        """One line: the device name and host, with the driver and link on a CUDA machine."""
         where = f"{self.device_name} @ {self.hostname or 'host unknown'}"
         if self.device != "cuda":
             return where
@@ -53,15 +51,13 @@ class Machine:
 
 
 def machine_of(run: Run) -> Machine:
-    """The machine of a run folder; a bare CSV (no meta.json) cannot say which it is."""
     if run.meta is None:
         raise RunError(f"{run.path}: no meta.json, so its machine is unknown; give the run folder")
     return Machine.of(run.meta.environment)
 
 
 def meta_of(run: Run) -> RunMeta:
-    """A run's meta.json (every run of a fleet has one: `machine_of` refuses a run without)."""
-    assert run.meta is not None
+    assert run.meta is not None  # every run of a fleet has one: `machine_of` refuses a run without
     return run.meta
 
 

@@ -1,8 +1,5 @@
-"""Analyse a run once: every variant against the baseline, crossovers, the fastest variants, the noise floor.
-
-`analyze(run)` computes one typed `Analysis` from a run's files (kvpages.schema.reader), the whole requests and steps
-included; the renderers only format it. No torch import.
-"""
+"""Analyse a run once (no torch): `analyze(run)` sets every variant against the baseline, finds the crossovers, the
+fastest variants and the noise floor, whole requests and steps included, into one `Analysis` the renderers format."""
 
 from __future__ import annotations
 
@@ -42,8 +39,7 @@ NOISY_SPREAD = 0.10
 POINT_COLUMNS = ("dtype", "layout", "page_size", "seq_len")
 
 Record = dict[str, Any]
-"""One row of results.csv or scenarios.csv as a dict (`DataFrame.to_dict("records")`): a pandas row (`iterrows`)
-costs a hundred times more to make, and the analysis walks hundreds."""
+"""A results.csv or scenarios.csv row from `to_dict("records")`: an `iterrows` row costs a hundred times more."""
 
 
 def records(frame: pd.DataFrame) -> list[Record]:
@@ -67,8 +63,7 @@ def estimate(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | N
 
 @dataclass(frozen=True)
 class _Pair:
-    """A variant's row against the baseline's at one point, before the family is judged; `found` None: a bare CSV's
-    medians, with no repetitions to judge from."""
+    """A variant's row against the baseline's at one point; `found` None: a bare CSV's medians, nothing to judge."""
 
     variant: Record
     baseline: Record
@@ -147,26 +142,26 @@ def fastest(run: Run, rows: list[Record], effect: float) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class NoiseFloor:
-    """The spread of this run at each level that varies (log-sds, ~ relative spreads, as a CV)."""
+    """The spread of this run at each level that varies (log-sds, ~ relative spreads, as a CV).
+
+    `*_spread`: between the repetitions of each ok row, median and max over rows; `median_ci_half_width`: the median
+    relative half-width of the ratios' intervals, whose `min_effect` (verdicts.min_effect) a verdict needs;
+    `ratio_*` and `time_*`: the between- and within-process components of each ratio's paired log-ratios and of
+    each row's log block medians, median over them (nan with one process); `interval_unit`: 'process' or
+    'repetition', what the intervals sample.
+    """
 
     repetitions: int
     median_spread: float
-    """Between the repetitions of each ok row (block medians, every process pooled): the median over rows."""
     max_spread: float
     median_ci_half_width: float
-    """The median, over ratios, of the relative half-width of the ratio's confidence interval."""
     min_effect: float = MIN_EFFECT_FLOOR
-    """The minimum effect a verdict needs (kvpages.analysis.verdicts.min_effect of the half-width above)."""
     processes: int = 1
     ratio_between_process: float = math.nan
-    """Of each ratio's paired log-ratios: the between-process component (median over ratios; nan with one process)."""
     ratio_within_process: float = math.nan
-    """...and the within-process component, between repetitions of one process."""
     time_between_process: float = math.nan
-    """Of each ok row's log block medians (absolute times): the between-process component, median over rows."""
     time_within_process: float = math.nan
     interval_unit: str = "repetition"
-    """What the intervals sample: 'process' (fresh processes) or 'repetition' (within one process)."""
 
 
 @dataclass(frozen=True)
@@ -179,15 +174,13 @@ class ScenarioRatio:
     latency: str  # blocked | ready
     interval: Interval
     verdict: str
-    id: str = ""
-    """The variant's scenarios.csv row id."""
+    id: str = ""  # the variant's scenarios.csv row id
     min_effect: float = MIN_EFFECT_FLOOR
     q_value: float = 1.0
     repro: str = ""
     repetitions: int = 0
     processes: int = 1
-    variant_us: float = math.nan
-    """The variant's time (µs) as the tables print it: `interval.ratio` is exactly variant_us / baseline_us."""
+    variant_us: float = math.nan  # as the tables print it: interval.ratio is exactly variant_us / baseline_us
     baseline_us: float = math.nan
 
     def row(self) -> ScenarioRatioRow:
@@ -236,17 +229,14 @@ class Analysis:
     ratios: tuple[RatioRow, ...]
     crossovers: tuple[Crossover, ...]
     fastest: dict[tuple, tuple[str, ...]]
-    """Per point (dtype, layout, page_size, seq_len): the fastest variants, tied within noise (the zero-D2H floor,
-    host_mirror, is a reference and never counted among them)."""
+    """Per point (dtype, layout, page_size, seq_len): the fastest variants, tied within noise (never the zero-D2H
+    floor, host_mirror: a reference)."""
     noise: NoiseFloor
     scenario_ratios: tuple[ScenarioRatio, ...] = ()
     scenario_baseline: str = STEP_BASELINE
-    breakdown: tuple[BreakdownRow, ...] = ()
-    """Where the time goes (breakdown.csv): three profiled passes over a few points; its shares are the result."""
-    contention: tuple[ContentionRow, ...] = ()
-    """A multi-rank run's steps: every rank at once against rank 0 alone (kvpages.analysis.contention)."""
-    host_work: frozenset[str] = frozenset()
-    """The variants whose page indices come from host work, by what the meter saw them move (`host_work`)."""
+    breakdown: tuple[BreakdownRow, ...] = ()  # breakdown.csv
+    contention: tuple[ContentionRow, ...] = ()  # a multi-rank run's steps (kvpages.analysis.contention)
+    host_work: frozenset[str] = frozenset()  # the variants whose page indices come from host work (`host_work`)
 
     @property
     def floor(self) -> tuple[RatioRow, ...]:
@@ -268,8 +258,6 @@ class Analysis:
 
     @functools.cached_property
     def _ratio_index(self) -> dict[tuple, RatioRow]:
-        """The ratios by (variant, dtype, layout, page_size, seq_len), one each (the charts and the report look up
-        hundreds)."""
         return {(r.variant, r.dtype, r.layout, r.page_size, r.seq_len): r for r in self.ratios}
 
     @functools.cached_property
@@ -293,7 +281,6 @@ class Analysis:
         return float(row["median_us"]) if band is None else band.ratio
 
     def scenario_time(self, row: Record | pd.Series, latency: str = "blocked") -> float:
-        """A scenarios.csv row's time, as `time_of`."""
         band = self.scenario_band(str(row["scenario"]), str(row["variant"]), latency)
         return float(row[f"{latency}_median_us"]) if band is None else band.ratio
 
@@ -303,9 +290,8 @@ class Analysis:
 
 
 def analyze(run: Run, baseline: str | None = None) -> Analysis:
-    """Analyse `run` once: every timed variant against `baseline` (None: the run's own, --kv-baseline) at every point
-    where both were timed, judged as one family (kvpages.analysis.verdicts), with the run's noise floor as the minimum
-    effect. The steps are against per_request[baseline] where the run timed it, else per_request[host_stride]."""
+    """Every timed variant against `baseline` (None: the run's own) at every point where both were timed, judged as one
+    family (kvpages.analysis.verdicts); the steps against per_request[baseline] where timed, else the default's."""
     baseline = baseline or run.baseline
     ok = run.timed_rows()
     rows = records(ok)

@@ -15,8 +15,7 @@ from kvpages.schema.rows import columns, typed_columns
 from kvpages.schema.writer import write_table
 
 BREAKDOWN_CSV = "breakdown.csv"
-PASSES = 3
-"""Profiled passes over all the cases (kvpages.measure.breakdown)."""
+PASSES = 3  # profiled passes over all the cases (kvpages.measure.breakdown)
 CALLS = 3
 """Profiled calls per case in each pass, each in its own range; a row is the call of median wall time among a
 case's PASSES x CALLS calls."""
@@ -26,8 +25,7 @@ case's PASSES x CALLS calls."""
 class BreakdownRow:
     """One (variant, point): microseconds of the call of median wall time among its `calls` profiled calls (all passes)."""
 
-    id: str
-    """Stable across runs: `<variant>-<point id>`, the case id of the timed row."""
+    id: str  # stable across runs: `<variant>-<point id>`, the case id of the timed row
     variant: str
     device: str
     dtype: str
@@ -35,14 +33,11 @@ class BreakdownRow:
     seq_len: int
     page_size: int
     calls: int
-    wall_us: float
-    """The call's wall time inside its profiler range."""
+    wall_us: float  # inside its profiler range
     host_us: float
     """CPU: outside every aten op (Python, numpy); CUDA: outside the CUDA API calls (Python, numpy, dispatch)."""
-    aten_copy_us: float | None
-    """CPU: self time of the aten copy ops (copy_, _to_copy, to, clone)."""
-    aten_ops_us: float | None
-    """CPU: self time of every other aten op (slicing views, divide, shift, cat, ...)."""
+    aten_copy_us: float | None  # CPU: self time of the aten copy ops (copy_, _to_copy, to, clone)
+    aten_ops_us: float | None  # CPU: self time of every other aten op (slicing views, divide, shift, cat, ...)
     launch_us: float | None
     """CUDA: CUDA API calls other than copies and synchronizes (kernel launches, allocations, events)."""
     wait_us: float | None
@@ -50,8 +45,7 @@ class BreakdownRow:
     kernel_us: float | None
     memcpy_us: float | None
     memcpy_bytes: int | None
-    memcpy_direction: str
-    """The GPU copies' directions, e.g. 'DtoH' ('' when there was no copy)."""
+    memcpy_direction: str  # the GPU copies' directions, e.g. 'DtoH' ('' when there was no copy)
     top_ops: str
     """The largest self times, e.g. 'aten::copy_ 12.1; aten::floor_divide 3.2' (µs per call)."""
 

@@ -6,9 +6,9 @@ Per (scenario, step variant), ranks.csv has one `rank` and one `alone` row per r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from kvpages.schema.rows import scenario_row_id
+from kvpages.schema.rows import columns, scenario_row_id
 
 CONTENTION_CSV = "contention.csv"
 
@@ -22,10 +22,9 @@ other down). The k-th value of every role's block is the k-th cycle's."""
 
 @dataclass(frozen=True)
 class ContentionRow:
-    """What converting at once costs, for one latency (contention.csv): the step (`rank` empty: per cycle the maximum
-    over the ranks at once, against the maximum over the ranks alone) or one rank (its at-once calls against its
-    alone calls). ratio = at_once_median_us / alone_median_us, the two medians of every cycle of every repetition;
-    its interval: the percentile interval of a bootstrap over the repetitions (kvpages.analysis.contention)."""
+    """What converting at once costs, for one latency (contention.csv): the step (`rank` empty: `alone_max` against
+    `step`) or one rank (`alone` against `rank`). ratio = at_once_median_us / alone_median_us, the two medians of
+    every cycle of every repetition, with its bootstrap interval (kvpages.analysis.contention)."""
 
     id: str
     scenario: str
@@ -46,11 +45,10 @@ class ContentionRow:
     repro: str
 
 
-CONTENTION_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ContentionRow))
+CONTENTION_COLUMNS = columns(ContentionRow)
 
 
 def contention_id(scenario: str, variant: str, world_size: int, latency: str, rank: int | None = None) -> str:
-    """A contention.csv row's stable id: x<N>-<scenarios.csv row id>-<latency> for the step, x<N>-r<rank>-... for a
-    rank."""
+    """A contention.csv row's id: x<N>-<scenarios.csv row id>-<latency> for the step, x<N>-r<rank>-... for a rank."""
     who = "" if rank is None else f"r{rank}-"
     return f"x{world_size}-{who}{scenario_row_id(scenario, variant)}-{latency}"

@@ -50,8 +50,8 @@ def create_run_dir(results_dir: Path, device_label: str) -> Path:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, then rename it over `path`: a reader, or a run interrupted at any
-    point, sees the old file or the new one (no fsync: this guards against crashes, not power loss)."""
+    """Write `text` beside `path`, then rename it over `path`: a reader, or a run interrupted at any point, sees the
+    old file or the new one (no fsync: this guards against crashes, not power loss)."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", newline="") as f:
         f.write(text)
@@ -79,16 +79,13 @@ class RunWriter:
         self.write_meta()
 
     def add_samples(self, table: Table, samples: Sequence[Samples]) -> None:
-        """Record a finished block's samples."""
         self._append(table.samples_csv, table.sample_columns, [sample_record(s) for s in samples])
 
     def add_rows(self, table: Table, rows: Sequence[Row | ScenarioRow | RankRow]) -> None:
-        """Record finished rows."""
         self._append(table.rows_csv, table.columns, [dataclasses.asdict(r) for r in rows])
 
     def _append(self, name: str, columns: tuple[str, ...], records: list[dict]) -> None:
-        """One write system call, appending: an interruption (or a killed process) leaves the file as it was
-        before it or after it, never with a torn line."""
+        """One write system call, appending: an interruption leaves the file as it was before or after, never torn."""
         fd = os.open(self.path / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, _csv_text(columns, records, header=os.fstat(fd).st_size == 0).encode())
@@ -103,7 +100,6 @@ class RunWriter:
         self.write_meta()
 
     def write_meta(self) -> None:
-        """(Re)write meta.json from `meta`, atomically."""
         write_atomic(self.path / META_JSON, json.dumps(dataclasses.asdict(self.meta), indent=2) + "\n")
 
 
