@@ -68,11 +68,8 @@ def _processes(run: Run, offset: int) -> list[ProcessInfo]:
     return [ProcessInfo(offset, 0, "session", math.nan, math.nan, math.nan, sum(len(b) for b in run.samples.values()))]
 
 
-Timing = Callable[[tuple], dict[str, object]]
-
-
 def _pooled_frame(frames: list[pd.DataFrame], keys: list[list[tuple]], poolable: Callable[[tuple], bool],
-                  timing: Timing) -> pd.DataFrame:
+                  timing: Callable[[tuple], dict[str, object]]) -> pd.DataFrame:
     """One row per key of a machine's runs (`keys[i]`: frame i's row keys): a key timed in every run (`poolable`)
     is the first run's row with its timing columns from the pooled blocks (`timing`); one that some run did not
     time is the first row that says why (skipped, mismatch, ...), or no row at all."""
