@@ -44,10 +44,8 @@ class Family:
 
 @dataclass(frozen=True)
 class RunComparison:
-    relative: Family
-    """Per (variant, point): B's variant/baseline ratio over A's (gated: robust to machine and process)."""
-    absolute: Family
-    """Per (variant, point): B's median over A's (informational: absolute times move between processes)."""
+    relative: Family  # per (variant, point): B's variant/baseline ratio over A's (gated: robust to machine and process)
+    absolute: Family  # per (variant, point): B's median over A's (informational: absolute times move between processes)
     only_a: list[tuple]
     only_b: list[tuple]
     baseline: str

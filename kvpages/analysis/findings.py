@@ -139,22 +139,6 @@ def _crossover(analysis: Analysis) -> Finding | None:
     return Finding("Crossover", answer, latency_figure(cited), cited.id, MEASURED)
 
 
-def _scenario_rows(analysis: Analysis, kind: str, variant: str, side: str | None = None) -> list[tuple]:
-    frame = analysis.run.scenarios
-    if frame is None:
-        return []
-    rows = frame[(frame["kind"] == kind) & (frame["busy_us"] == 0) & (frame["variant"] == variant)
-                 & (frame["status"] == "ok")]
-    if side is not None:
-        rows = rows[rows["side"] == side]
-    out = []
-    for _, row in rows.iterrows():
-        ratio = analysis.scenario_ratio(str(row["scenario"]), variant, "blocked")
-        if ratio is not None:
-            out.append((int(row["page_size"]), int(row["tokens"] if kind == "request" else row["requests"]), row, ratio))
-    return sorted(out, key=lambda t: (t[0], t[1]))
-
-
 def _moved(row, base: bool = False) -> str:
     """A scenario row's D2H per request or step, and its host syncs where the meter counted them."""
     moved = f"{row['d2h_bytes']:,} {'in' if base else 'bytes in'} {row['d2h_transfers']}"
@@ -164,12 +148,18 @@ def _moved(row, base: bool = False) -> str:
 
 
 def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: str | None) -> Finding | None:
-    found = _scenario_rows(analysis, kind, variant, side)
+    base = analysis.run.scenarios
+    if base is None:
+        return None
+    rows = base[(base["kind"] == kind) & (base["busy_us"] == 0) & (base["variant"] == variant) & (base["status"] == "ok")]
+    if side is not None:
+        rows = rows[rows["side"] == side]
+    size_column = "tokens" if kind == "request" else "requests"
+    found = [(int(row["page_size"]), int(row[size_column]), row, ratio) for _, row in rows.iterrows()
+             if (ratio := analysis.scenario_ratio(str(row["scenario"]), variant, "blocked")) is not None]
     if not found:
         return None
-    page_size, size, row, ratio = found[-1]  # the largest page size, then the longest request / largest step
-    base = analysis.run.scenarios
-    assert base is not None
+    page_size, size, row, ratio = sorted(found, key=lambda t: (t[0], t[1]))[-1]  # the largest page size, then size
     base_row = base[(base["scenario"] == row["scenario"]) & (base["variant"] == analysis.scenario_baseline)].iloc[0]
     what = f"L={size}" if kind == "request" else f"B={size} requests"
     moved = f"{what} at page size {page_size}: {_moved(row)} against {_moved(base_row, base=True)}"

@@ -131,13 +131,12 @@ def fastest(run: Run, rows: list[Record], effect: float) -> tuple[str, ...]:
     slower than it on its own (kvpages.analysis.verdicts.judge; no repetitions: equal medians only)."""
     ordered = sorted(rows, key=lambda r: r["median_us"])  # stable: equal medians keep the file's order
     best = ordered[0]
-    tied = []
-    for r in ordered:
+
+    def tied(r: Record) -> bool:
         found = estimate(run, row_key(best), row_key(r))
-        tie = r["median_us"] == best["median_us"] if found is None else judge(found.interval, effect) != SLOWER
-        if tie:
-            tied.append(str(r["variant"]))
-    return tuple(tied)
+        return r["median_us"] == best["median_us"] if found is None else judge(found.interval, effect) != SLOWER
+
+    return tuple(str(r["variant"]) for r in ordered if tied(r))
 
 
 @dataclass(frozen=True)
@@ -198,7 +197,7 @@ def scenario_ratios(run: Run, baseline: str, effect: float) -> tuple[ScenarioRat
     by_scenario: dict[str, list[Record]] = {}  # in the order of each scenario's first row, as groupby(sort=False)
     for row in records(run.scenarios[run.scenarios["status"].isin(TIMED)]):
         by_scenario.setdefault(row["scenario"], []).append(row)
-    found: list[tuple[Record, str, Paired, float]] = []
+    found: list[tuple[Record, str, Paired]] = []
     for scenario, rows in by_scenario.items():
         if (scenario, baseline) not in run.scenario_samples:
             continue
@@ -207,11 +206,10 @@ def scenario_ratios(run: Run, baseline: str, effect: float) -> tuple[ScenarioRat
             for latency in ("blocked", "ready") if variant != baseline else ():
                 pair = estimate(run, (scenario, baseline), (scenario, variant), latency)
                 if pair is not None:
-                    found.append((row, latency, pair, pair.p_value))
-    qvalues = bh_adjusted([p for *_, p in found])
-    kept = discoveries(qvalues)
+                    found.append((row, latency, pair))
+    qvalues = bh_adjusted([pair.p_value for *_, pair in found])
     out = []
-    for (row, latency, pair, _), q, keep in zip(found, qvalues, kept, strict=True):
+    for (row, latency, pair), q, keep in zip(found, qvalues, discoveries(qvalues), strict=True):
         interval = pair.interval
         out.append(ScenarioRatio(str(row["scenario"]), str(row["variant"]), baseline, latency, interval,
                                  judge(interval, effect, keep), str(row["id"]), effect, q,

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-from kvpages.schema.rows import columns, typed_columns
+from kvpages.schema.rows import columns, parse_cell
 from kvpages.schema.writer import write_table
 
 BREAKDOWN_CSV = "breakdown.csv"
@@ -34,36 +34,23 @@ class BreakdownRow:
     page_size: int
     calls: int
     wall_us: float  # inside its profiler range
-    host_us: float
-    """CPU: outside every aten op (Python, numpy); CUDA: outside the CUDA API calls (Python, numpy, dispatch)."""
+    host_us: float  # CPU: outside every aten op (Python, numpy); CUDA: outside the CUDA API calls (and dispatch)
     aten_copy_us: float | None  # CPU: self time of the aten copy ops (copy_, _to_copy, to, clone)
     aten_ops_us: float | None  # CPU: self time of every other aten op (slicing views, divide, shift, cat, ...)
-    launch_us: float | None
-    """CUDA: CUDA API calls other than copies and synchronizes (kernel launches, allocations, events)."""
-    wait_us: float | None
-    """CUDA: copy and synchronize calls (cudaMemcpy*, *Synchronize): the host waits on the device there."""
+    launch_us: float | None  # CUDA: the API calls other than copies and synchronizes (launches, allocations, events)
+    wait_us: float | None  # CUDA: copy and synchronize calls (cudaMemcpy*, *Synchronize): the host waits there
     kernel_us: float | None
     memcpy_us: float | None
     memcpy_bytes: int | None
     memcpy_direction: str  # the GPU copies' directions, e.g. 'DtoH' ('' when there was no copy)
-    top_ops: str
-    """The largest self times, e.g. 'aten::copy_ 12.1; aten::floor_divide 3.2' (µs per call)."""
+    top_ops: str  # the largest self times, e.g. 'aten::copy_ 12.1; aten::floor_divide 3.2' (µs per call)
 
 
 BREAKDOWN_COLUMNS = columns(BreakdownRow)
-_PARSE = {**dict.fromkeys(typed_columns(BreakdownRow, "int"), int),
-          **dict.fromkeys(typed_columns(BreakdownRow, "float"), float)}
 
 
 def write_breakdown(folder: Path, rows: list[BreakdownRow]) -> Path:
     return write_table(folder, BREAKDOWN_CSV, BREAKDOWN_COLUMNS, rows)
-
-
-def _value(column: str, text: str) -> object:
-    parse = _PARSE.get(column)
-    if parse is None:
-        return text
-    return None if text == "" else parse(text)
 
 
 def read_breakdown(folder: Path) -> tuple[BreakdownRow, ...]:
@@ -76,7 +63,8 @@ def read_breakdown(folder: Path) -> tuple[BreakdownRow, ...]:
             reader = csv.DictReader(f)
             if tuple(reader.fieldnames or ()) != BREAKDOWN_COLUMNS:
                 raise ValueError(f"columns {reader.fieldnames}, expected {list(BREAKDOWN_COLUMNS)}")
-            return tuple(BreakdownRow(**{k: _value(k, v) for k, v in line.items()}) for line in reader)  # type: ignore[arg-type]
+            return tuple(BreakdownRow(**{f.name: parse_cell(str(f.type), line[f.name]) for f in fields(BreakdownRow)})
+                         for line in reader)
     except (ValueError, TypeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot read it ({exc})") from None
 

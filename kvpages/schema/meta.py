@@ -46,8 +46,7 @@ class ProcessInfo:
 
     index: int
     pid: int
-    role: str
-    """'worker' (a fresh pytest process started for its share) or 'session' (the pytest session the user ran)."""
+    role: str  # 'worker' (a fresh pytest process started for its share) or 'session' (the pytest session the user ran)
     startup_s: float
     """Until its first block: imports, collection (the session's: less the cross-check and the workers meanwhile)."""
     inputs_s: float  # building, loading and validating its inputs
@@ -69,8 +68,7 @@ class RunTiming:
     """meta.json's `timing`: the session's wall time and where it went, each phase summed over the processes (which
     ran one after another, so their phases and the session's own add up to its wall)."""
 
-    wall_s: float
-    """From the session's start (its process's) to the end of its sweep, before the breakdown and the analysis."""
+    wall_s: float  # from the session's start to the end of its sweep, before the breakdown and the analysis
     startup_s: float | None = None
     inputs_s: float | None = None
     checks_s: float | None = None
@@ -159,8 +157,7 @@ class RanksMeta:
     """meta.json's `ranks`: the process group of a multi-rank run."""
 
     world_size: int
-    backend: str
-    """The backend of the barriers and gathers: gloo, host-side, so no collective kernel runs on a timed device."""
+    backend: str  # of the barriers and gathers: gloo, host-side, so no collective kernel runs on a timed device
     timeout_s: float  # how long a rank waits at a barrier or gather for the others before the run stops
     launcher: str  # how the ranks were started; every repro command of the run starts with it
     ranks: tuple[RankInfo, ...]

@@ -33,6 +33,7 @@ from kvpages.schema.rows import (
     TIMED,
     RankSampleSet,
     Table,
+    parse_cell,
     typed_columns,
 )
 
@@ -56,11 +57,9 @@ class Run:
     meta: RunMeta | None
     scenarios: pd.DataFrame | None = None
     scenario_samples: ScenarioSamples | None = None  # per (scenario, variant): {'blocked': blocks, 'ready': blocks}
-    processes: dict[tuple, tuple[int, ...]] | None = None
-    """Per row key, and per (scenario, variant): the process of each block, in the same order."""
+    processes: dict[tuple, tuple[int, ...]] | None = None  # per row or (scenario, variant) key: each block's process
     ranks: pd.DataFrame | None = None
-    rank_samples: dict[tuple, list[RankSampleSet]] | None = None
-    """Per (scenario, variant, role, rank): its blocks, in repetition order (rank -1 for the step's)."""
+    rank_samples: dict[tuple, list[RankSampleSet]] | None = None  # per (scenario, variant, role, rank; -1: the step's)
     _cache: dict[tuple, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -197,20 +196,15 @@ def load_run(path: str | Path) -> Run:
     return Run(folder, rows, samples, meta, scenarios, scenario_samples, processes, ranks, rank_samples)
 
 
-_PARSE: dict[str, Callable[[str], Any]] = {"str": str, "int": int, "int | None": lambda text: int(text) if text else None,
-                                           "tuple[float, ...]": lambda text: tuple(float(v) for v in text.split())}
-"""How a samples file's cell is read, by the annotation of its field."""
-
-
 def _read_samples(path: Path, table: Table, key_of: Callable[[Any], tuple]) -> dict[tuple, list[Any]]:
     """A samples file's blocks (`table.sample_type`) by key, in repetition order; {} without the file."""
     if not path.exists():
         return {}
-    parse = {f.name: _PARSE[str(f.type)] for f in fields(table.sample_type)}
+    annotations = {f.name: str(f.type) for f in fields(table.sample_type)}
     found: dict[tuple, list[Any]] = {}
     for i, record in enumerate(_read_csv(path, table.sample_columns).to_dict("records")):
         try:
-            block = table.sample_type(**{name: read(record[name]) for name, read in parse.items()})
+            block = table.sample_type(**{name: parse_cell(kind, record[name]) for name, kind in annotations.items()})
         except ValueError:
             raise RunError(f"{path}: line {i + 2}: a repetition, process, rank or sample is not a number") from None
         found.setdefault(key_of(block), []).append(block)

@@ -6,6 +6,7 @@ results/README.md documents each column."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from kvpages.core.names import BASELINE
 
@@ -47,6 +48,18 @@ def timing_columns(row_type: type) -> tuple[str, ...]:
 def typed_columns(row_type: type, kind: str) -> tuple[str, ...]:
     """The columns of a row type whose values are `kind` ('int' or 'float', missing or not), from its annotations."""
     return tuple(f.name for f in fields(row_type) if str(f.type).partition(" |")[0] == kind)
+
+
+def parse_cell(annotation: str, text: str) -> Any:
+    """A CSV cell read back by its field's annotation: '' is None where the field may be; a tuple is space-separated."""
+    kind = annotation.partition(" |")[0]
+    if kind == "str":
+        return text
+    if text == "" and annotation.endswith("| None"):
+        return None
+    if kind == "tuple[float, ...]":
+        return tuple(float(v) for v in text.split())
+    return int(text) if kind == "int" else float(text)
 
 
 class _Status:
