@@ -1,8 +1,4 @@
-"""Citations: the pair repro command of a ratio, and `kvpages cite RUN ID`'s one line (no torch).
-
-A row's `repro` re-runs its variant alone; a ratio's re-runs the pair, interleaved as in the run: the row's command
-parsed back through the options table (kvpages.core.options.BenchOptions), widened to the pair and rendered again.
-"""
+"""Citations: the pair repro command of a ratio, and `kvpages cite RUN ID`'s one line (no torch)."""
 
 from __future__ import annotations
 
@@ -25,8 +21,8 @@ class CiteError(ValueError):
 
 
 def pair_repro(repro: str, variant: str, baseline: str) -> str:
-    """The command that re-runs `variant` and `baseline` together where `repro` re-ran `variant` alone,
-    with --kv-analyze so it writes the pair's ratio; '' when `repro` is empty or not a kvpages command."""
+    """The command that re-runs `variant` and `baseline` together, interleaved, where `repro` re-ran `variant` alone:
+    parsed back through the options table, widened to the pair, with --kv-analyze; '' for no kvpages command."""
     words = shlex.split(repro) if "'" in repro or '"' in repro else repro.split()  # split() is 20x faster
     if not words:
         return ""
@@ -88,14 +84,11 @@ def coverage_text(confidence: float) -> str:
 
 
 def interval_of(row: RatioRow | ScenarioRatioRow) -> Interval:
-    """A ratios.csv (or scenario_ratios.csv) row's interval, as the analysis made it."""
     return Interval(row.ratio, row.ci_low, row.ci_high, row.repetitions, row.confidence)
 
 
 @dataclass(frozen=True)
 class Citation:
-    """One row's figure, ready to quote."""
-
     id: str
     what: str
     interval: Interval

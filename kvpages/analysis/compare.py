@@ -33,8 +33,6 @@ class PointComparison:
 
 @dataclass(frozen=True)
 class Family:
-    """Points judged together: their own minimum effect and family correction."""
-
     points: list[PointComparison]
     min_effect: float
 

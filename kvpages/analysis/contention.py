@@ -1,9 +1,6 @@
-"""What converting at once costs the ranks of a multi-rank run (kvpages.measure.ranks; no torch).
-
-Per cycle the step at once costs the maximum over the ranks of their at-once rounds, the step without contention
-the maximum of their alone rounds: both a maximum of world_size draws, so that bias cancels and the ratio is 1
-when the ranks do not slow each other down. docs/method.md has the reasoning.
-"""
+"""What converting at once costs the ranks of a multi-rank run (no torch): per cycle, the maximum over the ranks at
+once against the maximum over the ranks alone, both a maximum of world_size draws, so that bias cancels and the ratio
+is 1 when the ranks do not slow each other down (docs/method.md, "The contention's estimator and its coverage")."""
 
 from __future__ import annotations
 

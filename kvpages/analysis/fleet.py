@@ -1,9 +1,5 @@
-"""`kvpages fleet`: runs of one sweep from several machines, set side by side (no torch).
-
-`fleet_of(runs)` pools each machine's runs (kvpages.analysis.machines) and analyses each machine as one run,
-against its own noise floor; then matches the machines point by point. What some machine lacks is listed, never
-filled in; runs that share no point are refused. Nothing here gates: `kvpages compare` is the gate.
-"""
+"""`kvpages fleet`: runs of one sweep from several machines, each machine pooled and analysed as one run, matched
+point by point (no torch). What some machine lacks is listed, never filled in; nothing here gates."""
 
 from __future__ import annotations
 
@@ -70,8 +66,6 @@ class Missing:
 
 @dataclass(frozen=True)
 class Fleet:
-    """Every machine's analysis, and their ratios matched point by point."""
-
     members: tuple[Member, ...]
     ratios: tuple[Matched[RatioRow], ...]
     scenario_ratios: tuple[Matched[ScenarioRatio], ...]
@@ -112,7 +106,6 @@ def load_runs(paths: Sequence[Path]) -> list[Run]:
 
 
 def _timed(run: Run) -> set[tuple]:
-    """The row keys and (scenario, variant) keys a run timed."""
     keys = {row_key(r) for _, r in run.ok_rows().iterrows()}
     if run.scenarios is not None:
         ok = run.scenarios[run.scenarios["status"] == "ok"]
@@ -154,7 +147,6 @@ def point_order(key: tuple) -> tuple:
 
 
 def fleet_of(runs: Sequence[Run]) -> Fleet:
-    """The fleet of `runs`: grouped by machine, each machine's runs pooled and analysed, matched point by point."""
     grouped: dict[Machine, list[Run]] = {}
     for run in runs:
         grouped.setdefault(machine_of(run), []).append(run)

@@ -1,9 +1,7 @@
-"""The machine a run ran on, and one machine's runs pooled into one run (no torch).
+"""The machine a run ran on, and one machine's runs pooled into one run (no torch; docs/method.md, "Many machines").
 
-`Machine.of(environment)` tells machines apart (device, device name, driver, PCIe link, host name). `pooled(runs)`
-merges one machine's runs: run k's process p becomes process p + the processes of the runs before it, so the
-bootstrap resamples every run's processes and each repetition stays paired within its run. A row is pooled only
-where every run timed it; a pooled scenario row leaves `busy_measured_us` empty (its rounds are not kept).
+`pooled(runs)`: run k's process p becomes process p + the processes of the runs before it, so each repetition stays
+paired within its run; a pooled scenario row leaves `busy_measured_us` empty (its rounds are not kept).
 """
 
 from __future__ import annotations

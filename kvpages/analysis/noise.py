@@ -1,9 +1,7 @@
 """A/A figures: two runs of the same code on the same machine, back to back. Do their intervals hold each other?
 
-A calibrated 95% interval of a ratio holds the other run's estimate about 83% of the time (two independent estimates
-with equal standard errors: P(|Z| < 1.96 / sqrt(2))), two such intervals overlap about 99.4% of the time, and
-`compare` (Benjamini-Hochberg at 5%) calls no point of identical code faster or slower in at least 95% of pairs.
-`AAFigures.fit_line` holds a pair against the targets derived from these (kvpages' issue 13). No torch import.
+Calibrated 95% intervals (`CALIBRATED`) hold the other run's estimate about 83% of the time (two independent
+estimates with equal standard errors: P(|Z| < 1.96 / sqrt(2))) and overlap about 99.4%; docs/method.md, "Noise".
 """
 
 from __future__ import annotations
@@ -101,7 +99,6 @@ def components_text(noise: NoiseFloor) -> str:
 
 
 def aa_figures(a: Analysis, b: Analysis, variant: str, fail_above_pct: float) -> AAFigures:
-    """The A/A figures of `variant`/baseline between two analysed runs, and what `compare` says of them."""
     a_ratios = {(r.dtype, r.layout, r.page_size, r.seq_len): r for r in a.ratios_of(variant)}
     b_ratios = {(r.dtype, r.layout, r.page_size, r.seq_len): r for r in b.ratios_of(variant)}
     common = sorted(set(a_ratios) & set(b_ratios))

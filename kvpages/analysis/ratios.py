@@ -267,7 +267,6 @@ class Analysis:
         return self.scenario_band((dtype, layout, seq_len, page_size), variant, None)
 
     def scenario_band(self, scenario: str | tuple, variant: str, latency: str | None = "blocked") -> Interval | None:
-        """A step variant's time on a scenario with its own interval, as `time_band`."""
         key = (variant, *scenario) if isinstance(scenario, tuple) else (scenario, variant)  # a point, or a scenario
         found = levels(self.run, key, latency)
         return None if found is None else self.run.cached(("time", key, latency), lambda: mean_estimate(found))

@@ -1,12 +1,8 @@
-"""Verdicts with an effect size, over a family of comparisons (no torch).
+"""Verdicts with an effect size, over a family of comparisons (no torch); `judge` is the one place they are decided.
 
-A ratio is called faster or slower only when all three hold:
-1. its interval excludes 1 (kvpages.core.estimator: over processes, or over one process's repetitions);
-2. |log ratio| >= log(1 + min_effect), the family's noise floor (median relative interval half-width), at least
-   `MIN_EFFECT_FLOOR`;
-3. the Benjamini-Hochberg step at `FDR` keeps it within its family (every variant against the baseline at every
-   point of a run; apart, every scenario ratio): Holm's family-wise control could call nothing from 10 repetitions.
-Otherwise it is `SAME` (within the minimum effect) or `UNCLEAR`. `judge` is the one place this is decided.
+Faster or slower only when the interval excludes 1, |log ratio| >= log(1 + min_effect) and the Benjamini-Hochberg
+step at `FDR` keeps it within its family (Holm's family-wise control could call nothing from 10 repetitions); else
+`SAME` (within the minimum effect) or `UNCLEAR`. docs/method.md, "Ratios, intervals and verdicts", has the rest.
 """
 
 from __future__ import annotations
@@ -59,8 +55,6 @@ def discoveries(qvalues: list[float]) -> list[bool]:
 
 @dataclass(frozen=True)
 class Judged:
-    """A family of ratios judged together: a verdict and a q-value per ratio, in the order given."""
-
     verdicts: tuple[str, ...]
     q_values: tuple[float, ...]
     half_width: float  # the family's noise floor: the median relative half-width of its intervals

@@ -1,8 +1,5 @@
-"""breakdown.csv: where the time of one call goes, per (variant, point), from three profiled passes (no torch).
-
-Written by kvpages.measure.breakdown; the profiler inflates every absolute figure, so a row's shares are the result.
-Columns that do not apply on the run's device are empty: the aten columns on CUDA, the CUDA columns on CPU.
-"""
+"""breakdown.csv: where the time of one call goes, per (variant, point), from profiled passes (no torch). The profiler
+inflates every absolute figure, so a row's shares are the result; the other device's columns are empty."""
 
 from __future__ import annotations
 
@@ -76,11 +73,8 @@ STACK_PARTS = {"cpu": ("aten copies", "other aten ops (stride, divide, ...)", "h
 
 
 def stack(row: BreakdownRow) -> tuple[tuple[str, float], ...]:
-    """The parts of the call's wall time, in µs, that add up to `wall_us` (what the stacked chart shows).
-
-    On CUDA the device time is shown inside the wait it caused: the kernels' and copies' share of the wait is
-    split by their GPU durations, and what remains of the wait (queueing, synchronize latency) is its own part.
-    """
+    """The parts of the call's wall time, in µs, that add up to `wall_us`. On CUDA the wait is split between the
+    kernels and copies by their GPU durations, and what remains of it (queueing, synchronize latency) is a part."""
     if row.device == "cuda":
         wait, launch = row.wait_us or 0.0, row.launch_us or 0.0
         kernel, memcpy = row.kernel_us or 0.0, row.memcpy_us or 0.0

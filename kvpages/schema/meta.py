@@ -142,8 +142,6 @@ class RunMeta:
 
 @dataclass(frozen=True)
 class RankInfo:
-    """One rank of a multi-rank run (kvpages.measure.ranks): where it ran."""
-
     rank: int
     local_rank: int
     hostname: str

@@ -1,8 +1,5 @@
-"""Multi-rank runs (torchrun): the roles a step's rows take, and the contention a step pays (no torch import).
-
-Per (scenario, step variant), ranks.csv has one `rank` and one `alone` row per rank and one `step` and one
-`alone_max` row (kvpages.schema.rows.RankRow); an analysed run adds contention.csv.
-"""
+"""Multi-rank runs (torchrun): the roles of ranks.csv's rows (one `rank` and one `alone` per rank, one `step` and one
+`alone_max`, per (scenario, step variant)), and contention.csv's rows (no torch)."""
 
 from __future__ import annotations
 

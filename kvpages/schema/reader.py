@@ -85,7 +85,6 @@ class Run:
         return self.rows[self.rows["status"].isin(TIMED)]
 
     def block_processes(self, key: tuple, count: int) -> np.ndarray:
-        """The process of each of a key's `count` blocks (a row key, or a (scenario, variant))."""
         found = (self.processes or {}).get(key)
         return np.array(found if found is not None and len(found) == count else (0,) * count)
 

@@ -36,7 +36,6 @@ TIMING = {"timing": True}  # field metadata of the timing columns: empty on a ro
 
 
 def columns(record_type: type) -> tuple[str, ...]:
-    """A record type's CSV columns: its fields, in order."""
     return tuple(f.name for f in fields(record_type))
 
 
@@ -63,8 +62,6 @@ def parse_cell(annotation: str, text: str) -> Any:
 
 
 class _Status:
-    """A row whose `status` is checked when it is made."""
-
     status: str
 
     def __post_init__(self) -> None:
