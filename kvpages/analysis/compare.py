@@ -76,18 +76,13 @@ def _judged(measured: list[PointComparison]) -> Family:
 
 def compare_runs(a: Run, b: Run, baseline: str | None = None) -> RunComparison:
     """Align two runs on (variant, dtype, layout, seq_len, page_size) and judge B against A, the ratios against
-    `baseline` (None: the runs' own; a RunError when A's and B's differ).
-
-    Each figure is the run's own report's (kvpages.core.estimator): absolute, a variant's time; relative, its ratio to
-    the baseline, so what drifts with the machine cancels within each run. B/A is B's figure over A's, with the
-    interval of the two runs' independent bootstraps (`between_runs`); without repetitions, no interval.
-    """
+    `baseline` (None: the runs' own; a RunError when A's and B's differ). Each figure is the run's own report's, a
+    ratio cancelling what drifts with the machine; docs/method.md, "Comparing two runs"."""
     if baseline is None and a.baseline != b.baseline:
         raise RunError(f"{a.path} is against {a.baseline} and {b.path} against {b.baseline} (--kv-baseline): their "
                        "ratios do not compare; rerun one with the other's --kv-baseline")
     baseline = baseline or a.baseline
-    a_rows = {row_key(r): r for _, r in a.ok_rows().iterrows()}
-    b_rows = {row_key(r): r for _, r in b.ok_rows().iterrows()}
+    a_rows, b_rows = ({row_key(r): r for _, r in run.ok_rows().iterrows()} for run in (a, b))
     common = sorted(set(a_rows) & set(b_rows))
     if not common:
         raise RunError(f"{a.path} and {b.path}: no timed (variant, point) in common; nothing to compare")

@@ -12,15 +12,13 @@ import pandas as pd
 from kvpages.core.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, Interval, block_medians, unknown
 from kvpages.schema.ranks import ALONE, ALONE_MAX, RANK, STEP, ContentionRow, contention_id
 from kvpages.schema.reader import Run, RunError
-from kvpages.schema.rows import RankSampleSet
 
 LATENCIES = ("ready", "blocked")  # ready first: the page indices on the host is what the step waits for
 
 
 def paired_ratio(at_once: np.ndarray, alone: np.ndarray, confidence: float = CONFIDENCE) -> Interval:
     """median(at_once) / median(alone) of per-repetition block medians, with the percentile interval of a seeded
-    bootstrap over the repetitions, each draw taking a repetition's two medians together (tests/test_ranks.py
-    measures its coverage). One repetition forms no interval."""
+    bootstrap drawing repetitions, each with its two medians (tests/test_ranks.py measures its coverage)."""
     if at_once.shape != alone.shape:
         raise ValueError(f"at-once and alone pair by repetition: {at_once.size} vs {alone.size} repetitions")
     ratio = float(np.median(at_once) / np.median(alone))
@@ -33,13 +31,8 @@ def paired_ratio(at_once: np.ndarray, alone: np.ndarray, confidence: float = CON
     return Interval(ratio, float(lo), float(hi), n, confidence)
 
 
-def _medians(blocks: list[RankSampleSet], latency: str) -> np.ndarray:
-    return block_medians([np.asarray(getattr(b, f"{latency}_us")) for b in blocks])
-
-
 def contention(run: Run) -> tuple[ContentionRow, ...]:
-    """Every ok (scenario, step variant) of a multi-rank run, for each latency: the step's row, then each rank's; ()
-    for any other run. A RunError for a run from before every rank ran alone in turn (no `alone_max` rows)."""
+    """Every ok (scenario, step variant) of a multi-rank run, for each latency: the step's row, then each rank's."""
     if run.ranks is None or run.rank_samples is None:
         return ()
     ok = run.ranks[run.ranks["status"] == "ok"]
@@ -61,7 +54,8 @@ def contention(run: Run) -> tuple[ContentionRow, ...]:
                 raise RunError(f"{run.path}: {' '.join(map(str, keys[0][:3]))} and its alone rounds come from "
                                "different repetitions in rank_samples.csv")
             for latency in LATENCIES:
-                at_us, alone_us = _medians(at_once, latency), _medians(alone, latency)
+                at_us, alone_us = (block_medians([np.asarray(getattr(b, f"{latency}_us")) for b in blocks])
+                                   for blocks in (at_once, alone))
                 i = paired_ratio(at_us, alone_us)
                 out.append(ContentionRow(
                     contention_id(scenario, variant, size, latency, rank), scenario, variant, size, rank, latency,

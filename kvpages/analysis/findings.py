@@ -19,12 +19,11 @@ from kvpages.analysis.predict import (
     ratio_range,
     scenario_predictions,
 )
-from kvpages.analysis.ratios import Analysis
+from kvpages.analysis.ratios import Analysis, ScenarioRatio
 from kvpages.analysis.verdicts import FASTER, SAME, SLOWER
 from kvpages.core.links import LinkProfile, device_ops, prediction_profiles, profile_for
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, label, per_request_name
 from kvpages.core.sglang import PREFIX
-from kvpages.core.stats import Interval
 from kvpages.schema.rows import RatioRow
 
 MEASURED, NEEDS_GPU = "measured here", "needs a GPU run"
@@ -46,14 +45,11 @@ def bytes_figure(r: RatioRow) -> str:
     return f"{r.variant_d2h_bytes:,} / {r.baseline_d2h_bytes:,} bytes = {fraction(r.bytes_ratio)} (metered, exact)"
 
 
-def figure(interval: Interval, verdict: str, min_effect: float) -> str:
+def figure(r: RatioRow | ScenarioRatio) -> str:
     """A ratio with its interval and verdict; 'same' says within what."""
-    said = f"same (within the {sig(100 * min_effect)}% minimum effect)" if verdict == SAME else verdict
+    interval = r.interval if isinstance(r, ScenarioRatio) else interval_of(r)
+    said = f"same (within the {sig(100 * r.min_effect)}% minimum effect)" if r.verdict == SAME else r.verdict
     return f"{interval_text(interval)}: {said}"
-
-
-def latency_figure(r: RatioRow) -> str:
-    return figure(interval_of(r), r.verdict, r.min_effect)
 
 
 def profile_name(profile: LinkProfile) -> str:
@@ -102,7 +98,7 @@ def _page1(analysis: Analysis) -> Finding | None:
             f" of {len(shortcut)}") if shortcut else ""
     answer = (f"At page size 1 the bytes are equal, and the merged PR is slower than pre-PR at {slower} of {len(rows)} "
               f"lengths, up to {sig(worst.ratio)}x at L={worst.seq_len}{back}.")
-    return Finding("Page size 1 regression", answer, latency_figure(worst), worst.id, MEASURED)
+    return Finding("Page size 1 regression", answer, figure(worst), worst.id, MEASURED)
 
 
 def _predicted_crossover(analysis: Analysis, rows: list[RatioRow]) -> Finding:
@@ -136,7 +132,7 @@ def _crossover(analysis: Analysis) -> Finding | None:
         cited = min(rows, key=lambda r: r.ratio)
         answer = (f"No crossover: at no swept point (p > 1) is the merged PR faster than pre-PR beyond the noise "
                   f"floor; closest at L={cited.seq_len}, p={cited.page_size}.")
-    return Finding("Crossover", answer, latency_figure(cited), cited.id, MEASURED)
+    return Finding("Crossover", answer, figure(cited), cited.id, MEASURED)
 
 
 def _moved(row, base: bool = False) -> str:
@@ -172,7 +168,7 @@ def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: 
                   f"{predicted_range(predictions)} {named}'s time (model).")
         return Finding(question, answer, predicted_figure(predictions, ratio.baseline), ratio.id, MODEL)
     answer = f"{moved}; per {kind} {sig(ratio.variant_us)} µs against {named}'s {sig(ratio.baseline_us)} µs."
-    return Finding(question, answer, figure(ratio.interval, ratio.verdict, ratio.min_effect), ratio.id, MEASURED)
+    return Finding(question, answer, figure(ratio), ratio.id, MEASURED)
 
 
 def _blocked(analysis: Analysis) -> Finding:
@@ -197,13 +193,11 @@ def _blocked(analysis: Analysis) -> Finding:
     best = min(ratios, key=lambda r: r.interval.ratio)
     answer = (f"Behind a busy device queue, {label(best.variant)} blocks the scheduler thread "
               f"{sig(best.interval.ratio)}x as long as {called(best.baseline)}.")
-    return Finding("Scheduler thread blocked", answer, figure(best.interval, best.verdict, best.min_effect), best.id,
-                   MEASURED)
+    return Finding("Scheduler thread blocked", answer, figure(best), best.id, MEASURED)
 
 
 def _model_check(analysis: Analysis) -> Finding | None:
-    """On a run that crossed a link: the model's merged PR time per call against the measured one, at every point
-    whose link has a profile (how the model gets tested)."""
+    """The model's merged PR time per call against the measured one, at every point whose link has a profile."""
     pcie = analysis.run.meta.environment.pcie_link if analysis.run.meta else None
     rows = analysis.run.ok_rows()
     pairs = []
@@ -232,8 +226,7 @@ def subjects(analysis: Analysis) -> tuple[str, ...]:
 
 
 def _faster(analysis: Analysis, variant: str) -> Finding | None:
-    """Is `variant` faster than the baseline: measured per point on a run that crossed a link, else the model's
-    prediction per point and link profile (each side priced by what it moved, as any pair)."""
+    """Is `variant` faster than the baseline: measured on a run that crossed a link, else the model's prediction."""
     rows = analysis.ratios_of(variant)
     if not rows:
         return None
@@ -252,12 +245,11 @@ def _faster(analysis: Analysis, variant: str) -> Finding | None:
     cited = min(rows, key=lambda r: r.ratio) if count[FASTER] else largest
     answer = (f"Is {variant} faster than the baseline {base}? Faster at {count[FASTER]} of {len(rows)} swept points, "
               f"slower at {count[SLOWER]}, the same or unclear at the rest; {moved}.")
-    return Finding(question, answer, latency_figure(cited), cited.id, MEASURED)
+    return Finding(question, answer, figure(cited), cited.id, MEASURED)
 
 
 def findings(analysis: Analysis) -> tuple[Finding, ...]:
-    """The findings table of the report, in the order a review asks its questions: the merged PR against pre-PR,
-    or, against another baseline, each of `subjects` per call and per step."""
+    """The report's findings, in the order a review asks: the merged PR against pre-PR, else each of `subjects`."""
     if analysis.baseline == BASELINE:
         made = [_bytes(analysis), _page1(analysis), _crossover(analysis),
                 _scenario(analysis, "Per request: prefill chunks", "request", STEP_CANDIDATE, "prefill"),

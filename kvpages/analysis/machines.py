@@ -30,8 +30,7 @@ class Machine:
     device_name: str
     driver_version: str | None
     pcie_link: str | None
-    """The link the slot trains to (nvidia-smi's `max` generation and width), not the one it idled at when the run
-    started: an idle link downshifts, so that part differs between runs of one machine."""
+    """The link the slot trains to (nvidia-smi's `max`), not the one it idled at: an idle link downshifts."""
     hostname: str | None
 
     @classmethod

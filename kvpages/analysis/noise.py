@@ -46,8 +46,7 @@ class AAFigures:
         n, m = max(self.points, 1), max(self.relative_points, 1)
         overlap, coverage = self.overlap / n, min(self.a_in_b, self.b_in_a) / n
         false = (self.slower + self.faster) / m
-        fit = (overlap >= TARGETS["overlap"] and coverage >= TARGETS["coverage"]
-               and false <= TARGETS["false_verdicts"])
+        fit = overlap >= TARGETS["overlap"] and coverage >= TARGETS["coverage"] and false <= TARGETS["false_verdicts"]
         return (f"fit for comparisons: {'yes' if fit else 'NO'}: intervals overlap at {overlap:.0%} of points "
                 f"(calibrated {CALIBRATED['overlap']:.1%}, needs >= {TARGETS['overlap']:.0%}), hold the other run's "
                 f"ratio at {coverage:.0%} (calibrated {CALIBRATED['coverage']:.0%}, needs >= {TARGETS['coverage']:.0%}), "
@@ -99,8 +98,7 @@ def components_text(noise: NoiseFloor) -> str:
 
 
 def aa_figures(a: Analysis, b: Analysis, variant: str, fail_above_pct: float) -> AAFigures:
-    a_ratios = {(r.dtype, r.layout, r.page_size, r.seq_len): r for r in a.ratios_of(variant)}
-    b_ratios = {(r.dtype, r.layout, r.page_size, r.seq_len): r for r in b.ratios_of(variant)}
+    a_ratios, b_ratios = ({(r.dtype, r.layout, r.page_size, r.seq_len): r for r in run.ratios_of(variant)} for run in (a, b))
     common = sorted(set(a_ratios) & set(b_ratios))
     pairs = [(a_ratios[k], b_ratios[k]) for k in common]
     comparison = compare_runs(a.run, b.run, a.baseline)

@@ -27,9 +27,8 @@ class Prediction:
 
 
 def point_predictions(analysis: Analysis, r: RatioRow) -> tuple[Prediction, ...]:
-    """`r`'s variant and baseline at its point, one call each, on every prediction profile, each priced by what the
-    meter saw it move: its bytes, one blocking copy if any (a CUDA run's own count is in results.csv), and
-    `Analysis.host_work` for an undeclared variant's stride."""
+    """`r`'s variant and baseline, one call each, on every prediction profile, each priced by what the meter saw it
+    move: its bytes, one blocking copy if any, and `Analysis.host_work` for an undeclared variant's stride."""
     out = []
     for profile in prediction_profiles():
         variant = profile.predicted_us(r.variant, r.page_size, 1, r.variant_d2h_bytes, int(r.variant_d2h_bytes > 0),
@@ -46,8 +45,7 @@ def ratio_range(predictions: tuple[Prediction, ...]) -> tuple[float, float]:
 
 
 def crossover(analysis: Analysis, rows: list[RatioRow], profile: LinkProfile) -> int | None:
-    """The smallest swept seq_len of `rows` (one variant, one page size) at which the model puts the variant below
-    the baseline on `profile`; None: nowhere within the sweep."""
+    """The smallest swept seq_len of `rows` (one variant and page size) the model puts below 1 on `profile`, or None."""
     for r in sorted(rows, key=lambda r: r.seq_len):
         if next(p for p in point_predictions(analysis, r) if p.profile == profile).ratio < 1:
             return r.seq_len

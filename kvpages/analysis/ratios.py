@@ -78,8 +78,6 @@ class _Pair:
 
 def _ratio(pair: _Pair, effect: float, q_value: float, verdict: str) -> RatioRow:
     variant, baseline, interval, found = pair.variant, pair.baseline, pair.interval, pair.found
-    variant_us, baseline_us = ((float(variant["median_us"]), float(baseline["median_us"])) if found is None
-                               else (found.variant_us, found.baseline_us))
     name, base = str(variant["variant"]), str(baseline["variant"])
     dtype, layout, seq_len, page_size = (str(variant["dtype"]), str(variant["layout"]), int(variant["seq_len"]),
                                          int(variant["page_size"]))
@@ -89,7 +87,8 @@ def _ratio(pair: _Pair, effect: float, q_value: float, verdict: str) -> RatioRow
         ratio=interval.ratio, ci_low=interval.ci_low, ci_high=interval.ci_high, confidence=interval.confidence,
         repetitions=0 if found is None else found.repetitions,
         bytes_ratio=float(variant["d2h_bytes"] / baseline["d2h_bytes"]),
-        variant_median_us=variant_us, baseline_median_us=baseline_us,
+        variant_median_us=float(variant["median_us"]) if found is None else found.variant_us,
+        baseline_median_us=float(baseline["median_us"]) if found is None else found.baseline_us,
         variant_d2h_bytes=int(variant["d2h_bytes"]), baseline_d2h_bytes=int(baseline["d2h_bytes"]),
         verdict=verdict, min_effect=effect, q_value=q_value,
         repro=pair_repro(str(variant["repro"]), name, base),
@@ -112,8 +111,7 @@ class Crossover:
 
 
 def crossovers(ratios: tuple[RatioRow, ...], variant: str = CANDIDATE) -> list[Crossover]:
-    """Per (dtype, layout, page size): the smallest seq_len at which `variant` is judged faster than the
-    baseline (kvpages.analysis.verdicts.judge: the interval below 1 and beyond the minimum effect)."""
+    """Per (dtype, layout, page size): the smallest seq_len at which `variant` is judged faster than the baseline."""
     groups: dict[tuple, list[RatioRow]] = {}
     for r in ratios:
         if r.variant == variant:
@@ -127,8 +125,8 @@ def crossovers(ratios: tuple[RatioRow, ...], variant: str = CANDIDATE) -> list[C
 
 
 def fastest(run: Run, rows: list[Record], effect: float) -> tuple[str, ...]:
-    """At one point: the variant with the lowest median, then every variant tied with it, i.e. not judged
-    slower than it on its own (kvpages.analysis.verdicts.judge; no repetitions: equal medians only)."""
+    """At one point: the variant with the lowest median, then every variant not judged slower than it on its own
+    (without repetitions: of equal median)."""
     ordered = sorted(rows, key=lambda r: r["median_us"])  # stable: equal medians keep the file's order
     best = ordered[0]
 
@@ -141,14 +139,10 @@ def fastest(run: Run, rows: list[Record], effect: float) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class NoiseFloor:
-    """The spread of this run at each level that varies (log-sds, ~ relative spreads, as a CV).
-
-    `*_spread`: between the repetitions of each ok row, median and max over rows; `median_ci_half_width`: the median
-    relative half-width of the ratios' intervals, whose `min_effect` (verdicts.min_effect) a verdict needs;
-    `ratio_*` and `time_*`: the between- and within-process components of each ratio's paired log-ratios and of
-    each row's log block medians, median over them (nan with one process); `interval_unit`: 'process' or
-    'repetition', what the intervals sample.
-    """
+    """The spread of this run at each level that varies (log-sds, ~ relative spreads, as a CV): `*_spread` between
+    the repetitions of each row; `median_ci_half_width` of the ratios' intervals, relative, and the `min_effect` it
+    sets; `ratio_*` and `time_*` the between- and within-process components of the ratios' paired log-ratios and of
+    the rows' log block medians (medians over them; nan with one process)."""
 
     repetitions: int
     median_spread: float
@@ -190,23 +184,19 @@ class ScenarioRatio:
 
 
 def scenario_ratios(run: Run, baseline: str, effect: float) -> tuple[ScenarioRatio, ...]:
-    """Paired per-repetition ratios of block medians, every ok step variant against `baseline`, per scenario,
-    judged as one family (Benjamini-Hochberg over all of them, blocked and ready)."""
+    """Every timed step variant against `baseline` per scenario and latency, judged as one family."""
     if run.scenarios is None or run.scenario_samples is None:
         return ()
     by_scenario: dict[str, list[Record]] = {}  # in the order of each scenario's first row, as groupby(sort=False)
     for row in records(run.scenarios[run.scenarios["status"].isin(TIMED)]):
         by_scenario.setdefault(row["scenario"], []).append(row)
     found: list[tuple[Record, str, Paired]] = []
-    for scenario, rows in by_scenario.items():
-        if (scenario, baseline) not in run.scenario_samples:
-            continue
-        for row in rows:
-            variant = row["variant"]
-            for latency in ("blocked", "ready") if variant != baseline else ():
-                pair = estimate(run, (scenario, baseline), (scenario, variant), latency)
-                if pair is not None:
-                    found.append((row, latency, pair))
+    for row in (row for rows in by_scenario.values() for row in rows):
+        scenario, variant = row["scenario"], row["variant"]
+        for latency in ("blocked", "ready") if variant != baseline else ():
+            pair = estimate(run, (scenario, baseline), (scenario, variant), latency)
+            if pair is not None:
+                found.append((row, latency, pair))
     qvalues = bh_adjusted([pair.p_value for *_, pair in found])
     out = []
     for (row, latency, pair), q, keep in zip(found, qvalues, discoveries(qvalues), strict=True):
@@ -226,9 +216,7 @@ class Analysis:
     baseline: str
     ratios: tuple[RatioRow, ...]
     crossovers: tuple[Crossover, ...]
-    fastest: dict[tuple, tuple[str, ...]]
-    """Per point (dtype, layout, page_size, seq_len): the fastest variants, tied within noise (never the zero-D2H
-    floor, host_mirror: a reference)."""
+    fastest: dict[tuple, tuple[str, ...]]  # per point: the variants tied fastest (never the zero-D2H floor)
     noise: NoiseFloor
     scenario_ratios: tuple[ScenarioRatio, ...] = ()
     scenario_baseline: str = STEP_BASELINE
@@ -343,9 +331,8 @@ def analyze(run: Run, baseline: str | None = None) -> Analysis:
 
 
 def host_work(rows: list[Record]) -> frozenset[str]:
-    """The variants that, at every timed point with a page size above 1, handed the host every token index (the stride
-    is done on the host, after the copy) or nothing (a host-side table): what the link model carries over as host work
-    for a variant it has no declaration of (kvpages.core.links), e.g. sglang@<label>."""
+    """The variants that, at every timed point with a page size above 1, handed the host every token index or none:
+    what the link model takes as host work for a variant it has no declaration of (e.g. sglang@<label>)."""
     verdicts: dict[str, bool] = {}
     for r in rows:
         if r["page_size"] > 1 and not pd.isna(r["d2h_bytes"]):

@@ -58,10 +58,7 @@ class Judged:
     verdicts: tuple[str, ...]
     q_values: tuple[float, ...]
     half_width: float  # the family's noise floor: the median relative half-width of its intervals
-
-    @property
-    def min_effect(self) -> float:
-        return min_effect(self.half_width)
+    min_effect: float
 
 
 def judge_family(intervals: Sequence[Interval], p_values: Sequence[float]) -> Judged:
@@ -71,4 +68,4 @@ def judge_family(intervals: Sequence[Interval], p_values: Sequence[float]) -> Ju
     q_values = bh_adjusted(list(p_values))
     effect = min_effect(half_width)
     verdicts = tuple(judge(i, effect, kept) for i, kept in zip(intervals, discoveries(q_values), strict=True))
-    return Judged(verdicts, tuple(q_values), half_width)
+    return Judged(verdicts, tuple(q_values), half_width, effect)

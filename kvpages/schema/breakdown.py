@@ -14,8 +14,7 @@ from kvpages.schema.writer import write_table
 BREAKDOWN_CSV = "breakdown.csv"
 PASSES = 3  # profiled passes over all the cases (kvpages.measure.breakdown)
 CALLS = 3
-"""Profiled calls per case in each pass, each in its own range; a row is the call of median wall time among a
-case's PASSES x CALLS calls."""
+"""Profiled calls per case in each pass, each in its own range (a row is the call of median wall time of them all)."""
 
 
 @dataclass(frozen=True)

@@ -78,22 +78,19 @@ class RunTiming:
     end_s: float | None = None
     crosscheck_s: float = 0.0  # the profiler cross-check, in a process of its own, before the first block
     breakdown_s: float | None = None  # breakdown.csv, after the sweep, in a process of its own
-    startup_overlap_s: float = 0.0
-    """The workers start together: how much of their start-ups ran beside one another, left out of `startup_s`."""
+    startup_overlap_s: float = 0.0  # the workers start together: how much of their start-ups overlapped
     analysis_s: float | None = None  # the summary, charts and report (None: not run, or not finished yet)
 
     @classmethod
     def of(cls, wall_s: float, processes: list[ProcessInfo], crosscheck_s: float, overlap_s: float = 0.0
            ) -> RunTiming:
-        """The session's timing from its processes' phases, their start-ups less `overlap_s`."""
         sums = {name: sum(getattr(p, name) or 0.0 for p in processes) for name in PHASES}
         sums["startup_s"] -= overlap_s
         return cls(wall_s, crosscheck_s=crosscheck_s, startup_overlap_s=overlap_s, **sums)
 
     @property
     def measured_s(self) -> float:
-        """What measuring the run took, its breakdown included (not its analysis, written into meta.json after
-        REPORT.md, so a report re-made from the folder says the same)."""
+        """What measuring the run took: its breakdown, not its analysis (so a report re-made later says the same)."""
         return self.wall_s + (self.breakdown_s or 0.0)
 
     @classmethod

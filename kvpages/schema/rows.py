@@ -97,8 +97,7 @@ class Table:
 
 @dataclass(frozen=True)
 class SampleSet:
-    """The raw per-round times of one timed block: repetition `repetition` of a row, the
-    `order`-th block the run timed, in process `process` (an index into meta.json's processes)."""
+    """The per-round times of one block: a row's `repetition`, the run's `order`-th, timed in meta.json's `process`."""
 
     variant: str
     dtype: str
@@ -171,12 +170,9 @@ class ScenarioSampleSet(StepBlock):
 
 @dataclass(frozen=True)
 class ScenarioRow(_Status):
-    """One (scenario, step variant): a whole request (all its calls) or a whole scheduler step, measured as one.
-
-    Bytes, transfers and host syncs as the meter counted them, and µs, per request or step: `blocked` until the calling
-    (scheduler) thread got control back, `ready` until the page indices were usable on the host (equal, except for
-    variants whose wait runs on a transfer thread).
-    """
+    """One (scenario, step variant): a whole request (all its calls) or a whole scheduler step, measured as one; per
+    request or step, bytes, transfers and host syncs, and µs: `blocked` until the calling (scheduler) thread got
+    control back, `ready` until the page indices were usable on the host (later only with a transfer thread)."""
 
     scenario: str
     kind: str  # request | step

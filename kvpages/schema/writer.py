@@ -31,14 +31,11 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
 def create_run_dir(results_dir: Path, device_label: str) -> Path:
     """Make a new, empty `results_dir/<UTC time>-<device>` folder; never reuses an existing one."""
     results_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{_slug(device_label)}"
+    slug = re.sub(r"[^a-z0-9]+", "-", device_label.lower()).strip("-")
+    stem = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{slug}"
     for attempt in range(1, 1000):
         path = results_dir / (stem if attempt == 1 else f"{stem}-{attempt}")
         try:
