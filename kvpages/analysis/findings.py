@@ -173,17 +173,17 @@ def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: 
 
 def _blocked(analysis: Analysis) -> Finding:
     frame = analysis.run.scenarios
-    busy = frame[frame["busy_us"] > 0] if frame is not None else None
-    ok = busy[busy["status"] == "ok"] if busy is not None else None
-    if not analysis.run.link_crossed or ok is None or ok.empty:
-        candidate = busy[busy["variant"] == STEP_CANDIDATE] if busy is not None else None
-        cited = "-" if candidate is None or candidate.empty else str(candidate["id"].iloc[0])
+    assert frame is not None  # `findings` asks only a run with scenarios
+    busy = frame[frame["busy_us"] > 0]
+    ok = busy[busy["status"] == "ok"]
+    if not analysis.run.link_crossed or ok.empty:
+        candidate = busy[busy["variant"] == STEP_CANDIDATE]
+        cited = "-" if candidate.empty else str(candidate["id"].iloc[0])
         return Finding("Scheduler thread blocked", "Not measurable here: without a device queue the scheduler thread is "
                        "blocked exactly as long as the data takes to be ready; the busy-queue scenario needs CUDA.",
                        "-", cited, NEEDS_GPU)
     ratios = [r for r in analysis.scenario_ratios if r.latency == "blocked" and r.scenario in set(ok["scenario"])]
     if not ratios:  # every busy-queue ratio needs pre-PR's row of the same scenario, which did not come out ok
-        assert busy is not None  # ok (not None) is a part of it
         base = busy[busy["variant"] == analysis.scenario_baseline]
         why = "; ".join(sorted({f"{s}" + (f" ({n})" if n else "") for s, n in zip(base["status"], base["note"], strict=True)
                                 if s != "ok"})) or "no row"

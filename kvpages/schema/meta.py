@@ -1,5 +1,4 @@
-"""meta.json: where a run ran (`Environment`), the processes and ranks that timed it, and whether it finished
-(`RunMeta`). No torch import; kvpages.schema.reader reads it back, kvpages.schema.writer writes it."""
+"""meta.json: where a run ran (`Environment`), the processes and ranks that timed it, and whether it finished (no torch)."""
 
 from __future__ import annotations
 

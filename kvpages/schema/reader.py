@@ -1,5 +1,4 @@
-"""Reads a run folder back (kvpages.schema.rows), validating it: what every analysis starts from (no torch). A folder
-that was edited, mixed up or is not a run is refused with a `RunError` naming the file and what is wrong."""
+"""Reads a run folder back, refusing one that was edited, mixed up or is not a run with a one-line `RunError` (no torch)."""
 
 from __future__ import annotations
 

@@ -229,9 +229,8 @@ class RankSampleSet(StepBlock):
 @dataclass(frozen=True)
 class RankRow(_Status):
     """A (scenario, step variant) of a multi-rank run as one rank, or the whole step, saw it, at once or alone (`role`:
-    kvpages.schema.ranks.ROLES; `rank` empty for the step's); latencies as ScenarioRow's, per step. Bytes, transfers
-    and host syncs: the meter's on that rank (the step's: summed). `skew_median_us` (step rows): per round, the last
-    rank's start minus the first's, on the monotonic clock of one host (empty when the ranks span hosts)."""
+    kvpages.schema.ranks.ROLES; `rank` empty for the step's); latencies as ScenarioRow's, per step; the step's bytes
+    summed over the ranks; `skew_median_us`: RankSampleSet's, empty when the ranks span hosts (no common clock)."""
 
     scenario: str
     variant: str
@@ -268,9 +267,7 @@ Samples = SampleSet | ScenarioSampleSet | RankSampleSet  # a point's, a scenario
 
 @dataclass(frozen=True)
 class RatioRow:
-    """`variant` against `baseline` at one point of an analysed run (ratios.csv; results/README.md has each column):
-    `ratio` from the one estimator (kvpages.core.estimator.paired_ratio), its interval over processes or one process's
-    repetitions (`interval_unit`), `verdict` from kvpages.analysis.verdicts.judge, `repro` re-runs the pair."""
+    """`variant` against `baseline` at one point of an analysed run (ratios.csv; results/README.md has each column)."""
 
     id: str
     variant: str
