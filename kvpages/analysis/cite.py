@@ -27,7 +27,6 @@ def pair_repro(repro: str, variant: str, baseline: str) -> str:
     if not words:
         return ""
     first = next((i for i, w in enumerate(words) if w.startswith("--kv-")), len(words))
-    head = words[:first]
     given = {flag: value for flag, value in itertools.pairwise(words) if flag in _FLAGS}
     try:
         options = BenchOptions.parse(given.get)
@@ -37,13 +36,13 @@ def pair_repro(repro: str, variant: str, baseline: str) -> str:
         pair = options.replace(step_variants=(variant, baseline))
     else:  # a point: its pair alone, without the preset's whole requests and steps
         pair = options.replace(variants=(variant, baseline), scenarios="none")
-    return shlex.join([*head, *pair.to_args(), ANALYZE_FLAG])
+    return shlex.join([*words[:first], *pair.to_args(), ANALYZE_FLAG])
 
 
 def sig(value: float, digits: int = 3) -> str:
     """A figure as every table, chart and finding prints it: `digits` significant figures, never an exponent, with
     thousands separators ('1,790', '142', '10.4', '0.951'); '-' for a missing one."""
-    if value != value or math.isinf(value):
+    if not math.isfinite(value):
         return "-"
     if value == 0:
         return "0"

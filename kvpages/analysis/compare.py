@@ -101,8 +101,7 @@ def compare_runs(a: Run, b: Run, baseline: str | None = None) -> RunComparison:
 
 def _measured(key: tuple, a_logs: Levels | None, b_logs: Levels | None, fallback: tuple[float, float]
               ) -> PointComparison:
-    """One key's figures and B/A (`between_runs`), not yet judged; without samples in both, the rows' medians and an
-    unknown interval."""
+    """One key's figures and B/A, not yet judged; without samples in both, the rows' medians and no interval."""
     if a_logs is None or b_logs is None:
         a_value, b_value = fallback
         return PointComparison(key, a_value, b_value, unknown(b_value / a_value, 0), 1.0, 1.0, "")

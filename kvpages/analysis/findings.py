@@ -1,8 +1,7 @@
 """The answers a design review asks for, each with its figure, the id of the row behind it, and a status (no torch).
 
-On a run that crossed no link, a time finding is the model's prediction per link profile (kvpages.analysis.predict),
-status `MODEL`: measured host-side ratios are evidence, never a finding. On a CUDA run the findings are measured, and
-one more sets the model against the measurement. `cite` quotes any ratios.csv or scenarios.csv row."""
+On a run that crossed no link, a time finding is the model's prediction per link profile, status `MODEL`: measured
+host-side ratios are evidence, never a finding; a CUDA run's findings are measured, one against the model."""
 
 from __future__ import annotations
 
@@ -12,13 +11,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from kvpages.analysis.cite import Citation, CiteError, commit_text, fraction, interval_of, interval_text, sig
-from kvpages.analysis.predict import (
-    Prediction,
-    crossover,
-    point_predictions,
-    ratio_range,
-    scenario_predictions,
-)
+from kvpages.analysis.predict import Prediction, crossover, point_predictions, ratio_range, scenario_predictions
 from kvpages.analysis.ratios import Analysis, ScenarioRatio
 from kvpages.analysis.verdicts import FASTER, SAME, SLOWER
 from kvpages.core.links import LinkProfile, device_ops, prediction_profiles, profile_for
@@ -219,8 +212,7 @@ def _model_check(analysis: Analysis) -> Finding | None:
 
 
 def subjects(analysis: Analysis) -> tuple[str, ...]:
-    """What a run against another baseline (--kv-baseline) asks about: SGLang's own functions (--kv-sglang) set
-    against it, then the merged PR and pre-PR (each where it was timed, and is not the baseline)."""
+    """What a run against another baseline asks about: SGLang's own functions, then the merged PR and pre-PR."""
     timed = {r.variant for r in analysis.ratios}
     return tuple(sorted(v for v in timed if v.startswith(PREFIX))) + tuple(v for v in (CANDIDATE, BASELINE) if v in timed)
 

@@ -67,9 +67,8 @@ def _processes(run: Run, offset: int) -> list[ProcessInfo]:
 
 def _pooled_frame(frames: list[pd.DataFrame], keys: list[list[tuple]], poolable: Callable[[tuple], bool],
                   timing: Callable[[tuple], dict[str, object]]) -> pd.DataFrame:
-    """One row per key of a machine's runs (`keys[i]`: frame i's row keys): a key timed in every run (`poolable`)
-    is the first run's row with its timing columns from the pooled blocks (`timing`); one that some run did not
-    time is the first row that says why (skipped, mismatch, ...), or no row at all."""
+    """One row per key of a machine's runs (`keys[i]`: frame i's): a key timed in every run (`poolable`) is the first
+    run's row with the pooled blocks' `timing`; else the first row that says why (skipped, ...), or none."""
     by_run = [dict(zip(k, (r for _, r in frame.iterrows()), strict=True)) for frame, k in zip(frames, keys, strict=True)]
     records = []
     for key in dict.fromkeys(k for run_keys in keys for k in run_keys):

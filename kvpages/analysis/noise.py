@@ -127,10 +127,9 @@ def efficiency(analysis: Analysis) -> str:
 
 
 def allocation_text(noise: NoiseFloor, meta: RunMeta) -> str:
-    """Kalibera and Jones's allocation (ISMM 2013) for this run: the repetitions per process that narrow a ratio's
-    interval most per second, r = sqrt(c_p s_w^2 / (c_r s_b^2)), where c_p is what a process costs besides its
-    repetitions (start-up less the workers' overlap, inputs, checks, end), c_r what one repetition of every case costs
-    in it, and s_b, s_w the ratios' between- and within-process components; "" where the run cannot say."""
+    """Kalibera and Jones's allocation (ISMM 2013): the repetitions per process that narrow a ratio's interval most per
+    second, r = sqrt(c_p s_w^2 / (c_r s_b^2)), c_p a process's cost besides its repetitions, c_r a repetition's of
+    every case, s_b and s_w the ratios' between- and within-process components; "" where the run cannot say."""
     processes = meta.processes
     if len(processes) < 2 or any(p.end_s is None for p in processes):
         return ""

@@ -15,15 +15,7 @@ import pandas as pd
 from kvpages.analysis.cite import pair_repro
 from kvpages.analysis.contention import contention
 from kvpages.analysis.intervals import levels, paired_logs
-from kvpages.analysis.verdicts import (
-    FASTER,
-    MIN_EFFECT_FLOOR,
-    SLOWER,
-    bh_adjusted,
-    discoveries,
-    judge,
-    judge_family,
-)
+from kvpages.analysis.verdicts import FASTER, MIN_EFFECT_FLOOR, SLOWER, bh_adjusted, discoveries, judge, judge_family
 from kvpages.core.estimator import Paired, mean_estimate, paired_ratio
 from kvpages.core.names import CANDIDATE, FLOOR, STEP_BASELINE, per_request_name, per_request_of, variant_sort_key
 from kvpages.core.stats import Interval, finite_median, unknown
@@ -38,8 +30,7 @@ NOISY_SPREAD = 0.10
 
 POINT_COLUMNS = ("dtype", "layout", "page_size", "seq_len")
 
-Record = dict[str, Any]
-"""A results.csv or scenarios.csv row from `to_dict("records")`: an `iterrows` row costs a hundred times more."""
+Record = dict[str, Any]  # a results.csv or scenarios.csv row from to_dict("records"): iterrows costs 100x more
 
 
 def records(frame: pd.DataFrame) -> list[Record]:

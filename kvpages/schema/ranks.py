@@ -19,9 +19,8 @@ other down). The k-th value of every role's block is the k-th cycle's."""
 
 @dataclass(frozen=True)
 class ContentionRow:
-    """What converting at once costs, for one latency (contention.csv): the step (`rank` empty: `alone_max` against
-    `step`) or one rank (`alone` against `rank`). ratio = at_once_median_us / alone_median_us, the two medians of
-    every cycle of every repetition, with its bootstrap interval (kvpages.analysis.contention)."""
+    """What converting at once costs, for one latency (contention.csv): the step (`rank` empty: `step` against
+    `alone_max`) or one rank (`rank` against `alone`); ratio = at_once_median_us / alone_median_us, with its interval."""
 
     id: str
     scenario: str

@@ -1,7 +1,6 @@
 """The run-folder schema, its record types and their columns (no torch): results.csv holds one `Row` per (variant,
-point), samples.csv one `SampleSet` per timed block; scenarios.csv and ranks.csv (and their samples) the same for
-whole requests and steps and for multi-rank runs; ratios.csv one `RatioRow` per (variant, baseline, point).
-results/README.md documents each column."""
+point), samples.csv one `SampleSet` per timed block, and so on for whole requests and steps and for multi-rank runs;
+ratios.csv one `RatioRow` per (variant, baseline, point). results/README.md documents each column."""
 
 from __future__ import annotations
 

@@ -14,17 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kvpages.schema.meta import RunMeta, RunTiming
-from kvpages.schema.rows import (
-    META_JSON,
-    POINTS,
-    RESULTS_CSV,
-    RankRow,
-    Row,
-    Samples,
-    ScenarioRow,
-    Table,
-    sample_record,
-)
+from kvpages.schema.rows import META_JSON, POINTS, RESULTS_CSV, RankRow, Row, Samples, ScenarioRow, Table, sample_record
 
 
 def utc_now() -> str:
