@@ -31,10 +31,8 @@ class Environment:
     link_crossed: bool
     link_note: str
     gpu_uuid: str | None = None
-    pcie_link_loaded: str | None = None
-    """The PCIe link as nvidia-smi saw it right after the first timed block (an idle link downshifts)."""
-    sm_clock_mhz_loaded: int | None = None
-    """nvidia-smi's clocks.sm at the same moment: the boosted clock, as each process spins the GPU up first."""
+    pcie_link_loaded: str | None = None  # nvidia-smi's, right after the first timed block (an idle link downshifts)
+    sm_clock_mhz_loaded: int | None = None  # clocks.sm at the same moment (boosted: each process spins the GPU up)
     hostname: str | None = None  # socket.gethostname(); None in runs written before it was recorded
 
 
