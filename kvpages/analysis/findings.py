@@ -140,7 +140,8 @@ def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: 
     base = analysis.run.scenarios
     if base is None:
         return None
-    rows = base[(base["kind"] == kind) & (base["busy_us"] == 0) & (base["variant"] == variant) & (base["status"] == "ok")]
+    rows = base[(base["kind"] == kind) & (base["busy_us"] == 0) & (base["variant"] == variant)
+                & (base["status"] == "ok")]
     if side is not None:
         rows = rows[rows["side"] == side]
     size_column = "tokens" if kind == "request" else "requests"

@@ -69,8 +69,7 @@ def scenario_predictions(analysis: Analysis, ratio: ScenarioRatio) -> tuple[Pred
 
 
 def with_link_model(rows: pd.DataFrame, host_work: frozenset[str] = frozenset()) -> pd.DataFrame:
-    """`rows` plus one `modeled_<link>_us` column per link profile: one call's device ops, syncs, copies and bytes
-    without host work (a model, see kvpages.core.links; `host_work`: `Analysis.host_work`)."""
+    """`rows` plus one `modeled_<link>_us` column per link profile: one call without its host work (kvpages.core.links)."""
     out = rows.copy()
     for profile in LINK_PROFILES:
         out[profile.column] = [

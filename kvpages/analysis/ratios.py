@@ -38,8 +38,7 @@ def records(frame: pd.DataFrame) -> list[Record]:
 
 
 def estimate(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | None = None) -> Paired | None:
-    """The one estimator (kvpages.core.estimator.paired_ratio) of a pair, once per run; None without samples of the
-    same repetitions for both (keys: row keys, or (scenario, variant) with a `latency`)."""
+    """The one estimator (kvpages.core.estimator.paired_ratio) of a pair, once per run; None without paired samples."""
     def compute() -> Paired | None:
         base, other = levels(run, baseline_key, latency), levels(run, variant_key, latency)
         if base is None or other is None or not np.array_equal(base.processes, other.processes):
