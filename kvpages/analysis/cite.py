@@ -1,8 +1,4 @@
-"""Citations: the pair repro command of a ratio, and `kvpages cite RUN ID`'s one line (no torch).
-
-A row's `repro` re-runs its variant alone; a ratio's re-runs the pair, interleaved as in the run: the row's command
-parsed back through the options table (kvpages.core.options.BenchOptions), widened to the pair and rendered again.
-"""
+"""Citations: the pair repro command of a ratio, and `kvpages cite RUN ID`'s one line (no torch)."""
 
 from __future__ import annotations
 
@@ -25,13 +21,12 @@ class CiteError(ValueError):
 
 
 def pair_repro(repro: str, variant: str, baseline: str) -> str:
-    """The command that re-runs `variant` and `baseline` together where `repro` re-ran `variant` alone,
-    with --kv-analyze so it writes the pair's ratio; '' when `repro` is empty or not a kvpages command."""
+    """The command that re-runs `variant` and `baseline` together, interleaved, where `repro` re-ran `variant` alone:
+    parsed back through the options table, widened to the pair, with --kv-analyze; '' for no kvpages command."""
     words = shlex.split(repro) if "'" in repro or '"' in repro else repro.split()  # split() is 20x faster
     if not words:
         return ""
     first = next((i for i, w in enumerate(words) if w.startswith("--kv-")), len(words))
-    head = words[:first]
     given = {flag: value for flag, value in itertools.pairwise(words) if flag in _FLAGS}
     try:
         options = BenchOptions.parse(given.get)
@@ -41,13 +36,13 @@ def pair_repro(repro: str, variant: str, baseline: str) -> str:
         pair = options.replace(step_variants=(variant, baseline))
     else:  # a point: its pair alone, without the preset's whole requests and steps
         pair = options.replace(variants=(variant, baseline), scenarios="none")
-    return shlex.join([*head, *pair.to_args(), ANALYZE_FLAG])
+    return shlex.join([*words[:first], *pair.to_args(), ANALYZE_FLAG])
 
 
 def sig(value: float, digits: int = 3) -> str:
     """A figure as every table, chart and finding prints it: `digits` significant figures, never an exponent, with
     thousands separators ('1,790', '142', '10.4', '0.951'); '-' for a missing one."""
-    if value != value or math.isinf(value):
+    if not math.isfinite(value):
         return "-"
     if value == 0:
         return "0"
@@ -84,19 +79,15 @@ def coverage_text(confidence: float) -> str:
     """An interval's exact coverage as a header says it, e.g. '95%' or '97.9%' (no trailing '.0')."""
     if confidence != confidence:
         return "n/a"
-    text = f"{confidence:.1%}"
-    return text.replace(".0%", "%")
+    return f"{confidence:.1%}".replace(".0%", "%")
 
 
 def interval_of(row: RatioRow | ScenarioRatioRow) -> Interval:
-    """A ratios.csv (or scenario_ratios.csv) row's interval, as the analysis made it."""
     return Interval(row.ratio, row.ci_low, row.ci_high, row.repetitions, row.confidence)
 
 
 @dataclass(frozen=True)
 class Citation:
-    """One row's figure, ready to quote."""
-
     id: str
     what: str
     interval: Interval

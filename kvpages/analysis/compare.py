@@ -1,13 +1,12 @@
 """`kvpages compare`: judge run B against run A point by point, gating on ratios (no torch).
 
-Each family of points (the relative points, and apart from them the absolute ones) is judged as the report
-judges a run's ratios (kvpages.analysis.verdicts.judge_family): faster or slower only when B/A's interval
-excludes 1, the effect reaches the family's minimum effect, and the Benjamini-Hochberg step over the family's
-p-values keeps it. The `--fail-above` gate keeps its own threshold (`RunComparison.regressions`).
+Each family of points (the relative ones, and apart the absolute ones) is judged as the report judges a run's ratios
+(kvpages.analysis.verdicts.judge_family); the `--fail-above` gate keeps its own threshold (`RunComparison.regressions`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from kvpages.analysis.intervals import levels, paired_logs
@@ -21,8 +20,7 @@ RELATIVE, ABSOLUTE = "relative", "absolute"
 
 @dataclass(frozen=True)
 class PointComparison:
-    """One key in both runs: B against A, with the interval of B/A, its p-value and q-value, and its verdict
-    (kvpages.analysis.verdicts.VERDICTS)."""
+    """One key in both runs: B against A, the interval of B/A, its p- and q-value, and its verdict."""
 
     key: tuple
     a_value: float
@@ -35,27 +33,21 @@ class PointComparison:
 
 @dataclass(frozen=True)
 class Family:
-    """Points judged together: their own minimum effect and family correction."""
-
     points: list[PointComparison]
     min_effect: float
 
     def counts(self) -> dict[str, int]:
-        """How many points got each verdict, in VERDICTS order."""
         return {v: sum(p.verdict == v for p in self.points) for v in VERDICTS}
 
 
 @dataclass(frozen=True)
 class RunComparison:
-    relative: Family
-    """Per (variant, point): B's variant/baseline ratio over A's (gated: robust to machine and process)."""
-    absolute: Family
-    """Per (variant, point): B's median over A's (informational: absolute times move between processes)."""
+    relative: Family  # per (variant, point): B's variant/baseline ratio over A's (gated: robust to machine and process)
+    absolute: Family  # per (variant, point): B's median over A's (informational: absolute times move between processes)
     only_a: list[tuple]
     only_b: list[tuple]
     baseline: str
-    processes: tuple[int, int] = (1, 1)
-    """How many processes timed A and B: with >= 2 in both, the intervals sample processes."""
+    processes: tuple[int, int] = (1, 1)  # how many processes timed A and B
 
     @property
     def unit(self) -> str:
@@ -75,36 +67,22 @@ class RunComparison:
         return [p for p in self.relative.points if p.interval.ci_low > 1 + fail_above_pct / 100]
 
 
-@dataclass(frozen=True)
-class _Measured:
-    key: tuple
-    a_value: float
-    b_value: float
-    interval: Interval
-    p_value: float
-
-
-def _judged(measured: list[_Measured]) -> Family:
+def _judged(measured: list[PointComparison]) -> Family:
     judged = judge_family([m.interval for m in measured], [m.p_value for m in measured])
-    return Family([PointComparison(m.key, m.a_value, m.b_value, m.interval, m.p_value, q, verdict)
+    return Family([dataclasses.replace(m, q_value=q, verdict=verdict)
                    for m, q, verdict in zip(measured, judged.q_values, judged.verdicts, strict=True)],
                   judged.min_effect)
 
 
 def compare_runs(a: Run, b: Run, baseline: str | None = None) -> RunComparison:
     """Align two runs on (variant, dtype, layout, seq_len, page_size) and judge B against A, the ratios against
-    `baseline` (None: the runs' own, --kv-baseline; a RunError when A's and B's differ).
-
-    Each figure is the run's own report's (kvpages.core.estimator): absolute, a variant's time; relative, its ratio to
-    the baseline, so what drifts with the machine cancels within each run. B/A is B's printed figure over A's, with
-    the interval of the two runs' independent bootstraps (`between_runs`); without repetitions, no interval.
-    """
+    `baseline` (None: the runs' own; a RunError when A's and B's differ). Each figure is the run's own report's, a
+    ratio cancelling what drifts with the machine; docs/method.md, "Comparing two runs"."""
     if baseline is None and a.baseline != b.baseline:
         raise RunError(f"{a.path} is against {a.baseline} and {b.path} against {b.baseline} (--kv-baseline): their "
                        "ratios do not compare; rerun one with the other's --kv-baseline")
     baseline = baseline or a.baseline
-    a_rows = {row_key(r): r for _, r in a.ok_rows().iterrows()}
-    b_rows = {row_key(r): r for _, r in b.ok_rows().iterrows()}
+    a_rows, b_rows = ({row_key(r): r for _, r in run.ok_rows().iterrows()} for run in (a, b))
     common = sorted(set(a_rows) & set(b_rows))
     if not common:
         raise RunError(f"{a.path} and {b.path}: no timed (variant, point) in common; nothing to compare")
@@ -121,11 +99,11 @@ def compare_runs(a: Run, b: Run, baseline: str | None = None) -> RunComparison:
                          sorted(set(b_rows) - set(a_rows)), baseline, (a.process_count, b.process_count))
 
 
-def _measured(key: tuple, a_logs: Levels | None, b_logs: Levels | None, fallback: tuple[float, float]) -> _Measured:
-    """One key's figures and B/A (`between_runs`); without samples in both, the rows' medians and an unknown
-    interval."""
+def _measured(key: tuple, a_logs: Levels | None, b_logs: Levels | None, fallback: tuple[float, float]
+              ) -> PointComparison:
+    """One key's figures and B/A, not yet judged; without samples in both, the rows' medians and no interval."""
     if a_logs is None or b_logs is None:
         a_value, b_value = fallback
-        return _Measured(key, a_value, b_value, unknown(b_value / a_value, 0), 1.0)
+        return PointComparison(key, a_value, b_value, unknown(b_value / a_value, 0), 1.0, 1.0, "")
     found = between_runs(a_logs, b_logs)
-    return _Measured(key, found.a, found.b, found.interval, found.p_value)
+    return PointComparison(key, found.a, found.b, found.interval, found.p_value, 1.0, "")

@@ -1,11 +1,6 @@
-"""What converting at once costs the ranks of a multi-rank run (kvpages.measure.ranks; no torch).
-
-Per cycle the step at once costs the maximum over the ranks of their at-once rounds, the step without contention
-the maximum of their alone rounds: both a maximum of world_size draws, so that bias cancels and the ratio is 1
-when the ranks do not slow each other down. Each block is summarised by its median; the ratio is the ratio of
-the medians over the repetitions, its interval a bootstrap over repetitions pairing each one's at-once and alone
-medians (`paired_ratio`; tests/test_ranks.py measures its coverage). docs/method.md has the reasoning.
-"""
+"""What converting at once costs the ranks of a multi-rank run (no torch): per cycle, the maximum over the ranks at
+once against the maximum over the ranks alone, both a maximum of world_size draws, so that bias cancels and the ratio
+is 1 when the ranks do not slow each other down (docs/method.md, "The contention's estimator and its coverage")."""
 
 from __future__ import annotations
 
@@ -17,16 +12,13 @@ import pandas as pd
 from kvpages.core.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, Interval, block_medians, unknown
 from kvpages.schema.ranks import ALONE, ALONE_MAX, RANK, STEP, ContentionRow, contention_id
 from kvpages.schema.reader import Run, RunError
-from kvpages.schema.rows import RankSampleSet
 
-LATENCIES = ("ready", "blocked")
-"""ready first: the page indices on the host is what the step waits for."""
+LATENCIES = ("ready", "blocked")  # ready first: the page indices on the host is what the step waits for
 
 
 def paired_ratio(at_once: np.ndarray, alone: np.ndarray, confidence: float = CONFIDENCE) -> Interval:
-    """median(at_once) / median(alone) of per-repetition block medians, with the percentile interval of a bootstrap
-    over the repetitions (`BOOTSTRAP_RESAMPLES` draws, seeded): each draw takes a repetition's at-once and alone
-    medians together. One repetition forms no interval."""
+    """median(at_once) / median(alone) of per-repetition block medians, with the percentile interval of a seeded
+    bootstrap drawing repetitions, each with its two medians (tests/test_ranks.py measures its coverage)."""
     if at_once.shape != alone.shape:
         raise ValueError(f"at-once and alone pair by repetition: {at_once.size} vs {alone.size} repetitions")
     ratio = float(np.median(at_once) / np.median(alone))
@@ -39,13 +31,8 @@ def paired_ratio(at_once: np.ndarray, alone: np.ndarray, confidence: float = CON
     return Interval(ratio, float(lo), float(hi), n, confidence)
 
 
-def _medians(blocks: list[RankSampleSet], latency: str) -> np.ndarray:
-    return block_medians([np.asarray(getattr(b, f"{latency}_us")) for b in blocks])
-
-
 def contention(run: Run) -> tuple[ContentionRow, ...]:
-    """Every ok (scenario, step variant) of a multi-rank run, for each latency: the step's row, then each rank's; ()
-    for any other run. A RunError for a run from before every rank ran alone in turn (no `alone_max` rows)."""
+    """Every ok (scenario, step variant) of a multi-rank run, for each latency: the step's row, then each rank's."""
     if run.ranks is None or run.rank_samples is None:
         return ()
     ok = run.ranks[run.ranks["status"] == "ok"]
@@ -67,7 +54,8 @@ def contention(run: Run) -> tuple[ContentionRow, ...]:
                 raise RunError(f"{run.path}: {' '.join(map(str, keys[0][:3]))} and its alone rounds come from "
                                "different repetitions in rank_samples.csv")
             for latency in LATENCIES:
-                at_us, alone_us = _medians(at_once, latency), _medians(alone, latency)
+                at_us, alone_us = (block_medians([np.asarray(getattr(b, f"{latency}_us")) for b in blocks])
+                                   for blocks in (at_once, alone))
                 i = paired_ratio(at_us, alone_us)
                 out.append(ContentionRow(
                     contention_id(scenario, variant, size, latency, rank), scenario, variant, size, rank, latency,

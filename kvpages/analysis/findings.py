@@ -1,9 +1,7 @@
 """The answers a design review asks for, each with its figure, the id of the row behind it, and a status (no torch).
 
-On a run that crossed no link, a time finding is the model's prediction per link profile (kvpages.analysis.predict),
-with the status `MODEL`: measured host-side ratios are evidence, never a finding. On a CUDA run the findings are
-measured, and one more sets the model against the measurement. `cite` quotes any ratios.csv or scenarios.csv row.
-"""
+On a run that crossed no link, a time finding is the model's prediction per link profile, status `MODEL`: measured
+host-side ratios are evidence, never a finding; a CUDA run's findings are measured, one against the model."""
 
 from __future__ import annotations
 
@@ -13,24 +11,16 @@ from dataclasses import dataclass
 import pandas as pd
 
 from kvpages.analysis.cite import Citation, CiteError, commit_text, fraction, interval_of, interval_text, sig
-from kvpages.analysis.predict import (
-    Prediction,
-    crossover,
-    point_predictions,
-    ratio_range,
-    scenario_predictions,
-)
+from kvpages.analysis.predict import Prediction, crossover, point_predictions, ratio_range, scenario_predictions
 from kvpages.analysis.ratios import Analysis, ScenarioRatio
 from kvpages.analysis.verdicts import FASTER, SAME, SLOWER
 from kvpages.core.links import LinkProfile, device_ops, prediction_profiles, profile_for
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, label, per_request_name
 from kvpages.core.sglang import PREFIX
-from kvpages.core.stats import Interval
 from kvpages.schema.rows import RatioRow
 
 MEASURED, NEEDS_GPU = "measured here", "needs a GPU run"
-GPU_COMMAND = "make gpu-check"
-"""The command that measures on a CUDA machine what a CPU run's model predicts (bench/gpu_check.sh)."""
+GPU_COMMAND = "make gpu-check"  # measures on a CUDA machine what a CPU run's model predicts (bench/gpu_check.sh)
 MODEL = f"model: confirm with a GPU run (`{GPU_COMMAND}`)"
 BATCHED = "batched_device_stride"
 
@@ -39,10 +29,8 @@ BATCHED = "batched_device_stride"
 class Finding:
     question: str
     answer: str
-    figure: str
-    """The figure with its interval and coverage, as the row behind it gives it ('-' when there is none)."""
-    id: str
-    """The ratios.csv or scenarios.csv row id behind the figure ('-' when there is none)."""
+    figure: str  # with its interval and coverage, as the row behind it gives it ('-': none)
+    id: str  # the ratios.csv or scenarios.csv row id behind the figure ('-': none)
     status: str
 
 
@@ -50,14 +38,11 @@ def bytes_figure(r: RatioRow) -> str:
     return f"{r.variant_d2h_bytes:,} / {r.baseline_d2h_bytes:,} bytes = {fraction(r.bytes_ratio)} (metered, exact)"
 
 
-def figure(interval: Interval, verdict: str, min_effect: float) -> str:
+def figure(r: RatioRow | ScenarioRatio) -> str:
     """A ratio with its interval and verdict; 'same' says within what."""
-    said = f"same (within the {sig(100 * min_effect)}% minimum effect)" if verdict == SAME else verdict
+    interval = r.interval if isinstance(r, ScenarioRatio) else interval_of(r)
+    said = f"same (within the {sig(100 * r.min_effect)}% minimum effect)" if r.verdict == SAME else r.verdict
     return f"{interval_text(interval)}: {said}"
-
-
-def latency_figure(r: RatioRow) -> str:
-    return figure(interval_of(r), r.verdict, r.min_effect)
 
 
 def profile_name(profile: LinkProfile) -> str:
@@ -106,7 +91,7 @@ def _page1(analysis: Analysis) -> Finding | None:
             f" of {len(shortcut)}") if shortcut else ""
     answer = (f"At page size 1 the bytes are equal, and the merged PR is slower than pre-PR at {slower} of {len(rows)} "
               f"lengths, up to {sig(worst.ratio)}x at L={worst.seq_len}{back}.")
-    return Finding("Page size 1 regression", answer, latency_figure(worst), worst.id, MEASURED)
+    return Finding("Page size 1 regression", answer, figure(worst), worst.id, MEASURED)
 
 
 def _predicted_crossover(analysis: Analysis, rows: list[RatioRow]) -> Finding:
@@ -140,27 +125,7 @@ def _crossover(analysis: Analysis) -> Finding | None:
         cited = min(rows, key=lambda r: r.ratio)
         answer = (f"No crossover: at no swept point (p > 1) is the merged PR faster than pre-PR beyond the noise "
                   f"floor; closest at L={cited.seq_len}, p={cited.page_size}.")
-    return Finding("Crossover", answer, latency_figure(cited), cited.id, MEASURED)
-
-
-def scenario_figure(r: ScenarioRatio) -> str:
-    return figure(r.interval, r.verdict, r.min_effect)
-
-
-def _scenario_rows(analysis: Analysis, kind: str, variant: str, side: str | None = None) -> list[tuple]:
-    frame = analysis.run.scenarios
-    if frame is None:
-        return []
-    rows = frame[(frame["kind"] == kind) & (frame["busy_us"] == 0) & (frame["variant"] == variant)
-                 & (frame["status"] == "ok")]
-    if side is not None:
-        rows = rows[rows["side"] == side]
-    out = []
-    for _, row in rows.iterrows():
-        ratio = analysis.scenario_ratio(str(row["scenario"]), variant, "blocked")
-        if ratio is not None:
-            out.append((int(row["page_size"]), int(row["tokens"] if kind == "request" else row["requests"]), row, ratio))
-    return sorted(out, key=lambda t: (t[0], t[1]))
+    return Finding("Crossover", answer, figure(cited), cited.id, MEASURED)
 
 
 def _moved(row, base: bool = False) -> str:
@@ -172,12 +137,19 @@ def _moved(row, base: bool = False) -> str:
 
 
 def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: str | None) -> Finding | None:
-    found = _scenario_rows(analysis, kind, variant, side)
+    base = analysis.run.scenarios
+    if base is None:
+        return None
+    rows = base[(base["kind"] == kind) & (base["busy_us"] == 0) & (base["variant"] == variant)
+                & (base["status"] == "ok")]
+    if side is not None:
+        rows = rows[rows["side"] == side]
+    size_column = "tokens" if kind == "request" else "requests"
+    found = [(int(row["page_size"]), int(row[size_column]), row, ratio) for _, row in rows.iterrows()
+             if (ratio := analysis.scenario_ratio(str(row["scenario"]), variant, "blocked")) is not None]
     if not found:
         return None
-    page_size, size, row, ratio = found[-1]  # the largest page size, then the longest request / largest step
-    base = analysis.run.scenarios
-    assert base is not None
+    page_size, size, row, ratio = sorted(found, key=lambda t: (t[0], t[1]))[-1]  # the largest page size, then size
     base_row = base[(base["scenario"] == row["scenario"]) & (base["variant"] == analysis.scenario_baseline)].iloc[0]
     what = f"L={size}" if kind == "request" else f"B={size} requests"
     moved = f"{what} at page size {page_size}: {_moved(row)} against {_moved(base_row, base=True)}"
@@ -190,22 +162,22 @@ def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: 
                   f"{predicted_range(predictions)} {named}'s time (model).")
         return Finding(question, answer, predicted_figure(predictions, ratio.baseline), ratio.id, MODEL)
     answer = f"{moved}; per {kind} {sig(ratio.variant_us)} µs against {named}'s {sig(ratio.baseline_us)} µs."
-    return Finding(question, answer, scenario_figure(ratio), ratio.id, MEASURED)
+    return Finding(question, answer, figure(ratio), ratio.id, MEASURED)
 
 
 def _blocked(analysis: Analysis) -> Finding:
     frame = analysis.run.scenarios
-    busy = frame[frame["busy_us"] > 0] if frame is not None else None
-    ok = busy[busy["status"] == "ok"] if busy is not None else None
-    if not analysis.run.link_crossed or ok is None or ok.empty:
-        candidate = busy[busy["variant"] == STEP_CANDIDATE] if busy is not None else None
-        cited = "-" if candidate is None or candidate.empty else str(candidate["id"].iloc[0])
+    assert frame is not None  # `findings` asks only a run with scenarios
+    busy = frame[frame["busy_us"] > 0]
+    ok = busy[busy["status"] == "ok"]
+    if not analysis.run.link_crossed or ok.empty:
+        candidate = busy[busy["variant"] == STEP_CANDIDATE]
+        cited = "-" if candidate.empty else str(candidate["id"].iloc[0])
         return Finding("Scheduler thread blocked", "Not measurable here: without a device queue the scheduler thread is "
                        "blocked exactly as long as the data takes to be ready; the busy-queue scenario needs CUDA.",
                        "-", cited, NEEDS_GPU)
     ratios = [r for r in analysis.scenario_ratios if r.latency == "blocked" and r.scenario in set(ok["scenario"])]
     if not ratios:  # every busy-queue ratio needs pre-PR's row of the same scenario, which did not come out ok
-        assert busy is not None  # ok (not None) is a part of it
         base = busy[busy["variant"] == analysis.scenario_baseline]
         why = "; ".join(sorted({f"{s}" + (f" ({n})" if n else "") for s, n in zip(base["status"], base["note"], strict=True)
                                 if s != "ok"})) or "no row"
@@ -215,12 +187,11 @@ def _blocked(analysis: Analysis) -> Finding:
     best = min(ratios, key=lambda r: r.interval.ratio)
     answer = (f"Behind a busy device queue, {label(best.variant)} blocks the scheduler thread "
               f"{sig(best.interval.ratio)}x as long as {called(best.baseline)}.")
-    return Finding("Scheduler thread blocked", answer, scenario_figure(best), best.id, MEASURED)
+    return Finding("Scheduler thread blocked", answer, figure(best), best.id, MEASURED)
 
 
 def _model_check(analysis: Analysis) -> Finding | None:
-    """On a run that crossed a link: the model's merged PR time per call against the measured one, at every point
-    whose link has a profile (how the model gets tested)."""
+    """The model's merged PR time per call against the measured one, at every point whose link has a profile."""
     pcie = analysis.run.meta.environment.pcie_link if analysis.run.meta else None
     rows = analysis.run.ok_rows()
     pairs = []
@@ -242,15 +213,13 @@ def _model_check(analysis: Analysis) -> Finding | None:
 
 
 def subjects(analysis: Analysis) -> tuple[str, ...]:
-    """What a run against another baseline (--kv-baseline) asks about: SGLang's own functions (--kv-sglang) set
-    against it, then the merged PR and pre-PR (each where it was timed, and is not the baseline)."""
+    """What a run against another baseline asks about: SGLang's own functions, then the merged PR and pre-PR."""
     timed = {r.variant for r in analysis.ratios}
     return tuple(sorted(v for v in timed if v.startswith(PREFIX))) + tuple(v for v in (CANDIDATE, BASELINE) if v in timed)
 
 
 def _faster(analysis: Analysis, variant: str) -> Finding | None:
-    """Is `variant` faster than the baseline: measured per point on a run that crossed a link, else the model's
-    prediction per point and link profile (each side priced by what it moved, as any pair)."""
+    """Is `variant` faster than the baseline: measured on a run that crossed a link, else the model's prediction."""
     rows = analysis.ratios_of(variant)
     if not rows:
         return None
@@ -269,12 +238,11 @@ def _faster(analysis: Analysis, variant: str) -> Finding | None:
     cited = min(rows, key=lambda r: r.ratio) if count[FASTER] else largest
     answer = (f"Is {variant} faster than the baseline {base}? Faster at {count[FASTER]} of {len(rows)} swept points, "
               f"slower at {count[SLOWER]}, the same or unclear at the rest; {moved}.")
-    return Finding(question, answer, latency_figure(cited), cited.id, MEASURED)
+    return Finding(question, answer, figure(cited), cited.id, MEASURED)
 
 
 def findings(analysis: Analysis) -> tuple[Finding, ...]:
-    """The findings table of the report, in the order a review asks its questions: the merged PR against pre-PR,
-    or, against another baseline, each of `subjects` per call and per step."""
+    """The report's findings, in the order a review asks: the merged PR against pre-PR, else each of `subjects`."""
     if analysis.baseline == BASELINE:
         made = [_bytes(analysis), _page1(analysis), _crossover(analysis),
                 _scenario(analysis, "Per request: prefill chunks", "request", STEP_CANDIDATE, "prefill"),
@@ -304,22 +272,19 @@ def _machine(analysis: Analysis) -> str:
     return f"{where}, PCIe {link or 'unknown'}"
 
 
-def _commit(analysis: Analysis) -> str:
-    meta = analysis.run.meta
-    return f"commit {(commit_text(meta.environment) if meta else None) or 'unknown'}"
-
-
 def cite(analysis: Analysis, row_id: str) -> Citation:
     """The one-line citation of a ratios.csv or scenarios.csv row id; CiteError names how to list the valid ones."""
+    meta = analysis.run.meta
+    where = (_machine(analysis), f"commit {(commit_text(meta.environment) if meta else None) or 'unknown'}")
     for r in analysis.ratios:
         if r.id == row_id:
             what = (f"{label(r.variant)} / {label(r.baseline)}, L={r.seq_len} p={r.page_size} {r.dtype} {r.layout}: "
                     f"{bytes_figure(r)}; latency")
-            return Citation(r.id, what, interval_of(r), r.verdict, _machine(analysis), _commit(analysis), r.repro)
+            return Citation(r.id, what, interval_of(r), r.verdict, *where, r.repro)
     for s in analysis.scenario_ratios:
         if s.id == row_id and s.latency == "blocked":
             what = f"{s.scenario}: {label(s.variant)} / {label(s.baseline)}, blocked"
-            return Citation(s.id, what, s.interval, s.verdict, _machine(analysis), _commit(analysis), s.repro)
+            return Citation(s.id, what, s.interval, s.verdict, *where, s.repro)
     ids = all_ids(analysis)
     close = difflib.get_close_matches(row_id, ids, n=1)
     hint = f"did you mean {close[0]}? " if close else ""

@@ -1,9 +1,5 @@
-"""`kvpages fleet`: runs of one sweep from several machines, set side by side (no torch).
-
-`fleet_of(runs)` pools each machine's runs (kvpages.analysis.machines) and analyses each machine as one run,
-against its own noise floor; then matches the machines point by point. What some machine lacks is listed, never
-filled in; runs that share no point are refused. Nothing here gates: `kvpages compare` is the gate.
-"""
+"""`kvpages fleet`: runs of one sweep from several machines, each machine pooled and analysed as one run, matched
+point by point (no torch). What some machine lacks is listed, never filled in; nothing here gates."""
 
 from __future__ import annotations
 
@@ -20,10 +16,8 @@ from kvpages.schema.meta import RunMeta
 from kvpages.schema.reader import Run, RunError, load_run, row_key
 from kvpages.schema.rows import RatioRow
 
-POINT_KEY = ("variant", "baseline", "dtype", "layout", "seq_len", "page_size")
-"""What matches a ratio between machines (ratios.csv's key)."""
-SCENARIO_KEY = ("scenario", "variant", "latency")
-"""What matches a scenario ratio between machines (scenario_ratios.csv's key)."""
+POINT_KEY = ("variant", "baseline", "dtype", "layout", "seq_len", "page_size")  # matches a ratio between machines
+SCENARIO_KEY = ("scenario", "variant", "latency")  # matches a scenario ratio between machines
 _NOT_THE_SWEEP = frozenset(o.flag for o in OPTIONS if o.field in ("preset", "device", "results_dir", "crosscheck",
                                                                     "breakdown"))
 """Options that do not change which points a run measures (the preset is named on its own)."""
@@ -35,8 +29,7 @@ T = TypeVar("T", RatioRow, ScenarioRatio)
 class Member:
     """One machine of a fleet: its runs, pooled and analysed as one run."""
 
-    id: str
-    """M1, M2, ... in the order the machines' first runs were given."""
+    id: str  # M1, M2, ... in the order the machines' first runs were given
     machine: Machine
     runs: tuple[Run, ...]
     analysis: Analysis
@@ -59,7 +52,6 @@ class Matched(Generic[T]):
 
     @property
     def agree(self) -> bool:
-        """Whether every machine reached the same verdict."""
         return len(set(self.verdicts)) == 1
 
 
@@ -74,15 +66,12 @@ class Missing:
 
 @dataclass(frozen=True)
 class Fleet:
-    """Every machine's analysis, and their ratios matched point by point."""
-
     members: tuple[Member, ...]
     ratios: tuple[Matched[RatioRow], ...]
     scenario_ratios: tuple[Matched[ScenarioRatio], ...]
     missing: tuple[Missing, ...]
     scenario_missing: tuple[Missing, ...]
-    sweeps: tuple[tuple[str, str], ...]
-    """(run id, its sweep in words) of every run, in the order given."""
+    sweeps: tuple[tuple[str, str], ...]  # (run id, its sweep in words) of every run, in the order given
 
     @property
     def one_sweep(self) -> bool:
@@ -117,7 +106,6 @@ def load_runs(paths: Sequence[Path]) -> list[Run]:
 
 
 def _timed(run: Run) -> set[tuple]:
-    """The row keys and (scenario, variant) keys a run timed."""
     keys = {row_key(r) for _, r in run.ok_rows().iterrows()}
     if run.scenarios is not None:
         ok = run.scenarios[run.scenarios["status"] == "ok"]
@@ -137,14 +125,10 @@ def _check(runs: Sequence[Run], grouped: dict[Machine, list[Run]], machines: lis
         raise RunError(f"{names}: the machines share no timed point ({sweeps}); kvpages fleet compares runs of one sweep")
 
 
-def _key(fields: tuple[str, ...]) -> Callable[[RatioRow | ScenarioRatio], tuple]:
-    return lambda row: tuple(getattr(row, f) for f in fields)
-
-
-def _match(members: Sequence[Member], rows_of: Callable[[Analysis], Iterable[T]],
-           key: Callable[[RatioRow | ScenarioRatio], tuple]) -> tuple[list[Matched[T]], list[Missing]]:
-    """Every machine's rows matched by `key`: (the keys all machines have, the keys only some have)."""
-    keyed = [{key(r): r for r in rows_of(m.analysis)} for m in members]
+def _match(members: Sequence[Member], rows_of: Callable[[Analysis], Iterable[T]], key: tuple[str, ...]
+           ) -> tuple[list[Matched[T]], list[Missing]]:
+    """Every machine's rows matched on the fields `key`: (the keys all machines have, the keys only some have)."""
+    keyed = [{tuple(getattr(r, f) for f in key): r for r in rows_of(m.analysis)} for m in members]
     matched, missing = [], []
     for k in dict.fromkeys(k for rows in keyed for k in rows):
         found = [rows.get(k) for rows in keyed]
@@ -163,7 +147,6 @@ def point_order(key: tuple) -> tuple:
 
 
 def fleet_of(runs: Sequence[Run]) -> Fleet:
-    """The fleet of `runs`: grouped by machine, each machine's runs pooled and analysed, matched point by point."""
     grouped: dict[Machine, list[Run]] = {}
     for run in runs:
         grouped.setdefault(machine_of(run), []).append(run)
@@ -171,8 +154,8 @@ def fleet_of(runs: Sequence[Run]) -> Fleet:
     _check(runs, grouped, machines)
     members = [Member(f"M{i}", machine, tuple(group), analyze(run))
                for i, ((machine, group), run) in enumerate(zip(grouped.items(), machines, strict=True), start=1)]
-    ratios, missing = _match(members, lambda a: a.ratios, _key(POINT_KEY))
-    scenario_ratios, scenario_missing = _match(members, lambda a: a.scenario_ratios, _key(SCENARIO_KEY))
+    ratios, missing = _match(members, lambda a: a.ratios, POINT_KEY)
+    scenario_ratios, scenario_missing = _match(members, lambda a: a.scenario_ratios, SCENARIO_KEY)
     return Fleet(tuple(members), tuple(sorted(ratios, key=lambda m: point_order(m.key))), tuple(scenario_ratios),
                  tuple(sorted(missing, key=lambda m: point_order(m.key))), tuple(scenario_missing),
                  tuple((r.run_id, sweep_of(meta_of(r))) for r in runs))

@@ -1,12 +1,11 @@
 """How one point's interval is computed, top-down (no torch).
 
-1. A row's repetitions are its blocks (samples.csv, read by kvpages.schema.reader); each block's level is the log
-   of its median (`levels`).
+1. A row's repetitions are its blocks (samples.csv); each block's level is the log of its median (`levels`).
 2. A variant against the baseline at one point pairs their levels repetition by repetition (`paired_logs`), each
    with the process that timed it.
-3. kvpages.analysis.ratios estimates the pair with the one estimator (kvpages.core.estimator.paired_ratio), and
-   keeps the interval unknown where an interruption left a row fewer processes than the run's method needs;
-   kvpages.analysis.compare sets two runs' figures side by side with the same estimator (`between_runs`).
+3. kvpages.analysis.ratios.estimate applies the one estimator (kvpages.core.estimator.paired_ratio), the interval
+   unknown where an interruption left a row fewer processes than the method needs; kvpages.analysis.compare sets two
+   runs' figures side by side with the same estimator (`between_runs`).
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ from kvpages.schema.reader import Run
 
 
 def levels(run: Run, key: tuple, latency: str | None = None) -> Levels | None:
-    """The log block medians of a row key (or of a (scenario, variant)'s `latency`), with their processes; None
-    without samples. Computed once per key and run: every analysis asks for them several times."""
+    """The log block medians of a row key (or a (scenario, variant)'s `latency`), with their processes, once per run."""
     def compute() -> Levels | None:
         if latency is None:
             blocks = run.samples.get(key)
@@ -34,9 +32,8 @@ def levels(run: Run, key: tuple, latency: str | None = None) -> Levels | None:
 
 
 def paired_logs(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | None = None) -> Levels | None:
-    """Per repetition, log(variant / baseline) of the block medians, with each repetition's process; None
-    without samples for both, or when they hold different numbers of repetitions (keys: row keys, or (scenario,
-    variant) with a `latency`). Computed once per pair and run, so its bootstrap is drawn once."""
+    """Per repetition, log(variant / baseline) of the block medians, with each repetition's process; None without
+    samples of as many repetitions for both (keys as `levels`'). Computed once per pair and run."""
     def compute() -> Levels | None:
         base, other = levels(run, baseline_key, latency), levels(run, variant_key, latency)
         if base is None or other is None or base.values.size != other.values.size:

@@ -1,9 +1,7 @@
-"""The machine a run ran on, and one machine's runs pooled into one run (no torch).
+"""The machine a run ran on, and one machine's runs pooled into one run (no torch; docs/method.md, "Many machines").
 
-`Machine.of(environment)` tells machines apart (device, device name, driver, PCIe link, host name). `pooled(runs)`
-merges one machine's runs: run k's process p becomes process p + the processes of the runs before it, so the
-bootstrap resamples every run's processes and each repetition stays paired within its run. A row is pooled only
-where every run timed it; a pooled scenario row leaves `busy_measured_us` empty (its rounds are not kept).
+`pooled(runs)`: run k's process p becomes process p + the processes of the runs before it, so each repetition stays
+paired within its run; a pooled scenario row leaves `busy_measured_us` empty (its rounds are not kept).
 """
 
 from __future__ import annotations
@@ -26,15 +24,13 @@ _LINK_MAX = re.compile(r"\(max ([^)]+)\)")
 
 @dataclass(frozen=True)
 class Machine:
-    """What tells machines apart: two runs whose identities are equal ran on one machine (runs whose `hostname` is
-    None, and whose devices, drivers and links are equal, count as one)."""
+    """What tells machines apart: runs of equal identities ran on one machine (None hostnames count as equal)."""
 
     device: str
     device_name: str
     driver_version: str | None
     pcie_link: str | None
-    """The link the slot trains to (nvidia-smi's `max` generation and width), not the one it idled at when the run
-    started: an idle link downshifts, so that part differs between runs of one machine."""
+    """The link the slot trains to (nvidia-smi's `max`), not the one it idled at: an idle link downshifts."""
     hostname: str | None
 
     @classmethod
@@ -45,7 +41,6 @@ class Machine:
                    found.group(1) if found else link, environment.hostname)
 
     def describe(self) -> str:
-        """One line: the device name and host, with the driver and link on a CUDA machine."""
         where = f"{self.device_name} @ {self.hostname or 'host unknown'}"
         if self.device != "cuda":
             return where
@@ -53,15 +48,13 @@ class Machine:
 
 
 def machine_of(run: Run) -> Machine:
-    """The machine of a run folder; a bare CSV (no meta.json) cannot say which it is."""
     if run.meta is None:
         raise RunError(f"{run.path}: no meta.json, so its machine is unknown; give the run folder")
     return Machine.of(run.meta.environment)
 
 
 def meta_of(run: Run) -> RunMeta:
-    """A run's meta.json (every run of a fleet has one: `machine_of` refuses a run without)."""
-    assert run.meta is not None
+    assert run.meta is not None  # every run of a fleet has one: `machine_of` refuses a run without
     return run.meta
 
 
@@ -72,14 +65,10 @@ def _processes(run: Run, offset: int) -> list[ProcessInfo]:
     return [ProcessInfo(offset, 0, "session", math.nan, math.nan, math.nan, sum(len(b) for b in run.samples.values()))]
 
 
-Timing = Callable[[tuple], dict[str, object]]
-
-
 def _pooled_frame(frames: list[pd.DataFrame], keys: list[list[tuple]], poolable: Callable[[tuple], bool],
-                  timing: Timing) -> pd.DataFrame:
-    """One row per key of a machine's runs (`keys[i]`: frame i's row keys): a key timed in every run (`poolable`)
-    is the first run's row with its timing columns from the pooled blocks (`timing`); one that some run did not
-    time is the first row that says why (skipped, mismatch, ...), or no row at all."""
+                  timing: Callable[[tuple], dict[str, object]]) -> pd.DataFrame:
+    """One row per key of a machine's runs (`keys[i]`: frame i's): a key timed in every run (`poolable`) is the first
+    run's row with the pooled blocks' `timing`; else the first row that says why (skipped, ...), or none."""
     by_run = [dict(zip(k, (r for _, r in frame.iterrows()), strict=True)) for frame, k in zip(frames, keys, strict=True)]
     records = []
     for key in dict.fromkeys(k for run_keys in keys for k in run_keys):

@@ -1,12 +1,7 @@
 """A/A figures: two runs of the same code on the same machine, back to back. Do their intervals hold each other?
 
-A calibrated 95% interval of a ratio holds the other run's estimate about 83% of the time
-(two independent estimates with equal standard errors: P(|Z| < 1.96 / sqrt(2))), two such
-intervals overlap about 99.4% of the time, and `compare`, which judges a family with the
-Benjamini-Hochberg step at 5% (kvpages.analysis.verdicts.judge_family), calls no point of
-identical code faster or slower in at least 95% of pairs, so about 0% of the points. `AAFigures.fit_line` holds a pair against the
-targets derived from these (kvpages' issue 13): overlap >= 95%, coverage >= 75% each way, false
-verdicts <= 10%, and says in one line whether the box is fit for comparisons. No torch import.
+Calibrated 95% intervals (`CALIBRATED`) hold the other run's estimate about 83% of the time (two independent
+estimates with equal standard errors: P(|Z| < 1.96 / sqrt(2))) and overlap about 99.4%; docs/method.md, "Noise".
 """
 
 from __future__ import annotations
@@ -22,10 +17,9 @@ from kvpages.analysis.verdicts import FASTER, SLOWER
 from kvpages.core.stats import finite_median
 from kvpages.schema.meta import RunMeta
 
-CALIBRATED = {"overlap": 0.994, "coverage": 0.834, "false_verdicts": 0.0}
-"""What calibrated 95% intervals give on an A/A pair (see the module docstring)."""
-TARGETS = {"overlap": 0.95, "coverage": 0.75, "false_verdicts": 0.10, "width": 0.10}
-"""What a pair must reach for the box to be called fit for comparisons."""
+CALIBRATED = {"overlap": 0.994, "coverage": 0.834, "false_verdicts": 0.0}  # see the module docstring
+TARGETS = {"overlap": 0.95, "coverage": 0.75, "false_verdicts": 0.10, "width": 0.10}  # for a box fit for comparisons
+
 
 @dataclass(frozen=True)
 class AAFigures:
@@ -39,9 +33,8 @@ class AAFigures:
     a_in_b: int
     b_in_a: int
     moved_10pct: int
-    median_width_a: float
+    median_width_a: float  # median over points of the CI's width divided by the ratio
     median_width_b: float
-    """Median over points of the CI's width divided by the ratio."""
     fail_above_pct: float
     regressions: int
     slower: int
@@ -53,8 +46,7 @@ class AAFigures:
         n, m = max(self.points, 1), max(self.relative_points, 1)
         overlap, coverage = self.overlap / n, min(self.a_in_b, self.b_in_a) / n
         false = (self.slower + self.faster) / m
-        fit = (overlap >= TARGETS["overlap"] and coverage >= TARGETS["coverage"]
-               and false <= TARGETS["false_verdicts"])
+        fit = overlap >= TARGETS["overlap"] and coverage >= TARGETS["coverage"] and false <= TARGETS["false_verdicts"]
         return (f"fit for comparisons: {'yes' if fit else 'NO'}: intervals overlap at {overlap:.0%} of points "
                 f"(calibrated {CALIBRATED['overlap']:.1%}, needs >= {TARGETS['overlap']:.0%}), hold the other run's "
                 f"ratio at {coverage:.0%} (calibrated {CALIBRATED['coverage']:.0%}, needs >= {TARGETS['coverage']:.0%}), "
@@ -106,22 +98,16 @@ def components_text(noise: NoiseFloor) -> str:
 
 
 def aa_figures(a: Analysis, b: Analysis, variant: str, fail_above_pct: float) -> AAFigures:
-    """The A/A figures of `variant`/baseline between two analysed runs, and what `compare` says of them."""
     a_ratios = {(r.dtype, r.layout, r.page_size, r.seq_len): r for r in a.ratios_of(variant)}
     b_ratios = {(r.dtype, r.layout, r.page_size, r.seq_len): r for r in b.ratios_of(variant)}
     common = sorted(set(a_ratios) & set(b_ratios))
     pairs = [(a_ratios[k], b_ratios[k]) for k in common]
-
-    def inside(r, other) -> bool:
-        return other.ci_low <= r.ratio <= other.ci_high
-
     comparison = compare_runs(a.run, b.run, a.baseline)
-
     return AAFigures(
         a=a, b=b, variant=variant, points=len(pairs),
         overlap=sum(ra.ci_low <= rb.ci_high and rb.ci_low <= ra.ci_high for ra, rb in pairs),
-        a_in_b=sum(inside(ra, rb) for ra, rb in pairs),
-        b_in_a=sum(inside(rb, ra) for ra, rb in pairs),
+        a_in_b=sum(rb.ci_low <= ra.ratio <= rb.ci_high for ra, rb in pairs),
+        b_in_a=sum(ra.ci_low <= rb.ratio <= ra.ci_high for ra, rb in pairs),
         moved_10pct=sum(abs(rb.ratio / ra.ratio - 1) > 0.10 for ra, rb in pairs),
         median_width_a=finite_median([(ra.ci_high - ra.ci_low) / ra.ratio for ra, _ in pairs]),
         median_width_b=finite_median([(rb.ci_high - rb.ci_low) / rb.ratio for _, rb in pairs]),
@@ -142,11 +128,9 @@ def efficiency(analysis: Analysis) -> str:
 
 
 def allocation_text(noise: NoiseFloor, meta: RunMeta) -> str:
-    """Kalibera and Jones's allocation (ISMM 2013) for this run: the repetitions per process that narrow a ratio's
-    interval most per second, r = sqrt(c_p s_w^2 / (c_r s_b^2)), where c_p is what a process costs besides its
-    repetitions (start-up, less the part the workers' overlapped, inputs, checks, end), c_r what one repetition of
-    every case costs in it, and s_b, s_w the ratios' between- and within-process components; "" where the run cannot
-    say (one process, no phases); with one repetition per process s_w is not measured, and the line says so."""
+    """Kalibera and Jones's allocation (ISMM 2013): the repetitions per process that narrow a ratio's interval most per
+    second, r = sqrt(c_p s_w^2 / (c_r s_b^2)), c_p a process's cost besides its repetitions, c_r a repetition's of
+    every case, s_b and s_w the ratios' between- and within-process components; "" where the run cannot say."""
     processes = meta.processes
     if len(processes) < 2 or any(p.end_s is None for p in processes):
         return ""

@@ -1,9 +1,5 @@
-"""What a run that crossed no link predicts for a GPU box, per link profile (kvpages.core.links; no torch).
-
-`point_predictions` prices a ratios.csv row's pair (a variant and the baseline at one point) on each prediction
-profile; `crossover` finds the smallest swept seq_len the model puts below 1; `scenario_predictions` prices a whole
-request or step. The host work each adds is the run's own timed figure (kvpages.core.links.HOST_WORK).
-"""
+"""What a run that crossed no link predicts for a GPU box, per link profile (kvpages.core.links; no torch): the host
+work each prediction adds is the run's own timed figure (kvpages.core.links.HOST_WORK)."""
 
 from __future__ import annotations
 
@@ -30,21 +26,15 @@ class Prediction:
         return self.variant_us / self.baseline_us
 
 
-def _transfers(d2h_bytes: int) -> int:
-    """A per-call row's blocking copies: one where it hands the host any bytes (the meter's own count on a CUDA run
-    is the row's `d2h_transfers`)."""
-    return 1 if d2h_bytes > 0 else 0
-
-
 def point_predictions(analysis: Analysis, r: RatioRow) -> tuple[Prediction, ...]:
-    """`r`'s variant and baseline at its point, one call each, on every prediction profile, each priced by what the
-    meter saw it move (its bytes and copies; `Analysis.host_work` for an undeclared variant's stride)."""
+    """`r`'s variant and baseline, one call each, on every prediction profile, each priced by what the meter saw it
+    move: its bytes, one blocking copy if any, and `Analysis.host_work` for an undeclared variant's stride."""
     out = []
     for profile in prediction_profiles():
-        variant = profile.predicted_us(r.variant, r.page_size, 1, r.variant_d2h_bytes, _transfers(r.variant_d2h_bytes),
+        variant = profile.predicted_us(r.variant, r.page_size, 1, r.variant_d2h_bytes, int(r.variant_d2h_bytes > 0),
                                        r.variant_median_us, analysis.host_side(r.variant))
-        baseline = profile.predicted_us(r.baseline, r.page_size, 1, r.baseline_d2h_bytes,
-                                        _transfers(r.baseline_d2h_bytes), r.baseline_median_us, analysis.host_side(r.baseline))
+        baseline = profile.predicted_us(r.baseline, r.page_size, 1, r.baseline_d2h_bytes, int(r.baseline_d2h_bytes > 0),
+                                        r.baseline_median_us, analysis.host_side(r.baseline))
         out.append(Prediction(profile, variant, baseline))
     return tuple(out)
 
@@ -55,8 +45,7 @@ def ratio_range(predictions: tuple[Prediction, ...]) -> tuple[float, float]:
 
 
 def crossover(analysis: Analysis, rows: list[RatioRow], profile: LinkProfile) -> int | None:
-    """The smallest swept seq_len of `rows` (one variant, one page size) at which the model puts the variant below
-    the baseline on `profile`; None: nowhere within the sweep."""
+    """The smallest swept seq_len of `rows` (one variant and page size) the model puts below 1 on `profile`, or None."""
     for r in sorted(rows, key=lambda r: r.seq_len):
         if next(p for p in point_predictions(analysis, r) if p.profile == profile).ratio < 1:
             return r.seq_len
@@ -79,11 +68,8 @@ def scenario_predictions(analysis: Analysis, ratio: ScenarioRatio) -> tuple[Pred
     return tuple(out)
 
 
-
-
 def with_link_model(rows: pd.DataFrame, host_work: frozenset[str] = frozenset()) -> pd.DataFrame:
-    """`rows` plus one `modeled_<link>_us` column per link profile: one call's device ops, syncs, copies and bytes
-    without host work (a model, see kvpages.core.links; `host_work`: `Analysis.host_work`)."""
+    """`rows` plus one `modeled_<link>_us` column per link profile: one call without its host work (kvpages.core.links)."""
     out = rows.copy()
     for profile in LINK_PROFILES:
         out[profile.column] = [

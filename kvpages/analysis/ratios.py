@@ -1,8 +1,5 @@
-"""Analyse a run once: every variant against the baseline, crossovers, the fastest variants, the noise floor.
-
-`analyze(run)` computes one typed `Analysis` from a run's files (kvpages.schema.reader), the whole requests and steps
-included; the renderers only format it. No torch import.
-"""
+"""Analyse a run once (no torch): `analyze(run)` sets every variant against the baseline, finds the crossovers, the
+fastest variants and the noise floor, whole requests and steps included, into one `Analysis` the renderers format."""
 
 from __future__ import annotations
 
@@ -18,15 +15,7 @@ import pandas as pd
 from kvpages.analysis.cite import pair_repro
 from kvpages.analysis.contention import contention
 from kvpages.analysis.intervals import levels, paired_logs
-from kvpages.analysis.verdicts import (
-    FASTER,
-    MIN_EFFECT_FLOOR,
-    SLOWER,
-    bh_adjusted,
-    discoveries,
-    judge,
-    judge_family,
-)
+from kvpages.analysis.verdicts import FASTER, MIN_EFFECT_FLOOR, SLOWER, bh_adjusted, discoveries, judge, judge_family
 from kvpages.core.estimator import Paired, mean_estimate, paired_ratio
 from kvpages.core.names import CANDIDATE, FLOOR, STEP_BASELINE, per_request_name, per_request_of, variant_sort_key
 from kvpages.core.stats import Interval, finite_median, unknown
@@ -41,9 +30,7 @@ NOISY_SPREAD = 0.10
 
 POINT_COLUMNS = ("dtype", "layout", "page_size", "seq_len")
 
-Record = dict[str, Any]
-"""One row of results.csv or scenarios.csv as a dict (`DataFrame.to_dict("records")`): a pandas row (`iterrows`)
-costs a hundred times more to make, and the analysis walks hundreds."""
+Record = dict[str, Any]  # a results.csv or scenarios.csv row from to_dict("records"): iterrows costs 100x more
 
 
 def records(frame: pd.DataFrame) -> list[Record]:
@@ -51,8 +38,7 @@ def records(frame: pd.DataFrame) -> list[Record]:
 
 
 def estimate(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | None = None) -> Paired | None:
-    """The one estimator (kvpages.core.estimator.paired_ratio) of a pair, once per run; None without samples of the
-    same repetitions for both (keys: row keys, or (scenario, variant) with a `latency`)."""
+    """The one estimator (kvpages.core.estimator.paired_ratio) of a pair, once per run; None without paired samples."""
     def compute() -> Paired | None:
         base, other = levels(run, baseline_key, latency), levels(run, variant_key, latency)
         if base is None or other is None or not np.array_equal(base.processes, other.processes):
@@ -67,8 +53,7 @@ def estimate(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | N
 
 @dataclass(frozen=True)
 class _Pair:
-    """A variant's row against the baseline's at one point, before the family is judged; `found` None: a bare CSV's
-    medians, with no repetitions to judge from."""
+    """A variant's row against the baseline's at one point; `found` None: a bare CSV's medians, nothing to judge."""
 
     variant: Record
     baseline: Record
@@ -83,8 +68,6 @@ class _Pair:
 
 def _ratio(pair: _Pair, effect: float, q_value: float, verdict: str) -> RatioRow:
     variant, baseline, interval, found = pair.variant, pair.baseline, pair.interval, pair.found
-    variant_us, baseline_us = ((float(variant["median_us"]), float(baseline["median_us"])) if found is None
-                               else (found.variant_us, found.baseline_us))
     name, base = str(variant["variant"]), str(baseline["variant"])
     dtype, layout, seq_len, page_size = (str(variant["dtype"]), str(variant["layout"]), int(variant["seq_len"]),
                                          int(variant["page_size"]))
@@ -94,7 +77,8 @@ def _ratio(pair: _Pair, effect: float, q_value: float, verdict: str) -> RatioRow
         ratio=interval.ratio, ci_low=interval.ci_low, ci_high=interval.ci_high, confidence=interval.confidence,
         repetitions=0 if found is None else found.repetitions,
         bytes_ratio=float(variant["d2h_bytes"] / baseline["d2h_bytes"]),
-        variant_median_us=variant_us, baseline_median_us=baseline_us,
+        variant_median_us=float(variant["median_us"]) if found is None else found.variant_us,
+        baseline_median_us=float(baseline["median_us"]) if found is None else found.baseline_us,
         variant_d2h_bytes=int(variant["d2h_bytes"]), baseline_d2h_bytes=int(baseline["d2h_bytes"]),
         verdict=verdict, min_effect=effect, q_value=q_value,
         repro=pair_repro(str(variant["repro"]), name, base),
@@ -117,8 +101,7 @@ class Crossover:
 
 
 def crossovers(ratios: tuple[RatioRow, ...], variant: str = CANDIDATE) -> list[Crossover]:
-    """Per (dtype, layout, page size): the smallest seq_len at which `variant` is judged faster than the
-    baseline (kvpages.analysis.verdicts.judge: the interval below 1 and beyond the minimum effect)."""
+    """Per (dtype, layout, page size): the smallest seq_len at which `variant` is judged faster than the baseline."""
     groups: dict[tuple, list[RatioRow]] = {}
     for r in ratios:
         if r.variant == variant:
@@ -132,41 +115,36 @@ def crossovers(ratios: tuple[RatioRow, ...], variant: str = CANDIDATE) -> list[C
 
 
 def fastest(run: Run, rows: list[Record], effect: float) -> tuple[str, ...]:
-    """At one point: the variant with the lowest median, then every variant tied with it, i.e. not judged
-    slower than it on its own (kvpages.analysis.verdicts.judge; no repetitions: equal medians only)."""
+    """At one point: the variant with the lowest median, then every variant not judged slower than it on its own
+    (without repetitions: of equal median)."""
     ordered = sorted(rows, key=lambda r: r["median_us"])  # stable: equal medians keep the file's order
     best = ordered[0]
-    tied = []
-    for r in ordered:
+
+    def tied(r: Record) -> bool:
         found = estimate(run, row_key(best), row_key(r))
-        tie = r["median_us"] == best["median_us"] if found is None else judge(found.interval, effect) != SLOWER
-        if tie:
-            tied.append(str(r["variant"]))
-    return tuple(tied)
+        return r["median_us"] == best["median_us"] if found is None else judge(found.interval, effect) != SLOWER
+
+    return tuple(str(r["variant"]) for r in ordered if tied(r))
 
 
 @dataclass(frozen=True)
 class NoiseFloor:
-    """The spread of this run at each level that varies (log-sds, ~ relative spreads, as a CV)."""
+    """The spread of this run at each level that varies (log-sds, ~ relative spreads, as a CV): `*_spread` between
+    the repetitions of each row; `median_ci_half_width` of the ratios' intervals, relative, and the `min_effect` it
+    sets; `ratio_*` and `time_*` the between- and within-process components of the ratios' paired log-ratios and of
+    the rows' log block medians (medians over them; nan with one process)."""
 
     repetitions: int
     median_spread: float
-    """Between the repetitions of each ok row (block medians, every process pooled): the median over rows."""
     max_spread: float
     median_ci_half_width: float
-    """The median, over ratios, of the relative half-width of the ratio's confidence interval."""
     min_effect: float = MIN_EFFECT_FLOOR
-    """The minimum effect a verdict needs (kvpages.analysis.verdicts.min_effect of the half-width above)."""
     processes: int = 1
     ratio_between_process: float = math.nan
-    """Of each ratio's paired log-ratios: the between-process component (median over ratios; nan with one process)."""
     ratio_within_process: float = math.nan
-    """...and the within-process component, between repetitions of one process."""
     time_between_process: float = math.nan
-    """Of each ok row's log block medians (absolute times): the between-process component, median over rows."""
     time_within_process: float = math.nan
     interval_unit: str = "repetition"
-    """What the intervals sample: 'process' (fresh processes) or 'repetition' (within one process)."""
 
 
 @dataclass(frozen=True)
@@ -179,15 +157,13 @@ class ScenarioRatio:
     latency: str  # blocked | ready
     interval: Interval
     verdict: str
-    id: str = ""
-    """The variant's scenarios.csv row id."""
+    id: str = ""  # the variant's scenarios.csv row id
     min_effect: float = MIN_EFFECT_FLOOR
     q_value: float = 1.0
     repro: str = ""
     repetitions: int = 0
     processes: int = 1
-    variant_us: float = math.nan
-    """The variant's time (µs) as the tables print it: `interval.ratio` is exactly variant_us / baseline_us."""
+    variant_us: float = math.nan  # as the tables print it: interval.ratio is exactly variant_us / baseline_us
     baseline_us: float = math.nan
 
     def row(self) -> ScenarioRatioRow:
@@ -198,27 +174,22 @@ class ScenarioRatio:
 
 
 def scenario_ratios(run: Run, baseline: str, effect: float) -> tuple[ScenarioRatio, ...]:
-    """Paired per-repetition ratios of block medians, every ok step variant against `baseline`, per scenario,
-    judged as one family (Benjamini-Hochberg over all of them, blocked and ready)."""
+    """Every timed step variant against `baseline` per scenario and latency, judged as one family."""
     if run.scenarios is None or run.scenario_samples is None:
         return ()
     by_scenario: dict[str, list[Record]] = {}  # in the order of each scenario's first row, as groupby(sort=False)
     for row in records(run.scenarios[run.scenarios["status"].isin(TIMED)]):
         by_scenario.setdefault(row["scenario"], []).append(row)
-    found: list[tuple[Record, str, Paired, float]] = []
-    for scenario, rows in by_scenario.items():
-        if (scenario, baseline) not in run.scenario_samples:
-            continue
-        for row in rows:
-            variant = row["variant"]
-            for latency in ("blocked", "ready") if variant != baseline else ():
-                pair = estimate(run, (scenario, baseline), (scenario, variant), latency)
-                if pair is not None:
-                    found.append((row, latency, pair, pair.p_value))
-    qvalues = bh_adjusted([p for *_, p in found])
-    kept = discoveries(qvalues)
+    found: list[tuple[Record, str, Paired]] = []
+    for row in (row for rows in by_scenario.values() for row in rows):
+        scenario, variant = row["scenario"], row["variant"]
+        for latency in ("blocked", "ready") if variant != baseline else ():
+            pair = estimate(run, (scenario, baseline), (scenario, variant), latency)
+            if pair is not None:
+                found.append((row, latency, pair))
+    qvalues = bh_adjusted([pair.p_value for *_, pair in found])
     out = []
-    for (row, latency, pair, _), q, keep in zip(found, qvalues, kept, strict=True):
+    for (row, latency, pair), q, keep in zip(found, qvalues, discoveries(qvalues), strict=True):
         interval = pair.interval
         out.append(ScenarioRatio(str(row["scenario"]), str(row["variant"]), baseline, latency, interval,
                                  judge(interval, effect, keep), str(row["id"]), effect, q,
@@ -235,18 +206,13 @@ class Analysis:
     baseline: str
     ratios: tuple[RatioRow, ...]
     crossovers: tuple[Crossover, ...]
-    fastest: dict[tuple, tuple[str, ...]]
-    """Per point (dtype, layout, page_size, seq_len): the fastest variants, tied within noise (the zero-D2H floor,
-    host_mirror, is a reference and never counted among them)."""
+    fastest: dict[tuple, tuple[str, ...]]  # per point: the variants tied fastest (never the zero-D2H floor)
     noise: NoiseFloor
     scenario_ratios: tuple[ScenarioRatio, ...] = ()
     scenario_baseline: str = STEP_BASELINE
-    breakdown: tuple[BreakdownRow, ...] = ()
-    """Where the time goes (breakdown.csv): three profiled passes over a few points; its shares are the result."""
-    contention: tuple[ContentionRow, ...] = ()
-    """A multi-rank run's steps: every rank at once against rank 0 alone (kvpages.analysis.contention)."""
-    host_work: frozenset[str] = frozenset()
-    """The variants whose page indices come from host work, by what the meter saw them move (`host_work`)."""
+    breakdown: tuple[BreakdownRow, ...] = ()  # breakdown.csv
+    contention: tuple[ContentionRow, ...] = ()  # a multi-rank run's steps (kvpages.analysis.contention)
+    host_work: frozenset[str] = frozenset()  # the variants whose page indices come from host work (`host_work`)
 
     @property
     def floor(self) -> tuple[RatioRow, ...]:
@@ -268,8 +234,6 @@ class Analysis:
 
     @functools.cached_property
     def _ratio_index(self) -> dict[tuple, RatioRow]:
-        """The ratios by (variant, dtype, layout, page_size, seq_len), one each (the charts and the report look up
-        hundreds)."""
         return {(r.variant, r.dtype, r.layout, r.page_size, r.seq_len): r for r in self.ratios}
 
     @functools.cached_property
@@ -281,7 +245,6 @@ class Analysis:
         return self.scenario_band((dtype, layout, seq_len, page_size), variant, None)
 
     def scenario_band(self, scenario: str | tuple, variant: str, latency: str | None = "blocked") -> Interval | None:
-        """A step variant's time on a scenario with its own interval, as `time_band`."""
         key = (variant, *scenario) if isinstance(scenario, tuple) else (scenario, variant)  # a point, or a scenario
         found = levels(self.run, key, latency)
         return None if found is None else self.run.cached(("time", key, latency), lambda: mean_estimate(found))
@@ -293,7 +256,6 @@ class Analysis:
         return float(row["median_us"]) if band is None else band.ratio
 
     def scenario_time(self, row: Record | pd.Series, latency: str = "blocked") -> float:
-        """A scenarios.csv row's time, as `time_of`."""
         band = self.scenario_band(str(row["scenario"]), str(row["variant"]), latency)
         return float(row[f"{latency}_median_us"]) if band is None else band.ratio
 
@@ -303,9 +265,8 @@ class Analysis:
 
 
 def analyze(run: Run, baseline: str | None = None) -> Analysis:
-    """Analyse `run` once: every timed variant against `baseline` (None: the run's own, --kv-baseline) at every point
-    where both were timed, judged as one family (kvpages.analysis.verdicts), with the run's noise floor as the minimum
-    effect. The steps are against per_request[baseline] where the run timed it, else per_request[host_stride]."""
+    """Every timed variant against `baseline` (None: the run's own) at every point where both were timed, judged as one
+    family (kvpages.analysis.verdicts); the steps against per_request[baseline] where timed, else the default's."""
     baseline = baseline or run.baseline
     ok = run.timed_rows()
     rows = records(ok)
@@ -360,9 +321,8 @@ def analyze(run: Run, baseline: str | None = None) -> Analysis:
 
 
 def host_work(rows: list[Record]) -> frozenset[str]:
-    """The variants that, at every timed point with a page size above 1, handed the host every token index (the stride
-    is done on the host, after the copy) or nothing (a host-side table): what the link model carries over as host work
-    for a variant it has no declaration of (kvpages.core.links), e.g. sglang@<label>."""
+    """The variants that, at every timed point with a page size above 1, handed the host every token index or none:
+    what the link model takes as host work for a variant it has no declaration of (e.g. sglang@<label>)."""
     verdicts: dict[str, bool] = {}
     for r in rows:
         if r["page_size"] > 1 and not pd.isna(r["d2h_bytes"]):

@@ -1,13 +1,8 @@
-"""Verdicts with an effect size, over a family of comparisons (no torch).
+"""Verdicts with an effect size, over a family of comparisons (no torch); `judge` is the one place they are decided.
 
-A ratio is called faster or slower only when all three hold:
-1. its interval excludes 1 (kvpages.core.estimator: over processes, or over one process's repetitions);
-2. |log ratio| >= log(1 + min_effect), the run's noise floor (median relative interval half-width), at least
-   `MIN_EFFECT_FLOOR`;
-3. the Benjamini-Hochberg step at `FDR` keeps it within its family (every variant against the baseline at every
-   point of a run; separately every scenario ratio). Holm's family-wise control could call nothing from 10
-   repetitions.
-Otherwise it is `SAME` (within the minimum effect) or `UNCLEAR`. `judge` is the one place this is decided.
+Faster or slower only when the interval excludes 1, |log ratio| >= log(1 + min_effect) and the Benjamini-Hochberg
+step at `FDR` keeps it within its family (Holm's family-wise control could call nothing from 10 repetitions); else
+`SAME` (within the minimum effect) or `UNCLEAR`. docs/method.md, "Ratios, intervals and verdicts", has the rest.
 """
 
 from __future__ import annotations
@@ -20,22 +15,16 @@ from kvpages.core.stats import Interval, finite_median
 
 FASTER, SLOWER, SAME, UNCLEAR = "faster", "slower", "same", "unclear"
 VERDICTS = (FASTER, SLOWER, SAME, UNCLEAR)
-MIN_EFFECT_FLOOR = 0.02
-"""The smallest minimum effect: 2%, whatever a run's intervals (a quiet run's noise floor can be tighter)."""
-FDR = 0.05
-"""The false-discovery rate the Benjamini-Hochberg step controls within a family of comparisons."""
+MIN_EFFECT_FLOOR = 0.02  # whatever a run's intervals: a quiet run's noise floor can be tighter
+FDR = 0.05  # the false-discovery rate the Benjamini-Hochberg step controls within a family
 
 
 def min_effect(median_ci_half_width: float) -> float:
-    """A run's minimum effect: its noise floor (median relative interval half-width), at least `MIN_EFFECT_FLOOR`."""
     return max(MIN_EFFECT_FLOOR, median_ci_half_width) if math.isfinite(median_ci_half_width) else MIN_EFFECT_FLOOR
 
 
 def judge(interval: Interval, min_effect: float, discovered: bool = True) -> str:
-    """faster / slower / same / unclear for a ratio (variant over baseline) with its interval.
-
-    `discovered`: whether the family correction kept this comparison (`discoveries`); True judges it alone.
-    """
+    """A ratio's verdict; `discovered`: whether the family correction kept it (`discoveries`; True: judged alone)."""
     beyond = abs(math.log(interval.ratio)) >= math.log1p(min_effect) if interval.ratio > 0 else True
     if not beyond:
         return SAME
@@ -66,24 +55,17 @@ def discoveries(qvalues: list[float]) -> list[bool]:
 
 @dataclass(frozen=True)
 class Judged:
-    """A family of ratios judged together: a verdict and a q-value per ratio, in the order given."""
-
     verdicts: tuple[str, ...]
     q_values: tuple[float, ...]
-    half_width: float
-    """The family's noise floor: the median relative half-width of its intervals."""
-
-    @property
-    def min_effect(self) -> float:
-        return min_effect(self.half_width)
+    half_width: float  # the family's noise floor: the median relative half-width of its intervals
+    min_effect: float
 
 
 def judge_family(intervals: Sequence[Interval], p_values: Sequence[float]) -> Judged:
-    """Judge every ratio of a family with `judge`: the minimum effect from the family's own intervals, and the
-    Benjamini-Hochberg step over its p-values (how the report judges a run's ratios; `kvpages compare` judges B
-    against A this way)."""
+    """Judge every ratio of a family (a run's ratios; `kvpages compare`'s B against A) with `judge`: the minimum
+    effect from the family's own intervals, the Benjamini-Hochberg step over its p-values."""
     half_width = finite_median([(i.ci_high - i.ci_low) / 2 / i.ratio for i in intervals if i.known])
     q_values = bh_adjusted(list(p_values))
     effect = min_effect(half_width)
     verdicts = tuple(judge(i, effect, kept) for i, kept in zip(intervals, discoveries(q_values), strict=True))
-    return Judged(verdicts, tuple(q_values), half_width)
+    return Judged(verdicts, tuple(q_values), half_width, effect)

@@ -1,33 +1,27 @@
-"""breakdown.csv: where the time of one call goes, per (variant, point), from three profiled passes (no torch).
-
-Written by kvpages.measure.breakdown; the profiler inflates every absolute figure, so a row's shares are the result.
-Columns that do not apply on the run's device are empty: the aten columns on CUDA, the CUDA columns on CPU.
-"""
+"""breakdown.csv: where the time of one call goes, per (variant, point), from profiled passes (no torch). The profiler
+inflates every absolute figure, so a row's shares are the result; the other device's columns are empty."""
 
 from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-from kvpages.schema.rows import columns, typed_columns
+from kvpages.schema.rows import columns, parse_cell
 from kvpages.schema.writer import write_table
 
 BREAKDOWN_CSV = "breakdown.csv"
-PASSES = 3
-"""Profiled passes over all the cases (kvpages.measure.breakdown)."""
+PASSES = 3  # profiled passes over all the cases (kvpages.measure.breakdown)
 CALLS = 3
-"""Profiled calls per case in each pass, each in its own range; a row is the call of median wall time among a
-case's PASSES x CALLS calls."""
+"""Profiled calls per case in each pass, each in its own range (a row is the call of median wall time of them all)."""
 
 
 @dataclass(frozen=True)
 class BreakdownRow:
     """One (variant, point): microseconds of the call of median wall time among its `calls` profiled calls (all passes)."""
 
-    id: str
-    """Stable across runs: `<variant>-<point id>`, the case id of the timed row."""
+    id: str  # stable across runs: `<variant>-<point id>`, the case id of the timed row
     variant: str
     device: str
     dtype: str
@@ -35,41 +29,24 @@ class BreakdownRow:
     seq_len: int
     page_size: int
     calls: int
-    wall_us: float
-    """The call's wall time inside its profiler range."""
-    host_us: float
-    """CPU: outside every aten op (Python, numpy); CUDA: outside the CUDA API calls (Python, numpy, dispatch)."""
-    aten_copy_us: float | None
-    """CPU: self time of the aten copy ops (copy_, _to_copy, to, clone)."""
-    aten_ops_us: float | None
-    """CPU: self time of every other aten op (slicing views, divide, shift, cat, ...)."""
-    launch_us: float | None
-    """CUDA: CUDA API calls other than copies and synchronizes (kernel launches, allocations, events)."""
-    wait_us: float | None
-    """CUDA: copy and synchronize calls (cudaMemcpy*, *Synchronize): the host waits on the device there."""
+    wall_us: float  # inside its profiler range
+    host_us: float  # CPU: outside every aten op (Python, numpy); CUDA: outside the CUDA API calls (and dispatch)
+    aten_copy_us: float | None  # CPU: self time of the aten copy ops (copy_, _to_copy, to, clone)
+    aten_ops_us: float | None  # CPU: self time of every other aten op (slicing views, divide, shift, cat, ...)
+    launch_us: float | None  # CUDA: the API calls other than copies and synchronizes (launches, allocations, events)
+    wait_us: float | None  # CUDA: copy and synchronize calls (cudaMemcpy*, *Synchronize): the host waits there
     kernel_us: float | None
     memcpy_us: float | None
     memcpy_bytes: int | None
-    memcpy_direction: str
-    """The GPU copies' directions, e.g. 'DtoH' ('' when there was no copy)."""
-    top_ops: str
-    """The largest self times, e.g. 'aten::copy_ 12.1; aten::floor_divide 3.2' (µs per call)."""
+    memcpy_direction: str  # the GPU copies' directions, e.g. 'DtoH' ('' when there was no copy)
+    top_ops: str  # the largest self times, e.g. 'aten::copy_ 12.1; aten::floor_divide 3.2' (µs per call)
 
 
 BREAKDOWN_COLUMNS = columns(BreakdownRow)
-_PARSE = {**dict.fromkeys(typed_columns(BreakdownRow, "int"), int),
-          **dict.fromkeys(typed_columns(BreakdownRow, "float"), float)}
 
 
 def write_breakdown(folder: Path, rows: list[BreakdownRow]) -> Path:
     return write_table(folder, BREAKDOWN_CSV, BREAKDOWN_COLUMNS, rows)
-
-
-def _value(column: str, text: str) -> object:
-    parse = _PARSE.get(column)
-    if parse is None:
-        return text
-    return None if text == "" else parse(text)
 
 
 def read_breakdown(folder: Path) -> tuple[BreakdownRow, ...]:
@@ -82,7 +59,8 @@ def read_breakdown(folder: Path) -> tuple[BreakdownRow, ...]:
             reader = csv.DictReader(f)
             if tuple(reader.fieldnames or ()) != BREAKDOWN_COLUMNS:
                 raise ValueError(f"columns {reader.fieldnames}, expected {list(BREAKDOWN_COLUMNS)}")
-            return tuple(BreakdownRow(**{k: _value(k, v) for k, v in line.items()}) for line in reader)  # type: ignore[arg-type]
+            return tuple(BreakdownRow(**{f.name: parse_cell(str(f.type), line[f.name]) for f in fields(BreakdownRow)})
+                         for line in reader)
     except (ValueError, TypeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot read it ({exc})") from None
 
@@ -94,11 +72,8 @@ STACK_PARTS = {"cpu": ("aten copies", "other aten ops (stride, divide, ...)", "h
 
 
 def stack(row: BreakdownRow) -> tuple[tuple[str, float], ...]:
-    """The parts of the call's wall time, in µs, that add up to `wall_us` (what the stacked chart shows).
-
-    On CUDA the device time is shown inside the wait it caused: the kernels' and copies' share of the wait is
-    split by their GPU durations, and what remains of the wait (queueing, synchronize latency) is its own part.
-    """
+    """The parts of the call's wall time, in µs, that add up to `wall_us`. On CUDA the wait is split between the
+    kernels and copies by their GPU durations, and what remains of it (queueing, synchronize latency) is a part."""
     if row.device == "cuda":
         wait, launch = row.wait_us or 0.0, row.launch_us or 0.0
         kernel, memcpy = row.kernel_us or 0.0, row.memcpy_us or 0.0

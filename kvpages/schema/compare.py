@@ -1,9 +1,5 @@
-"""`kvpages compare --format json`: the document it prints for CI (no torch).
-
-One `ComparisonDocument` per comparison of run B against run A, serialised with `dataclasses.asdict` and
-`json.dumps`: per point its figures in both runs, B/A with its interval, p- and q-value, and the verdict
-(kvpages.analysis.verdicts). A figure with no value (an interval one repetition cannot form) is null.
-"""
+"""`kvpages compare --format json`: the document it prints for CI (no torch); a figure with no value (an interval
+one repetition cannot form) is null."""
 
 from __future__ import annotations
 
@@ -48,15 +44,13 @@ class ComparedPoint:
     p_value: float
     q_value: float
     verdict: str
-    beyond_gate: bool | None
-    """Relative points with --fail-above: whether the whole interval lies above the gate; else null."""
+    beyond_gate: bool | None  # relative points with --fail-above: whether the whole interval lies above the gate
 
 
 @dataclass(frozen=True)
 class Gate:
     fail_above_pct: float
-    threshold: float
-    """B/A above which a relative point's whole interval fails the gate: 1 + fail_above_pct / 100."""
+    threshold: float  # 1 + fail_above_pct / 100
     regressions: int
     passed: bool
 
@@ -69,10 +63,8 @@ class ComparisonDocument:
     baseline: str
     interval_unit: str
     caveat: str | None
-    min_effect: dict[str, float]
-    """Per family ('relative', 'absolute'): the minimum effect its verdicts needed."""
-    counts: dict[str, dict[str, int]]
-    """Per family: how many points got each verdict."""
+    min_effect: dict[str, float]  # per family ('relative', 'absolute')
+    counts: dict[str, dict[str, int]]  # per family: how many points got each verdict
     gate: Gate | None
     points: list[ComparedPoint]
     only_a: list[PointKey]
@@ -83,5 +75,5 @@ class ComparisonDocument:
 
 
 def finite(value: float) -> float | None:
-    """`value`, or None where JSON has no number for it (an unknown interval's bound, a missing coverage)."""
+    """`value`, or None where JSON has no number for it."""
     return value if math.isfinite(value) else None

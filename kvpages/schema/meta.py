@@ -1,5 +1,4 @@
-"""meta.json: where a run ran (`Environment`), the processes and ranks that timed it, and whether it finished
-(`RunMeta`). No torch import; kvpages.schema.reader reads it back, kvpages.schema.writer writes it."""
+"""meta.json: where a run ran (`Environment`), the processes and ranks that timed it, and whether it finished (no torch)."""
 
 from __future__ import annotations
 
@@ -32,13 +31,9 @@ class Environment:
     link_crossed: bool
     link_note: str
     gpu_uuid: str | None = None
-    pcie_link_loaded: str | None = None
-    """The PCIe link as nvidia-smi saw it right after the first timed block (an idle link downshifts)."""
-    sm_clock_mhz_loaded: int | None = None
-    """The SM clock (nvidia-smi's clocks.sm) at the same moment; each process spins the GPU up before its first
-    timed block, so this should read the boosted clock (an H200: 1980 MHz, 345 MHz idle)."""
-    hostname: str | None = None
-    """The host's name (socket.gethostname()); None in runs written before it was recorded."""
+    pcie_link_loaded: str | None = None  # nvidia-smi's, right after the first timed block (an idle link downshifts)
+    sm_clock_mhz_loaded: int | None = None  # clocks.sm at the same moment (boosted: each process spins the GPU up)
+    hostname: str | None = None  # socket.gethostname(); None in runs written before it was recorded
 
 
 @dataclass(frozen=True)
@@ -48,31 +43,21 @@ class ProcessInfo:
 
     index: int
     pid: int
-    role: str
-    """'worker' (a fresh pytest process started for its share) or 'session' (the pytest session the user ran)."""
+    role: str  # 'worker' (a fresh pytest process started for its share) or 'session' (the pytest session the user ran)
     startup_s: float
-    """From its start to its first block: the interpreter, torch and pytest imports, collection (the session's:
-    from its own start, less the profiler cross-check and the workers it ran meanwhile)."""
-    inputs_s: float
-    """Building, loading and validating its inputs (the first block of each target builds them)."""
-    wall_s: float
-    """Its wall time (the session's: less the workers it ran one after another)."""
+    """Until its first block: imports, collection (the session's: less the cross-check and the workers meanwhile)."""
+    inputs_s: float  # building, loading and validating its inputs
+    wall_s: float  # the session's: less the workers it ran one after another
     blocks: int
-    checks_s: float | None = None
-    """Checking each case against the reference and metering it, in its first block here."""
-    warmup_s: float | None = None
-    """The untimed calls before each block's timed rounds."""
-    timed_s: float | None = None
-    """The timed rounds: the sum of its blocks' samples."""
+    checks_s: float | None = None  # checking and metering each case, in its first block here
+    warmup_s: float | None = None  # the untimed calls before each block's timed rounds
+    timed_s: float | None = None  # the sum of its blocks' samples
     untimed_s: float | None = None
-    """The rest of its blocks, from the first block's start to the last one's end: pytest's protocol of each test,
-    pytest-benchmark's set-up of each round, recording each block."""
-    end_s: float | None = None
-    """After its last block, until it ended (the session's: until its sweep ended)."""
+    """The rest of its blocks: pytest's protocol of each test, pytest-benchmark's set-up of each round, recording."""
+    end_s: float | None = None  # after its last block, until it (the session's: its sweep) ended
 
 
-PHASES = ("startup_s", "inputs_s", "checks_s", "warmup_s", "timed_s", "untimed_s", "end_s")
-"""A process's phases (ProcessInfo), in the order they come."""
+PHASES = ("startup_s", "inputs_s", "checks_s", "warmup_s", "timed_s", "untimed_s", "end_s")  # ProcessInfo's, in order
 
 
 @dataclass(frozen=True)
@@ -80,48 +65,30 @@ class RunTiming:
     """meta.json's `timing`: the session's wall time and where it went, each phase summed over the processes (which
     ran one after another, so their phases and the session's own add up to its wall)."""
 
-    wall_s: float
-    """From the session's start (its process's) to the end of its sweep: every process's blocks, before the
-    breakdown and the analysis."""
+    wall_s: float  # from the session's start to the end of its sweep, before the breakdown and the analysis
     startup_s: float | None = None
     inputs_s: float | None = None
     checks_s: float | None = None
     warmup_s: float | None = None
-    timed_s: float | None = None
-    """Every timed round of the run: the sum of every sample of samples.csv and scenario_samples.csv (a step's
-    round, as pytest-benchmark timed it)."""
+    timed_s: float | None = None  # the sum of every sample of samples.csv and scenario_samples.csv
     untimed_s: float | None = None
     end_s: float | None = None
-    crosscheck_s: float = 0.0
-    """The profiler cross-check, in a process of its own, before the first block."""
-    breakdown_s: float | None = None
-    """Where the time goes (breakdown.csv), after the sweep, in a process of its own."""
-    startup_overlap_s: float = 0.0
-    """The workers start together: how much of their start-ups ran beside one another, left out of `startup_s`."""
-    analysis_s: float | None = None
-    """The summary, charts and report after it (None: not run, or not finished when this was written)."""
+    crosscheck_s: float = 0.0  # the profiler cross-check, in a process of its own, before the first block
+    breakdown_s: float | None = None  # breakdown.csv, after the sweep, in a process of its own
+    startup_overlap_s: float = 0.0  # the workers start together: how much of their start-ups overlapped
+    analysis_s: float | None = None  # the summary, charts and report (None: not run, or not finished yet)
 
     @classmethod
     def of(cls, wall_s: float, processes: list[ProcessInfo], crosscheck_s: float, overlap_s: float = 0.0
            ) -> RunTiming:
-        """The session's timing from its processes' phases, their start-ups less `overlap_s`."""
         sums = {name: sum(getattr(p, name) or 0.0 for p in processes) for name in PHASES}
         sums["startup_s"] -= overlap_s
         return cls(wall_s, crosscheck_s=crosscheck_s, startup_overlap_s=overlap_s, **sums)
 
     @property
     def measured_s(self) -> float:
-        """The session's wall with the breakdown after its sweep: what measuring the run took (its analysis, written
-        into meta.json after REPORT.md, is left out, so a report re-made from the folder says the same)."""
+        """What measuring the run took: its breakdown, not its analysis (so a report re-made later says the same)."""
         return self.wall_s + (self.breakdown_s or 0.0)
-
-    def efficiency_text(self) -> str:
-        """How much of the session's wall time was timed, in one line."""
-        if self.timed_s is None:
-            return f"timed seconds not recorded (a run from before they were), of {self.measured_s:.1f} s"
-        until = "its sweep" if self.breakdown_s is None else "its breakdown"
-        return (f"timed {self.timed_s:.1f} s of {self.measured_s:.1f} s ({self.timed_s / self.measured_s:.0%}), the "
-                f"session's wall from its start to the end of {until}")
 
     @classmethod
     def from_json(cls, data: dict[str, float]) -> RunTiming:
@@ -146,37 +113,34 @@ class RunMeta:
     completed: bool = False
     end_note: str = "running (or killed before it could finish)"
     schema_version: int = SCHEMA_VERSION
-    timing: RunTiming | None = None
-    """Where the session's wall time went (None: still running, or killed)."""
+    timing: RunTiming | None = None  # None: still running, or killed
     repetitions: int = 1
     order_seed: int = 0
     crosscheck: str = "off"
-    processes: list[ProcessInfo] = field(default_factory=list)
-    """The processes the repetitions were dealt to, in run order (empty before schema version 3: one process)."""
-    breakdown: str = "off"
-    """Where the time goes (breakdown.csv): what the profiled pass wrote, or why it wrote nothing."""
-    ranks: RanksMeta | None = None
-    """A multi-rank run's process group (schema version 4); None: one rank."""
-    baseline: str = BASELINE
-    """The variant every ratio of the run is against (--kv-baseline); a run written without it: host_stride."""
+    processes: list[ProcessInfo] = field(default_factory=list)  # the processes the repetitions were dealt to
+    breakdown: str = "off"  # breakdown.csv: what the profiled pass wrote, or why it wrote nothing
+    ranks: RanksMeta | None = None  # a multi-rank run's process group; None: one rank
+    baseline: str = BASELINE  # the variant every ratio of the run is against (--kv-baseline)
 
     def efficiency_text(self) -> str:
         """How much of the session's wall time was timed, in one line (the report's method and `kvpages noise`)."""
-        if self.timing is None:
+        timing = self.timing
+        if timing is None:
             return "timed seconds unknown: the run did not finish (interrupted or killed)"
-        return self.timing.efficiency_text()
+        if timing.timed_s is None:
+            return f"timed seconds not recorded (a run from before they were), of {timing.measured_s:.1f} s"
+        until = "its sweep" if timing.breakdown_s is None else "its breakdown"
+        return (f"timed {timing.timed_s:.1f} s of {timing.measured_s:.1f} s ({timing.timed_s / timing.measured_s:.0%}), "
+                f"the session's wall from its start to the end of {until}")
 
 
 @dataclass(frozen=True)
 class RankInfo:
-    """One rank of a multi-rank run (kvpages.measure.ranks): where it ran."""
-
     rank: int
     local_rank: int
     hostname: str
     pid: int
-    device: str
-    """The device it converted on: cuda:<local rank>, or cpu."""
+    device: str  # the device it converted on: cuda:<local rank>, or cpu
     device_name: str
 
 
@@ -185,12 +149,9 @@ class RanksMeta:
     """meta.json's `ranks`: the process group of a multi-rank run."""
 
     world_size: int
-    backend: str
-    """The backend of the barriers and gathers: gloo, host-side, so no collective kernel runs on a timed device."""
-    timeout_s: float
-    """How long a rank waits at a barrier or gather for the others before the run stops, naming them."""
-    launcher: str
-    """How the ranks were started; every repro command of the run starts with it."""
+    backend: str  # of the barriers and gathers: gloo, host-side, so no collective kernel runs on a timed device
+    timeout_s: float  # how long a rank waits at a barrier or gather for the others before the run stops
+    launcher: str  # how the ranks were started; every repro command of the run starts with it
     ranks: tuple[RankInfo, ...]
 
     @property

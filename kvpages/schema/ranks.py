@@ -1,14 +1,11 @@
-"""Multi-rank runs (torchrun): the roles a step's rows take, and the contention a step pays (no torch import).
-
-Per (scenario, step variant), ranks.csv has one `rank` and one `alone` row per rank and one `step` and one
-`alone_max` row (kvpages.schema.rows.RankRow); an analysed run adds contention.csv.
-"""
+"""Multi-rank runs (torchrun): the roles of ranks.csv's rows (one `rank` and one `alone` per rank, one `step` and one
+`alone_max`, per (scenario, step variant)), and contention.csv's rows (no torch)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from kvpages.schema.rows import scenario_row_id
+from kvpages.schema.rows import columns, scenario_row_id
 
 CONTENTION_CSV = "contention.csv"
 
@@ -22,10 +19,8 @@ other down). The k-th value of every role's block is the k-th cycle's."""
 
 @dataclass(frozen=True)
 class ContentionRow:
-    """What converting at once costs, for one latency (contention.csv): the step (`rank` empty: per cycle the maximum
-    over the ranks at once, against the maximum over the ranks alone) or one rank (its at-once calls against its
-    alone calls). ratio = at_once_median_us / alone_median_us, the two medians of every cycle of every repetition;
-    its interval: the percentile interval of a bootstrap over the repetitions (kvpages.analysis.contention)."""
+    """What converting at once costs, for one latency (contention.csv): the step (`rank` empty: `step` against
+    `alone_max`) or one rank (`rank` against `alone`); ratio = at_once_median_us / alone_median_us, with its interval."""
 
     id: str
     scenario: str
@@ -46,11 +41,10 @@ class ContentionRow:
     repro: str
 
 
-CONTENTION_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ContentionRow))
+CONTENTION_COLUMNS = columns(ContentionRow)
 
 
 def contention_id(scenario: str, variant: str, world_size: int, latency: str, rank: int | None = None) -> str:
-    """A contention.csv row's stable id: x<N>-<scenarios.csv row id>-<latency> for the step, x<N>-r<rank>-... for a
-    rank."""
+    """A contention.csv row's id: x<N>-<scenarios.csv row id>-<latency> for the step, x<N>-r<rank>-... for a rank."""
     who = "" if rank is None else f"r{rank}-"
     return f"x{world_size}-{who}{scenario_row_id(scenario, variant)}-{latency}"

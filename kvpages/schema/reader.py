@@ -1,7 +1,4 @@
-"""Reads a run folder back (kvpages.schema.rows), validating it: what every analysis starts from (no torch).
-
-A folder that was edited, mixed up or is not a run is refused with a `RunError` naming the file and what is wrong.
-"""
+"""Reads a run folder back, refusing one that was edited, mixed up or is not a run with a one-line `RunError` (no torch)."""
 
 from __future__ import annotations
 
@@ -9,7 +6,7 @@ import io
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,10 +32,12 @@ from kvpages.schema.rows import (
     TIMED,
     RankSampleSet,
     Table,
+    parse_cell,
     typed_columns,
 )
 
 T = TypeVar("T")
+ScenarioSamples = dict[tuple, dict[str, list[np.ndarray]]]
 MEDIAN_RTOL = 1e-9
 """load_run recomputes each ok row's median from its samples; beyond this relative difference it refuses the folder."""
 
@@ -53,19 +52,13 @@ class Run:
 
     path: Path
     rows: pd.DataFrame
-    samples: dict[tuple, list[np.ndarray]]
-    """Per row key, the per-round times of its block in each repetition, in repetition order."""
+    samples: dict[tuple, list[np.ndarray]]  # per row key, its blocks' per-round times, in repetition order
     meta: RunMeta | None
     scenarios: pd.DataFrame | None = None
-    """scenarios.csv (whole requests and steps), or None for a run without them."""
-    scenario_samples: dict[tuple, dict[str, list[np.ndarray]]] | None = None
-    """Per (scenario, variant): {'blocked': blocks, 'ready': blocks}, in repetition order."""
-    processes: dict[tuple, tuple[int, ...]] | None = None
-    """Per row key, and per (scenario, variant): the process of each block, in the same order."""
+    scenario_samples: ScenarioSamples | None = None  # per (scenario, variant): {'blocked': blocks, 'ready': blocks}
+    processes: dict[tuple, tuple[int, ...]] | None = None  # per row or (scenario, variant) key: each block's process
     ranks: pd.DataFrame | None = None
-    """ranks.csv of a multi-rank run (kvpages.schema.ranks), or None."""
-    rank_samples: dict[tuple, list[RankSampleSet]] | None = None
-    """Per (scenario, variant, role, rank): its blocks, in repetition order (rank -1 for the step's)."""
+    rank_samples: dict[tuple, list[RankSampleSet]] | None = None  # per (scenario, variant, role, rank; -1: the step's)
     _cache: dict[tuple, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -91,25 +84,21 @@ class Run:
         return self.rows[self.rows["status"].isin(TIMED)]
 
     def block_processes(self, key: tuple, count: int) -> np.ndarray:
-        """The process of each of a key's `count` blocks (a row key, or a (scenario, variant))."""
         found = (self.processes or {}).get(key)
         return np.array(found if found is not None and len(found) == count else (0,) * count)
 
     def cached(self, key: tuple, compute: Callable[[], T]) -> T:
-        """`compute()`, once per `key` for this run: what the analysis derives from its samples
-        (kvpages.analysis.intervals)."""
+        """`compute()`, once per `key` for this run (what kvpages.analysis derives from its samples)."""
         if key not in self._cache:
             self._cache[key] = compute()
         return self._cache[key]
 
     @property
     def baseline(self) -> str:
-        """The variant its ratios are against (meta.json; host_stride for a bare CSV)."""
         return self.meta.baseline if self.meta else BASELINE
 
     @property
     def process_count(self) -> int:
-        """How many processes timed the run (1 for a bare results CSV)."""
         return max(1, len(self.meta.processes)) if self.meta else 1
 
 
@@ -195,16 +184,31 @@ def load_run(path: str | Path) -> Run:
         folder, csv_path = path.parent, path
         meta = _read_meta(folder / META_JSON) if (folder / META_JSON).exists() else None
     rows = _read_typed(csv_path, POINTS)
-    samples_path = folder / SAMPLES_CSV
-    blocks, processes = _read_blocks(samples_path, POINTS.sample_columns, row_key, ("samples_us",)) \
-        if samples_path.exists() else ({}, {})
-    samples = {key: [b[0] for b in found] for key, found in blocks.items()}
+    blocks = _read_samples(folder / SAMPLES_CSV, POINTS, lambda b: tuple(getattr(b, c) for c in KEY_COLUMNS))
+    samples = {key: [np.asarray(b.samples_us) for b in found] for key, found in blocks.items()}
     if samples:
         _check_medians(rows, samples, row_key, "median_us", csv_path, SAMPLES_CSV)
-    scenarios, scenario_samples, scenario_processes = _read_scenarios(folder)
+    scenarios, scenario_samples, scenario_blocks = _read_scenarios(folder)
+    processes = {key: tuple(b.process for b in found) for key, found in {**blocks, **scenario_blocks}.items()}
     ranks, rank_samples = _read_ranks(folder)
-    return Run(folder, rows, samples, meta, scenarios, scenario_samples, {**processes, **scenario_processes}, ranks,
-               rank_samples)
+    return Run(folder, rows, samples, meta, scenarios, scenario_samples, processes, ranks, rank_samples)
+
+
+def _read_samples(path: Path, table: Table, key_of: Callable[[Any], tuple]) -> dict[tuple, list[Any]]:
+    """A samples file's blocks (`table.sample_type`) by key, in repetition order; {} without the file."""
+    if not path.exists():
+        return {}
+    annotations = {f.name: str(f.type) for f in fields(table.sample_type)}
+    found: dict[tuple, list[Any]] = {}
+    for i, record in enumerate(_read_csv(path, table.sample_columns).to_dict("records")):
+        try:
+            block = table.sample_type(**{name: parse_cell(kind, record[name]) for name, kind in annotations.items()})
+        except ValueError:
+            raise RunError(f"{path}: line {i + 2}: a repetition, process, rank or sample is not a number") from None
+        found.setdefault(key_of(block), []).append(block)
+    for blocks in found.values():
+        blocks.sort(key=lambda b: b.repetition)
+    return found
 
 
 def _read_ranks(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, list[RankSampleSet]] | None]:
@@ -213,60 +217,26 @@ def _read_ranks(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, list[Ran
     if not path.exists():
         return None, None
     frame = _read_typed(path, RANKS)
-    found: dict[tuple, list[RankSampleSet]] = {}
-    samples_path = folder / RANK_SAMPLES_CSV
-    if samples_path.exists():
-        try:
-            for r in _read_csv(samples_path, RANKS.sample_columns).to_dict("records"):
-                rank = int(r["rank"]) if r["rank"] != "" else None
-                series = [tuple(float(v) for v in r[c].split()) for c in ("blocked_us", "ready_us", "skew_us")]
-                block = RankSampleSet(r["scenario"], r["variant"], int(r["repetition"]), int(r["order"]),
-                                      int(r["process"]), r["role"], rank, *series)
-                found.setdefault((block.scenario, block.variant, block.role, -1 if rank is None else rank),
-                                 []).append(block)
-        except ValueError:
-            raise RunError(f"{samples_path}: a repetition, process, rank or sample is not a number") from None
-    for blocks in found.values():
-        blocks.sort(key=lambda b: b.repetition)
+    found = _read_samples(folder / RANK_SAMPLES_CSV, RANKS,
+                          lambda b: (b.scenario, b.variant, b.role, -1 if b.rank is None else b.rank))
     _check_medians(frame, {key: [np.asarray(b.blocked_us) for b in blocks] for key, blocks in found.items()},
                    lambda r: (r["scenario"], r["variant"], r["role"], -1 if pd.isna(r["rank"]) else int(r["rank"])),
                    "blocked_median_us", path, RANK_SAMPLES_CSV)
     return frame, found
 
 
-ScenarioSamples = dict[tuple, dict[str, list[np.ndarray]]]
-
-
-def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, ScenarioSamples | None, dict[tuple, tuple[int, ...]]]:
+def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, ScenarioSamples | None, dict[tuple, list[Any]]]:
+    """scenarios.csv, its samples by latency and its blocks; (None, None, {}) for a run without them."""
     path = folder / SCENARIOS_CSV
     if not path.exists():
         return None, None, {}
     frame = _read_typed(path, SCENARIOS)
-    samples_path = folder / SCENARIO_SAMPLES_CSV
-    blocks, processes = _read_blocks(samples_path, SCENARIOS.sample_columns, lambda r: (r["scenario"], r["variant"]),
-                                     ("blocked_us", "ready_us")) if samples_path.exists() else ({}, {})
-    samples = {key: {"blocked": [b[0] for b in found], "ready": [b[1] for b in found]} for key, found in blocks.items()}
+    blocks = _read_samples(folder / SCENARIO_SAMPLES_CSV, SCENARIOS, lambda b: (b.scenario, b.variant))
+    samples = {key: {latency: [np.asarray(getattr(b, f"{latency}_us")) for b in found] for latency in ("blocked", "ready")}
+               for key, found in blocks.items()}
     _check_medians(frame, {key: found["blocked"] for key, found in samples.items()},
                    lambda r: (r["scenario"], r["variant"]), "blocked_median_us", path, SCENARIO_SAMPLES_CSV)
-    return frame, samples, processes
-
-
-def _read_blocks(path: Path, columns: tuple[str, ...], key_of: Callable[[dict], tuple], series: tuple[str, ...]
-                 ) -> tuple[dict[tuple, list[tuple[np.ndarray, ...]]], dict[tuple, tuple[int, ...]]]:
-    """A samples file by key: each block's `series` (space-separated microseconds), in repetition order, and each
-    block's process."""
-    by_key: dict[tuple, list[tuple[int, int, tuple[np.ndarray, ...]]]] = {}
-    for i, record in enumerate(_read_csv(path, columns).to_dict("records")):
-        try:
-            values = tuple(np.array(record[c].split(), dtype=np.float64) for c in series)
-            repetition, process = int(record["repetition"]), int(record["process"])
-        except ValueError:
-            raise RunError(f"{path}: line {i + 2}: {', '.join(series)}, repetition or process holds a non-number"
-                           ) from None
-        by_key.setdefault(key_of(record), []).append((repetition, process, values))
-    ordered = {key: sorted(blocks, key=lambda b: b[0]) for key, blocks in by_key.items()}
-    return ({key: [v for _, _, v in blocks] for key, blocks in ordered.items()},
-            {key: tuple(p for _, p, _ in blocks) for key, blocks in ordered.items()})
+    return frame, samples, blocks
 
 
 def _check_medians(rows: pd.DataFrame, samples: dict[tuple, list[np.ndarray]], key_of: Callable[[dict], tuple],

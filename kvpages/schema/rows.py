@@ -1,13 +1,11 @@
-"""The run-folder schema: the record types and their columns (no torch import).
-
-results.csv holds one `Row` per (variant, point), samples.csv one `SampleSet` per timed block; scenarios.csv and
-scenario_samples.csv the same for whole requests and steps; ranks.csv and rank_samples.csv for multi-rank runs;
-ratios.csv (analysed runs) one `RatioRow` per (variant, baseline, point). results/README.md documents each column.
-"""
+"""The run-folder schema, its record types and their columns (no torch): results.csv holds one `Row` per (variant,
+point), samples.csv one `SampleSet` per timed block, and so on for whole requests and steps and for multi-rank runs;
+ratios.csv one `RatioRow` per (variant, baseline, point). results/README.md documents each column."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from kvpages.core.names import BASELINE
 
@@ -30,17 +28,13 @@ STATUSES = (OK, PARTIAL, "skipped", "mismatch", "out_of_memory")
 """ok: checked, metered and timed in every planned repetition; partial: the run was interrupted after some of its
 repetitions (`repetitions` says how many); skipped: cannot run on this device (see note); mismatch: wrong output or
 D2H bytes (see note); out_of_memory: the point did not fit."""
-TIMED = (OK, PARTIAL)
-"""The statuses of a row with timings (and samples)."""
+TIMED = (OK, PARTIAL)  # the statuses of a row with timings (and samples)
 
-KEY_COLUMNS = ("variant", "dtype", "layout", "seq_len", "page_size")
-"""A row's identity within a run (the device is the run's)."""
-TIMING = {"timing": True}
-"""Field metadata of the timing columns: empty on a row that was not timed (skipped, mismatch, ...)."""
+KEY_COLUMNS = ("variant", "dtype", "layout", "seq_len", "page_size")  # a row's identity within a run
+TIMING = {"timing": True}  # field metadata of the timing columns: empty on a row that was not timed
 
 
 def columns(record_type: type) -> tuple[str, ...]:
-    """A record type's CSV columns: its fields, in order."""
     return tuple(f.name for f in fields(record_type))
 
 
@@ -54,9 +48,19 @@ def typed_columns(row_type: type, kind: str) -> tuple[str, ...]:
     return tuple(f.name for f in fields(row_type) if str(f.type).partition(" |")[0] == kind)
 
 
-class _Status:
-    """A row whose `status` is checked when it is made."""
+def parse_cell(annotation: str, text: str) -> Any:
+    """A CSV cell read back by its field's annotation: '' is None where the field may be; a tuple is space-separated."""
+    kind = annotation.partition(" |")[0]
+    if kind == "str":
+        return text
+    if text == "" and annotation.endswith("| None"):
+        return None
+    if kind == "tuple[float, ...]":
+        return tuple(float(v) for v in text.split())
+    return int(text) if kind == "int" else float(text)
 
+
+class _Status:
     status: str
 
     def __post_init__(self) -> None:
@@ -85,15 +89,14 @@ class Table:
         return names[:first] + ("rounds",) + names[first:]
 
     def samples_from(self, fields_: dict[str, object]) -> Samples:
-        """A samples record of this table from its fields (as `dataclasses.asdict` gave them, lists for tuples)."""
+        """A samples record from its `dataclasses.asdict` fields (lists for tuples)."""
         return self.sample_type(**{k: tuple(v) if isinstance(v, list) else v  # type: ignore[arg-type]
                                    for k, v in fields_.items()})
 
 
 @dataclass(frozen=True)
 class SampleSet:
-    """The raw per-round times of one timed block: repetition `repetition` of a row, the
-    `order`-th block the run timed, in process `process` (an index into meta.json's processes)."""
+    """The per-round times of one block: a row's `repetition`, the run's `order`-th, timed in meta.json's `process`."""
 
     variant: str
     dtype: str
@@ -161,18 +164,14 @@ class ScenarioSampleSet(StepBlock):
 
     blocked_us: tuple[float, ...]
     ready_us: tuple[float, ...]
-    busy_us: tuple[float, ...] = ()
-    """Per round, the device busy time queued before it (busy-queue scenarios on CUDA; else empty)."""
+    busy_us: tuple[float, ...] = ()  # per round, the device busy time queued before it (busy-queue scenarios on CUDA)
 
 
 @dataclass(frozen=True)
 class ScenarioRow(_Status):
-    """One (scenario, step variant): a whole request (all its calls) or a whole scheduler step, measured as one.
-
-    Bytes, transfers and host syncs per request or step, as the meter counted them; latencies in microseconds per
-    request or step: `blocked` until the calling (scheduler) thread got control back, `ready` until the page indices
-    were usable on the host (equal, except for variants whose wait runs on a transfer thread).
-    """
+    """One (scenario, step variant): a whole request (all its calls) or a whole scheduler step, measured as one; per
+    request or step, bytes, transfers and host syncs, and µs: `blocked` until the calling (scheduler) thread got
+    control back, `ready` until the page indices were usable on the host (later only with a transfer thread)."""
 
     scenario: str
     kind: str  # request | step
@@ -205,8 +204,7 @@ class ScenarioRow(_Status):
     repro: str = ""
     busy_measured_us: float | None = field(default=None, metadata=TIMING)
     """The device busy time each timed round actually had (CUDA events around the queued kernel), median."""
-    id: str = ""
-    """The row's stable id (`scenario_row_id`); filled in from the scenario and variant."""
+    id: str = ""  # filled in: `scenario_row_id`
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -224,19 +222,14 @@ class RankSampleSet(StepBlock):
     rank: int | None
     blocked_us: tuple[float, ...]
     ready_us: tuple[float, ...]
-    skew_us: tuple[float, ...] = ()
-    """Per round (step lines): the last rank's start minus the first's."""
+    skew_us: tuple[float, ...] = ()  # per round (step lines): the last rank's start minus the first's
 
 
 @dataclass(frozen=True)
 class RankRow(_Status):
-    """A (scenario, step variant) of a multi-rank run as one rank saw it, at once or alone, or as the whole step saw
-    it, at once or alone (`role`: kvpages.schema.ranks.ROLES); latencies in microseconds per step, as ScenarioRow's.
-
-    `rank`: the rank (empty for `step` and `alone_max`). Bytes, transfers and host syncs: what the meter counted on
-    that rank (the step's: summed over the ranks). `skew_median_us` (step rows): per round, the last rank's start
-    minus the first's, on the monotonic clock of one host (empty when the ranks span hosts).
-    """
+    """A (scenario, step variant) of a multi-rank run as one rank, or the whole step, saw it, at once or alone (`role`:
+    kvpages.schema.ranks.ROLES; `rank` empty for the step's); latencies as ScenarioRow's, per step; the step's bytes
+    summed over the ranks; `skew_median_us`: RankSampleSet's, empty when the ranks span hosts (no common clock)."""
 
     scenario: str
     variant: str
@@ -268,18 +261,12 @@ RANKS = Table(RANKS_CSV, RANK_SAMPLES_CSV, RankRow, RankSampleSet)
 TABLES = {table.rows_csv: table for table in (POINTS, SCENARIOS, RANKS)}
 
 
-Samples = SampleSet | ScenarioSampleSet | RankSampleSet
-"""One timed block's samples: of a point, of a scenario, or of one role of a multi-rank step."""
+Samples = SampleSet | ScenarioSampleSet | RankSampleSet  # a point's, a scenario's or one multi-rank step role's
 
 
 @dataclass(frozen=True)
 class RatioRow:
-    """`variant` against `baseline` at one point of an analysed run (ratios.csv; results/README.md has each column).
-
-    ratio: variant / baseline time from the one estimator (kvpages.core.estimator.paired_ratio), its interval at
-    `confidence` over processes (`interval_unit` 'process') or one process's repetitions; verdict:
-    kvpages.analysis.verdicts.judge; repro: the command that re-runs the pair at this point, interleaved as in the run.
-    """
+    """`variant` against `baseline` at one point of an analysed run (ratios.csv; results/README.md has each column)."""
 
     id: str
     variant: str
@@ -308,10 +295,8 @@ class RatioRow:
 
 @dataclass(frozen=True)
 class ScenarioRatioRow:
-    """A step variant against the baseline step variant on one scenario, for one latency (scenario_ratios.csv).
-
-    `id` is the variant's scenarios.csv row id; the fields mean what RatioRow's do.
-    """
+    """A step variant against the baseline step variant on one scenario and latency (scenario_ratios.csv); `id` is the
+    variant's scenarios.csv row id, the other fields mean what RatioRow's do."""
 
     id: str
     scenario: str
@@ -341,8 +326,8 @@ def _id_part(name: str) -> str:
 
 
 def ratio_id(variant: str, baseline: str, dtype: str, layout: str, seq_len: int, page_size: int) -> str:
-    """A ratios.csv row's stable id, from its key alone: r-<variant>-s<seq_len>-p<page_size>-<dtype>-<layout>,
-    with -vs-<baseline> when the baseline is not BASELINE (host_stride). The same key gives the same id in every run."""
+    """A ratios.csv row's id, the same in every run: r-<variant>-s<seq_len>-p<page_size>-<dtype>-<layout>, with
+    -vs-<baseline> when the baseline is not host_stride."""
     vs = "" if baseline == BASELINE else f"-vs-{_id_part(baseline)}"
     return f"r-{_id_part(variant)}-s{seq_len}-p{page_size}-{dtype}-{layout}{vs}"
 
@@ -352,16 +337,11 @@ def scenario_row_id(scenario: str, variant: str) -> str:
     return f"{scenario}:{_id_part(variant)}"
 
 
-def _spaced(values: tuple[float, ...]) -> str:
-    return " ".join(repr(float(x)) for x in values)
-
-
 def sample_record(s: Samples) -> dict[str, object]:
     """A samples.csv (or scenario_samples.csv) line: the key fields, `rounds`, and each series space-separated."""
     record: dict[str, object] = {}
     for f in fields(s):
         value = getattr(s, f.name)
-        record[f.name] = _spaced(value) if isinstance(value, tuple) else value
-    series = s.samples_us if isinstance(s, SampleSet) else s.blocked_us
-    record["rounds"] = len(series)
+        record[f.name] = " ".join(repr(float(x)) for x in value) if isinstance(value, tuple) else value
+    record["rounds"] = len(s.samples_us if isinstance(s, SampleSet) else s.blocked_us)
     return record

@@ -14,31 +14,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kvpages.schema.meta import RunMeta, RunTiming
-from kvpages.schema.rows import (
-    META_JSON,
-    POINTS,
-    RESULTS_CSV,
-    RankRow,
-    Row,
-    Samples,
-    ScenarioRow,
-    Table,
-    sample_record,
-)
+from kvpages.schema.rows import META_JSON, POINTS, RESULTS_CSV, RankRow, Row, Samples, ScenarioRow, Table, sample_record
 
 
 def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
 def create_run_dir(results_dir: Path, device_label: str) -> Path:
     """Make a new, empty `results_dir/<UTC time>-<device>` folder; never reuses an existing one."""
     results_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{_slug(device_label)}"
+    slug = re.sub(r"[^a-z0-9]+", "-", device_label.lower()).strip("-")
+    stem = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{slug}"
     for attempt in range(1, 1000):
         path = results_dir / (stem if attempt == 1 else f"{stem}-{attempt}")
         try:
@@ -50,8 +37,8 @@ def create_run_dir(results_dir: Path, device_label: str) -> Path:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, then rename it over `path`: a reader, or a run interrupted at any
-    point, sees the old file or the new one (no fsync: this guards against crashes, not power loss)."""
+    """Write `text` beside `path`, then rename it over `path`: a reader, or a run interrupted at any point, sees the
+    old file or the new one (no fsync: this guards against crashes, not power loss)."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", newline="") as f:
         f.write(text)
@@ -79,16 +66,13 @@ class RunWriter:
         self.write_meta()
 
     def add_samples(self, table: Table, samples: Sequence[Samples]) -> None:
-        """Record a finished block's samples."""
         self._append(table.samples_csv, table.sample_columns, [sample_record(s) for s in samples])
 
     def add_rows(self, table: Table, rows: Sequence[Row | ScenarioRow | RankRow]) -> None:
-        """Record finished rows."""
         self._append(table.rows_csv, table.columns, [dataclasses.asdict(r) for r in rows])
 
     def _append(self, name: str, columns: tuple[str, ...], records: list[dict]) -> None:
-        """One write system call, appending: an interruption (or a killed process) leaves the file as it was
-        before it or after it, never with a torn line."""
+        """One write system call, appending: an interruption leaves the file as it was before or after, never torn."""
         fd = os.open(self.path / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, _csv_text(columns, records, header=os.fstat(fd).st_size == 0).encode())
@@ -103,7 +87,6 @@ class RunWriter:
         self.write_meta()
 
     def write_meta(self) -> None:
-        """(Re)write meta.json from `meta`, atomically."""
         write_atomic(self.path / META_JSON, json.dumps(dataclasses.asdict(self.meta), indent=2) + "\n")
 
 
