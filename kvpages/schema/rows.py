@@ -56,7 +56,7 @@ def parse_cell(annotation: str, text: str) -> Any:
     if text == "" and annotation.endswith("| None"):
         return None
     if kind == "tuple[float, ...]":
-        return tuple(float(v) for v in text.split())
+        return tuple(map(float, text.split()))
     return int(text) if kind == "int" else float(text)
 
 
