@@ -10,12 +10,11 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FuncFormatter, LogLocator
 
 from kvpages.analysis.fleet import Fleet, point_order
 from kvpages.analysis.verdicts import FASTER, SLOWER
 from kvpages.core.names import BASELINE
-from kvpages.render.figures import DPI, new_figure
+from kvpages.render.figures import DPI, log_y, new_figure
 from kvpages.render.style import style
 
 CHART_PNG = "fleet_ratios.png"
@@ -31,16 +30,6 @@ SPAN = 0.72
 
 def _length(seq_len: int) -> str:
     return f"{seq_len // 1024}K" if seq_len >= 1024 and seq_len % 1024 == 0 else str(seq_len)
-
-
-def _plain_log(ax) -> None:
-    ax.set_yscale("log")
-    plain = FuncFormatter(lambda value, _: f"{value:g}")
-    ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
-    ax.yaxis.set_minor_formatter(plain)
-    ax.tick_params(axis="y", which="both", labelsize=7)
-    ax.grid(True, axis="y", which="both", alpha=0.25)
 
 
 def _legend(fig, fleet: Fleet, top: float) -> None:
@@ -92,7 +81,9 @@ def plot_fleet(fleet: Fleet, path: Path) -> Path:
                         ax.plot([x + offset] * 2, [r.ci_low, r.ci_high], color=color, lw=1.2, zorder=2)
                     ax.plot(x + offset, r.ratio, marker=marker, ms=4.5, color=color, zorder=3,
                             mfc=color if r.verdict in (FASTER, SLOWER) else "white")
-            _plain_log(ax)
+            log_y(ax)
+            ax.tick_params(axis="y", which="both", labelsize=7)
+            ax.grid(True, axis="y", which="both", alpha=0.25)
             ax.set_xticks(range(len(seq_lens)), [_length(s) for s in seq_lens], fontsize=7)
             ax.set_xlim(-0.6, len(seq_lens) - 0.4)
             if i == 0:

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.patches import Rectangle
-from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+from matplotlib.ticker import NullLocator
 
 from kvpages.analysis.cite import sig
 from kvpages.analysis.findings import profile_name
@@ -28,7 +28,7 @@ from kvpages.core.stats import Interval
 from kvpages.core.sweep import ITEMSIZE
 from kvpages.render.breakdown import plot_breakdown
 from kvpages.render.captions import time_label
-from kvpages.render.figures import new_figure, save, set_title, side_by_side
+from kvpages.render.figures import log_y, new_figure, save, set_title, side_by_side
 from kvpages.render.ranks import plot_contention
 from kvpages.render.style import legend_label, style
 from kvpages.render.text import coverage
@@ -54,8 +54,7 @@ LEGEND_WIDTH = 3.2
 
 
 def legend_width(labels) -> float:
-    """Inches the legend takes at 7 pt: its longest label (about 0.055 in a character) and the handle, at least
-    LEGEND_WIDTH."""
+    """Inches the legend takes at 7 pt (0.055 a character of its longest label, plus the handle), >= LEGEND_WIDTH."""
     return max(LEGEND_WIDTH, 0.055 * max((len(s) for s in labels), default=0) + 0.8)
 
 
@@ -67,14 +66,16 @@ def _panels(n: int, width: float = 4.2, height: float = 3.6, legend: float = LEG
     return fig, list(axes[0])
 
 
-def _legend(fig, axes, title: str) -> None:
-    """One legend for the figure, right of the panels (every panel's entries, once each)."""
+def _finish(fig, axes, legend: str, title: str, stem: Path, formats) -> list[Path]:
+    """One legend right of the panels (every panel's entries, once each) titled `legend`, the title, and the files."""
     entries: dict[str, object] = {}
     for ax in axes:
         for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
             entries.setdefault(text, handle)
-    fig.legend(list(entries.values()), list(entries.keys()), loc="center right", fontsize=7, title=title,
+    fig.legend(list(entries.values()), list(entries.keys()), loc="center right", fontsize=7, title=legend,
                title_fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    return save(fig, stem, formats)
 
 
 def _own(ax, lines: dict[tuple, list[Record]], panel: tuple, variants: list[str], x: str,
@@ -93,14 +94,10 @@ def _own(ax, lines: dict[tuple, list[Record]], panel: tuple, variants: list[str]
 
 
 def _log_axes(ax) -> None:
-    """Log-log axes with plain tick numbers; minor ticks only at 2 and 5 on y (hundreds of unlabelled minor ticks
-    cost a grid of 20 panels seconds of layout)."""
-    ax.set(xscale="log", yscale="log")
-    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    """Log-log axes with plain tick numbers and no minor ticks on x."""
+    ax.set_xscale("log")
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
-    ax.yaxis.set_minor_formatter(plain)
+    log_y(ax)
     ax.grid(True, which="both", alpha=0.3)
 
 
@@ -120,9 +117,8 @@ def plot_latency(analysis: Analysis, frame, dtype: str, layout: str, stem: Path,
         _log_axes(ax)
         set_title(ax, f"page_size={page_size}")
         ax.set(xlabel="seq_len (tokens)", ylabel=f"{time_label(analysis)} per call (µs)")
-    _legend(fig, axes, f"variant (band: its own\n{coverage(analysis)})")
-    fig.suptitle(_title(analysis.run, f"{time_label(analysis).capitalize()} per call", dtype, layout), fontsize=10)
-    return save(fig, stem, formats)
+    return _finish(fig, axes, f"variant (band: its own\n{coverage(analysis)})",
+                   _title(analysis.run, f"{time_label(analysis).capitalize()} per call", dtype, layout), stem, formats)
 
 
 def plot_bytes(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
@@ -149,9 +145,7 @@ def plot_bytes(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, f
         ax.xaxis.set_minor_locator(NullLocator())
         ax.yaxis.set_minor_locator(NullLocator())
         ax.grid(True, which="major", alpha=0.3)
-    _legend(fig, axes, "variant")
-    fig.suptitle(_title(analysis.run, "Metered D2H bytes", dtype, layout), fontsize=10)
-    return save(fig, stem, formats)
+    return _finish(fig, axes, "variant", _title(analysis.run, "Metered D2H bytes", dtype, layout), stem, formats)
 
 
 RATIO_CAP = 4.0
@@ -223,10 +217,9 @@ def plot_link_model(analysis: Analysis, frame, dtype: str, layout: str, stem: Pa
         _log_axes(ax)
         set_title(ax, f"page_size={page_size}")
         ax.set(xlabel="seq_len (tokens)", ylabel=f"predicted time, merged PR / {called(analysis.baseline, '')}")
-    _legend(fig, axes, "link profile (model)")
-    fig.suptitle(_title(analysis.run, "MODEL, not measurement: predicted time per call on a GPU box", dtype, layout),
-                 fontsize=10)
-    return save(fig, stem, formats)
+    return _finish(fig, axes, "link profile (model)",
+                   _title(analysis.run, "MODEL, not measurement: predicted time per call on a GPU box", dtype, layout),
+                   stem, formats)
 
 
 def _scenario_panels(analysis: Analysis, kind: str, x: str, xlabel: str, what: str, stem: Path, formats) -> list[Path]:
@@ -251,10 +244,9 @@ def _scenario_panels(analysis: Analysis, kind: str, x: str, xlabel: str, what: s
         ax.set(xlabel=xlabel, ylabel=f"{time_label(analysis)} per {what} (µs)")
         swept = sorted({int(r[x]) for (at, _), rows in lines.items() if at == (side, page_size) for r in rows})
         ax.set_xticks(swept, [str(v) for v in swept])
-    _legend(fig, axes, f"step variant (band: its own\n{coverage(analysis)})")
-    fig.suptitle(_title(analysis.run, f"Whole {what}s: {time_label(analysis)}", str(ok["dtype"].iloc[0]),
-                        str(ok["layout"].iloc[0])), fontsize=10)
-    return save(fig, stem, formats)
+    return _finish(fig, axes, f"step variant (band: its own\n{coverage(analysis)})",
+                   _title(analysis.run, f"Whole {what}s: {time_label(analysis)}", str(ok["dtype"].iloc[0]),
+                          str(ok["layout"].iloc[0])), stem, formats)
 
 
 def _busy_reference(rows) -> tuple[float, str]:
@@ -321,24 +313,14 @@ def plot_busy_queue(analysis: Analysis, stem: Path, formats) -> list[Path]:
     return save(fig, stem, formats)
 
 
-def plot_scenarios(analysis: Analysis, out_dir: Path, formats) -> list[Path]:
-    """Per-request cost against L (a panel per side and page size), per-step cost against B, and (CUDA runs) the
-    busy-queue scenarios' blocked against ready time."""
-    return (_scenario_panels(analysis, "request", "tokens", "prompt length L (tokens)", "request",
-                             out_dir / "scenario_requests", formats)
-            + _scenario_panels(analysis, "step", "requests", "requests per step B", "step",
-                               out_dir / "scenario_steps", formats)
-            + plot_busy_queue(analysis, out_dir / "scenario_busy", formats))
-
-
 CHARTS = (("latency", plot_latency), ("bytes", plot_bytes), ("ratio", plot_ratio), ("link_model", plot_link_model))
 
 
 def plot_run(analysis: Analysis, formats: tuple[str, ...] = ("png",), out_dir: Path | None = None,
              processes: int = 1) -> list[Path]:
     """Write every chart of the analysed run into `out_dir` (default: the run folder); returns the files written.
-    `processes` 2 (`kvpages plot`): the scenario, breakdown and contention charts are drawn in a second process
-    meanwhile (kvpages.render.figures.side_by_side; the default run, 2-core dev box: 4.5 s -> 2.9 s)."""
+    `processes` 2 (`kvpages plot`): the per-point charts here, the others in a second process meanwhile
+    (kvpages.render.figures.side_by_side; the reference run on 2 CPUs: 4.5 s -> 2.9 s)."""
     folder = out_dir or analysis.run.path
 
     def points() -> list[Path]:
@@ -349,5 +331,12 @@ def plot_run(analysis: Analysis, formats: tuple[str, ...] = ("png",), out_dir: P
                 written += chart(analysis, frame, dtype, layout, folder / f"{name}_{dtype}_{layout}", formats)
         return written
 
-    return side_by_side(points, lambda: plot_scenarios(analysis, folder, formats) + plot_breakdown(analysis, folder, formats)
-                        + plot_contention(analysis, folder, formats), processes)
+    def others() -> list[Path]:
+        return (_scenario_panels(analysis, "request", "tokens", "prompt length L (tokens)", "request",
+                                 folder / "scenario_requests", formats)
+                + _scenario_panels(analysis, "step", "requests", "requests per step B", "step",
+                                   folder / "scenario_steps", formats)
+                + plot_busy_queue(analysis, folder / "scenario_busy", formats) + plot_breakdown(analysis, folder, formats)
+                + plot_contention(analysis, folder, formats))
+
+    return side_by_side(points, others, processes)
