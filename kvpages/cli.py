@@ -161,10 +161,9 @@ def cmd_noise(args: argparse.Namespace) -> int:
 
 def cmd_fleet(args: argparse.Namespace) -> int:
     from kvpages.analysis.fleet import fleet_of, load_runs
-    from kvpages.render.fleet import check_out, default_out, write_fleet
+    from kvpages.render.fleet import checked_out, write_fleet
 
-    out = args.out or default_out()
-    check_out(out)
+    out = checked_out(args.out)
     for path in write_fleet(fleet_of(load_runs(args.runs)), out):
         print(path)
     return 0

@@ -26,13 +26,13 @@ def _predicted_header(analysis: Analysis) -> list[str]:
     return [f"model: {profile_name(p)}" for p in prediction_profiles()]
 
 
-def per_call_table(analysis: Analysis, page_sizes: list[int] | None = None) -> str:
-    """The merged PR against pre-PR per call: at page size 1 every length, else the shortest and longest."""
+def per_call_table(analysis: Analysis) -> str:
+    """The merged PR against pre-PR per call, at the shortest and longest length of each page size."""
+    ratios = analysis.ratios_of(CANDIDATE)
     rows = []
-    for r in sorted(analysis.ratios_of(CANDIDATE), key=lambda r: (r.page_size, r.seq_len)):
-        at = [x.seq_len for x in analysis.ratios_of(CANDIDATE) if x.page_size == r.page_size]
-        if (page_sizes is not None and r.page_size not in page_sizes) or (
-                page_sizes is None and r.seq_len not in (min(at), max(at))):
+    for r in sorted(ratios, key=lambda r: (r.page_size, r.seq_len)):
+        at = [x.seq_len for x in ratios if x.page_size == r.page_size]
+        if r.seq_len not in (min(at), max(at)):
             continue
         predicted = [] if analysis.run.link_crossed else [sig(p.ratio) for p in point_predictions(analysis, r)]
         rows.append([r.page_size, r.seq_len, fraction(r.bytes_ratio), sig(r.baseline_median_us), sig(r.variant_median_us),

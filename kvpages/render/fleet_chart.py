@@ -32,15 +32,6 @@ def _length(seq_len: int) -> str:
     return f"{seq_len // 1024}K" if seq_len >= 1024 and seq_len % 1024 == 0 else str(seq_len)
 
 
-def _legend(fig, fleet: Fleet, top: float) -> None:
-    handles = [Line2D([], [], color=MACHINE_COLORS[i % len(MACHINE_COLORS)], marker="o", ls="-", label=m.label)
-               for i, m in enumerate(fleet.members)]
-    handles += [Line2D([], [], color="black", marker="o", ls="none", label="faster / slower (that machine's verdict)"),
-                Line2D([], [], color="black", marker="o", mfc="white", ls="none", label="same / unclear"),
-                Line2D([], [], color="black", ls="--", lw=0.8, label=f"1: as fast as {BASELINE} (pre-PR)")]
-    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, top), ncol=2, fontsize=7, frameon=False)
-
-
 def plot_fleet(fleet: Fleet, path: Path) -> Path:
     """Write the chart to `path` (PNG) and return it."""
     keys = sorted((m.key for m in fleet.ratios), key=point_order)
@@ -56,7 +47,13 @@ def plot_fleet(fleet: Fleet, path: Path) -> Path:
                         wspace=0.08, hspace=0.35)
     fig.suptitle(f"Time ratio to pre-PR per point, per machine: {len(fleet.members)} machines, {fleet.run_count} runs",
                  fontsize=10, y=1 - 0.15 / height)
-    _legend(fig, fleet, 1 - 0.4 / height)
+    handles = [Line2D([], [], color=MACHINE_COLORS[i % len(MACHINE_COLORS)], marker="o", ls="-", label=m.label)
+               for i, m in enumerate(fleet.members)]
+    handles += [Line2D([], [], color="black", marker="o", ls="none", label="faster / slower (that machine's verdict)"),
+                Line2D([], [], color="black", marker="o", mfc="white", ls="none", label="same / unclear"),
+                Line2D([], [], color="black", ls="--", lw=0.8, label=f"1: as fast as {BASELINE} (pre-PR)")]
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.4 / height), ncol=2, fontsize=7,
+               frameon=False)
     if not rows:
         grid[0][0].text(0.5, 0.5, "no ratio is on every machine (FLEET.md lists them)", ha="center", va="center")
         grid[0][0].set_axis_off()

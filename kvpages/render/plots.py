@@ -53,14 +53,12 @@ LEGEND_WIDTH = 3.2
 """Inches to the right of the panels for the legend, so it never covers data."""
 
 
-def legend_width(labels) -> float:
-    """Inches the legend takes at 7 pt (0.055 a character of its longest label, plus the handle), >= LEGEND_WIDTH."""
-    return max(LEGEND_WIDTH, 0.055 * max((len(s) for s in labels), default=0) + 0.8)
-
-
-def _panels(n: int, width: float = 4.2, height: float = 3.6, legend: float = LEGEND_WIDTH):
-    total = width * n + legend
-    fig = new_figure(total, height)
+def _panels(n: int, labels=()):
+    """A row of `n` panels and room right of them for a legend of `labels` at 7 pt (0.055 in a character of the
+    longest, plus the handle; at least LEGEND_WIDTH)."""
+    legend = max(LEGEND_WIDTH, 0.055 * max((len(s) for s in labels), default=0) + 0.8)
+    total = 4.2 * n + legend
+    fig = new_figure(total, 3.6)
     axes = fig.subplots(1, n, squeeze=False)
     fig.subplots_adjust(left=0.9 / total, right=1 - (legend + 0.1) / total, bottom=0.15, top=0.78, wspace=0.3)
     return fig, list(axes[0])
@@ -124,7 +122,7 @@ def plot_latency(analysis: Analysis, frame, dtype: str, layout: str, stem: Path,
 def plot_bytes(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
     page_sizes = sorted(frame["page_size"].unique())
     variants = _variants(frame)
-    fig, axes = _panels(len(page_sizes), legend=legend_width(legend_label(v) for v in variants))
+    fig, axes = _panels(len(page_sizes), [legend_label(v) for v in variants])
     lines = _lines(frame, ("page_size",), "seq_len")
     seq = np.array(sorted(frame["seq_len"].unique()))
     for ax, page_size in zip(axes, page_sizes, strict=True):
@@ -231,7 +229,7 @@ def _scenario_panels(analysis: Analysis, kind: str, x: str, xlabel: str, what: s
         return []
     panels = sorted({(str(side), int(p)) for side, p in zip(ok["side"], ok["page_size"], strict=True)})
     variants = _variants(ok)
-    fig, axes = _panels(len(panels), legend=legend_width(legend_label(v) for v in variants))
+    fig, axes = _panels(len(panels), [legend_label(v) for v in variants])
     lines = _lines(ok, ("side", "page_size"), x)
     for ax, (side, page_size) in zip(axes, panels, strict=True):
         _own(ax, lines, (side, page_size), variants, x, lambda r, v: analysis.scenario_band(str(r["scenario"]), v))
@@ -255,14 +253,6 @@ def _busy_reference(rows) -> tuple[float, str]:
     if not measured.empty:
         return float(measured.median()), "measured busy queue"
     return float(rows["busy_us"].iloc[0]), "nominal busy queue"
-
-
-def _busy_panel_title(row) -> str:
-    if row["kind"] == "step":
-        where = f"step, B={int(row['requests'])}"
-    else:
-        where = f"{row['side']} request, L={int(row['tokens'])}, C={int(row['chunk_size'])}"
-    return f"{where}, page_size={int(row['page_size'])}\n{int(row['busy_us'])} µs kernel queued before each call"
 
 
 def plot_busy_queue(analysis: Analysis, stem: Path, formats) -> list[Path]:
@@ -303,7 +293,11 @@ def plot_busy_queue(analysis: Analysis, stem: Path, formats) -> list[Path]:
         ax.set_xlim(-0.6, len(rows) - 0.4)
         ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
         ax.grid(True, axis="y", alpha=0.3)
-        ax.set_title(_busy_panel_title(rows.iloc[0]), fontsize=9)
+        first = rows.iloc[0]
+        where = (f"step, B={int(first['requests'])}" if first["kind"] == "step" else
+                 f"{first['side']} request, L={int(first['tokens'])}, C={int(first['chunk_size'])}")
+        ax.set_title(f"{where}, page_size={int(first['page_size'])}\n{int(first['busy_us'])} µs kernel queued before "
+                     "each call", fontsize=9)
         ax.set_ylabel(f"µs per {rows['kind'].iloc[0]}")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
