@@ -1,7 +1,5 @@
 """The `kvpages` command: list, report on, compare and set side by side the variants, options and runs.
-
-Only `list` imports torch (it reads the variant registry); each command imports what it uses, when it runs. User
-errors print one line and exit 2.
+Only `list` imports torch (the variant registry); each command imports what it uses. User errors: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -77,8 +75,7 @@ def cmd_options(args: argparse.Namespace) -> int:
         try:
             text = with_options_table(page.read_text(), str(page))
         except ValueError as exc:
-            print(f"kvpages: error: {exc}", file=sys.stderr)
-            return 2
+            raise RunError(str(exc)) from exc
         page.write_text(text)
         print(f"written: the options table in {page}")
     return 0
@@ -154,8 +151,7 @@ def cmd_noise(args: argparse.Namespace) -> int:
 
     _check_pct("--fail-above", args.fail_above)
     a, b = _analysis(args.a), _analysis(args.b)
-    figures = aa_figures(a, b, args.variant, args.fail_above)
-    print(figures.text())
+    print(aa_figures(a, b, args.variant, args.fail_above).text())
     return 0
 
 

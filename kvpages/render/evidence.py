@@ -1,9 +1,5 @@
-"""The report's evidence: one compact table per question, and the model's terms in one place (no torch).
-
-On a run that crossed no link the measured times are host-side work (no transfer): the tables call them so and
-set the model's prediction per link profile beside them. Every time and ratio comes from the one estimator
-(kvpages.core.estimator.paired_ratio), so a table's ratio is the ratio of its two printed times.
-"""
+"""The report's evidence: one compact table per question, and the model's terms in one place (no torch). On a run
+that crossed no link the times are host-side work: the tables say so and set the model's prediction beside them."""
 
 from __future__ import annotations
 

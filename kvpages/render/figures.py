@@ -1,9 +1,6 @@
 """How every chart makes, titles and saves a figure, and how `kvpages plot` draws on two CPUs (no torch).
-
 Matplotlib's object-oriented API on the Agg canvas, without pyplot: no backend to choose, no global list of open
-figures to close, and nothing of it is imported by the commands that draw nothing (`kvpages report` reads the
-charts' names, not their pixels).
-"""
+figures to close, and nothing of it imported by the commands that draw nothing."""
 
 from __future__ import annotations
 

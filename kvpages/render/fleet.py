@@ -1,7 +1,5 @@
-"""`FLEET.md`: one sweep's runs from several machines, side by side, rendered from one `Fleet` (no torch).
-
-Every figure in a machine's column is that machine's analysis of its pooled runs (kvpages.analysis.ratios.analyze).
-"""
+"""`FLEET.md`: one sweep's runs from several machines, side by side, rendered from one `Fleet` (no torch); every
+figure in a machine's column is that machine's analysis of its pooled runs (kvpages.analysis.ratios.analyze)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The fleet chart: every point's ratio to pre-PR, per machine, as a dot with its interval (no torch).
-
-A row of panels per variant (and dtype, layout), a panel per page size; filled dots where the machine's verdict is
-faster or slower, hollow where same or unclear. Only the points every machine timed are drawn; FLEET.md lists the rest.
-"""
+"""The fleet chart: every point's ratio to pre-PR, per machine, as a dot with its interval (no torch); a row of
+panels per variant (and dtype, layout), a panel per page size; CHART_CAPTION says the rest."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Charts of a run, regenerated from its files alone (no torch import).
-
-`plot_run` writes the per-point charts per (dtype, layout) (`CHARTS`), then the scenario, breakdown and contention
-charts; a variant has one style in every chart (kvpages.render.style); kvpages.render.captions says what each shows.
-"""
+"""Charts of a run, regenerated from its files alone (no torch): `plot_run` writes the per-point charts per (dtype,
+layout) (`CHARTS`), then the scenario, breakdown and contention charts; kvpages.render.captions says what each shows."""
 
 from __future__ import annotations
 
@@ -41,8 +38,7 @@ def _variants(frame) -> list[str]:
 
 
 def _lines(frame: pd.DataFrame, panel: tuple[str, ...], x: str) -> dict[tuple, list[Record]]:
-    """The rows of each line, keyed (panel, variant) with `panel` the values of the `panel` columns, in order of `x`
-    (equal x in the file's order)."""
+    """The rows of each line, keyed (values of the `panel` columns, variant), in order of `x` (stable)."""
     lines: dict[tuple, list[Record]] = {}
     for row in sorted(records(frame), key=lambda r: r[x]):
         lines.setdefault((tuple(row[c] for c in panel), row["variant"]), []).append(row)

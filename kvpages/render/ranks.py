@@ -99,9 +99,8 @@ def contention_summary(analysis: Analysis) -> list[str]:
 
 
 def plot_contention(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) -> list[Path]:
-    """contention.png: per page size, each step variant's contention (ready; the step at once over the step alone)
-    against B, with its interval, and each rank's own at-once / alone ratio (hollow, no interval); 1 = the ranks cost
-    each other nothing."""
+    """contention.png: per page size, each step variant's contention (ready) against B with its interval, and each
+    rank's own at-once / alone ratio (hollow, no interval)."""
     rows = [c for c in analysis.contention if c.latency == "ready"]
     frame = analysis.run.ranks
     steps = [c for c in rows if c.rank is None]
@@ -111,9 +110,8 @@ def plot_contention(analysis: Analysis, out_dir: Path, formats: tuple[str, ...])
 
     from kvpages.render.figures import new_figure, save, set_title
 
-    shape = {str(s): (int(b), int(p)) for s, b, p in zip(frame["scenario"], frame["requests"], frame["page_size"],
-                                                          strict=True)}
-    """Per step scenario: (requests B, page size), from ranks.csv."""
+    shape = {str(s): (int(b), int(p)) for s, b, p in  # per step scenario: (requests B, page size)
+             zip(frame["scenario"], frame["requests"], frame["page_size"], strict=True)}
     pages = sorted({shape[c.scenario][1] for c in steps})
     variants = list(dict.fromkeys(c.variant for c in steps))
     legend_in = 4.6

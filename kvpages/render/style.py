@@ -34,8 +34,7 @@ SPARE = (Style("#e377c2", "<"), Style("#7f7f7f", ">"), Style("#bcbd22", "h"), St
 
 
 def style(variant: str) -> Style:
-    inner = per_request_of(variant)
-    name = variant if inner is None else inner
+    name = per_request_of(variant) or variant
     return STYLES.get(name) or SPARE[zlib.crc32(name.encode()) % len(SPARE)]
 
 
