@@ -40,11 +40,10 @@ def plot_breakdown(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) 
     grid = fig.subplots(nrows, ncols, squeeze=False)
     fig.subplots_adjust(left=1.0 / total, right=1 - 0.2 / total, bottom=2.0 / height, top=1 - 1.2 / height,
                         wspace=0.15, hspace=2.4 / 3.0)
-    axes = [list(grid.flat)]
-    for spare in axes[0][len(page_sizes):]:
+    for spare in grid.flat[len(page_sizes):]:
         spare.set_visible(False)
     by_key = {(r.variant, r.seq_len, r.page_size): r for r in rows}
-    for ax, page_size in zip(axes[0], page_sizes, strict=False):
+    for ax, page_size in zip(grid.flat, page_sizes, strict=False):
         ticks, labels, x = [], [], 0.0
         stacked: list[tuple[list[float], list[float], list[float]]] = [([], [], []) for _ in PART_COLORS]
         for seq_len in lengths[page_size]:

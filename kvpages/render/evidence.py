@@ -47,10 +47,9 @@ def crossover_table(analysis: Analysis) -> str:
             continue
         found = [r for r in analysis.ratios_of(CANDIDATE) if (r.dtype, r.layout, r.page_size) == (c.dtype, c.layout,
                                                                                                  c.page_size)]
-        measured = c.describe()
         predicted = [] if analysis.run.link_crossed else [
             f"L={x}" if (x := crossover(analysis, found, p)) else "none" for p in prediction_profiles()]
-        rows.append([c.page_size, measured, *predicted])
+        rows.append([c.page_size, c.describe(), *predicted])
     what = "measured host-side (no transfer)" if not analysis.run.link_crossed else "measured"
     return table(["p", f"{what}: judged faster from", *_predicted_header(analysis)], rows)
 

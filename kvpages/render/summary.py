@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvpages.analysis.cite import interval_of, sig
 from kvpages.analysis.ratios import Analysis, records, variant_order
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_BASELINE, STEP_CANDIDATE, label, per_request_of
-from kvpages.render.appendix import ratio_cell
+from kvpages.render.appendix import groups, ratio_cell
 from kvpages.render.ranks import contention_summary
 from kvpages.render.text import coverage, interval_cell
 
@@ -39,8 +39,7 @@ def summary_text(analysis: Analysis) -> str:
     """Per page size: D2H bytes, median latency and the ratio to the baseline (with its CI) at a few lengths;
     then the whole requests and steps."""
     run = analysis.run
-    ok = run.ok_rows()
-    if ok.empty:
+    if run.ok_rows().empty:
         return "\n".join(scenario_summary(analysis) + contention_summary(analysis)) or "no timed rows"
     lines = []
     if not run.link_crossed:
@@ -52,8 +51,7 @@ def summary_text(analysis: Analysis) -> str:
     lines.append(f"{noise.repetitions} interleaved repetitions per (variant, point) in {noise.processes} "
                  f"process(es); ratios are paired per repetition, {level}, with their {coverage(analysis)}; "
                  f"minimum effect {sig(100 * noise.min_effect)}%.")
-    for key, group in ok.groupby(["dtype", "layout", "page_size"], sort=True):
-        dtype, layout, page_size = str(key[0]), str(key[1]), int(key[2])  # type: ignore[call-overload]
+    for (dtype, layout, page_size), group in groups(analysis):
         chosen = group[group["seq_len"].isin(summary_seq_lens(group["seq_len"].tolist()))]
         table = chosen[["seq_len", "variant", "d2h_bytes"]].copy()
         table["time_us"] = [sig(analysis.time_of(r)) for r in records(chosen)]
