@@ -38,17 +38,23 @@ def _level(rows: list[ContentionRow]) -> str:
     return ", ".join(sorted({coverage_text(c.confidence) for c in rows}))
 
 
-def contention_table(analysis: Analysis, per_rank: bool) -> str:
-    """Ready latency per (scenario, step variant): the step's contention, or each rank's own at once / alone."""
-    found = [c for c in analysis.contention if c.latency == "ready" and (c.rank is not None) == per_rank]
-    rows = [[c.scenario, f"`{c.variant}`", f"rank {c.rank}" if per_rank else c.world_size, sig(c.alone_median_us),
-             sig(c.at_once_median_us), f"{c.ratio:.3f}", ci_text(c),
-             *([] if per_rank else ["" if c.skew_median_us is None else sig(c.skew_median_us)]), f"`{c.id}`"]
+def contention_table(analysis: Analysis) -> str:
+    """The step's contention per (scenario, step variant), ready latency."""
+    found = [c for c in analysis.contention if c.latency == "ready" and c.rank is None]
+    rows = [[c.scenario, f"`{c.variant}`", c.world_size, sig(c.alone_median_us), sig(c.at_once_median_us),
+             f"{c.ratio:.3f}", ci_text(c), "" if c.skew_median_us is None else sig(c.skew_median_us), f"`{c.id}`"]
             for c in found]
-    header = (["rank", "alone µs", "at once µs", "at once / alone"] if per_rank else
-              ["ranks", "step alone µs (max over ranks)", "step at once µs (max over ranks)", "contention"])
-    return table(["scenario", "step variant", *header, f"{_level(found)} interval",
-                  *([] if per_rank else ["skew µs"]), "id"], rows)
+    return table(["scenario", "step variant", "ranks", "step alone µs (max over ranks)",
+                  "step at once µs (max over ranks)", "contention", f"{_level(found)} interval", "skew µs", "id"], rows)
+
+
+def per_rank_table(analysis: Analysis) -> str:
+    """Each rank's own at-once / alone ratio per (scenario, step variant), ready latency."""
+    found = [c for c in analysis.contention if c.latency == "ready" and c.rank is not None]
+    rows = [[c.scenario, f"`{c.variant}`", f"rank {c.rank}", sig(c.alone_median_us), sig(c.at_once_median_us),
+             f"{c.ratio:.3f}", ci_text(c), f"`{c.id}`"] for c in found]
+    return table(["scenario", "step variant", "rank", "alone µs", "at once µs", "at once / alone",
+                  f"{_level(found)} interval", "id"], rows)
 
 
 def render_ranks(analysis: Analysis, environment: str) -> str:
@@ -69,13 +75,13 @@ def render_ranks(analysis: Analysis, environment: str) -> str:
         "converting at once (each the maximum over the ranks, per cycle of rounds), and their ratio "
         f"(`{CONTENTION_CSV}`; blocked latency there too). Above 1: the ranks slow each other down."
         + (" CPU run: the ranks share the host's cores and memory, no link was crossed." if cpu else "")
-        + "\n\n" + contention_table(analysis, per_rank=False),
+        + "\n\n" + contention_table(analysis),
         *([f"![{CONTENTION_CHART}.png]({CONTENTION_CHART}.png)\n\n*Each step variant's contention (ready latency, the "
             "step at once over the step alone) against B, per page size, with its interval, and each rank's own "
             "at-once / alone ratio (hollow); 1 = the ranks cost each other nothing.*"]
           if (run.path / f"{CONTENTION_CHART}.png").exists() else []),
         "## Per rank\n\nReady latency of each rank's own calls, alone and when every rank converted at once, and "
-        f"their ratio (`{CONTENTION_CSV}`).\n\n" + contention_table(analysis, per_rank=True),
+        f"their ratio (`{CONTENTION_CSV}`).\n\n" + per_rank_table(analysis),
         "## Method\n\n" + METHOD,
         "## Caveats\n\n" + ("\n".join(skipped) or "- none"),
         f"## Environment\n\nProcess group: {group.backend if group else '?'}, timeout "

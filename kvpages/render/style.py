@@ -41,6 +41,4 @@ def style(variant: str) -> Style:
 def legend_label(variant: str) -> str:
     """What a legend says: the name with what it stands for (kvpages.core.names.LABELS); in whole requests and steps
     the host mirror keeps its table up to date, so there it is the host mirror plus its upkeep, not a floor."""
-    if variant == STEP_FLOOR:
-        return f"{variant}, host mirror + upkeep"
-    return label(variant)
+    return f"{variant}, host mirror + upkeep" if variant == STEP_FLOOR else label(variant)
