@@ -12,7 +12,6 @@ import numpy as np
 import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.patches import Rectangle
-from matplotlib.ticker import NullLocator
 
 from kvpages.analysis.cite import sig
 from kvpages.analysis.findings import profile_name
@@ -90,7 +89,7 @@ def _own(ax, lines: dict[tuple, list[Record]], panel: tuple, variants: list[str]
 def _log_axes(ax) -> None:
     """Log-log axes with plain tick numbers and no minor ticks on x."""
     ax.set_xscale("log")
-    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.minorticks_off()
     log_y(ax)
     ax.grid(True, which="both", alpha=0.3)
 
@@ -136,8 +135,7 @@ def plot_bytes(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, f
                 label="ideal ceil(seq_len/page_size)*itemsize")
         ax.set(xscale="log", yscale="log", xlabel="seq_len (tokens)", ylabel="metered D2H bytes per call")
         set_title(ax, f"page_size={page_size}")
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.yaxis.set_minor_locator(NullLocator())
+        ax.minorticks_off()
         ax.grid(True, which="major", alpha=0.3)
     return _finish(fig, axes, "variant", _title(analysis.run, "Metered D2H bytes", dtype, layout), stem, formats)
 
@@ -230,13 +228,13 @@ def _scenario_panels(analysis: Analysis, kind: str, x: str, xlabel: str, what: s
     for ax, (side, page_size) in zip(axes, panels, strict=True):
         _own(ax, lines, (side, page_size), variants, x, lambda r, v: analysis.scenario_band(str(r["scenario"]), v))
         _log_axes(ax)
-        chunks = sorted({int(r["chunk_size"]) for (at, _), rows in lines.items() if at == (side, page_size)
-                         for r in rows if int(r["chunk_size"])})
+        here = [r for (at, _), rows in lines.items() if at == (side, page_size) for r in rows]
+        chunks = sorted({int(r["chunk_size"]) for r in here if int(r["chunk_size"])})
         chunk = f", chunks of {'/'.join(map(str, chunks))}" if side == "prefill" and kind == "request" and chunks else ""
         where = side if kind == "request" else "decode step"
         set_title(ax, f"{where}, page_size={page_size}{chunk}")
         ax.set(xlabel=xlabel, ylabel=f"{time_label(analysis)} per {what} (µs)")
-        swept = sorted({int(r[x]) for (at, _), rows in lines.items() if at == (side, page_size) for r in rows})
+        swept = sorted({int(r[x]) for r in here})
         ax.set_xticks(swept, [str(v) for v in swept])
     return _finish(fig, axes, f"step variant (band: its own\n{coverage(analysis)})",
                    _title(analysis.run, f"Whole {what}s: {time_label(analysis)}", str(ok["dtype"].iloc[0]),
