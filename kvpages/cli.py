@@ -88,9 +88,8 @@ def _analysis(path: Path) -> Analysis:
 def cmd_plot(args: argparse.Namespace) -> int:
     from kvpages.render.plots import plot_run
 
-    analysis = _analysis(args.run)
     formats = ("png", "svg") if args.svg else ("png",)
-    charts = plot_run(analysis, formats, processes=2)  # drawing is most of the time: two CPUs where free
+    charts = plot_run(_analysis(args.run), formats, processes=2)  # drawing is most of the time: two CPUs where free
     if not charts:
         raise RunError(f"{args.run}: no timed rows (status ok), so there is nothing to plot")
     for path in charts:
@@ -101,8 +100,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from kvpages.render.report import write_report
 
-    analysis = _analysis(args.run)
-    path = write_report(analysis)
+    path = write_report(_analysis(args.run))
     print(path.read_text(), end="")  # rendered once
     print(f"written: {path} and {path.parent / 'ratios.csv'}", file=sys.stderr)
     return 0
