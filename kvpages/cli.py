@@ -1,7 +1,5 @@
 """The `kvpages` command: list, report on, compare and set side by side the variants, options and runs.
-
-Only `list` imports torch (it reads the variant registry); each command imports what it uses, when it runs. User
-errors print one line and exit 2.
+Only `list` imports torch (the variant registry); each command imports what it uses. User errors: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -9,7 +7,7 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvpages.analysis.cite import CiteError
@@ -77,8 +75,7 @@ def cmd_options(args: argparse.Namespace) -> int:
         try:
             text = with_options_table(page.read_text(), str(page))
         except ValueError as exc:
-            print(f"kvpages: error: {exc}", file=sys.stderr)
-            return 2
+            raise RunError(str(exc)) from exc
         page.write_text(text)
         print(f"written: the options table in {page}")
     return 0
@@ -91,9 +88,8 @@ def _analysis(path: Path) -> Analysis:
 def cmd_plot(args: argparse.Namespace) -> int:
     from kvpages.render.plots import plot_run
 
-    analysis = _analysis(args.run)
     formats = ("png", "svg") if args.svg else ("png",)
-    charts = plot_run(analysis, formats, processes=2)  # drawing is most of the time: two CPUs where free
+    charts = plot_run(_analysis(args.run), formats, processes=2)  # drawing is most of the time: two CPUs where free
     if not charts:
         raise RunError(f"{args.run}: no timed rows (status ok), so there is nothing to plot")
     for path in charts:
@@ -104,8 +100,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from kvpages.render.report import write_report
 
-    analysis = _analysis(args.run)
-    path = write_report(analysis)
+    path = write_report(_analysis(args.run))
     print(path.read_text(), end="")  # rendered once
     print(f"written: {path} and {path.parent / 'ratios.csv'}", file=sys.stderr)
     return 0
@@ -154,17 +149,15 @@ def cmd_noise(args: argparse.Namespace) -> int:
 
     _check_pct("--fail-above", args.fail_above)
     a, b = _analysis(args.a), _analysis(args.b)
-    figures = aa_figures(a, b, args.variant, args.fail_above)
-    print(figures.text())
+    print(aa_figures(a, b, args.variant, args.fail_above).text())
     return 0
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
     from kvpages.analysis.fleet import fleet_of, load_runs
-    from kvpages.render.fleet import check_out, default_out, write_fleet
+    from kvpages.render.fleet import checked_out, write_fleet
 
-    out = args.out or default_out()
-    check_out(out)
+    out = checked_out(args.out)
     for path in write_fleet(fleet_of(load_runs(args.runs)), out):
         print(path)
     return 0
@@ -173,34 +166,33 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kvpages", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    p = sub.add_parser("list", help="list the registered variants")
+
+    def command(func: Callable[[argparse.Namespace], int], text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(func.__name__.removeprefix("cmd_"), help=text)
+        p.set_defaults(func=func)
+        return p
+
+    p = command(cmd_list, "list the registered variants")
     p.add_argument("-v", "--verbose", action="store_true", help="also print each variant's docstring (its hypothesis)")
-    p.set_defaults(func=cmd_list)
-    p = sub.add_parser("options", help="list the --kv-* options of `pytest bench/` (the one table they are parsed from)")
+    p = command(cmd_options, "list the --kv-* options of `pytest bench/` (the one table they are parsed from)")
     p.add_argument("--markdown", nargs="?", const="", metavar="PAGE",
                    help="print them as a markdown table; with PAGE, rewrite the table between its markers in PAGE "
                         "(docs/guide.md)")
-    p.set_defaults(func=cmd_options)
-    p = sub.add_parser("scenarios", help="print the calls each whole-request and step scenario of a preset makes")
+    p = command(cmd_scenarios, "print the calls each whole-request and step scenario of a preset makes")
     p.add_argument("--preset", default="default", choices=tuple(PRESETS), help="the preset (default: default)")
     p.add_argument("-v", "--verbose", action="store_true", help="list every call")
-    p.set_defaults(func=cmd_scenarios)
-    for name, func, text in (
-        ("plot", cmd_plot, "regenerate the charts of a run folder (or results CSV) into that folder"),
-        ("report", cmd_report, "write REPORT.md into a run folder and print it"),
-        ("summary", cmd_summary, "print bytes and median latency per page size at a few sequence lengths"),
+    for func, text in (
+        (cmd_plot, "regenerate the charts of a run folder (or results CSV) into that folder"),
+        (cmd_report, "write REPORT.md into a run folder and print it"),
+        (cmd_summary, "print bytes and median latency per page size at a few sequence lengths"),
     ):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("run", type=Path, help="run folder, e.g. results/<run-id>, or its results.csv")
-        if name == "plot":
-            p.add_argument("--svg", action="store_true", help="also write SVG")
-        p.set_defaults(func=func)
-    p = sub.add_parser("cite", help="print one row's figure in one line: interval and coverage, machine, commit, command")
+        command(func, text).add_argument("run", type=Path, help="run folder, e.g. results/<run-id>, or its results.csv")
+    sub.choices["plot"].add_argument("--svg", action="store_true", help="also write SVG")
+    p = command(cmd_cite, "print one row's figure in one line: interval and coverage, machine, commit, command")
     p.add_argument("run", type=Path, help="run folder, e.g. results/<run-id>")
     p.add_argument("id", nargs="?", help="a row id of ratios.csv (r-...) or scenarios.csv (req-..., step-...)")
     p.add_argument("--list", action="store_true", help="list the run's row ids instead")
-    p.set_defaults(func=cmd_cite)
-    p = sub.add_parser("compare", help="compare run B against run A point by point")
+    p = command(cmd_compare, "compare run B against run A point by point")
     p.add_argument("a", type=Path, help="baseline run folder")
     p.add_argument("b", type=Path, help="run folder to compare")
     p.add_argument("--fail-above", type=float, metavar="PCT",
@@ -208,30 +200,26 @@ def build_parser() -> argparse.ArgumentParser:
                         "beyond noise")
     p.add_argument("--format", default=next(iter(COMPARE_FORMATS)), choices=tuple(COMPARE_FORMATS),
                    help="text (default), markdown (a table for a pull-request comment) or json (a document for CI)")
-    p.set_defaults(func=cmd_compare)
-    p = sub.add_parser("noise", help="A/A figures of two runs of the same code: do their intervals hold each other?")
+    p = command(cmd_noise, "A/A figures of two runs of the same code: do their intervals hold each other?")
     p.add_argument("a", type=Path, help="first run folder")
     p.add_argument("b", type=Path, help="second run folder, same code and machine")
     p.add_argument("--variant", default=CANDIDATE, help=f"the variant whose ratio to the baseline is checked "
                                                         f"(default {CANDIDATE})")
     p.add_argument("--fail-above", type=float, default=10.0, metavar="PCT",
                    help="the compare gate to try on the pair (default 10)")
-    p.set_defaults(func=cmd_noise)
-    p = sub.add_parser("fleet", help="one sweep's runs from several machines side by side: FLEET.md and a chart")
+    p = command(cmd_fleet, "one sweep's runs from several machines side by side: FLEET.md and a chart")
     p.add_argument("runs", type=Path, nargs="+", metavar="RUN", help="run folders, two or more machines (runs of one "
                                                                        "machine are pooled as repetitions)")
     p.add_argument("--out", type=Path, help="folder for FLEET.md and fleet_ratios.png (default: a new fleet-<UTC time> "
                                             "here); never overwrites a finished report")
-    p.set_defaults(func=cmd_fleet)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The `kvpages` program (`argv` None: the console script and `python -m kvpages`), or a command run in-process
-    with `argv`. The program runs once and exits, so it runs without the cyclic garbage collector (matplotlib's
-    figures are its cycles) and freezes what it holds before it exits, so the exit does not collect it either (the
-    reference run, 2-core dev box: `kvpages plot` 3.05 -> 2.85 s, `kvpages report` 1.50 -> 1.39 s); a caller passing
-    `argv` keeps its collector."""
+    with `argv`, which keeps its collector. The program runs without the cyclic collector (matplotlib's figures are
+    its cycles) and freezes what it holds at exit, so exit collects nothing either (reference run, 2 CPUs: `kvpages
+    plot` 3.05 -> 2.85 s, `kvpages report` 1.50 -> 1.39 s)."""
     program = argv is None
     if program:
         gc.disable()

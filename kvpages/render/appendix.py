@@ -45,10 +45,8 @@ def link_model_section(analysis: Analysis) -> str:
     lead = ("**Model, not measurement**: the link and device terms of one call per link profile, without host work "
             "(every term and its source: the report's link model section, `kvpages/core/links.py`), at the longest "
             "swept seq_len. ")
-    if run.link_crossed:
-        lead += "This run crossed a real link, so its measured median sits beside the model for comparison."
-    else:
-        lead += "This CPU run crossed no link: its measured column contains no transfer time at all."
+    lead += ("This run crossed a real link, so its measured median sits beside the model for comparison."
+             if run.link_crossed else "This CPU run crossed no link: its measured column contains no transfer time at all.")
     return f"{lead}\n\n{table(header, rows)}" + model_vs_measurement(analysis)
 
 

@@ -40,32 +40,27 @@ def plot_breakdown(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) 
     grid = fig.subplots(nrows, ncols, squeeze=False)
     fig.subplots_adjust(left=1.0 / total, right=1 - 0.2 / total, bottom=2.0 / height, top=1 - 1.2 / height,
                         wspace=0.15, hspace=2.4 / 3.0)
-    axes = [list(grid.flat)]
-    for spare in axes[0][len(page_sizes):]:
+    for spare in grid.flat[len(page_sizes):]:
         spare.set_visible(False)
     by_key = {(r.variant, r.seq_len, r.page_size): r for r in rows}
-    for ax, page_size in zip(axes[0], page_sizes, strict=False):
+    for ax, page_size in zip(grid.flat, page_sizes, strict=False):
         ticks, labels, x = [], [], 0.0
-        stacked: list[tuple[list[float], list[float], list[float]]] = [([], [], []) for _ in PART_COLORS]
+        bars: list[list[float]] = []  # per bar: its parts' shares
         for seq_len in lengths[page_size]:
             for v in variants:
                 row = by_key.get((v, seq_len, page_size))
                 if row is not None:
-                    bottom = 0.0
-                    for (_, share), (xs, heights, bottoms) in zip(shares(row), stacked, strict=False):
-                        xs.append(x)
-                        heights.append(share)
-                        bottoms.append(bottom)
-                        bottom += share
+                    bars.append([share for _, share in shares(row)])
                     ax.annotate(sig(row.wall_us), (x, 1.0), xytext=(0, 2), textcoords="offset points",
                                 ha="center", va="bottom", fontsize=6, rotation=90)
                     ticks.append(x)
                     labels.append(f"{v}  s{seq_len}")
                 x += 1
             x += 0.8
-        for (xs, heights, bottoms), color in zip(stacked, PART_COLORS, strict=True):  # one call per part, not per bar
-            if xs:
-                ax.bar(xs, heights, 0.8, bottom=bottoms, color=color, edgecolor="white", lw=0.5)
+        heights = np.array(bars)
+        bottoms = np.cumsum(heights, axis=1) - heights
+        for k, color in enumerate(PART_COLORS[:heights.shape[1]]):  # one call per part, not per bar
+            ax.bar(ticks, heights[:, k], 0.8, bottom=bottoms[:, k], color=color, edgecolor="white", lw=0.5)
         ax.set_xticks(ticks, labels, rotation=90, fontsize=6)
         ax.set_ylim(0, 1.25)
         ax.set_yticks(np.linspace(0, 1, 6), [f"{t:.0%}" for t in np.linspace(0, 1, 6)])

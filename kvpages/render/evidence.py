@@ -1,9 +1,5 @@
-"""The report's evidence: one compact table per question, and the model's terms in one place (no torch).
-
-On a run that crossed no link the measured times are host-side work (no transfer): the tables call them so and
-set the model's prediction per link profile beside them. Every time and ratio comes from the one estimator
-(kvpages.core.estimator.paired_ratio), so a table's ratio is the ratio of its two printed times.
-"""
+"""The report's evidence: one compact table per question, and the model's terms in one place (no torch). On a run
+that crossed no link the times are host-side work: the tables say so and set the model's prediction beside them."""
 
 from __future__ import annotations
 
@@ -26,13 +22,13 @@ def _predicted_header(analysis: Analysis) -> list[str]:
     return [f"model: {profile_name(p)}" for p in prediction_profiles()]
 
 
-def per_call_table(analysis: Analysis, page_sizes: list[int] | None = None) -> str:
-    """The merged PR against pre-PR per call: at page size 1 every length, else the shortest and longest."""
+def per_call_table(analysis: Analysis) -> str:
+    """The merged PR against pre-PR per call, at the shortest and longest length of each page size."""
+    ratios = analysis.ratios_of(CANDIDATE)
     rows = []
-    for r in sorted(analysis.ratios_of(CANDIDATE), key=lambda r: (r.page_size, r.seq_len)):
-        at = [x.seq_len for x in analysis.ratios_of(CANDIDATE) if x.page_size == r.page_size]
-        if (page_sizes is not None and r.page_size not in page_sizes) or (
-                page_sizes is None and r.seq_len not in (min(at), max(at))):
+    for r in sorted(ratios, key=lambda r: (r.page_size, r.seq_len)):
+        at = [x.seq_len for x in ratios if x.page_size == r.page_size]
+        if r.seq_len not in (min(at), max(at)):
             continue
         predicted = [] if analysis.run.link_crossed else [sig(p.ratio) for p in point_predictions(analysis, r)]
         rows.append([r.page_size, r.seq_len, fraction(r.bytes_ratio), sig(r.baseline_median_us), sig(r.variant_median_us),
@@ -51,10 +47,9 @@ def crossover_table(analysis: Analysis) -> str:
             continue
         found = [r for r in analysis.ratios_of(CANDIDATE) if (r.dtype, r.layout, r.page_size) == (c.dtype, c.layout,
                                                                                                  c.page_size)]
-        measured = c.describe()
         predicted = [] if analysis.run.link_crossed else [
             f"L={x}" if (x := crossover(analysis, found, p)) else "none" for p in prediction_profiles()]
-        rows.append([c.page_size, measured, *predicted])
+        rows.append([c.page_size, c.describe(), *predicted])
     what = "measured host-side (no transfer)" if not analysis.run.link_crossed else "measured"
     return table(["p", f"{what}: judged faster from", *_predicted_header(analysis)], rows)
 

@@ -1,7 +1,5 @@
-"""`FLEET.md`: one sweep's runs from several machines, side by side, rendered from one `Fleet` (no torch).
-
-Every figure in a machine's column is that machine's analysis of its pooled runs (kvpages.analysis.ratios.analyze).
-"""
+"""`FLEET.md`: one sweep's runs from several machines, side by side, rendered from one `Fleet` (no torch); every
+figure in a machine's column is that machine's analysis of its pooled runs (kvpages.analysis.ratios.analyze)."""
 
 from __future__ import annotations
 
@@ -48,19 +46,17 @@ METHOD = (
 )
 
 
-def default_out() -> Path:
-    """Where FLEET.md goes without --out: a new folder `fleet-<UTC time>` in the current directory."""
-    return Path(f"fleet-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}")
-
-
-def check_out(out: Path) -> None:
-    """Refuse an --out that is a file or already holds a fleet report: finished results are never overwritten."""
+def checked_out(out: Path | None) -> Path:
+    """--out, by default a new folder `fleet-<UTC time>` here; refused where it is a file or already holds a fleet
+    report: finished results are never overwritten."""
+    out = out or Path(f"fleet-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}")
     if out.exists() and not out.is_dir():
         raise RunError(f"--out {out}: not a folder")
     for name in (FLEET_MD, CHART_PNG):
         if (out / name).exists():
             raise RunError(f"--out {out}: {out / name} exists, and kvpages fleet never overwrites a finished report; "
                            "give another --out or remove it")
+    return out
 
 
 def _cell(values: list[object]) -> str:
@@ -85,15 +81,11 @@ def machines_section(fleet: Fleet) -> str:
                          for m in members],
     ]
     lead = "\n".join(f"- **{m.label}**" for m in members)
-    return f"{lead}\n\n" + table(["", *(m.id for m in members)], rows) + _sweep_note(fleet)
-
-
-def _sweep_note(fleet: Fleet) -> str:
-    if fleet.one_sweep:
-        return f"\n\nAll {fleet.run_count} runs are of one sweep ({fleet.sweeps[0][1]})."
     listed = "; ".join(f"`{run_id}`: {sweep}" for run_id, sweep in fleet.sweeps)
-    return (f"\n\n**The runs are of different sweeps** ({listed}): the machines are compared on the points every one "
-            "of them timed; the others are listed under *Not on every machine*.")
+    sweeps = (f"All {fleet.run_count} runs are of one sweep ({fleet.sweeps[0][1]})." if fleet.one_sweep else
+              f"**The runs are of different sweeps** ({listed}): the machines are compared on the points every one "
+              "of them timed; the others are listed under *Not on every machine*.")
+    return f"{lead}\n\n" + table(["", *(m.id for m in members)], rows) + f"\n\n{sweeps}"
 
 
 def _finding_cell(found: Finding | None) -> str:
@@ -188,7 +180,7 @@ def render(fleet: Fleet) -> str:
 
 
 def write_fleet(fleet: Fleet, out: Path) -> list[Path]:
-    """Write the chart and FLEET.md into `out` (made if missing; `check_out` first); return their paths."""
+    """Write the chart and FLEET.md into `out` (made if missing; `checked_out` first); return their paths."""
     out.mkdir(parents=True, exist_ok=True)
     chart = plot_fleet(fleet, out / CHART_PNG)
     path = out / FLEET_MD

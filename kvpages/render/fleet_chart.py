@@ -1,8 +1,5 @@
-"""The fleet chart: every point's ratio to pre-PR, per machine, as a dot with its interval (no torch).
-
-A row of panels per variant (and dtype, layout), a panel per page size; filled dots where the machine's verdict is
-faster or slower, hollow where same or unclear. Only the points every machine timed are drawn; FLEET.md lists the rest.
-"""
+"""The fleet chart: every point's ratio to pre-PR, per machine, as a dot with its interval (no torch); a row of
+panels per variant (and dtype, layout), a panel per page size; CHART_CAPTION says the rest."""
 
 from __future__ import annotations
 
@@ -10,12 +7,11 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FuncFormatter, LogLocator
 
 from kvpages.analysis.fleet import Fleet, point_order
 from kvpages.analysis.verdicts import FASTER, SLOWER
 from kvpages.core.names import BASELINE
-from kvpages.render.figures import DPI, new_figure
+from kvpages.render.figures import DPI, log_y, new_figure
 from kvpages.render.style import style
 
 CHART_PNG = "fleet_ratios.png"
@@ -33,25 +29,6 @@ def _length(seq_len: int) -> str:
     return f"{seq_len // 1024}K" if seq_len >= 1024 and seq_len % 1024 == 0 else str(seq_len)
 
 
-def _plain_log(ax) -> None:
-    ax.set_yscale("log")
-    plain = FuncFormatter(lambda value, _: f"{value:g}")
-    ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
-    ax.yaxis.set_minor_formatter(plain)
-    ax.tick_params(axis="y", which="both", labelsize=7)
-    ax.grid(True, axis="y", which="both", alpha=0.25)
-
-
-def _legend(fig, fleet: Fleet, top: float) -> None:
-    handles = [Line2D([], [], color=MACHINE_COLORS[i % len(MACHINE_COLORS)], marker="o", ls="-", label=m.label)
-               for i, m in enumerate(fleet.members)]
-    handles += [Line2D([], [], color="black", marker="o", ls="none", label="faster / slower (that machine's verdict)"),
-                Line2D([], [], color="black", marker="o", mfc="white", ls="none", label="same / unclear"),
-                Line2D([], [], color="black", ls="--", lw=0.8, label=f"1: as fast as {BASELINE} (pre-PR)")]
-    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, top), ncol=2, fontsize=7, frameon=False)
-
-
 def plot_fleet(fleet: Fleet, path: Path) -> Path:
     """Write the chart to `path` (PNG) and return it."""
     keys = sorted((m.key for m in fleet.ratios), key=point_order)
@@ -67,7 +44,13 @@ def plot_fleet(fleet: Fleet, path: Path) -> Path:
                         wspace=0.08, hspace=0.35)
     fig.suptitle(f"Time ratio to pre-PR per point, per machine: {len(fleet.members)} machines, {fleet.run_count} runs",
                  fontsize=10, y=1 - 0.15 / height)
-    _legend(fig, fleet, 1 - 0.4 / height)
+    handles = [Line2D([], [], color=MACHINE_COLORS[i % len(MACHINE_COLORS)], marker="o", ls="-", label=m.label)
+               for i, m in enumerate(fleet.members)]
+    handles += [Line2D([], [], color="black", marker="o", ls="none", label="faster / slower (that machine's verdict)"),
+                Line2D([], [], color="black", marker="o", mfc="white", ls="none", label="same / unclear"),
+                Line2D([], [], color="black", ls="--", lw=0.8, label=f"1: as fast as {BASELINE} (pre-PR)")]
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.4 / height), ncol=2, fontsize=7,
+               frameon=False)
     if not rows:
         grid[0][0].text(0.5, 0.5, "no ratio is on every machine (FLEET.md lists them)", ha="center", va="center")
         grid[0][0].set_axis_off()
@@ -92,7 +75,9 @@ def plot_fleet(fleet: Fleet, path: Path) -> Path:
                         ax.plot([x + offset] * 2, [r.ci_low, r.ci_high], color=color, lw=1.2, zorder=2)
                     ax.plot(x + offset, r.ratio, marker=marker, ms=4.5, color=color, zorder=3,
                             mfc=color if r.verdict in (FASTER, SLOWER) else "white")
-            _plain_log(ax)
+            log_y(ax)
+            ax.tick_params(axis="y", which="both", labelsize=7)
+            ax.grid(True, axis="y", which="both", alpha=0.25)
             ax.set_xticks(range(len(seq_lens)), [_length(s) for s in seq_lens], fontsize=7)
             ax.set_xlim(-0.6, len(seq_lens) - 0.4)
             if i == 0:

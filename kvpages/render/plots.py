@@ -1,8 +1,5 @@
-"""Charts of a run, regenerated from its files alone (no torch import).
-
-`plot_run` writes the per-point charts per (dtype, layout) (`CHARTS`), then the scenario, breakdown and contention
-charts; a variant has one style in every chart (kvpages.render.style); kvpages.render.captions says what each shows.
-"""
+"""Charts of a run, regenerated from its files alone (no torch): `plot_run` writes the per-point charts per (dtype,
+layout) (`CHARTS`), then the scenario, breakdown and contention charts; kvpages.render.captions says what each shows."""
 
 from __future__ import annotations
 
@@ -15,7 +12,6 @@ import numpy as np
 import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.patches import Rectangle
-from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
 from kvpages.analysis.cite import sig
 from kvpages.analysis.findings import profile_name
@@ -28,7 +24,7 @@ from kvpages.core.stats import Interval
 from kvpages.core.sweep import ITEMSIZE
 from kvpages.render.breakdown import plot_breakdown
 from kvpages.render.captions import time_label
-from kvpages.render.figures import new_figure, save, set_title, side_by_side
+from kvpages.render.figures import log_y, new_figure, save, set_title, side_by_side
 from kvpages.render.ranks import plot_contention
 from kvpages.render.style import legend_label, style
 from kvpages.render.text import coverage
@@ -41,8 +37,7 @@ def _variants(frame) -> list[str]:
 
 
 def _lines(frame: pd.DataFrame, panel: tuple[str, ...], x: str) -> dict[tuple, list[Record]]:
-    """The rows of each line, keyed (panel, variant) with `panel` the values of the `panel` columns, in order of `x`
-    (equal x in the file's order)."""
+    """The rows of each line, keyed (values of the `panel` columns, variant), in order of `x` (stable)."""
     lines: dict[tuple, list[Record]] = {}
     for row in sorted(records(frame), key=lambda r: r[x]):
         lines.setdefault((tuple(row[c] for c in panel), row["variant"]), []).append(row)
@@ -53,28 +48,27 @@ LEGEND_WIDTH = 3.2
 """Inches to the right of the panels for the legend, so it never covers data."""
 
 
-def legend_width(labels) -> float:
-    """Inches the legend takes at 7 pt: its longest label (about 0.055 in a character) and the handle, at least
-    LEGEND_WIDTH."""
-    return max(LEGEND_WIDTH, 0.055 * max((len(s) for s in labels), default=0) + 0.8)
-
-
-def _panels(n: int, width: float = 4.2, height: float = 3.6, legend: float = LEGEND_WIDTH):
-    total = width * n + legend
-    fig = new_figure(total, height)
+def _panels(n: int, labels=()):
+    """A row of `n` panels and room right of them for a legend of `labels` at 7 pt (0.055 in a character of the
+    longest, plus the handle; at least LEGEND_WIDTH)."""
+    legend = max(LEGEND_WIDTH, 0.055 * max((len(s) for s in labels), default=0) + 0.8)
+    total = 4.2 * n + legend
+    fig = new_figure(total, 3.6)
     axes = fig.subplots(1, n, squeeze=False)
     fig.subplots_adjust(left=0.9 / total, right=1 - (legend + 0.1) / total, bottom=0.15, top=0.78, wspace=0.3)
     return fig, list(axes[0])
 
 
-def _legend(fig, axes, title: str) -> None:
-    """One legend for the figure, right of the panels (every panel's entries, once each)."""
+def _finish(fig, axes, legend: str, title: str, stem: Path, formats) -> list[Path]:
+    """One legend right of the panels (every panel's entries, once each) titled `legend`, the title, and the files."""
     entries: dict[str, object] = {}
     for ax in axes:
         for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
             entries.setdefault(text, handle)
-    fig.legend(list(entries.values()), list(entries.keys()), loc="center right", fontsize=7, title=title,
+    fig.legend(list(entries.values()), list(entries.keys()), loc="center right", fontsize=7, title=legend,
                title_fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    return save(fig, stem, formats)
 
 
 def _own(ax, lines: dict[tuple, list[Record]], panel: tuple, variants: list[str], x: str,
@@ -93,14 +87,10 @@ def _own(ax, lines: dict[tuple, list[Record]], panel: tuple, variants: list[str]
 
 
 def _log_axes(ax) -> None:
-    """Log-log axes with plain tick numbers; minor ticks only at 2 and 5 on y (hundreds of unlabelled minor ticks
-    cost a grid of 20 panels seconds of layout)."""
-    ax.set(xscale="log", yscale="log")
-    plain = FuncFormatter(lambda value, _: f"{value:g}")
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
-    ax.yaxis.set_minor_formatter(plain)
+    """Log-log axes with plain tick numbers and no minor ticks on x."""
+    ax.set_xscale("log")
+    ax.xaxis.minorticks_off()
+    log_y(ax)
     ax.grid(True, which="both", alpha=0.3)
 
 
@@ -120,15 +110,14 @@ def plot_latency(analysis: Analysis, frame, dtype: str, layout: str, stem: Path,
         _log_axes(ax)
         set_title(ax, f"page_size={page_size}")
         ax.set(xlabel="seq_len (tokens)", ylabel=f"{time_label(analysis)} per call (µs)")
-    _legend(fig, axes, f"variant (band: its own\n{coverage(analysis)})")
-    fig.suptitle(_title(analysis.run, f"{time_label(analysis).capitalize()} per call", dtype, layout), fontsize=10)
-    return save(fig, stem, formats)
+    return _finish(fig, axes, f"variant (band: its own\n{coverage(analysis)})",
+                   _title(analysis.run, f"{time_label(analysis).capitalize()} per call", dtype, layout), stem, formats)
 
 
 def plot_bytes(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
     page_sizes = sorted(frame["page_size"].unique())
     variants = _variants(frame)
-    fig, axes = _panels(len(page_sizes), legend=legend_width(legend_label(v) for v in variants))
+    fig, axes = _panels(len(page_sizes), [legend_label(v) for v in variants])
     lines = _lines(frame, ("page_size",), "seq_len")
     seq = np.array(sorted(frame["seq_len"].unique()))
     for ax, page_size in zip(axes, page_sizes, strict=True):
@@ -146,12 +135,9 @@ def plot_bytes(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, f
                 label="ideal ceil(seq_len/page_size)*itemsize")
         ax.set(xscale="log", yscale="log", xlabel="seq_len (tokens)", ylabel="metered D2H bytes per call")
         set_title(ax, f"page_size={page_size}")
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.yaxis.set_minor_locator(NullLocator())
+        ax.minorticks_off()
         ax.grid(True, which="major", alpha=0.3)
-    _legend(fig, axes, "variant")
-    fig.suptitle(_title(analysis.run, "Metered D2H bytes", dtype, layout), fontsize=10)
-    return save(fig, stem, formats)
+    return _finish(fig, axes, "variant", _title(analysis.run, "Metered D2H bytes", dtype, layout), stem, formats)
 
 
 RATIO_CAP = 4.0
@@ -223,10 +209,9 @@ def plot_link_model(analysis: Analysis, frame, dtype: str, layout: str, stem: Pa
         _log_axes(ax)
         set_title(ax, f"page_size={page_size}")
         ax.set(xlabel="seq_len (tokens)", ylabel=f"predicted time, merged PR / {called(analysis.baseline, '')}")
-    _legend(fig, axes, "link profile (model)")
-    fig.suptitle(_title(analysis.run, "MODEL, not measurement: predicted time per call on a GPU box", dtype, layout),
-                 fontsize=10)
-    return save(fig, stem, formats)
+    return _finish(fig, axes, "link profile (model)",
+                   _title(analysis.run, "MODEL, not measurement: predicted time per call on a GPU box", dtype, layout),
+                   stem, formats)
 
 
 def _scenario_panels(analysis: Analysis, kind: str, x: str, xlabel: str, what: str, stem: Path, formats) -> list[Path]:
@@ -238,23 +223,22 @@ def _scenario_panels(analysis: Analysis, kind: str, x: str, xlabel: str, what: s
         return []
     panels = sorted({(str(side), int(p)) for side, p in zip(ok["side"], ok["page_size"], strict=True)})
     variants = _variants(ok)
-    fig, axes = _panels(len(panels), legend=legend_width(legend_label(v) for v in variants))
+    fig, axes = _panels(len(panels), [legend_label(v) for v in variants])
     lines = _lines(ok, ("side", "page_size"), x)
     for ax, (side, page_size) in zip(axes, panels, strict=True):
         _own(ax, lines, (side, page_size), variants, x, lambda r, v: analysis.scenario_band(str(r["scenario"]), v))
         _log_axes(ax)
-        chunks = sorted({int(r["chunk_size"]) for (at, _), rows in lines.items() if at == (side, page_size)
-                         for r in rows if int(r["chunk_size"])})
+        here = [r for (at, _), rows in lines.items() if at == (side, page_size) for r in rows]
+        chunks = sorted({int(r["chunk_size"]) for r in here if int(r["chunk_size"])})
         chunk = f", chunks of {'/'.join(map(str, chunks))}" if side == "prefill" and kind == "request" and chunks else ""
         where = side if kind == "request" else "decode step"
         set_title(ax, f"{where}, page_size={page_size}{chunk}")
         ax.set(xlabel=xlabel, ylabel=f"{time_label(analysis)} per {what} (µs)")
-        swept = sorted({int(r[x]) for (at, _), rows in lines.items() if at == (side, page_size) for r in rows})
+        swept = sorted({int(r[x]) for r in here})
         ax.set_xticks(swept, [str(v) for v in swept])
-    _legend(fig, axes, f"step variant (band: its own\n{coverage(analysis)})")
-    fig.suptitle(_title(analysis.run, f"Whole {what}s: {time_label(analysis)}", str(ok["dtype"].iloc[0]),
-                        str(ok["layout"].iloc[0])), fontsize=10)
-    return save(fig, stem, formats)
+    return _finish(fig, axes, f"step variant (band: its own\n{coverage(analysis)})",
+                   _title(analysis.run, f"Whole {what}s: {time_label(analysis)}", str(ok["dtype"].iloc[0]),
+                          str(ok["layout"].iloc[0])), stem, formats)
 
 
 def _busy_reference(rows) -> tuple[float, str]:
@@ -263,14 +247,6 @@ def _busy_reference(rows) -> tuple[float, str]:
     if not measured.empty:
         return float(measured.median()), "measured busy queue"
     return float(rows["busy_us"].iloc[0]), "nominal busy queue"
-
-
-def _busy_panel_title(row) -> str:
-    if row["kind"] == "step":
-        where = f"step, B={int(row['requests'])}"
-    else:
-        where = f"{row['side']} request, L={int(row['tokens'])}, C={int(row['chunk_size'])}"
-    return f"{where}, page_size={int(row['page_size'])}\n{int(row['busy_us'])} µs kernel queued before each call"
 
 
 def plot_busy_queue(analysis: Analysis, stem: Path, formats) -> list[Path]:
@@ -311,7 +287,11 @@ def plot_busy_queue(analysis: Analysis, stem: Path, formats) -> list[Path]:
         ax.set_xlim(-0.6, len(rows) - 0.4)
         ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
         ax.grid(True, axis="y", alpha=0.3)
-        ax.set_title(_busy_panel_title(rows.iloc[0]), fontsize=9)
+        first = rows.iloc[0]
+        where = (f"step, B={int(first['requests'])}" if first["kind"] == "step" else
+                 f"{first['side']} request, L={int(first['tokens'])}, C={int(first['chunk_size'])}")
+        ax.set_title(f"{where}, page_size={int(first['page_size'])}\n{int(first['busy_us'])} µs kernel queued before "
+                     "each call", fontsize=9)
         ax.set_ylabel(f"µs per {rows['kind'].iloc[0]}")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
@@ -321,24 +301,14 @@ def plot_busy_queue(analysis: Analysis, stem: Path, formats) -> list[Path]:
     return save(fig, stem, formats)
 
 
-def plot_scenarios(analysis: Analysis, out_dir: Path, formats) -> list[Path]:
-    """Per-request cost against L (a panel per side and page size), per-step cost against B, and (CUDA runs) the
-    busy-queue scenarios' blocked against ready time."""
-    return (_scenario_panels(analysis, "request", "tokens", "prompt length L (tokens)", "request",
-                             out_dir / "scenario_requests", formats)
-            + _scenario_panels(analysis, "step", "requests", "requests per step B", "step",
-                               out_dir / "scenario_steps", formats)
-            + plot_busy_queue(analysis, out_dir / "scenario_busy", formats))
-
-
 CHARTS = (("latency", plot_latency), ("bytes", plot_bytes), ("ratio", plot_ratio), ("link_model", plot_link_model))
 
 
 def plot_run(analysis: Analysis, formats: tuple[str, ...] = ("png",), out_dir: Path | None = None,
              processes: int = 1) -> list[Path]:
     """Write every chart of the analysed run into `out_dir` (default: the run folder); returns the files written.
-    `processes` 2 (`kvpages plot`): the scenario, breakdown and contention charts are drawn in a second process
-    meanwhile (kvpages.render.figures.side_by_side; the default run, 2-core dev box: 4.5 s -> 2.9 s)."""
+    `processes` 2 (`kvpages plot`): the per-point charts here, the others in a second process meanwhile
+    (kvpages.render.figures.side_by_side; the reference run on 2 CPUs: 4.5 s -> 2.9 s)."""
     folder = out_dir or analysis.run.path
 
     def points() -> list[Path]:
@@ -349,5 +319,12 @@ def plot_run(analysis: Analysis, formats: tuple[str, ...] = ("png",), out_dir: P
                 written += chart(analysis, frame, dtype, layout, folder / f"{name}_{dtype}_{layout}", formats)
         return written
 
-    return side_by_side(points, lambda: plot_scenarios(analysis, folder, formats) + plot_breakdown(analysis, folder, formats)
-                        + plot_contention(analysis, folder, formats), processes)
+    def others() -> list[Path]:
+        return (_scenario_panels(analysis, "request", "tokens", "prompt length L (tokens)", "request",
+                                 folder / "scenario_requests", formats)
+                + _scenario_panels(analysis, "step", "requests", "requests per step B", "step",
+                                   folder / "scenario_steps", formats)
+                + plot_busy_queue(analysis, folder / "scenario_busy", formats) + plot_breakdown(analysis, folder, formats)
+                + plot_contention(analysis, folder, formats))
+
+    return side_by_side(points, others, processes)

@@ -38,9 +38,9 @@ def _level(rows: list[ContentionRow]) -> str:
     return ", ".join(sorted({coverage_text(c.confidence) for c in rows}))
 
 
-def contention_table(analysis: Analysis, latency: str = "ready") -> str:
-    """The step's contention per (scenario, step variant)."""
-    found = [c for c in analysis.contention if c.latency == latency and c.rank is None]
+def contention_table(analysis: Analysis) -> str:
+    """The step's contention per (scenario, step variant), ready latency."""
+    found = [c for c in analysis.contention if c.latency == "ready" and c.rank is None]
     rows = [[c.scenario, f"`{c.variant}`", c.world_size, sig(c.alone_median_us), sig(c.at_once_median_us),
              f"{c.ratio:.3f}", ci_text(c), "" if c.skew_median_us is None else sig(c.skew_median_us), f"`{c.id}`"]
             for c in found]
@@ -48,9 +48,9 @@ def contention_table(analysis: Analysis, latency: str = "ready") -> str:
                   "step at once µs (max over ranks)", "contention", f"{_level(found)} interval", "skew µs", "id"], rows)
 
 
-def per_rank_table(analysis: Analysis, latency: str = "ready") -> str:
-    """Each rank's own at-once / alone ratio per (scenario, step variant)."""
-    found = [c for c in analysis.contention if c.latency == latency and c.rank is not None]
+def per_rank_table(analysis: Analysis) -> str:
+    """Each rank's own at-once / alone ratio per (scenario, step variant), ready latency."""
+    found = [c for c in analysis.contention if c.latency == "ready" and c.rank is not None]
     rows = [[c.scenario, f"`{c.variant}`", f"rank {c.rank}", sig(c.alone_median_us), sig(c.at_once_median_us),
              f"{c.ratio:.3f}", ci_text(c), f"`{c.id}`"] for c in found]
     return table(["scenario", "step variant", "rank", "alone µs", "at once µs", "at once / alone",
@@ -105,9 +105,8 @@ def contention_summary(analysis: Analysis) -> list[str]:
 
 
 def plot_contention(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) -> list[Path]:
-    """contention.png: per page size, each step variant's contention (ready; the step at once over the step alone)
-    against B, with its interval, and each rank's own at-once / alone ratio (hollow, no interval); 1 = the ranks cost
-    each other nothing."""
+    """contention.png: per page size, each step variant's contention (ready) against B with its interval, and each
+    rank's own at-once / alone ratio (hollow, no interval)."""
     rows = [c for c in analysis.contention if c.latency == "ready"]
     frame = analysis.run.ranks
     steps = [c for c in rows if c.rank is None]
@@ -117,9 +116,8 @@ def plot_contention(analysis: Analysis, out_dir: Path, formats: tuple[str, ...])
 
     from kvpages.render.figures import new_figure, save, set_title
 
-    shape = {str(s): (int(b), int(p)) for s, b, p in zip(frame["scenario"], frame["requests"], frame["page_size"],
-                                                          strict=True)}
-    """Per step scenario: (requests B, page size), from ranks.csv."""
+    shape = {str(s): (int(b), int(p)) for s, b, p in  # per step scenario: (requests B, page size)
+             zip(frame["scenario"], frame["requests"], frame["page_size"], strict=True)}
     pages = sorted({shape[c.scenario][1] for c in steps})
     variants = list(dict.fromkeys(c.variant for c in steps))
     legend_in = 4.6

@@ -1,7 +1,5 @@
-"""The design-review report: `REPORT.md` and `APPENDIX.md` in the run folder, from one `Analysis` (no torch).
-
-Every ratio and interval in it is a row of the `ratios.csv` or `scenario_ratios.csv` that `write_report` writes beside it.
-"""
+"""The design-review report: `REPORT.md` and `APPENDIX.md` in the run folder, from one `Analysis` (no torch); every
+ratio and interval in it is a row of the `ratios.csv` or `scenario_ratios.csv` that `write_report` writes beside it."""
 
 from __future__ import annotations
 

@@ -34,14 +34,11 @@ SPARE = (Style("#e377c2", "<"), Style("#7f7f7f", ">"), Style("#bcbd22", "h"), St
 
 
 def style(variant: str) -> Style:
-    inner = per_request_of(variant)
-    name = variant if inner is None else inner
+    name = per_request_of(variant) or variant
     return STYLES.get(name) or SPARE[zlib.crc32(name.encode()) % len(SPARE)]
 
 
 def legend_label(variant: str) -> str:
     """What a legend says: the name with what it stands for (kvpages.core.names.LABELS); in whole requests and steps
     the host mirror keeps its table up to date, so there it is the host mirror plus its upkeep, not a floor."""
-    if variant == STEP_FLOOR:
-        return f"{variant}, host mirror + upkeep"
-    return label(variant)
+    return f"{variant}, host mirror + upkeep" if variant == STEP_FLOOR else label(variant)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvpages.analysis.cite import interval_of, sig
 from kvpages.analysis.ratios import Analysis, records, variant_order
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_BASELINE, STEP_CANDIDATE, label, per_request_of
+from kvpages.render.appendix import groups, ratio_cell
 from kvpages.render.ranks import contention_summary
 from kvpages.render.text import coverage, interval_cell
 
@@ -16,28 +17,20 @@ def summary_seq_lens(seq_lens: list[int]) -> list[int]:
     return sorted({ordered[0], middle, ordered[-1]})
 
 
-def summary_step_variants(names) -> list[str]:
-    """The step variants a short table shows: per-request baseline and candidate, and every batched one."""
-    return [n for n in names if n in (STEP_BASELINE, STEP_CANDIDATE) or per_request_of(n) is None]
-
-
 def scenario_summary(analysis: Analysis) -> list[str]:
     """Lines for the whole requests and steps: bytes, transfers, blocked and ready, and blocked vs the baseline."""
     frame = analysis.run.scenarios
     if frame is None:
         return []
-    ok = frame[(frame["status"] == "ok") & frame["variant"].isin(summary_step_variants(frame["variant"].unique()))]
+    shown = [v for v in frame["variant"].unique() if v in (STEP_BASELINE, STEP_CANDIDATE) or per_request_of(v) is None]
+    ok = frame[(frame["status"] == "ok") & frame["variant"].isin(shown)]  # per-request baseline, candidate; batched
     if ok.empty:
         return []
     table = ok[["scenario", "variant", "d2h_transfers", "d2h_bytes"]].copy()
     table["blocked_us"] = [sig(analysis.scenario_time(r)) for r in records(ok)]
     table["ready_us"] = [sig(analysis.scenario_time(r, "ready")) for r in records(ok)]
-    cells = []
-    for scenario, variant in zip(table["scenario"], table["variant"], strict=True):
-        r = analysis.scenario_ratio(scenario, variant, "blocked")
-        cells.append("1" if variant == analysis.scenario_baseline else
-                     (interval_cell(r.interval, r.verdict) if r else ""))
-    table[f"blocked vs baseline [{coverage(analysis)}]"] = cells
+    table[f"blocked vs baseline [{coverage(analysis)}]"] = [
+        ratio_cell(analysis, s, v, "blocked") for s, v in zip(table["scenario"], table["variant"], strict=True)]
     return ["", "whole requests and steps (per request or per step; blocked = ready on a CPU run):",
             table.to_string(index=False)]
 
@@ -46,8 +39,7 @@ def summary_text(analysis: Analysis) -> str:
     """Per page size: D2H bytes, median latency and the ratio to the baseline (with its CI) at a few lengths;
     then the whole requests and steps."""
     run = analysis.run
-    ok = run.ok_rows()
-    if ok.empty:
+    if run.ok_rows().empty:
         return "\n".join(scenario_summary(analysis) + contention_summary(analysis)) or "no timed rows"
     lines = []
     if not run.link_crossed:
@@ -59,8 +51,7 @@ def summary_text(analysis: Analysis) -> str:
     lines.append(f"{noise.repetitions} interleaved repetitions per (variant, point) in {noise.processes} "
                  f"process(es); ratios are paired per repetition, {level}, with their {coverage(analysis)}; "
                  f"minimum effect {sig(100 * noise.min_effect)}%.")
-    for key, group in ok.groupby(["dtype", "layout", "page_size"], sort=True):
-        dtype, layout, page_size = str(key[0]), str(key[1]), int(key[2])  # type: ignore[call-overload]
+    for (dtype, layout, page_size), group in groups(analysis):
         chosen = group[group["seq_len"].isin(summary_seq_lens(group["seq_len"].tolist()))]
         table = chosen[["seq_len", "variant", "d2h_bytes"]].copy()
         table["time_us"] = [sig(analysis.time_of(r)) for r in records(chosen)]
