@@ -1,8 +1,5 @@
-"""The `--kv-*` options: one table, parsed and checked before anything runs, and rendered back (no torch).
-
-`OPTIONS` is the only list of them: the plugin registers it, `BenchOptions.parse` reads it, and
-`BenchOptions.to_args` renders it back (every row's repro command). Each sets one field of `BenchOptions`.
-"""
+"""The `--kv-*` options: one table, `OPTIONS`, that the plugin registers, `BenchOptions.parse` reads and checks
+before anything runs, and `BenchOptions.to_args` renders back (every row's repro command). No torch."""
 
 from __future__ import annotations
 
@@ -21,14 +18,10 @@ from kvpages.core.sweep import DEVICES, DTYPES, LAYOUTS, Sweep
 
 DEVICE_CHOICES = ("auto",) + DEVICES
 CROSSCHECK_MODES = ("auto", "on", "off")
-"""auto: on for CUDA runs, off for CPU runs (there is no link to cross-check)."""
 SCENARIO_CHOICES = ("preset", "none")
 BREAKDOWN_MODES = ("on", "off")
-"""on: after the timing, three profiled passes over a few points in a process of its own (breakdown.csv)."""
 DEFAULT_CHUNK_SIZE = 8192
 DEFAULT_RANK_TIMEOUT_S = 300.0
-"""A multi-rank run (torchrun): how long a rank waits at a barrier or gather before the run stops, naming the ranks
-that did not arrive."""
 
 
 def _float_seconds(option: str, text: str) -> float:
@@ -51,26 +44,24 @@ def _integer(option: str, text: str, minimum: int, what: str, example: str) -> i
     return value
 
 
-def _choice(choices: tuple[str, ...], what: str) -> Callable[[str, str], str]:
-    def parse(option: str, text: str) -> str:
+def _flagged(check: Callable[[str], Any]) -> Callable[[str, str], Any]:
+    """A parser that runs `check(text)` and names the flag in its ValueError."""
+    def parse(option: str, text: str) -> Any:
         try:
-            return check_choice(what, text, choices)
+            return check(text)
         except ValueError as exc:
             raise ValueError(f"{option}: {exc}") from None
 
     return parse
 
 
-def _lengths(option: str, text: str) -> str:
-    try:
-        parse_lengths(text)  # checked again, with the step sizes, when the scenarios are built
-    except ValueError as exc:
-        raise ValueError(f"{option}: {exc}") from None
+def _choice(choices: tuple[str, ...], what: str) -> Callable[[str, str], str]:
+    return _flagged(functools.partial(check_choice, what, choices=choices))
+
+
+def _lengths(text: str) -> str:
+    parse_lengths(text)  # checked again, with the step sizes, when the scenarios are built
     return text
-
-
-def _names(option: str, text: str) -> tuple[str, ...]:
-    return tuple(split_csv(option, text))
 
 
 def _joined(value: Any) -> str:
@@ -100,7 +91,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kv-layouts", "layouts", f"comma-separated page layouts from {', '.join(LAYOUTS)} (overrides the preset)",
            lambda f, t: parse_choices(f, t, LAYOUTS)),
     Option("--kv-variants", "variants", "comma-separated variant names (default: all registered; see `kvpages list`)",
-           _names),
+           lambda f, t: tuple(split_csv(f, t))),
     Option("--kv-device", "device", f"{', '.join(DEVICE_CHOICES)} (default: auto = cuda when available)",
            _choice(DEVICE_CHOICES, "device")),
     Option("--kv-seed", "seed", "seed of the generated inputs (default: the preset's, 0)",
@@ -127,9 +118,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kv-step-sizes", "step_sizes", "step scenarios by hand: comma-separated requests per step (B)",
            parse_positive_ints),
     Option("--kv-step-lens", "step_lens", "request lengths of a step: comma-separated integers, or fixed:L, "
-           f"uniform:LO,HI, lognormal:MEDIAN,SIGMA,MAX (default {MIXED_LENGTHS})", _lengths),
+           f"uniform:LO,HI, lognormal:MEDIAN,SIGMA,MAX (default {MIXED_LENGTHS})", _flagged(_lengths)),
     Option("--kv-step-variants", "step_variants", "comma-separated step variant names (default: all; see `kvpages list`)",
-           _names),
+           lambda f, t: tuple(split_csv(f, t))),
     Option("--kv-sglang", "sglang", f"SGLang's own kv_to_page_indices as variants sglang@<label>, comma-separated "
            f"SPECs: {SPEC_FORMS}", parse_specs),
     Option("--kv-baseline", "baseline", f"the variant every ratio, verdict, finding, chart and `kvpages compare` is "
@@ -154,8 +145,7 @@ def options_markdown() -> str:
 
 
 def with_options_table(text: str, where: str) -> str:
-    """`text` (a docs page, named `where` in errors) with the table between its OPTIONS_BEGIN and OPTIONS_END lines
-    rewritten from `OPTIONS`."""
+    """`text` (a docs page, `where` in errors) with the table between OPTIONS_BEGIN and OPTIONS_END rewritten."""
     head, begin, rest = text.partition(OPTIONS_BEGIN + "\n")
     _, end, tail = rest.partition(OPTIONS_END)
     if not begin or not end:
@@ -164,9 +154,6 @@ def with_options_table(text: str, where: str) -> str:
     return f"{head}{begin}{options_markdown()}\n{end}{tail}"
 
 
-SWEEP_FIELDS = ("seq_lens", "page_sizes", "dtypes", "layouts", "seed", "time_budget_s", "repetitions", "passes",
-                "processes")
-"""The options that override one field of the preset's `Sweep` (same names)."""
 BY_HAND = ("request_lens", "chunk_size", "prefix", "step_sizes", "step_lens")
 """The options that give scenarios by hand instead of the preset's."""
 
@@ -233,8 +220,8 @@ class BenchOptions:
 
     @functools.cached_property
     def sweep(self) -> Sweep:
-        """The preset's sweep with the given axes and settings replaced (validated again)."""
-        changes = {name: getattr(self, name) for name in SWEEP_FIELDS if getattr(self, name) is not None}
+        """The preset's sweep with the options that name one of its fields replacing it (validated again)."""
+        changes = {f.name: getattr(self, f.name) for f in dataclasses.fields(Sweep) if getattr(self, f.name, None) is not None}
         if self.repetitions is not None and self.processes is None:  # fewer repetitions: at most one process each
             changes["processes"] = min(self.selected_preset.sweep.processes, self.repetitions)
         try:
