@@ -89,10 +89,7 @@ class RequestScenario(ScenarioPool):
         _check_pool(self, self.requests, self.prompt_len)
 
     kind = "request"
-
-    @property
-    def requests(self) -> int:
-        return 1
+    requests = 1
 
     @property
     def lengths(self) -> tuple[int, ...]:
@@ -172,6 +169,7 @@ class StepScenario(ScenarioPool):
 
     kind = "step"
     side = "decode"
+    chunk_size = 0
 
     @property
     def requests(self) -> int:
@@ -188,10 +186,6 @@ class StepScenario(ScenarioPool):
     @property
     def prompt_len(self) -> int:
         return sum(self.lengths)
-
-    @property
-    def chunk_size(self) -> int:
-        return 0
 
     @property
     def id(self) -> str:
@@ -228,13 +222,11 @@ SCENARIO_ROTATION = 2
 """Timed rounds alternate between this many copies of a scenario's rows (different pages)."""
 
 
-def pool_max_index(lengths: tuple[int, ...], page_size: int, copies: int = SCENARIO_ROTATION) -> int:
-    """The largest token index of the pool kvpages.measure.inputs.make_pool builds for `copies` sets of these rows."""
-    return max_token_index(pool_pages(copies * sum(math.ceil(n / page_size) for n in lengths)), page_size)
-
-
 def _check_pool(scenario: Scenario, rows: int, longest: int) -> None:
-    needed = pool_max_index(scenario.lengths, scenario.page_size)
+    """Refuse a scenario whose pool (kvpages.measure.inputs.make_pool, SCENARIO_ROTATION copies of its rows) has token
+    indices beyond its dtype."""
+    pages = SCENARIO_ROTATION * sum(math.ceil(n / scenario.page_size) for n in scenario.lengths)
+    needed = max_token_index(pool_pages(pages), scenario.page_size)
     if needed > INDEX_MAX[scenario.dtype]:
         raise ValueError(f"scenario with {rows} request(s) of up to {longest} tokens at page_size {scenario.page_size} "
                          f"needs token indices up to {needed}, beyond {scenario.dtype}'s maximum "
@@ -270,6 +262,7 @@ MIXED_LENGTHS = "lognormal:4096,1.0,65536"
 BUSY_US = 500
 """The next forward of the busy scenario: a 500 µs kernel queued on the scheduler's stream in each round, after a
 staged variant's indices and before every variant's readback (kvpages.measure.steps; CUDA only)."""
+
 
 def scenarios_from(page_sizes: tuple[int, ...], dtypes: tuple[str, ...], request_lens: tuple[int, ...] = (),
                    chunk_size: int = 8192, prefix: int = 0, step_sizes: tuple[int, ...] = (),
