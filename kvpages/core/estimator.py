@@ -27,8 +27,7 @@ from kvpages.core.stats import (
 
 @dataclass(frozen=True)
 class Paired:
-    """One variant against a baseline at one point (`paired_ratio`): `interval.ratio` is exactly
-    variant_us / baseline_us, each the geometric mean of that variant's block medians."""
+    """One variant against a baseline at one point: `interval.ratio` is exactly variant_us / baseline_us."""
 
     interval: Interval
     p_value: float
@@ -65,8 +64,7 @@ def t_quantile(p: float, df: int) -> float:
 
 
 def mean_estimate(levels: Levels, confidence: float = CONFIDENCE) -> Interval:
-    """exp(mean of `levels`), the geometric mean of the block medians, with its bootstrap interval; `unknown` from
-    fewer than 2 repetitions."""
+    """The geometric mean of the block medians with its bootstrap interval; `unknown` from fewer than 2 repetitions."""
     center = float(np.mean(levels.values))
     if levels.values.size < 2:
         return unknown(math.exp(center), int(levels.values.size))
@@ -90,15 +88,14 @@ def paired_ratio(baseline: Levels, variant: Levels, confidence: float = CONFIDEN
 
 
 def _p_value(shifts: np.ndarray) -> float:
-    """Two-sided p-value of 'the log shift is 0' from its resamples (at least 1 / the resamples)."""
+    """Two-sided p-value of 'the log shift is 0' (at least 1 / the resamples)."""
     tail = min(float(np.mean(shifts <= 0)), float(np.mean(shifts >= 0)))
     return min(1.0, max(2 * tail, 1 / BOOTSTRAP_RESAMPLES))
 
 
 @dataclass(frozen=True)
 class BetweenRuns:
-    """One quantity in two independent runs A and B (`kvpages compare`): each run's figure, as its own report
-    gives it, and B over A, exactly `b / a`."""
+    """One quantity in two runs A and B (`kvpages compare`): each run's figure, and B over A, exactly `b / a`."""
 
     a: float
     b: float
@@ -107,10 +104,9 @@ class BetweenRuns:
 
 
 def between_runs(a: Levels, b: Levels, confidence: float = CONFIDENCE) -> BetweenRuns:
-    """B over A of two runs' levels (log block medians, or paired log-ratios): the ratio of the two printed figures,
-    with its interval over independent bootstraps of the two runs (two-stage when both have >= 2 processes, else
-    over repetitions), widened for the fewer units, and the p-value of 'B equals A'. Fewer than 2 repetitions in
-    either: the interval is unknown and the p-value 1."""
+    """B over A of two runs' levels (log block medians, or paired log-ratios), with its interval over independent
+    bootstraps of the two runs (two-stage when both have >= 2 processes, else over repetitions), widened for the fewer
+    units, and the p-value of 'B equals A'; unknown, p = 1, from fewer than 2 repetitions in either."""
     center = float(np.mean(b.values) - np.mean(a.values))
     figures = (math.exp(float(np.mean(a.values))), math.exp(float(np.mean(b.values))))
     if a.values.size < 2 or b.values.size < 2:

@@ -5,12 +5,10 @@
                  + blocking copies x (SYNC_US + the profile's fixed cost per copy)
                  + d2h_bytes / the profile's bandwidth
 
-A model, not a measurement. The bytes and transfers are the meter's (exact); a blocking copy is one transfer
-and one sync (a batched step of B + 1 device ops copies once and syncs once); the device ops per call are
-declared below (`device_ops`). Which measured time carries over (`carries_host_work`): pre-PR's numpy stride and
-divide, and the host mirror's numpy slice, are host work on any box, so their measured time is added; a
-device variant's time on a CPU run is its divide run on this CPU, which a GPU box does not pay, so it is
-replaced by the modelled launch and kernel. No torch import.
+A model, not a measurement: the bytes and transfers are the meter's (exact), a blocking copy is one transfer and one
+sync. Pre-PR's numpy stride and the host mirror's slice are host work on any box, so their measured time is added; a
+device variant's time on a CPU run is its divide on this CPU, which a GPU box does not pay, so the modelled launch and
+kernel replace it. No torch.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from kvpages.core.names import per_request_of
 
 @dataclass(frozen=True)
 class Term:
-    """One term of the model: its value and where the value comes from."""
 
     name: str
     value: float
@@ -60,14 +57,13 @@ class LinkProfile:
     pinned: bool = False
 
     def modeled_us(self, d2h_bytes: float, d2h_transfers: float, launches: int = 0) -> float:
-        """The link and device terms of the module's formula."""
+        """The module's formula less the measured host work."""
         return (d2h_transfers * (self.latency_us + SYNC_US) + d2h_bytes / (self.bandwidth_gb_s * 1e3)
                 + launches * (LAUNCH_US + KERNEL_US))
 
     def predicted_us(self, variant: str, page_size: int, calls: int, d2h_bytes: float, d2h_transfers: float,
                      measured_us: float, host_side: bool = False) -> float:
-        """A call or a whole request or step of `variant` on this link (the module's formula); `host_side`: what the
-        meter saw an undeclared variant move says its stride is host work (`carries_host_work`)."""
+        """A call or a whole request or step of `variant` on this link (the module's formula)."""
         host = measured_us if carries_host_work(variant, host_side) else 0.0
         return host + self.modeled_us(d2h_bytes, d2h_transfers, device_ops(variant, page_size, calls, host_side))
 
@@ -121,17 +117,15 @@ def prediction_profiles() -> tuple[LinkProfile, ...]:
 
 
 def carries_host_work(variant: str, host_side: bool = False) -> bool:
-    """Whether `variant`'s (or a per-request step variant's) measured time carries over to a GPU box as host work:
-    by the declarations above, else (an undeclared variant, e.g. sglang@<label>) by `host_side`, what the meter saw
-    it move (kvpages.analysis.ratios.host_work: every token index, or nothing)."""
+    """Whether `variant`'s measured time is host work on a GPU box too: declared above, else (e.g. sglang@<label>)
+    `host_side`, from what the meter saw it move (kvpages.analysis.ratios.host_work)."""
     name = per_request_of(variant) or variant
     return name in CARRIES_HOST_WORK if name in KERNELS_PER_CALL else host_side
 
 
 def device_ops(variant: str, page_size: int, calls: int = 1, host_side: bool = False) -> int:
-    """The device ops a call (or a whole request or step of `calls` calls) launches before its copies: a batched
-    step launches one per request and one to gather them (B + 1) and copies once; an undeclared variant one per call,
-    none when its stride is host work (`host_side`)."""
+    """The device ops `calls` calls launch before their copies: a batched step one per request and one to gather them
+    (B + 1); an undeclared variant one per call, none when its stride is host work (`host_side`)."""
     inner = per_request_of(variant)
     if inner is None and variant.startswith("batched_"):
         return calls + 1
@@ -142,14 +136,13 @@ def device_ops(variant: str, page_size: int, calls: int = 1, host_side: bool = F
 
 
 def model_terms() -> tuple[Term, ...]:
-    """Every term of the model beside the profiles' own."""
+    """The model's terms beside the profiles' own."""
     return (LAUNCH, KERNEL, SYNC)
 
 
 def profile_for(pcie_link: str | None, link: str) -> LinkProfile | None:
-    """The profile of a measured link: the PCIe generation the link trains to, from meta.json's
-    `pcie_link` ('Gen1 x16 (max Gen5 x16)': an idle link drops to Gen1, so the maximum counts),
-    and pinned/pageable from a row's `link` ('pcie pinned'); None when there is no such profile."""
+    """The profile of a measured link, or None: the PCIe generation from meta.json's `pcie_link` ('Gen1 x16 (max Gen5
+    x16)': an idle link drops to Gen1, so the maximum counts), pinned/pageable from a row's `link` ('pcie pinned')."""
     generation = re.search(r"max Gen(\d+)", pcie_link or "") or re.match(r"Gen(\d+)", pcie_link or "")
     kind = {"pcie pinned": "pinned", "pcie pageable": "pageable"}.get(link)
     if generation is None or kind is None:

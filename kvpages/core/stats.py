@@ -84,13 +84,14 @@ class Levels:
         groups = self.by_process()
         within_df = sum(g.size - 1 for g in groups)
         within_var = sum(float(np.sum((g - g.mean()) ** 2)) for g in groups) / within_df if within_df else math.nan
+        within = math.sqrt(within_var) if within_df else math.nan
         if len(groups) < 2:
-            return Components(math.nan, math.sqrt(within_var) if within_df else math.nan)
+            return Components(math.nan, within)
         sizes = np.array([g.size for g in groups], dtype=float)
         mean_var = float(np.var([g.mean() for g in groups], ddof=1))
         per_process = len(sizes) / float(np.sum(1 / sizes))  # harmonic mean: repetitions per process
         explained = within_var / per_process if within_df else 0.0
-        return Components(math.sqrt(max(0.0, mean_var - explained)), math.sqrt(within_var) if within_df else math.nan)
+        return Components(math.sqrt(max(0.0, mean_var - explained)), within)
 
 
 BOOTSTRAP_RESAMPLES = 2000
@@ -104,8 +105,8 @@ class _Draws:
 
     flat: np.ndarray
     """(resamples, processes x width): the drawn process's row times the width, plus the drawn repetition."""
-    padding: np.ndarray | None
-    """Where a drawn process has fewer repetitions than the widest (those cells are skipped); None: none has."""
+    padding: np.ndarray
+    """Where a drawn process has fewer repetitions than the widest: those cells are left out."""
 
 
 def _draws(sizes: tuple[int, ...], rng: np.random.Generator) -> _Draws:
@@ -116,15 +117,12 @@ def _draws(sizes: tuple[int, ...], rng: np.random.Generator) -> _Draws:
     drawn = rng.integers(0, count, size=(BOOTSTRAP_RESAMPLES, count))
     within = (rng.random((BOOTSTRAP_RESAMPLES, count, width)) * sizes_array[drawn][:, :, None]).astype(int)
     flat = (drawn[:, :, None] * width + within).reshape(BOOTSTRAP_RESAMPLES, -1)
-    if (sizes_array == width).all():
-        return _Draws(flat, None)
     padding = (np.arange(width)[None, None, :] >= sizes_array[drawn][:, :, None]).reshape(BOOTSTRAP_RESAMPLES, -1)
     return _Draws(flat, padding)
 
 
 @functools.lru_cache(maxsize=64)
 def _seeded_draws(sizes: tuple[int, ...]) -> _Draws:
-    """`_draws` from a fresh generator seeded with BOOTSTRAP_SEED (what every `Levels.bootstrap_means` uses)."""
     return _draws(sizes, np.random.default_rng(BOOTSTRAP_SEED))
 
 
@@ -135,14 +133,12 @@ def _means_of(groups: list[np.ndarray], draws: _Draws) -> np.ndarray:
     for i, g in enumerate(groups):
         padded[i, :g.size] = g
     values = padded.ravel()[draws.flat]
-    if draws.padding is None:
-        return values.mean(axis=1)
     kept = ~draws.padding
     return (values * kept).sum(axis=1) / kept.sum(axis=1)
 
 
 def resampled_means(levels: Levels, rng: np.random.Generator) -> np.ndarray:
-    """BOOTSTRAP_RESAMPLES means, each of a two-stage resample drawn from `rng` (`_draws`)."""
+    """BOOTSTRAP_RESAMPLES two-stage resample means, drawn from `rng`."""
     groups = levels.by_process()
     return _means_of(groups, _draws(tuple(g.size for g in groups), rng))
 
