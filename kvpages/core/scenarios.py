@@ -245,18 +245,6 @@ def describe(scenario: Scenario) -> Iterator[str]:
                f"({c.tokens * itemsize} B all tokens, {pages * itemsize} B pages)")
 
 
-def request_scenarios(lens: tuple[int, ...], chunk: int, page_sizes: tuple[int, ...], prefix: int = 0,
-                      dtype: str = "int32") -> tuple[RequestScenario, ...]:
-    """Both sides of a request for every prompt length and page size."""
-    return tuple(RequestScenario(L, chunk, side, prefix if side == "decode" else 0, page_size=p, dtype=dtype)
-                 for p in page_sizes for side in SIDES for L in lens)
-
-
-def step_scenarios(batches: tuple[int, ...], lengths: str, page_sizes: tuple[int, ...],
-                   dtype: str = "int32") -> tuple[StepScenario, ...]:
-    return tuple(StepScenario(b, lengths, page_size=p, dtype=dtype) for p in page_sizes for b in batches)
-
-
 MIXED_LENGTHS = "lognormal:4096,1.0,65536"
 """The default step's request lengths: median 4096 tokens, heavy-tailed, at most 65536."""
 BUSY_US = 500
@@ -267,9 +255,10 @@ staged variant's indices and before every variant's readback (kvpages.measure.st
 def scenarios_from(page_sizes: tuple[int, ...], dtypes: tuple[str, ...], request_lens: tuple[int, ...] = (),
                    chunk_size: int = 8192, prefix: int = 0, step_sizes: tuple[int, ...] = (),
                    step_lens: str = MIXED_LENGTHS) -> tuple[Scenario, ...]:
-    """Scenarios given by hand: both sides of each request length, and a step of each size, at every page size."""
+    """Per dtype, both sides of each request length, then a step of each size, at every page size."""
     out: list[Scenario] = []
     for dtype in dtypes:
-        out += request_scenarios(request_lens, chunk_size, page_sizes, prefix, dtype)
-        out += step_scenarios(step_sizes, step_lens, page_sizes, dtype)
+        out += [RequestScenario(L, chunk_size, side, prefix if side == "decode" else 0, page_size=p, dtype=dtype)
+                for p in page_sizes for side in SIDES for L in request_lens]
+        out += [StepScenario(b, step_lens, page_size=p, dtype=dtype) for p in page_sizes for b in step_sizes]
     return tuple(out)
