@@ -12,12 +12,9 @@ def host_available_bytes() -> int | None:
     """MemAvailable from /proc/meminfo, or None where there is no such file."""
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
     except OSError:
         return None
-    return None
 
 
 def _gib(n: float) -> str:
@@ -25,11 +22,8 @@ def _gib(n: float) -> str:
 
 
 def check_fits(sweep: Sweep, device: str, free: dict[str, int | None]) -> None:
-    """Raise ValueError when a point's estimated peak, or the inputs a multi-pass sweep keeps for
-    all its points at once plus the largest peak, exceed HEADROOM x the free memory.
-
-    `free` maps 'host' and, on CUDA runs, 'cuda' to free bytes (None: unknown, not checked).
-    """
+    """Raise ValueError when a point's estimated peak, or the inputs a multi-pass sweep keeps for all its points plus
+    the largest peak, exceed HEADROOM x the `free` bytes of 'host' and, on CUDA runs, 'cuda' (None: not checked)."""
     points = list(sweep.points(device))
     kept: dict[str, int] = {}
     for point in points:

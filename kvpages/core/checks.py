@@ -1,7 +1,4 @@
-"""Argument checks shared by the variants, the sweep and the CLIs (no torch import).
-
-Each check raises before any work starts, naming the bad value and what is valid.
-"""
+"""Argument checks shared by the variants, the sweep and the CLIs: each names the bad value and what is valid."""
 
 from __future__ import annotations
 
@@ -48,9 +45,7 @@ def parse_positive_ints(option: str, text: str) -> tuple[int, ...]:
         try:
             value = int(item)
         except ValueError:
-            raise ValueError(
-                f"{option}: {item!r} is not an integer; give comma-separated integers >= 1, e.g. 2048,8192"
-            ) from None
+            raise ValueError(f"{option}: {item!r} is not an integer; give comma-separated integers >= 1, e.g. 2048,8192") from None
         if value < 1:
             raise ValueError(f"{option}: {value} is not >= 1; give comma-separated integers >= 1, e.g. 2048,8192")
         values.append(value)

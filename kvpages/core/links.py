@@ -73,30 +73,20 @@ class LinkProfile:
 
 
 LINK_PROFILES: tuple[LinkProfile, ...] = (
-    LinkProfile(
-        "pcie4_pinned", "PCIe Gen4 x16, pinned", 6.0, 25.0,
-        "nvbandwidth device_to_host_memcpy_ce on A100 PCIe Gen4: ~25-26 GB/s; about 5-7 µs per cudaMemcpyAsync",
-        pinned=True,
-    ),
-    LinkProfile(
-        "pcie4_pageable", "PCIe Gen4 x16, pageable", 8.0, 12.5,
-        "assumption: half the pinned bandwidth and 2 µs more per copy, because a pageable copy is staged through a "
-        "pinned driver buffer (CUDA C++ Best Practices Guide, 'Pinned Memory')",
-    ),
-    LinkProfile(
-        "pcie5_pinned", "PCIe Gen5 x16, pinned", 6.0, 53.0,
-        "about 53 GB/s pinned D2H on H100 PCIe Gen5 (nvbandwidth device_to_host_memcpy_ce); about 5-7 µs per "
-        "cudaMemcpyAsync", pinned=True,
-    ),
-    LinkProfile(
-        "pcie5_pageable", "PCIe Gen5 x16, pageable", 8.0, 26.5,
-        "assumption: half the pinned bandwidth and 2 µs more per copy (staged copy), as for Gen4",
-    ),
-    LinkProfile(
-        "nvlink_c2c", "NVLink-C2C (GH200)", 4.0, 450.0,
-        "NVIDIA GH200 Grace Hopper datasheet: 900 GB/s NVLink-C2C, 450 GB/s per direction; the CPU reads pageable "
-        "memory coherently; fixed cost per copy assumed 4 µs",
-    ),
+    LinkProfile("pcie4_pinned", "PCIe Gen4 x16, pinned", 6.0, 25.0,
+                "nvbandwidth device_to_host_memcpy_ce on A100 PCIe Gen4: ~25-26 GB/s; about 5-7 µs per cudaMemcpyAsync",
+                pinned=True),
+    LinkProfile("pcie4_pageable", "PCIe Gen4 x16, pageable", 8.0, 12.5,
+                "assumption: half the pinned bandwidth and 2 µs more per copy, because a pageable copy is staged through "
+                "a pinned driver buffer (CUDA C++ Best Practices Guide, 'Pinned Memory')"),
+    LinkProfile("pcie5_pinned", "PCIe Gen5 x16, pinned", 6.0, 53.0,
+                "about 53 GB/s pinned D2H on H100 PCIe Gen5 (nvbandwidth device_to_host_memcpy_ce); about 5-7 µs per "
+                "cudaMemcpyAsync", pinned=True),
+    LinkProfile("pcie5_pageable", "PCIe Gen5 x16, pageable", 8.0, 26.5,
+                "assumption: half the pinned bandwidth and 2 µs more per copy (staged copy), as for Gen4"),
+    LinkProfile("nvlink_c2c", "NVLink-C2C (GH200)", 4.0, 450.0,
+                "NVIDIA GH200 Grace Hopper datasheet: 900 GB/s NVLink-C2C, 450 GB/s per direction; the CPU reads "
+                "pageable memory coherently; fixed cost per copy assumed 4 µs"),
 )
 """The profiles the charts and the report price rows at."""
 
