@@ -9,10 +9,6 @@ Facts from SGLang 0.5.23 (python/sglang/srt/disaggregation/):
 - decode, `pop_preallocated` then `_transfer_page_indices`: one conversion per request of
   `req_to_token[row][prefix_len:origin_input_len]`, followed by `.astype(np.int32)` (for ZMQ);
 - every request is converted on its own: nothing gathers a step's requests into one D2H.
-
-A `RequestScenario` is one request on one side; a `StepScenario` is one decode-side scheduler step of B requests
-whose lengths are given or drawn from a named, seeded distribution (`LENGTHS`). `calls()` lists the slices a
-scenario converts, in order.
 """
 
 from __future__ import annotations
@@ -48,8 +44,7 @@ def prefill_chunks(prompt_len: int, chunk_size: int, page_size: int) -> list[tup
     slices, start, extend_end = [], 0, 0
     while extend_end < prompt_len:
         extend_end = min(extend_end + chunk_size, prompt_len)
-        last = extend_end == prompt_len
-        end = extend_end if last else extend_end // page_size * page_size
+        end = extend_end if extend_end == prompt_len else extend_end // page_size * page_size  # floored but the last
         slices.append((start, end))  # converted even when start == end (an empty send)
         start = end
     return slices
@@ -86,7 +81,7 @@ class RequestScenario(ScenarioPool):
         if not 0 <= self.prefix < self.prompt_len:
             raise ValueError(f"prefix {self.prefix} must be >= 0 and < the prompt length {self.prompt_len}")
         check_choice("side", self.side, SIDES)
-        _check_pool(self, self.requests, self.prompt_len)
+        _check_pool(self)
 
     kind = "request"
     requests = 1
@@ -141,10 +136,8 @@ def parse_lengths(text: str) -> tuple[str, tuple[float, ...]]:
 def draw_lengths(spec: str, count: int, seed: int) -> tuple[int, ...]:
     name, params = parse_lengths(spec)
     rng = np.random.default_rng(seed)
-    if name == "list":
+    if name in ("list", "fixed"):  # the given lengths, repeated
         return tuple(int(params[i % len(params)]) for i in range(count))
-    if name == "fixed":
-        return (int(params[0]),) * count
     if name == "uniform":
         return tuple(int(v) for v in rng.integers(int(params[0]), int(params[1]) + 1, count))
     median, sigma, cap = params
@@ -154,7 +147,8 @@ def draw_lengths(spec: str, count: int, seed: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class StepScenario(ScenarioPool):
-    """One decode-side scheduler step: B requests, each converted on its own (or batched, by a step variant)."""
+    """One decode-side scheduler step: B requests, their lengths given or drawn from a seeded distribution (`LENGTHS`),
+    each converted on its own (or batched, by a step variant)."""
 
     batch: int
     lengths_spec: str
@@ -165,7 +159,7 @@ class StepScenario(ScenarioPool):
             raise ValueError(f"a step needs B >= 1 requests, got {self.batch!r}")
         super().__post_init__()
         parse_lengths(self.lengths_spec)
-        _check_pool(self, self.batch, max(self.lengths))
+        _check_pool(self)
 
     kind = "step"
     side = "decode"
@@ -222,15 +216,15 @@ SCENARIO_ROTATION = 2
 """Timed rounds alternate between this many copies of a scenario's rows (different pages)."""
 
 
-def _check_pool(scenario: Scenario, rows: int, longest: int) -> None:
+def _check_pool(scenario: Scenario) -> None:
     """Refuse a scenario whose pool (kvpages.measure.inputs.make_pool, SCENARIO_ROTATION copies of its rows) has token
     indices beyond its dtype."""
     pages = SCENARIO_ROTATION * sum(math.ceil(n / scenario.page_size) for n in scenario.lengths)
     needed = max_token_index(pool_pages(pages), scenario.page_size)
     if needed > INDEX_MAX[scenario.dtype]:
-        raise ValueError(f"scenario with {rows} request(s) of up to {longest} tokens at page_size {scenario.page_size} "
-                         f"needs token indices up to {needed}, beyond {scenario.dtype}'s maximum "
-                         f"{INDEX_MAX[scenario.dtype]}; use shorter or fewer requests")
+        raise ValueError(f"scenario with {scenario.requests} request(s) of up to {max(scenario.lengths)} tokens at "
+                         f"page_size {scenario.page_size} needs token indices up to {needed}, beyond {scenario.dtype}'s "
+                         f"maximum {INDEX_MAX[scenario.dtype]}; use shorter or fewer requests")
 
 
 def describe(scenario: Scenario) -> Iterator[str]:
