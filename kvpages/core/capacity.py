@@ -25,10 +25,8 @@ def check_fits(sweep: Sweep, device: str, free: dict[str, int | None]) -> None:
     """Raise ValueError when a point's estimated peak, or the inputs a multi-pass sweep keeps for all its points plus
     the largest peak, exceed HEADROOM x the `free` bytes of 'host' and, on CUDA runs, 'cuda' (None: not checked)."""
     points = list(sweep.points(device))
-    kept: dict[str, int] = {}
     for point in points:
-        geometry = point.geometry()
-        for where, needed in geometry.memory_bytes(device).items():
+        for where, needed in point.geometry().memory_bytes(device).items():
             available = free.get(where)
             if available is not None and needed > HEADROOM * available:
                 raise ValueError(
@@ -37,13 +35,12 @@ def check_fits(sweep: Sweep, device: str, free: dict[str, int | None]) -> None:
                     f"but only {_gib(available)} is free (at most {HEADROOM:.0%} of it may be used); "
                     f"choose shorter --kv-seq-lens"
                 )
-        if min(sweep.passes, sweep.repetitions) > 1:
-            where = "host" if device == "cpu" else "cuda"
-            kept[where] = kept.get(where, 0) + geometry.pool_bytes
-    for where, total in kept.items():
-        available = free.get(where)
+    where = "host" if device == "cpu" else "cuda"  # where the kept inputs live
+    available = free.get(where)
+    if min(sweep.passes, sweep.repetitions) > 1 and available is not None:
+        total = sum(p.geometry().pool_bytes for p in points)
         peak = max(p.geometry().memory_bytes(device)[where] for p in points)
-        if available is not None and total + peak > HEADROOM * available:
+        if total + peak > HEADROOM * available:
             raise ValueError(
                 f"the sweep keeps every point's inputs for its {sweep.passes} passes: about {_gib(total)} of {where} "
                 f"memory, plus {_gib(peak)} for the largest point, but only {_gib(available)} is free (at most "

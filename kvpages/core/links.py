@@ -94,12 +94,10 @@ PREDICTION_PROFILES = ("pcie5_pageable", "nvlink_c2c", "pcie5_pinned")
 """The profiles a CPU run's findings predict on: `.cpu()` copies into pageable memory, so pre-PR and the merged PR
 are priced on the pageable PCIe Gen5 link and on GH200's C2C; the pinned profile is a labelled what-if."""
 
-CARRIES_HOST_WORK = ("host_stride", "host_mirror")
-"""The variants whose measured time is host work on any box (numpy on host memory)."""
-
 KERNELS_PER_CALL = {"host_stride": 0, "host_mirror": 0, "device_stride": 1, "device_shift": 1,
                     "device_stride_shortcut": 1, "device_stride_pinned": 1}
-"""Device ops a call launches before its copy: the strided divide (or shift); the slice is a view, no kernel."""
+"""Device ops a call launches before its copy: the strided divide (or shift); the slice is a view, no kernel. A
+variant that launches none works in numpy on host memory: host work on any box."""
 
 
 def prediction_profiles() -> tuple[LinkProfile, ...]:
@@ -110,7 +108,7 @@ def carries_host_work(variant: str, host_side: bool = False) -> bool:
     """Whether `variant`'s measured time is host work on a GPU box too: declared above, else (e.g. sglang@<label>)
     `host_side`, from what the meter saw it move (kvpages.analysis.ratios.host_work)."""
     name = per_request_of(variant) or variant
-    return name in CARRIES_HOST_WORK if name in KERNELS_PER_CALL else host_side
+    return KERNELS_PER_CALL[name] == 0 if name in KERNELS_PER_CALL else host_side
 
 
 def device_ops(variant: str, page_size: int, calls: int = 1, host_side: bool = False) -> int:

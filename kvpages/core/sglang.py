@@ -83,18 +83,11 @@ def _looks_like_path(spec: str) -> bool:
 
 
 def _version_in(folder: Path) -> str | None:
-    path = folder / VERSION_FILE
-    if not path.is_file():
-        return None
     try:
-        tree = ast.parse(path.read_text())
-    except (SyntaxError, UnicodeDecodeError):
+        found = re.search(r"^__version__ *= *[\"']([^\"']+)[\"']", (folder / VERSION_FILE).read_text(), re.MULTILINE)
+    except (OSError, UnicodeDecodeError):
         return None
-    for node in tree.body:
-        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
-                and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)):
-            return node.value.value
-    return None
+    return found.group(1) if found else None
 
 
 def _from_path(spec: str) -> SglangSource:
