@@ -82,8 +82,7 @@ if ! "$PYTHON" -c "import importlib.metadata as m; m.distribution('kvpages')" 2>
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTEST_PLUGINS=kvpages.plugin
 fi
 
-# Where the sweeps write: the last --kv-results among the pass-through options (as pytest reads them), else
-# results/, passed explicitly; the run folders a sweep made are those that were not there before it.
+# Where the sweeps write: the last --kv-results passed through (as pytest reads them), else results/, passed explicitly.
 args=("$@")
 RESULTS=''
 for ((i = 0; i < ${#args[@]}; i++)); do

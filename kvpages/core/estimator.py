@@ -1,9 +1,8 @@
 """The one estimator of a run's tables and charts: a variant's time and the ratio of two (no torch, no scipy).
 
-A time is the geometric mean of the block medians (`mean_estimate`); a ratio is the ratio of two times
-(`paired_ratio`), which equals the mean of the paired log-ratios, so drift a repetition shares cancels. Each
-interval is the expanded percentile interval of that statistic over the two-stage bootstrap of
-kvpages.core.stats.Levels, the same draws for both variants.
+A time is the geometric mean of the block medians; a ratio of two times equals the mean of the paired log-ratios, so
+drift a repetition shares cancels. Each interval is the expanded percentile interval of that statistic over the
+two-stage bootstrap of kvpages.core.stats.Levels, the same draws for both variants.
 """
 
 from __future__ import annotations
@@ -14,15 +13,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from kvpages.core.stats import (
-    BOOTSTRAP_RESAMPLES,
-    BOOTSTRAP_SEED,
-    CONFIDENCE,
-    Interval,
-    Levels,
-    resampled_means,
-    unknown,
-)
+from kvpages.core.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, Interval, Levels, resampled_means, unknown
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,4 @@
-"""The names the measuring and the analysis sides share: the baseline, the candidate, the per-request step
-variants and the cases, each built and parsed here once. No torch.
-"""
+"""The names the measuring and the analysis sides share, each built and parsed here once. No torch."""
 
 from __future__ import annotations
 
@@ -12,20 +10,15 @@ CANDIDATE = "device_stride"
 FLOOR = "host_mirror"
 """The zero-D2H floor: page indices read from a host-side page table (a reference line in the charts)."""
 
-_PER_REQUEST = ("per_request[", "]")
-
-
 def per_request_name(variant: str) -> str:
     """The step variant that converts each request of a step on its own with `variant`."""
-    return f"{_PER_REQUEST[0]}{variant}{_PER_REQUEST[1]}"
+    return f"per_request[{variant}]"
 
 
 def per_request_of(step_variant: str) -> str | None:
     """The variant inside `per_request[<v>]`, or None for a step variant of its own (a batched one)."""
-    head, tail = _PER_REQUEST
-    if step_variant.startswith(head) and step_variant.endswith(tail):
-        return step_variant[len(head):-len(tail)]
-    return None
+    inner = step_variant.removeprefix("per_request[")
+    return inner[:-1] if inner != step_variant and inner.endswith("]") else None
 
 
 def case_id(variant: str, target_id: str) -> str:
