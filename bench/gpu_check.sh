@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# make gpu-check: on a CUDA machine, with its own python and torch (no pip, no network), within
-# GPU_CHECK_TOTAL_S = 280 s (3-4 minutes expected on one H200, not yet measured there). Results first:
+# make gpu-check: on a CUDA machine, its own python and torch (no pip, no network), within GPU_CHECK_TOTAL_S = 280 s
+# (3-4 minutes expected on one H200, not yet measured there). Steps, results first, each under `timeout` cut to what
+# is left of the budget; a failure does not stop the others, and the last line names every one:
 #   1. preflight: the packages the steps need and a CUDA device (one line naming what is missing);
 #   2. a `quick` sweep, profiler cross-check off, as a run folder in results/ (charts, REPORT.md, breakdown);
 #   3. the profiler preflight: a tiny CUDA profile in a child process must see the device-to-host copy;
 #   4. the same sweep, cross-check on, in 2 processes (skipped, saying why, if 3 failed);
 #   5. `kvpages compare` of the two runs; with 2+ GPUs, the quick steps on 2, 4 and 8 ranks (torchrun, a run each);
 #   6. the CUDA-marked tests, less the in-process quick sweep that steps 2 and 4 cover.
-# Each step runs under `timeout`, cut to what is left of the budget; a failure does not stop the others, and the
-# last line names every one.
 #
 # Usage: bash bench/gpu_check.sh [--archive DIR] [--device cuda|cpu] [--] [pytest options for both sweeps]
 #   --archive DIR   tee all output into DIR/gpu_check.log (DIR is created, holds nothing else) and, after each

@@ -9,7 +9,6 @@ HEADROOM = 0.9
 
 
 def host_available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo, or None where there is no such file."""
     try:
         with open("/proc/meminfo") as f:
             return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)

@@ -124,7 +124,6 @@ def device_ops(variant: str, page_size: int, calls: int = 1, host_side: bool = F
 
 
 def model_terms() -> tuple[Term, ...]:
-    """The model's terms beside the profiles' own."""
     return (LAUNCH, KERNEL, SYNC)
 
 

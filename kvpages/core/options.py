@@ -215,7 +215,6 @@ class BenchOptions:
 
     @functools.cached_property
     def selected_preset(self) -> Preset:
-        """The Preset that `preset` (the name given, None: default) names."""
         return get_preset(self.preset or "default")
 
     @functools.cached_property

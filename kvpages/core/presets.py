@@ -61,6 +61,5 @@ PRESETS: dict[str, Preset] = {
 
 
 def get_preset(name: str) -> Preset:
-    """The preset called `name`; an unknown name raises a ValueError listing the presets."""
     check_choice("preset", name, PRESETS)
     return PRESETS[name]

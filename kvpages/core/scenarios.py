@@ -171,7 +171,6 @@ class StepScenario(ScenarioPool):
 
     @functools.cached_property
     def lengths(self) -> tuple[int, ...]:
-        """The B request lengths, drawn once."""
         return draw_lengths(self.lengths_spec, self.batch, self.seed)
 
     def calls(self) -> tuple[Call, ...]:

@@ -41,7 +41,6 @@ def unknown(ratio: float, n: int) -> Interval:
 
 
 def block_medians(blocks: list[np.ndarray]) -> np.ndarray:
-    """One median per repetition."""
     return np.array([np.median(b) for b in blocks])
 
 
@@ -138,7 +137,6 @@ def _means_of(groups: list[np.ndarray], draws: _Draws) -> np.ndarray:
 
 
 def resampled_means(levels: Levels, rng: np.random.Generator) -> np.ndarray:
-    """BOOTSTRAP_RESAMPLES two-stage resample means, drawn from `rng`."""
     groups = levels.by_process()
     return _means_of(groups, _draws(tuple(g.size for g in groups), rng))
 

@@ -15,7 +15,6 @@ DTYPES: tuple[str, ...] = ("int32", "int64")
 """Index dtypes: int32 is what SGLang's `req_to_token` holds."""
 ITEMSIZE: dict[str, int] = {"int32": 4, "int64": 8}
 INDEX_MAX: dict[str, int] = {"int32": 2**31 - 1, "int64": 2**63 - 1}
-"""The largest token index each dtype holds."""
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 LAYOUTS: tuple[str, ...] = ("fragmented", "contiguous")
 """fragmented: pages come from a shuffled free list; contiguous: consecutive pages."""
@@ -34,7 +33,6 @@ def pool_pages(handed_out: int) -> int:
 
 
 def max_token_index(pages: int, page_size: int) -> int:
-    """The largest token index of a pool of `pages` pages (pages 1..pages, page 0 unused)."""
     return pages * page_size + page_size - 1
 
 
