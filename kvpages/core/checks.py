@@ -7,18 +7,11 @@ from collections.abc import Iterable, Sequence
 
 
 def check_positive(name: str, value: object) -> int:
-    """Return `value` if it is an integer >= 1 (a page size, a sequence length), else raise TypeError/ValueError."""
+    """Return `value` if it is an integer >= 1 (a page size, a length, a count), else raise TypeError/ValueError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer >= 1, got {value!r} of type {type(value).__name__}")
     if value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
-
-
-def check_count(what: str, value: object) -> int:
-    """Return `value` if it is an integer >= 1 (a count: repetitions, passes, a chunk size), else a ValueError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{what} must be an integer >= 1, got {value!r}")
     return int(value)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -201,12 +201,12 @@ class BenchOptions:
         options.scenario_set  # noqa: B018
         return options
 
-    def to_args(self) -> tuple[str, ...]:
-        """The flags that parse back to these options (the inverse of `parse`)."""
+    def to_args(self, fields: Collection[str] | None = None) -> tuple[str, ...]:
+        """The flags that parse back to these options (the inverse of `parse`), or to those of `fields`."""
         args: list[str] = []
         for option in OPTIONS:
             value = getattr(self, option.field)
-            if value is not None:
+            if value is not None and (fields is None or option.field in fields):
                 args += [option.flag, option.render(value)]
         return tuple(args)
 
@@ -227,8 +227,7 @@ class BenchOptions:
             return dataclasses.replace(self.selected_preset.sweep, **changes)
         except ValueError as exc:
             about = ("seq_lens", "page_sizes", "dtypes") + (("repetitions", "processes") if "processes" in str(exc) else ())
-            given = " ".join(f"{o.flag} {o.render(getattr(self, o.field))}" for o in OPTIONS
-                             if o.field in about and getattr(self, o.field) is not None)
+            given = " ".join(self.to_args(about))
             raise ValueError(f"{given or '--kv-preset ' + self.selected_preset.name}: {exc}") from None
 
     @functools.cached_property
@@ -236,7 +235,7 @@ class BenchOptions:
         """The preset's scenarios, none, or those given by hand (at the sweep's page sizes and dtypes)."""
         if self.scenarios == "none":
             return ()
-        given = [o for o in OPTIONS if o.field in BY_HAND and getattr(self, o.field) is not None]
+        given = " ".join(self.to_args(BY_HAND))
         if not given:
             return self.selected_preset.scenarios
         try:
@@ -244,8 +243,7 @@ class BenchOptions:
                                   self.chunk_size or DEFAULT_CHUNK_SIZE, self.prefix or 0, self.step_sizes or (),
                                   self.step_lens or MIXED_LENGTHS)
         except ValueError as exc:
-            flags = " ".join(f"{o.flag} {o.render(getattr(self, o.field))}" for o in given)
-            raise ValueError(f"{flags}: {exc}") from None
+            raise ValueError(f"{given}: {exc}") from None
 
     @property
     def scenario_budget_s(self) -> float:

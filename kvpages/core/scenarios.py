@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvpages.core.checks import check_choice, check_count, check_positive
+from kvpages.core.checks import check_choice, check_positive
 from kvpages.core.sweep import DTYPES, INDEX_MAX, ITEMSIZE, max_token_index, pool_pages
 
 SIDES = ("prefill", "decode")
@@ -77,7 +77,7 @@ class RequestScenario(ScenarioPool):
     def __post_init__(self) -> None:
         check_positive("seq_len", self.prompt_len)
         super().__post_init__()
-        check_count("chunk size", self.chunk_size)
+        check_positive("chunk size", self.chunk_size)
         if not 0 <= self.prefix < self.prompt_len:
             raise ValueError(f"prefix {self.prefix} must be >= 0 and < the prompt length {self.prompt_len}")
         check_choice("side", self.side, SIDES)

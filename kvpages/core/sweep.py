@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kvpages.core.checks import check_choice, check_count, check_positive
+from kvpages.core.checks import check_choice, check_positive
 
 DTYPES: tuple[str, ...] = ("int32", "int64")
 """Index dtypes: int32 is what SGLang's `req_to_token` holds."""
@@ -168,9 +168,8 @@ class Sweep:
         list(self.points("cpu"))  # each point checks its values, and that its token indices fit its dtype
         if not (self.time_budget_s > 0 and math.isfinite(self.time_budget_s)):
             raise ValueError(f"time budget must be a positive number of seconds, got {self.time_budget_s!r}")
-        check_count("repetitions", self.repetitions)
-        check_count("passes", self.passes)
-        check_count("processes", self.processes)
+        for count in ("repetitions", "passes", "processes"):
+            check_positive(count, getattr(self, count))
         if self.processes > self.repetitions:
             raise ValueError(f"{self.processes} processes but {self.repetitions} repetitions: every process times "
                              f"at least one repetition of each case; give at most {self.repetitions} processes")
