@@ -180,13 +180,9 @@ def resolve(spec: str, cache: Path | None = None) -> SglangSource:
 
 def _module_names(tree: ast.Module) -> dict[str, str]:
     """{name: module} for numpy and torch as the file imports them (`import numpy as np`), defaults included."""
-    names = {name: module for module, defaults in MODULES.items() for name in defaults}
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name in MODULES:
-                    names[alias.asname or alias.name] = alias.name
-    return names
+    defaults = {name: module for module, names in MODULES.items() for name in names}
+    return defaults | {alias.asname or alias.name: alias.name for node in tree.body if isinstance(node, ast.Import)
+                       for alias in node.names if alias.name in MODULES}
 
 
 def _annotation(node: ast.expr | None) -> str:

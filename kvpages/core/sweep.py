@@ -3,6 +3,7 @@ No torch."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import math
@@ -129,15 +130,12 @@ class PoolGeometry:
 
 
 def largest_seq_len(page_size: int, dtype: str) -> int:
-    """The largest seq_len whose pool's token indices fit `dtype` at `page_size` (default rotation)."""
-    def fits(seq_len: int) -> bool:
-        return Point(seq_len, page_size, dtype, check_range=False).geometry().max_token_index <= INDEX_MAX[dtype]
+    """The largest seq_len whose pool's token indices fit `dtype` at `page_size` (default rotation): the count of the
+    lengths 1, 2, ... that fit, found by bisection."""
+    def too_long(seq_len: int) -> bool:
+        return Point(seq_len, page_size, dtype, check_range=False).geometry().max_token_index > INDEX_MAX[dtype]
 
-    lo, hi = 1, INDEX_MAX[dtype]
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-    return lo
+    return bisect.bisect_left(range(1, INDEX_MAX[dtype] + 1), True, key=too_long)
 
 
 @dataclass(frozen=True)
