@@ -76,8 +76,7 @@ class Levels:
     def bootstrap_means(self) -> np.ndarray:
         """The means of the two-stage bootstrap's resamples, seeded: every `Levels` of one shape (repetitions per
         process) is resampled alike, so two variants of a point are, and the draws are made once per shape."""
-        groups = self.by_process()
-        return _means_of(groups, _seeded_draws(tuple(g.size for g in groups)))
+        return resampled_means(self)
 
     def components(self) -> Components:
         groups = self.by_process()
@@ -125,20 +124,18 @@ def _seeded_draws(sizes: tuple[int, ...]) -> _Draws:
     return _draws(sizes, np.random.default_rng(BOOTSTRAP_SEED))
 
 
-def _means_of(groups: list[np.ndarray], draws: _Draws) -> np.ndarray:
-    """The mean of each resample (a smaller process draws fewer: its padded cells are left out)."""
-    width = max(g.size for g in groups)
-    padded = np.zeros((len(groups), width))
+def resampled_means(levels: Levels, rng: np.random.Generator | None = None) -> np.ndarray:
+    """The mean of each two-stage resample, drawn from `rng` (None: the seeded draws of `bootstrap_means`); a smaller
+    process draws fewer repetitions: its padded cells are left out."""
+    groups = levels.by_process()
+    sizes = tuple(g.size for g in groups)
+    draws = _seeded_draws(sizes) if rng is None else _draws(sizes, rng)
+    padded = np.zeros((len(groups), max(sizes)))
     for i, g in enumerate(groups):
         padded[i, :g.size] = g
     values = padded.ravel()[draws.flat]
     kept = ~draws.padding
     return (values * kept).sum(axis=1) / kept.sum(axis=1)
-
-
-def resampled_means(levels: Levels, rng: np.random.Generator) -> np.ndarray:
-    groups = levels.by_process()
-    return _means_of(groups, _draws(tuple(g.size for g in groups), rng))
 
 
 def finite_median(values: list[float]) -> float:
