@@ -12,7 +12,7 @@ from typing import Any
 from kvpages.core.checks import check_choice, parse_choices, parse_positive_ints, split_csv
 from kvpages.core.names import BASELINE
 from kvpages.core.presets import PRESETS, Preset, get_preset
-from kvpages.core.scenarios import MIXED_LENGTHS, Scenario, parse_lengths, scenarios_from
+from kvpages.core.scenarios import DEFAULT_CHUNK_SIZE, MIXED_LENGTHS, Scenario, parse_lengths, scenarios_from
 from kvpages.core.sglang import SPEC_FORMS, parse_specs
 from kvpages.core.sweep import DEVICES, DTYPES, LAYOUTS, Sweep
 
@@ -20,7 +20,6 @@ DEVICE_CHOICES = ("auto",) + DEVICES
 CROSSCHECK_MODES = ("auto", "on", "off")
 SCENARIO_CHOICES = ("preset", "none")
 BREAKDOWN_MODES = ("on", "off")
-DEFAULT_CHUNK_SIZE = 8192
 DEFAULT_RANK_TIMEOUT_S = 300.0
 
 
@@ -155,7 +154,7 @@ def with_options_table(text: str, where: str) -> str:
 
 
 BY_HAND = ("request_lens", "chunk_size", "prefix", "step_sizes", "step_lens")
-"""The options that give scenarios by hand instead of the preset's."""
+"""The options that give scenarios by hand instead of the preset's (`scenarios_from`'s parameters)."""
 
 
 @dataclass(frozen=True)
@@ -239,9 +238,8 @@ class BenchOptions:
         if not given:
             return self.selected_preset.scenarios
         try:
-            return scenarios_from(self.sweep.page_sizes, self.sweep.dtypes, self.request_lens or (),
-                                  self.chunk_size or DEFAULT_CHUNK_SIZE, self.prefix or 0, self.step_sizes or (),
-                                  self.step_lens or MIXED_LENGTHS)
+            by_hand = {name: getattr(self, name) for name in BY_HAND if getattr(self, name) is not None}
+            return scenarios_from(self.sweep.page_sizes, self.sweep.dtypes, **by_hand)
         except ValueError as exc:
             raise ValueError(f"{given}: {exc}") from None
 

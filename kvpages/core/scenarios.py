@@ -238,6 +238,7 @@ def describe(scenario: Scenario) -> Iterator[str]:
                f"({c.tokens * itemsize} B all tokens, {pages * itemsize} B pages)")
 
 
+DEFAULT_CHUNK_SIZE = 8192
 MIXED_LENGTHS = "lognormal:4096,1.0,65536"
 """The default step's request lengths: median 4096 tokens, heavy-tailed, at most 65536."""
 BUSY_US = 500
@@ -246,7 +247,7 @@ staged variant's indices and before every variant's readback (kvpages.measure.st
 
 
 def scenarios_from(page_sizes: tuple[int, ...], dtypes: tuple[str, ...], request_lens: tuple[int, ...] = (),
-                   chunk_size: int = 8192, prefix: int = 0, step_sizes: tuple[int, ...] = (),
+                   chunk_size: int = DEFAULT_CHUNK_SIZE, prefix: int = 0, step_sizes: tuple[int, ...] = (),
                    step_lens: str = MIXED_LENGTHS) -> tuple[Scenario, ...]:
     """Per dtype, both sides of each request length, then a step of each size, at every page size."""
     out: list[Scenario] = []
