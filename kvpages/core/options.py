@@ -33,14 +33,17 @@ def _float_seconds(option: str, text: str) -> float:
     return value
 
 
-def _integer(option: str, text: str, minimum: int, what: str, example: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{option}: {text!r} is not an integer; give {what} >= {minimum}, e.g. {example}") from None
-    if value < minimum:
-        raise ValueError(f"{option}: {value} is not >= {minimum}; give {what} >= {minimum}, e.g. {example}")
-    return value
+def _integer(minimum: int, what: str, example: str) -> Callable[[str, str], int]:
+    def parse(option: str, text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"{option}: {text!r} is not an integer; give {what} >= {minimum}, e.g. {example}") from None
+        if value < minimum:
+            raise ValueError(f"{option}: {value} is not >= {minimum}; give {what} >= {minimum}, e.g. {example}")
+        return value
+
+    return parse
 
 
 def _flagged(check: Callable[[str], Any]) -> Callable[[str, str], Any]:
@@ -79,12 +82,10 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("--kv-preset", "preset", f"named sweep: {', '.join(PRESETS)} (default: default)",
-           _choice(tuple(PRESETS), "preset")),
+    Option("--kv-preset", "preset", f"named sweep: {', '.join(PRESETS)} (default: default)", _choice(tuple(PRESETS), "preset")),
     Option("--kv-seq-lens", "seq_lens", "comma-separated sequence lengths, e.g. 2048,8192 (overrides the preset)",
            parse_positive_ints),
-    Option("--kv-page-sizes", "page_sizes", "comma-separated page sizes, e.g. 1,64 (overrides the preset)",
-           parse_positive_ints),
+    Option("--kv-page-sizes", "page_sizes", "comma-separated page sizes, e.g. 1,64 (overrides the preset)", parse_positive_ints),
     Option("--kv-dtypes", "dtypes", f"comma-separated index dtypes from {', '.join(DTYPES)} (overrides the preset)",
            lambda f, t: parse_choices(f, t, DTYPES)),
     Option("--kv-layouts", "layouts", f"comma-separated page layouts from {', '.join(LAYOUTS)} (overrides the preset)",
@@ -93,17 +94,16 @@ OPTIONS: tuple[Option, ...] = (
            lambda f, t: tuple(split_csv(f, t))),
     Option("--kv-device", "device", f"{', '.join(DEVICE_CHOICES)} (default: auto = cuda when available)",
            _choice(DEVICE_CHOICES, "device")),
-    Option("--kv-seed", "seed", "seed of the generated inputs (default: the preset's, 0)",
-           lambda f, t: _integer(f, t, 0, "an integer seed", "0")),
+    Option("--kv-seed", "seed", "seed of the generated inputs (default: the preset's, 0)", _integer(0, "an integer seed", "0")),
     Option("--kv-time-budget", "time_budget_s",
            "timed seconds per (variant, point), all repetitions together (default: the preset's)", _float_seconds, repr),
     Option("--kv-repetitions", "repetitions", "interleaved repetitions per (variant, point), a block each (default: the preset's)",
-           lambda f, t: _integer(f, t, 1, "an integer", "10")),
+           _integer(1, "an integer", "10")),
     Option("--kv-passes", "passes", "sweeps over the points that each process's repetitions are dealt to "
-           "(default: the preset's)", lambda f, t: _integer(f, t, 1, "an integer", "2")),
+           "(default: the preset's)", _integer(1, "an integer", "2")),
     Option("--kv-processes", "processes", "fresh processes the repetitions are dealt to, one after another; the "
            "intervals sample them (default: the preset's; 1 times in the pytest process)",
-           lambda f, t: _integer(f, t, 1, "a number of processes", "5")),
+           _integer(1, "a number of processes", "5")),
     Option("--kv-crosscheck", "crosscheck", f"profiler cross-check of the meter, in its own process: "
            f"{', '.join(CROSSCHECK_MODES)} (default: auto = on for CUDA runs)", _choice(CROSSCHECK_MODES, "cross-check mode")),
     Option("--kv-scenarios", "scenarios", "whole requests and steps: preset (the preset's) or none (default: preset)",
@@ -111,11 +111,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kv-request-lens", "request_lens",
            "request scenarios by hand: comma-separated prompt lengths (both sides of each)", parse_positive_ints),
     Option("--kv-chunk-size", "chunk_size", f"chunked-prefill size of the request scenarios (default {DEFAULT_CHUNK_SIZE})",
-           lambda f, t: _integer(f, t, 1, "a number of tokens", str(DEFAULT_CHUNK_SIZE))),
+           _integer(1, "a number of tokens", str(DEFAULT_CHUNK_SIZE))),
     Option("--kv-prefix", "prefix", "decode-side prefix of the request scenarios, in tokens (default 0)",
-           lambda f, t: _integer(f, t, 0, "a number of tokens", "0")),
-    Option("--kv-step-sizes", "step_sizes", "step scenarios by hand: comma-separated requests per step (B)",
-           parse_positive_ints),
+           _integer(0, "a number of tokens", "0")),
+    Option("--kv-step-sizes", "step_sizes", "step scenarios by hand: comma-separated requests per step (B)", parse_positive_ints),
     Option("--kv-step-lens", "step_lens", "request lengths of a step: comma-separated integers, or fixed:L, "
            f"uniform:LO,HI, lognormal:MEDIAN,SIGMA,MAX (default {MIXED_LENGTHS})", _flagged(_lengths)),
     Option("--kv-step-variants", "step_variants", "comma-separated step variant names (default: all; see `kvpages list`)",
@@ -129,8 +128,7 @@ OPTIONS: tuple[Option, ...] = (
            "process after the timing: on, off (default: on)", _choice(BREAKDOWN_MODES, "breakdown mode")),
     Option("--kv-rank-timeout", "rank_timeout_s", "under torchrun: seconds a rank waits for the others at a barrier "
            f"or gather before the run stops, naming them (default {DEFAULT_RANK_TIMEOUT_S:g})", _float_seconds, repr),
-    Option("--kv-results", "results_dir", "folder that receives the run folder (default: <rootdir>/results)",
-           lambda f, t: t),
+    Option("--kv-results", "results_dir", "folder that receives the run folder (default: <rootdir>/results)", lambda f, t: t),
 )
 
 OPTIONS_BEGIN = "<!-- options: written by `kvpages options --markdown docs/guide.md` from kvpages/core/options.py -->"
