@@ -28,20 +28,17 @@ def check_fits(sweep: Sweep, device: str, free: dict[str, int | None]) -> None:
         for where, needed in point.geometry().memory_bytes(device).items():
             available = free.get(where)
             if available is not None and needed > HEADROOM * available:
-                raise ValueError(
-                    f"seq_len {point.seq_len} at page_size {point.page_size} ({point.dtype}) needs about "
-                    f"{_gib(needed)} of {where} memory to build and check its {point.rotation} request rows, "
-                    f"but only {_gib(available)} is free (at most {HEADROOM:.0%} of it may be used); "
-                    f"choose shorter --kv-seq-lens"
-                )
+                raise ValueError(f"seq_len {point.seq_len} at page_size {point.page_size} ({point.dtype}) needs about "
+                                 f"{_gib(needed)} of {where} memory to build and check its {point.rotation} request "
+                                 f"rows, but only {_gib(available)} is free (at most {HEADROOM:.0%} of it may be used); "
+                                 "choose shorter --kv-seq-lens")
     where = "host" if device == "cpu" else "cuda"  # where the kept inputs live
     available = free.get(where)
     if min(sweep.passes, sweep.repetitions) > 1 and available is not None:
         total = sum(p.geometry().pool_bytes for p in points)
         peak = max(p.geometry().memory_bytes(device)[where] for p in points)
         if total + peak > HEADROOM * available:
-            raise ValueError(
-                f"the sweep keeps every point's inputs for its {sweep.passes} passes: about {_gib(total)} of {where} "
-                f"memory, plus {_gib(peak)} for the largest point, but only {_gib(available)} is free (at most "
-                f"{HEADROOM:.0%} of it may be used); give fewer --kv-passes or shorter --kv-seq-lens"
-            )
+            raise ValueError(f"the sweep keeps every point's inputs for its {sweep.passes} passes: about {_gib(total)} "
+                             f"of {where} memory, plus {_gib(peak)} for the largest point, but only {_gib(available)} "
+                             f"is free (at most {HEADROOM:.0%} of it may be used); give fewer --kv-passes or shorter "
+                             "--kv-seq-lens")

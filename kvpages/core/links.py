@@ -21,6 +21,7 @@ from kvpages.core.names import per_request_of
 
 @dataclass(frozen=True)
 class Term:
+    """One term of the model: its value and where the value comes from."""
 
     name: str
     value: float

@@ -58,11 +58,10 @@ class Point:
         if self.check_range:
             needed = self.geometry().max_token_index
             if needed > INDEX_MAX[self.dtype]:
-                raise ValueError(
-                    f"seq_len {self.seq_len} at page_size {self.page_size} needs token indices up to {needed}, "
-                    f"beyond {self.dtype}'s maximum {INDEX_MAX[self.dtype]}; the largest valid seq_len for "
-                    f"{self.dtype} at page_size {self.page_size} is {largest_seq_len(self.page_size, self.dtype)}"
-                )
+                raise ValueError(f"seq_len {self.seq_len} at page_size {self.page_size} needs token indices up to "
+                                 f"{needed}, beyond {self.dtype}'s maximum {INDEX_MAX[self.dtype]}; the largest valid "
+                                 f"seq_len for {self.dtype} at page_size {self.page_size} is "
+                                 f"{largest_seq_len(self.page_size, self.dtype)}")
 
     @property
     def num_pages(self) -> int:
@@ -121,12 +120,11 @@ class PoolGeometry:
         for the free list, permutation and its copy, every token in int64, the pool in its dtype) and checked (33 bytes
         per token of a row: int64 copies of the row, positions and the expected row, a bool mask)."""
         tokens_int64 = 8 * self.rows * self.pages_per_row * self.page_size
-        pool = self.pool_bytes
         page_ids = 3 * 8 * self.pool_pages
         check_row = 33 * self.row_tokens
         if device == "cpu":
-            return {"host": page_ids + tokens_int64 + 2 * pool + check_row}
-        return {"host": page_ids + tokens_int64 + pool, "cuda": pool + check_row}
+            return {"host": page_ids + tokens_int64 + 2 * self.pool_bytes + check_row}
+        return {"host": page_ids + tokens_int64 + self.pool_bytes, "cuda": self.pool_bytes + check_row}
 
 
 def largest_seq_len(page_size: int, dtype: str) -> int:
@@ -176,7 +174,5 @@ class Sweep:
 
     def points(self, device: str) -> Iterator[Point]:
         """Points ordered by dtype, layout, page size, then sequence length."""
-        for dtype, layout, page_size, seq_len in itertools.product(
-            self.dtypes, self.layouts, self.page_sizes, self.seq_lens
-        ):
+        for dtype, layout, page_size, seq_len in itertools.product(self.dtypes, self.layouts, self.page_sizes, self.seq_lens):
             yield Point(seq_len, page_size, dtype, device, layout, self.seed)
