@@ -95,9 +95,8 @@ class BetweenRuns:
 
 
 def between_runs(a: Levels, b: Levels, confidence: float = CONFIDENCE) -> BetweenRuns:
-    """B over A of two runs' levels (log block medians, or paired log-ratios), with its interval over independent
-    bootstraps of the two runs (two-stage when both have >= 2 processes, else over repetitions), widened for the fewer
-    units, and the p-value of 'B equals A'; unknown, p = 1, from fewer than 2 repetitions in either."""
+    """B over A of two runs' levels, its interval over independent bootstraps (two-stage when both have >= 2 processes)
+    widened for the fewer units, and the p-value of 'B equals A'; unknown, p = 1, below 2 repetitions in either."""
     center = float(np.mean(b.values) - np.mean(a.values))
     figures = (math.exp(float(np.mean(a.values))), math.exp(float(np.mean(b.values))))
     if a.values.size < 2 or b.values.size < 2:

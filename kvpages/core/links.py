@@ -106,8 +106,7 @@ def prediction_profiles() -> tuple[LinkProfile, ...]:
 
 
 def carries_host_work(variant: str, host_side: bool = False) -> bool:
-    """Whether `variant`'s measured time is host work on a GPU box too: declared above, else (e.g. sglang@<label>)
-    `host_side`, from what the meter saw it move (kvpages.analysis.ratios.host_work)."""
+    """Whether `variant`'s time is host work on a GPU box too: declared above, else `host_side` (what the meter saw)."""
     name = per_request_of(variant) or variant
     return KERNELS_PER_CALL[name] == 0 if name in KERNELS_PER_CALL else host_side
 

@@ -37,27 +37,22 @@ _DEFAULT_SCENARIOS: tuple[Scenario, ...] = (
     StepScenario(32, MIXED_LENGTHS, page_size=64, busy_us=BUSY_US),
 )
 
-PRESETS: dict[str, Preset] = {
-    preset.name: preset
-    for preset in (
-        Preset(Sweep("quick", seq_lens=(512, 8192), page_sizes=(1, 64), time_budget_s=0.06, repetitions=6, passes=6),
-               (RequestScenario(32768, 8192, "prefill", page_size=64), StepScenario(8, MIXED_LENGTHS, page_size=64),
-                StepScenario(8, MIXED_LENGTHS, page_size=64, busy_us=BUSY_US)),
-               0.03, "seconds; what CI and the GPU check run"),
-        Preset(Sweep("default", seq_lens=_DEFAULT_SEQ_LENS, page_sizes=(1, 16, 64, 128), time_budget_s=0.4,
-                     processes=DEFAULT_PROCESSES, repetitions=DEFAULT_REPETITIONS, passes=1, max_rounds=1000),
-               _DEFAULT_SCENARIOS, 0.09, "`make bench`"),
-        # 1M and 2M tokens: the longest contexts served today; a point that does not fit is skipped (out of memory)
-        Preset(Sweep("full", seq_lens=_DEFAULT_SEQ_LENS + (1048576, 2097152), page_sizes=(1, 16, 32, 64, 128, 256),
-                     dtypes=DTYPES, time_budget_s=0.5, processes=DEFAULT_PROCESSES, repetitions=DEFAULT_REPETITIONS,
-                     passes=1),
-               _DEFAULT_SCENARIOS, 0.2, "every page size, both dtypes, up to 2M tokens"),
-        Preset(Sweep("ranks", seq_lens=(8192,), page_sizes=(1, 64), time_budget_s=0.05, processes=1, repetitions=12,
-                     passes=1),
-               scenarios_from((1, 64), ("int32",), step_sizes=(8, 32, 128)), 0.1,
-               "the steps under torchrun: every rank at once against rank 0 alone (docs/guide.md: many ranks)"),
-    )
-}
+PRESETS: dict[str, Preset] = {preset.name: preset for preset in (
+    Preset(Sweep("quick", seq_lens=(512, 8192), page_sizes=(1, 64), time_budget_s=0.06, repetitions=6, passes=6),
+           (RequestScenario(32768, 8192, "prefill", page_size=64), StepScenario(8, MIXED_LENGTHS, page_size=64),
+            StepScenario(8, MIXED_LENGTHS, page_size=64, busy_us=BUSY_US)),
+           0.03, "seconds; what CI and the GPU check run"),
+    Preset(Sweep("default", seq_lens=_DEFAULT_SEQ_LENS, page_sizes=(1, 16, 64, 128), time_budget_s=0.4,
+                 processes=DEFAULT_PROCESSES, repetitions=DEFAULT_REPETITIONS, passes=1, max_rounds=1000),
+           _DEFAULT_SCENARIOS, 0.09, "`make bench`"),
+    # 1M and 2M tokens: the longest contexts served today; a point that does not fit is skipped (out of memory)
+    Preset(Sweep("full", seq_lens=_DEFAULT_SEQ_LENS + (1048576, 2097152), page_sizes=(1, 16, 32, 64, 128, 256),
+                 dtypes=DTYPES, time_budget_s=0.5, processes=DEFAULT_PROCESSES, repetitions=DEFAULT_REPETITIONS, passes=1),
+           _DEFAULT_SCENARIOS, 0.2, "every page size, both dtypes, up to 2M tokens"),
+    Preset(Sweep("ranks", seq_lens=(8192,), page_sizes=(1, 64), time_budget_s=0.05, processes=1, repetitions=12, passes=1),
+           scenarios_from((1, 64), ("int32",), step_sizes=(8, 32, 128)), 0.1,
+           "the steps under torchrun: every rank at once against rank 0 alone (docs/guide.md: many ranks)"),
+)}
 
 
 def get_preset(name: str) -> Preset:

@@ -147,8 +147,7 @@ def draw_lengths(spec: str, count: int, seed: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class StepScenario(ScenarioPool):
-    """One decode-side scheduler step: B requests, their lengths given or drawn from a seeded distribution (`LENGTHS`),
-    each converted on its own (or batched, by a step variant)."""
+    """One decode-side scheduler step: B requests of given or drawn (`LENGTHS`) lengths, converted one by one or batched."""
 
     batch: int
     lengths_spec: str
@@ -216,8 +215,7 @@ SCENARIO_ROTATION = 2
 
 
 def _check_pool(scenario: Scenario) -> None:
-    """Refuse a scenario whose pool (kvpages.measure.inputs.make_pool, SCENARIO_ROTATION copies of its rows) has token
-    indices beyond its dtype."""
+    """Refuse a scenario whose pool (SCENARIO_ROTATION copies of its rows) has token indices beyond its dtype."""
     pages = SCENARIO_ROTATION * sum(math.ceil(n / scenario.page_size) for n in scenario.lengths)
     needed = max_token_index(pool_pages(pages), scenario.page_size)
     if needed > INDEX_MAX[scenario.dtype]:

@@ -267,8 +267,7 @@ def _told_apart(f: SglangFunction) -> SglangFunction:
 
 
 def load_all(specs: tuple[str, ...], cache: Path | None = None) -> tuple[SglangFunction, ...]:
-    """Resolve and read every SPEC; two of the same variant name (checkout folders of one name) are told apart by
-    their git commits, else refused."""
+    """Resolve and read every SPEC; two of one variant name are told apart by their git commits, else refused."""
     functions = [load_function(resolve(spec, cache)) for spec in dict.fromkeys(specs)]
     names = [f.source.name for f in functions]
     functions = [_told_apart(f) if names.count(f.source.name) > 1 else f for f in functions]

@@ -74,8 +74,7 @@ class Levels:
 
     @functools.cached_property
     def bootstrap_means(self) -> np.ndarray:
-        """The means of the two-stage bootstrap's resamples, seeded: every `Levels` of one shape (repetitions per
-        process) is resampled alike, so two variants of a point are, and the draws are made once per shape."""
+        """Seeded resample means: every `Levels` of one shape is resampled alike (two variants of a point are), drawn once."""
         return resampled_means(self)
 
     def components(self) -> Components:
@@ -108,8 +107,7 @@ class _Draws:
 
 
 def _draws(sizes: tuple[int, ...], rng: np.random.Generator) -> _Draws:
-    """Processes with replacement, then each drawn process's repetitions with replacement (Kalibera and Jones 2013,
-    section 4.3), for processes of `sizes` repetitions."""
+    """Processes with replacement, then each drawn one's repetitions (Kalibera and Jones 2013, section 4.3)."""
     count, width = len(sizes), max(sizes)
     sizes_array = np.array(sizes)
     drawn = rng.integers(0, count, size=(BOOTSTRAP_RESAMPLES, count))
@@ -125,8 +123,7 @@ def _seeded_draws(sizes: tuple[int, ...]) -> _Draws:
 
 
 def resampled_means(levels: Levels, rng: np.random.Generator | None = None) -> np.ndarray:
-    """The mean of each two-stage resample, drawn from `rng` (None: the seeded draws of `bootstrap_means`); a smaller
-    process draws fewer repetitions: its padded cells are left out."""
+    """Each two-stage resample's mean, drawn from `rng` (None: `bootstrap_means`'s seeded draws), padding left out."""
     groups = levels.by_process()
     sizes = tuple(g.size for g in groups)
     draws = _seeded_draws(sizes) if rng is None else _draws(sizes, rng)
@@ -160,8 +157,7 @@ class LatencyBlock(Protocol):
 
 
 def latency_statistics(blocks: Sequence[LatencyBlock]) -> dict[str, float]:
-    """A request's or step's row statistics: blocked and ready quartiles of every round of every block pooled, the
-    rounds and the repetitions (one block each)."""
+    """A request's or step's row statistics: pooled blocked and ready quartiles, rounds and repetitions (a block each)."""
     pooled = [quartiles([np.asarray(getattr(b, f"{what}_us")) for b in blocks], f"{what}_")
               for what in ("blocked", "ready")]
     return {**pooled[0], **pooled[1], "rounds": sum(len(b.blocked_us) for b in blocks), "repetitions": len(blocks)}
@@ -173,9 +169,7 @@ def row_statistics(blocks_us: list[np.ndarray]) -> dict[str, float]:
     data = np.concatenate(blocks_us)
     q = quartiles(blocks_us)
     medians = block_medians(blocks_us)
-    return {
-        **q, "iqr_us": q["q3_us"] - q["q1_us"],
-        "min_us": float(data.min()), "max_us": float(data.max()), "mean_us": float(data.mean()),
-        "stddev_us": float(data.std(ddof=1)) if data.size > 1 else 0.0,
-        "rep_spread": float(np.std(np.log(medians), ddof=1)) if medians.size > 1 else 0.0,
-    }
+    return {**q, "iqr_us": q["q3_us"] - q["q1_us"],
+            "min_us": float(data.min()), "max_us": float(data.max()), "mean_us": float(data.mean()),
+            "stddev_us": float(data.std(ddof=1)) if data.size > 1 else 0.0,
+            "rep_spread": float(np.std(np.log(medians), ddof=1)) if medians.size > 1 else 0.0}

@@ -28,8 +28,7 @@ H100/H200, so long rows are not timed out of a warm cache (short ones stay partl
 
 
 def pool_pages(handed_out: int) -> int:
-    """The pages of a pool that hands out `handed_out` pages: some slack, so a shuffled free list leaves holes
-    between requests. Pages 1..pool_pages are handed out (page 0 is SGLang's padding slot)."""
+    """The pages of a pool that hands out `handed_out` pages: some slack, so a shuffled free list leaves holes."""
     return handed_out + max(1, handed_out // 8)
 
 
@@ -128,8 +127,7 @@ class PoolGeometry:
 
 
 def largest_seq_len(page_size: int, dtype: str) -> int:
-    """The largest seq_len whose pool's token indices fit `dtype` at `page_size` (default rotation): the count of the
-    lengths 1, 2, ... that fit, found by bisection."""
+    """The largest seq_len whose pool's token indices fit `dtype` at `page_size` (default rotation), by bisection."""
     def too_long(seq_len: int) -> bool:
         return Point(seq_len, page_size, dtype, check_range=False).geometry().max_token_index > INDEX_MAX[dtype]
 
