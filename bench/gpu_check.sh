@@ -18,12 +18,11 @@
 #   Other options (or all after `--`) go to both sweeps, e.g. --kv-page-sizes 1,64; run folders go to results/ or
 #   a --kv-results given here (relative to the repository root). --arch* or --dev* before `--` is refused as a
 #   misspelt --archive or --device.
-# Environment: PYTHON (default python3); limits in seconds: GPU_CHECK_SWEEP_S (each sweep, 150),
-#   GPU_CHECK_TESTS_S (the CUDA tests, 240), GPU_CHECK_TOTAL_S (the whole script, 280).
+# Environment: PYTHON (default python3; without kvpages installed, the plugin is loaded by name); limits in seconds:
+#   GPU_CHECK_SWEEP_S (each sweep, 150), GPU_CHECK_TESTS_S (the CUDA tests, 240), GPU_CHECK_TOTAL_S (the whole script, 280).
 # Exit codes: 0 every step passed; 1 a step failed or timed out (the last line names them); 2 python packages
 #   missing (preflight says how to get them); 3 no CUDA device; 64 a usage error (one line); 130 or 143
 #   SIGINT or SIGTERM: the running step is stopped, its run folder archived, the summary printed.
-# Works without installing kvpages: the plugin is then loaded by name.
 set -uo pipefail  # no -e: a failing step is collected and the next one runs
 
 usage_error() {
