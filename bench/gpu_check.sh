@@ -15,9 +15,8 @@
 #                   as results/<run-id>/... (`tar xzf` it at the repository root).
 #   --device cpu    rehearse on the CPU (default: cuda): no profiler preflight, no nvidia-smi, CUDA tests skip.
 #   --help          print this header (the one place the usage and exit codes are written) and exit.
-#   Other options (or all after `--`) go to both sweeps, e.g. --kv-page-sizes 1,64; run folders go to results/ or
-#   a --kv-results given here (relative to the repository root). --arch* or --dev* before `--` is refused as a
-#   misspelt --archive or --device.
+#   Other options (or all after `--`) go to both sweeps; run folders go to results/ or a --kv-results given here
+#   (relative to the repository root). --arch* or --dev* before `--` is refused as a misspelt --archive or --device.
 # Environment: PYTHON (default python3; without kvpages installed, the plugin is loaded by name); limits in seconds:
 #   GPU_CHECK_SWEEP_S (each sweep, 150), GPU_CHECK_TESTS_S (the CUDA tests, 240), GPU_CHECK_TOTAL_S (the whole script, 280).
 # Exit codes: 0 every step passed; 1 a step failed or timed out (the last line names them); 2 python packages

@@ -97,8 +97,7 @@ are priced on the pageable PCIe Gen5 link and on GH200's C2C; the pinned profile
 
 KERNELS_PER_CALL = {"host_stride": 0, "host_mirror": 0, "device_stride": 1, "device_shift": 1,
                     "device_stride_shortcut": 1, "device_stride_pinned": 1}
-"""Device ops a call launches before its copy: the strided divide (or shift); the slice is a view, no kernel. A
-variant that launches none works in numpy on host memory: host work on any box."""
+"""Device ops a call launches before its copy (the strided divide or shift; a slice is a view); none: host work."""
 
 
 def prediction_profiles() -> tuple[LinkProfile, ...]:

@@ -32,14 +32,12 @@ STEP_FLOOR = per_request_name(FLOOR)
 
 
 def called(baseline: str, quote: str = "`") -> str:
-    """How a sentence or a table names a baseline: 'pre-PR' for host_stride and per_request[host_stride], else the
-    name in `quote`s (a chart's text: quote='')."""
+    """A baseline as text names it: 'pre-PR' for host_stride and per_request[host_stride], else `quote`d (a chart: '')."""
     return "pre-PR" if (per_request_of(baseline) or baseline) == BASELINE else f"{quote}{baseline}{quote}"
 
 
 def variant_sort_key(name: str) -> tuple:
-    """The baseline first, then the candidate, then the rest by name; step variants likewise
-    (per_request[baseline], per_request[candidate], then the batched ones, then the other per-request ones)."""
+    """The baseline, then the candidate (each followed by its per_request[...]), then the rest by name, per-request last."""
     inner = per_request_of(name)
     plain = name if inner is None else inner
     return (plain != BASELINE, plain != CANDIDATE, inner is not None, name)
@@ -55,6 +53,5 @@ LABELS: dict[str, str] = {
 
 def label(name: str) -> str:
     """`name` with what it stands for, e.g. 'host_stride, pre-PR (SGLang ≤ 0.5.15)'; per_request[v] inherits v's label."""
-    inner = per_request_of(name)
-    meaning = LABELS.get(name if inner is None else inner)
+    meaning = LABELS.get(per_request_of(name) or name)
     return name if meaning is None else f"{name}, {meaning}"

@@ -243,7 +243,6 @@ class BenchOptions:
 
     @property
     def scenario_budget_s(self) -> float:
-        """--kv-time-budget when given, else the preset's scenario budget."""
         return self.time_budget_s if self.time_budget_s is not None else self.selected_preset.scenario_budget_s
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import builtins
 import dataclasses
+import importlib.util
 import os
 import re
 import shutil
@@ -109,8 +110,6 @@ def _short(root: Path) -> str:
 
 
 def _installed(spec: str) -> SglangSource:
-    import importlib.util
-
     found = importlib.util.find_spec("sglang")  # finds the package without importing it
     if found is None or not found.submodule_search_locations:
         raise ValueError(f"{FLAG} {spec}: no sglang package is importable by {sys.executable}; "

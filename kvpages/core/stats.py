@@ -1,9 +1,8 @@
 """Statistics at the levels that vary: processes, then repetitions within them (no torch, no scipy).
 
-A block is summarised by its median; a whole process can run a few percent slow, so intervals resample
-processes, then repetitions (Kalibera and Jones, "Rigorous Benchmarking in Reasonable Time", ISMM 2013); with one
-process, its repetitions alone. docs/method.md gives the reasoning and the coverage checks.
-"""
+A block is summarised by its median; a whole process can run a few percent slow, so intervals resample processes,
+then repetitions (Kalibera and Jones, "Rigorous Benchmarking in Reasonable Time", ISMM 2013); with one process, its
+repetitions alone. docs/method.md gives the reasoning and the coverage checks."""
 
 from __future__ import annotations
 

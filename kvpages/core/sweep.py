@@ -115,9 +115,8 @@ class PoolGeometry:
         return self.itemsize * self.rows * self.row_tokens
 
     def memory_bytes(self, device: str) -> dict[str, int]:
-        """Peak bytes on the host and, for CUDA, on the device while the inputs are built (on the host: int64 page ids
-        for the free list, permutation and its copy, every token in int64, the pool in its dtype) and checked (33 bytes
-        per token of a row: int64 copies of the row, positions and the expected row, a bool mask)."""
+        """Peak bytes on the host (and the CUDA device) while the inputs are built (host: int64 page ids x3, every token in
+        int64, the pool) and checked (33 B per token of a row: int64 row, positions, expected row, a bool mask)."""
         tokens_int64 = 8 * self.rows * self.pages_per_row * self.page_size
         page_ids = 3 * 8 * self.pool_pages
         check_row = 33 * self.row_tokens
