@@ -1,35 +1,27 @@
 #!/usr/bin/env bash
-# make gpu-check: on a CUDA machine, in one go (about 3-4 minutes expected on one H200, not yet measured there; at
-# most GPU_CHECK_TOTAL_S = 280 s), with this machine's own python and torch, no pip and no network. Results first:
-#   1. preflight: every package the steps need, and a CUDA device; one line naming what is missing if not;
-#   2. a `quick` sweep on the GPU, profiler cross-check off (points, whole requests, steps, the busy queue), written
-#      as a run folder to results/ with its charts, REPORT.md and breakdown;
-#   3. the profiler preflight: one tiny CUDA profile in a child process must see the device-to-host copy;
-#   4. the same sweep, cross-check on, its repetitions dealt to 2 processes (skipped, saying why, if 3 failed);
-#   5. `kvpages compare` of the two run folders; with 2 or more GPUs, the quick preset's steps on 2, 4 and 8 ranks
-#      at once (torchrun, one GPU each, as many as there are), each a run folder;
+# make gpu-check: on a CUDA machine, its own python and torch (no pip, no network), within GPU_CHECK_TOTAL_S = 280 s
+# (3-4 minutes expected on one H200, not yet measured there). Steps, results first, each under `timeout` cut to what
+# is left of the budget; a failure does not stop the others, and the last line names every one:
+#   1. preflight: the packages the steps need and a CUDA device (one line naming what is missing);
+#   2. a `quick` sweep, profiler cross-check off, as a run folder in results/ (charts, REPORT.md, breakdown);
+#   3. the profiler preflight: a tiny CUDA profile in a child process must see the device-to-host copy;
+#   4. the same sweep, cross-check on, in 2 processes (skipped, saying why, if 3 failed);
+#   5. `kvpages compare` of the two runs; with 2+ GPUs, the quick steps on 2, 4 and 8 ranks (torchrun, a run each);
 #   6. the CUDA-marked tests, less the in-process quick sweep that steps 2 and 4 cover.
-# A failing step does not stop the others: each runs under `timeout`, cut to what is left of the budget, and the
-# last line names every failure.
 #
 # Usage: bash bench/gpu_check.sh [--archive DIR] [--device cuda|cpu] [--] [pytest options for both sweeps]
-#   --archive DIR   tee everything printed (stderr merged, in order) into DIR/gpu_check.log, and after each sweep
-#                   and at the end (re)write DIR/runs.tar.gz atomically with the run folders this invocation made,
-#                   as results/<run-id>/... (`tar xzf` it at the repository root). DIR, relative to the current
-#                   folder, is created; it holds nothing else.
-#   --device cpu    rehearse the same steps on the CPU: sweeps on cpu, no profiler preflight, no nvidia-smi; the
-#                   CUDA tests then all skip. (Default: --device cuda.)
+#   --archive DIR   tee all output into DIR/gpu_check.log (DIR is created, holds nothing else) and, after each
+#                   sweep and at the end, atomically rewrite DIR/runs.tar.gz with this invocation's run folders
+#                   as results/<run-id>/... (`tar xzf` it at the repository root).
+#   --device cpu    rehearse on the CPU (default: cuda): no profiler preflight, no nvidia-smi, CUDA tests skip.
 #   --help          print this header (the one place the usage and exit codes are written) and exit.
-#   Everything else (or everything after `--`) goes to both sweeps, e.g. --kv-page-sizes 1,64; their run folders
-#   go to results/, or to the folder of a --kv-results given here (relative to the repository root, where the
-#   sweeps run). An option that starts with --arch or --dev before `--` is taken for a misspelt --archive or --device.
-# Environment: PYTHON (default python3); step limits in seconds: GPU_CHECK_SWEEP_S (each sweep, 150),
-#   GPU_CHECK_TESTS_S (the CUDA tests, 240), GPU_CHECK_TOTAL_S (the whole script, 280).
-# Exit codes: 0 every step passed; 1 some step failed or timed out (the last line names them);
-#   2 python packages are missing (preflight's one line says how to get them); 3 no CUDA device (one line);
-#   64 a usage error of this script (one line); 130 or 143 interrupted by SIGINT or SIGTERM: the running step is
-#   stopped, the run folder it had begun is archived, and the summary printed.
-# Works without installing kvpages: the plugin is then loaded by name.
+#   Other options (or all after `--`) go to both sweeps; run folders go to results/ or a --kv-results given here
+#   (relative to the repository root). --arch* or --dev* before `--` is refused as a misspelt --archive or --device.
+# Environment: PYTHON (default python3; without kvpages installed, the plugin is loaded by name); limits in seconds:
+#   GPU_CHECK_SWEEP_S (each sweep, 150), GPU_CHECK_TESTS_S (the CUDA tests, 240), GPU_CHECK_TOTAL_S (the whole script, 280).
+# Exit codes: 0 every step passed; 1 a step failed or timed out (the last line names them); 2 python packages
+#   missing (preflight says how to get them); 3 no CUDA device; 64 a usage error (one line); 130 or 143
+#   SIGINT or SIGTERM: the running step is stopped, its run folder archived, the summary printed.
 set -uo pipefail  # no -e: a failing step is collected and the next one runs
 
 usage_error() {
@@ -87,8 +79,7 @@ if ! "$PYTHON" -c "import importlib.metadata as m; m.distribution('kvpages')" 2>
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTEST_PLUGINS=kvpages.plugin
 fi
 
-# Where the sweeps write: the last --kv-results among the pass-through options (as pytest reads them), else
-# results/, passed explicitly; the run folders a sweep made are those that were not there before it.
+# Where the sweeps write: the last --kv-results passed through (as pytest reads them), else results/, passed explicitly.
 args=("$@")
 RESULTS=''
 for ((i = 0; i < ${#args[@]}; i++)); do

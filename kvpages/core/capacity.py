@@ -9,15 +9,11 @@ HEADROOM = 0.9
 
 
 def host_available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo, or None where there is no such file."""
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
     except OSError:
         return None
-    return None
 
 
 def _gib(n: float) -> str:
@@ -25,33 +21,24 @@ def _gib(n: float) -> str:
 
 
 def check_fits(sweep: Sweep, device: str, free: dict[str, int | None]) -> None:
-    """Raise ValueError when a point's estimated peak, or the inputs a multi-pass sweep keeps for
-    all its points at once plus the largest peak, exceed HEADROOM x the free memory.
-
-    `free` maps 'host' and, on CUDA runs, 'cuda' to free bytes (None: unknown, not checked).
-    """
+    """Raise ValueError when a point's estimated peak, or the inputs a multi-pass sweep keeps for all its points plus
+    the largest peak, exceed HEADROOM x the `free` bytes of 'host' and, on CUDA runs, 'cuda' (None: not checked)."""
     points = list(sweep.points(device))
-    kept: dict[str, int] = {}
     for point in points:
-        geometry = point.geometry()
-        for where, needed in geometry.memory_bytes(device).items():
+        for where, needed in point.geometry().memory_bytes(device).items():
             available = free.get(where)
             if available is not None and needed > HEADROOM * available:
-                raise ValueError(
-                    f"seq_len {point.seq_len} at page_size {point.page_size} ({point.dtype}) needs about "
-                    f"{_gib(needed)} of {where} memory to build and check its {point.rotation} request rows, "
-                    f"but only {_gib(available)} is free (at most {HEADROOM:.0%} of it may be used); "
-                    f"choose shorter --kv-seq-lens"
-                )
-        if min(sweep.passes, sweep.repetitions) > 1:
-            where = "host" if device == "cpu" else "cuda"
-            kept[where] = kept.get(where, 0) + geometry.pool_bytes
-    for where, total in kept.items():
-        available = free.get(where)
+                raise ValueError(f"seq_len {point.seq_len} at page_size {point.page_size} ({point.dtype}) needs about "
+                                 f"{_gib(needed)} of {where} memory to build and check its {point.rotation} request "
+                                 f"rows, but only {_gib(available)} is free (at most {HEADROOM:.0%} of it may be used); "
+                                 "choose shorter --kv-seq-lens")
+    where = "host" if device == "cpu" else "cuda"  # where the kept inputs live
+    available = free.get(where)
+    if min(sweep.passes, sweep.repetitions) > 1 and available is not None:
+        total = sum(p.geometry().pool_bytes for p in points)
         peak = max(p.geometry().memory_bytes(device)[where] for p in points)
-        if available is not None and total + peak > HEADROOM * available:
-            raise ValueError(
-                f"the sweep keeps every point's inputs for its {sweep.passes} passes: about {_gib(total)} of {where} "
-                f"memory, plus {_gib(peak)} for the largest point, but only {_gib(available)} is free (at most "
-                f"{HEADROOM:.0%} of it may be used); give fewer --kv-passes or shorter --kv-seq-lens"
-            )
+        if total + peak > HEADROOM * available:
+            raise ValueError(f"the sweep keeps every point's inputs for its {sweep.passes} passes: about {_gib(total)} "
+                             f"of {where} memory, plus {_gib(peak)} for the largest point, but only {_gib(available)} "
+                             f"is free (at most {HEADROOM:.0%} of it may be used); give fewer --kv-passes or shorter "
+                             "--kv-seq-lens")

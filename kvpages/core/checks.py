@@ -1,7 +1,4 @@
-"""Argument checks shared by the variants, the sweep and the CLIs (no torch import).
-
-Each check raises before any work starts, naming the bad value and what is valid.
-"""
+"""Argument checks shared by the variants, the sweep and the CLIs: each names the bad value and what is valid."""
 
 from __future__ import annotations
 
@@ -10,18 +7,11 @@ from collections.abc import Iterable, Sequence
 
 
 def check_positive(name: str, value: object) -> int:
-    """Return `value` if it is an integer >= 1 (a page size, a sequence length), else raise TypeError/ValueError."""
+    """Return `value` if it is an integer >= 1 (a page size, a length, a count), else raise TypeError/ValueError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer >= 1, got {value!r} of type {type(value).__name__}")
     if value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
-
-
-def check_count(what: str, value: object) -> int:
-    """Return `value` if it is an integer >= 1 (a count: repetitions, passes, a chunk size), else a ValueError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{what} must be an integer >= 1, got {value!r}")
     return int(value)
 
 
@@ -48,9 +38,7 @@ def parse_positive_ints(option: str, text: str) -> tuple[int, ...]:
         try:
             value = int(item)
         except ValueError:
-            raise ValueError(
-                f"{option}: {item!r} is not an integer; give comma-separated integers >= 1, e.g. 2048,8192"
-            ) from None
+            raise ValueError(f"{option}: {item!r} is not an integer; give comma-separated integers >= 1, e.g. 2048,8192") from None
         if value < 1:
             raise ValueError(f"{option}: {value} is not >= 1; give comma-separated integers >= 1, e.g. 2048,8192")
         values.append(value)

@@ -1,9 +1,8 @@
 """The one estimator of a run's tables and charts: a variant's time and the ratio of two (no torch, no scipy).
 
-A time is the geometric mean of the block medians (`mean_estimate`); a ratio is the ratio of two times
-(`paired_ratio`), which equals the mean of the paired log-ratios, so drift a repetition shares cancels. Each
-interval is the expanded percentile interval of that statistic over the two-stage bootstrap of
-kvpages.core.stats.Levels, the same draws for both variants.
+A time is the geometric mean of the block medians; a ratio of two times equals the mean of the paired log-ratios, so
+drift a repetition shares cancels. Each interval is the expanded percentile interval of that statistic over the
+two-stage bootstrap of kvpages.core.stats.Levels, the same draws for both variants.
 """
 
 from __future__ import annotations
@@ -14,21 +13,12 @@ from statistics import NormalDist
 
 import numpy as np
 
-from kvpages.core.stats import (
-    BOOTSTRAP_RESAMPLES,
-    BOOTSTRAP_SEED,
-    CONFIDENCE,
-    Interval,
-    Levels,
-    resampled_means,
-    unknown,
-)
+from kvpages.core.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, Interval, Levels, resampled_means, unknown
 
 
 @dataclass(frozen=True)
 class Paired:
-    """One variant against a baseline at one point (`paired_ratio`): `interval.ratio` is exactly
-    variant_us / baseline_us, each the geometric mean of that variant's block medians."""
+    """One variant against a baseline at one point: `interval.ratio` is exactly variant_us / baseline_us."""
 
     interval: Interval
     p_value: float
@@ -65,8 +55,7 @@ def t_quantile(p: float, df: int) -> float:
 
 
 def mean_estimate(levels: Levels, confidence: float = CONFIDENCE) -> Interval:
-    """exp(mean of `levels`), the geometric mean of the block medians, with its bootstrap interval; `unknown` from
-    fewer than 2 repetitions."""
+    """The geometric mean of the block medians with its bootstrap interval; `unknown` from fewer than 2 repetitions."""
     center = float(np.mean(levels.values))
     if levels.values.size < 2:
         return unknown(math.exp(center), int(levels.values.size))
@@ -90,15 +79,14 @@ def paired_ratio(baseline: Levels, variant: Levels, confidence: float = CONFIDEN
 
 
 def _p_value(shifts: np.ndarray) -> float:
-    """Two-sided p-value of 'the log shift is 0' from its resamples (at least 1 / the resamples)."""
+    """Two-sided p-value of 'the log shift is 0' (at least 1 / the resamples)."""
     tail = min(float(np.mean(shifts <= 0)), float(np.mean(shifts >= 0)))
     return min(1.0, max(2 * tail, 1 / BOOTSTRAP_RESAMPLES))
 
 
 @dataclass(frozen=True)
 class BetweenRuns:
-    """One quantity in two independent runs A and B (`kvpages compare`): each run's figure, as its own report
-    gives it, and B over A, exactly `b / a`."""
+    """One quantity in two runs A and B (`kvpages compare`): each run's figure, and B over A, exactly `b / a`."""
 
     a: float
     b: float
@@ -107,10 +95,8 @@ class BetweenRuns:
 
 
 def between_runs(a: Levels, b: Levels, confidence: float = CONFIDENCE) -> BetweenRuns:
-    """B over A of two runs' levels (log block medians, or paired log-ratios): the ratio of the two printed figures,
-    with its interval over independent bootstraps of the two runs (two-stage when both have >= 2 processes, else
-    over repetitions), widened for the fewer units, and the p-value of 'B equals A'. Fewer than 2 repetitions in
-    either: the interval is unknown and the p-value 1."""
+    """B over A of two runs' levels, its interval over independent bootstraps (two-stage when both have >= 2 processes)
+    widened for the fewer units, and the p-value of 'B equals A'; unknown, p = 1, below 2 repetitions in either."""
     center = float(np.mean(b.values) - np.mean(a.values))
     figures = (math.exp(float(np.mean(a.values))), math.exp(float(np.mean(b.values))))
     if a.values.size < 2 or b.values.size < 2:

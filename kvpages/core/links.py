@@ -5,12 +5,10 @@
                  + blocking copies x (SYNC_US + the profile's fixed cost per copy)
                  + d2h_bytes / the profile's bandwidth
 
-A model, not a measurement. The bytes and transfers are the meter's (exact); a blocking copy is one transfer
-and one sync (a batched step of B + 1 device ops copies once and syncs once); the device ops per call are
-declared below (`device_ops`). Which measured time carries over (`carries_host_work`): pre-PR's numpy stride and
-divide, and the host mirror's numpy slice, are host work on any box, so their measured time is added; a
-device variant's time on a CPU run is its divide run on this CPU, which a GPU box does not pay, so it is
-replaced by the modelled launch and kernel. No torch import.
+A model, not a measurement: the bytes and transfers are the meter's (exact), a blocking copy is one transfer and one
+sync. Pre-PR's numpy stride and the host mirror's slice are host work on any box, so their measured time is added; a
+device variant's time on a CPU run is its divide on this CPU, which a GPU box does not pay, so the modelled launch and
+kernel replace it. No torch.
 """
 
 from __future__ import annotations
@@ -60,14 +58,13 @@ class LinkProfile:
     pinned: bool = False
 
     def modeled_us(self, d2h_bytes: float, d2h_transfers: float, launches: int = 0) -> float:
-        """The link and device terms of the module's formula."""
+        """The module's formula less the measured host work."""
         return (d2h_transfers * (self.latency_us + SYNC_US) + d2h_bytes / (self.bandwidth_gb_s * 1e3)
                 + launches * (LAUNCH_US + KERNEL_US))
 
     def predicted_us(self, variant: str, page_size: int, calls: int, d2h_bytes: float, d2h_transfers: float,
                      measured_us: float, host_side: bool = False) -> float:
-        """A call or a whole request or step of `variant` on this link (the module's formula); `host_side`: what the
-        meter saw an undeclared variant move says its stride is host work (`carries_host_work`)."""
+        """A call or a whole request or step of `variant` on this link (the module's formula)."""
         host = measured_us if carries_host_work(variant, host_side) else 0.0
         return host + self.modeled_us(d2h_bytes, d2h_transfers, device_ops(variant, page_size, calls, host_side))
 
@@ -77,30 +74,20 @@ class LinkProfile:
 
 
 LINK_PROFILES: tuple[LinkProfile, ...] = (
-    LinkProfile(
-        "pcie4_pinned", "PCIe Gen4 x16, pinned", 6.0, 25.0,
-        "nvbandwidth device_to_host_memcpy_ce on A100 PCIe Gen4: ~25-26 GB/s; about 5-7 µs per cudaMemcpyAsync",
-        pinned=True,
-    ),
-    LinkProfile(
-        "pcie4_pageable", "PCIe Gen4 x16, pageable", 8.0, 12.5,
-        "assumption: half the pinned bandwidth and 2 µs more per copy, because a pageable copy is staged through a "
-        "pinned driver buffer (CUDA C++ Best Practices Guide, 'Pinned Memory')",
-    ),
-    LinkProfile(
-        "pcie5_pinned", "PCIe Gen5 x16, pinned", 6.0, 53.0,
-        "about 53 GB/s pinned D2H on H100 PCIe Gen5 (nvbandwidth device_to_host_memcpy_ce); about 5-7 µs per "
-        "cudaMemcpyAsync", pinned=True,
-    ),
-    LinkProfile(
-        "pcie5_pageable", "PCIe Gen5 x16, pageable", 8.0, 26.5,
-        "assumption: half the pinned bandwidth and 2 µs more per copy (staged copy), as for Gen4",
-    ),
-    LinkProfile(
-        "nvlink_c2c", "NVLink-C2C (GH200)", 4.0, 450.0,
-        "NVIDIA GH200 Grace Hopper datasheet: 900 GB/s NVLink-C2C, 450 GB/s per direction; the CPU reads pageable "
-        "memory coherently; fixed cost per copy assumed 4 µs",
-    ),
+    LinkProfile("pcie4_pinned", "PCIe Gen4 x16, pinned", 6.0, 25.0,
+                "nvbandwidth device_to_host_memcpy_ce on A100 PCIe Gen4: ~25-26 GB/s; about 5-7 µs per cudaMemcpyAsync",
+                pinned=True),
+    LinkProfile("pcie4_pageable", "PCIe Gen4 x16, pageable", 8.0, 12.5,
+                "assumption: half the pinned bandwidth and 2 µs more per copy, because a pageable copy is staged through "
+                "a pinned driver buffer (CUDA C++ Best Practices Guide, 'Pinned Memory')"),
+    LinkProfile("pcie5_pinned", "PCIe Gen5 x16, pinned", 6.0, 53.0,
+                "about 53 GB/s pinned D2H on H100 PCIe Gen5 (nvbandwidth device_to_host_memcpy_ce); about 5-7 µs per "
+                "cudaMemcpyAsync", pinned=True),
+    LinkProfile("pcie5_pageable", "PCIe Gen5 x16, pageable", 8.0, 26.5,
+                "assumption: half the pinned bandwidth and 2 µs more per copy (staged copy), as for Gen4"),
+    LinkProfile("nvlink_c2c", "NVLink-C2C (GH200)", 4.0, 450.0,
+                "NVIDIA GH200 Grace Hopper datasheet: 900 GB/s NVLink-C2C, 450 GB/s per direction; the CPU reads "
+                "pageable memory coherently; fixed cost per copy assumed 4 µs"),
 )
 """The profiles the charts and the report price rows at."""
 
@@ -108,12 +95,9 @@ PREDICTION_PROFILES = ("pcie5_pageable", "nvlink_c2c", "pcie5_pinned")
 """The profiles a CPU run's findings predict on: `.cpu()` copies into pageable memory, so pre-PR and the merged PR
 are priced on the pageable PCIe Gen5 link and on GH200's C2C; the pinned profile is a labelled what-if."""
 
-CARRIES_HOST_WORK = ("host_stride", "host_mirror")
-"""The variants whose measured time is host work on any box (numpy on host memory)."""
-
 KERNELS_PER_CALL = {"host_stride": 0, "host_mirror": 0, "device_stride": 1, "device_shift": 1,
                     "device_stride_shortcut": 1, "device_stride_pinned": 1}
-"""Device ops a call launches before its copy: the strided divide (or shift); the slice is a view, no kernel."""
+"""Device ops a call launches before its copy (the strided divide or shift; a slice is a view); none: host work."""
 
 
 def prediction_profiles() -> tuple[LinkProfile, ...]:
@@ -121,17 +105,14 @@ def prediction_profiles() -> tuple[LinkProfile, ...]:
 
 
 def carries_host_work(variant: str, host_side: bool = False) -> bool:
-    """Whether `variant`'s (or a per-request step variant's) measured time carries over to a GPU box as host work:
-    by the declarations above, else (an undeclared variant, e.g. sglang@<label>) by `host_side`, what the meter saw
-    it move (kvpages.analysis.ratios.host_work: every token index, or nothing)."""
+    """Whether `variant`'s time is host work on a GPU box too: declared above, else `host_side` (what the meter saw)."""
     name = per_request_of(variant) or variant
-    return name in CARRIES_HOST_WORK if name in KERNELS_PER_CALL else host_side
+    return KERNELS_PER_CALL[name] == 0 if name in KERNELS_PER_CALL else host_side
 
 
 def device_ops(variant: str, page_size: int, calls: int = 1, host_side: bool = False) -> int:
-    """The device ops a call (or a whole request or step of `calls` calls) launches before its copies: a batched
-    step launches one per request and one to gather them (B + 1) and copies once; an undeclared variant one per call,
-    none when its stride is host work (`host_side`)."""
+    """The device ops `calls` calls launch before their copies: a batched step one per request and one to gather them
+    (B + 1); an undeclared variant one per call, none when its stride is host work (`host_side`)."""
     inner = per_request_of(variant)
     if inner is None and variant.startswith("batched_"):
         return calls + 1
@@ -142,14 +123,12 @@ def device_ops(variant: str, page_size: int, calls: int = 1, host_side: bool = F
 
 
 def model_terms() -> tuple[Term, ...]:
-    """Every term of the model beside the profiles' own."""
     return (LAUNCH, KERNEL, SYNC)
 
 
 def profile_for(pcie_link: str | None, link: str) -> LinkProfile | None:
-    """The profile of a measured link: the PCIe generation the link trains to, from meta.json's
-    `pcie_link` ('Gen1 x16 (max Gen5 x16)': an idle link drops to Gen1, so the maximum counts),
-    and pinned/pageable from a row's `link` ('pcie pinned'); None when there is no such profile."""
+    """The profile of a measured link, or None: the PCIe generation from meta.json's `pcie_link` ('Gen1 x16 (max Gen5
+    x16)': an idle link drops to Gen1, so the maximum counts), pinned/pageable from a row's `link` ('pcie pinned')."""
     generation = re.search(r"max Gen(\d+)", pcie_link or "") or re.match(r"Gen(\d+)", pcie_link or "")
     kind = {"pcie pinned": "pinned", "pcie pageable": "pageable"}.get(link)
     if generation is None or kind is None:

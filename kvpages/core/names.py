@@ -1,6 +1,4 @@
-"""The names the measuring and the analysis sides share: the baseline, the candidate, the per-request step
-variants and the cases, each built and parsed here once. No torch.
-"""
+"""The names the measuring and the analysis sides share, each built and parsed here once. No torch."""
 
 from __future__ import annotations
 
@@ -12,20 +10,15 @@ CANDIDATE = "device_stride"
 FLOOR = "host_mirror"
 """The zero-D2H floor: page indices read from a host-side page table (a reference line in the charts)."""
 
-_PER_REQUEST = ("per_request[", "]")
-
-
 def per_request_name(variant: str) -> str:
     """The step variant that converts each request of a step on its own with `variant`."""
-    return f"{_PER_REQUEST[0]}{variant}{_PER_REQUEST[1]}"
+    return f"per_request[{variant}]"
 
 
 def per_request_of(step_variant: str) -> str | None:
     """The variant inside `per_request[<v>]`, or None for a step variant of its own (a batched one)."""
-    head, tail = _PER_REQUEST
-    if step_variant.startswith(head) and step_variant.endswith(tail):
-        return step_variant[len(head):-len(tail)]
-    return None
+    inner = step_variant.removeprefix("per_request[")
+    return inner[:-1] if inner != step_variant and inner.endswith("]") else None
 
 
 def case_id(variant: str, target_id: str) -> str:
@@ -39,14 +32,12 @@ STEP_FLOOR = per_request_name(FLOOR)
 
 
 def called(baseline: str, quote: str = "`") -> str:
-    """How a sentence or a table names a baseline: 'pre-PR' for host_stride and per_request[host_stride], else the
-    name in `quote`s (a chart's text: quote='')."""
+    """A baseline as text names it: 'pre-PR' for host_stride and per_request[host_stride], else `quote`d (a chart: '')."""
     return "pre-PR" if (per_request_of(baseline) or baseline) == BASELINE else f"{quote}{baseline}{quote}"
 
 
 def variant_sort_key(name: str) -> tuple:
-    """The baseline first, then the candidate, then the rest by name; step variants likewise
-    (per_request[baseline], per_request[candidate], then the batched ones, then the other per-request ones)."""
+    """The baseline, then the candidate (each followed by its per_request[...]), then the rest by name, per-request last."""
     inner = per_request_of(name)
     plain = name if inner is None else inner
     return (plain != BASELINE, plain != CANDIDATE, inner is not None, name)
@@ -62,6 +53,5 @@ LABELS: dict[str, str] = {
 
 def label(name: str) -> str:
     """`name` with what it stands for, e.g. 'host_stride, pre-PR (SGLang ≤ 0.5.15)'; per_request[v] inherits v's label."""
-    inner = per_request_of(name)
-    meaning = LABELS.get(name if inner is None else inner)
+    meaning = LABELS.get(per_request_of(name) or name)
     return name if meaning is None else f"{name}, {meaning}"

@@ -1,34 +1,26 @@
-"""The `--kv-*` options: one table, parsed and checked before anything runs, and rendered back (no torch).
-
-`OPTIONS` is the only list of them: the plugin registers it, `BenchOptions.parse` reads it, and
-`BenchOptions.to_args` renders it back (every row's repro command). Each sets one field of `BenchOptions`.
-"""
+"""The `--kv-*` options: one table, `OPTIONS`, that the plugin registers, `BenchOptions.parse` reads and checks
+before anything runs, and `BenchOptions.to_args` renders back (every row's repro command). No torch."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
 from kvpages.core.checks import check_choice, parse_choices, parse_positive_ints, split_csv
 from kvpages.core.names import BASELINE
 from kvpages.core.presets import PRESETS, Preset, get_preset
-from kvpages.core.scenarios import MIXED_LENGTHS, Scenario, parse_lengths, scenarios_from
+from kvpages.core.scenarios import DEFAULT_CHUNK_SIZE, MIXED_LENGTHS, Scenario, parse_lengths, scenarios_from
 from kvpages.core.sglang import SPEC_FORMS, parse_specs
 from kvpages.core.sweep import DEVICES, DTYPES, LAYOUTS, Sweep
 
 DEVICE_CHOICES = ("auto",) + DEVICES
 CROSSCHECK_MODES = ("auto", "on", "off")
-"""auto: on for CUDA runs, off for CPU runs (there is no link to cross-check)."""
 SCENARIO_CHOICES = ("preset", "none")
 BREAKDOWN_MODES = ("on", "off")
-"""on: after the timing, three profiled passes over a few points in a process of its own (breakdown.csv)."""
-DEFAULT_CHUNK_SIZE = 8192
 DEFAULT_RANK_TIMEOUT_S = 300.0
-"""A multi-rank run (torchrun): how long a rank waits at a barrier or gather before the run stops, naming the ranks
-that did not arrive."""
 
 
 def _float_seconds(option: str, text: str) -> float:
@@ -41,36 +33,37 @@ def _float_seconds(option: str, text: str) -> float:
     return value
 
 
-def _integer(option: str, text: str, minimum: int, what: str, example: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{option}: {text!r} is not an integer; give {what} >= {minimum}, e.g. {example}") from None
-    if value < minimum:
-        raise ValueError(f"{option}: {value} is not >= {minimum}; give {what} >= {minimum}, e.g. {example}")
-    return value
-
-
-def _choice(choices: tuple[str, ...], what: str) -> Callable[[str, str], str]:
-    def parse(option: str, text: str) -> str:
+def _integer(minimum: int, what: str, example: str) -> Callable[[str, str], int]:
+    def parse(option: str, text: str) -> int:
         try:
-            return check_choice(what, text, choices)
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"{option}: {text!r} is not an integer; give {what} >= {minimum}, e.g. {example}") from None
+        if value < minimum:
+            raise ValueError(f"{option}: {value} is not >= {minimum}; give {what} >= {minimum}, e.g. {example}")
+        return value
+
+    return parse
+
+
+def _flagged(check: Callable[[str], Any]) -> Callable[[str, str], Any]:
+    """A parser that runs `check(text)` and names the flag in its ValueError."""
+    def parse(option: str, text: str) -> Any:
+        try:
+            return check(text)
         except ValueError as exc:
             raise ValueError(f"{option}: {exc}") from None
 
     return parse
 
 
-def _lengths(option: str, text: str) -> str:
-    try:
-        parse_lengths(text)  # checked again, with the step sizes, when the scenarios are built
-    except ValueError as exc:
-        raise ValueError(f"{option}: {exc}") from None
+def _choice(choices: tuple[str, ...], what: str) -> Callable[[str, str], str]:
+    return _flagged(functools.partial(check_choice, what, choices=choices))
+
+
+def _lengths(text: str) -> str:
+    parse_lengths(text)  # checked again, with the step sizes, when the scenarios are built
     return text
-
-
-def _names(option: str, text: str) -> tuple[str, ...]:
-    return tuple(split_csv(option, text))
 
 
 def _joined(value: Any) -> str:
@@ -89,31 +82,28 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("--kv-preset", "preset", f"named sweep: {', '.join(PRESETS)} (default: default)",
-           _choice(tuple(PRESETS), "preset")),
+    Option("--kv-preset", "preset", f"named sweep: {', '.join(PRESETS)} (default: default)", _choice(tuple(PRESETS), "preset")),
     Option("--kv-seq-lens", "seq_lens", "comma-separated sequence lengths, e.g. 2048,8192 (overrides the preset)",
            parse_positive_ints),
-    Option("--kv-page-sizes", "page_sizes", "comma-separated page sizes, e.g. 1,64 (overrides the preset)",
-           parse_positive_ints),
+    Option("--kv-page-sizes", "page_sizes", "comma-separated page sizes, e.g. 1,64 (overrides the preset)", parse_positive_ints),
     Option("--kv-dtypes", "dtypes", f"comma-separated index dtypes from {', '.join(DTYPES)} (overrides the preset)",
            lambda f, t: parse_choices(f, t, DTYPES)),
     Option("--kv-layouts", "layouts", f"comma-separated page layouts from {', '.join(LAYOUTS)} (overrides the preset)",
            lambda f, t: parse_choices(f, t, LAYOUTS)),
     Option("--kv-variants", "variants", "comma-separated variant names (default: all registered; see `kvpages list`)",
-           _names),
+           lambda f, t: tuple(split_csv(f, t))),
     Option("--kv-device", "device", f"{', '.join(DEVICE_CHOICES)} (default: auto = cuda when available)",
            _choice(DEVICE_CHOICES, "device")),
-    Option("--kv-seed", "seed", "seed of the generated inputs (default: the preset's, 0)",
-           lambda f, t: _integer(f, t, 0, "an integer seed", "0")),
+    Option("--kv-seed", "seed", "seed of the generated inputs (default: the preset's, 0)", _integer(0, "an integer seed", "0")),
     Option("--kv-time-budget", "time_budget_s",
            "timed seconds per (variant, point), all repetitions together (default: the preset's)", _float_seconds, repr),
     Option("--kv-repetitions", "repetitions", "interleaved repetitions per (variant, point), a block each (default: the preset's)",
-           lambda f, t: _integer(f, t, 1, "an integer", "10")),
+           _integer(1, "an integer", "10")),
     Option("--kv-passes", "passes", "sweeps over the points that each process's repetitions are dealt to "
-           "(default: the preset's)", lambda f, t: _integer(f, t, 1, "an integer", "2")),
+           "(default: the preset's)", _integer(1, "an integer", "2")),
     Option("--kv-processes", "processes", "fresh processes the repetitions are dealt to, one after another; the "
            "intervals sample them (default: the preset's; 1 times in the pytest process)",
-           lambda f, t: _integer(f, t, 1, "a number of processes", "5")),
+           _integer(1, "a number of processes", "5")),
     Option("--kv-crosscheck", "crosscheck", f"profiler cross-check of the meter, in its own process: "
            f"{', '.join(CROSSCHECK_MODES)} (default: auto = on for CUDA runs)", _choice(CROSSCHECK_MODES, "cross-check mode")),
     Option("--kv-scenarios", "scenarios", "whole requests and steps: preset (the preset's) or none (default: preset)",
@@ -121,15 +111,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kv-request-lens", "request_lens",
            "request scenarios by hand: comma-separated prompt lengths (both sides of each)", parse_positive_ints),
     Option("--kv-chunk-size", "chunk_size", f"chunked-prefill size of the request scenarios (default {DEFAULT_CHUNK_SIZE})",
-           lambda f, t: _integer(f, t, 1, "a number of tokens", str(DEFAULT_CHUNK_SIZE))),
+           _integer(1, "a number of tokens", str(DEFAULT_CHUNK_SIZE))),
     Option("--kv-prefix", "prefix", "decode-side prefix of the request scenarios, in tokens (default 0)",
-           lambda f, t: _integer(f, t, 0, "a number of tokens", "0")),
-    Option("--kv-step-sizes", "step_sizes", "step scenarios by hand: comma-separated requests per step (B)",
-           parse_positive_ints),
+           _integer(0, "a number of tokens", "0")),
+    Option("--kv-step-sizes", "step_sizes", "step scenarios by hand: comma-separated requests per step (B)", parse_positive_ints),
     Option("--kv-step-lens", "step_lens", "request lengths of a step: comma-separated integers, or fixed:L, "
-           f"uniform:LO,HI, lognormal:MEDIAN,SIGMA,MAX (default {MIXED_LENGTHS})", _lengths),
+           f"uniform:LO,HI, lognormal:MEDIAN,SIGMA,MAX (default {MIXED_LENGTHS})", _flagged(_lengths)),
     Option("--kv-step-variants", "step_variants", "comma-separated step variant names (default: all; see `kvpages list`)",
-           _names),
+           lambda f, t: tuple(split_csv(f, t))),
     Option("--kv-sglang", "sglang", f"SGLang's own kv_to_page_indices as variants sglang@<label>, comma-separated "
            f"SPECs: {SPEC_FORMS}", parse_specs),
     Option("--kv-baseline", "baseline", f"the variant every ratio, verdict, finding, chart and `kvpages compare` is "
@@ -139,8 +128,7 @@ OPTIONS: tuple[Option, ...] = (
            "process after the timing: on, off (default: on)", _choice(BREAKDOWN_MODES, "breakdown mode")),
     Option("--kv-rank-timeout", "rank_timeout_s", "under torchrun: seconds a rank waits for the others at a barrier "
            f"or gather before the run stops, naming them (default {DEFAULT_RANK_TIMEOUT_S:g})", _float_seconds, repr),
-    Option("--kv-results", "results_dir", "folder that receives the run folder (default: <rootdir>/results)",
-           lambda f, t: t),
+    Option("--kv-results", "results_dir", "folder that receives the run folder (default: <rootdir>/results)", lambda f, t: t),
 )
 
 OPTIONS_BEGIN = "<!-- options: written by `kvpages options --markdown docs/guide.md` from kvpages/core/options.py -->"
@@ -154,8 +142,7 @@ def options_markdown() -> str:
 
 
 def with_options_table(text: str, where: str) -> str:
-    """`text` (a docs page, named `where` in errors) with the table between its OPTIONS_BEGIN and OPTIONS_END lines
-    rewritten from `OPTIONS`."""
+    """`text` (a docs page, `where` in errors) with the table between OPTIONS_BEGIN and OPTIONS_END rewritten."""
     head, begin, rest = text.partition(OPTIONS_BEGIN + "\n")
     _, end, tail = rest.partition(OPTIONS_END)
     if not begin or not end:
@@ -164,11 +151,8 @@ def with_options_table(text: str, where: str) -> str:
     return f"{head}{begin}{options_markdown()}\n{end}{tail}"
 
 
-SWEEP_FIELDS = ("seq_lens", "page_sizes", "dtypes", "layouts", "seed", "time_budget_s", "repetitions", "passes",
-                "processes")
-"""The options that override one field of the preset's `Sweep` (same names)."""
 BY_HAND = ("request_lens", "chunk_size", "prefix", "step_sizes", "step_lens")
-"""The options that give scenarios by hand instead of the preset's."""
+"""The options that give scenarios by hand instead of the preset's (`scenarios_from`'s parameters)."""
 
 
 @dataclass(frozen=True)
@@ -214,12 +198,12 @@ class BenchOptions:
         options.scenario_set  # noqa: B018
         return options
 
-    def to_args(self) -> tuple[str, ...]:
-        """The flags that parse back to these options (the inverse of `parse`)."""
+    def to_args(self, fields: Collection[str] | None = None) -> tuple[str, ...]:
+        """The flags that parse back to these options (the inverse of `parse`), or to those of `fields`."""
         args: list[str] = []
         for option in OPTIONS:
             value = getattr(self, option.field)
-            if value is not None:
+            if value is not None and (fields is None or option.field in fields):
                 args += [option.flag, option.render(value)]
         return tuple(args)
 
@@ -228,21 +212,19 @@ class BenchOptions:
 
     @functools.cached_property
     def selected_preset(self) -> Preset:
-        """The Preset that `preset` (the name given, None: default) names."""
         return get_preset(self.preset or "default")
 
     @functools.cached_property
     def sweep(self) -> Sweep:
-        """The preset's sweep with the given axes and settings replaced (validated again)."""
-        changes = {name: getattr(self, name) for name in SWEEP_FIELDS if getattr(self, name) is not None}
+        """The preset's sweep with the options that name one of its fields replacing it (validated again)."""
+        changes = {f.name: getattr(self, f.name) for f in dataclasses.fields(Sweep) if getattr(self, f.name, None) is not None}
         if self.repetitions is not None and self.processes is None:  # fewer repetitions: at most one process each
             changes["processes"] = min(self.selected_preset.sweep.processes, self.repetitions)
         try:
             return dataclasses.replace(self.selected_preset.sweep, **changes)
         except ValueError as exc:
             about = ("seq_lens", "page_sizes", "dtypes") + (("repetitions", "processes") if "processes" in str(exc) else ())
-            given = " ".join(f"{o.flag} {o.render(getattr(self, o.field))}" for o in OPTIONS
-                             if o.field in about and getattr(self, o.field) is not None)
+            given = " ".join(self.to_args(about))
             raise ValueError(f"{given or '--kv-preset ' + self.selected_preset.name}: {exc}") from None
 
     @functools.cached_property
@@ -250,20 +232,17 @@ class BenchOptions:
         """The preset's scenarios, none, or those given by hand (at the sweep's page sizes and dtypes)."""
         if self.scenarios == "none":
             return ()
-        given = [o for o in OPTIONS if o.field in BY_HAND and getattr(self, o.field) is not None]
+        given = " ".join(self.to_args(BY_HAND))
         if not given:
             return self.selected_preset.scenarios
         try:
-            return scenarios_from(self.sweep.page_sizes, self.sweep.dtypes, self.request_lens or (),
-                                  self.chunk_size or DEFAULT_CHUNK_SIZE, self.prefix or 0, self.step_sizes or (),
-                                  self.step_lens or MIXED_LENGTHS)
+            by_hand = {name: getattr(self, name) for name in BY_HAND if getattr(self, name) is not None}
+            return scenarios_from(self.sweep.page_sizes, self.sweep.dtypes, **by_hand)
         except ValueError as exc:
-            flags = " ".join(f"{o.flag} {o.render(getattr(self, o.field))}" for o in given)
-            raise ValueError(f"{flags}: {exc}") from None
+            raise ValueError(f"{given}: {exc}") from None
 
     @property
     def scenario_budget_s(self) -> float:
-        """--kv-time-budget when given, else the preset's scenario budget."""
         return self.time_budget_s if self.time_budget_s is not None else self.selected_preset.scenario_budget_s
 
     @property

@@ -1,29 +1,17 @@
-"""The named presets: one `Preset` per name holds the sweep, its whole requests and steps, and their budget.
-
-pytest's parametrization, the `--kv-*` options, `kvpages scenarios`, the README's table and the
-tests all read `PRESETS`. No torch.
-"""
+"""The named presets, `PRESETS`, that the parametrization, the options, the CLI, the docs and the tests read. No torch."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from kvpages.core.checks import check_choice
-from kvpages.core.scenarios import (
-    BUSY_US,
-    MIXED_LENGTHS,
-    RequestScenario,
-    Scenario,
-    StepScenario,
-    request_scenarios,
-    step_scenarios,
-)
+from kvpages.core.scenarios import BUSY_US, MIXED_LENGTHS, RequestScenario, Scenario, StepScenario, scenarios_from
 from kvpages.core.sweep import DTYPES, Sweep
 
 
 @dataclass(frozen=True)
 class Preset:
-    """A named run: the sweep's points, the scenarios, and the timed seconds per (scenario, step variant)."""
+    """A named run: the sweep's points, the scenarios, and what the run is for."""
 
     sweep: Sweep
     scenarios: tuple[Scenario, ...]
@@ -37,53 +25,36 @@ class Preset:
 
 
 DEFAULT_PROCESSES, DEFAULT_REPETITIONS = 6, 6
-"""How a timed run's repetitions are spent: 6 fresh processes of one repetition each, one pass each. Kalibera and
-Jones's allocation from the dev box's default sweep of 2 per process (reference run 20261203T234635Z-cpu, commit
-9b1c64b: a process costs 3.6 s besides its repetitions, a repetition of every case 2.4 s, ratios vary 2.6% between
-processes and 1.0% within one) is 0.5 per process: one, the fewest. 6 is the fewest processes the two-stage bootstrap holds its
-coverage with (tests/test_processes.py)."""
+"""6 fresh processes of one repetition each: Kalibera and Jones's allocation gives one per process, and 6 is the fewest
+processes the two-stage bootstrap holds its coverage with (docs/method.md; tests/test_processes.py)."""
 
 PARTIAL_PAGE_LEN = 3000
 """A per-call length that is no whole number of pages at any swept page size above 1 (16 to 256): the last page
 of every such point is partial, so the bytes check covers ceil(L / p) * itemsize there too."""
 _DEFAULT_SEQ_LENS = (512, 2048, PARTIAL_PAGE_LEN, 8192, 32768, 131072, 524288)
 _DEFAULT_SCENARIOS: tuple[Scenario, ...] = (
-    *request_scenarios((2048, 8192, 32768, 131072), 8192, (1, 64)),
-    *step_scenarios((1, 8, 32, 128), MIXED_LENGTHS, (1, 64)),
+    *scenarios_from((1, 64), ("int32",), request_lens=(2048, 8192, 32768, 131072), step_sizes=(1, 8, 32, 128)),
     StepScenario(32, MIXED_LENGTHS, page_size=64, busy_us=BUSY_US),
 )
 
-PRESETS: dict[str, Preset] = {
-    preset.name: preset
-    for preset in (
-        Preset(Sweep("quick", seq_lens=(512, 8192), page_sizes=(1, 64), time_budget_s=0.06, repetitions=6, passes=6),
-               (RequestScenario(32768, 8192, "prefill", page_size=64), StepScenario(8, MIXED_LENGTHS, page_size=64),
-                StepScenario(8, MIXED_LENGTHS, page_size=64, busy_us=BUSY_US)),
-               0.03, "seconds; what CI and the GPU check run"),
-        Preset(Sweep("default", seq_lens=_DEFAULT_SEQ_LENS, page_sizes=(1, 16, 64, 128), time_budget_s=0.4,
-                     processes=DEFAULT_PROCESSES, repetitions=DEFAULT_REPETITIONS, passes=1, max_rounds=1000),
-               _DEFAULT_SCENARIOS, 0.09, "`make bench`"),
-        Preset(Sweep(
-            "full",
-            # 1M and 2M tokens: the longest contexts served today; a point that does not
-            # fit the device is recorded as skipped (out of memory), not dropped.
-            seq_lens=_DEFAULT_SEQ_LENS + (1048576, 2097152),
-            page_sizes=(1, 16, 32, 64, 128, 256),
-            dtypes=DTYPES,
-            time_budget_s=0.5,
-            processes=DEFAULT_PROCESSES, repetitions=DEFAULT_REPETITIONS, passes=1,
-        ), _DEFAULT_SCENARIOS, 0.2, "every page size, both dtypes, up to 2M tokens"),
-        Preset(Sweep("ranks", seq_lens=(8192,), page_sizes=(1, 64), time_budget_s=0.05, processes=1, repetitions=12,
-                     passes=1),
-               step_scenarios((8, 32, 128), MIXED_LENGTHS, (1, 64)), 0.1,
-               "the steps under torchrun: every rank at once against rank 0 alone (docs/guide.md: many ranks)"),
-    )
-}
-"""Named runs: `quick` (seconds, what CI runs), `default` (`make bench`), `full`, and `ranks` (the step scenarios of
-the default preset, for torchrun: a multi-rank run times steps only, in one process per rank)."""
+PRESETS: dict[str, Preset] = {preset.name: preset for preset in (
+    Preset(Sweep("quick", seq_lens=(512, 8192), page_sizes=(1, 64), time_budget_s=0.06, repetitions=6, passes=6),
+           (RequestScenario(32768, 8192, "prefill", page_size=64), StepScenario(8, MIXED_LENGTHS, page_size=64),
+            StepScenario(8, MIXED_LENGTHS, page_size=64, busy_us=BUSY_US)),
+           0.03, "seconds; what CI and the GPU check run"),
+    Preset(Sweep("default", seq_lens=_DEFAULT_SEQ_LENS, page_sizes=(1, 16, 64, 128), time_budget_s=0.4,
+                 processes=DEFAULT_PROCESSES, repetitions=DEFAULT_REPETITIONS, passes=1, max_rounds=1000),
+           _DEFAULT_SCENARIOS, 0.09, "`make bench`"),
+    # 1M and 2M tokens: the longest contexts served today; a point that does not fit is skipped (out of memory)
+    Preset(Sweep("full", seq_lens=_DEFAULT_SEQ_LENS + (1048576, 2097152), page_sizes=(1, 16, 32, 64, 128, 256),
+                 dtypes=DTYPES, time_budget_s=0.5, processes=DEFAULT_PROCESSES, repetitions=DEFAULT_REPETITIONS, passes=1),
+           _DEFAULT_SCENARIOS, 0.2, "every page size, both dtypes, up to 2M tokens"),
+    Preset(Sweep("ranks", seq_lens=(8192,), page_sizes=(1, 64), time_budget_s=0.05, processes=1, repetitions=12, passes=1),
+           scenarios_from((1, 64), ("int32",), step_sizes=(8, 32, 128)), 0.1,
+           "the steps under torchrun: every rank at once against rank 0 alone (docs/guide.md: many ranks)"),
+)}
 
 
 def get_preset(name: str) -> Preset:
-    """The preset called `name`; an unknown name raises a ValueError listing the presets."""
     check_choice("preset", name, PRESETS)
     return PRESETS[name]

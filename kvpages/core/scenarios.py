@@ -9,10 +9,6 @@ Facts from SGLang 0.5.23 (python/sglang/srt/disaggregation/):
 - decode, `pop_preallocated` then `_transfer_page_indices`: one conversion per request of
   `req_to_token[row][prefix_len:origin_input_len]`, followed by `.astype(np.int32)` (for ZMQ);
 - every request is converted on its own: nothing gathers a step's requests into one D2H.
-
-A `RequestScenario` is one request on one side; a `StepScenario` is one decode-side scheduler step of B requests
-whose lengths are given or drawn from a named, seeded distribution (`LENGTHS`). `calls()` lists the slices a
-scenario converts, in order.
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvpages.core.checks import check_choice, check_count, check_positive
+from kvpages.core.checks import check_choice, check_positive
 from kvpages.core.sweep import DTYPES, INDEX_MAX, ITEMSIZE, max_token_index, pool_pages
 
 SIDES = ("prefill", "decode")
@@ -48,8 +44,7 @@ def prefill_chunks(prompt_len: int, chunk_size: int, page_size: int) -> list[tup
     slices, start, extend_end = [], 0, 0
     while extend_end < prompt_len:
         extend_end = min(extend_end + chunk_size, prompt_len)
-        last = extend_end == prompt_len
-        end = extend_end if last else extend_end // page_size * page_size
+        end = extend_end if extend_end == prompt_len else extend_end // page_size * page_size  # floored but the last
         slices.append((start, end))  # converted even when start == end (an empty send)
         start = end
     return slices
@@ -82,17 +77,14 @@ class RequestScenario(ScenarioPool):
     def __post_init__(self) -> None:
         check_positive("seq_len", self.prompt_len)
         super().__post_init__()
-        check_count("chunk size", self.chunk_size)
+        check_positive("chunk size", self.chunk_size)
         if not 0 <= self.prefix < self.prompt_len:
             raise ValueError(f"prefix {self.prefix} must be >= 0 and < the prompt length {self.prompt_len}")
         check_choice("side", self.side, SIDES)
-        _check_pool(self, self.requests, self.prompt_len)
+        _check_pool(self)
 
     kind = "request"
-
-    @property
-    def requests(self) -> int:
-        return 1
+    requests = 1
 
     @property
     def lengths(self) -> tuple[int, ...]:
@@ -144,10 +136,8 @@ def parse_lengths(text: str) -> tuple[str, tuple[float, ...]]:
 def draw_lengths(spec: str, count: int, seed: int) -> tuple[int, ...]:
     name, params = parse_lengths(spec)
     rng = np.random.default_rng(seed)
-    if name == "list":
+    if name in ("list", "fixed"):  # the given lengths, repeated
         return tuple(int(params[i % len(params)]) for i in range(count))
-    if name == "fixed":
-        return (int(params[0]),) * count
     if name == "uniform":
         return tuple(int(v) for v in rng.integers(int(params[0]), int(params[1]) + 1, count))
     median, sigma, cap = params
@@ -157,7 +147,7 @@ def draw_lengths(spec: str, count: int, seed: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class StepScenario(ScenarioPool):
-    """One decode-side scheduler step: B requests, each converted on its own (or batched, by a step variant)."""
+    """One decode-side scheduler step: B requests of given or drawn (`LENGTHS`) lengths, converted one by one or batched."""
 
     batch: int
     lengths_spec: str
@@ -168,10 +158,11 @@ class StepScenario(ScenarioPool):
             raise ValueError(f"a step needs B >= 1 requests, got {self.batch!r}")
         super().__post_init__()
         parse_lengths(self.lengths_spec)
-        _check_pool(self, self.batch, max(self.lengths))
+        _check_pool(self)
 
     kind = "step"
     side = "decode"
+    chunk_size = 0
 
     @property
     def requests(self) -> int:
@@ -179,7 +170,6 @@ class StepScenario(ScenarioPool):
 
     @functools.cached_property
     def lengths(self) -> tuple[int, ...]:
-        """The B request lengths, drawn once."""
         return draw_lengths(self.lengths_spec, self.batch, self.seed)
 
     def calls(self) -> tuple[Call, ...]:
@@ -188,10 +178,6 @@ class StepScenario(ScenarioPool):
     @property
     def prompt_len(self) -> int:
         return sum(self.lengths)
-
-    @property
-    def chunk_size(self) -> int:
-        return 0
 
     @property
     def id(self) -> str:
@@ -228,17 +214,14 @@ SCENARIO_ROTATION = 2
 """Timed rounds alternate between this many copies of a scenario's rows (different pages)."""
 
 
-def pool_max_index(lengths: tuple[int, ...], page_size: int, copies: int = SCENARIO_ROTATION) -> int:
-    """The largest token index of the pool kvpages.measure.inputs.make_pool builds for `copies` sets of these rows."""
-    return max_token_index(pool_pages(copies * sum(math.ceil(n / page_size) for n in lengths)), page_size)
-
-
-def _check_pool(scenario: Scenario, rows: int, longest: int) -> None:
-    needed = pool_max_index(scenario.lengths, scenario.page_size)
+def _check_pool(scenario: Scenario) -> None:
+    """Refuse a scenario whose pool (SCENARIO_ROTATION copies of its rows) has token indices beyond its dtype."""
+    pages = SCENARIO_ROTATION * sum(math.ceil(n / scenario.page_size) for n in scenario.lengths)
+    needed = max_token_index(pool_pages(pages), scenario.page_size)
     if needed > INDEX_MAX[scenario.dtype]:
-        raise ValueError(f"scenario with {rows} request(s) of up to {longest} tokens at page_size {scenario.page_size} "
-                         f"needs token indices up to {needed}, beyond {scenario.dtype}'s maximum "
-                         f"{INDEX_MAX[scenario.dtype]}; use shorter or fewer requests")
+        raise ValueError(f"scenario with {scenario.requests} request(s) of up to {max(scenario.lengths)} tokens at "
+                         f"page_size {scenario.page_size} needs token indices up to {needed}, beyond {scenario.dtype}'s "
+                         f"maximum {INDEX_MAX[scenario.dtype]}; use shorter or fewer requests")
 
 
 def describe(scenario: Scenario) -> Iterator[str]:
@@ -253,30 +236,21 @@ def describe(scenario: Scenario) -> Iterator[str]:
                f"({c.tokens * itemsize} B all tokens, {pages * itemsize} B pages)")
 
 
-def request_scenarios(lens: tuple[int, ...], chunk: int, page_sizes: tuple[int, ...], prefix: int = 0,
-                      dtype: str = "int32") -> tuple[RequestScenario, ...]:
-    """Both sides of a request for every prompt length and page size."""
-    return tuple(RequestScenario(L, chunk, side, prefix if side == "decode" else 0, page_size=p, dtype=dtype)
-                 for p in page_sizes for side in SIDES for L in lens)
-
-
-def step_scenarios(batches: tuple[int, ...], lengths: str, page_sizes: tuple[int, ...],
-                   dtype: str = "int32") -> tuple[StepScenario, ...]:
-    return tuple(StepScenario(b, lengths, page_size=p, dtype=dtype) for p in page_sizes for b in batches)
-
-
+DEFAULT_CHUNK_SIZE = 8192
 MIXED_LENGTHS = "lognormal:4096,1.0,65536"
 """The default step's request lengths: median 4096 tokens, heavy-tailed, at most 65536."""
 BUSY_US = 500
 """The next forward of the busy scenario: a 500 µs kernel queued on the scheduler's stream in each round, after a
 staged variant's indices and before every variant's readback (kvpages.measure.steps; CUDA only)."""
 
+
 def scenarios_from(page_sizes: tuple[int, ...], dtypes: tuple[str, ...], request_lens: tuple[int, ...] = (),
-                   chunk_size: int = 8192, prefix: int = 0, step_sizes: tuple[int, ...] = (),
+                   chunk_size: int = DEFAULT_CHUNK_SIZE, prefix: int = 0, step_sizes: tuple[int, ...] = (),
                    step_lens: str = MIXED_LENGTHS) -> tuple[Scenario, ...]:
-    """Scenarios given by hand: both sides of each request length, and a step of each size, at every page size."""
+    """Per dtype, both sides of each request length, then a step of each size, at every page size."""
     out: list[Scenario] = []
     for dtype in dtypes:
-        out += request_scenarios(request_lens, chunk_size, page_sizes, prefix, dtype)
-        out += step_scenarios(step_sizes, step_lens, page_sizes, dtype)
+        out += [RequestScenario(L, chunk_size, side, prefix if side == "decode" else 0, page_size=p, dtype=dtype)
+                for p in page_sizes for side in SIDES for L in request_lens]
+        out += [StepScenario(b, step_lens, page_size=p, dtype=dtype) for p in page_sizes for b in step_sizes]
     return tuple(out)

@@ -1,14 +1,10 @@
 """SGLang's own `kv_to_page_indices`, taken by its source: where it comes from, and what its signature says (no torch).
 
-A `--kv-sglang` SPEC is `installed` (the sglang package this Python would import), a path to an SGLang
-checkout, its `python/` folder or `sglang/srt/mem_cache/common.py` itself, or a released version such as
-`0.5.15`, fetched once with `pip download --no-deps` into `$KVPAGES_CACHE/sglang/<version>/` (default
-`~/.cache/kvpages/sglang/<version>/`), keeping only `common.py` and `version.py`.
-
-`resolve(spec)` finds the file; `load_function(source)` reads `kv_to_page_indices` with `ast` and places its
-calling convention by its first parameter's annotation: `np.ndarray` (the caller copies the token indices to the
-host first) or `torch.Tensor`. sglang is never imported: its import chain needs GPU kernels and dozens of
-packages. Every problem is a ValueError naming the spec or the file, raised before anything runs.
+A `--kv-sglang` SPEC is `installed` (the sglang this Python would import), a path to an SGLang checkout, its `python/`
+folder or `sglang/srt/mem_cache/common.py`, or a released version such as `0.5.15`, fetched once with
+`pip download --no-deps` into `$KVPAGES_CACHE/sglang/<version>/` (default `~/.cache/kvpages/sglang/<version>/`),
+keeping only `common.py` and `version.py`. sglang is never imported (its import chain needs GPU kernels and dozens of
+packages): `ast` reads the function. Every problem is a ValueError naming the spec or the file, before anything runs.
 """
 
 from __future__ import annotations
@@ -16,6 +12,7 @@ from __future__ import annotations
 import ast
 import builtins
 import dataclasses
+import importlib.util
 import os
 import re
 import shutil
@@ -43,7 +40,6 @@ MODULES = {"numpy": ("np", "numpy"), "torch": ("torch",)}
 """The modules the function is compiled with, and their default names."""
 PIP_TIMEOUT_S = 300.0
 PREFIX = "sglang@"
-"""Every SGLang function's variant name starts with it: sglang@<label>."""
 
 
 @dataclass(frozen=True)
@@ -67,8 +63,7 @@ class SglangFunction:
     code: str
     line: int
     convention: str  # numpy | tensor
-    names: dict[str, str]
-    """The names the function uses for the modules it is compiled with: {name in the code: module}."""
+    names: dict[str, str]  # {name in the code: module} for the modules it is compiled with
 
 
 def cache_dir() -> Path:
@@ -89,19 +84,11 @@ def _looks_like_path(spec: str) -> bool:
 
 
 def _version_in(folder: Path) -> str | None:
-    """`__version__` of `folder/sglang/version.py`, read with ast, or None."""
-    path = folder / VERSION_FILE
-    if not path.is_file():
-        return None
     try:
-        tree = ast.parse(path.read_text())
-    except (SyntaxError, UnicodeDecodeError):
+        found = re.search(r"^__version__ *= *[\"']([^\"']+)[\"']", (folder / VERSION_FILE).read_text(), re.MULTILINE)
+    except (OSError, UnicodeDecodeError):
         return None
-    for node in tree.body:
-        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
-                and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)):
-            return node.value.value
-    return None
+    return found.group(1) if found else None
 
 
 def _from_path(spec: str) -> SglangSource:
@@ -118,13 +105,11 @@ def _from_path(spec: str) -> SglangSource:
 
 
 def _short(root: Path) -> str:
-    """A checkout's short name: its folder (the one above python/)."""
+    """A checkout's folder (the one above python/)."""
     return (root.parent if root.name == "python" else root).name or str(root)
 
 
 def _installed(spec: str) -> SglangSource:
-    import importlib.util
-
     found = importlib.util.find_spec("sglang")  # finds the package without importing it
     if found is None or not found.submodule_search_locations:
         raise ValueError(f"{FLAG} {spec}: no sglang package is importable by {sys.executable}; "
@@ -170,12 +155,9 @@ def _extract(archive: Path, into: Path) -> None:
         with zipfile.ZipFile(archive) as z:
             members = {name: z.read(name) for name in z.namelist() if name in wanted}
     else:
-        with tarfile.open(archive) as t:
-            members = {}
-            for m in t.getmembers():
-                for want in wanted:
-                    if m.isfile() and m.name.endswith("/" + want) and want not in members:
-                        members[want] = t.extractfile(m).read()  # type: ignore[union-attr]
+        with tarfile.open(archive) as t:  # the first match of each wins: later ones are overwritten by earlier ones
+            found = {w: m for m in reversed(t.getmembers()) for w in wanted if m.isfile() and m.name.endswith("/" + w)}
+            members = {w: t.extractfile(m).read() for w, m in found.items()}  # type: ignore[union-attr]
     for name, data in members.items():
         (into / name).parent.mkdir(parents=True, exist_ok=True)
         (into / name).write_bytes(data)
@@ -197,20 +179,16 @@ def resolve(spec: str, cache: Path | None = None) -> SglangSource:
 
 def _module_names(tree: ast.Module) -> dict[str, str]:
     """{name: module} for numpy and torch as the file imports them (`import numpy as np`), defaults included."""
-    names = {name: module for module, defaults in MODULES.items() for name in defaults}
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name in MODULES:
-                    names[alias.asname or alias.name] = alias.name
-    return names
+    defaults = {name: module for module, names in MODULES.items() for name in names}
+    return defaults | {alias.asname or alias.name: alias.name for node in tree.body if isinstance(node, ast.Import)
+                       for alias in node.names if alias.name in MODULES}
 
 
 def _annotation(node: ast.expr | None) -> str:
     if node is None:
         return "no annotation"
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
+        return node.value  # a string annotation, e.g. "torch.Tensor"
     return ast.unparse(node)
 
 
@@ -288,8 +266,7 @@ def _told_apart(f: SglangFunction) -> SglangFunction:
 
 
 def load_all(specs: tuple[str, ...], cache: Path | None = None) -> tuple[SglangFunction, ...]:
-    """Resolve and read every SPEC. Two that would make the same variant name (checkouts in folders of the same name)
-    are labelled apart by each one's git commit; a name they still share is refused."""
+    """Resolve and read every SPEC; two of one variant name are told apart by their git commits, else refused."""
     functions = [load_function(resolve(spec, cache)) for spec in dict.fromkeys(specs)]
     names = [f.source.name for f in functions]
     functions = [_told_apart(f) if names.count(f.source.name) > 1 else f for f in functions]

@@ -1,9 +1,8 @@
 """Statistics at the levels that vary: processes, then repetitions within them (no torch, no scipy).
 
-A block is summarised by its median; a whole process can run a few percent slow, so intervals resample
-processes, then repetitions (Kalibera and Jones, "Rigorous Benchmarking in Reasonable Time", ISMM 2013); with one
-process, its repetitions alone. docs/method.md gives the reasoning and the coverage checks.
-"""
+A block is summarised by its median; a whole process can run a few percent slow, so intervals resample processes,
+then repetitions (Kalibera and Jones, "Rigorous Benchmarking in Reasonable Time", ISMM 2013); with one process, its
+repetitions alone. docs/method.md gives the reasoning and the coverage checks."""
 
 from __future__ import annotations
 
@@ -41,7 +40,6 @@ def unknown(ratio: float, n: int) -> Interval:
 
 
 def block_medians(blocks: list[np.ndarray]) -> np.ndarray:
-    """One median per repetition."""
     return np.array([np.median(b) for b in blocks])
 
 
@@ -75,22 +73,21 @@ class Levels:
 
     @functools.cached_property
     def bootstrap_means(self) -> np.ndarray:
-        """The means of the two-stage bootstrap's resamples, seeded: every `Levels` of one shape (repetitions per
-        process) is resampled alike, so two variants of a point are, and the draws are made once per shape."""
-        groups = self.by_process()
-        return _means_of(groups, _seeded_draws(tuple(g.size for g in groups)))
+        """Seeded resample means: every `Levels` of one shape is resampled alike (two variants of a point are), drawn once."""
+        return resampled_means(self)
 
     def components(self) -> Components:
         groups = self.by_process()
         within_df = sum(g.size - 1 for g in groups)
         within_var = sum(float(np.sum((g - g.mean()) ** 2)) for g in groups) / within_df if within_df else math.nan
+        within = math.sqrt(within_var) if within_df else math.nan
         if len(groups) < 2:
-            return Components(math.nan, math.sqrt(within_var) if within_df else math.nan)
+            return Components(math.nan, within)
         sizes = np.array([g.size for g in groups], dtype=float)
         mean_var = float(np.var([g.mean() for g in groups], ddof=1))
         per_process = len(sizes) / float(np.sum(1 / sizes))  # harmonic mean: repetitions per process
         explained = within_var / per_process if within_df else 0.0
-        return Components(math.sqrt(max(0.0, mean_var - explained)), math.sqrt(within_var) if within_df else math.nan)
+        return Components(math.sqrt(max(0.0, mean_var - explained)), within)
 
 
 BOOTSTRAP_RESAMPLES = 2000
@@ -104,47 +101,37 @@ class _Draws:
 
     flat: np.ndarray
     """(resamples, processes x width): the drawn process's row times the width, plus the drawn repetition."""
-    padding: np.ndarray | None
-    """Where a drawn process has fewer repetitions than the widest (those cells are skipped); None: none has."""
+    padding: np.ndarray
+    """Where a drawn process has fewer repetitions than the widest: those cells are left out."""
 
 
 def _draws(sizes: tuple[int, ...], rng: np.random.Generator) -> _Draws:
-    """Processes with replacement, then each drawn process's repetitions with replacement (Kalibera and Jones 2013,
-    section 4.3), for processes of `sizes` repetitions."""
+    """Processes with replacement, then each drawn one's repetitions (Kalibera and Jones 2013, section 4.3)."""
     count, width = len(sizes), max(sizes)
     sizes_array = np.array(sizes)
     drawn = rng.integers(0, count, size=(BOOTSTRAP_RESAMPLES, count))
     within = (rng.random((BOOTSTRAP_RESAMPLES, count, width)) * sizes_array[drawn][:, :, None]).astype(int)
     flat = (drawn[:, :, None] * width + within).reshape(BOOTSTRAP_RESAMPLES, -1)
-    if (sizes_array == width).all():
-        return _Draws(flat, None)
     padding = (np.arange(width)[None, None, :] >= sizes_array[drawn][:, :, None]).reshape(BOOTSTRAP_RESAMPLES, -1)
     return _Draws(flat, padding)
 
 
 @functools.lru_cache(maxsize=64)
 def _seeded_draws(sizes: tuple[int, ...]) -> _Draws:
-    """`_draws` from a fresh generator seeded with BOOTSTRAP_SEED (what every `Levels.bootstrap_means` uses)."""
     return _draws(sizes, np.random.default_rng(BOOTSTRAP_SEED))
 
 
-def _means_of(groups: list[np.ndarray], draws: _Draws) -> np.ndarray:
-    """The mean of each resample (a smaller process draws fewer: its padded cells are left out)."""
-    width = max(g.size for g in groups)
-    padded = np.zeros((len(groups), width))
+def resampled_means(levels: Levels, rng: np.random.Generator | None = None) -> np.ndarray:
+    """Each two-stage resample's mean, drawn from `rng` (None: `bootstrap_means`'s seeded draws), padding left out."""
+    groups = levels.by_process()
+    sizes = tuple(g.size for g in groups)
+    draws = _seeded_draws(sizes) if rng is None else _draws(sizes, rng)
+    padded = np.zeros((len(groups), max(sizes)))
     for i, g in enumerate(groups):
         padded[i, :g.size] = g
     values = padded.ravel()[draws.flat]
-    if draws.padding is None:
-        return values.mean(axis=1)
     kept = ~draws.padding
     return (values * kept).sum(axis=1) / kept.sum(axis=1)
-
-
-def resampled_means(levels: Levels, rng: np.random.Generator) -> np.ndarray:
-    """BOOTSTRAP_RESAMPLES means, each of a two-stage resample drawn from `rng` (`_draws`)."""
-    groups = levels.by_process()
-    return _means_of(groups, _draws(tuple(g.size for g in groups), rng))
 
 
 def finite_median(values: list[float]) -> float:
@@ -169,8 +156,7 @@ class LatencyBlock(Protocol):
 
 
 def latency_statistics(blocks: Sequence[LatencyBlock]) -> dict[str, float]:
-    """A request's or step's row statistics: blocked and ready quartiles of every round of every block pooled, the
-    rounds and the repetitions (one block each)."""
+    """A request's or step's row statistics: pooled blocked and ready quartiles, rounds and repetitions (a block each)."""
     pooled = [quartiles([np.asarray(getattr(b, f"{what}_us")) for b in blocks], f"{what}_")
               for what in ("blocked", "ready")]
     return {**pooled[0], **pooled[1], "rounds": sum(len(b.blocked_us) for b in blocks), "repetitions": len(blocks)}
@@ -182,9 +168,7 @@ def row_statistics(blocks_us: list[np.ndarray]) -> dict[str, float]:
     data = np.concatenate(blocks_us)
     q = quartiles(blocks_us)
     medians = block_medians(blocks_us)
-    return {
-        **q, "iqr_us": q["q3_us"] - q["q1_us"],
-        "min_us": float(data.min()), "max_us": float(data.max()), "mean_us": float(data.mean()),
-        "stddev_us": float(data.std(ddof=1)) if data.size > 1 else 0.0,
-        "rep_spread": float(np.std(np.log(medians), ddof=1)) if medians.size > 1 else 0.0,
-    }
+    return {**q, "iqr_us": q["q3_us"] - q["q1_us"],
+            "min_us": float(data.min()), "max_us": float(data.max()), "mean_us": float(data.mean()),
+            "stddev_us": float(data.std(ddof=1)) if data.size > 1 else 0.0,
+            "rep_spread": float(np.std(np.log(medians), ddof=1)) if medians.size > 1 else 0.0}

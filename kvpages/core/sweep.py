@@ -1,24 +1,21 @@
-"""The sweep: frozen points and their axes (the named presets are in kvpages.core.presets).
-
-A `Point` is one input configuration; a `Sweep` is the cross product of its axes; `pool_pages`
-is how big a `req_to_token` pool kvpages builds for the pages it hands out. No torch.
-"""
+"""The sweep: a `Point` is one input configuration, a `Sweep` the cross product of its axes (presets: kvpages.core.presets).
+No torch."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kvpages.core.checks import check_choice, check_count, check_positive
+from kvpages.core.checks import check_choice, check_positive
 
 DTYPES: tuple[str, ...] = ("int32", "int64")
 """Index dtypes: int32 is what SGLang's `req_to_token` holds."""
 ITEMSIZE: dict[str, int] = {"int32": 4, "int64": 8}
 INDEX_MAX: dict[str, int] = {"int32": 2**31 - 1, "int64": 2**63 - 1}
-"""The largest token index each dtype holds."""
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 LAYOUTS: tuple[str, ...] = ("fragmented", "contiguous")
 """fragmented: pages come from a shuffled free list; contiguous: consecutive pages."""
@@ -31,13 +28,11 @@ H100/H200, so long rows are not timed out of a warm cache (short ones stay partl
 
 
 def pool_pages(handed_out: int) -> int:
-    """The pages of a pool that hands out `handed_out` pages: some slack, so a shuffled free list leaves holes
-    between requests. Pages 1..pool_pages are handed out (page 0 is SGLang's padding slot)."""
+    """The pages of a pool that hands out `handed_out` pages: some slack, so a shuffled free list leaves holes."""
     return handed_out + max(1, handed_out // 8)
 
 
 def max_token_index(pages: int, page_size: int) -> int:
-    """The largest token index of a pool of `pages` pages (pages 1..pages, page 0 unused)."""
     return pages * page_size + page_size - 1
 
 
@@ -62,11 +57,10 @@ class Point:
         if self.check_range:
             needed = self.geometry().max_token_index
             if needed > INDEX_MAX[self.dtype]:
-                raise ValueError(
-                    f"seq_len {self.seq_len} at page_size {self.page_size} needs token indices up to {needed}, "
-                    f"beyond {self.dtype}'s maximum {INDEX_MAX[self.dtype]}; the largest valid seq_len for "
-                    f"{self.dtype} at page_size {self.page_size} is {largest_seq_len(self.page_size, self.dtype)}"
-                )
+                raise ValueError(f"seq_len {self.seq_len} at page_size {self.page_size} needs token indices up to "
+                                 f"{needed}, beyond {self.dtype}'s maximum {INDEX_MAX[self.dtype]}; the largest valid "
+                                 f"seq_len for {self.dtype} at page_size {self.page_size} is "
+                                 f"{largest_seq_len(self.page_size, self.dtype)}")
 
     @property
     def num_pages(self) -> int:
@@ -83,11 +77,19 @@ class Point:
         return max(MIN_ROTATION, min(MAX_ROTATION, math.ceil(ROTATION_TARGET_BYTES / row_bytes)))
 
     def geometry(self, rotation: int | None = None, chunk_offset_pages: int = 0) -> PoolGeometry:
-        return PoolGeometry.of(self, self.rotation if rotation is None else rotation, chunk_offset_pages)
+        """The pool of `rotation` rows (default: `self.rotation`), each `chunk_offset_pages` pages before the slice."""
+        rows = self.rotation if rotation is None else rotation
+        if rows < 1:
+            raise ValueError(f"rotation must be >= 1, got {rows}")
+        if chunk_offset_pages < 0:
+            raise ValueError(f"chunk_offset_pages must be >= 0, got {chunk_offset_pages}")
+        row_tokens = chunk_offset_pages * self.page_size + self.seq_len
+        pages_per_row = math.ceil(row_tokens / self.page_size)
+        return PoolGeometry(rows, row_tokens, pages_per_row, pool_pages(rows * pages_per_row), self.page_size, self.itemsize)
 
     @property
     def id(self) -> str:
-        """Short id used in pytest ids and benchmark groups, e.g. 's8192-p64-int32-fragmented'."""
+        """E.g. 's8192-p64-int32-fragmented': in pytest ids and benchmark groups."""
         return f"s{self.seq_len}-p{self.page_size}-{self.dtype}-{self.layout}"
 
 
@@ -103,16 +105,6 @@ class PoolGeometry:
     page_size: int
     itemsize: int
 
-    @classmethod
-    def of(cls, point: Point, rows: int, chunk_offset_pages: int = 0) -> PoolGeometry:
-        if rows < 1:
-            raise ValueError(f"rotation must be >= 1, got {rows}")
-        if chunk_offset_pages < 0:
-            raise ValueError(f"chunk_offset_pages must be >= 0, got {chunk_offset_pages}")
-        row_tokens = chunk_offset_pages * point.page_size + point.seq_len
-        pages_per_row = math.ceil(row_tokens / point.page_size)
-        return cls(rows, row_tokens, pages_per_row, pool_pages(rows * pages_per_row), point.page_size, point.itemsize)
-
     @property
     def max_token_index(self) -> int:
         return max_token_index(self.pool_pages, self.page_size)
@@ -123,41 +115,29 @@ class PoolGeometry:
         return self.itemsize * self.rows * self.row_tokens
 
     def memory_bytes(self, device: str) -> dict[str, int]:
-        """Peak bytes needed on the host and, for CUDA, on the device, while the inputs are built and checked.
-
-        Building happens on the host: int64 page ids (free list, permutation, its copy), every
-        generated token in int64, and the pool in its own dtype; checking one row takes about
-        33 bytes per token (int64 copies of the row, positions and the expected row, a bool mask).
-        """
+        """Peak bytes on the host (and the CUDA device) while the inputs are built (host: int64 page ids x3, every token in
+        int64, the pool) and checked (33 B per token of a row: int64 row, positions, expected row, a bool mask)."""
         tokens_int64 = 8 * self.rows * self.pages_per_row * self.page_size
-        pool = self.pool_bytes
         page_ids = 3 * 8 * self.pool_pages
         check_row = 33 * self.row_tokens
         if device == "cpu":
-            return {"host": page_ids + tokens_int64 + 2 * pool + check_row}
-        return {"host": page_ids + tokens_int64 + pool, "cuda": pool + check_row}
+            return {"host": page_ids + tokens_int64 + 2 * self.pool_bytes + check_row}
+        return {"host": page_ids + tokens_int64 + self.pool_bytes, "cuda": self.pool_bytes + check_row}
 
 
 def largest_seq_len(page_size: int, dtype: str) -> int:
-    """The largest seq_len whose pool's token indices fit `dtype` at `page_size` (default rotation)."""
-    def fits(seq_len: int) -> bool:
-        return Point(seq_len, page_size, dtype, check_range=False).geometry().max_token_index <= INDEX_MAX[dtype]
+    """The largest seq_len whose pool's token indices fit `dtype` at `page_size` (default rotation), by bisection."""
+    def too_long(seq_len: int) -> bool:
+        return Point(seq_len, page_size, dtype, check_range=False).geometry().max_token_index > INDEX_MAX[dtype]
 
-    lo, hi = 1, INDEX_MAX[dtype]
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-    return lo
+    return bisect.bisect_left(range(1, INDEX_MAX[dtype] + 1), True, key=too_long)
 
 
 @dataclass(frozen=True)
 class Sweep:
-    """The axes of a run; `points(device)` expands their cross product.
-
-    Each (variant, point) is timed in `repetitions` blocks, dealt to `processes` processes and within each to `passes`
-    sweeps over the points (kvpages.measure.schedule); `time_budget_s` is the timed wall time a (variant, point) aims
-    for over all its repetitions, each block's rounds bounded by `min_rounds` and `max_rounds`.
-    """
+    """The axes of a run. Each (variant, point) is timed in `repetitions` blocks, dealt to `processes` processes and
+    within each to `passes` sweeps over the points (kvpages.measure.schedule), for `time_budget_s` of timed wall time
+    over all its repetitions, each block's rounds bounded by `min_rounds` and `max_rounds`."""
 
     name: str
     seq_lens: tuple[int, ...]
@@ -168,41 +148,28 @@ class Sweep:
     time_budget_s: float = 0.25
     repetitions: int = 10
     passes: int = 10
-    """Per process: sweeps over the points that a process's repetitions are dealt to."""
     processes: int = 1
     """Fresh processes the repetitions are dealt to, run one after another (1: time in the pytest process)."""
     min_rounds: int = 10
     max_rounds: int = 200
-    """Per block: a short call's block fills its share of the budget up to this many rounds (every round is kept in
-    samples.csv). The default preset lifts it to 1000 so its blocks spend their budget timing (issue 25)."""
+    """A short call's block fills its share of the budget up to this many rounds (all kept in samples.csv)."""
 
     def __post_init__(self) -> None:
         for axis in ("seq_lens", "page_sizes", "dtypes", "layouts"):
             if not getattr(self, axis):
                 raise ValueError(f"sweep {self.name!r}: axis {axis} is empty")
-        for seq_len in self.seq_lens:
-            check_positive("seq_len", seq_len)
-        for page_size in self.page_sizes:
-            check_positive("page_size", page_size)
-        for dtype in self.dtypes:
-            check_choice("dtype", dtype, DTYPES)
-        for layout in self.layouts:
-            check_choice("layout", layout, LAYOUTS)
+        list(self.points("cpu"))  # each point checks its values, and that its token indices fit its dtype
         if not (self.time_budget_s > 0 and math.isfinite(self.time_budget_s)):
             raise ValueError(f"time budget must be a positive number of seconds, got {self.time_budget_s!r}")
-        check_count("repetitions", self.repetitions)
-        check_count("passes", self.passes)
-        check_count("processes", self.processes)
+        for count in ("repetitions", "passes", "processes"):
+            check_positive(count, getattr(self, count))
         if self.processes > self.repetitions:
             raise ValueError(f"{self.processes} processes but {self.repetitions} repetitions: every process times "
                              f"at least one repetition of each case; give at most {self.repetitions} processes")
         if not 1 <= self.min_rounds <= self.max_rounds:
             raise ValueError(f"need 1 <= min_rounds <= max_rounds, got {self.min_rounds} and {self.max_rounds}")
-        list(self.points("cpu"))  # each point checks that its token indices fit its dtype
 
     def points(self, device: str) -> Iterator[Point]:
         """Points ordered by dtype, layout, page size, then sequence length."""
-        for dtype, layout, page_size, seq_len in itertools.product(
-            self.dtypes, self.layouts, self.page_sizes, self.seq_lens
-        ):
+        for dtype, layout, page_size, seq_len in itertools.product(self.dtypes, self.layouts, self.page_sizes, self.seq_lens):
             yield Point(seq_len, page_size, dtype, device, layout, self.seed)
