@@ -1,11 +1,8 @@
 """The runner: one loop over the planned blocks of every target (kvpages.measure.targets).
 
-Each (variant, target) is checked against the reference in its first block in each process (on every input in
-process 0, on one in a later one) and metered in process 0's (a later process takes process 0's reading: the same
-code on the same pool), and cross-checked against the profiler when that is on, then timed in the blocks dealt to
-this process (the steps: docs/method.md#how-a-block-is-measured). `Runner.run(benchmark, block)` returns the
-block's `BlockOutcome`: its samples and the meter's reading, or the stop of a case that cannot run, or runs wrong,
-which then runs no further blocks here. The runner knows nothing of the session, which hands each outcome on.
+A case is checked and metered in its first block in each process, then timed (docs/method.md#how-a-block-is-measured).
+`Runner.run(benchmark, block)` returns the block's `BlockOutcome`, or the stop of a case that cannot run or runs
+wrong, which then runs no further blocks here. The runner knows nothing of the session, which hands each outcome on.
 """
 
 from __future__ import annotations
@@ -48,12 +45,6 @@ ERROR = "error"
 """What a rank answers when its step raised (not a Stop): the multi-rank run stops."""
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    """A CUDA or CPU allocation failure (torch raises a plain RuntimeError for the CPU allocator)."""
-    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
-        isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(exc))
-
-
 def together(group: Group | None, block: Block, when: str, step: Callable[[], T]) -> T:
     """`step()`; in a multi-rank run every rank then agrees: a Stop on any rank stops the case on every rank, and
     an error on any rank stops the run on every rank, each naming the rank (kvpages.measure.group)."""
@@ -70,9 +61,9 @@ def together(group: Group | None, block: Block, when: str, step: Callable[[], T]
             raise
         mine = (ERROR, f"{block.id}: {type(exc).__name__}: {exc}", True)
     agreed = group.agree(f"{block.id}: {when}", mine)
-    if agreed is not None and agreed[0] == ERROR:
-        group.stop(agreed[1])
     if agreed is not None:
+        if agreed[0] == ERROR:
+            group.stop(agreed[1])
         raise Stop(*agreed)
     assert result is not None
     return result
@@ -165,14 +156,12 @@ class Crosscheck:
 
 @dataclass
 class CaseState:
-    """What this process knows of one case while its blocks run."""
+    """What this process knows of one case while its blocks run: the meter's reading of its first block here (None:
+    not metered yet), the status it stopped with here, and its ok row's note (e.g. the cross-check's)."""
 
     reading: MeterReading | None = None
-    """What the meter read in this process's first block of the case (None: not metered here yet)."""
     stopped: str | None = None
-    """The status it stopped with in this process."""
     note: str = ""
-    """The note of its ok row (e.g. the cross-check could not confirm the meter)."""
 
 
 @dataclass
@@ -226,14 +215,11 @@ class Runner:
         if self._workload is None or self._workload[0] != target:
             self._workload = None  # free the previous pass's copy first
             with self.phase("inputs"):
-                built = self._built.get(target)
-                if built is None:
-                    built = target.build(self.context.device, cache=self.pool_cache)
-                    if self.passes > 1:
-                        self._built[target] = built
-                    self._workload = (target, built)
-                else:
-                    self._workload = (target, built.fresh_copy())
+                kept = self._built.get(target)
+                built = target.build(self.context.device, cache=self.pool_cache) if kept is None else kept.fresh_copy()
+                if self.passes > 1:
+                    self._built.setdefault(target, built)
+                self._workload = (target, built)
         return self._workload[1]
 
     def _run(self, benchmark, block: Block, state: CaseState, earlier: dict[int, MeterReading]) -> BlockOutcome:
@@ -268,8 +254,9 @@ class Runner:
                         problem = target.check(target.call_here(variant, inputs), expected)
                         if problem:
                             raise Stop("mismatch", f"wrong output: {problem}", fail=True)
-        except (RuntimeError, MemoryError) as exc:
-            if not is_out_of_memory(exc):
+        except (RuntimeError, MemoryError) as exc:  # torch raises a plain RuntimeError for the CPU allocator
+            cpu_oom = "DefaultCPUAllocator: can't allocate memory" in str(exc)
+            if not (cpu_oom or isinstance(exc, (torch.OutOfMemoryError, MemoryError))):
                 raise
             self._workload = None
             self._built.pop(target, None)

@@ -23,7 +23,6 @@ import torch
 
 from kvpages.core.names import case_id
 from kvpages.core.options import BenchOptions, crosscheck_enabled
-from kvpages.core.scenarios import StepScenario
 from kvpages.measure import breakdown as where_time_goes
 from kvpages.measure import crosscheck as profiler_check
 from kvpages.measure import environment
@@ -38,7 +37,7 @@ from kvpages.measure.targets import Context, PointTarget, ScenarioTarget, Target
 from kvpages.measure.variants import variant_names
 from kvpages.measure.workers import WorkerCommand, Workers, run_workers
 from kvpages.measure.worklog import WorkerEnd, WorkerLog, log_path, read_readings, write_cases
-from kvpages.schema.meta import ProcessInfo, RunMeta, RunTiming
+from kvpages.schema.meta import RunMeta, RunTiming
 from kvpages.schema.writer import RunWriter, create_run_dir, utc_now
 
 
@@ -55,10 +54,10 @@ class SweepPlan:
         points: list[Target] = [PointTarget(p) for p in sweep.points(device)]
         per_request = [n for n in self.step_variants if not get_step_variant(n).batched]
         requests: list[Target] = [ScenarioTarget(s) for s in options.scenario_set if s.kind == "request"]
-        steps: list[Target] = [ScenarioTarget(s) for s in options.scenario_set if s.kind == "step"]
-        if group is not None:
+        steps: list[Target] = [ScenarioTarget(s) if group is None else RankTarget(s, group.size)
+                               for s in options.scenario_set if s.kind == "step"]
+        if group is not None:  # the steps alone, each timed on every rank at once
             points, requests = [], []
-            steps = [RankTarget(s, group.size) for s in options.scenario_set if isinstance(s, StepScenario)]
         self.passes = min(sweep.passes, -(-repetitions // processes))  # per process
         counts = (repetitions, sweep.seed, self.passes, processes)
         families = in_run_order(plan(self.variants, points, *counts), plan(per_request, requests, *counts),
@@ -116,26 +115,6 @@ def end_note(done: int, partial: int, planned: int, exitstatus: int, multi_rank:
     return True, f"all {done} {rows} recorded"
 
 
-def crosscheck(cases: list[profiler_check.CheckCase], device: str, trace_out: Path) -> Crosscheck:
-    """The profiler cross-check, in a process of its own, before any timing, over every selected case that can
-    run; when it fails, every row's note says why and the session goes on timing (it never retries)."""
-    if not cases:
-        return Crosscheck()
-    try:
-        return Crosscheck(profiler_check.run_crosscheck(cases, device, trace_out=trace_out))
-    except profiler_check.CrosscheckError as exc:
-        return Crosscheck(unavailable=str(exc))
-
-
-def own_process(index: int, phase: Phases, workers: Workers, started_at: float, total_s: float) -> ProcessInfo:
-    """meta.json's record of the session's own process: its wall is the session's, less its workers' (their start-up
-    together, then their turns) and the cross-check's; its start-up runs to its first block, less both."""
-    others = workers.startup_s + workers.turns_s + phase.seconds["crosscheck"]
-    wall, span = total_s - others, phase.span
-    startup = wall if span is None else span[0] - started_at - others
-    return phase.spent().info(index, os.getpid(), "session", startup, wall)
-
-
 class KvSession:
     """The state of one pytest session of the sweep: options, device, plan, runner, recorder, run folder."""
 
@@ -183,12 +162,16 @@ class KvSession:
             self.runner.first_readings = read_readings(self.log.folder)
             return
         cases = self.plan.cases(selected)
-        if self.crosscheck_on:
+        checked = [profiler_check.CheckCase(v, t) for t, v in cases
+                   if self.crosscheck_on and t.unavailable_reason(v, self.device) is None]
+        if checked:  # in a process of its own, before any timing; when it fails, every row's note says why
             self.trace_dir = Path(tempfile.mkdtemp(prefix="kvpages-crosscheck-"))
             with self.phase("crosscheck"):
-                self.runner.crosscheck = crosscheck([profiler_check.CheckCase(v, t) for t, v in cases if
-                                                     t.unavailable_reason(v, self.device) is None],
-                                                    self.device, self.trace_dir / profiler_check.TRACE_FILE)
+                try:
+                    self.runner.crosscheck = Crosscheck(profiler_check.run_crosscheck(
+                        checked, self.device, trace_out=self.trace_dir / profiler_check.TRACE_FILE))
+                except profiler_check.CrosscheckError as exc:
+                    self.runner.crosscheck = Crosscheck(unavailable=str(exc))
         if not self.timing or not selected:
             return
         with deferred_interruption():  # a signal waits until the run folder (rank 0's: it gathers) and its recorder are
@@ -259,8 +242,13 @@ class KvSession:
         if self.writer is None:
             return
         meta = self.writer.meta
+        # this process's wall is the session's less its workers' (start-up together, then turns) and the cross-check's;
+        # its start-up runs to its first block, less both
+        others = self.workers.startup_s + self.workers.turns_s + self.phase.seconds["crosscheck"]
+        wall, span = total_s - others, self.phase.span
+        startup = wall if span is None else span[0] - self.started_at - others
         meta.processes = [w.info() for w in self.workers.runs] + [
-            own_process(self.process, self.phase, self.workers, self.started_at, total_s)]
+            self.phase.spent().info(self.process, os.getpid(), "session", startup, wall)]
         completed, note = end_note(self.recorder.recorded, self.recorder.partial, len(self.plan.planned), exitstatus,
                                    group is not None, None if group is None else group.failure)
         loaded = self.runner.loaded

@@ -1,16 +1,9 @@
 """Fresh processes for a sweep's repetitions: pyperf's idea, with pytest as the runner (docs/guide.md#processes).
 
-With `--kv-processes P` (P >= 2) the user's pytest session is the last of P processes. Before it times its own
-share it starts the P - 1 earlier ones together, as
-
-    python -m pytest <the same files> <the same --kv-* options> --benchmark-only --kv-worker K --kv-worker-dir DIR
-        --kv-worker-go FD
-
-Each imports and collects, says it is ready in its log, and waits on its pipe FD. Once every one is ready, the
-session lets them time one at a time, never two at once, so their start-ups overlap on the cores instead of adding
-up. A worker plans the same blocks (kvpages.measure.schedule), collects only those of process K among the cases the
-session selected (DIR/cases.json), and logs each finished block to DIR/process-K.jsonl (kvpages.measure.worklog),
-which the session's recorder reads as it is written. No torch import.
+The session starts its P - 1 workers together (`WorkerCommand.argv`); each imports, collects, says it is ready in
+its log (kvpages.measure.worklog) and waits on its pipe, so their start-ups overlap on the cores instead of adding up.
+Then they time one at a time, never two at once, and the session's recorder reads each log as it is written.
+No torch import.
 """
 
 from __future__ import annotations
@@ -37,9 +30,8 @@ WORKER_DIR_FLAG = "--kv-worker-dir"
 WORKER_GO_FLAG = "--kv-worker-go"
 LEAN_PYTEST = ("-q", "--benchmark-quiet", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:logging",
                "-p", "no:unraisableexception")
-"""A worker's pytest: quiet (the session reports the run), no cache, and without three plugins bench/ does not use,
-which cost each process about 1.5 s (hypothesis's import), 0.4 s (log capture around every test phase) and 0.3 s
-(the unraisable-exception hook's garbage collections); the Makefile's BENCH_PYTEST leaves the same out."""
+"""A worker's pytest: quiet (the session reports the run), no cache, and without the plugins the Makefile's
+BENCH_PYTEST leaves out (it says what each costs)."""
 
 
 def process_started_at() -> float:
@@ -118,11 +110,6 @@ class Worker:
     def wall_s(self) -> float:
         """Its own wall time, without its wait for its turn."""
         return self.ready_s + self.turn_s
-
-    @property
-    def ok(self) -> bool:
-        """It ran to its end: every case passed or was recorded as failed (pytest's 0 and 1)."""
-        return self.child.returncode in (0, 1) and self.log.end is not None
 
     def failed(self, what: str) -> WorkerFailed:
         """The run's failure: this worker `what`, with the last lines it printed."""
@@ -269,7 +256,7 @@ def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence
                 raise KeyboardInterrupt(f"worker process {w.process} was interrupted")
             if w.timed_out:
                 raise w.failed(f"did not finish within its limit of {limit:.0f} s and was stopped")
-            if not w.ok:
+            if w.child.returncode not in (0, 1) or w.log.end is None:  # pytest's 0 and 1: every case passed or was recorded
                 raise w.failed(f"exited with status {w.child.returncode} before its end")
             if w.process == 0:
                 write_readings(command.folder, first_readings())
@@ -289,9 +276,7 @@ def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence
 
 
 def exit_without_collecting() -> None:
-    """Leave the objects alive at exit out of the garbage collector's last passes (once, however often asked for).
-
-    A process that imported torch holds about a million objects: walking them took about 0.45 s of a 0.65 s exit,
-    in each sweep process. Everything still frees by reference counting, files are closed by then, nothing is timed."""
+    """Leave the objects alive at exit out of the garbage collector's last passes (once, however often asked for):
+    walking torch's ~million objects took ~0.45 s of a 0.65 s exit per sweep process; all still frees by refcount."""
     atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)

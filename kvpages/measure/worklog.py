@@ -124,7 +124,6 @@ def log_path(folder: Path, process: int) -> Path:
 
 
 def json_path(folder: Path, process: int) -> Path:
-    """Where a worker's pytest-benchmark JSON goes, when the session writes one."""
     return folder / f"process-{process}.json"
 
 
