@@ -1,9 +1,8 @@
-"""The pytest plugin: `--kv-*` options, the generated benchmarks and the run folder.
+"""The pytest plugin (a `pytest11` entry point): `--kv-*` options, the generated benchmarks and the run folder.
 
-Registered through the `pytest11` entry point, so it is active wherever kvpages is installed; it imports torch only
-when a kvpages benchmark is collected (or an option needs it to be checked). `kv_case` (bench/test_d2h.py) and
-`kv_scenario` (bench/test_steps.py) are parametrized from the schedule of blocks (kvpages.measure.schedule), so a
-new variant is benchmarked without touching bench/.
+It imports torch only when a kvpages benchmark is collected (or an option needs it to be checked). `kv_case`
+(bench/test_d2h.py) and `kv_scenario` (bench/test_steps.py) are parametrized from the schedule of blocks, so a new
+variant is benchmarked without touching bench/.
 """
 
 from __future__ import annotations
@@ -200,31 +199,17 @@ def pytest_runtestloop(session: pytest.Session):
     fresh pytest worker, one after another (kvpages.measure.workers)."""
     config = session.config
     kv = config.stash.get(SESSION_KEY, None)
-    if (kv is not None and kv.processes > 1 and kv.recorder is not None and not config.option.collectonly
-            and not session.testsfailed):
-        _run_workers(config, kv)
-    return (yield)
-
-
-SHM = Path("/dev/shm")
-SHM_NEEDED_BYTES = 2 << 30
-
-
-def worker_folder_parent() -> str | None:
-    """Where the workers' folder goes: RAM-backed /dev/shm when it has room (the shared input pools are written
-    there once and read by every later process), else the system's temporary folder."""
-    try:
-        return str(SHM) if shutil.disk_usage(SHM).free >= SHM_NEEDED_BYTES else None
-    except OSError:
-        return None
-
-
-def _run_workers(config: pytest.Config, kv: KvSession) -> None:
+    if kv is None or kv.processes <= 1 or kv.recorder is None or config.option.collectonly or session.testsfailed:
+        return (yield)
     import tempfile
 
     from kvpages.measure.workers import WorkerCommand, WorkerFailed
 
-    folder = Path(tempfile.mkdtemp(prefix="kvpages-workers-", dir=worker_folder_parent()))
+    try:  # RAM-backed /dev/shm when it has 2 GiB free: the input pools are written there once, read by every process
+        parent = "/dev/shm" if shutil.disk_usage("/dev/shm").free >= 2 << 30 else None
+    except OSError:
+        parent = None
+    folder = Path(tempfile.mkdtemp(prefix="kvpages-workers-", dir=parent))
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
     option = config.option
     command = WorkerCommand(
@@ -245,6 +230,7 @@ def _run_workers(config: pytest.Config, kv: KvSession) -> None:
         kv.run_workers(command, say)
     except WorkerFailed as exc:
         pytest.exit(str(exc), returncode=pytest.ExitCode.INTERNAL_ERROR)
+    return (yield)
 
 
 @pytest.hookimpl(optionalhook=True)

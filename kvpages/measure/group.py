@@ -134,8 +134,8 @@ class Group:
         return out
 
     def start_together(self, what: str) -> None:
-        """The start of a timed round: every rank leaves at about the same moment. gloo's barrier releases the
-        ranks over TCP, up to milliseconds apart, so the ranks of one host meet at a `HostBarrier` instead."""
+        """The start of a timed round. gloo's barrier releases the ranks over TCP, up to milliseconds apart, so the
+        ranks of one host meet at a `HostBarrier` instead."""
         if self.spin is None:
             self._collective(what, dist.barrier)
             return
@@ -155,8 +155,7 @@ class Group:
         return None
 
     def agree_rounds(self, what: str, rounds: int, cycle: int) -> int:
-        """The rounds every rank times: the fewest any rank's warm-up asked for, in whole cycles of `cycle` rounds
-        (kvpages.measure.ranks.round_modes), at least one."""
+        """The rounds every rank times: the fewest any rank's warm-up asked for, in whole cycles, at least one."""
         fewest = min(self.gather(what, rounds))
         return max(cycle, fewest - fewest % cycle)
 

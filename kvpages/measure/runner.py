@@ -50,7 +50,6 @@ def together(group: Group | None, block: Block, when: str, step: Callable[[], T]
     an error on any rank stops the run on every rank, each naming the rank (kvpages.measure.group)."""
     if group is None:
         return step()
-    result: T | None = None
     mine: tuple[str, str, bool] | None = None
     try:
         result = step()
@@ -65,8 +64,7 @@ def together(group: Group | None, block: Block, when: str, step: Callable[[], T]
         if agreed[0] == ERROR:
             group.stop(agreed[1])
         raise Stop(*agreed)
-    assert result is not None
-    return result
+    return result  # set: a rank whose step raised has a problem, so the ranks agreed on one
 
 
 def check_metered(target: Target, variant: str, reading: MeterReading, earlier: dict[int, MeterReading],
@@ -99,10 +97,8 @@ class Phases:
         self.seconds: dict[str, float] = defaultdict(float)
         self.timed_s = 0.0
         self.blocks = 0
-        self.span: tuple[float, float] | None = None
-        """perf_counter() at its first block's start and at its last block's end."""
-        self.first_block_at: float | None = None
-        """time.time() at its first block's start (a worker's start-up is measured by the session)."""
+        self.span: tuple[float, float] | None = None  # perf_counter() at its first block's start, its last one's end
+        self.first_block_at: float | None = None  # time.time() at its first block's start (a worker's start-up)
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -114,7 +110,6 @@ class Phases:
 
     @contextmanager
     def block(self) -> Iterator[None]:
-        """Around each block."""
         start = time.perf_counter()
         if self.first_block_at is None:
             self.first_block_at = time.time()
@@ -174,17 +169,12 @@ class Runner:
     process: int
     phase: Phases = field(default_factory=Phases)
     crosscheck: Crosscheck = field(default_factory=Crosscheck)
-    pool_cache: PoolCache | None = None
-    """Where the processes of a run share the pools they built (None: one process)."""
+    pool_cache: PoolCache | None = None  # where the processes of a run share the pools they built (None: one process)
     cases: dict[str, CaseState] = field(default_factory=dict)
-    loaded: environment.Loaded | None = None
-    """The PCIe link and SM clock after the first timed block, under load (an idle link downshifts, a clock drops)."""
-    spun_up: bool = False
-    """The device's clock raised, before this process's first timed block."""
-    first_readings: dict[str, MeterReading] = field(default_factory=dict)
-    """What process 0's meter read of each case, in a later process (kvpages.measure.worklog.read_readings)."""
-    benchmark_output: bool = True
-    """pytest-benchmark shows or keeps statistics of each block; else its rounds go once they are in its samples."""
+    loaded: environment.Loaded | None = None  # the link and SM clock after the first timed block, under load
+    spun_up: bool = False  # the device's clock raised, before this process's first timed block
+    first_readings: dict[str, MeterReading] = field(default_factory=dict)  # process 0's, in a later process
+    benchmark_output: bool = True  # pytest-benchmark shows or keeps each block's statistics (else they go once sampled)
     _workload: tuple[Target, Workload] | None = None
     _built: dict[Target, Workload] = field(default_factory=dict)
 
@@ -291,11 +281,10 @@ class Runner:
         if self.context.device == "cuda" and self.loaded is None and not benchmark.disabled:
             self.loaded = environment.loaded_now()
 
-        def checked() -> bool:
+        def checked() -> None:
             problem = target.check(result.output, workload.expected[result.input_index])
             if problem:
                 raise Stop("mismatch", f"wrong output in a timed round: {problem}", fail=True)
-            return True
 
         together(self.context.group, block, "after its timing", checked)
         if benchmark.disabled:  # nothing timed (--benchmark-disable: a check of every case)

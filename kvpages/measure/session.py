@@ -203,7 +203,7 @@ class KvSession:
         self.runner.pool_cache = PoolCache(command.folder)
         limits = [worker_limit_s(self.plan, self.options, self.repetitions, process, frozenset(self.recorder.cases))
                   for process in range(self.processes - 1)]
-        run_workers(command, WORKER_START_S, limits, self.recorder.record, say, self.workers, self.recorder.first_readings)
+        run_workers(command, WORKER_START_S, limits, self.recorder, say, self.workers)
         self.runner.first_readings = self.recorder.first_readings()  # this process is a later one too
 
     def run(self, benchmark, block: Block) -> None:

@@ -17,11 +17,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvpages.measure.outcome import BlockOutcome, MeterReading
-from kvpages.measure.recorder import deferred_interruption
+from kvpages.measure.outcome import BlockOutcome
+from kvpages.measure.recorder import Recorder, deferred_interruption
 from kvpages.measure.worklog import LogReader, json_path, log_path, write_readings
 from kvpages.schema.meta import ProcessInfo
 
@@ -35,9 +36,8 @@ BENCH_PYTEST leaves out (it says what each costs)."""
 
 
 def process_started_at() -> float:
-    """When this process started, on time.perf_counter()'s clock: its age from /proc/self/stat (Linux, 10 ms
-    resolution), so the session's start-up counts the interpreter and pytest's imports before any hook runs; now
-    where that cannot be read."""
+    """When this process started, on time.perf_counter()'s clock (now where /proc/self/stat cannot be read), so the
+    session's start-up counts the interpreter and pytest's imports before any hook runs."""
     now = time.perf_counter()
     try:
         with open("/proc/self/stat") as f:
@@ -52,11 +52,9 @@ def process_started_at() -> float:
 class WorkerCommand:
     """How the session starts worker K: everything but K is the same for every worker."""
 
-    paths: tuple[str, ...]
-    """The session's file arguments, parametrization stripped (a worker's blocks have other ids)."""
+    paths: tuple[str, ...]  # the session's file arguments, parametrization stripped (a worker's blocks have other ids)
     kv_args: tuple[str, ...]
-    timed_as: tuple[str, ...]
-    """The session's pytest-benchmark options that change how a block is timed (its timer, its GC)."""
+    timed_as: tuple[str, ...]  # the session's pytest-benchmark options that change how a block is timed (timer, GC)
     rootdir: str
     cwd: Path
     folder: Path
@@ -69,12 +67,9 @@ class WorkerCommand:
                 "--rootdir", self.rootdir, *LEAN_PYTEST, *self.timed_as, *json_args]
 
 
-POLL_S = 0.2
-"""How often the session reads a running worker's log: its outcomes reach the run folder this soon."""
-READY_POLL_S = 0.02
-"""How often it looks whether the workers are ready (nothing is timed meanwhile)."""
-STOP_WAIT_S = 30.0
-"""How long an interrupted session waits for a worker it passed the interruption on to, before killing it."""
+POLL_S = 0.2  # how often the session reads a running worker's log: its outcomes reach the run folder this soon
+READY_POLL_S = 0.02  # how often it looks whether the workers are ready (nothing is timed meanwhile)
+STOP_WAIT_S = 30.0  # how long an interrupted session waits for a worker it passed the interruption on to, then kills it
 
 
 class WorkerFailed(Exception):
@@ -86,19 +81,14 @@ class Worker:
     """One worker process: launched, waiting on its pipe for its turn, then timing its share."""
 
     process: int
-    total: int
-    """The run's processes, the session's included (for messages)."""
+    total: int  # the run's processes, the session's included (for messages)
     child: subprocess.Popen
-    go_fd: int | None
-    """The write end of its pipe (None once written or closed)."""
+    go_fd: int | None  # the write end of its pipe (None once written or closed)
     output: Path
     log: LogReader
-    launched_at: float
-    """time.time() at its launch."""
-    turn_s: float = 0.0
-    """From the session's go until it exited (timing its share, one worker at a time)."""
-    interrupted: bool = False
-    """The session, or the worker itself, was interrupted (SIGINT, SIGTERM) before the worker's end."""
+    launched_at: float  # time.time()
+    turn_s: float = 0.0  # from the session's go until it exited (timing its share, one worker at a time)
+    interrupted: bool = False  # the session or the worker was interrupted (SIGINT, SIGTERM) before the worker's end
     timed_out: bool = False
 
     @property
@@ -132,19 +122,15 @@ class Worker:
         os.write(self.go_fd, b"g")  # its turn: it starts timing now
         self.dismiss()
         try:
-            while True:
+            while self.child.poll() is None:
+                if time.perf_counter() - start > limit_s:
+                    self.timed_out = True
+                    self.child.kill()
                 with deferred_interruption():  # what was read is recorded whole: the log's offset has moved past it
                     for outcome in self.log.new_outcomes():
                         record(outcome)
-                try:
+                with suppress(subprocess.TimeoutExpired):
                     self.child.wait(timeout=POLL_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    if time.perf_counter() - start > limit_s:
-                        self.timed_out = True
-                        self.child.kill()
-                        self.child.wait()
-                        break
         except KeyboardInterrupt:
             self.interrupted = True
             self.child.send_signal(signal.SIGINT)
@@ -172,8 +158,7 @@ class Workers:
     """A session's workers: each one as it ends, their start-up and their pytest-benchmark JSON entries."""
 
     runs: list[Worker] = field(default_factory=list)
-    startup_s: float = 0.0
-    """The session's wall from their launch until every one was ready."""
+    startup_s: float = 0.0  # the session's wall from their launch until every one was ready
     benchmarks: list[dict] = field(default_factory=list)
 
     @property
@@ -233,14 +218,13 @@ def wait_ready(started: Sequence[Worker], limit_s: float) -> float:
         time.sleep(READY_POLL_S)
 
 
-def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence[float],
-                record: Callable[[BlockOutcome], None], say: Callable[[str], None], workers: Workers,
-                first_readings: Callable[[], dict[str, MeterReading]]) -> None:
+def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence[float], recorder: Recorder,
+                say: Callable[[str], None], workers: Workers) -> None:
     """Run the earlier processes' shares: every worker started at once, ready within `start_limit_s`, then one after
-    another (worker K within `limits_s[K]`), each into `workers` as it ends; once worker 0 has, the later ones get
-    its meter's `first_readings` (kvpages.measure.worklog.write_readings). An interrupted worker interrupts the
-    session (KeyboardInterrupt), one that did not run to its end fails the run (WorkerFailed); either way the
-    workers still waiting exit (their pipes closed), or are killed after STOP_WAIT_S."""
+    another (worker K within `limits_s[K]`) into `recorder`, each into `workers` as it ends; once worker 0 has, the
+    later ones get its meter's readings. An interrupted worker interrupts the session (KeyboardInterrupt), one that
+    did not run to its end fails the run (WorkerFailed); either way the workers still waiting exit (their pipes
+    closed), or are killed after STOP_WAIT_S."""
     total = len(limits_s) + 1
     started: list[Worker] = []
     try:
@@ -250,7 +234,7 @@ def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence
         count = f"{len(started)} worker process" + ("es" if len(started) > 1 else "")
         say(f"kvpages: {count} started together, all ready in {workers.startup_s:.1f} s")
         for w, limit in zip(started, limits_s, strict=True):
-            w.run(limit, record)
+            w.run(limit, recorder.record)
             workers.runs.append(w)
             if w.interrupted:
                 raise KeyboardInterrupt(f"worker process {w.process} was interrupted")
@@ -259,7 +243,7 @@ def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence
             if w.child.returncode not in (0, 1) or w.log.end is None:  # pytest's 0 and 1: every case passed or was recorded
                 raise w.failed(f"exited with status {w.child.returncode} before its end")
             if w.process == 0:
-                write_readings(command.folder, first_readings())
+                write_readings(command.folder, recorder.first_readings())
             if command.json_out:
                 workers.benchmarks += json.loads(json_path(command.folder, w.process).read_text())["benchmarks"]
             info = w.info()
