@@ -1,8 +1,7 @@
 """The pytest plugin (a `pytest11` entry point): `--kv-*` options, the generated benchmarks and the run folder.
 
-It imports torch only when a kvpages benchmark is collected (or an option needs it to be checked). `kv_case`
-(bench/test_d2h.py) and `kv_scenario` (bench/test_steps.py) are parametrized from the schedule of blocks, so a new
-variant is benchmarked without touching bench/.
+`kv_case` (bench/test_d2h.py) and `kv_scenario` (bench/test_steps.py) are parametrized from the schedule of blocks,
+so a new variant is benchmarked without touching bench/.
 """
 
 from __future__ import annotations
@@ -103,8 +102,7 @@ def _ranked(config: pytest.Config, options: BenchOptions) -> BenchOptions:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Refuse a sweep that will not fit in memory, before anything runs, then start the kvpages session (its
-    cross-check, its run folder: kvpages.measure.session); only when a kvpages benchmark was collected (a plain
-    test session, `make test` on a GPU box say, estimates nothing)."""
+    cross-check, its run folder); only when a kvpages benchmark was collected (a plain test session estimates nothing)."""
     config = session.config
     if SESSION_KEY not in config.stash:
         return
@@ -140,8 +138,7 @@ def kv_session(config: pytest.Config) -> KvSession:
 
 
 def benchmark_output(config: pytest.Config) -> bool:
-    """Whether pytest-benchmark shows or keeps its statistics of the blocks: its table (not --benchmark-quiet), JSON,
-    saved runs, comparisons or histograms."""
+    """Whether pytest-benchmark shows or keeps its statistics of the blocks (its table, JSON, saved runs, ...)."""
     o = config.option
     return not getattr(o, "benchmark_quiet", False) or any(getattr(o, name, None) for name in (
         "benchmark_json", "benchmark_save", "benchmark_autosave", "benchmark_compare", "benchmark_compare_fail",
@@ -195,8 +192,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtestloop(session: pytest.Session):
-    """With --kv-processes >= 2: before this session times its share, each earlier process's share runs in a
-    fresh pytest worker, one after another (kvpages.measure.workers)."""
+    """With --kv-processes >= 2: the earlier processes' shares run first, in fresh pytest workers, one after another."""
     config = session.config
     kv = config.stash.get(SESSION_KEY, None)
     if kv is None or kv.processes <= 1 or kv.recorder is None or config.option.collectonly or session.testsfailed:

@@ -60,8 +60,7 @@ def gpu_uuid() -> str | None:
 
 
 def parse_smi(out: str | None) -> tuple[str | None, str | None]:
-    """(driver, 'GenN xW (max GenM xV)') from the first line of nvidia-smi's CSV that is five numbers, else
-    (None, None)."""
+    """(driver, 'GenN xW (max GenM xV)') from the first five-number line of nvidia-smi's CSV, else (None, None)."""
     for line in (out or "").splitlines():
         match = _SMI_LINE.match(line)
         if match:
@@ -106,8 +105,7 @@ def device_name(device: str) -> str:
 
 
 def capture(device: str, repo: Path, crosschecked: bool = False) -> Environment:
-    """The environment of a run on `device` ('cpu' or 'cuda'), from the checkout at `repo` (run folders under
-    results/ do not make it dirty)."""
+    """The environment of a run on `device`, from the checkout at `repo` (run folders in results/ leave it clean)."""
     commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
     status = _run(["git", "status", "--porcelain", "--", ".", ":(exclude)results"], cwd=repo)
     driver = pcie = uuid = None

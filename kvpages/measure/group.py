@@ -97,7 +97,6 @@ class Group:
     """The ranks of one run: barriers, agreement and gathers over gloo, each bounded by the run's timeout."""
 
     def __init__(self, launch: Launch, device: str, timeout_s: float | None) -> None:
-        self.launch = launch
         self.rank, self.size = launch.rank, launch.world_size
         self.timeout = datetime.timedelta(seconds=timeout_s or DEFAULT_RANK_TIMEOUT_S)
         self.failure: str | None = None

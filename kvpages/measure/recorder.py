@@ -20,9 +20,8 @@ from kvpages.schema.writer import RunWriter
 
 @dataclass
 class Case:
-    """What the recorder knows of one (variant, target): its blocks so far, what each process's meter read, the
-    status of the row written for it (None: none yet), and a failure another process saw, to fail this process's
-    next test of the case."""
+    """What the recorder knows of one (variant, target): its blocks, each process's meter reading, its row's status
+    (None: none yet), and a failure another process saw, to fail this process's next test of the case."""
 
     target: Target
     variant: str

@@ -69,8 +69,7 @@ def together(group: Group | None, block: Block, when: str, step: Callable[[], T]
 
 def check_metered(target: Target, variant: str, reading: MeterReading, earlier: dict[int, MeterReading],
                   device: str) -> None:
-    """The D2H and the host syncs the meter counted must be what the variant declares on `device` (a note names
-    every difference), and the D2H what every earlier process counted."""
+    """The meter's D2H and host syncs must be what the variant declares on `device`, its D2H what earlier processes'."""
     problems = []
     expected_bytes, transfers = target.expected_d2h(variant)
     if transfers is None and reading.d2h_bytes != expected_bytes:
@@ -89,16 +88,15 @@ def check_metered(target: Target, variant: str, reading: MeterReading, earlier: 
                                    f"transfers, this one {reading.d2h_bytes} in {reading.d2h_transfers}", fail=True)
 
 
+@dataclass
 class Phases:
-    """Where a process's time goes, for meta.json: seconds per phase (inputs, checks, warmup, crosscheck,
-    breakdown), the sum of its timed rounds, and the span of its blocks."""
+    """Where a process's time goes, for meta.json: seconds per phase, its timed rounds' sum and its blocks' span."""
 
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.timed_s = 0.0
-        self.blocks = 0
-        self.span: tuple[float, float] | None = None  # perf_counter() at its first block's start, its last one's end
-        self.first_block_at: float | None = None  # time.time() at its first block's start (a worker's start-up)
+    seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+    timed_s: float = 0.0
+    blocks: int = 0
+    span: tuple[float, float] | None = None  # perf_counter() at its first block's start, its last one's end
+    first_block_at: float | None = None  # time.time() at its first block's start (a worker's start-up)
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -127,8 +125,7 @@ class Phases:
 
 @dataclass(frozen=True)
 class Crosscheck:
-    """The profiler cross-check's answers by case id (kvpages.measure.crosscheck), run once before the first block;
-    `unavailable`: why it could not run (every row's note says so)."""
+    """The profiler cross-check's answers by case id, run once before the first block; `unavailable`: why it could not."""
 
     answers: dict[str, CheckAnswer] = field(default_factory=dict)
     unavailable: str | None = None
@@ -179,8 +176,7 @@ class Runner:
     _built: dict[Target, Workload] = field(default_factory=dict)
 
     def run(self, benchmark, block: Block, earlier: dict[int, MeterReading]) -> BlockOutcome:
-        """Check and meter (a case's first block here), time and collect one block, or its stop (it cannot run, or runs
-        wrong). `earlier`: what the meters of earlier processes read of its case."""
+        """One block's outcome (see the module doc); `earlier`: what the meters of earlier processes read of its case."""
         state = self.cases.setdefault(block.case_id, CaseState())
         try:
             with self.phase.block():

@@ -1,8 +1,7 @@
 """The sweep session: wires the options, the plan of blocks, the runner, the recorder and the run folder.
 
-One session per pytest session (kvpages.plugin); how a block travels through it: docs/guide.md#how-a-block-travels.
-In a worker process (kvpages.measure.workers) the session logs its outcomes instead of recording them.
-SIGTERM stops a session (or a worker) as SIGINT does: every finished block is kept.
+One per pytest session (kvpages.plugin); in a worker process it logs its outcomes instead of recording them.
+How a block travels through it: docs/guide.md#how-a-block-travels.
 """
 
 from __future__ import annotations
@@ -90,9 +89,8 @@ WORKER_BUDGET_FACTOR = 10.0  # times its blocks' timed budget (warm-up and minim
 
 def worker_limit_s(plan: SweepPlan, options: BenchOptions, repetitions: int, process: int,
                    case_ids: frozenset[str]) -> float:
-    """How long worker `process` may run before it is killed and the run fails naming it: well over what its share
-    of `case_ids` (the cases the session selected) takes; for the quick preset, well inside a sweep step of
-    bench/gpu_check.sh (150 s)."""
+    """How long worker `process` may run before it is killed and the run fails naming it: well over what its share of
+    `case_ids` takes; for the quick preset, well inside a sweep step of bench/gpu_check.sh (150 s)."""
     own = [b for b in plan.point_blocks + plan.scenario_blocks if b.process == process and b.case_id in case_ids]
     budget = sum(b.target.budget_s(options) for b in own) / repetitions
     return (WORKER_START_S + WORKER_PER_TARGET_S * len({b.target for b in own}) + WORKER_PER_BLOCK_S * len(own)

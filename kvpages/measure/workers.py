@@ -114,9 +114,8 @@ class Worker:
             self.go_fd = None
 
     def run(self, limit_s: float, record: Callable[[BlockOutcome], None]) -> None:
-        """Let it time its share, wait for it at most `limit_s` (then kill it), and `record` each outcome it logs as
-        it is written. Interrupted meanwhile (SIGINT, SIGTERM), the session passes SIGINT on to the worker and
-        records what it logged until it stopped."""
+        """Let it time its share within `limit_s` (then kill it), `record`ing each outcome as it logs it; interrupted
+        meanwhile (SIGINT, SIGTERM), pass SIGINT on to it and record what it logged until it stopped."""
         start = time.perf_counter()
         assert self.go_fd is not None
         os.write(self.go_fd, b"g")  # its turn: it starts timing now
@@ -172,7 +171,6 @@ class Workers:
 
 
 def wait_or_kill(child: subprocess.Popen, timeout_s: float) -> None:
-    """Wait for `child` to exit, at most `timeout_s`, then kill it."""
     try:
         child.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -181,7 +179,6 @@ def wait_or_kill(child: subprocess.Popen, timeout_s: float) -> None:
 
 
 def launch(command: WorkerCommand, process: int, total: int) -> Worker:
-    """Start worker `process`, to wait for its turn on a pipe of its own."""
     read_fd, write_fd = os.pipe()
     output = command.folder / f"process-{process}.out"
     try:
@@ -221,10 +218,9 @@ def wait_ready(started: Sequence[Worker], limit_s: float) -> float:
 def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence[float], recorder: Recorder,
                 say: Callable[[str], None], workers: Workers) -> None:
     """Run the earlier processes' shares: every worker started at once, ready within `start_limit_s`, then one after
-    another (worker K within `limits_s[K]`) into `recorder`, each into `workers` as it ends; once worker 0 has, the
-    later ones get its meter's readings. An interrupted worker interrupts the session (KeyboardInterrupt), one that
-    did not run to its end fails the run (WorkerFailed); either way the workers still waiting exit (their pipes
-    closed), or are killed after STOP_WAIT_S."""
+    another (worker K within `limits_s[K]`), the later ones on worker 0's meter readings. An interrupted worker
+    interrupts the session, one that did not run to its end fails the run (WorkerFailed); either way the workers
+    still waiting exit (their pipes closed), or are killed after STOP_WAIT_S."""
     total = len(limits_s) + 1
     started: list[Worker] = []
     try:
