@@ -78,7 +78,6 @@ def ranked_options(options: BenchOptions, launch: Launch) -> BenchOptions:
 
 
 def check_devices(launch: Launch, device_choice: str) -> None:
-    """A CUDA run needs a device per rank of this host (ValueError otherwise)."""
     wants_cuda = device_choice == "cuda" or (device_choice == "auto" and torch.cuda.is_available())
     if wants_cuda and launch.local_world_size > torch.cuda.device_count():
         raise ValueError(f"torchrun --nproc-per-node {launch.local_world_size}: this host has "

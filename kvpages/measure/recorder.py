@@ -112,7 +112,6 @@ class Recorder:
                 self._write(case.target, [c for c in cases if c.status is None], OK)
 
     def first_readings(self) -> dict[str, MeterReading]:
-        """What process 0's meter read of each case it metered."""
         return {case_id: case.readings[0] for case_id, case in self.cases.items() if 0 in case.readings}
 
     def finish(self) -> None:

@@ -169,7 +169,6 @@ class Runner:
     pool_cache: PoolCache | None = None  # where the processes of a run share the pools they built (None: one process)
     cases: dict[str, CaseState] = field(default_factory=dict)
     loaded: environment.Loaded | None = None  # the link and SM clock after the first timed block, under load
-    spun_up: bool = False  # the device's clock raised, before this process's first timed block
     first_readings: dict[str, MeterReading] = field(default_factory=dict)  # process 0's, in a later process
     benchmark_output: bool = True  # pytest-benchmark shows or keeps each block's statistics (else they go once sampled)
     _workload: tuple[Target, Workload] | None = None
@@ -262,9 +261,8 @@ class Runner:
         rounds = 1  # timing disabled: pytest-benchmark calls it once
         if not benchmark.disabled:
             with self.phase("warmup"):
-                if not self.spun_up and self.context.device == "cuda":
-                    spin_up()  # this process's first timed block: an idle GPU's clock is low (an H200: 345 MHz)
-                    self.spun_up = True
+                if self.loaded is None and self.context.device == "cuda":  # no block timed here yet
+                    spin_up()  # an idle GPU's clock is low (an H200: 345 MHz)
                 sweep = options.sweep
                 per_call_s = warm_up(timer.fn, inputs, target.page_size, timer.before_round,
                                      WARMUP_FIRST_S if first_here else WARMUP_LATER_S, every_input=first_here)

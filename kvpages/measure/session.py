@@ -39,6 +39,12 @@ from kvpages.measure.worklog import WorkerEnd, WorkerLog, log_path, read_reading
 from kvpages.schema.meta import RunMeta, RunTiming
 from kvpages.schema.writer import RunWriter, create_run_dir, utc_now
 
+# A worker's time limit (SweepPlan.worker_limit_s), well over what each part of its share takes:
+WORKER_START_S = 45.0  # its start-up: imports, collection, CUDA's start
+WORKER_PER_TARGET_S = 5.0  # building the inputs of each point, request or step of its share
+WORKER_PER_BLOCK_S = 0.05  # each block's untimed work: its check, meter and bookkeeping
+WORKER_BUDGET_FACTOR = 10.0  # times its blocks' timed budget (warm-up and minimum rounds come on top)
+
 
 class SweepPlan:
     """The blocks of a session, in run order: the points', and the whole requests' and steps' (a multi-rank run:
@@ -58,6 +64,7 @@ class SweepPlan:
         if group is not None:  # the steps alone, each timed on every rank at once
             points, requests = [], []
         self.passes = min(sweep.passes, -(-repetitions // processes))  # per process
+        self.options, self.repetitions = options, repetitions
         counts = (repetitions, sweep.seed, self.passes, processes)
         families = in_run_order(plan(self.variants, points, *counts), plan(per_request, requests, *counts),
                                 plan(self.step_variants, steps, repetitions, sweep.seed + 1, self.passes, processes))
@@ -70,6 +77,14 @@ class SweepPlan:
         self.planned |= {b.case_id for b in own}
         return own
 
+    def worker_limit_s(self, process: int, case_ids: frozenset[str]) -> float:
+        """How long worker `process` may run before it is killed and the run fails naming it: well over what its share of
+        `case_ids` takes; for the quick preset, well inside a sweep step of bench/gpu_check.sh (150 s)."""
+        own = [b for b in self.point_blocks + self.scenario_blocks if b.process == process and b.case_id in case_ids]
+        budget = sum(b.target.budget_s(self.options) for b in own) / self.repetitions
+        return (WORKER_START_S + WORKER_PER_TARGET_S * len({b.target for b in own}) + WORKER_PER_BLOCK_S * len(own)
+                + WORKER_BUDGET_FACTOR * budget)
+
     def variants_of(self, target: Target) -> Sequence[str]:
         return self.variants if isinstance(target, PointTarget) else self.step_variants
 
@@ -78,23 +93,6 @@ class SweepPlan:
         ids = {b.case_id for b in selected}
         targets = dict.fromkeys(b.target for b in self.point_blocks + self.scenario_blocks if b.case_id in ids)
         return [(t, v) for t in targets for v in self.variants_of(t) if case_id(v, t.id) in ids]
-
-
-# A worker's time limit (worker_limit_s), well over what each part of its share takes:
-WORKER_START_S = 45.0  # its start-up: imports, collection, CUDA's start
-WORKER_PER_TARGET_S = 5.0  # building the inputs of each point, request or step of its share
-WORKER_PER_BLOCK_S = 0.05  # each block's untimed work: its check, meter and bookkeeping
-WORKER_BUDGET_FACTOR = 10.0  # times its blocks' timed budget (warm-up and minimum rounds come on top)
-
-
-def worker_limit_s(plan: SweepPlan, options: BenchOptions, repetitions: int, process: int,
-                   case_ids: frozenset[str]) -> float:
-    """How long worker `process` may run before it is killed and the run fails naming it: well over what its share of
-    `case_ids` takes; for the quick preset, well inside a sweep step of bench/gpu_check.sh (150 s)."""
-    own = [b for b in plan.point_blocks + plan.scenario_blocks if b.process == process and b.case_id in case_ids]
-    budget = sum(b.target.budget_s(options) for b in own) / repetitions
-    return (WORKER_START_S + WORKER_PER_TARGET_S * len({b.target for b in own}) + WORKER_PER_BLOCK_S * len(own)
-            + WORKER_BUDGET_FACTOR * budget)
 
 
 def end_note(done: int, partial: int, planned: int, exitstatus: int, multi_rank: bool,
@@ -199,8 +197,7 @@ class KvSession:
         assert self.recorder is not None, "workers run in a session that records"
         write_cases(command.folder, list(self.recorder.cases))
         self.runner.pool_cache = PoolCache(command.folder)
-        limits = [worker_limit_s(self.plan, self.options, self.repetitions, process, frozenset(self.recorder.cases))
-                  for process in range(self.processes - 1)]
+        limits = [self.plan.worker_limit_s(process, frozenset(self.recorder.cases)) for process in range(self.processes - 1)]
         run_workers(command, WORKER_START_S, limits, self.recorder, say, self.workers)
         self.runner.first_readings = self.recorder.first_readings()  # this process is a later one too
 
@@ -268,7 +265,6 @@ class KvSession:
             self.writer.write_meta()
 
     def analysed(self, seconds: float) -> None:
-        """The analysis after the sweep (summary, charts, report) took `seconds`: meta.json says so."""
         if self.writer is not None and self.writer.meta.timing is not None:
             self.writer.meta.timing = dataclasses.replace(self.writer.meta.timing, analysis_s=seconds)
             self.writer.write_meta()

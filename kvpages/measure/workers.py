@@ -102,7 +102,6 @@ class Worker:
         return self.ready_s + self.turn_s
 
     def failed(self, what: str) -> WorkerFailed:
-        """The run's failure: this worker `what`, with the last lines it printed."""
         tail = "\n".join(self.output.read_text(errors="replace").splitlines()[-15:])
         return WorkerFailed(f"kvpages: worker process {self.process} of {self.total} {what}; the last lines it "
                             f"printed:\n{tail}")
