@@ -108,10 +108,8 @@ def capture(device: str, repo: Path, crosschecked: bool = False) -> Environment:
     """The environment of a run on `device`, from the checkout at `repo` (run folders in results/ leave it clean)."""
     commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
     status = _run(["git", "status", "--porcelain", "--", ".", ":(exclude)results"], cwd=repo)
-    driver = pcie = uuid = None
-    if device == "cuda":
-        uuid = gpu_uuid()
-        driver, pcie = nvidia_smi_facts(uuid)
+    uuid = gpu_uuid() if device == "cuda" else None
+    driver, pcie = nvidia_smi_facts(uuid)
     return Environment(
         kvpages_version=kvpages.__version__,
         python_version=sys.version.split()[0],

@@ -25,8 +25,7 @@ from kvpages.core.options import DEFAULT_RANK_TIMEOUT_S, BenchOptions
 from kvpages.schema.meta import RankInfo, RanksMeta
 
 BACKEND = "gloo"
-LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
-"""What torchrun sets for every rank it starts."""
+LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")  # what torchrun sets for every rank it starts
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,7 @@ class Case:
 @dataclass
 class _Held:
     depth: int = 0
-    pending: str | None = None
-    """An interruption that arrived while held, delivered when the outermost hold ends."""
+    pending: str | None = None  # an interruption that arrived while held, delivered when the outermost hold ends
 
 
 _HELD = _Held()

@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -20,7 +21,7 @@ import torch
 
 from kvpages.measure import environment
 from kvpages.measure.busy import spin_up
-from kvpages.measure.crosscheck import CheckAnswer
+from kvpages.measure.crosscheck import CheckAnswer, CheckCase, CrosscheckError, run_crosscheck
 from kvpages.measure.group import Group, RankFailure
 from kvpages.measure.inputs import PoolCache, Workload
 from kvpages.measure.outcome import BlockOutcome, MeterReading
@@ -41,8 +42,7 @@ class Stop(Exception):
         self.status, self.note, self.fail = status, note, fail
 
 
-ERROR = "error"
-"""What a rank answers when its step raised (not a Stop): the multi-rank run stops."""
+ERROR = "error"  # what a rank answers when its step raised (not a Stop): the multi-rank run stops
 
 
 def together(group: Group | None, block: Block, when: str, step: Callable[[], T]) -> T:
@@ -129,6 +129,14 @@ class Crosscheck:
 
     answers: dict[str, CheckAnswer] = field(default_factory=dict)
     unavailable: str | None = None
+
+    @classmethod
+    def of(cls, cases: list[CheckCase], device: str, trace_out: Path) -> Crosscheck:
+        """The cross-check of `cases` in a process of its own; when it fails, every row's note says why (no retry)."""
+        try:
+            return cls(run_crosscheck(cases, device, trace_out=trace_out))
+        except CrosscheckError as exc:
+            return cls(unavailable=str(exc))
 
     def status(self, on: bool) -> str:
         """meta.json's `crosscheck`."""

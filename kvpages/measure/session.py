@@ -36,7 +36,7 @@ from kvpages.measure.targets import Context, PointTarget, ScenarioTarget, Target
 from kvpages.measure.variants import variant_names
 from kvpages.measure.workers import WorkerCommand, Workers, run_workers
 from kvpages.measure.worklog import WorkerEnd, WorkerLog, log_path, read_readings, write_cases
-from kvpages.schema.meta import RunMeta, RunTiming
+from kvpages.schema.meta import ProcessInfo, RunMeta, RunTiming
 from kvpages.schema.writer import RunWriter, create_run_dir, utc_now
 
 # A worker's time limit (SweepPlan.worker_limit_s), well over what each part of its share takes:
@@ -111,6 +111,15 @@ def end_note(done: int, partial: int, planned: int, exitstatus: int, multi_rank:
     return True, f"all {done} {rows} recorded"
 
 
+def own_process(index: int, phase: Phases, workers: Workers, started_at: float, total_s: float) -> ProcessInfo:
+    """meta.json's record of the session's own process: its wall is the session's, less its workers' (their start-up
+    together, then their turns) and the cross-check's; its start-up runs to its first block, less both."""
+    others = workers.startup_s + workers.turns_s + phase.seconds["crosscheck"]
+    wall, span = total_s - others, phase.span
+    startup = wall if span is None else span[0] - started_at - others
+    return phase.spent().info(index, os.getpid(), "session", startup, wall)
+
+
 class KvSession:
     """The state of one pytest session of the sweep: options, device, plan, runner, recorder, run folder."""
 
@@ -160,14 +169,10 @@ class KvSession:
         cases = self.plan.cases(selected)
         checked = [profiler_check.CheckCase(v, t) for t, v in cases
                    if self.crosscheck_on and t.unavailable_reason(v, self.device) is None]
-        if checked:  # in a process of its own, before any timing; when it fails, every row's note says why
+        if checked:
             self.trace_dir = Path(tempfile.mkdtemp(prefix="kvpages-crosscheck-"))
             with self.phase("crosscheck"):
-                try:
-                    self.runner.crosscheck = Crosscheck(profiler_check.run_crosscheck(
-                        checked, self.device, trace_out=self.trace_dir / profiler_check.TRACE_FILE))
-                except profiler_check.CrosscheckError as exc:
-                    self.runner.crosscheck = Crosscheck(unavailable=str(exc))
+                self.runner.crosscheck = Crosscheck.of(checked, self.device, self.trace_dir / profiler_check.TRACE_FILE)
         if not self.timing or not selected:
             return
         with deferred_interruption():  # a signal waits until the run folder (rank 0's: it gathers) and its recorder are
@@ -237,13 +242,8 @@ class KvSession:
         if self.writer is None:
             return
         meta = self.writer.meta
-        # this process's wall is the session's less its workers' (start-up together, then turns) and the cross-check's;
-        # its start-up runs to its first block, less both
-        others = self.workers.startup_s + self.workers.turns_s + self.phase.seconds["crosscheck"]
-        wall, span = total_s - others, self.phase.span
-        startup = wall if span is None else span[0] - self.started_at - others
         meta.processes = [w.info() for w in self.workers.runs] + [
-            self.phase.spent().info(self.process, os.getpid(), "session", startup, wall)]
+            own_process(self.process, self.phase, self.workers, self.started_at, total_s)]
         completed, note = end_note(self.recorder.recorded, self.recorder.partial, len(self.plan.planned), exitstatus,
                                    group is not None, None if group is None else group.failure)
         loaded = self.runner.loaded
