@@ -233,13 +233,10 @@ def pytest_runtestloop(session: pytest.Session):
 def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json: dict) -> None:
     """--benchmark-json (and --benchmark-save) hold every process's benchmarks, the workers' too."""
     kv = config.stash.get(SESSION_KEY, None)
-    if kv is None or not kv.workers.benchmarks:
-        return
     with_data = any("data" in b.get("stats", {}) for b in output_json["benchmarks"])
-    for entry in kv.workers.benchmarks:
-        stats = entry.get("stats", {})
-        output_json["benchmarks"].append(entry if with_data else {**entry, "stats": {
-            k: v for k, v in stats.items() if k != "data"}})
+    for entry in [] if kv is None else kv.workers.benchmarks:
+        stats = {k: v for k, v in entry.get("stats", {}).items() if with_data or k != "data"}
+        output_json["benchmarks"].append({**entry, "stats": stats})
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

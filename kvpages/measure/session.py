@@ -85,14 +85,12 @@ class SweepPlan:
         return (WORKER_START_S + WORKER_PER_TARGET_S * len({b.target for b in own}) + WORKER_PER_BLOCK_S * len(own)
                 + WORKER_BUDGET_FACTOR * budget)
 
-    def variants_of(self, target: Target) -> Sequence[str]:
-        return self.variants if isinstance(target, PointTarget) else self.step_variants
-
     def cases(self, selected: Sequence[Block]) -> list[tuple[Target, str]]:
         """The (target, variant)s of the `selected` blocks, in run order, each target's in variant order."""
         ids = {b.case_id for b in selected}
         targets = dict.fromkeys(b.target for b in self.point_blocks + self.scenario_blocks if b.case_id in ids)
-        return [(t, v) for t in targets for v in self.variants_of(t) if case_id(v, t.id) in ids]
+        return [(t, v) for t in targets for v in (self.variants if isinstance(t, PointTarget) else self.step_variants)
+                if case_id(v, t.id) in ids]
 
 
 def end_note(done: int, partial: int, planned: int, exitstatus: int, multi_rank: bool,
