@@ -178,12 +178,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from kvpages.measure.worklog import read_cases
 
     cases, kv = read_cases(Path(folder)), config.stash[SESSION_KEY]
-
-    def runs_here(block) -> bool:
-        return block.case_id in cases and (
-            kv.process == 0 or block.target.unavailable_reason(block.variant, kv.device) is None)
-
-    keep = [item for item in items if (block := _block_of(item)) is not None and runs_here(block)]
+    keep = [item for item in items if (block := _block_of(item)) is not None and block.case_id in cases
+            and (kv.process == 0 or block.target.unavailable_reason(block.variant, kv.device) is None)]
     if len(keep) < len(items):
         kept = set(keep)
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
