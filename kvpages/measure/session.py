@@ -112,7 +112,7 @@ def end_note(done: int, partial: int, planned: int, exitstatus: int, multi_rank:
 def own_process(index: int, phase: Phases, workers: Workers, started_at: float, total_s: float) -> ProcessInfo:
     """meta.json's record of the session's own process: its wall is the session's, less its workers' (their start-up
     together, then their turns) and the cross-check's; its start-up runs to its first block, less both."""
-    others = workers.startup_s + workers.turns_s + phase.seconds["crosscheck"]
+    others = workers.startup_s + sum(w.turn_s for w in workers.runs) + phase.seconds["crosscheck"]
     wall, span = total_s - others, phase.span
     startup = wall if span is None else span[0] - started_at - others
     return phase.spent().info(index, os.getpid(), "session", startup, wall)

@@ -164,10 +164,6 @@ class Workers:
         """How much of their start-ups ran beside one another: their sum, less the wall they took."""
         return sum(r.ready_s for r in self.runs) - self.startup_s if self.runs else 0.0
 
-    @property
-    def turns_s(self) -> float:
-        return sum(r.turn_s for r in self.runs)
-
 
 def wait_or_kill(child: subprocess.Popen, timeout_s: float) -> None:
     try:
