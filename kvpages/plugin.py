@@ -1,9 +1,7 @@
-"""The pytest plugin: `--kv-*` options, the generated benchmarks and the run folder.
+"""The pytest plugin (a `pytest11` entry point): `--kv-*` options, the generated benchmarks and the run folder.
 
-Registered through the `pytest11` entry point, so it is active wherever kvpages is installed; it imports torch only
-when a kvpages benchmark is collected (or an option needs it to be checked). `kv_case` (bench/test_d2h.py) and
-`kv_scenario` (bench/test_steps.py) are parametrized from the schedule of blocks (kvpages.measure.schedule), so a
-new variant is benchmarked without touching bench/.
+`kv_case` (bench/test_d2h.py) and `kv_scenario` (bench/test_steps.py) are parametrized from the schedule of blocks,
+so a new variant is benchmarked without touching bench/.
 """
 
 from __future__ import annotations
@@ -104,8 +102,7 @@ def _ranked(config: pytest.Config, options: BenchOptions) -> BenchOptions:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Refuse a sweep that will not fit in memory, before anything runs, then start the kvpages session (its
-    cross-check, its run folder: kvpages.measure.session); only when a kvpages benchmark was collected (a plain
-    test session, `make test` on a GPU box say, estimates nothing)."""
+    cross-check, its run folder); only when a kvpages benchmark was collected (a plain test session estimates nothing)."""
     config = session.config
     if SESSION_KEY not in config.stash:
         return
@@ -141,8 +138,7 @@ def kv_session(config: pytest.Config) -> KvSession:
 
 
 def benchmark_output(config: pytest.Config) -> bool:
-    """Whether pytest-benchmark shows or keeps its statistics of the blocks: its table (not --benchmark-quiet), JSON,
-    saved runs, comparisons or histograms."""
+    """Whether pytest-benchmark shows or keeps its statistics of the blocks (its table, JSON, saved runs, ...)."""
     o = config.option
     return not getattr(o, "benchmark_quiet", False) or any(getattr(o, name, None) for name in (
         "benchmark_json", "benchmark_save", "benchmark_autosave", "benchmark_compare", "benchmark_compare_fail",
@@ -182,12 +178,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from kvpages.measure.worklog import read_cases
 
     cases, kv = read_cases(Path(folder)), config.stash[SESSION_KEY]
-
-    def runs_here(block) -> bool:
-        return block.case_id in cases and (
-            kv.process == 0 or block.target.unavailable_reason(block.variant, kv.device) is None)
-
-    keep = [item for item in items if (block := _block_of(item)) is not None and runs_here(block)]
+    keep = [item for item in items if (block := _block_of(item)) is not None and block.case_id in cases
+            and (kv.process == 0 or block.target.unavailable_reason(block.variant, kv.device) is None)]
     if len(keep) < len(items):
         kept = set(keep)
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
@@ -196,35 +188,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtestloop(session: pytest.Session):
-    """With --kv-processes >= 2: before this session times its share, each earlier process's share runs in a
-    fresh pytest worker, one after another (kvpages.measure.workers)."""
+    """With --kv-processes >= 2: the earlier processes' shares run first, in fresh pytest workers, one after another."""
     config = session.config
     kv = config.stash.get(SESSION_KEY, None)
-    if (kv is not None and kv.processes > 1 and kv.recorder is not None and not config.option.collectonly
-            and not session.testsfailed):
-        _run_workers(config, kv)
-    return (yield)
-
-
-SHM = Path("/dev/shm")
-SHM_NEEDED_BYTES = 2 << 30
-
-
-def worker_folder_parent() -> str | None:
-    """Where the workers' folder goes: RAM-backed /dev/shm when it has room (the shared input pools are written
-    there once and read by every later process), else the system's temporary folder."""
-    try:
-        return str(SHM) if shutil.disk_usage(SHM).free >= SHM_NEEDED_BYTES else None
-    except OSError:
-        return None
-
-
-def _run_workers(config: pytest.Config, kv: KvSession) -> None:
+    if kv is None or kv.processes <= 1 or kv.recorder is None or config.option.collectonly or session.testsfailed:
+        return (yield)
     import tempfile
 
     from kvpages.measure.workers import WorkerCommand, WorkerFailed
 
-    folder = Path(tempfile.mkdtemp(prefix="kvpages-workers-", dir=worker_folder_parent()))
+    try:  # RAM-backed /dev/shm when it has 2 GiB free: the input pools are written there once, read by every process
+        parent = "/dev/shm" if shutil.disk_usage("/dev/shm").free >= 2 << 30 else None
+    except OSError:
+        parent = None
+    folder = Path(tempfile.mkdtemp(prefix="kvpages-workers-", dir=parent))
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
     option = config.option
     command = WorkerCommand(
@@ -245,19 +222,17 @@ def _run_workers(config: pytest.Config, kv: KvSession) -> None:
         kv.run_workers(command, say)
     except WorkerFailed as exc:
         pytest.exit(str(exc), returncode=pytest.ExitCode.INTERNAL_ERROR)
+    return (yield)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json: dict) -> None:
     """--benchmark-json (and --benchmark-save) hold every process's benchmarks, the workers' too."""
     kv = config.stash.get(SESSION_KEY, None)
-    if kv is None or not kv.workers.benchmarks:
-        return
     with_data = any("data" in b.get("stats", {}) for b in output_json["benchmarks"])
-    for entry in kv.workers.benchmarks:
-        stats = entry.get("stats", {})
-        output_json["benchmarks"].append(entry if with_data else {**entry, "stats": {
-            k: v for k, v in stats.items() if k != "data"}})
+    for entry in [] if kv is None else kv.workers.benchmarks:
+        stats = {k: v for k, v in entry.get("stats", {}).items() if with_data or k != "data"}
+        output_json["benchmarks"].append({**entry, "stats": stats})
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -60,8 +60,7 @@ def gpu_uuid() -> str | None:
 
 
 def parse_smi(out: str | None) -> tuple[str | None, str | None]:
-    """(driver, 'GenN xW (max GenM xV)') from the first line of nvidia-smi's CSV that is five numbers, else
-    (None, None)."""
+    """(driver, 'GenN xW (max GenM xV)') from the first five-number line of nvidia-smi's CSV, else (None, None)."""
     for line in (out or "").splitlines():
         match = _SMI_LINE.match(line)
         if match:
@@ -70,12 +69,16 @@ def parse_smi(out: str | None) -> tuple[str | None, str | None]:
     return None, None
 
 
-def nvidia_smi_facts(uuid: str | None) -> tuple[str | None, str | None]:
-    """(driver version, PCIe link) of the GPU with `uuid` (nvidia-smi ignores CUDA_VISIBLE_DEVICES), from
-    nvidia-smi; (None, None) when it cannot tell."""
+def query_smi(uuid: str | None, fields: str) -> str | None:
+    """nvidia-smi's CSV of `fields` for the GPU with `uuid` (it ignores CUDA_VISIBLE_DEVICES); None if it cannot tell."""
     if uuid is None:
-        return None, None
-    return parse_smi(_run(["nvidia-smi", f"--id={uuid}", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"]))
+        return None
+    return _run(["nvidia-smi", f"--id={uuid}", f"--query-gpu={fields}", "--format=csv,noheader,nounits"])
+
+
+def nvidia_smi_facts(uuid: str | None) -> tuple[str | None, str | None]:
+    """(driver version, PCIe link) of the GPU with `uuid`; (None, None) when nvidia-smi cannot tell."""
+    return parse_smi(query_smi(uuid, SMI_FIELDS))
 
 
 @dataclass(frozen=True)
@@ -86,9 +89,10 @@ class Loaded:
     sm_clock_mhz: int | None
 
 
-def parse_loaded(out: str | None) -> Loaded:
-    """The first well-formed line of nvidia-smi's CSV of SMI_FIELDS then clocks.sm."""
-    for line in (out or "").splitlines():
+def loaded_now() -> Loaded:
+    """The current device's PCIe link and SM clock now (call it right after a timed loop: an idle link downshifts
+    and an idle clock drops), from the first well-formed line of nvidia-smi's CSV."""
+    for line in (query_smi(gpu_uuid(), f"{SMI_FIELDS},clocks.sm") or "").splitlines():
         head, _, clock = line.rpartition(",")
         pcie = parse_smi(head)[1]
         if pcie is not None:
@@ -96,31 +100,16 @@ def parse_loaded(out: str | None) -> Loaded:
     return Loaded(None, None)
 
 
-def loaded_now() -> Loaded:
-    """The current device's PCIe link and SM clock now (call it right after a timed loop: an idle link downshifts
-    and an idle clock drops)."""
-    uuid = gpu_uuid()
-    if uuid is None:
-        return Loaded(None, None)
-    return parse_loaded(_run(["nvidia-smi", f"--id={uuid}", f"--query-gpu={SMI_FIELDS},clocks.sm",
-                              "--format=csv,noheader,nounits"]))
-
-
 def device_name(device: str) -> str:
-    if device == "cuda":
-        return torch.cuda.get_device_name()
-    return cpu_model()
+    return torch.cuda.get_device_name() if device == "cuda" else cpu_model()
 
 
 def capture(device: str, repo: Path, crosschecked: bool = False) -> Environment:
-    """The environment of a run on `device` ('cpu' or 'cuda'), from the checkout at `repo` (run folders under
-    results/ do not make it dirty)."""
+    """The environment of a run on `device`, from the checkout at `repo` (run folders in results/ leave it clean)."""
     commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
     status = _run(["git", "status", "--porcelain", "--", ".", ":(exclude)results"], cwd=repo)
-    driver = pcie = uuid = None
-    if device == "cuda":
-        uuid = gpu_uuid()
-        driver, pcie = nvidia_smi_facts(uuid)
+    uuid = gpu_uuid() if device == "cuda" else None
+    driver, pcie = nvidia_smi_facts(uuid)
     return Environment(
         kvpages_version=kvpages.__version__,
         python_version=sys.version.split()[0],

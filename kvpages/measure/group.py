@@ -25,8 +25,7 @@ from kvpages.core.options import DEFAULT_RANK_TIMEOUT_S, BenchOptions
 from kvpages.schema.meta import RankInfo, RanksMeta
 
 BACKEND = "gloo"
-LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
-"""What torchrun sets for every rank it starts."""
+LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")  # what torchrun sets for every rank it starts
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,6 @@ def ranked_options(options: BenchOptions, launch: Launch) -> BenchOptions:
 
 
 def check_devices(launch: Launch, device_choice: str) -> None:
-    """A CUDA run needs a device per rank of this host (ValueError otherwise)."""
     wants_cuda = device_choice == "cuda" or (device_choice == "auto" and torch.cuda.is_available())
     if wants_cuda and launch.local_world_size > torch.cuda.device_count():
         raise ValueError(f"torchrun --nproc-per-node {launch.local_world_size}: this host has "
@@ -97,7 +95,6 @@ class Group:
     """The ranks of one run: barriers, agreement and gathers over gloo, each bounded by the run's timeout."""
 
     def __init__(self, launch: Launch, device: str, timeout_s: float | None) -> None:
-        self.launch = launch
         self.rank, self.size = launch.rank, launch.world_size
         self.timeout = datetime.timedelta(seconds=timeout_s or DEFAULT_RANK_TIMEOUT_S)
         self.failure: str | None = None
@@ -134,8 +131,8 @@ class Group:
         return out
 
     def start_together(self, what: str) -> None:
-        """The start of a timed round: every rank leaves at about the same moment. gloo's barrier releases the
-        ranks over TCP, up to milliseconds apart, so the ranks of one host meet at a `HostBarrier` instead."""
+        """The start of a timed round. gloo's barrier releases the ranks over TCP, up to milliseconds apart, so the
+        ranks of one host meet at a `HostBarrier` instead."""
         if self.spin is None:
             self._collective(what, dist.barrier)
             return
@@ -155,8 +152,7 @@ class Group:
         return None
 
     def agree_rounds(self, what: str, rounds: int, cycle: int) -> int:
-        """The rounds every rank times: the fewest any rank's warm-up asked for, in whole cycles of `cycle` rounds
-        (kvpages.measure.ranks.round_modes), at least one."""
+        """The rounds every rank times: the fewest any rank's warm-up asked for, in whole cycles, at least one."""
         fewest = min(self.gather(what, rounds))
         return max(cycle, fewest - fewest % cycle)
 

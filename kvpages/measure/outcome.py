@@ -1,7 +1,5 @@
-"""What one block leaves: its samples and the meter's reading, or the stop of its case. No torch import.
-
-The runner returns a `BlockOutcome` for every block; the session hands it to its recorder, and a worker process
-writes it to its log as one JSON line, which the session's recorder reads as it is written.
+"""What one block leaves: its samples and the meter's reading, or the stop of its case; a worker logs it as one
+JSON line. No torch import.
 """
 
 from __future__ import annotations
@@ -44,15 +42,12 @@ class BlockOutcome:
         return self.status != OK
 
     def to_json(self) -> str:
-        fields: dict[str, Any] = {"case_id": self.case_id, "table": self.table.rows_csv, "process": self.process,
-                                  "status": self.status, "note": self.note, "fail": self.fail,
-                                  "reading": None if self.reading is None else dataclasses.asdict(self.reading)}
-        fields["samples"] = [{f.name: getattr(s, f.name) for f in dataclasses.fields(s)} for s in self.samples]
-        return json.dumps(fields)
+        reading = None if self.reading is None else dataclasses.asdict(self.reading)
+        samples = [{f.name: getattr(s, f.name) for f in dataclasses.fields(s)} for s in self.samples]
+        return json.dumps({**vars(self), "table": self.table.rows_csv, "reading": reading, "samples": samples})
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> BlockOutcome:
-        table = TABLES[data["table"]]
-        reading = data["reading"]
-        return cls(data["case_id"], table, data["process"], tuple(table.samples_from(s) for s in data["samples"]),
-                   None if reading is None else MeterReading(**reading), data["status"], data["note"], data["fail"])
+        table, reading = TABLES[data["table"]], data["reading"]
+        return cls(**{**data, "table": table, "samples": tuple(table.samples_from(s) for s in data["samples"]),
+                      "reading": None if reading is None else MeterReading(**reading)})

@@ -1,8 +1,7 @@
 """Many ranks at once: what a scheduler step pays when every rank of a node converts in the same moment.
 
-torchrun starts one pytest session per rank, joined in one gloo group (kvpages.measure.group), and every rank runs
-the same blocks (`RankTarget`) through the one runner, in cycles of rounds (docs/guide.md, "the rounds and the
-contention"); rank 0 gathers the times and writes the run folder.
+Every rank (kvpages.measure.group) runs the same blocks through the one runner, in cycles of rounds (docs/guide.md,
+"the rounds and the contention"); rank 0 gathers the times and writes the run folder.
 """
 
 from __future__ import annotations

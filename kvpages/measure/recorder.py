@@ -1,8 +1,5 @@
-"""The recorder: where every block's outcome goes, from this process or from a worker's log, as it arrives.
-
-A block's samples are written as soon as its outcome arrives, so an interrupted run keeps every block it
-finished; a stopped case's row at once, with its status; a target's ok rows, in variant order, once each of its
-cases is complete or stopped; at the end (`finish`), a case interrupted part way as `partial`.
+"""The recorder: where every block's outcome goes, from this process or from a worker's log, as it arrives, so an
+interrupted run keeps every block it finished (what it writes when: docs/guide.md#how-a-block-travels).
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from kvpages.core.names import case_id
-from kvpages.core.options import BenchOptions
 from kvpages.measure.outcome import BlockOutcome, MeterReading
 from kvpages.measure.targets import Context, Target
 from kvpages.schema.rows import OK, PARTIAL, RankRow, Row, Samples, ScenarioRow
@@ -24,26 +20,23 @@ from kvpages.schema.writer import RunWriter
 
 @dataclass
 class Case:
-    """What the recorder knows of one (variant, target): its blocks so far, or the status it stopped with."""
+    """What the recorder knows of one (variant, target): its blocks, each process's meter reading, its row's status
+    (None: none yet), and a failure another process saw, to fail this process's next test of the case."""
 
     target: Target
     variant: str
     blocks: list[Samples] = field(default_factory=list)
     repetitions: set[int] = field(default_factory=set)
     readings: dict[int, MeterReading] = field(default_factory=dict)
-    """What each process's meter read: process -> reading."""
     note: str = ""
     status: str | None = None
-    """The status of the row written for it (None: none yet)."""
     failure: str | None = None
-    """A failure another process saw, to fail this process's next test of the case."""
 
 
 @dataclass
 class _Held:
     depth: int = 0
-    pending: str | None = None
-    """An interruption that arrived while held, delivered when the outermost hold ends."""
+    pending: str | None = None  # an interruption that arrived while held, delivered when the outermost hold ends
 
 
 _HELD = _Held()
@@ -96,32 +89,28 @@ class Recorder:
     def record(self, outcome: BlockOutcome) -> None:
         """One block's outcome, from this process or a worker's log; an interruption (SIGINT, SIGTERM) waits until
         it is recorded, so a block is in samples.csv exactly when it is in its row."""
-        with deferred_interruption():
-            self._record(outcome)
-
-    def _record(self, outcome: BlockOutcome) -> None:
         case = self.cases.get(outcome.case_id)
         if case is None or case.status is not None:  # not selected, or already recorded as stopped
             return
-        if outcome.reading is not None:
-            case.readings.setdefault(outcome.process, outcome.reading)
-        if outcome.stopped:
-            note = outcome.note if outcome.process == self.process else f"{outcome.note} (in process {outcome.process})"
-            if outcome.fail and outcome.process != self.process:
-                case.failure = f"{outcome.case_id}: {note}"
-            self._write(case.target, [case], outcome.status, note)
-        else:
-            case.note = outcome.note or case.note
-            case.blocks += outcome.samples
-            case.repetitions |= {s.repetition for s in outcome.samples}
-            if self.writer is not None:
-                self.writer.add_samples(outcome.table, outcome.samples)
-        cases = self.by_target[case.target]
-        if all(c.status is not None or self._complete(c) for c in cases):
-            self._write(case.target, [c for c in cases if c.status is None], OK)
+        with deferred_interruption():
+            if outcome.reading is not None:
+                case.readings.setdefault(outcome.process, outcome.reading)
+            if outcome.stopped:
+                note = outcome.note if outcome.process == self.process else f"{outcome.note} (in process {outcome.process})"
+                if outcome.fail and outcome.process != self.process:
+                    case.failure = f"{outcome.case_id}: {note}"
+                self._write(case.target, [case], outcome.status, note)
+            else:
+                case.note = outcome.note or case.note
+                case.blocks += outcome.samples
+                case.repetitions |= {s.repetition for s in outcome.samples}
+                if self.writer is not None:
+                    self.writer.add_samples(outcome.table, outcome.samples)
+            cases = self.by_target[case.target]
+            if all(c.status is not None or self._complete(c) for c in cases):
+                self._write(case.target, [c for c in cases if c.status is None], OK)
 
     def first_readings(self) -> dict[str, MeterReading]:
-        """What process 0's meter read of each case it metered."""
         return {case_id: case.readings[0] for case_id, case in self.cases.items() if 0 in case.readings}
 
     def finish(self) -> None:
@@ -144,13 +133,9 @@ class Recorder:
             text = case.note if note is None else note
             if status == PARTIAL:
                 text = f"{len(case.repetitions)} of {self.repetitions} repetitions: the run was interrupted"
-            rows += target.rows(case.variant, self.context, reading, status, text, blocks, self.repro(case))
+            bench, narrowed = target.narrowed(case.variant, self.context.options, self.context.device)
+            repro = shlex.join(self.launcher + (bench, "--benchmark-only") + narrowed.to_args())  # re-runs just this case
+            rows += target.rows(case.variant, self.context, reading, status, text, blocks, repro)
         self.recorded += len(cases)
         if rows and self.writer is not None:
             self.writer.add_rows(target.table, rows)
-
-    def repro(self, case: Case) -> str:
-        """The command that re-runs just this case, with this run's options: rendered from the options table."""
-        options: BenchOptions = self.context.options
-        bench, narrowed = case.target.narrowed(case.variant, options, self.context.device)
-        return shlex.join(self.launcher + (bench, "--benchmark-only") + narrowed.to_args())

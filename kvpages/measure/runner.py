@@ -1,11 +1,8 @@
 """The runner: one loop over the planned blocks of every target (kvpages.measure.targets).
 
-Each (variant, target) is checked against the reference in its first block in each process (on every input in
-process 0, on one in a later one) and metered in process 0's (a later process takes process 0's reading: the same
-code on the same pool), and cross-checked against the profiler when that is on, then timed in the blocks dealt to
-this process (the steps: docs/method.md#how-a-block-is-measured). `Runner.run(benchmark, block)` returns the
-block's `BlockOutcome`: its samples and the meter's reading, or the stop of a case that cannot run, or runs wrong,
-which then runs no further blocks here. The runner knows nothing of the session, which hands each outcome on.
+A case is checked and metered in its first block in each process, then timed (docs/method.md#how-a-block-is-measured).
+`Runner.run(benchmark, block)` returns the block's `BlockOutcome`, or the stop of a case that cannot run or runs
+wrong, which then runs no further blocks here. The runner knows nothing of the session, which hands each outcome on.
 """
 
 from __future__ import annotations
@@ -16,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -23,7 +21,7 @@ import torch
 
 from kvpages.measure import environment
 from kvpages.measure.busy import spin_up
-from kvpages.measure.crosscheck import CheckAnswer
+from kvpages.measure.crosscheck import CheckAnswer, CheckCase, CrosscheckError, run_crosscheck
 from kvpages.measure.group import Group, RankFailure
 from kvpages.measure.inputs import PoolCache, Workload
 from kvpages.measure.outcome import BlockOutcome, MeterReading
@@ -44,14 +42,7 @@ class Stop(Exception):
         self.status, self.note, self.fail = status, note, fail
 
 
-ERROR = "error"
-"""What a rank answers when its step raised (not a Stop): the multi-rank run stops."""
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """A CUDA or CPU allocation failure (torch raises a plain RuntimeError for the CPU allocator)."""
-    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
-        isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(exc))
+ERROR = "error"  # what a rank answers when its step raised (not a Stop): the multi-rank run stops
 
 
 def together(group: Group | None, block: Block, when: str, step: Callable[[], T]) -> T:
@@ -59,7 +50,6 @@ def together(group: Group | None, block: Block, when: str, step: Callable[[], T]
     an error on any rank stops the run on every rank, each naming the rank (kvpages.measure.group)."""
     if group is None:
         return step()
-    result: T | None = None
     mine: tuple[str, str, bool] | None = None
     try:
         result = step()
@@ -70,18 +60,16 @@ def together(group: Group | None, block: Block, when: str, step: Callable[[], T]
             raise
         mine = (ERROR, f"{block.id}: {type(exc).__name__}: {exc}", True)
     agreed = group.agree(f"{block.id}: {when}", mine)
-    if agreed is not None and agreed[0] == ERROR:
-        group.stop(agreed[1])
     if agreed is not None:
+        if agreed[0] == ERROR:
+            group.stop(agreed[1])
         raise Stop(*agreed)
-    assert result is not None
-    return result
+    return result  # set: a rank whose step raised has a problem, so the ranks agreed on one
 
 
 def check_metered(target: Target, variant: str, reading: MeterReading, earlier: dict[int, MeterReading],
                   device: str) -> None:
-    """The D2H and the host syncs the meter counted must be what the variant declares on `device` (a note names
-    every difference), and the D2H what every earlier process counted."""
+    """The meter's D2H and host syncs must be what the variant declares on `device`, its D2H what earlier processes'."""
     problems = []
     expected_bytes, transfers = target.expected_d2h(variant)
     if transfers is None and reading.d2h_bytes != expected_bytes:
@@ -100,18 +88,15 @@ def check_metered(target: Target, variant: str, reading: MeterReading, earlier: 
                                    f"transfers, this one {reading.d2h_bytes} in {reading.d2h_transfers}", fail=True)
 
 
+@dataclass
 class Phases:
-    """Where a process's time goes, for meta.json: seconds per phase (inputs, checks, warmup, crosscheck,
-    breakdown), the sum of its timed rounds, and the span of its blocks."""
+    """Where a process's time goes, for meta.json: seconds per phase, its timed rounds' sum and its blocks' span."""
 
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.timed_s = 0.0
-        self.blocks = 0
-        self.span: tuple[float, float] | None = None
-        """perf_counter() at its first block's start and at its last block's end."""
-        self.first_block_at: float | None = None
-        """time.time() at its first block's start (a worker's start-up is measured by the session)."""
+    seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+    timed_s: float = 0.0
+    blocks: int = 0
+    span: tuple[float, float] | None = None  # perf_counter() at its first block's start, its last one's end
+    first_block_at: float | None = None  # time.time() at its first block's start (a worker's start-up)
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -123,7 +108,6 @@ class Phases:
 
     @contextmanager
     def block(self) -> Iterator[None]:
-        """Around each block."""
         start = time.perf_counter()
         if self.first_block_at is None:
             self.first_block_at = time.time()
@@ -141,11 +125,18 @@ class Phases:
 
 @dataclass(frozen=True)
 class Crosscheck:
-    """The profiler cross-check's answers by case id (kvpages.measure.crosscheck), run once before the first block;
-    `unavailable`: why it could not run (every row's note says so)."""
+    """The profiler cross-check's answers by case id, run once before the first block; `unavailable`: why it could not."""
 
     answers: dict[str, CheckAnswer] = field(default_factory=dict)
     unavailable: str | None = None
+
+    @classmethod
+    def of(cls, cases: list[CheckCase], device: str, trace_out: Path) -> Crosscheck:
+        """The cross-check of `cases` in a process of its own; when it fails, every row's note says why (no retry)."""
+        try:
+            return cls(run_crosscheck(cases, device, trace_out=trace_out))
+        except CrosscheckError as exc:
+            return cls(unavailable=str(exc))
 
     def status(self, on: bool) -> str:
         """meta.json's `crosscheck`."""
@@ -165,14 +156,12 @@ class Crosscheck:
 
 @dataclass
 class CaseState:
-    """What this process knows of one case while its blocks run."""
+    """What this process knows of one case while its blocks run: the meter's reading of its first block here (None:
+    not metered yet), the status it stopped with here, and its ok row's note (e.g. the cross-check's)."""
 
     reading: MeterReading | None = None
-    """What the meter read in this process's first block of the case (None: not metered here yet)."""
     stopped: str | None = None
-    """The status it stopped with in this process."""
     note: str = ""
-    """The note of its ok row (e.g. the cross-check could not confirm the meter)."""
 
 
 @dataclass
@@ -185,23 +174,16 @@ class Runner:
     process: int
     phase: Phases = field(default_factory=Phases)
     crosscheck: Crosscheck = field(default_factory=Crosscheck)
-    pool_cache: PoolCache | None = None
-    """Where the processes of a run share the pools they built (None: one process)."""
+    pool_cache: PoolCache | None = None  # where the processes of a run share the pools they built (None: one process)
     cases: dict[str, CaseState] = field(default_factory=dict)
-    loaded: environment.Loaded | None = None
-    """The PCIe link and SM clock after the first timed block, under load (an idle link downshifts, a clock drops)."""
-    spun_up: bool = False
-    """The device's clock raised, before this process's first timed block."""
-    first_readings: dict[str, MeterReading] = field(default_factory=dict)
-    """What process 0's meter read of each case, in a later process (kvpages.measure.worklog.read_readings)."""
-    benchmark_output: bool = True
-    """pytest-benchmark shows or keeps statistics of each block; else its rounds go once they are in its samples."""
+    loaded: environment.Loaded | None = None  # the link and SM clock after the first timed block, under load
+    first_readings: dict[str, MeterReading] = field(default_factory=dict)  # process 0's, in a later process
+    benchmark_output: bool = True  # pytest-benchmark shows or keeps each block's statistics (else they go once sampled)
     _workload: tuple[Target, Workload] | None = None
     _built: dict[Target, Workload] = field(default_factory=dict)
 
     def run(self, benchmark, block: Block, earlier: dict[int, MeterReading]) -> BlockOutcome:
-        """Check and meter (a case's first block here), time and collect one block, or its stop (it cannot run, or runs
-        wrong). `earlier`: what the meters of earlier processes read of its case."""
+        """One block's outcome (see the module doc); `earlier`: what the meters of earlier processes read of its case."""
         state = self.cases.setdefault(block.case_id, CaseState())
         try:
             with self.phase.block():
@@ -226,14 +208,11 @@ class Runner:
         if self._workload is None or self._workload[0] != target:
             self._workload = None  # free the previous pass's copy first
             with self.phase("inputs"):
-                built = self._built.get(target)
-                if built is None:
-                    built = target.build(self.context.device, cache=self.pool_cache)
-                    if self.passes > 1:
-                        self._built[target] = built
-                    self._workload = (target, built)
-                else:
-                    self._workload = (target, built.fresh_copy())
+                kept = self._built.get(target)
+                built = target.build(self.context.device, cache=self.pool_cache) if kept is None else kept.fresh_copy()
+                if self.passes > 1:
+                    self._built.setdefault(target, built)
+                self._workload = (target, built)
         return self._workload[1]
 
     def _run(self, benchmark, block: Block, state: CaseState, earlier: dict[int, MeterReading]) -> BlockOutcome:
@@ -268,8 +247,9 @@ class Runner:
                         problem = target.check(target.call_here(variant, inputs), expected)
                         if problem:
                             raise Stop("mismatch", f"wrong output: {problem}", fail=True)
-        except (RuntimeError, MemoryError) as exc:
-            if not is_out_of_memory(exc):
+        except (RuntimeError, MemoryError) as exc:  # torch raises a plain RuntimeError for the CPU allocator
+            cpu_oom = "DefaultCPUAllocator: can't allocate memory" in str(exc)
+            if not (cpu_oom or isinstance(exc, (torch.OutOfMemoryError, MemoryError))):
                 raise
             self._workload = None
             self._built.pop(target, None)
@@ -289,9 +269,8 @@ class Runner:
         rounds = 1  # timing disabled: pytest-benchmark calls it once
         if not benchmark.disabled:
             with self.phase("warmup"):
-                if not self.spun_up and self.context.device == "cuda":
-                    spin_up()  # this process's first timed block: an idle GPU's clock is low (an H200: 345 MHz)
-                    self.spun_up = True
+                if self.loaded is None and self.context.device == "cuda":  # no block timed here yet
+                    spin_up()  # an idle GPU's clock is low (an H200: 345 MHz)
                 sweep = options.sweep
                 per_call_s = warm_up(timer.fn, inputs, target.page_size, timer.before_round,
                                      WARMUP_FIRST_S if first_here else WARMUP_LATER_S, every_input=first_here)
@@ -304,11 +283,10 @@ class Runner:
         if self.context.device == "cuda" and self.loaded is None and not benchmark.disabled:
             self.loaded = environment.loaded_now()
 
-        def checked() -> bool:
+        def checked() -> None:
             problem = target.check(result.output, workload.expected[result.input_index])
             if problem:
                 raise Stop("mismatch", f"wrong output in a timed round: {problem}", fail=True)
-            return True
 
         together(self.context.group, block, "after its timing", checked)
         if benchmark.disabled:  # nothing timed (--benchmark-disable: a check of every case)

@@ -1,8 +1,7 @@
 """The sweep session: wires the options, the plan of blocks, the runner, the recorder and the run folder.
 
-One session per pytest session (kvpages.plugin); how a block travels through it: docs/guide.md#how-a-block-travels.
-In a worker process (kvpages.measure.workers) the session logs its outcomes instead of recording them.
-SIGTERM stops a session (or a worker) as SIGINT does: every finished block is kept.
+One per pytest session (kvpages.plugin); in a worker process it logs its outcomes instead of recording them.
+How a block travels through it: docs/guide.md#how-a-block-travels.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import torch
 
 from kvpages.core.names import case_id
 from kvpages.core.options import BenchOptions, crosscheck_enabled
-from kvpages.core.scenarios import StepScenario
 from kvpages.measure import breakdown as where_time_goes
 from kvpages.measure import crosscheck as profiler_check
 from kvpages.measure import environment
@@ -41,6 +39,12 @@ from kvpages.measure.worklog import WorkerEnd, WorkerLog, log_path, read_reading
 from kvpages.schema.meta import ProcessInfo, RunMeta, RunTiming
 from kvpages.schema.writer import RunWriter, create_run_dir, utc_now
 
+# A worker's time limit (SweepPlan.worker_limit_s), well over what each part of its share takes:
+WORKER_START_S = 45.0  # its start-up: imports, collection, CUDA's start
+WORKER_PER_TARGET_S = 5.0  # building the inputs of each point, request or step of its share
+WORKER_PER_BLOCK_S = 0.05  # each block's untimed work: its check, meter and bookkeeping
+WORKER_BUDGET_FACTOR = 10.0  # times its blocks' timed budget (warm-up and minimum rounds come on top)
+
 
 class SweepPlan:
     """The blocks of a session, in run order: the points', and the whole requests' and steps' (a multi-rank run:
@@ -55,11 +59,12 @@ class SweepPlan:
         points: list[Target] = [PointTarget(p) for p in sweep.points(device)]
         per_request = [n for n in self.step_variants if not get_step_variant(n).batched]
         requests: list[Target] = [ScenarioTarget(s) for s in options.scenario_set if s.kind == "request"]
-        steps: list[Target] = [ScenarioTarget(s) for s in options.scenario_set if s.kind == "step"]
-        if group is not None:
+        steps: list[Target] = [ScenarioTarget(s) if group is None else RankTarget(s, group.size)
+                               for s in options.scenario_set if s.kind == "step"]
+        if group is not None:  # the steps alone, each timed on every rank at once
             points, requests = [], []
-            steps = [RankTarget(s, group.size) for s in options.scenario_set if isinstance(s, StepScenario)]
         self.passes = min(sweep.passes, -(-repetitions // processes))  # per process
+        self.options, self.repetitions = options, repetitions
         counts = (repetitions, sweep.seed, self.passes, processes)
         families = in_run_order(plan(self.variants, points, *counts), plan(per_request, requests, *counts),
                                 plan(self.step_variants, steps, repetitions, sweep.seed + 1, self.passes, processes))
@@ -72,32 +77,20 @@ class SweepPlan:
         self.planned |= {b.case_id for b in own}
         return own
 
-    def variants_of(self, target: Target) -> Sequence[str]:
-        return self.variants if isinstance(target, PointTarget) else self.step_variants
+    def worker_limit_s(self, process: int, case_ids: frozenset[str]) -> float:
+        """How long worker `process` may run before it is killed and the run fails naming it: well over what its share of
+        `case_ids` takes; for the quick preset, well inside a sweep step of bench/gpu_check.sh (150 s)."""
+        own = [b for b in self.point_blocks + self.scenario_blocks if b.process == process and b.case_id in case_ids]
+        budget = sum(b.target.budget_s(self.options) for b in own) / self.repetitions
+        return (WORKER_START_S + WORKER_PER_TARGET_S * len({b.target for b in own}) + WORKER_PER_BLOCK_S * len(own)
+                + WORKER_BUDGET_FACTOR * budget)
 
     def cases(self, selected: Sequence[Block]) -> list[tuple[Target, str]]:
         """The (target, variant)s of the `selected` blocks, in run order, each target's in variant order."""
         ids = {b.case_id for b in selected}
         targets = dict.fromkeys(b.target for b in self.point_blocks + self.scenario_blocks if b.case_id in ids)
-        return [(t, v) for t in targets for v in self.variants_of(t) if case_id(v, t.id) in ids]
-
-
-# A worker's time limit (worker_limit_s), well over what each part of its share takes:
-WORKER_START_S = 45.0  # its start-up: imports, collection, CUDA's start
-WORKER_PER_TARGET_S = 5.0  # building the inputs of each point, request or step of its share
-WORKER_PER_BLOCK_S = 0.05  # each block's untimed work: its check, meter and bookkeeping
-WORKER_BUDGET_FACTOR = 10.0  # times its blocks' timed budget (warm-up and minimum rounds come on top)
-
-
-def worker_limit_s(plan: SweepPlan, options: BenchOptions, repetitions: int, process: int,
-                   case_ids: frozenset[str]) -> float:
-    """How long worker `process` may run before it is killed and the run fails naming it: well over what its share
-    of `case_ids` (the cases the session selected) takes; for the quick preset, well inside a sweep step of
-    bench/gpu_check.sh (150 s)."""
-    own = [b for b in plan.point_blocks + plan.scenario_blocks if b.process == process and b.case_id in case_ids]
-    budget = sum(b.target.budget_s(options) for b in own) / repetitions
-    return (WORKER_START_S + WORKER_PER_TARGET_S * len({b.target for b in own}) + WORKER_PER_BLOCK_S * len(own)
-            + WORKER_BUDGET_FACTOR * budget)
+        return [(t, v) for t in targets for v in (self.variants if isinstance(t, PointTarget) else self.step_variants)
+                if case_id(v, t.id) in ids]
 
 
 def end_note(done: int, partial: int, planned: int, exitstatus: int, multi_rank: bool,
@@ -116,21 +109,10 @@ def end_note(done: int, partial: int, planned: int, exitstatus: int, multi_rank:
     return True, f"all {done} {rows} recorded"
 
 
-def crosscheck(cases: list[profiler_check.CheckCase], device: str, trace_out: Path) -> Crosscheck:
-    """The profiler cross-check, in a process of its own, before any timing, over every selected case that can
-    run; when it fails, every row's note says why and the session goes on timing (it never retries)."""
-    if not cases:
-        return Crosscheck()
-    try:
-        return Crosscheck(profiler_check.run_crosscheck(cases, device, trace_out=trace_out))
-    except profiler_check.CrosscheckError as exc:
-        return Crosscheck(unavailable=str(exc))
-
-
 def own_process(index: int, phase: Phases, workers: Workers, started_at: float, total_s: float) -> ProcessInfo:
     """meta.json's record of the session's own process: its wall is the session's, less its workers' (their start-up
     together, then their turns) and the cross-check's; its start-up runs to its first block, less both."""
-    others = workers.startup_s + workers.turns_s + phase.seconds["crosscheck"]
+    others = workers.startup_s + sum(w.turn_s for w in workers.runs) + phase.seconds["crosscheck"]
     wall, span = total_s - others, phase.span
     startup = wall if span is None else span[0] - started_at - others
     return phase.spent().info(index, os.getpid(), "session", startup, wall)
@@ -183,12 +165,12 @@ class KvSession:
             self.runner.first_readings = read_readings(self.log.folder)
             return
         cases = self.plan.cases(selected)
-        if self.crosscheck_on:
+        checked = [profiler_check.CheckCase(v, t) for t, v in cases
+                   if self.crosscheck_on and t.unavailable_reason(v, self.device) is None]
+        if checked:
             self.trace_dir = Path(tempfile.mkdtemp(prefix="kvpages-crosscheck-"))
             with self.phase("crosscheck"):
-                self.runner.crosscheck = crosscheck([profiler_check.CheckCase(v, t) for t, v in cases if
-                                                     t.unavailable_reason(v, self.device) is None],
-                                                    self.device, self.trace_dir / profiler_check.TRACE_FILE)
+                self.runner.crosscheck = Crosscheck.of(checked, self.device, self.trace_dir / profiler_check.TRACE_FILE)
         if not self.timing or not selected:
             return
         with deferred_interruption():  # a signal waits until the run folder (rank 0's: it gathers) and its recorder are
@@ -218,9 +200,8 @@ class KvSession:
         assert self.recorder is not None, "workers run in a session that records"
         write_cases(command.folder, list(self.recorder.cases))
         self.runner.pool_cache = PoolCache(command.folder)
-        limits = [worker_limit_s(self.plan, self.options, self.repetitions, process, frozenset(self.recorder.cases))
-                  for process in range(self.processes - 1)]
-        run_workers(command, WORKER_START_S, limits, self.recorder.record, say, self.workers, self.recorder.first_readings)
+        limits = [self.plan.worker_limit_s(process, frozenset(self.recorder.cases)) for process in range(self.processes - 1)]
+        run_workers(command, WORKER_START_S, limits, self.recorder, say, self.workers)
         self.runner.first_readings = self.recorder.first_readings()  # this process is a later one too
 
     def run(self, benchmark, block: Block) -> None:
@@ -282,7 +263,6 @@ class KvSession:
             self.writer.write_meta()
 
     def analysed(self, seconds: float) -> None:
-        """The analysis after the sweep (summary, charts, report) took `seconds`: meta.json says so."""
         if self.writer is not None and self.writer.meta.timing is not None:
             self.writer.meta.timing = dataclasses.replace(self.writer.meta.timing, analysis_s=seconds)
             self.writer.write_meta()

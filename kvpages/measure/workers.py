@@ -1,16 +1,9 @@
 """Fresh processes for a sweep's repetitions: pyperf's idea, with pytest as the runner (docs/guide.md#processes).
 
-With `--kv-processes P` (P >= 2) the user's pytest session is the last of P processes. Before it times its own
-share it starts the P - 1 earlier ones together, as
-
-    python -m pytest <the same files> <the same --kv-* options> --benchmark-only --kv-worker K --kv-worker-dir DIR
-        --kv-worker-go FD
-
-Each imports and collects, says it is ready in its log, and waits on its pipe FD. Once every one is ready, the
-session lets them time one at a time, never two at once, so their start-ups overlap on the cores instead of adding
-up. A worker plans the same blocks (kvpages.measure.schedule), collects only those of process K among the cases the
-session selected (DIR/cases.json), and logs each finished block to DIR/process-K.jsonl (kvpages.measure.worklog),
-which the session's recorder reads as it is written. No torch import.
+The session starts its P - 1 workers together (`WorkerCommand.argv`); each imports, collects, says it is ready in
+its log (kvpages.measure.worklog) and waits on its pipe, so their start-ups overlap on the cores instead of adding up.
+Then they time one at a time, never two at once, and the session's recorder reads each log as it is written.
+No torch import.
 """
 
 from __future__ import annotations
@@ -24,11 +17,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvpages.measure.outcome import BlockOutcome, MeterReading
-from kvpages.measure.recorder import deferred_interruption
+from kvpages.measure.outcome import BlockOutcome
+from kvpages.measure.recorder import Recorder, deferred_interruption
 from kvpages.measure.worklog import LogReader, json_path, log_path, write_readings
 from kvpages.schema.meta import ProcessInfo
 
@@ -37,15 +31,13 @@ WORKER_DIR_FLAG = "--kv-worker-dir"
 WORKER_GO_FLAG = "--kv-worker-go"
 LEAN_PYTEST = ("-q", "--benchmark-quiet", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:logging",
                "-p", "no:unraisableexception")
-"""A worker's pytest: quiet (the session reports the run), no cache, and without three plugins bench/ does not use,
-which cost each process about 1.5 s (hypothesis's import), 0.4 s (log capture around every test phase) and 0.3 s
-(the unraisable-exception hook's garbage collections); the Makefile's BENCH_PYTEST leaves the same out."""
+"""A worker's pytest: quiet (the session reports the run), no cache, and without the plugins the Makefile's
+BENCH_PYTEST leaves out (it says what each costs)."""
 
 
 def process_started_at() -> float:
-    """When this process started, on time.perf_counter()'s clock: its age from /proc/self/stat (Linux, 10 ms
-    resolution), so the session's start-up counts the interpreter and pytest's imports before any hook runs; now
-    where that cannot be read."""
+    """When this process started, on time.perf_counter()'s clock (now where /proc/self/stat cannot be read), so the
+    session's start-up counts the interpreter and pytest's imports before any hook runs."""
     now = time.perf_counter()
     try:
         with open("/proc/self/stat") as f:
@@ -60,11 +52,9 @@ def process_started_at() -> float:
 class WorkerCommand:
     """How the session starts worker K: everything but K is the same for every worker."""
 
-    paths: tuple[str, ...]
-    """The session's file arguments, parametrization stripped (a worker's blocks have other ids)."""
+    paths: tuple[str, ...]  # the session's file arguments, parametrization stripped (a worker's blocks have other ids)
     kv_args: tuple[str, ...]
-    timed_as: tuple[str, ...]
-    """The session's pytest-benchmark options that change how a block is timed (its timer, its GC)."""
+    timed_as: tuple[str, ...]  # the session's pytest-benchmark options that change how a block is timed (timer, GC)
     rootdir: str
     cwd: Path
     folder: Path
@@ -77,12 +67,9 @@ class WorkerCommand:
                 "--rootdir", self.rootdir, *LEAN_PYTEST, *self.timed_as, *json_args]
 
 
-POLL_S = 0.2
-"""How often the session reads a running worker's log: its outcomes reach the run folder this soon."""
-READY_POLL_S = 0.02
-"""How often it looks whether the workers are ready (nothing is timed meanwhile)."""
-STOP_WAIT_S = 30.0
-"""How long an interrupted session waits for a worker it passed the interruption on to, before killing it."""
+POLL_S = 0.2  # how often the session reads a running worker's log: its outcomes reach the run folder this soon
+READY_POLL_S = 0.02  # how often it looks whether the workers are ready (nothing is timed meanwhile)
+STOP_WAIT_S = 30.0  # how long an interrupted session waits for a worker it passed the interruption on to, then kills it
 
 
 class WorkerFailed(Exception):
@@ -94,19 +81,14 @@ class Worker:
     """One worker process: launched, waiting on its pipe for its turn, then timing its share."""
 
     process: int
-    total: int
-    """The run's processes, the session's included (for messages)."""
+    total: int  # the run's processes, the session's included (for messages)
     child: subprocess.Popen
-    go_fd: int | None
-    """The write end of its pipe (None once written or closed)."""
+    go_fd: int | None  # the write end of its pipe (None once written or closed)
     output: Path
     log: LogReader
-    launched_at: float
-    """time.time() at its launch."""
-    turn_s: float = 0.0
-    """From the session's go until it exited (timing its share, one worker at a time)."""
-    interrupted: bool = False
-    """The session, or the worker itself, was interrupted (SIGINT, SIGTERM) before the worker's end."""
+    launched_at: float  # time.time()
+    turn_s: float = 0.0  # from the session's go until it exited (timing its share, one worker at a time)
+    interrupted: bool = False  # the session or the worker was interrupted (SIGINT, SIGTERM) before the worker's end
     timed_out: bool = False
 
     @property
@@ -119,13 +101,7 @@ class Worker:
         """Its own wall time, without its wait for its turn."""
         return self.ready_s + self.turn_s
 
-    @property
-    def ok(self) -> bool:
-        """It ran to its end: every case passed or was recorded as failed (pytest's 0 and 1)."""
-        return self.child.returncode in (0, 1) and self.log.end is not None
-
     def failed(self, what: str) -> WorkerFailed:
-        """The run's failure: this worker `what`, with the last lines it printed."""
         tail = "\n".join(self.output.read_text(errors="replace").splitlines()[-15:])
         return WorkerFailed(f"kvpages: worker process {self.process} of {self.total} {what}; the last lines it "
                             f"printed:\n{tail}")
@@ -137,27 +113,22 @@ class Worker:
             self.go_fd = None
 
     def run(self, limit_s: float, record: Callable[[BlockOutcome], None]) -> None:
-        """Let it time its share, wait for it at most `limit_s` (then kill it), and `record` each outcome it logs as
-        it is written. Interrupted meanwhile (SIGINT, SIGTERM), the session passes SIGINT on to the worker and
-        records what it logged until it stopped."""
+        """Let it time its share within `limit_s` (then kill it), `record`ing each outcome as it logs it; interrupted
+        meanwhile (SIGINT, SIGTERM), pass SIGINT on to it and record what it logged until it stopped."""
         start = time.perf_counter()
         assert self.go_fd is not None
         os.write(self.go_fd, b"g")  # its turn: it starts timing now
         self.dismiss()
         try:
-            while True:
+            while self.child.poll() is None:
+                if time.perf_counter() - start > limit_s:
+                    self.timed_out = True
+                    self.child.kill()
                 with deferred_interruption():  # what was read is recorded whole: the log's offset has moved past it
                     for outcome in self.log.new_outcomes():
                         record(outcome)
-                try:
+                with suppress(subprocess.TimeoutExpired):
                     self.child.wait(timeout=POLL_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    if time.perf_counter() - start > limit_s:
-                        self.timed_out = True
-                        self.child.kill()
-                        self.child.wait()
-                        break
         except KeyboardInterrupt:
             self.interrupted = True
             self.child.send_signal(signal.SIGINT)
@@ -185,8 +156,7 @@ class Workers:
     """A session's workers: each one as it ends, their start-up and their pytest-benchmark JSON entries."""
 
     runs: list[Worker] = field(default_factory=list)
-    startup_s: float = 0.0
-    """The session's wall from their launch until every one was ready."""
+    startup_s: float = 0.0  # the session's wall from their launch until every one was ready
     benchmarks: list[dict] = field(default_factory=list)
 
     @property
@@ -194,13 +164,8 @@ class Workers:
         """How much of their start-ups ran beside one another: their sum, less the wall they took."""
         return sum(r.ready_s for r in self.runs) - self.startup_s if self.runs else 0.0
 
-    @property
-    def turns_s(self) -> float:
-        return sum(r.turn_s for r in self.runs)
-
 
 def wait_or_kill(child: subprocess.Popen, timeout_s: float) -> None:
-    """Wait for `child` to exit, at most `timeout_s`, then kill it."""
     try:
         child.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -209,7 +174,6 @@ def wait_or_kill(child: subprocess.Popen, timeout_s: float) -> None:
 
 
 def launch(command: WorkerCommand, process: int, total: int) -> Worker:
-    """Start worker `process`, to wait for its turn on a pipe of its own."""
     read_fd, write_fd = os.pipe()
     output = command.folder / f"process-{process}.out"
     try:
@@ -246,14 +210,12 @@ def wait_ready(started: Sequence[Worker], limit_s: float) -> float:
         time.sleep(READY_POLL_S)
 
 
-def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence[float],
-                record: Callable[[BlockOutcome], None], say: Callable[[str], None], workers: Workers,
-                first_readings: Callable[[], dict[str, MeterReading]]) -> None:
+def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence[float], recorder: Recorder,
+                say: Callable[[str], None], workers: Workers) -> None:
     """Run the earlier processes' shares: every worker started at once, ready within `start_limit_s`, then one after
-    another (worker K within `limits_s[K]`), each into `workers` as it ends; once worker 0 has, the later ones get
-    its meter's `first_readings` (kvpages.measure.worklog.write_readings). An interrupted worker interrupts the
-    session (KeyboardInterrupt), one that did not run to its end fails the run (WorkerFailed); either way the
-    workers still waiting exit (their pipes closed), or are killed after STOP_WAIT_S."""
+    another (worker K within `limits_s[K]`), the later ones on worker 0's meter readings. An interrupted worker
+    interrupts the session, one that did not run to its end fails the run (WorkerFailed); either way the workers
+    still waiting exit (their pipes closed), or are killed after STOP_WAIT_S."""
     total = len(limits_s) + 1
     started: list[Worker] = []
     try:
@@ -263,16 +225,16 @@ def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence
         count = f"{len(started)} worker process" + ("es" if len(started) > 1 else "")
         say(f"kvpages: {count} started together, all ready in {workers.startup_s:.1f} s")
         for w, limit in zip(started, limits_s, strict=True):
-            w.run(limit, record)
+            w.run(limit, recorder.record)
             workers.runs.append(w)
             if w.interrupted:
                 raise KeyboardInterrupt(f"worker process {w.process} was interrupted")
             if w.timed_out:
                 raise w.failed(f"did not finish within its limit of {limit:.0f} s and was stopped")
-            if not w.ok:
+            if w.child.returncode not in (0, 1) or w.log.end is None:  # pytest's 0 and 1: every case passed or was recorded
                 raise w.failed(f"exited with status {w.child.returncode} before its end")
             if w.process == 0:
-                write_readings(command.folder, first_readings())
+                write_readings(command.folder, recorder.first_readings())
             if command.json_out:
                 workers.benchmarks += json.loads(json_path(command.folder, w.process).read_text())["benchmarks"]
             info = w.info()
@@ -289,9 +251,7 @@ def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence
 
 
 def exit_without_collecting() -> None:
-    """Leave the objects alive at exit out of the garbage collector's last passes (once, however often asked for).
-
-    A process that imported torch holds about a million objects: walking them took about 0.45 s of a 0.65 s exit,
-    in each sweep process. Everything still frees by reference counting, files are closed by then, nothing is timed."""
+    """Leave the objects alive at exit out of the garbage collector's last passes (once, however often asked for):
+    walking torch's ~million objects took ~0.45 s of a 0.65 s exit per sweep process; all still frees by refcount."""
     atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)

@@ -43,11 +43,9 @@ class WorkerEnd:
     """A worker's last line: who it was and where its blocks went."""
 
     pid: int
-    first_block_at: float | None
-    """time.time() when its first block started (None: it timed nothing)."""
+    first_block_at: float | None  # time.time() when its first block started (None: it timed nothing)
     spent: BlocksSpent
-    released_at: float | None = None
-    """time.time() when the session let it time its share (None: it did not wait for its turn)."""
+    released_at: float | None = None  # time.time() when the session let it time its share (None: it did not wait)
 
     @classmethod
     def from_json(cls, data: dict) -> WorkerEnd:
@@ -60,10 +58,8 @@ class WorkerLog:
     def __init__(self, path: Path, go_fd: int | None = None) -> None:
         self.folder = path.parent
         self._file = open(path, "a")  # noqa: SIM115 (open for the worker's whole session)
-        self.go_fd = go_fd
-        """The pipe it waits on for its turn (None: it does not wait)."""
-        self.released_at: float | None = None
-        """time.time() when its turn came."""
+        self.go_fd = go_fd  # the pipe it waits on for its turn (None: it does not wait)
+        self.released_at: float | None = None  # time.time() when its turn came
 
     def write(self, outcome: BlockOutcome) -> None:
         self._file.write(outcome.to_json() + "\n")
@@ -95,8 +91,7 @@ class LogReader:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.offset = 0
-        self.ready_at: float | None = None
-        """time.time() when it said it was ready (its ready line)."""
+        self.ready_at: float | None = None  # time.time() when it said it was ready (its ready line)
         self.end: WorkerEnd | None = None
 
     def new_outcomes(self) -> list[BlockOutcome]:
@@ -124,7 +119,6 @@ def log_path(folder: Path, process: int) -> Path:
 
 
 def json_path(folder: Path, process: int) -> Path:
-    """Where a worker's pytest-benchmark JSON goes, when the session writes one."""
     return folder / f"process-{process}.json"
 
 
