@@ -212,12 +212,6 @@ def _model_check(analysis: Analysis) -> Finding | None:
     return Finding("Model vs measurement", answer, f"model / measured {sig(ratio)}", cited.id, MEASURED)
 
 
-def subjects(analysis: Analysis) -> tuple[str, ...]:
-    """What a run against another baseline asks about: SGLang's own functions, then the merged PR and pre-PR."""
-    timed = {r.variant for r in analysis.ratios}
-    return tuple(sorted(v for v in timed if v.startswith(PREFIX))) + tuple(v for v in (CANDIDATE, BASELINE) if v in timed)
-
-
 def _faster(analysis: Analysis, variant: str) -> Finding | None:
     """Is `variant` faster than the baseline: measured on a run that crossed a link, else the model's prediction."""
     rows = analysis.ratios_of(variant)
@@ -242,15 +236,17 @@ def _faster(analysis: Analysis, variant: str) -> Finding | None:
 
 
 def findings(analysis: Analysis) -> tuple[Finding, ...]:
-    """The report's findings, in the order a review asks: the merged PR against pre-PR, else each of `subjects`."""
+    """The report's findings, in the order a review asks: the merged PR against pre-PR, else each subject."""
     if analysis.baseline == BASELINE:
         made = [_bytes(analysis), _page1(analysis), _crossover(analysis),
                 _scenario(analysis, "Per request: prefill chunks", "request", STEP_CANDIDATE, "prefill"),
                 _scenario(analysis, "Per request: decode", "request", STEP_CANDIDATE, "decode"),
                 _scenario(analysis, "Per step, one D2H per request", "step", STEP_CANDIDATE, None),
                 _scenario(analysis, "Per step, batched (one D2H)", "step", BATCHED, None)]
-    else:
-        made = [f for v in subjects(analysis) for f in (
+    else:  # against another baseline: SGLang's own functions, then the merged PR and pre-PR
+        timed = {r.variant for r in analysis.ratios}
+        subjects = sorted(v for v in timed if v.startswith(PREFIX)) + [v for v in (CANDIDATE, BASELINE) if v in timed]
+        made = [f for v in subjects for f in (
             _faster(analysis, v), _scenario(analysis, f"Per step: {v}", "step", per_request_name(v), None))]
     if analysis.run.scenarios is not None:
         made.append(_blocked(analysis))

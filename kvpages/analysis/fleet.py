@@ -113,18 +113,6 @@ def _timed(run: Run) -> set[tuple]:
     return keys
 
 
-def _check(runs: Sequence[Run], grouped: dict[Machine, list[Run]], machines: list[Run]) -> None:
-    """Refuse a fleet of one machine, and machines that share no timed point (naming the runs' sweeps)."""
-    names = ", ".join(str(r.path) for r in runs)
-    if len(grouped) < 2:
-        (machine,) = grouped
-        raise RunError(f"{names}: every run is of one machine ({machine.describe()}); kvpages fleet sets machines side "
-                       "by side (`kvpages compare` compares two runs of one)")
-    if not set.intersection(*(_timed(run) for run in machines)):
-        sweeps = "; ".join(f"{r.run_id}: {sweep_of(meta_of(r))}" for r in runs)
-        raise RunError(f"{names}: the machines share no timed point ({sweeps}); kvpages fleet compares runs of one sweep")
-
-
 def _match(members: Sequence[Member], rows_of: Callable[[Analysis], Iterable[T]], key: tuple[str, ...]
            ) -> tuple[list[Matched[T]], list[Missing]]:
     """Every machine's rows matched on the fields `key`: (the keys all machines have, the keys only some have)."""
@@ -150,8 +138,15 @@ def fleet_of(runs: Sequence[Run]) -> Fleet:
     grouped: dict[Machine, list[Run]] = {}
     for run in runs:
         grouped.setdefault(machine_of(run), []).append(run)
+    names = ", ".join(str(r.path) for r in runs)
+    if len(grouped) < 2:
+        (machine,) = grouped
+        raise RunError(f"{names}: every run is of one machine ({machine.describe()}); kvpages fleet sets machines side "
+                       "by side (`kvpages compare` compares two runs of one)")
     machines = [pooled(group) for group in grouped.values()]
-    _check(runs, grouped, machines)
+    if not set.intersection(*(_timed(run) for run in machines)):
+        sweeps = "; ".join(f"{r.run_id}: {sweep_of(meta_of(r))}" for r in runs)
+        raise RunError(f"{names}: the machines share no timed point ({sweeps}); kvpages fleet compares runs of one sweep")
     members = [Member(f"M{i}", machine, tuple(group), analyze(run))
                for i, ((machine, group), run) in enumerate(zip(grouped.items(), machines, strict=True), start=1)]
     ratios, missing = _match(members, lambda a: a.ratios, POINT_KEY)

@@ -1,12 +1,5 @@
-"""How one point's interval is computed, top-down (no torch).
-
-1. A row's repetitions are its blocks (samples.csv); each block's level is the log of its median (`levels`).
-2. A variant against the baseline at one point pairs their levels repetition by repetition (`paired_logs`), each
-   with the process that timed it.
-3. kvpages.analysis.ratios.estimate applies the one estimator (kvpages.core.estimator.paired_ratio), the interval
-   unknown where an interruption left a row fewer processes than the method needs; kvpages.analysis.compare sets two
-   runs' figures side by side with the same estimator (`between_runs`).
-"""
+"""A row's repetitions are its blocks (samples.csv), each block's level the log of its median (`levels`); a variant
+against the baseline pairs their levels repetition by repetition (`paired_logs`), each with its process (no torch)."""
 
 from __future__ import annotations
 

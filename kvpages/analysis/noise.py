@@ -98,10 +98,8 @@ def components_text(noise: NoiseFloor) -> str:
 
 
 def aa_figures(a: Analysis, b: Analysis, variant: str, fail_above_pct: float) -> AAFigures:
-    a_ratios = {(r.dtype, r.layout, r.page_size, r.seq_len): r for r in a.ratios_of(variant)}
-    b_ratios = {(r.dtype, r.layout, r.page_size, r.seq_len): r for r in b.ratios_of(variant)}
-    common = sorted(set(a_ratios) & set(b_ratios))
-    pairs = [(a_ratios[k], b_ratios[k]) for k in common]
+    a_ratios, b_ratios = ({(r.dtype, r.layout, r.page_size, r.seq_len): r for r in x.ratios_of(variant)} for x in (a, b))
+    pairs = [(a_ratios[k], b_ratios[k]) for k in sorted(set(a_ratios) & set(b_ratios))]
     comparison = compare_runs(a.run, b.run, a.baseline)
     return AAFigures(
         a=a, b=b, variant=variant, points=len(pairs),

@@ -19,10 +19,6 @@ MIN_EFFECT_FLOOR = 0.02  # whatever a run's intervals: a quiet run's noise floor
 FDR = 0.05  # the false-discovery rate the Benjamini-Hochberg step controls within a family
 
 
-def min_effect(median_ci_half_width: float) -> float:
-    return max(MIN_EFFECT_FLOOR, median_ci_half_width) if math.isfinite(median_ci_half_width) else MIN_EFFECT_FLOOR
-
-
 def judge(interval: Interval, min_effect: float, discovered: bool = True) -> str:
     """A ratio's verdict; `discovered`: whether the family correction kept it (`discoveries`; True: judged alone)."""
     beyond = abs(math.log(interval.ratio)) >= math.log1p(min_effect) if interval.ratio > 0 else True
@@ -66,6 +62,6 @@ def judge_family(intervals: Sequence[Interval], p_values: Sequence[float]) -> Ju
     effect from the family's own intervals, the Benjamini-Hochberg step over its p-values."""
     half_width = finite_median([(i.ci_high - i.ci_low) / 2 / i.ratio for i in intervals if i.known])
     q_values = bh_adjusted(list(p_values))
-    effect = min_effect(half_width)
+    effect = max(MIN_EFFECT_FLOOR, half_width) if math.isfinite(half_width) else MIN_EFFECT_FLOOR
     verdicts = tuple(judge(i, effect, kept) for i, kept in zip(intervals, discoveries(q_values), strict=True))
     return Judged(verdicts, tuple(q_values), half_width, effect)
