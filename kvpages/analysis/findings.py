@@ -1,5 +1,4 @@
 """The answers a design review asks for, each with its figure, the id of the row behind it, and a status (no torch).
-
 On a run that crossed no link, a time finding is the model's prediction per link profile, status `MODEL`: measured
 host-side ratios are evidence, never a finding; a CUDA run's findings are measured, one against the model."""
 

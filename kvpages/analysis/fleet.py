@@ -27,8 +27,6 @@ T = TypeVar("T", RatioRow, ScenarioRatio)
 
 @dataclass(frozen=True)
 class Member:
-    """One machine of a fleet: its runs, pooled and analysed as one run."""
-
     id: str  # M1, M2, ... in the order the machines' first runs were given
     machine: Machine
     runs: tuple[Run, ...]
@@ -57,8 +55,6 @@ class Matched(Generic[T]):
 
 @dataclass(frozen=True)
 class Missing:
-    """A ratio not every machine has: its key, the machines that have it and those that do not."""
-
     key: tuple
     on: tuple[str, ...]
     not_on: tuple[str, ...]

@@ -68,9 +68,7 @@ class _Pair:
 
 def _ratio(pair: _Pair, effect: float, q_value: float, verdict: str) -> RatioRow:
     variant, baseline, interval, found = pair.variant, pair.baseline, pair.interval, pair.found
-    name, base = str(variant["variant"]), str(baseline["variant"])
-    dtype, layout, seq_len, page_size = (str(variant["dtype"]), str(variant["layout"]), int(variant["seq_len"]),
-                                         int(variant["page_size"]))
+    (name, dtype, layout, seq_len, page_size), base = row_key(variant), str(baseline["variant"])
     return RatioRow(
         id=ratio_id(name, base, dtype, layout, seq_len, page_size),
         variant=name, baseline=base, dtype=dtype, layout=layout, seq_len=seq_len, page_size=page_size,
@@ -115,8 +113,7 @@ def crossovers(ratios: tuple[RatioRow, ...], variant: str = CANDIDATE) -> list[C
 
 
 def fastest(run: Run, rows: list[Record], effect: float) -> tuple[str, ...]:
-    """At one point: the variant with the lowest median, then every variant not judged slower than it on its own
-    (without repetitions: of equal median)."""
+    """At one point: the variant with the lowest median, then every variant not judged slower than it (or, unjudged, as fast)."""
     ordered = sorted(rows, key=lambda r: r["median_us"])  # stable: equal medians keep the file's order
     best = ordered[0]
 
@@ -177,11 +174,10 @@ def scenario_ratios(run: Run, baseline: str, effect: float) -> tuple[ScenarioRat
     """Every timed step variant against `baseline` per scenario and latency, judged as one family."""
     if run.scenarios is None or run.scenario_samples is None:
         return ()
-    by_scenario: dict[str, list[Record]] = {}  # in the order of each scenario's first row, as groupby(sort=False)
-    for row in records(run.scenarios[run.scenarios["status"].isin(TIMED)]):
-        by_scenario.setdefault(row["scenario"], []).append(row)
+    rows = records(run.scenarios[run.scenarios["status"].isin(TIMED)])
+    first = {scenario: i for i, scenario in enumerate(dict.fromkeys(r["scenario"] for r in rows))}
     found: list[tuple[Record, str, Paired]] = []
-    for row in (row for rows in by_scenario.values() for row in rows):
+    for row in sorted(rows, key=lambda r: first[r["scenario"]]):  # grouped as groupby(sort=False): first row's order
         scenario, variant = row["scenario"], row["variant"]
         for latency in ("blocked", "ready") if variant != baseline else ():
             pair = estimate(run, (scenario, baseline), (scenario, variant), latency)
@@ -260,7 +256,6 @@ class Analysis:
         return float(row[f"{latency}_median_us"]) if band is None else band.ratio
 
     def ratios_frame(self) -> pd.DataFrame:
-        """ratios.csv's table as a frame (the notebook's)."""
         return pd.DataFrame([r.__dict__ for r in self.ratios])
 
 
@@ -332,7 +327,6 @@ def host_work(rows: list[Record]) -> frozenset[str]:
 
 
 def variant_order(column: pd.Series) -> pd.Series:
-    """A `sort_values(key=...)` that orders the variant column by `variant_sort_key`."""
     return column.map(variant_sort_key) if column.name == "variant" else column
 
 

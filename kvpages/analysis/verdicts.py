@@ -1,6 +1,5 @@
-"""Verdicts with an effect size, over a family of comparisons (no torch); `judge` is the one place they are decided.
-
-Faster or slower only when the interval excludes 1, |log ratio| >= log(1 + min_effect) and the Benjamini-Hochberg
+"""Verdicts with an effect size, over a family of comparisons (no torch); `judge` is the one place they are decided:
+faster or slower only when the interval excludes 1, |log ratio| >= log(1 + min_effect) and the Benjamini-Hochberg
 step at `FDR` keeps it within its family (Holm's family-wise control could call nothing from 10 repetitions); else
 `SAME` (within the minimum effect) or `UNCLEAR`. docs/method.md, "Ratios, intervals and verdicts", has the rest.
 """
@@ -45,7 +44,6 @@ def bh_adjusted(pvalues: list[float]) -> list[float]:
 
 
 def discoveries(qvalues: list[float]) -> list[bool]:
-    """Which comparisons of a family the Benjamini-Hochberg step keeps at `FDR`."""
     return [q <= FDR for q in qvalues]
 
 

@@ -101,8 +101,6 @@ class RunTiming:
 
 @dataclass
 class RunMeta:
-    """meta.json: what ran, where, how, and whether it finished."""
-
     run_id: str
     preset: str
     options: dict[str, str]
@@ -146,8 +144,6 @@ class RankInfo:
 
 @dataclass(frozen=True)
 class RanksMeta:
-    """meta.json's `ranks`: the process group of a multi-rank run."""
-
     world_size: int
     backend: str  # of the barriers and gathers: gloo, host-side, so no collective kernel runs on a timed device
     timeout_s: float  # how long a rank waits at a barrier or gather for the others before the run stops

@@ -89,7 +89,6 @@ class Table:
         return names[:first] + ("rounds",) + names[first:]
 
     def samples_from(self, fields_: dict[str, object]) -> Samples:
-        """A samples record from its `dataclasses.asdict` fields (lists for tuples)."""
         return self.sample_type(**{k: tuple(v) if isinstance(v, list) else v  # type: ignore[arg-type]
                                    for k, v in fields_.items()})
 
