@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kvpages.analysis.cite import Citation, CiteError, commit_text, fraction, interval_of, interval_text, sig
+from kvpages.analysis.cite import CiteError, commit_text, fraction, interval_of, interval_text, sig
 from kvpages.analysis.predict import Prediction, crossover, point_predictions, ratio_range, scenario_predictions
 from kvpages.analysis.ratios import Analysis, ScenarioRatio
 from kvpages.analysis.verdicts import FASTER, SAME, SLOWER
@@ -267,19 +267,20 @@ def _machine(analysis: Analysis) -> str:
     return f"{where}, PCIe {link or 'unknown'}"
 
 
-def cite(analysis: Analysis, row_id: str) -> Citation:
-    """The one-line citation of a ratios.csv or scenarios.csv row id; CiteError names how to list the valid ones."""
+def cite(analysis: Analysis, row_id: str) -> str:
+    """The one-line citation of a ratios.csv or scenarios.csv row id: its figure, interval and coverage, machine, commit
+    and command; CiteError names how to list the valid ones."""
     meta = analysis.run.meta
-    where = (_machine(analysis), f"commit {(commit_text(meta.environment) if meta else None) or 'unknown'}")
+    where = f"{_machine(analysis)}; commit {(commit_text(meta.environment) if meta else None) or 'unknown'}"
     for r in analysis.ratios:
         if r.id == row_id:
             what = (f"{label(r.variant)} / {label(r.baseline)}, L={r.seq_len} p={r.page_size} {r.dtype} {r.layout}: "
-                    f"{bytes_figure(r)}; latency")
-            return Citation(r.id, what, interval_of(r), r.verdict, *where, r.repro)
+                    f"{bytes_figure(r)}; latency = {interval_text(interval_of(r))}")
+            return f"{r.id}: {what} ({r.verdict}); {where}; repro: {r.repro}"
     for s in analysis.scenario_ratios:
         if s.id == row_id and s.latency == "blocked":
-            what = f"{s.scenario}: {label(s.variant)} / {label(s.baseline)}, blocked"
-            return Citation(s.id, what, s.interval, s.verdict, *where, s.repro)
+            what = f"{s.scenario}: {label(s.variant)} / {label(s.baseline)}, blocked = {interval_text(s.interval)}"
+            return f"{s.id}: {what} ({s.verdict}); {where}; repro: {s.repro}"
     ids = all_ids(analysis)
     close = difflib.get_close_matches(row_id, ids, n=1)
     hint = f"did you mean {close[0]}? " if close else ""

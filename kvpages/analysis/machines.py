@@ -25,8 +25,7 @@ class Machine:
     device: str
     device_name: str
     driver_version: str | None
-    pcie_link: str | None
-    """The link the slot trains to (nvidia-smi's `max`), not the one it idled at: an idle link downshifts."""
+    pcie_link: str | None  # the link the slot trains to (nvidia-smi's `max`), not the one it idled at: an idle link downshifts
     hostname: str | None
 
     @classmethod

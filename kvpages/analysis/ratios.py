@@ -24,10 +24,7 @@ from kvpages.schema.ranks import ContentionRow
 from kvpages.schema.reader import Run, RunError, row_key
 from kvpages.schema.rows import TIMED, RatioRow, ScenarioRatioRow, ratio_id
 
-NOISY_SPREAD = 0.10
-"""A row whose block medians vary by at least this much (log-sd, ~ the CV) is flagged as noisy."""
-
-
+NOISY_SPREAD = 0.10  # a row whose block medians vary by at least this much (log-sd, ~ the CV) is flagged as noisy
 POINT_COLUMNS = ("dtype", "layout", "page_size", "seq_len")
 
 Record = dict[str, Any]  # a results.csv or scenarios.csv row from to_dict("records"): iterrows costs 100x more
@@ -184,14 +181,11 @@ def scenario_ratios(run: Run, baseline: str, effect: float) -> tuple[ScenarioRat
             if pair is not None:
                 found.append((row, latency, pair))
     qvalues = bh_adjusted([pair.p_value for *_, pair in found])
-    out = []
-    for (row, latency, pair), q, keep in zip(found, qvalues, discoveries(qvalues), strict=True):
-        interval = pair.interval
-        out.append(ScenarioRatio(str(row["scenario"]), str(row["variant"]), baseline, latency, interval,
-                                 judge(interval, effect, keep), str(row["id"]), effect, q,
-                                 pair_repro(str(row["repro"]), str(row["variant"]), baseline), pair.repetitions,
-                                 pair.processes, pair.variant_us, pair.baseline_us))
-    return tuple(out)
+    return tuple(ScenarioRatio(str(row["scenario"]), str(row["variant"]), baseline, latency, pair.interval,
+                               judge(pair.interval, effect, keep), str(row["id"]), effect, q,
+                               pair_repro(str(row["repro"]), str(row["variant"]), baseline), pair.repetitions,
+                               pair.processes, pair.variant_us, pair.baseline_us)
+                 for (row, latency, pair), q, keep in zip(found, qvalues, discoveries(qvalues), strict=True))
 
 
 @dataclass(frozen=True)

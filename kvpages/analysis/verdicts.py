@@ -20,13 +20,10 @@ FDR = 0.05  # the false-discovery rate the Benjamini-Hochberg step controls with
 
 def judge(interval: Interval, min_effect: float, discovered: bool = True) -> str:
     """A ratio's verdict; `discovered`: whether the family correction kept it (`discoveries`; True: judged alone)."""
-    beyond = abs(math.log(interval.ratio)) >= math.log1p(min_effect) if interval.ratio > 0 else True
-    if not beyond:
+    if interval.ratio > 0 and abs(math.log(interval.ratio)) < math.log1p(min_effect):
         return SAME
-    if interval.known and discovered and interval.ci_high < 1:
-        return FASTER
-    if interval.known and discovered and interval.ci_low > 1:
-        return SLOWER
+    if interval.known and discovered and (interval.ci_high < 1 or interval.ci_low > 1):
+        return FASTER if interval.ci_high < 1 else SLOWER
     return UNCLEAR
 
 

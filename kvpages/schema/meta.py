@@ -44,8 +44,7 @@ class ProcessInfo:
     index: int
     pid: int
     role: str  # 'worker' (a fresh pytest process started for its share) or 'session' (the pytest session the user ran)
-    startup_s: float
-    """Until its first block: imports, collection (the session's: less the cross-check and the workers meanwhile)."""
+    startup_s: float  # until its first block: imports, collection (the session's: less the cross-check and the workers meanwhile)
     inputs_s: float  # building, loading and validating its inputs
     wall_s: float  # the session's: less the workers it ran one after another
     blocks: int

@@ -34,8 +34,7 @@ from kvpages.schema.rows import (
 
 T = TypeVar("T")
 ScenarioSamples = dict[tuple, dict[str, list[np.ndarray]]]
-MEDIAN_RTOL = 1e-9
-"""load_run recomputes each ok row's median from its samples; beyond this relative difference it refuses the folder."""
+MEDIAN_RTOL = 1e-9  # load_run refuses a folder whose timed row's median is off its samples' by more than this, relative
 
 
 class RunError(ValueError):
