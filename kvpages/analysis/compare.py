@@ -46,7 +46,6 @@ class RunComparison:
 
     @property
     def unit(self) -> str:
-        """What the between-run intervals sample: 'process', or 'repetition' when a run has one process."""
         return "process" if min(self.processes) >= 2 else "repetition"
 
     def caveat(self) -> str | None:

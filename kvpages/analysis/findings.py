@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from kvpages.analysis.cite import CiteError, commit_text, fraction, interval_of, interval_text, sig
-from kvpages.analysis.predict import Prediction, crossover, point_predictions, ratio_range, scenario_predictions
+from kvpages.analysis.predict import Prediction, crossover, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis, ScenarioRatio
 from kvpages.analysis.verdicts import FASTER, SAME, SLOWER
 from kvpages.core.links import LinkProfile, device_ops, prediction_profiles, profile_for
@@ -55,7 +55,7 @@ def predicted_figure(predictions: tuple[Prediction, ...], baseline: str = BASELI
 
 
 def predicted_range(predictions: tuple[Prediction, ...]) -> str:
-    low, high = ratio_range(predictions)
+    low, high = min(p.ratio for p in predictions), max(p.ratio for p in predictions)
     return f"{sig(low)}x" if sig(low) == sig(high) else f"{sig(low)}-{sig(high)}x"
 
 
@@ -76,7 +76,7 @@ def _page1(analysis: Analysis) -> Finding | None:
     if not rows:
         return None
     if not analysis.run.link_crossed:
-        worst = max(rows, key=lambda r: max(ratio_range(point_predictions(analysis, r))))
+        worst = max(rows, key=lambda r: max(p.ratio for p in point_predictions(analysis, r)))
         every = [p for r in rows for p in point_predictions(analysis, r)]
         answer = (f"At page size 1 the bytes are equal, and the merged PR launches one device op before the same copy: "
                   f"predicted at {predicted_range(tuple(every))} pre-PR's time (model) over the {len(rows)} swept "

@@ -12,11 +12,7 @@ from kvpages.schema.reader import Run
 def levels(run: Run, key: tuple, latency: str | None = None) -> Levels | None:
     """The log block medians of a row key (or a (scenario, variant)'s `latency`), with their processes, once per run."""
     def compute() -> Levels | None:
-        if latency is None:
-            blocks = run.samples.get(key)
-        else:
-            found = (run.scenario_samples or {}).get(key)
-            blocks = None if found is None else found[latency]
+        blocks = run.samples.get(key) if latency is None else (run.scenario_samples or {}).get(key, {}).get(latency)
         if blocks is None:
             return None
         return Levels(np.log(block_medians(blocks)), run.block_processes(key, len(blocks)))

@@ -40,19 +40,6 @@ class AAFigures:
     faster: int
     relative_points: int
 
-    def fit_line(self) -> str:
-        """One line: is this box fit for comparisons, judged by this pair against the calibrated values?"""
-        n, m = max(self.points, 1), max(self.relative_points, 1)
-        overlap, coverage = self.overlap / n, min(self.a_in_b, self.b_in_a) / n
-        false = (self.slower + self.faster) / m
-        fit = overlap >= TARGETS["overlap"] and coverage >= TARGETS["coverage"] and false <= TARGETS["false_verdicts"]
-        return (f"fit for comparisons: {'yes' if fit else 'NO'}: intervals overlap at {overlap:.0%} of points "
-                f"(calibrated {CALIBRATED['overlap']:.1%}, needs >= {TARGETS['overlap']:.0%}), hold the other run's "
-                f"ratio at {coverage:.0%} (calibrated {CALIBRATED['coverage']:.0%}, needs >= {TARGETS['coverage']:.0%}), "
-                f"false verdicts {false:.0%} (calibrated {CALIBRATED['false_verdicts']:.0%}, needs <= "
-                f"{TARGETS['false_verdicts']:.0%}); the intervals are {self.median_width_a:.0%} wide (median), so "
-                "smaller differences are not resolved here")
-
     def text(self) -> str:
         n = self.points
 
@@ -60,6 +47,15 @@ class AAFigures:
             return f"{k}/{n} ({k / n:.0%})" if n else "0/0"
 
         runs = (("A", self.a), ("B", self.b))
+        overlap, coverage = self.overlap / max(n, 1), min(self.a_in_b, self.b_in_a) / max(n, 1)
+        false = (self.slower + self.faster) / max(self.relative_points, 1)
+        fit = overlap >= TARGETS["overlap"] and coverage >= TARGETS["coverage"] and false <= TARGETS["false_verdicts"]
+        fit_line = (f"fit for comparisons: {'yes' if fit else 'NO'}: intervals overlap at {overlap:.0%} of points "
+                    f"(calibrated {CALIBRATED['overlap']:.1%}, needs >= {TARGETS['overlap']:.0%}), hold the other run's "
+                    f"ratio at {coverage:.0%} (calibrated {CALIBRATED['coverage']:.0%}, needs >= {TARGETS['coverage']:.0%}), "
+                    f"false verdicts {false:.0%} (calibrated {CALIBRATED['false_verdicts']:.0%}, needs <= "
+                    f"{TARGETS['false_verdicts']:.0%}); the intervals are {self.median_width_a:.0%} wide (median), so "
+                    "smaller differences are not resolved here")
         lines = [
             f"A/A noise check of {self.variant}/{self.a.baseline}: A = {self.a.run.run_id}, B = {self.b.run.run_id}",
             f"points with the ratio in both runs: {n}",
@@ -78,7 +74,7 @@ class AAFigures:
         ]
         lines += [f"noise floor {name}: {components_text(run.noise)}" for name, run in runs]
         lines += [f"{name}: {timed}" for name, run in runs if (timed := efficiency(run))]
-        lines.append(self.fit_line())
+        lines.append(fit_line)  # is this box fit for comparisons, judged by this pair against the calibrated values?
         return "\n".join(lines)
 
 

@@ -15,8 +15,6 @@ from kvpages.schema.rows import RatioRow
 
 @dataclass(frozen=True)
 class Prediction:
-    """One pair on one link profile: the two predicted times and their ratio (a model)."""
-
     profile: LinkProfile
     variant_us: float
     baseline_us: float
@@ -34,11 +32,6 @@ def point_predictions(analysis: Analysis, r: RatioRow) -> tuple[Prediction, ...]
     return tuple(Prediction(profile, *(profile.predicted_us(name, r.page_size, 1, moved, int(moved > 0), measured,
                                                             analysis.host_side(name)) for name, moved, measured in calls))
                  for profile in prediction_profiles())
-
-
-def ratio_range(predictions: tuple[Prediction, ...]) -> tuple[float, float]:
-    ratios = [p.ratio for p in predictions]
-    return min(ratios), max(ratios)
 
 
 def crossover(analysis: Analysis, rows: list[RatioRow], profile: LinkProfile) -> int | None:

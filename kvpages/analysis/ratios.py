@@ -97,16 +97,12 @@ class Crossover:
 
 def crossovers(ratios: tuple[RatioRow, ...], variant: str = CANDIDATE) -> list[Crossover]:
     """Per (dtype, layout, page size): the smallest seq_len at which `variant` is judged faster than the baseline."""
-    groups: dict[tuple, list[RatioRow]] = {}
+    groups: dict[tuple[str, str, int], list[RatioRow]] = {}
     for r in ratios:
         if r.variant == variant:
             groups.setdefault((r.dtype, r.layout, r.page_size), []).append(r)
-    out = []
-    for (dtype, layout, page_size), group in sorted(groups.items()):
-        group.sort(key=lambda r: r.seq_len)
-        wins = [r.seq_len for r in group if r.verdict == FASTER]
-        out.append(Crossover(dtype, layout, page_size, wins[0] if wins else None, tuple(r.seq_len for r in group)))
-    return out
+    return [Crossover(*key, min((r.seq_len for r in group if r.verdict == FASTER), default=None),
+                      tuple(sorted(r.seq_len for r in group))) for key, group in sorted(groups.items())]
 
 
 def fastest(run: Run, rows: list[Record], effect: float) -> tuple[str, ...]:
@@ -301,7 +297,7 @@ def analyze(run: Run, baseline: str | None = None) -> Analysis:
     if run.scenarios is not None and step_baseline not in set(run.scenarios["variant"]):
         step_baseline = STEP_BASELINE
     try:
-        breakdown = read_breakdown(run.path if run.path.is_dir() else run.path.parent)
+        breakdown = read_breakdown(run.path)  # the folder load_run read (a results CSV's too)
     except ValueError as exc:
         raise RunError(str(exc)) from None
     return Analysis(run, baseline, ratios, tuple(crossovers(ratios)), best, noise,

@@ -83,7 +83,6 @@ class Run:
         return np.array(found if found is not None and len(found) == count else (0,) * count)
 
     def cached(self, key: tuple, compute: Callable[[], T]) -> T:
-        """`compute()`, once per `key` for this run (what kvpages.analysis derives from its samples)."""
         if key not in self._cache:
             self._cache[key] = compute()
         return self._cache[key]

@@ -67,8 +67,6 @@ class _Status:
 
 @dataclass(frozen=True)
 class Table:
-    """One kind of row in a run folder: its rows file and row type, its samples file and samples type."""
-
     rows_csv: str
     samples_csv: str
     row_type: type
