@@ -27,11 +27,9 @@ class Prediction:
 def point_predictions(analysis: Analysis, r: RatioRow) -> tuple[Prediction, ...]:
     """`r`'s variant and baseline, one call each, on every prediction profile, each priced by what the meter saw it
     move: its bytes, one blocking copy if any, and `Analysis.host_work` for an undeclared variant's stride."""
-    calls = ((r.variant, r.variant_d2h_bytes, r.variant_median_us), (r.baseline, r.baseline_d2h_bytes,
-                                                                     r.baseline_median_us))
-    return tuple(Prediction(profile, *(profile.predicted_us(name, r.page_size, 1, moved, int(moved > 0), measured,
-                                                            analysis.host_side(name)) for name, moved, measured in calls))
-                 for profile in prediction_profiles())
+    calls = [(r.variant, r.variant_d2h_bytes, r.variant_median_us), (r.baseline, r.baseline_d2h_bytes, r.baseline_median_us)]
+    priced = [(name, r.page_size, 1, moved, int(moved > 0), measured, analysis.host_side(name)) for name, moved, measured in calls]
+    return tuple(Prediction(profile, *(profile.predicted_us(*call) for call in priced)) for profile in prediction_profiles())
 
 
 def crossover(analysis: Analysis, rows: list[RatioRow], profile: LinkProfile) -> int | None:
@@ -51,8 +49,7 @@ def scenario_predictions(analysis: Analysis, ratio: ScenarioRatio) -> tuple[Pred
                                                                   (ratio.baseline, ratio.baseline_us)))
     priced = [(name, int(row["page_size"]), int(row["calls"]), float(row["d2h_bytes"]), float(row["d2h_transfers"]),
                measured, analysis.host_side(name)) for row, name, measured in calls]
-    return tuple(Prediction(profile, *(profile.predicted_us(*call) for call in priced))
-                 for profile in prediction_profiles())
+    return tuple(Prediction(profile, *(profile.predicted_us(*call) for call in priced)) for profile in prediction_profiles())
 
 
 def with_link_model(rows: pd.DataFrame, host_work: frozenset[str] = frozenset()) -> pd.DataFrame:
