@@ -34,7 +34,7 @@ from kvpages.schema.rows import (
 
 T = TypeVar("T")
 ScenarioSamples = dict[tuple, dict[str, list[np.ndarray]]]
-MEDIAN_RTOL = 1e-9  # load_run refuses a folder whose timed row's median is off its samples' by more than this, relative
+MEDIAN_RTOL = 1e-9  # load_run refuses a folder where a timed row's median and its samples' differ by more (relative)
 
 
 class RunError(ValueError):
