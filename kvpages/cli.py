@@ -122,7 +122,7 @@ def cmd_cite(args: argparse.Namespace) -> int:
         return 0
     if args.id is None:
         raise RunError(f"give a row id to cite; `kvpages cite {args.run} --list` lists them")
-    print(cite(analysis, args.id).line())
+    print(cite(analysis, args.id))
     return 0
 
 

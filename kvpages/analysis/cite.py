@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import math
 import shlex
-from dataclasses import dataclass
 
 from kvpages.core.options import OPTIONS, BenchOptions
 from kvpages.core.stats import Interval
@@ -84,18 +83,3 @@ def coverage_text(confidence: float) -> str:
 
 def interval_of(row: RatioRow | ScenarioRatioRow) -> Interval:
     return Interval(row.ratio, row.ci_low, row.ci_high, row.repetitions, row.confidence)
-
-
-@dataclass(frozen=True)
-class Citation:
-    id: str
-    what: str
-    interval: Interval
-    verdict: str
-    machine: str
-    commit: str
-    command: str
-
-    def line(self) -> str:
-        return (f"{self.id}: {self.what} = {interval_text(self.interval)} ({self.verdict}); {self.machine}; "
-                f"{self.commit}; repro: {self.command}")

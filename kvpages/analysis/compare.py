@@ -1,8 +1,5 @@
-"""`kvpages compare`: judge run B against run A point by point, gating on ratios (no torch).
-
-Each family of points (the relative ones, and apart the absolute ones) is judged as the report judges a run's ratios
-(kvpages.analysis.verdicts.judge_family); the `--fail-above` gate keeps its own threshold (`RunComparison.regressions`).
-"""
+"""`kvpages compare`: judge run B against run A point by point, the relative and the absolute points each a family
+judged as a run's ratios are (judge_family); the `--fail-above` gate keeps its own threshold (no torch)."""
 
 from __future__ import annotations
 
@@ -20,8 +17,6 @@ RELATIVE, ABSOLUTE = "relative", "absolute"
 
 @dataclass(frozen=True)
 class PointComparison:
-    """One key in both runs: B against A, the interval of B/A, its p- and q-value, and its verdict."""
-
     key: tuple
     a_value: float
     b_value: float
@@ -51,7 +46,6 @@ class RunComparison:
 
     @property
     def unit(self) -> str:
-        """What the between-run intervals sample: 'process', or 'repetition' when a run has one process."""
         return "process" if min(self.processes) >= 2 else "repetition"
 
     def caveat(self) -> str | None:
@@ -63,7 +57,6 @@ class RunComparison:
                 "process, and a shift of a whole process reads as a change; rerun with --kv-processes 2 or more")
 
     def regressions(self, fail_above_pct: float) -> list[PointComparison]:
-        """Relative points whose whole CI of B/A lies above 1 + fail_above_pct / 100."""
         return [p for p in self.relative.points if p.interval.ci_low > 1 + fail_above_pct / 100]
 
 
@@ -75,9 +68,8 @@ def _judged(measured: list[PointComparison]) -> Family:
 
 
 def compare_runs(a: Run, b: Run, baseline: str | None = None) -> RunComparison:
-    """Align two runs on (variant, dtype, layout, seq_len, page_size) and judge B against A, the ratios against
-    `baseline` (None: the runs' own; a RunError when A's and B's differ). Each figure is the run's own report's, a
-    ratio cancelling what drifts with the machine; docs/method.md, "Comparing two runs"."""
+    """B against A on every (variant, point) of both, the ratios against `baseline` (None: the runs' own, which must be
+    one); docs/method.md, "Comparing two runs"."""
     if baseline is None and a.baseline != b.baseline:
         raise RunError(f"{a.path} is against {a.baseline} and {b.path} against {b.baseline} (--kv-baseline): their "
                        "ratios do not compare; rerun one with the other's --kv-baseline")

@@ -1,5 +1,4 @@
 """The answers a design review asks for, each with its figure, the id of the row behind it, and a status (no torch).
-
 On a run that crossed no link, a time finding is the model's prediction per link profile, status `MODEL`: measured
 host-side ratios are evidence, never a finding; a CUDA run's findings are measured, one against the model."""
 
@@ -10,8 +9,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kvpages.analysis.cite import Citation, CiteError, commit_text, fraction, interval_of, interval_text, sig
-from kvpages.analysis.predict import Prediction, crossover, point_predictions, ratio_range, scenario_predictions
+from kvpages.analysis.cite import CiteError, commit_text, fraction, interval_of, interval_text, sig
+from kvpages.analysis.predict import Prediction, crossover, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis, ScenarioRatio
 from kvpages.analysis.verdicts import FASTER, SAME, SLOWER
 from kvpages.core.links import LinkProfile, device_ops, prediction_profiles, profile_for
@@ -56,7 +55,7 @@ def predicted_figure(predictions: tuple[Prediction, ...], baseline: str = BASELI
 
 
 def predicted_range(predictions: tuple[Prediction, ...]) -> str:
-    low, high = ratio_range(predictions)
+    low, high = min(p.ratio for p in predictions), max(p.ratio for p in predictions)
     return f"{sig(low)}x" if sig(low) == sig(high) else f"{sig(low)}-{sig(high)}x"
 
 
@@ -77,7 +76,7 @@ def _page1(analysis: Analysis) -> Finding | None:
     if not rows:
         return None
     if not analysis.run.link_crossed:
-        worst = max(rows, key=lambda r: max(ratio_range(point_predictions(analysis, r))))
+        worst = max(rows, key=lambda r: max(p.ratio for p in point_predictions(analysis, r)))
         every = [p for r in rows for p in point_predictions(analysis, r)]
         answer = (f"At page size 1 the bytes are equal, and the merged PR launches one device op before the same copy: "
                   f"predicted at {predicted_range(tuple(every))} pre-PR's time (model) over the {len(rows)} swept "
@@ -212,12 +211,6 @@ def _model_check(analysis: Analysis) -> Finding | None:
     return Finding("Model vs measurement", answer, f"model / measured {sig(ratio)}", cited.id, MEASURED)
 
 
-def subjects(analysis: Analysis) -> tuple[str, ...]:
-    """What a run against another baseline asks about: SGLang's own functions, then the merged PR and pre-PR."""
-    timed = {r.variant for r in analysis.ratios}
-    return tuple(sorted(v for v in timed if v.startswith(PREFIX))) + tuple(v for v in (CANDIDATE, BASELINE) if v in timed)
-
-
 def _faster(analysis: Analysis, variant: str) -> Finding | None:
     """Is `variant` faster than the baseline: measured on a run that crossed a link, else the model's prediction."""
     rows = analysis.ratios_of(variant)
@@ -242,15 +235,17 @@ def _faster(analysis: Analysis, variant: str) -> Finding | None:
 
 
 def findings(analysis: Analysis) -> tuple[Finding, ...]:
-    """The report's findings, in the order a review asks: the merged PR against pre-PR, else each of `subjects`."""
+    """The report's findings, in the order a review asks: the merged PR against pre-PR, else each subject."""
     if analysis.baseline == BASELINE:
         made = [_bytes(analysis), _page1(analysis), _crossover(analysis),
                 _scenario(analysis, "Per request: prefill chunks", "request", STEP_CANDIDATE, "prefill"),
                 _scenario(analysis, "Per request: decode", "request", STEP_CANDIDATE, "decode"),
                 _scenario(analysis, "Per step, one D2H per request", "step", STEP_CANDIDATE, None),
                 _scenario(analysis, "Per step, batched (one D2H)", "step", BATCHED, None)]
-    else:
-        made = [f for v in subjects(analysis) for f in (
+    else:  # against another baseline: SGLang's own functions, then the merged PR and pre-PR
+        timed = {r.variant for r in analysis.ratios}
+        subjects = sorted(v for v in timed if v.startswith(PREFIX)) + [v for v in (CANDIDATE, BASELINE) if v in timed]
+        made = [f for v in subjects for f in (
             _faster(analysis, v), _scenario(analysis, f"Per step: {v}", "step", per_request_name(v), None))]
     if analysis.run.scenarios is not None:
         made.append(_blocked(analysis))
@@ -272,19 +267,20 @@ def _machine(analysis: Analysis) -> str:
     return f"{where}, PCIe {link or 'unknown'}"
 
 
-def cite(analysis: Analysis, row_id: str) -> Citation:
-    """The one-line citation of a ratios.csv or scenarios.csv row id; CiteError names how to list the valid ones."""
+def cite(analysis: Analysis, row_id: str) -> str:
+    """The one-line citation of a ratios.csv or scenarios.csv row id: its figure, interval and coverage, machine, commit
+    and command; CiteError names how to list the valid ones."""
     meta = analysis.run.meta
-    where = (_machine(analysis), f"commit {(commit_text(meta.environment) if meta else None) or 'unknown'}")
+    where = f"{_machine(analysis)}; commit {(commit_text(meta.environment) if meta else None) or 'unknown'}"
     for r in analysis.ratios:
         if r.id == row_id:
             what = (f"{label(r.variant)} / {label(r.baseline)}, L={r.seq_len} p={r.page_size} {r.dtype} {r.layout}: "
-                    f"{bytes_figure(r)}; latency")
-            return Citation(r.id, what, interval_of(r), r.verdict, *where, r.repro)
+                    f"{bytes_figure(r)}; latency = {interval_text(interval_of(r))}")
+            return f"{r.id}: {what} ({r.verdict}); {where}; repro: {r.repro}"
     for s in analysis.scenario_ratios:
         if s.id == row_id and s.latency == "blocked":
-            what = f"{s.scenario}: {label(s.variant)} / {label(s.baseline)}, blocked"
-            return Citation(s.id, what, s.interval, s.verdict, *where, s.repro)
+            what = f"{s.scenario}: {label(s.variant)} / {label(s.baseline)}, blocked = {interval_text(s.interval)}"
+            return f"{s.id}: {what} ({s.verdict}); {where}; repro: {s.repro}"
     ids = all_ids(analysis)
     close = difflib.get_close_matches(row_id, ids, n=1)
     hint = f"did you mean {close[0]}? " if close else ""

@@ -27,8 +27,6 @@ T = TypeVar("T", RatioRow, ScenarioRatio)
 
 @dataclass(frozen=True)
 class Member:
-    """One machine of a fleet: its runs, pooled and analysed as one run."""
-
     id: str  # M1, M2, ... in the order the machines' first runs were given
     machine: Machine
     runs: tuple[Run, ...]
@@ -57,8 +55,6 @@ class Matched(Generic[T]):
 
 @dataclass(frozen=True)
 class Missing:
-    """A ratio not every machine has: its key, the machines that have it and those that do not."""
-
     key: tuple
     on: tuple[str, ...]
     not_on: tuple[str, ...]
@@ -99,10 +95,7 @@ def load_runs(paths: Sequence[Path]) -> list[Run]:
         seen[path.resolve()] = path
         if path.exists() and not path.is_dir():
             raise RunError(f"{path}: not a folder; kvpages fleet takes run folders, e.g. results/<run-id>")
-    runs = [load_run(path) for path in paths]
-    for run in runs:
-        machine_of(run)  # refuses a run that cannot say where it ran
-    return runs
+    return [load_run(path) for path in paths]  # a run folder has a meta.json, so each says where it ran
 
 
 def _timed(run: Run) -> set[tuple]:
@@ -111,18 +104,6 @@ def _timed(run: Run) -> set[tuple]:
         ok = run.scenarios[run.scenarios["status"] == "ok"]
         keys |= set(zip(ok["scenario"], ok["variant"], strict=True))
     return keys
-
-
-def _check(runs: Sequence[Run], grouped: dict[Machine, list[Run]], machines: list[Run]) -> None:
-    """Refuse a fleet of one machine, and machines that share no timed point (naming the runs' sweeps)."""
-    names = ", ".join(str(r.path) for r in runs)
-    if len(grouped) < 2:
-        (machine,) = grouped
-        raise RunError(f"{names}: every run is of one machine ({machine.describe()}); kvpages fleet sets machines side "
-                       "by side (`kvpages compare` compares two runs of one)")
-    if not set.intersection(*(_timed(run) for run in machines)):
-        sweeps = "; ".join(f"{r.run_id}: {sweep_of(meta_of(r))}" for r in runs)
-        raise RunError(f"{names}: the machines share no timed point ({sweeps}); kvpages fleet compares runs of one sweep")
 
 
 def _match(members: Sequence[Member], rows_of: Callable[[Analysis], Iterable[T]], key: tuple[str, ...]
@@ -150,8 +131,15 @@ def fleet_of(runs: Sequence[Run]) -> Fleet:
     grouped: dict[Machine, list[Run]] = {}
     for run in runs:
         grouped.setdefault(machine_of(run), []).append(run)
+    names = ", ".join(str(r.path) for r in runs)
+    if len(grouped) < 2:
+        (machine,) = grouped
+        raise RunError(f"{names}: every run is of one machine ({machine.describe()}); kvpages fleet sets machines side "
+                       "by side (`kvpages compare` compares two runs of one)")
     machines = [pooled(group) for group in grouped.values()]
-    _check(runs, grouped, machines)
+    if not set.intersection(*(_timed(run) for run in machines)):
+        sweeps = "; ".join(f"{r.run_id}: {sweep_of(meta_of(r))}" for r in runs)
+        raise RunError(f"{names}: the machines share no timed point ({sweeps}); kvpages fleet compares runs of one sweep")
     members = [Member(f"M{i}", machine, tuple(group), analyze(run))
                for i, ((machine, group), run) in enumerate(zip(grouped.items(), machines, strict=True), start=1)]
     ratios, missing = _match(members, lambda a: a.ratios, POINT_KEY)

@@ -1,12 +1,5 @@
-"""How one point's interval is computed, top-down (no torch).
-
-1. A row's repetitions are its blocks (samples.csv); each block's level is the log of its median (`levels`).
-2. A variant against the baseline at one point pairs their levels repetition by repetition (`paired_logs`), each
-   with the process that timed it.
-3. kvpages.analysis.ratios.estimate applies the one estimator (kvpages.core.estimator.paired_ratio), the interval
-   unknown where an interruption left a row fewer processes than the method needs; kvpages.analysis.compare sets two
-   runs' figures side by side with the same estimator (`between_runs`).
-"""
+"""A row's repetitions are its blocks (samples.csv), each block's level the log of its median (`levels`); a variant
+against the baseline pairs their levels repetition by repetition (`paired_logs`), each with its process (no torch)."""
 
 from __future__ import annotations
 
@@ -19,11 +12,7 @@ from kvpages.schema.reader import Run
 def levels(run: Run, key: tuple, latency: str | None = None) -> Levels | None:
     """The log block medians of a row key (or a (scenario, variant)'s `latency`), with their processes, once per run."""
     def compute() -> Levels | None:
-        if latency is None:
-            blocks = run.samples.get(key)
-        else:
-            found = (run.scenario_samples or {}).get(key)
-            blocks = None if found is None else found[latency]
+        blocks = run.samples.get(key) if latency is None else (run.scenario_samples or {}).get(key, {}).get(latency)
         if blocks is None:
             return None
         return Levels(np.log(block_medians(blocks)), run.block_processes(key, len(blocks)))

@@ -1,8 +1,4 @@
-"""The machine a run ran on, and one machine's runs pooled into one run (no torch; docs/method.md, "Many machines").
-
-`pooled(runs)`: run k's process p becomes process p + the processes of the runs before it, so each repetition stays
-paired within its run; a pooled scenario row leaves `busy_measured_us` empty (its rounds are not kept).
-"""
+"""The machine a run ran on, and one machine's runs pooled into one run (no torch; docs/method.md, "Many machines")."""
 
 from __future__ import annotations
 
@@ -29,8 +25,7 @@ class Machine:
     device: str
     device_name: str
     driver_version: str | None
-    pcie_link: str | None
-    """The link the slot trains to (nvidia-smi's `max`), not the one it idled at: an idle link downshifts."""
+    pcie_link: str | None  # the link the slot trains to (nvidia-smi's `max`), not the one it idled at: an idle link downshifts
     hostname: str | None
 
     @classmethod
@@ -80,12 +75,14 @@ def _pooled_frame(frames: list[pd.DataFrame], keys: list[list[tuple]], poolable:
     return pd.DataFrame(records, columns=frames[0].columns).astype(frames[0].dtypes.to_dict())
 
 
-def _numbered(run: Run, key: tuple, count: int, offset: int) -> tuple[int, ...]:
-    return tuple(int(p) + offset for p in run.block_processes(key, count))
+def _numbered(runs: Sequence[Run], offsets: list[int], key: tuple, counts: list[int]) -> tuple[int, ...]:
+    """The processes of `key`'s blocks (`counts[k]` in run k) in every run, renumbered from each run's offset."""
+    return tuple(int(p) + o for r, o, n in zip(runs, offsets, counts, strict=True) for p in r.block_processes(key, n))
 
 
 def pooled(runs: Sequence[Run]) -> Run:
-    """One run of one machine's runs, pooled as repetitions (see the module docstring); one run is itself."""
+    """One machine's runs as one run: run k's process p becomes p + the processes of the runs before it, so each
+    repetition stays paired within its run; a pooled scenario row leaves `busy_measured_us` empty."""
     if len(runs) == 1:
         return runs[0]
     offsets = [sum(r.process_count for r in runs[:i]) for i in range(len(runs))]  # each run's first process
@@ -94,7 +91,7 @@ def pooled(runs: Sequence[Run]) -> Run:
 
     def point(key: tuple) -> dict[str, object]:
         blocks = samples[key] = [b for run in runs for b in run.samples[key]]
-        processes[key] = sum((_numbered(r, key, len(r.samples[key]), o) for r, o in zip(runs, offsets, strict=True)), ())
+        processes[key] = _numbered(runs, offsets, key, [len(r.samples[key]) for r in runs])
         return {**row_statistics(blocks), "rounds": sum(b.size for b in blocks), "repetitions": len(blocks)}
 
     rows = _pooled_frame([r.rows for r in runs], [[row_key(r) for _, r in run.rows.iterrows()] for run in runs],
@@ -118,8 +115,7 @@ def _pooled_scenarios(runs: Sequence[Run], offsets: list[int], processes: dict[t
 
     def scenario(key: tuple) -> dict[str, object]:
         entry = samples[key] = {latency: [b for f in found for b in f[key][latency]] for latency in ("blocked", "ready")}
-        processes[key] = sum((_numbered(r, key, len(f[key]["blocked"]), o)
-                              for r, f, o in zip(runs, found, offsets, strict=True)), ())
+        processes[key] = _numbered(runs, offsets, key, [len(f[key]["blocked"]) for f in found])
         blocked = entry["blocked"]
         return {**quartiles(blocked, "blocked_"), **quartiles(entry["ready"], "ready_"),
                 "rounds": sum(b.size for b in blocked), "repetitions": len(blocked), "busy_measured_us": math.nan}

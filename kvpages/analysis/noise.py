@@ -1,8 +1,5 @@
-"""A/A figures: two runs of the same code on the same machine, back to back. Do their intervals hold each other?
-
-Calibrated 95% intervals (`CALIBRATED`) hold the other run's estimate about 83% of the time (two independent
-estimates with equal standard errors: P(|Z| < 1.96 / sqrt(2))) and overlap about 99.4%; docs/method.md, "Noise".
-"""
+"""A/A figures: do the intervals of two runs of the same code on the same machine, back to back, hold each other?
+docs/method.md, "Noise"."""
 
 from __future__ import annotations
 
@@ -17,7 +14,9 @@ from kvpages.analysis.verdicts import FASTER, SLOWER
 from kvpages.core.stats import finite_median
 from kvpages.schema.meta import RunMeta
 
-CALIBRATED = {"overlap": 0.994, "coverage": 0.834, "false_verdicts": 0.0}  # see the module docstring
+CALIBRATED = {"overlap": 0.994, "coverage": 0.834, "false_verdicts": 0.0}
+"""Calibrated 95% intervals hold the other run's estimate 83% of the time (two independent estimates with equal
+standard errors: P(|Z| < 1.96 / sqrt(2))) and overlap 99.4%."""
 TARGETS = {"overlap": 0.95, "coverage": 0.75, "false_verdicts": 0.10, "width": 0.10}  # for a box fit for comparisons
 
 
@@ -41,19 +40,6 @@ class AAFigures:
     faster: int
     relative_points: int
 
-    def fit_line(self) -> str:
-        """One line: is this box fit for comparisons, judged by this pair against the calibrated values?"""
-        n, m = max(self.points, 1), max(self.relative_points, 1)
-        overlap, coverage = self.overlap / n, min(self.a_in_b, self.b_in_a) / n
-        false = (self.slower + self.faster) / m
-        fit = overlap >= TARGETS["overlap"] and coverage >= TARGETS["coverage"] and false <= TARGETS["false_verdicts"]
-        return (f"fit for comparisons: {'yes' if fit else 'NO'}: intervals overlap at {overlap:.0%} of points "
-                f"(calibrated {CALIBRATED['overlap']:.1%}, needs >= {TARGETS['overlap']:.0%}), hold the other run's "
-                f"ratio at {coverage:.0%} (calibrated {CALIBRATED['coverage']:.0%}, needs >= {TARGETS['coverage']:.0%}), "
-                f"false verdicts {false:.0%} (calibrated {CALIBRATED['false_verdicts']:.0%}, needs <= "
-                f"{TARGETS['false_verdicts']:.0%}); the intervals are {self.median_width_a:.0%} wide (median), so "
-                "smaller differences are not resolved here")
-
     def text(self) -> str:
         n = self.points
 
@@ -61,6 +47,15 @@ class AAFigures:
             return f"{k}/{n} ({k / n:.0%})" if n else "0/0"
 
         runs = (("A", self.a), ("B", self.b))
+        overlap, coverage = self.overlap / max(n, 1), min(self.a_in_b, self.b_in_a) / max(n, 1)
+        false = (self.slower + self.faster) / max(self.relative_points, 1)
+        fit = overlap >= TARGETS["overlap"] and coverage >= TARGETS["coverage"] and false <= TARGETS["false_verdicts"]
+        fit_line = (f"fit for comparisons: {'yes' if fit else 'NO'}: intervals overlap at {overlap:.0%} of points "
+                    f"(calibrated {CALIBRATED['overlap']:.1%}, needs >= {TARGETS['overlap']:.0%}), hold the other run's "
+                    f"ratio at {coverage:.0%} (calibrated {CALIBRATED['coverage']:.0%}, needs >= {TARGETS['coverage']:.0%}), "
+                    f"false verdicts {false:.0%} (calibrated {CALIBRATED['false_verdicts']:.0%}, needs <= "
+                    f"{TARGETS['false_verdicts']:.0%}); the intervals are {self.median_width_a:.0%} wide (median), so "
+                    "smaller differences are not resolved here")
         lines = [
             f"A/A noise check of {self.variant}/{self.a.baseline}: A = {self.a.run.run_id}, B = {self.b.run.run_id}",
             f"points with the ratio in both runs: {n}",
@@ -79,7 +74,7 @@ class AAFigures:
         ]
         lines += [f"noise floor {name}: {components_text(run.noise)}" for name, run in runs]
         lines += [f"{name}: {timed}" for name, run in runs if (timed := efficiency(run))]
-        lines.append(self.fit_line())
+        lines.append(fit_line)  # is this box fit for comparisons, judged by this pair against the calibrated values?
         return "\n".join(lines)
 
 
@@ -98,10 +93,8 @@ def components_text(noise: NoiseFloor) -> str:
 
 
 def aa_figures(a: Analysis, b: Analysis, variant: str, fail_above_pct: float) -> AAFigures:
-    a_ratios = {(r.dtype, r.layout, r.page_size, r.seq_len): r for r in a.ratios_of(variant)}
-    b_ratios = {(r.dtype, r.layout, r.page_size, r.seq_len): r for r in b.ratios_of(variant)}
-    common = sorted(set(a_ratios) & set(b_ratios))
-    pairs = [(a_ratios[k], b_ratios[k]) for k in common]
+    a_ratios, b_ratios = ({(r.dtype, r.layout, r.page_size, r.seq_len): r for r in x.ratios_of(variant)} for x in (a, b))
+    pairs = [(a_ratios[k], b_ratios[k]) for k in sorted(set(a_ratios) & set(b_ratios))]
     comparison = compare_runs(a.run, b.run, a.baseline)
     return AAFigures(
         a=a, b=b, variant=variant, points=len(pairs),

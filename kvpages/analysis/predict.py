@@ -15,8 +15,6 @@ from kvpages.schema.rows import RatioRow
 
 @dataclass(frozen=True)
 class Prediction:
-    """One pair on one link profile: the two predicted times and their ratio (a model)."""
-
     profile: LinkProfile
     variant_us: float
     baseline_us: float
@@ -29,19 +27,9 @@ class Prediction:
 def point_predictions(analysis: Analysis, r: RatioRow) -> tuple[Prediction, ...]:
     """`r`'s variant and baseline, one call each, on every prediction profile, each priced by what the meter saw it
     move: its bytes, one blocking copy if any, and `Analysis.host_work` for an undeclared variant's stride."""
-    out = []
-    for profile in prediction_profiles():
-        variant = profile.predicted_us(r.variant, r.page_size, 1, r.variant_d2h_bytes, int(r.variant_d2h_bytes > 0),
-                                       r.variant_median_us, analysis.host_side(r.variant))
-        baseline = profile.predicted_us(r.baseline, r.page_size, 1, r.baseline_d2h_bytes, int(r.baseline_d2h_bytes > 0),
-                                        r.baseline_median_us, analysis.host_side(r.baseline))
-        out.append(Prediction(profile, variant, baseline))
-    return tuple(out)
-
-
-def ratio_range(predictions: tuple[Prediction, ...]) -> tuple[float, float]:
-    ratios = [p.ratio for p in predictions]
-    return min(ratios), max(ratios)
+    calls = [(r.variant, r.variant_d2h_bytes, r.variant_median_us), (r.baseline, r.baseline_d2h_bytes, r.baseline_median_us)]
+    priced = [(name, r.page_size, 1, moved, int(moved > 0), measured, analysis.host_side(name)) for name, moved, measured in calls]
+    return tuple(Prediction(profile, *(profile.predicted_us(*call) for call in priced)) for profile in prediction_profiles())
 
 
 def crossover(analysis: Analysis, rows: list[RatioRow], profile: LinkProfile) -> int | None:
@@ -57,15 +45,11 @@ def scenario_predictions(analysis: Analysis, ratio: ScenarioRatio) -> tuple[Pred
     frame = analysis.run.scenarios
     assert frame is not None
     rows = {str(r["variant"]): r for r in frame[frame["scenario"] == ratio.scenario].to_dict("records")}
-    out = []
-    for profile in prediction_profiles():
-        times = []
-        for name, measured in ((ratio.variant, ratio.variant_us), (ratio.baseline, ratio.baseline_us)):
-            row = rows[name]
-            times.append(profile.predicted_us(name, int(row["page_size"]), int(row["calls"]), float(row["d2h_bytes"]),
-                                              float(row["d2h_transfers"]), measured, analysis.host_side(name)))
-        out.append(Prediction(profile, times[0], times[1]))
-    return tuple(out)
+    calls = ((rows[name], name, measured) for name, measured in ((ratio.variant, ratio.variant_us),
+                                                                  (ratio.baseline, ratio.baseline_us)))
+    priced = [(name, int(row["page_size"]), int(row["calls"]), float(row["d2h_bytes"]), float(row["d2h_transfers"]),
+               measured, analysis.host_side(name)) for row, name, measured in calls]
+    return tuple(Prediction(profile, *(profile.predicted_us(*call) for call in priced)) for profile in prediction_profiles())
 
 
 def with_link_model(rows: pd.DataFrame, host_work: frozenset[str] = frozenset()) -> pd.DataFrame:

@@ -24,10 +24,7 @@ from kvpages.schema.ranks import ContentionRow
 from kvpages.schema.reader import Run, RunError, row_key
 from kvpages.schema.rows import TIMED, RatioRow, ScenarioRatioRow, ratio_id
 
-NOISY_SPREAD = 0.10
-"""A row whose block medians vary by at least this much (log-sd, ~ the CV) is flagged as noisy."""
-
-
+NOISY_SPREAD = 0.10  # a row whose block medians vary by at least this much (log-sd, ~ the CV) is flagged as noisy
 POINT_COLUMNS = ("dtype", "layout", "page_size", "seq_len")
 
 Record = dict[str, Any]  # a results.csv or scenarios.csv row from to_dict("records"): iterrows costs 100x more
@@ -68,9 +65,7 @@ class _Pair:
 
 def _ratio(pair: _Pair, effect: float, q_value: float, verdict: str) -> RatioRow:
     variant, baseline, interval, found = pair.variant, pair.baseline, pair.interval, pair.found
-    name, base = str(variant["variant"]), str(baseline["variant"])
-    dtype, layout, seq_len, page_size = (str(variant["dtype"]), str(variant["layout"]), int(variant["seq_len"]),
-                                         int(variant["page_size"]))
+    (name, dtype, layout, seq_len, page_size), base = row_key(variant), str(baseline["variant"])
     return RatioRow(
         id=ratio_id(name, base, dtype, layout, seq_len, page_size),
         variant=name, baseline=base, dtype=dtype, layout=layout, seq_len=seq_len, page_size=page_size,
@@ -102,21 +97,16 @@ class Crossover:
 
 def crossovers(ratios: tuple[RatioRow, ...], variant: str = CANDIDATE) -> list[Crossover]:
     """Per (dtype, layout, page size): the smallest seq_len at which `variant` is judged faster than the baseline."""
-    groups: dict[tuple, list[RatioRow]] = {}
+    groups: dict[tuple[str, str, int], list[RatioRow]] = {}
     for r in ratios:
         if r.variant == variant:
             groups.setdefault((r.dtype, r.layout, r.page_size), []).append(r)
-    out = []
-    for (dtype, layout, page_size), group in sorted(groups.items()):
-        group.sort(key=lambda r: r.seq_len)
-        wins = [r.seq_len for r in group if r.verdict == FASTER]
-        out.append(Crossover(dtype, layout, page_size, wins[0] if wins else None, tuple(r.seq_len for r in group)))
-    return out
+    return [Crossover(*key, min((r.seq_len for r in group if r.verdict == FASTER), default=None),
+                      tuple(sorted(r.seq_len for r in group))) for key, group in sorted(groups.items())]
 
 
 def fastest(run: Run, rows: list[Record], effect: float) -> tuple[str, ...]:
-    """At one point: the variant with the lowest median, then every variant not judged slower than it on its own
-    (without repetitions: of equal median)."""
+    """At one point: the variant with the lowest median, then every variant not judged slower than it (or, unjudged, as fast)."""
     ordered = sorted(rows, key=lambda r: r["median_us"])  # stable: equal medians keep the file's order
     best = ordered[0]
 
@@ -177,25 +167,21 @@ def scenario_ratios(run: Run, baseline: str, effect: float) -> tuple[ScenarioRat
     """Every timed step variant against `baseline` per scenario and latency, judged as one family."""
     if run.scenarios is None or run.scenario_samples is None:
         return ()
-    by_scenario: dict[str, list[Record]] = {}  # in the order of each scenario's first row, as groupby(sort=False)
-    for row in records(run.scenarios[run.scenarios["status"].isin(TIMED)]):
-        by_scenario.setdefault(row["scenario"], []).append(row)
+    rows = records(run.scenarios[run.scenarios["status"].isin(TIMED)])
+    first = {scenario: i for i, scenario in enumerate(dict.fromkeys(r["scenario"] for r in rows))}
     found: list[tuple[Record, str, Paired]] = []
-    for row in (row for rows in by_scenario.values() for row in rows):
+    for row in sorted(rows, key=lambda r: first[r["scenario"]]):  # grouped as groupby(sort=False): first row's order
         scenario, variant = row["scenario"], row["variant"]
         for latency in ("blocked", "ready") if variant != baseline else ():
             pair = estimate(run, (scenario, baseline), (scenario, variant), latency)
             if pair is not None:
                 found.append((row, latency, pair))
     qvalues = bh_adjusted([pair.p_value for *_, pair in found])
-    out = []
-    for (row, latency, pair), q, keep in zip(found, qvalues, discoveries(qvalues), strict=True):
-        interval = pair.interval
-        out.append(ScenarioRatio(str(row["scenario"]), str(row["variant"]), baseline, latency, interval,
-                                 judge(interval, effect, keep), str(row["id"]), effect, q,
-                                 pair_repro(str(row["repro"]), str(row["variant"]), baseline), pair.repetitions,
-                                 pair.processes, pair.variant_us, pair.baseline_us))
-    return tuple(out)
+    return tuple(ScenarioRatio(str(row["scenario"]), str(row["variant"]), baseline, latency, pair.interval,
+                               judge(pair.interval, effect, keep), str(row["id"]), effect, q,
+                               pair_repro(str(row["repro"]), str(row["variant"]), baseline), pair.repetitions,
+                               pair.processes, pair.variant_us, pair.baseline_us)
+                 for (row, latency, pair), q, keep in zip(found, qvalues, discoveries(qvalues), strict=True))
 
 
 @dataclass(frozen=True)
@@ -260,7 +246,6 @@ class Analysis:
         return float(row[f"{latency}_median_us"]) if band is None else band.ratio
 
     def ratios_frame(self) -> pd.DataFrame:
-        """ratios.csv's table as a frame (the notebook's)."""
         return pd.DataFrame([r.__dict__ for r in self.ratios])
 
 
@@ -312,7 +297,7 @@ def analyze(run: Run, baseline: str | None = None) -> Analysis:
     if run.scenarios is not None and step_baseline not in set(run.scenarios["variant"]):
         step_baseline = STEP_BASELINE
     try:
-        breakdown = read_breakdown(run.path if run.path.is_dir() else run.path.parent)
+        breakdown = read_breakdown(run.path)  # the folder load_run read (a results CSV's too)
     except ValueError as exc:
         raise RunError(str(exc)) from None
     return Analysis(run, baseline, ratios, tuple(crossovers(ratios)), best, noise,
@@ -332,7 +317,6 @@ def host_work(rows: list[Record]) -> frozenset[str]:
 
 
 def variant_order(column: pd.Series) -> pd.Series:
-    """A `sort_values(key=...)` that orders the variant column by `variant_sort_key`."""
     return column.map(variant_sort_key) if column.name == "variant" else column
 
 

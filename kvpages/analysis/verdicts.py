@@ -1,6 +1,5 @@
-"""Verdicts with an effect size, over a family of comparisons (no torch); `judge` is the one place they are decided.
-
-Faster or slower only when the interval excludes 1, |log ratio| >= log(1 + min_effect) and the Benjamini-Hochberg
+"""Verdicts with an effect size, over a family of comparisons (no torch); `judge` is the one place they are decided:
+faster or slower only when the interval excludes 1, |log ratio| >= log(1 + min_effect) and the Benjamini-Hochberg
 step at `FDR` keeps it within its family (Holm's family-wise control could call nothing from 10 repetitions); else
 `SAME` (within the minimum effect) or `UNCLEAR`. docs/method.md, "Ratios, intervals and verdicts", has the rest.
 """
@@ -19,19 +18,12 @@ MIN_EFFECT_FLOOR = 0.02  # whatever a run's intervals: a quiet run's noise floor
 FDR = 0.05  # the false-discovery rate the Benjamini-Hochberg step controls within a family
 
 
-def min_effect(median_ci_half_width: float) -> float:
-    return max(MIN_EFFECT_FLOOR, median_ci_half_width) if math.isfinite(median_ci_half_width) else MIN_EFFECT_FLOOR
-
-
 def judge(interval: Interval, min_effect: float, discovered: bool = True) -> str:
     """A ratio's verdict; `discovered`: whether the family correction kept it (`discoveries`; True: judged alone)."""
-    beyond = abs(math.log(interval.ratio)) >= math.log1p(min_effect) if interval.ratio > 0 else True
-    if not beyond:
+    if interval.ratio > 0 and abs(math.log(interval.ratio)) < math.log1p(min_effect):
         return SAME
-    if interval.known and discovered and interval.ci_high < 1:
-        return FASTER
-    if interval.known and discovered and interval.ci_low > 1:
-        return SLOWER
+    if interval.known and discovered and (interval.ci_high < 1 or interval.ci_low > 1):
+        return FASTER if interval.ci_high < 1 else SLOWER
     return UNCLEAR
 
 
@@ -49,7 +41,6 @@ def bh_adjusted(pvalues: list[float]) -> list[float]:
 
 
 def discoveries(qvalues: list[float]) -> list[bool]:
-    """Which comparisons of a family the Benjamini-Hochberg step keeps at `FDR`."""
     return [q <= FDR for q in qvalues]
 
 
@@ -66,6 +57,6 @@ def judge_family(intervals: Sequence[Interval], p_values: Sequence[float]) -> Ju
     effect from the family's own intervals, the Benjamini-Hochberg step over its p-values."""
     half_width = finite_median([(i.ci_high - i.ci_low) / 2 / i.ratio for i in intervals if i.known])
     q_values = bh_adjusted(list(p_values))
-    effect = min_effect(half_width)
+    effect = max(MIN_EFFECT_FLOOR, half_width) if math.isfinite(half_width) else MIN_EFFECT_FLOOR
     verdicts = tuple(judge(i, effect, kept) for i, kept in zip(intervals, discoveries(q_values), strict=True))
     return Judged(verdicts, tuple(q_values), half_width, effect)

@@ -13,8 +13,7 @@ from kvpages.schema.writer import write_table
 
 BREAKDOWN_CSV = "breakdown.csv"
 PASSES = 3  # profiled passes over all the cases (kvpages.measure.breakdown)
-CALLS = 3
-"""Profiled calls per case in each pass, each in its own range (a row is the call of median wall time of them all)."""
+CALLS = 3  # profiled calls per case in each pass, each in its own range (a row is the call of median wall time of them all)
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,6 @@ def read_breakdown(folder: Path) -> tuple[BreakdownRow, ...]:
 STACK_PARTS = {"cpu": ("aten copies", "other aten ops (stride, divide, ...)", "host: Python, numpy"),
                "cuda": ("GPU kernels (waited for)", "GPU copies (waited for)", "other wait (synchronize, queue)",
                         "CUDA API calls (launches)", "host: Python, numpy, dispatch")}
-"""The parts of `stack`, per device, in stacking order."""
 
 
 def stack(row: BreakdownRow) -> tuple[tuple[str, float], ...]:

@@ -75,5 +75,4 @@ class ComparisonDocument:
 
 
 def finite(value: float) -> float | None:
-    """`value`, or None where JSON has no number for it."""
     return value if math.isfinite(value) else None

@@ -44,8 +44,7 @@ class ProcessInfo:
     index: int
     pid: int
     role: str  # 'worker' (a fresh pytest process started for its share) or 'session' (the pytest session the user ran)
-    startup_s: float
-    """Until its first block: imports, collection (the session's: less the cross-check and the workers meanwhile)."""
+    startup_s: float  # until its first block: imports, collection (the session's: less the cross-check and the workers meanwhile)
     inputs_s: float  # building, loading and validating its inputs
     wall_s: float  # the session's: less the workers it ran one after another
     blocks: int
@@ -101,8 +100,6 @@ class RunTiming:
 
 @dataclass
 class RunMeta:
-    """meta.json: what ran, where, how, and whether it finished."""
-
     run_id: str
     preset: str
     options: dict[str, str]
@@ -146,8 +143,6 @@ class RankInfo:
 
 @dataclass(frozen=True)
 class RanksMeta:
-    """meta.json's `ranks`: the process group of a multi-rank run."""
-
     world_size: int
     backend: str  # of the barriers and gathers: gloo, host-side, so no collective kernel runs on a timed device
     timeout_s: float  # how long a rank waits at a barrier or gather for the others before the run stops

@@ -1,5 +1,4 @@
-"""Multi-rank runs (torchrun): the roles of ranks.csv's rows (one `rank` and one `alone` per rank, one `step` and one
-`alone_max`, per (scenario, step variant)), and contention.csv's rows (no torch)."""
+"""Multi-rank runs (torchrun): the roles of ranks.csv's rows, and contention.csv's rows (no torch)."""
 
 from __future__ import annotations
 

@@ -20,14 +20,10 @@ from kvpages.schema.rows import (
     META_JSON,
     OK,
     POINTS,
-    RANK_SAMPLES_CSV,
     RANKS,
-    RANKS_CSV,
     RESULTS_CSV,
     SAMPLES_CSV,
-    SCENARIO_SAMPLES_CSV,
     SCENARIOS,
-    SCENARIOS_CSV,
     SCHEMA_VERSION,
     TIMED,
     RankSampleSet,
@@ -38,8 +34,7 @@ from kvpages.schema.rows import (
 
 T = TypeVar("T")
 ScenarioSamples = dict[tuple, dict[str, list[np.ndarray]]]
-MEDIAN_RTOL = 1e-9
-"""load_run recomputes each ok row's median from its samples; beyond this relative difference it refuses the folder."""
+MEDIAN_RTOL = 1e-9  # load_run refuses a folder where a timed row's median and its samples' differ by more (relative)
 
 
 class RunError(ValueError):
@@ -88,7 +83,6 @@ class Run:
         return np.array(found if found is not None and len(found) == count else (0,) * count)
 
     def cached(self, key: tuple, compute: Callable[[], T]) -> T:
-        """`compute()`, once per `key` for this run (what kvpages.analysis derives from its samples)."""
         if key not in self._cache:
             self._cache[key] = compute()
         return self._cache[key]
@@ -188,10 +182,15 @@ def load_run(path: str | Path) -> Run:
     samples = {key: [np.asarray(b.samples_us) for b in found] for key, found in blocks.items()}
     if samples:
         _check_medians(rows, samples, row_key, "median_us", csv_path, SAMPLES_CSV)
-    scenarios, scenario_samples, scenario_blocks = _read_scenarios(folder)
+    scenarios, scenario_blocks, blocked = _read_steps(folder, SCENARIOS, lambda r: (r["scenario"], r["variant"]))
+    scenario_samples = None if scenarios is None else {
+        key: {"blocked": blocked[key], "ready": [np.asarray(b.ready_us) for b in found]}
+        for key, found in scenario_blocks.items()}
     processes = {key: tuple(b.process for b in found) for key, found in {**blocks, **scenario_blocks}.items()}
-    ranks, rank_samples = _read_ranks(folder)
-    return Run(folder, rows, samples, meta, scenarios, scenario_samples, processes, ranks, rank_samples)
+    ranks, rank_samples, _ = _read_steps(folder, RANKS, lambda r: (r["scenario"], r["variant"], r["role"],
+                                                                   -1 if pd.isna(r["rank"]) else int(r["rank"])))
+    return Run(folder, rows, samples, meta, scenarios, scenario_samples, processes, ranks,
+               None if ranks is None else rank_samples)
 
 
 def _read_samples(path: Path, table: Table, key_of: Callable[[Any], tuple]) -> dict[tuple, list[Any]]:
@@ -211,32 +210,18 @@ def _read_samples(path: Path, table: Table, key_of: Callable[[Any], tuple]) -> d
     return found
 
 
-def _read_ranks(folder: Path) -> tuple[pd.DataFrame | None, dict[tuple, list[RankSampleSet]] | None]:
-    """ranks.csv and rank_samples.csv of a multi-rank run, checked as results.csv is; (None, None) for any other run."""
-    path = folder / RANKS_CSV
+def _read_steps(folder: Path, table: Table, key_of: Callable[[dict], tuple]
+                ) -> tuple[pd.DataFrame | None, dict[tuple, list[Any]], dict[tuple, list[np.ndarray]]]:
+    """scenarios.csv or ranks.csv, its blocks and their blocked times by `key_of` a row, checked as results.csv is;
+    (None, {}, {}) for a run without it."""
+    path = folder / table.rows_csv
     if not path.exists():
-        return None, None
-    frame = _read_typed(path, RANKS)
-    found = _read_samples(folder / RANK_SAMPLES_CSV, RANKS,
-                          lambda b: (b.scenario, b.variant, b.role, -1 if b.rank is None else b.rank))
-    _check_medians(frame, {key: [np.asarray(b.blocked_us) for b in blocks] for key, blocks in found.items()},
-                   lambda r: (r["scenario"], r["variant"], r["role"], -1 if pd.isna(r["rank"]) else int(r["rank"])),
-                   "blocked_median_us", path, RANK_SAMPLES_CSV)
-    return frame, found
-
-
-def _read_scenarios(folder: Path) -> tuple[pd.DataFrame | None, ScenarioSamples | None, dict[tuple, list[Any]]]:
-    """scenarios.csv, its samples by latency and its blocks; (None, None, {}) for a run without them."""
-    path = folder / SCENARIOS_CSV
-    if not path.exists():
-        return None, None, {}
-    frame = _read_typed(path, SCENARIOS)
-    blocks = _read_samples(folder / SCENARIO_SAMPLES_CSV, SCENARIOS, lambda b: (b.scenario, b.variant))
-    samples = {key: {latency: [np.asarray(getattr(b, f"{latency}_us")) for b in found] for latency in ("blocked", "ready")}
-               for key, found in blocks.items()}
-    _check_medians(frame, {key: found["blocked"] for key, found in samples.items()},
-                   lambda r: (r["scenario"], r["variant"]), "blocked_median_us", path, SCENARIO_SAMPLES_CSV)
-    return frame, samples, blocks
+        return None, {}, {}
+    frame = _read_typed(path, table)
+    blocks = _read_samples(folder / table.samples_csv, table, lambda b: key_of(vars(b)))
+    blocked = {key: [np.asarray(b.blocked_us) for b in found] for key, found in blocks.items()}
+    _check_medians(frame, blocked, key_of, "blocked_median_us", path, table.samples_csv)
+    return frame, blocks, blocked
 
 
 def _check_medians(rows: pd.DataFrame, samples: dict[tuple, list[np.ndarray]], key_of: Callable[[dict], tuple],

@@ -1,6 +1,4 @@
-"""The run-folder schema, its record types and their columns (no torch): results.csv holds one `Row` per (variant,
-point), samples.csv one `SampleSet` per timed block, and so on for whole requests and steps and for multi-rank runs;
-ratios.csv one `RatioRow` per (variant, baseline, point). results/README.md documents each column."""
+"""The run-folder schema: its files, their record types and columns (no torch); results/README.md documents each column."""
 
 from __future__ import annotations
 
@@ -9,8 +7,7 @@ from typing import Any
 
 from kvpages.core.names import BASELINE
 
-SCHEMA_VERSION = 5
-"""The only version read (5 added `host_syncs`): an older run folder is refused, naming its version."""
+SCHEMA_VERSION = 5  # the only version read (5 added `host_syncs`): an older run folder is refused, naming its version
 RESULTS_CSV = "results.csv"
 SAMPLES_CSV = "samples.csv"
 META_JSON = "meta.json"
@@ -70,8 +67,6 @@ class _Status:
 
 @dataclass(frozen=True)
 class Table:
-    """One kind of row in a run folder: its rows file and row type, its samples file and samples type."""
-
     rows_csv: str
     samples_csv: str
     row_type: type
@@ -89,7 +84,6 @@ class Table:
         return names[:first] + ("rounds",) + names[first:]
 
     def samples_from(self, fields_: dict[str, object]) -> Samples:
-        """A samples record from its `dataclasses.asdict` fields (lists for tuples)."""
         return self.sample_type(**{k: tuple(v) if isinstance(v, list) else v  # type: ignore[arg-type]
                                    for k, v in fields_.items()})
 
