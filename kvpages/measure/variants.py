@@ -171,8 +171,7 @@ def register(new: Variant) -> Variant:
 
 def variant(name: str, *, moves: Moves, requires: tuple[str, ...] = (), extras: tuple[str, ...] = (),
             syncs: Syncs | None = None) -> Callable[[VariantFn], VariantFn]:
-    """Register the decorated function as variant `name`; `syncs`: its host syncs per call, when not what `moves`
-    implies (Moves.syncs)."""
+    """Register the decorated function as variant `name`; `syncs` by default what `moves` implies (Moves.syncs)."""
     check_declared(name, requires, extras)
 
     def decorate(fn: VariantFn) -> VariantFn:

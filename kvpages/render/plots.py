@@ -44,14 +44,10 @@ def _lines(frame: pd.DataFrame, panel: tuple[str, ...], x: str) -> dict[tuple, l
     return lines
 
 
-LEGEND_WIDTH = 3.2
-"""Inches to the right of the panels for the legend, so it never covers data."""
-
-
 def _panels(n: int, labels=()):
-    """A row of `n` panels and room right of them for a legend of `labels` at 7 pt (0.055 in a character of the
-    longest, plus the handle; at least LEGEND_WIDTH)."""
-    legend = max(LEGEND_WIDTH, 0.055 * max((len(s) for s in labels), default=0) + 0.8)
+    """A row of `n` panels and room right of them for a legend of `labels` at 7 pt, so it never covers data (0.055 in
+    a character of the longest, plus the handle; at least 3.2 in)."""
+    legend = max(3.2, 0.055 * max((len(s) for s in labels), default=0) + 0.8)
     total = 4.2 * n + legend
     fig = new_figure(total, 3.6)
     axes = fig.subplots(1, n, squeeze=False)
