@@ -266,12 +266,12 @@ def plot_busy_queue(analysis: Analysis, stem: Path, formats) -> list[Path]:
         rows = ok[ok["scenario"] == scenario]
         rows = rows.set_index("variant").loc[_variants(rows)].reset_index()
         x = np.arange(len(rows))
-        for offset, what, bar_style in ((-bar / 2, "blocked", {"color": "tab:blue"}),
-                                    (bar / 2, "ready", {"color": "white", "edgecolor": "tab:orange", "hatch": "//"})):
+        for offset, what, label, bar_style in (
+                (-bar / 2, "blocked", "blocked: scheduler thread", {"color": "tab:blue"}),
+                (bar / 2, "ready", "ready: data on host", {"color": "white", "edgecolor": "tab:orange", "hatch": "//"})):
             median = rows[f"{what}_median_us"].to_numpy(dtype=float)
             errors = np.vstack([median - rows[f"{what}_q1_us"].to_numpy(dtype=float),
                                 rows[f"{what}_q3_us"].to_numpy(dtype=float) - median])
-            label = "blocked: scheduler thread" if what == "blocked" else "ready: data on host"
             ax.bar(x + offset, median, bar, yerr=np.clip(errors, 0, None), capsize=3, ecolor="black", lw=1,
                    label=f"{label} (median, IQR)", **bar_style)
             for xi, value in zip(x + offset, median, strict=True):

@@ -140,19 +140,16 @@ def findings_section(analysis: Analysis) -> str:
 
 
 def results_section(analysis: Analysis) -> str:
+    b = called(analysis.baseline)
+    header = ["seq_len", f"{b} bytes", "merged PR bytes", "bytes ratio", f"{b} µs", "merged PR µs", "time ratio",
+              coverage(analysis), "verdict", "fastest (≈: tied)", "id"]
     parts = []
     for (dtype, layout, page_size), _ in groups(analysis):
-        rows = []
-        for r in analysis.ratios_of(CANDIDATE):
-            if (r.dtype, r.layout, r.page_size) == (dtype, layout, page_size):
-                best = analysis.fastest.get((dtype, layout, page_size, r.seq_len), ())
-                rows.append([r.seq_len, count(r.baseline_d2h_bytes), count(r.variant_d2h_bytes), fraction(r.bytes_ratio),
-                             sig(r.baseline_median_us), sig(r.variant_median_us), sig(r.ratio), ci_text(r), r.verdict,
-                             " ≈ ".join(best), f"`{r.id}`"])
+        rows = [[r.seq_len, count(r.baseline_d2h_bytes), count(r.variant_d2h_bytes), fraction(r.bytes_ratio),
+                 sig(r.baseline_median_us), sig(r.variant_median_us), sig(r.ratio), ci_text(r), r.verdict,
+                 " ≈ ".join(analysis.fastest.get((dtype, layout, page_size, r.seq_len), ())), f"`{r.id}`"]
+                for r in analysis.ratios_of(CANDIDATE) if (r.dtype, r.layout, r.page_size) == (dtype, layout, page_size)]
         if rows:
-            b = called(analysis.baseline)
-            header = ["seq_len", f"{b} bytes", "merged PR bytes", "bytes ratio", f"{b} µs", "merged PR µs",
-                      "time ratio", coverage(analysis), "verdict", "fastest (≈: tied)", "id"]
             parts.append(f"### page_size {page_size} ({dtype}, {layout})\n\n{table(header, rows)}")
     return "\n\n".join(parts) if parts else f"No point has both {analysis.baseline} and {CANDIDATE} timed."
 
