@@ -46,7 +46,7 @@ def summary_text(analysis: Analysis) -> str:
                  f"minimum effect {sig(100 * noise.min_effect)}%.")
     for (dtype, layout, page_size), group in groups(analysis):
         lengths = sorted(group["seq_len"].unique())
-        shown = {lengths[0], 8192 if 8192 in lengths else lengths[len(lengths) // 2], lengths[-1]}  # and the middle
+        shown = {lengths[0], 8192 if 8192 in lengths else lengths[len(lengths) // 2], lengths[-1]}
         chosen = group[group["seq_len"].isin(shown)]
         table = chosen[["seq_len", "variant", "d2h_bytes"]].copy()
         table["time_us"] = [sig(analysis.time_of(r)) for r in records(chosen)]
