@@ -25,25 +25,20 @@ class _Parser(argparse.ArgumentParser):
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from kvpages.measure.steps import all_step_variants
-    from kvpages.measure.variants import all_variants
+    from kvpages.measure.steps import StepVariant, all_step_variants
+    from kvpages.measure.variants import Variant, all_variants
 
-    variants = all_variants()
-    width = max(len(v.name) for v in variants)
-    for v in variants:
-        needs = ",".join(v.requires) or "-"
-        print(f"{v.name:<{width}}  moves={v.moves.value:<6}  requires={needs:<4}  {v.description}")
-        if args.verbose:
-            print("    " + v.doc.replace("\n", "\n    ") + "\n")
+    def show(listed: list[tuple[Variant | StepVariant, str, bool]]) -> None:  # (variant, what it moves, print its doc)
+        width = max(len(v.name) for v, _, _ in listed)
+        for v, moves, doc in listed:
+            print(f"{v.name:<{width}}  {moves}  requires={','.join(v.requires) or '-':<4}  {v.description}")
+            if args.verbose and doc:
+                print("    " + v.doc.replace("\n", "\n    ") + "\n")
+
+    show([(v, f"moves={v.moves.value:<6}", True) for v in all_variants()])
     print("\nstep variants (whole requests and steps; `kvpages scenarios` lists the scenarios):")
-    steps = all_step_variants()
-    width = max(len(v.name) for v in steps)
-    for s in steps:
-        needs = ",".join(s.requires) or "-"
-        d2h = "one D2H per step" if s.batched else "upkeep D2H per step" if s.extras else "one D2H per request"
-        print(f"{s.name:<{width}}  {d2h:<19}  requires={needs:<4}  {s.description}")
-        if args.verbose and s.batched:
-            print("    " + s.doc.replace("\n", "\n    ") + "\n")
+    show([(s, f"{'one D2H per step' if s.batched else 'upkeep D2H per step' if s.extras else 'one D2H per request':<19}",
+           s.batched) for s in all_step_variants()])
     return 0
 
 
@@ -53,9 +48,7 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
     print(f"scenarios of preset {args.preset!r} (kvpages/core/presets.py); step lengths: " + "; ".join(LENGTHS.values()))
     for scenario in PRESETS[args.preset].scenarios:
         lines = list(describe(scenario))
-        print(lines[0])
-        for line in lines[1:] if args.verbose else lines[1:4]:
-            print(line)
+        print("\n".join(lines if args.verbose else lines[:4]))
         if not args.verbose and len(lines) > 4:
             print(f"  ... {len(lines) - 4} more call(s) (-v lists them)")
     return 0
@@ -116,13 +109,10 @@ def cmd_summary(args: argparse.Namespace) -> int:
 def cmd_cite(args: argparse.Namespace) -> int:
     from kvpages.analysis.findings import all_ids, cite
 
-    analysis = _analysis(args.run)
-    if args.list:
-        print("\n".join(all_ids(analysis)))
-        return 0
-    if args.id is None:
+    if args.id is None and not args.list:
         raise RunError(f"give a row id to cite; `kvpages cite {args.run} --list` lists them")
-    print(cite(analysis, args.id))
+    analysis = _analysis(args.run)
+    print("\n".join(all_ids(analysis)) if args.list else cite(analysis, args.id))
     return 0
 
 

@@ -14,14 +14,7 @@ import pytest
 from kvpages.analysis.ratios import analyze
 from kvpages.core.names import STEP_BASELINE
 from kvpages.core.presets import PRESETS
-from kvpages.core.scenarios import (
-    LENGTHS,
-    RequestScenario,
-    StepScenario,
-    draw_lengths,
-    parse_lengths,
-    prefill_chunks,
-)
+from kvpages.core.scenarios import LENGTHS, RequestScenario, StepScenario, draw_lengths, parse_lengths, prefill_chunks
 from kvpages.measure.inputs import make_scenario_workload
 from kvpages.measure.steps import IN_ORDER, get_step_variant, step_variant_names
 from kvpages.measure.targets import ScenarioTarget, measure

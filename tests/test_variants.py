@@ -14,14 +14,7 @@ from conftest import call_on, call_variant, devices
 from kvpages.core.sweep import Point
 from kvpages.measure.inputs import make_workload
 from kvpages.measure.targets import PointTarget
-from kvpages.measure.variants import (
-    Moves,
-    all_variants,
-    get_variant,
-    reference_page_indices,
-    variant,
-    variant_names,
-)
+from kvpages.measure.variants import Moves, all_variants, get_variant, reference_page_indices, variant, variant_names
 
 VARIANT_NAMES = variant_names()
 REQUIRED = ("host_stride", "device_stride", "device_stride_pinned")

@@ -93,14 +93,10 @@ def child_request(cases: Sequence[CheckCase]) -> dict:
     from kvpages.measure.targets import PointTarget
     from kvpages.measure.variants import get_variant
 
-    def module(case: CheckCase) -> str:
-        if isinstance(case.target, PointTarget):
-            return get_variant(case.variant).fn.__module__
-        return get_step_variant(case.variant).module
-
-    modules = sorted({module(c) for c in cases} - {"kvpages.measure.variants", "kvpages.measure.steps",
-                                                   "kvpages.measure.sglang"})
-    return {"modules": modules, "sglang": loaded_sources(),
+    modules = {get_variant(c.variant).fn.__module__ if isinstance(c.target, PointTarget)
+               else get_step_variant(c.variant).module for c in cases}
+    modules -= {"kvpages.measure.variants", "kvpages.measure.steps", "kvpages.measure.sglang"}
+    return {"modules": sorted(modules), "sglang": loaded_sources(),
             "cases": [{"variant": c.variant, "target": c.target.as_json()} for c in cases]}
 
 

@@ -112,23 +112,9 @@ class PoolCache:
             tmp.unlink(missing_ok=True)
 
 
-def make_pool(lengths: Sequence[int], page_size: int, dtype: str, device: str, layout: str, seed: int,
-              cache: PoolCache | None = None, check: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
-    """A `req_to_token` pool with one row per length, its pages taken in turn from one free list of pages
-    1..pool_pages (page 0 is SGLang's padding slot), shuffled for `fragmented`; rows are padded with 0. A pool
-    built here is `check`ed before it is kept in the `cache`, from which a later process loads it."""
-    key = (tuple(lengths), page_size, dtype, layout, seed)
-    host = cache.load(key) if cache is not None else None
-    if host is None:
-        host = _build_pool(lengths, page_size, dtype, layout, seed)
-        if check is not None:
-            check(host)
-        if cache is not None:
-            cache.save(key, host)
-    return host.to(device).contiguous()
-
-
 def _build_pool(lengths: Sequence[int], page_size: int, dtype: str, layout: str, seed: int) -> torch.Tensor:
+    """A `req_to_token` pool with one row per length, its pages taken in turn from one free list of pages
+    1..pool_pages (page 0 is SGLang's padding slot), shuffled for `fragmented`; rows are padded with 0."""
     pages_per_row = [math.ceil(n / page_size) for n in lengths]
     pages = pool_pages(sum(pages_per_row))
     generator = torch.Generator().manual_seed(seed)
@@ -166,14 +152,18 @@ def make_scenario_workload(scenario: Scenario, device: str, copies: int, seed: i
 
 def _workload(lengths: Sequence[int], calls: Sequence[tuple[Call, ...]], page_size: int, dtype: str, device: str,
               layout: str, seed: int, cache: PoolCache | None, validate: bool, upkeep: tuple[Upkeep, ...] = ()) -> Workload:
-    """A pool of rows of these lengths, and per set its calls' slices of it (a tuple) and their references."""
-
-    def check(pool: torch.Tensor) -> None:
-        for call in (c for copy in calls for c in copy):
+    """A pool of rows of these lengths, and per set its calls' slices of it (a tuple) and their references. A pool
+    built here is checked (`validate`) before it is kept in the `cache`, from which a later process loads it."""
+    key = (tuple(lengths), page_size, dtype, layout, seed)
+    host = cache.load(key) if cache is not None else None
+    if host is None:
+        host = _build_pool(lengths, page_size, dtype, layout, seed)
+        for call in (c for copy in calls for c in copy) if validate else ():
             if call.start % page_size == 0:  # a decode prefix may start mid-page
-                validate_page_layout(pool[call.row, call.start:call.end], page_size)
-
-    pool = make_pool(lengths, page_size, dtype, device, layout, seed, cache=cache, check=check if validate else None)
+                validate_page_layout(host[call.row, call.start:call.end], page_size)
+        if cache is not None:
+            cache.save(key, host)
+    pool = host.to(device).contiguous()
     slices = tuple(tuple(pool[c.row, c.start:c.end] for c in copy) for copy in calls)
     expected = tuple(tuple(reference_page_indices(v, page_size) for v in views) for views in slices)
     return Workload(pool, slices, expected, page_size, tuple(calls), upkeep)

@@ -123,9 +123,7 @@ _REGISTRY: dict[str, StepVariant] = {}
 def step_variant(name: str, *, moves: Moves, batched: bool, requires: tuple[str, ...] = (),
                  extras: tuple[str, ...] = (), syncs: Syncs | None = None, staged: bool = False,
                  index_dtype: torch.dtype | None = None) -> Callable[[StepFn], StepFn]:
-    """Register the decorated function as step variant `name`, as `variant` does; `syncs` per step when batched,
-    else per request; `staged`: it returns its readback (module doc); `index_dtype`: the dtype of the page indices
-    it hands over, when it fixes it."""
+    """Register the decorated function as step variant `name`, as `variant` does (its options: `StepVariant`)."""
     check_declared(name, requires, extras)
 
     def register(fn: StepFn) -> StepFn:

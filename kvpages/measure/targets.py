@@ -1,9 +1,8 @@
 """What the runner measures at: a sweep point (one call of a variant) or a whole request or step (a step variant).
 
-Each target builds its workload, calls a variant on it, checks the output, declares the D2H it expects, times its
-rounds and makes its rows. Points are timed by pytest-benchmark, one call per round; requests and steps record per
-round `blocked` (until the calling thread gets control back) and `ready` (until the page indices are usable on the
-host), a busy scenario's queued forward left out of both (kvpages.measure.steps).
+Points are timed by pytest-benchmark, one call per round; requests and steps record per round `blocked` (until the
+calling thread gets control back) and `ready` (until the page indices are usable on the host), a busy scenario's
+queued forward left out of both (kvpages.measure.steps).
 """
 
 from __future__ import annotations
@@ -29,17 +28,7 @@ from kvpages.measure.schedule import Block
 from kvpages.measure.steps import IN_ORDER, Arrays, Stamps, get_step_variant, step_call
 from kvpages.measure.timer import US_DECIMALS, synchronizer, to_us
 from kvpages.measure.variants import WithExtras, call_args, get_variant
-from kvpages.schema.rows import (
-    POINTS,
-    SCENARIOS,
-    RankRow,
-    Row,
-    Samples,
-    SampleSet,
-    ScenarioRow,
-    ScenarioSampleSet,
-    timing_columns,
-)
+from kvpages.schema.rows import POINTS, SCENARIOS, RankRow, Row, Samples, SampleSet, ScenarioRow, ScenarioSampleSet, timing_columns
 
 
 @dataclass
@@ -120,10 +109,9 @@ def with_extras(names: tuple[str, ...], workload: Workload, one_call: bool) -> t
 
 
 def _measured(reading: MeterReading | None) -> dict[str, Any]:
-    return {"d2h_bytes": None if reading is None else reading.d2h_bytes,
-            "d2h_transfers": None if reading is None else reading.d2h_transfers,
-            "host_syncs": None if reading is None else reading.host_syncs,
-            "link": "" if reading is None else reading.link}
+    if reading is None:
+        return {"d2h_bytes": None, "d2h_transfers": None, "host_syncs": None, "link": ""}
+    return asdict(reading)
 
 
 @dataclass(frozen=True)

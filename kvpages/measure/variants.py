@@ -27,8 +27,6 @@ from kvpages.core.checks import check_positive
 VariantFn = Callable[..., np.ndarray]
 """`fn(kv_indices, page_size, **extras) -> page indices on the host`."""
 
-INDEX_DTYPES: tuple[torch.dtype, ...] = (torch.int32, torch.int64)
-
 
 class Moves(enum.Enum):
     """Which elements a variant hands to the host: its expected D2H bytes."""
@@ -171,8 +169,7 @@ def register(new: Variant) -> Variant:
 
 def variant(name: str, *, moves: Moves, requires: tuple[str, ...] = (), extras: tuple[str, ...] = (),
             syncs: Syncs | None = None) -> Callable[[VariantFn], VariantFn]:
-    """Register the decorated function as variant `name`; `syncs`: its host syncs per call, when not what `moves`
-    implies (Moves.syncs)."""
+    """Register the decorated function as variant `name`; `syncs` by default what `moves` implies (Moves.syncs)."""
     check_declared(name, requires, extras)
 
     def decorate(fn: VariantFn) -> VariantFn:
@@ -210,7 +207,7 @@ def check_kv_indices(kv_indices: object) -> torch.Tensor:
     """Return `kv_indices` if it is a 1-D int32/int64 tensor, else raise TypeError/ValueError."""
     if not isinstance(kv_indices, torch.Tensor):
         raise TypeError(f"kv_indices must be a 1-D torch.Tensor of int32 or int64, got {type(kv_indices).__name__}")
-    if kv_indices.dtype not in INDEX_DTYPES:
+    if kv_indices.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"kv_indices has dtype {kv_indices.dtype}; valid: torch.int32, torch.int64")
     if kv_indices.dim() != 1:
         raise ValueError(f"kv_indices must be 1-D, got shape {tuple(kv_indices.shape)}")

@@ -79,9 +79,7 @@ def ratio_cell(analysis: Analysis, scenario: str, variant: str, latency: str) ->
     if variant == analysis.scenario_baseline:
         return "1"
     r = analysis.scenario_ratio(scenario, variant, latency)
-    if r is None:
-        return ""
-    return interval_cell(r.interval, r.verdict)
+    return "" if r is None else interval_cell(r.interval, r.verdict)
 
 
 def same_latencies(analysis: Analysis) -> bool:

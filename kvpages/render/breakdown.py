@@ -87,13 +87,10 @@ def breakdown_section(analysis: Analysis) -> str:
     header = ["page_size", "seq_len", "variant", "profiled µs/call"] + parts
     if cuda:
         header += ["GPU kernel µs", "GPU copy µs", "copy bytes", "direction"]
-    lines = []
-    for r in rows:
-        cells = [r.page_size, r.seq_len, f"`{r.variant}`", sig(r.wall_us)] + [f"{s:.0%}" for _, s in shares(r)]
-        if cuda:
-            cells += [sig(r.kernel_us or 0), sig(r.memcpy_us or 0), r.memcpy_bytes or 0,
-                      r.memcpy_direction or "-"]
-        lines.append(cells)
+    lines = [[r.page_size, r.seq_len, f"`{r.variant}`", sig(r.wall_us)] + [f"{s:.0%}" for _, s in shares(r)]
+             + ([sig(r.kernel_us or 0), sig(r.memcpy_us or 0), r.memcpy_bytes or 0, r.memcpy_direction or "-"]
+                if cuda else [])
+             for r in rows]
     what = ("On CUDA the wall time splits into the host's wait in copy and synchronize calls (with the GPU kernels' "
             "and copies' share of it), other CUDA API calls (launches), and host time outside them: Python, numpy "
             "(host_stride's stride and divide on the host), dispatch." if cuda else

@@ -8,9 +8,9 @@ from kvpages.core.names import called
 from kvpages.render.text import coverage
 
 
-def time_label(analysis: Analysis) -> str:
+def time_label(analysis: Analysis, what: str = "time") -> str:
     """What a measured time is on this run: a transfer only where a link was crossed."""
-    return "time" if analysis.run.link_crossed else "host-side time (no transfer)"
+    return what if analysis.run.link_crossed else f"host-side {what} (no transfer)"
 
 
 def caption(analysis: Analysis, name: str) -> str:

@@ -10,15 +10,7 @@ from kvpages.analysis.cite import coverage_text
 from kvpages.analysis.compare import ABSOLUTE, RELATIVE, Family, PointComparison, RunComparison
 from kvpages.analysis.verdicts import FASTER, SLOWER
 from kvpages.render.text import table
-from kvpages.schema.compare import (
-    COMPARE_SCHEMA_VERSION,
-    ComparedPoint,
-    ComparisonDocument,
-    Gate,
-    PointKey,
-    RunInfo,
-    finite,
-)
+from kvpages.schema.compare import COMPARE_SCHEMA_VERSION, ComparedPoint, ComparisonDocument, Gate, PointKey, RunInfo, finite
 from kvpages.schema.reader import Run
 
 

@@ -9,11 +9,8 @@ from kvpages.analysis.predict import crossover, point_predictions, scenario_pred
 from kvpages.analysis.ratios import Analysis
 from kvpages.core.links import HOST_WORK, LINK_PROFILES, model_terms, prediction_profiles
 from kvpages.core.names import CANDIDATE, STEP_CANDIDATE, called
-from kvpages.render.text import ci_text, count, coverage, table
-
-
-def time_word(analysis: Analysis) -> str:
-    return "µs" if analysis.run.link_crossed else "host-side µs (no transfer)"
+from kvpages.render.captions import time_label
+from kvpages.render.text import ci_text, count, coverage, interval_cell, table
 
 
 def _predicted_header(analysis: Analysis) -> list[str]:
@@ -33,7 +30,7 @@ def per_call_table(analysis: Analysis) -> str:
         predicted = [] if analysis.run.link_crossed else [sig(p.ratio) for p in point_predictions(analysis, r)]
         rows.append([r.page_size, r.seq_len, fraction(r.bytes_ratio), sig(r.baseline_median_us), sig(r.variant_median_us),
                      f"{sig(r.ratio)} {ci_text(r)} {r.verdict}", *predicted, f"`{r.id}`"])
-    word = time_word(analysis)
+    word = time_label(analysis, "µs")
     b = called(analysis.baseline)
     header = ["p", "L", f"bytes PR / {b}", f"{b} {word}", f"PR {word}", f"PR / {b} [{coverage(analysis)}]",
               *_predicted_header(analysis), "id"]
@@ -71,11 +68,9 @@ def scenario_table(analysis: Analysis) -> str:
             continue
         size = f"L={row['tokens']}" if row["kind"] == "request" else f"B={row['requests']}"
         predicted = [] if analysis.run.link_crossed else [sig(p.ratio) for p in scenario_predictions(analysis, r)]
-        interval = ci_text(r.interval) if r.interval.known else "[n/a]"
         rows.append([f"{row['kind']} {row['side']}", size, row["variant"], count(row["d2h_bytes"]), row["d2h_transfers"],
-                     sig(r.baseline_us), sig(r.variant_us), f"{sig(r.interval.ratio)} {interval} {r.verdict}",
-                     *predicted])
-    word = time_word(analysis)
+                     sig(r.baseline_us), sig(r.variant_us), interval_cell(r.interval, r.verdict), *predicted])
+    word = time_label(analysis, "µs")
     b = called(analysis.scenario_baseline)
     header = ["what", "size", "step variant", "bytes", "D2H", f"{b} {word}", f"variant {word}",
               f"variant / {b} [{coverage(analysis)}]", *_predicted_header(analysis)]

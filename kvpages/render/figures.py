@@ -44,11 +44,9 @@ def log_y(ax: Axes) -> None:
 
 def save(fig: Figure, stem: Path, formats: tuple[str, ...]) -> list[Path]:
     """Write `fig` as `stem`.<format> for each format; returns the files written."""
-    written = []
-    for fmt in formats:
-        out = stem.with_suffix(f".{fmt}")
-        fig.savefig(out, dpi=DPI)
-        written.append(out)
+    written = [stem.with_suffix(f".{fmt}") for fmt in formats]
+    for path in written:
+        fig.savefig(path, dpi=DPI)
     return written
 
 

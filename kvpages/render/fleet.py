@@ -13,7 +13,7 @@ from kvpages.analysis.fleet import Fleet, Matched, Missing, sweep_of
 from kvpages.analysis.machines import meta_of
 from kvpages.core.names import BASELINE
 from kvpages.render.fleet_chart import CHART_CAPTION, CHART_PNG, plot_fleet
-from kvpages.render.text import NAMES, coverage, interval_cell, table
+from kvpages.render.text import NAMES, coverage, interval_cell, markdown_page, table
 from kvpages.schema.reader import RunError
 from kvpages.schema.rows import RATIOS_CSV, SCENARIO_RATIOS_CSV, RatioRow, ratio_id, scenario_row_id
 from kvpages.schema.writer import write_atomic
@@ -165,18 +165,15 @@ def missing_section(fleet: Fleet) -> str:
 
 
 def render(fleet: Fleet) -> str:
-    sections = [
-        f"# kvpages fleet: {len(fleet.members)} machines, {fleet.run_count} runs\n\n{NAMES}",
-        "## Machines\n\n" + machines_section(fleet),
-        "## Findings per machine\n\n" + findings_section(fleet),
-        f"## Chart\n\n![{CHART_PNG}]({CHART_PNG})\n\n*{CHART_CAPTION}*",
-        "## Ratios per point, side by side\n\n" + ratios_section(fleet),
-    ]
-    scenarios = scenarios_section(fleet)
-    if scenarios:
-        sections.append("## Whole requests and steps, side by side\n\n" + scenarios)
-    sections += ["## Not on every machine\n\n" + missing_section(fleet), "## Method\n\n" + METHOD]
-    return "\n\n".join(sections) + "\n"
+    return markdown_page(f"# kvpages fleet: {len(fleet.members)} machines, {fleet.run_count} runs\n\n{NAMES}", [
+        ("## Machines", machines_section(fleet)),
+        ("## Findings per machine", findings_section(fleet)),
+        ("## Chart", f"![{CHART_PNG}]({CHART_PNG})\n\n*{CHART_CAPTION}*"),
+        ("## Ratios per point, side by side", ratios_section(fleet)),
+        ("## Whole requests and steps, side by side", scenarios_section(fleet)),
+        ("## Not on every machine", missing_section(fleet)),
+        ("## Method", METHOD),
+    ])
 
 
 def write_fleet(fleet: Fleet, out: Path) -> list[Path]:

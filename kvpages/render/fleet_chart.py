@@ -25,10 +25,6 @@ SPAN = 0.72
 """The share of one length's slot that its machines' dots spread over."""
 
 
-def _length(seq_len: int) -> str:
-    return f"{seq_len // 1024}K" if seq_len >= 1024 and seq_len % 1024 == 0 else str(seq_len)
-
-
 def plot_fleet(fleet: Fleet, path: Path) -> Path:
     """Write the chart to `path` (PNG) and return it."""
     keys = sorted((m.key for m in fleet.ratios), key=point_order)
@@ -78,7 +74,8 @@ def plot_fleet(fleet: Fleet, path: Path) -> Path:
             log_y(ax)
             ax.tick_params(axis="y", which="both", labelsize=7)
             ax.grid(True, axis="y", which="both", alpha=0.25)
-            ax.set_xticks(range(len(seq_lens)), [_length(s) for s in seq_lens], fontsize=7)
+            ax.set_xticks(range(len(seq_lens)), [f"{s // 1024}K" if s >= 1024 and s % 1024 == 0 else str(s)
+                                                 for s in seq_lens], fontsize=7)
             ax.set_xlim(-0.6, len(seq_lens) - 0.4)
             if i == 0:
                 ax.set_title(f"page_size={page_size}", fontsize=9)

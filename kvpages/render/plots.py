@@ -44,14 +44,10 @@ def _lines(frame: pd.DataFrame, panel: tuple[str, ...], x: str) -> dict[tuple, l
     return lines
 
 
-LEGEND_WIDTH = 3.2
-"""Inches to the right of the panels for the legend, so it never covers data."""
-
-
 def _panels(n: int, labels=()):
-    """A row of `n` panels and room right of them for a legend of `labels` at 7 pt (0.055 in a character of the
-    longest, plus the handle; at least LEGEND_WIDTH)."""
-    legend = max(LEGEND_WIDTH, 0.055 * max((len(s) for s in labels), default=0) + 0.8)
+    """A row of `n` panels and room right of them for a legend of `labels` at 7 pt, so it never covers data (0.055 in
+    a character of the longest, plus the handle; at least 3.2 in)."""
+    legend = max(3.2, 0.055 * max((len(s) for s in labels), default=0) + 0.8)
     total = 4.2 * n + legend
     fig = new_figure(total, 3.6)
     axes = fig.subplots(1, n, squeeze=False)
@@ -270,12 +266,12 @@ def plot_busy_queue(analysis: Analysis, stem: Path, formats) -> list[Path]:
         rows = ok[ok["scenario"] == scenario]
         rows = rows.set_index("variant").loc[_variants(rows)].reset_index()
         x = np.arange(len(rows))
-        for offset, what, bar_style in ((-bar / 2, "blocked", {"color": "tab:blue"}),
-                                    (bar / 2, "ready", {"color": "white", "edgecolor": "tab:orange", "hatch": "//"})):
+        for offset, what, label, bar_style in (
+                (-bar / 2, "blocked", "blocked: scheduler thread", {"color": "tab:blue"}),
+                (bar / 2, "ready", "ready: data on host", {"color": "white", "edgecolor": "tab:orange", "hatch": "//"})):
             median = rows[f"{what}_median_us"].to_numpy(dtype=float)
             errors = np.vstack([median - rows[f"{what}_q1_us"].to_numpy(dtype=float),
                                 rows[f"{what}_q3_us"].to_numpy(dtype=float) - median])
-            label = "blocked: scheduler thread" if what == "blocked" else "ready: data on host"
             ax.bar(x + offset, median, bar, yerr=np.clip(errors, 0, None), capsize=3, ecolor="black", lw=1,
                    label=f"{label} (median, IQR)", **bar_style)
             for xi, value in zip(x + offset, median, strict=True):

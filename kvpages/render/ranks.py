@@ -9,7 +9,7 @@ from kvpages.analysis.cite import coverage_text, sig
 from kvpages.analysis.ratios import Analysis
 from kvpages.core.names import label
 from kvpages.render.style import legend_label, style
-from kvpages.render.text import ci_text, table
+from kvpages.render.text import ci_text, markdown_page, table
 from kvpages.schema.ranks import CONTENTION_CSV, ContentionRow
 
 CONTENTION_CHART = "contention"
@@ -68,28 +68,26 @@ def render_ranks(analysis: Analysis, environment: str) -> str:
         f"- `{r['variant']}` on {r['scenario']}: {r['status']}: {r['note']}"
         for r in run.ranks[run.ranks["status"] != "ok"].to_dict("records")]
     cpu = run.meta is not None and run.meta.environment.device == "cpu"
-    sections = [
-        f"# kvpages report: {run.run_id} ({size} ranks at once)",
-        f"## Findings: what a scheduler step pays when {size} ranks convert at once\n\nReady latency (the page "
-        "indices on the host), per step: the step with each rank converting alone in turn, the step with every rank "
-        "converting at once (each the maximum over the ranks, per cycle of rounds), and their ratio "
-        f"(`{CONTENTION_CSV}`; blocked latency there too). Above 1: the ranks slow each other down."
-        + (" CPU run: the ranks share the host's cores and memory, no link was crossed." if cpu else "")
-        + "\n\n" + contention_table(analysis),
-        *([f"![{CONTENTION_CHART}.png]({CONTENTION_CHART}.png)\n\n*Each step variant's contention (ready latency, the "
-            "step at once over the step alone) against B, per page size, with its interval, and each rank's own "
-            "at-once / alone ratio (hollow); 1 = the ranks cost each other nothing.*"]
-          if (run.path / f"{CONTENTION_CHART}.png").exists() else []),
-        "## Per rank\n\nReady latency of each rank's own calls, alone and when every rank converted at once, and "
-        f"their ratio (`{CONTENTION_CSV}`).\n\n" + per_rank_table(analysis),
-        "## Method\n\n" + METHOD,
-        "## Caveats\n\n" + ("\n".join(skipped) or "- none"),
-        f"## Environment\n\nProcess group: {group.backend if group else '?'}, timeout "
-        f"{group.timeout_s if group else '?'} s; {devices}. " + environment,
-        f"## Reproduce\n\n```\n{meta.command if meta else ''}\n```\n\nEach row of `ranks.csv` and "
-        f"`{CONTENTION_CSV}` re-runs its case (`repro`).",
-    ]
-    return "\n\n".join(sections) + "\n"
+    chart = (f"\n\n![{CONTENTION_CHART}.png]({CONTENTION_CHART}.png)\n\n*Each step variant's contention (ready "
+             "latency, the step at once over the step alone) against B, per page size, with its interval, and each "
+             "rank's own at-once / alone ratio (hollow); 1 = the ranks cost each other nothing.*"
+             if (run.path / f"{CONTENTION_CHART}.png").exists() else "")
+    return markdown_page(f"# kvpages report: {run.run_id} ({size} ranks at once)", [
+        (f"## Findings: what a scheduler step pays when {size} ranks convert at once", "Ready latency (the page "
+         "indices on the host), per step: the step with each rank converting alone in turn, the step with every rank "
+         "converting at once (each the maximum over the ranks, per cycle of rounds), and their ratio "
+         f"(`{CONTENTION_CSV}`; blocked latency there too). Above 1: the ranks slow each other down."
+         + (" CPU run: the ranks share the host's cores and memory, no link was crossed." if cpu else "")
+         + "\n\n" + contention_table(analysis) + chart),
+        ("## Per rank", "Ready latency of each rank's own calls, alone and when every rank converted at once, and "
+         f"their ratio (`{CONTENTION_CSV}`).\n\n" + per_rank_table(analysis)),
+        ("## Method", METHOD),
+        ("## Caveats", "\n".join(skipped) or "- none"),
+        ("## Environment", f"Process group: {group.backend if group else '?'}, timeout "
+         f"{group.timeout_s if group else '?'} s; {devices}. " + environment),
+        ("## Reproduce", f"```\n{meta.command if meta else ''}\n```\n\nEach row of `ranks.csv` and "
+         f"`{CONTENTION_CSV}` re-runs its case (`repro`)."),
+    ])
 
 
 def contention_summary(analysis: Analysis) -> list[str]:

@@ -11,29 +11,15 @@ from kvpages.analysis.noise import components_text, efficiency
 from kvpages.analysis.ratios import NOISY_SPREAD, Analysis
 from kvpages.analysis.verdicts import FDR, MIN_EFFECT_FLOOR
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, label, per_request_of
-from kvpages.render.appendix import (
-    groups,
-    link_model_section,
-    ratio_cell,
-    same_latencies,
-    scenarios_section,
-    variants_section,
-)
+from kvpages.render.appendix import groups, link_model_section, ratio_cell, same_latencies, scenarios_section, variants_section
 from kvpages.render.breakdown import breakdown_section, breakdown_summary, floor_section
 from kvpages.render.captions import caption
 from kvpages.render.evidence import crossover_table, model_section, per_call_table, scenario_table
 from kvpages.render.ranks import render_ranks
-from kvpages.render.text import NAMES, ci_text, count, coverage, table
+from kvpages.render.text import NAMES, ci_text, count, coverage, markdown_page, table
 from kvpages.schema.ranks import CONTENTION_COLUMNS, CONTENTION_CSV
 from kvpages.schema.reader import Run
-from kvpages.schema.rows import (
-    NOISY_CSV,
-    PARTIAL,
-    RATIO_COLUMNS,
-    RATIOS_CSV,
-    SCENARIO_RATIO_COLUMNS,
-    SCENARIO_RATIOS_CSV,
-)
+from kvpages.schema.rows import NOISY_CSV, PARTIAL, RATIO_COLUMNS, RATIOS_CSV, SCENARIO_RATIO_COLUMNS, SCENARIO_RATIOS_CSV
 from kvpages.schema.writer import write_atomic, write_table
 
 REPORT_MD = "REPORT.md"
@@ -140,19 +126,16 @@ def findings_section(analysis: Analysis) -> str:
 
 
 def results_section(analysis: Analysis) -> str:
+    b = called(analysis.baseline)
+    header = ["seq_len", f"{b} bytes", "merged PR bytes", "bytes ratio", f"{b} µs", "merged PR µs", "time ratio",
+              coverage(analysis), "verdict", "fastest (≈: tied)", "id"]
     parts = []
     for (dtype, layout, page_size), _ in groups(analysis):
-        rows = []
-        for r in analysis.ratios_of(CANDIDATE):
-            if (r.dtype, r.layout, r.page_size) == (dtype, layout, page_size):
-                best = analysis.fastest.get((dtype, layout, page_size, r.seq_len), ())
-                rows.append([r.seq_len, count(r.baseline_d2h_bytes), count(r.variant_d2h_bytes), fraction(r.bytes_ratio),
-                             sig(r.baseline_median_us), sig(r.variant_median_us), sig(r.ratio), ci_text(r), r.verdict,
-                             " ≈ ".join(best), f"`{r.id}`"])
+        rows = [[r.seq_len, count(r.baseline_d2h_bytes), count(r.variant_d2h_bytes), fraction(r.bytes_ratio),
+                 sig(r.baseline_median_us), sig(r.variant_median_us), sig(r.ratio), ci_text(r), r.verdict,
+                 " ≈ ".join(analysis.fastest.get((dtype, layout, page_size, r.seq_len), ())), f"`{r.id}`"]
+                for r in analysis.ratios_of(CANDIDATE) if (r.dtype, r.layout, r.page_size) == (dtype, layout, page_size)]
         if rows:
-            b = called(analysis.baseline)
-            header = ["seq_len", f"{b} bytes", "merged PR bytes", "bytes ratio", f"{b} µs", "merged PR µs",
-                      "time ratio", coverage(analysis), "verdict", "fastest (≈: tied)", "id"]
             parts.append(f"### page_size {page_size} ({dtype}, {layout})\n\n{table(header, rows)}")
     return "\n\n".join(parts) if parts else f"No point has both {analysis.baseline} and {CANDIDATE} timed."
 
@@ -210,54 +193,40 @@ def render(analysis: Analysis) -> str:
     names = NAMES
     if analysis.baseline != BASELINE:
         names += f" **Baseline** (--kv-baseline): `{analysis.baseline}`; every ratio is against it."
-    sections = [
-        f"# kvpages report: {run.run_id} ({run.device_name}; {where})\n\n{names}",
-        "## Findings\n\n" + findings_section(analysis),
-    ]
-    charts = charts_section(analysis)
-    if charts:
-        sections.append("## Charts\n\n" + charts)
     word = "host-side work (no transfer)" if not run.link_crossed else "time"
-    sections.append(f"## Evidence\n\n### Per call: merged PR vs {called(analysis.baseline)}, {word}\n\n" + per_call_table(analysis)
-                    + "\n\n### Crossover\n\n" + crossover_table(analysis))
-    scenarios = scenario_table(analysis)
-    if scenarios:
-        sections.append("### Per request and per step\n\n" + scenarios)
     time_goes = breakdown_summary(analysis)  # a few lines beside the chart; the table is in the appendix
-    if time_goes:
-        sections.append(f"### Where the time goes\n\n{time_goes} The table is in [{APPENDIX_MD}]({APPENDIX_MD}"
-                        "#where-the-time-goes).")
-    sections += [
-        "### The link model\n\n" + model_section(analysis),
-        "## Method and caveats\n\n" + method_text(analysis) + "\n\n" + noise_paragraph(analysis) + "\n\n"
-        + ("\n".join(f"- {c}" for c in caveats(analysis)) or "- no caveats"),
-        "## Environment and reproduce\n\n" + environment_paragraph(run) + f"\n\n```\n{command}\n```\n\nEach row "
-        f"of `results.csv` re-runs one variant (`repro`); each row of `{RATIOS_CSV}` and `{SCENARIO_RATIOS_CSV}` re-runs "
-        f"its pair, interleaved as in the run. Every table in full: [{APPENDIX_MD}]({APPENDIX_MD}).",
-    ]
-    return "\n\n".join(sections) + "\n"
+    return markdown_page(f"# kvpages report: {run.run_id} ({run.device_name}; {where})\n\n{names}", [
+        ("## Findings", findings_section(analysis)),
+        ("## Charts", charts_section(analysis)),
+        (f"## Evidence\n\n### Per call: merged PR vs {called(analysis.baseline)}, {word}",
+         per_call_table(analysis) + "\n\n### Crossover\n\n" + crossover_table(analysis)),
+        ("### Per request and per step", scenario_table(analysis)),
+        ("### Where the time goes",
+         time_goes and f"{time_goes} The table is in [{APPENDIX_MD}]({APPENDIX_MD}#where-the-time-goes)."),
+        ("### The link model", model_section(analysis)),
+        ("## Method and caveats", method_text(analysis) + "\n\n" + noise_paragraph(analysis) + "\n\n"
+         + ("\n".join(f"- {c}" for c in caveats(analysis)) or "- no caveats")),
+        ("## Environment and reproduce", environment_paragraph(run) + f"\n\n```\n{command}\n```\n\nEach row of "
+         f"`results.csv` re-runs one variant (`repro`); each row of `{RATIOS_CSV}` and `{SCENARIO_RATIOS_CSV}` re-runs "
+         f"its pair, interleaved as in the run. Every table in full: [{APPENDIX_MD}]({APPENDIX_MD})."),
+    ])
 
 
 def render_appendix(analysis: Analysis) -> str:
     """APPENDIX.md: the long tables the report links to."""
     base = called(analysis.baseline)
-    sections = [f"# Appendix to [{REPORT_MD}]({REPORT_MD}): run {analysis.run.run_id}",
-                f"## Merged PR vs {base} at every point\n\nFastest: the lowest time at the point, and every variant "
-                "not judged slower than it.\n\n" + results_section(analysis),
-                "## Measured crossover\n\n" + crossover_section(analysis)]
-    scenarios = scenario_main(analysis)
-    if scenarios:
-        sections.append("## Per request and per step: the merged PR\n\n" + scenarios)
-    for title, text in (("Host mirror", floor_section(analysis)), ("Where the time goes", breakdown_section(analysis))):
-        if text:
-            sections.append(f"## {title}\n\n{text}")
-    sections.append(f"## The other variants vs {base}\n\n`spread`: how much the row's block medians vary between "
-                    "repetitions (results.csv `rep_spread`).\n\n" + variants_section(analysis)
-                    + "\n\n## Link model per row\n\n" + link_model_section(analysis))
-    full = scenarios_section(analysis)
-    if full:
-        sections.append("## Every step variant, per request and per step\n\n" + full)
-    return "\n\n".join(sections) + "\n"
+    return markdown_page(f"# Appendix to [{REPORT_MD}]({REPORT_MD}): run {analysis.run.run_id}", [
+        (f"## Merged PR vs {base} at every point", "Fastest: the lowest time at the point, and every variant not "
+         "judged slower than it.\n\n" + results_section(analysis)),
+        ("## Measured crossover", crossover_section(analysis)),
+        ("## Per request and per step: the merged PR", scenario_main(analysis)),
+        ("## Host mirror", floor_section(analysis)),
+        ("## Where the time goes", breakdown_section(analysis)),
+        (f"## The other variants vs {base}", "`spread`: how much the row's block medians vary between repetitions "
+         "(results.csv `rep_spread`).\n\n" + variants_section(analysis)),
+        ("## Link model per row", link_model_section(analysis)),
+        ("## Every step variant, per request and per step", scenarios_section(analysis)),
+    ])
 
 
 def write_report(analysis: Analysis) -> Path:

@@ -10,13 +10,6 @@ from kvpages.render.ranks import contention_summary
 from kvpages.render.text import coverage, interval_cell
 
 
-def summary_seq_lens(seq_lens: list[int]) -> list[int]:
-    """A few sequence lengths for short tables: the shortest, 8192 (or the middle one) and the longest."""
-    ordered = sorted(set(seq_lens))
-    middle = 8192 if 8192 in ordered else ordered[len(ordered) // 2]
-    return sorted({ordered[0], middle, ordered[-1]})
-
-
 def scenario_summary(analysis: Analysis) -> list[str]:
     """Lines for the whole requests and steps: bytes, transfers, blocked and ready, and blocked vs the baseline."""
     frame = analysis.run.scenarios
@@ -52,7 +45,9 @@ def summary_text(analysis: Analysis) -> str:
                  f"process(es); ratios are paired per repetition, {level}, with their {coverage(analysis)}; "
                  f"minimum effect {sig(100 * noise.min_effect)}%.")
     for (dtype, layout, page_size), group in groups(analysis):
-        chosen = group[group["seq_len"].isin(summary_seq_lens(group["seq_len"].tolist()))]
+        lengths = sorted(group["seq_len"].unique())
+        shown = {lengths[0], 8192 if 8192 in lengths else lengths[len(lengths) // 2], lengths[-1]}
+        chosen = group[group["seq_len"].isin(shown)]
         table = chosen[["seq_len", "variant", "d2h_bytes"]].copy()
         table["time_us"] = [sig(analysis.time_of(r)) for r in records(chosen)]
         cells = []

@@ -22,6 +22,11 @@ def table(header: list[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
+def markdown_page(title: str, sections: Sequence[tuple[str, str]]) -> str:
+    """A markdown page: the title, then each (heading, text) section that has text."""
+    return "\n\n".join([title, *(f"{heading}\n\n{text}" for heading, text in sections if text)]) + "\n"
+
+
 def count(value: object) -> str:
     """Bytes or any count with thousands separators ('' when missing)."""
     return "" if value is None or value != value else f"{int(value):,}"  # type: ignore[call-overload]
