@@ -212,14 +212,9 @@ def pytest_runtestloop(session: pytest.Session):
         rootdir=str(config.rootpath), cwd=config.invocation_params.dir, folder=folder,
         json_out=bool(option.benchmark_json or option.benchmark_save or option.benchmark_autosave),
     )
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-
-    def say(line: str) -> None:
-        if reporter is not None:
-            reporter.write_line(line)
-
+    reporter = config.pluginmanager.get_plugin("terminalreporter")  # None under -p no:terminal
     try:
-        kv.run_workers(command, say)
+        kv.run_workers(command, reporter.write_line if reporter is not None else lambda line: None)
     except WorkerFailed as exc:
         pytest.exit(str(exc), returncode=pytest.ExitCode.INTERNAL_ERROR)
     return (yield)

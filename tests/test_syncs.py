@@ -180,7 +180,7 @@ def test_cuda_an_extra_item_is_a_mismatch_naming_the_syncs(monkeypatch):
     target = PointTarget(Point(512, 16, device="cuda"))
     reading = measure(target, "extra_item", make_workload(target.point, rotation=1).inputs[0]).reading()
     with pytest.raises(Stop, match="measured 2 host syncs on the calling thread, expected 1"):
-        check_metered(target, "extra_item", reading, {}, "cuda")
+        check_metered(target, "extra_item", reading, "cuda")
 
 
 def test_the_deferred_variant_says_it_ran_in_order_off_cuda():

@@ -65,7 +65,7 @@ def planned_cases(blocks: Sequence[Block], planned: set[str], device: str) -> li
     """The planned, runnable (variant, point)s of a session at the points the breakdown profiles."""
     from kvpages.measure.targets import PointTarget
 
-    points = list(dict.fromkeys(b.target.point for b in blocks if b.case_id in planned))
+    points = list(dict.fromkeys(b.target.point for b in blocks if isinstance(b.target, PointTarget) and b.case_id in planned))
     variants = list(dict.fromkeys(b.variant for b in blocks))
     targets = [PointTarget(p) for p in chosen_points(points)]
     return [CheckCase(v, t) for t in targets for v in variants

@@ -67,9 +67,8 @@ def together(group: Group | None, block: Block, when: str, step: Callable[[], T]
     return result  # set: a rank whose step raised has a problem, so the ranks agreed on one
 
 
-def check_metered(target: Target, variant: str, reading: MeterReading, earlier: dict[int, MeterReading],
-                  device: str) -> None:
-    """The meter's D2H and host syncs must be what the variant declares on `device`, its D2H what earlier processes'."""
+def check_metered(target: Target, variant: str, reading: MeterReading, device: str) -> None:
+    """The meter's D2H and host syncs must be what the variant declares on `device`."""
     problems = []
     expected_bytes, transfers = target.expected_d2h(variant)
     if transfers is None and reading.d2h_bytes != expected_bytes:
@@ -82,10 +81,6 @@ def check_metered(target: Target, variant: str, reading: MeterReading, earlier: 
         problems.append(f"measured {reading.host_syncs} host syncs on the calling thread, expected {syncs}")
     if problems:
         raise Stop("mismatch", "; ".join(problems), fail=True)
-    for process, seen in sorted(earlier.items()):
-        if (seen.d2h_bytes, seen.d2h_transfers) != (reading.d2h_bytes, reading.d2h_transfers):
-            raise Stop("mismatch", f"process {process} measured {seen.d2h_bytes} D2H bytes in {seen.d2h_transfers} "
-                                   f"transfers, this one {reading.d2h_bytes} in {reading.d2h_transfers}", fail=True)
 
 
 @dataclass
@@ -182,12 +177,12 @@ class Runner:
     _workload: tuple[Target, Workload] | None = None
     _built: dict[Target, Workload] = field(default_factory=dict)
 
-    def run(self, benchmark, block: Block, earlier: dict[int, MeterReading]) -> BlockOutcome:
-        """One block's outcome (see the module doc); `earlier`: what the meters of earlier processes read of its case."""
+    def run(self, benchmark, block: Block) -> BlockOutcome:
+        """One block's outcome (see the module doc)."""
         state = self.cases.setdefault(block.case_id, CaseState())
         try:
             with self.phase.block():
-                return self._run(benchmark, block, state, earlier)
+                return self._run(benchmark, block, state)
         except Stop as stop:
             state.stopped = stop.status
             return BlockOutcome(block.case_id, block.target.table, self.process, reading=state.reading,
@@ -215,13 +210,13 @@ class Runner:
                 self._workload = (target, built)
         return self._workload[1]
 
-    def _run(self, benchmark, block: Block, state: CaseState, earlier: dict[int, MeterReading]) -> BlockOutcome:
+    def _run(self, benchmark, block: Block, state: CaseState) -> BlockOutcome:
         target, variant = block.target, block.variant
         if state.stopped is not None:
             raise Stop(state.stopped, f"recorded as {state.stopped} in an earlier repetition", fail=False)
         first_here = state.reading is None  # this case's first block in this process: check and meter it
         workload = together(self.context.group, block, "before its timing",
-                            lambda: self._prepare(block, state, first_here, earlier))
+                            lambda: self._prepare(block, state, first_here))
         assert state.reading is not None
         benchmark.group = target.id
         benchmark.extra_info.update(device_name=self.context.device_name, **target.extra_info(variant, state.reading),
@@ -229,7 +224,7 @@ class Runner:
         samples = self._time(benchmark, block, workload, first_here)
         return BlockOutcome(block.case_id, target.table, self.process, samples, state.reading, note=state.note)
 
-    def _prepare(self, block: Block, state: CaseState, first_here: bool, earlier: dict[int, MeterReading]) -> Workload:
+    def _prepare(self, block: Block, state: CaseState, first_here: bool) -> Workload:
         """The block's workload; the case checked against the reference (and metered) in its first block here."""
         target, variant = block.target, block.variant
         reason = target.unavailable_reason(variant, self.context.device)
@@ -259,7 +254,7 @@ class Runner:
             if state.reading is None:
                 with self.phase("checks"):
                     state.reading = measure(target, variant, target.inputs_for(variant, workload)[0]).reading()
-                check_metered(target, variant, state.reading, earlier, self.context.device)
+                check_metered(target, variant, state.reading, self.context.device)
         return workload
 
     def _time(self, benchmark, block: Block, workload: Workload, first_here: bool) -> tuple[Samples, ...]:

@@ -10,30 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvpages.core.names import case_id
 
-
-class HasId(Protocol):
-    """What a block measures at (a kvpages.measure.targets.Target): anything with an id."""
-
-    @property
-    def id(self) -> str: ...
-
-
-T = TypeVar("T", bound=HasId)
+if TYPE_CHECKING:
+    from kvpages.measure.targets import Target
 
 
 @dataclass(frozen=True)
-class Block(Generic[T]):
+class Block:
     """One timed block: repetition `repetition` of `variant` at `target`, the `order`-th block of the run,
     timed in process `process`; `last_in_process`: the target's last block in its process."""
 
     variant: str
-    target: T
+    target: Target
     repetition: int
     order: int
     process: int = 0
@@ -48,8 +41,8 @@ class Block(Generic[T]):
         return f"{self.case_id}-r{self.repetition}"
 
 
-def plan(variants: Sequence[str], points: Sequence[T], repetitions: int, seed: int,
-         passes: int = 1, processes: int = 1) -> tuple[Block[T], ...]:
+def plan(variants: Sequence[str], points: Sequence[Target], repetitions: int, seed: int,
+         passes: int = 1, processes: int = 1) -> tuple[Block, ...]:
     """Every block of the run, in run order (the module doc says how repetitions are dealt)."""
     if repetitions < 1:
         raise ValueError(f"repetitions must be >= 1, got {repetitions}")
@@ -60,7 +53,7 @@ def plan(variants: Sequence[str], points: Sequence[T], repetitions: int, seed: i
     if not variants:
         raise ValueError("no variants to schedule")
     rng = np.random.default_rng(seed)
-    blocks: list[Block[T]] = []
+    blocks: list[Block] = []
     for process in range(processes):
         own = list(range(process, repetitions, processes))
         own_passes = min(passes, len(own))

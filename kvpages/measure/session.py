@@ -212,7 +212,7 @@ class KvSession:
             pytest.fail(message, pytrace=False)
         if case is not None and case.status is not None:
             pytest.skip(f"{block.case_id}: recorded as {case.status} in an earlier repetition")
-        outcome = self.runner.run(benchmark, block, {} if case is None else case.readings)
+        outcome = self.runner.run(benchmark, block)
         if not benchmark.disabled:
             if self.log is not None:
                 self.log.write(outcome)
