@@ -10,14 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from kvpages.core.names import case_id
-
-if TYPE_CHECKING:
-    from kvpages.measure.targets import Target
 
 
 @dataclass(frozen=True)
@@ -26,7 +23,7 @@ class Block:
     timed in process `process`; `last_in_process`: the target's last block in its process."""
 
     variant: str
-    target: Target
+    target: Any  # a kvpages.measure.targets.Target (which imports this module)
     repetition: int
     order: int
     process: int = 0
@@ -41,7 +38,7 @@ class Block:
         return f"{self.case_id}-r{self.repetition}"
 
 
-def plan(variants: Sequence[str], points: Sequence[Target], repetitions: int, seed: int,
+def plan(variants: Sequence[str], points: Sequence[Any], repetitions: int, seed: int,
          passes: int = 1, processes: int = 1) -> tuple[Block, ...]:
     """Every block of the run, in run order (the module doc says how repetitions are dealt)."""
     if repetitions < 1:
