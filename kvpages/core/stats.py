@@ -101,8 +101,7 @@ class _Draws:
 
     flat: np.ndarray
     """(resamples, processes x width): the drawn process's row times the width, plus the drawn repetition."""
-    padding: np.ndarray
-    """Where a drawn process has fewer repetitions than the widest: those cells are left out."""
+    padding: np.ndarray | None  # where a drawn process has fewer repetitions than the widest (left out); None: none has
 
 
 def _draws(sizes: tuple[int, ...], rng: np.random.Generator) -> _Draws:
@@ -112,6 +111,8 @@ def _draws(sizes: tuple[int, ...], rng: np.random.Generator) -> _Draws:
     drawn = rng.integers(0, count, size=(BOOTSTRAP_RESAMPLES, count))
     within = (rng.random((BOOTSTRAP_RESAMPLES, count, width)) * sizes_array[drawn][:, :, None]).astype(int)
     flat = (drawn[:, :, None] * width + within).reshape(BOOTSTRAP_RESAMPLES, -1)
+    if (sizes_array == width).all():  # equal processes: a plain mean (no 2000 x N mask to build and multiply)
+        return _Draws(flat, None)
     padding = (np.arange(width)[None, None, :] >= sizes_array[drawn][:, :, None]).reshape(BOOTSTRAP_RESAMPLES, -1)
     return _Draws(flat, padding)
 
@@ -130,6 +131,8 @@ def resampled_means(levels: Levels, rng: np.random.Generator | None = None) -> n
     for i, g in enumerate(groups):
         padded[i, :g.size] = g
     values = padded.ravel()[draws.flat]
+    if draws.padding is None:
+        return values.mean(axis=1)
     kept = ~draws.padding
     return (values * kept).sum(axis=1) / kept.sum(axis=1)
 
