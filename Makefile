@@ -47,9 +47,10 @@ endif
 # -p no:hypothesispytest: bench/ has no property tests, and hypothesis's plugin costs ~1.5 s at the end of a session;
 # -p no:logging: no log capture (bench/ logs nothing; it attaches its handlers to the root and every non-propagating
 # logger, torch's ~40, around each phase of a process's ~600 tests: ~0.4 s a process; --log-* options are then
-# unknown); -p no:unraisableexception: no two full garbage collections at the end of the session (~0.3 s).
+# unknown); -p no:unraisableexception: no two full garbage collections at the end of the session (~0.3 s);
+# -p no:xdist -p no:xdist.looponfail: pytest-xdist (installed for make test) and its execnet import (~0.1 s a process).
 # The worker processes leave out the same (kvpages/measure/workers.py).
-BENCH_PYTEST := -q --benchmark-quiet -p no:hypothesispytest -p no:logging -p no:unraisableexception
+BENCH_PYTEST := -q --benchmark-quiet -p no:hypothesispytest -p no:logging -p no:unraisableexception -p no:xdist -p no:xdist.looponfail
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest bench/ --benchmark-only --kv-preset $(PRESET) --kv-analyze $(BENCH_PYTEST) $(PYTEST_ARGS)

@@ -30,7 +30,7 @@ WORKER_FLAG = "--kv-worker"
 WORKER_DIR_FLAG = "--kv-worker-dir"
 WORKER_GO_FLAG = "--kv-worker-go"
 LEAN_PYTEST = ("-q", "--benchmark-quiet", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:logging",
-               "-p", "no:unraisableexception")
+               "-p", "no:unraisableexception", "-p", "no:xdist", "-p", "no:xdist.looponfail")
 """A worker's pytest: quiet (the session reports the run), no cache, and without the plugins the Makefile's
 BENCH_PYTEST leaves out (it says what each costs)."""
 
