@@ -85,7 +85,8 @@ def _looks_like_path(spec: str) -> bool:
 
 def _version_in(folder: Path) -> str | None:
     try:
-        found = re.search(r"^__version__ *= *[\"']([^\"']+)[\"']", (folder / VERSION_FILE).read_text(), re.MULTILINE)
+        text = (folder / VERSION_FILE).read_text()  # `__version__ = "x"`, or setuptools-scm's `__version__ = version = "x"`
+        found = re.search(r"^__version__ *= *(?:version *= *)?[\"']([^\"']+)[\"']", text, re.MULTILINE)
     except (OSError, UnicodeDecodeError):
         return None
     return found.group(1) if found else None
