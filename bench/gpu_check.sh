@@ -6,13 +6,13 @@
 #   2. a `quick` sweep, profiler cross-check off, as a run folder in results/ (charts, REPORT.md, breakdown);
 #   3. the profiler preflight: a tiny CUDA profile in a child process must see the device-to-host copy;
 #   4. the same sweep, cross-check on, in 2 processes (skipped, saying why, if 3 failed);
-#   5. `kvpages compare` of the two runs; with 2+ GPUs, the quick steps on 2, 4 and 8 ranks (torchrun, a run each);
+#   5. `kvpages compare` of the two runs; with 2+ GPUs, the quick steps on 2, 4, 8 ranks (up to the GPU count; a run each);
 #   6. the CUDA-marked tests, less the in-process quick sweep that steps 2 and 4 cover.
 #
 # Usage: bash bench/gpu_check.sh [--archive DIR] [--device cuda|cpu] [--] [pytest options for both sweeps]
-#   --archive DIR   tee all output into DIR/gpu_check.log (DIR is created, holds nothing else) and, after each
-#                   sweep and at the end, atomically rewrite DIR/runs.tar.gz with this invocation's run folders
-#                   as results/<run-id>/... (`tar xzf` it at the repository root).
+#   --archive DIR   tee all output into DIR/gpu_check.log (DIR, relative to the current folder, is created and
+#                   holds nothing else) and, after each sweep and at the end, atomically rewrite DIR/runs.tar.gz
+#                   with this invocation's run folders as results/<run-id>/... (`tar xzf` it at the repository root).
 #   --device cpu    rehearse on the CPU (default: cuda): no profiler preflight, no nvidia-smi, CUDA tests skip.
 #   --help          print this header (the one place the usage and exit codes are written) and exit.
 #   Other options (or all after `--`) go to both sweeps; run folders go to results/ or a --kv-results given here
@@ -20,7 +20,7 @@
 # Environment: PYTHON (default python3; without kvpages installed, the plugin is loaded by name); limits in seconds:
 #   GPU_CHECK_SWEEP_S (each sweep, 150), GPU_CHECK_TESTS_S (the CUDA tests, 240), GPU_CHECK_TOTAL_S (the whole script, 280).
 # Exit codes: 0 every step passed; 1 a step failed or timed out (the last line names them); 2 python packages
-#   missing (preflight says how to get them); 3 no CUDA device; 64 a usage error (one line); 130 or 143
+#   missing (preflight says how to get them); 3 no CUDA device (one line); 64 a usage error (one line); 130 or 143
 #   SIGINT or SIGTERM: the running step is stopped, its run folder archived, the summary printed.
 set -uo pipefail  # no -e: a failing step is collected and the next one runs
 

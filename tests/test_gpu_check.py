@@ -30,7 +30,8 @@ from kvpages.schema.rows import SCENARIOS, ScenarioRow, ScenarioSampleSet
 from kvpages.schema.writer import RunWriter
 
 SMALL = ("--kv-seq-lens", "256", "--kv-page-sizes", "16", "--kv-scenarios", "none", "--kv-breakdown", "off", "--kv-processes", "1")
-"""Fewer points, for the rehearsals that check what happens around a sweep rather than in it."""
+"""Fewer points, no scenarios, no breakdown and one process (it overrides sweep-on's 2), for the rehearsals that
+check what happens around a sweep rather than in it."""
 
 
 def in_order(text: str, *markers: str) -> bool:
