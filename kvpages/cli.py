@@ -16,6 +16,7 @@ from kvpages.core.names import CANDIDATE
 from kvpages.core.presets import PRESETS
 from kvpages.render.compare import FORMATS as COMPARE_FORMATS
 from kvpages.render.compare import Compared
+from kvpages.schema.profiles import ProfileError
 from kvpages.schema.reader import RunError, load_run
 
 
@@ -74,15 +75,24 @@ def cmd_options(args: argparse.Namespace) -> int:
     return 0
 
 
-def _analysis(path: Path) -> Analysis:
-    return analyze(load_run(path))
+def _analysis(path: Path, profile_files: Sequence[Path] = ()) -> Analysis:
+    """The run's analysis, its meta.json first recording the user's link profiles (each read and checked before)."""
+    from kvpages.schema.profiles import read_profile, record_profiles
+
+    profiles = tuple(read_profile(f) for f in profile_files)
+    run = load_run(path)
+    if profiles:
+        record_profiles(run.path if run.path.is_dir() else run.path.parent, profiles)
+        run = load_run(path)
+    return analyze(run)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from kvpages.render.plots import plot_run
 
     formats = ("png", "svg") if args.svg else ("png",)
-    charts = plot_run(_analysis(args.run), formats, processes=2)  # drawing is most of the time: two CPUs where free
+    # drawing is most of the time: two CPUs where free
+    charts = plot_run(_analysis(args.run, args.link_profile), formats, processes=2)
     if not charts:
         raise RunError(f"{args.run}: no timed rows (status ok), so there is nothing to plot")
     for path in charts:
@@ -93,7 +103,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from kvpages.render.report import write_report
 
-    path = write_report(_analysis(args.run))
+    path = write_report(_analysis(args.run, args.link_profile))
     print(path.read_text(), end="")  # rendered once
     print(f"written: {path} and {path.parent / 'ratios.csv'}", file=sys.stderr)
     return 0
@@ -113,6 +123,36 @@ def cmd_cite(args: argparse.Namespace) -> int:
         raise RunError(f"give a row id to cite; `kvpages cite {args.run} --list` lists them")
     analysis = _analysis(args.run)
     print("\n".join(all_ids(analysis)) if args.list else cite(analysis, args.id))
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from kvpages.analysis.calibrate import calibrate
+    from kvpages.core.links import MEMORIES, profile_for
+    from kvpages.render.calibrate import calibration_text
+    from kvpages.schema.profiles import built_in_profiles, profile_text
+
+    run = load_run(args.run)
+    pcie = run.meta.environment.pcie_link if run.meta else None
+    built_in = built_in_profiles()
+    prior = {m: profile_for(pcie, f"pcie {m}", built_in) or next(p for p in built_in if p.name == f"pcie5_{m}")
+             for m in MEMORIES}
+    calibration = calibrate(analyze(run), prior)
+    out = args.out or (run.path if run.path.is_dir() else run.path.parent)
+    written = []
+    for profile in calibration.profiles:
+        path = out / f"{profile.name}.toml"
+        text = profile_text(profile, f"Fitted by `kvpages calibrate {args.run}`: pass it to `kvpages report --link-profile` "
+                                     f"or a sweep's --kv-link-profile.\nPrior (terms the run cannot separate): "
+                                     f"{prior[profile.memory].name}.")
+        if path.exists() and path.read_text() != text:
+            raise RunError(f"{path}: exists with other terms; remove it or pass --out to write elsewhere")
+        written.append((path, text))
+    print(calibration_text(calibration))
+    out.mkdir(parents=True, exist_ok=True)
+    for path, text in written:
+        path.write_text(text)
+        print(f"written: {path}")
     return 0
 
 
@@ -178,6 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         command(func, text).add_argument("run", type=Path, help="run folder, e.g. results/<run-id>, or its results.csv")
     sub.choices["plot"].add_argument("--svg", action="store_true", help="also write SVG")
+    for name in ("plot", "report"):
+        sub.choices[name].add_argument("--link-profile", type=Path, action="append", default=[], metavar="PATH",
+                                       help="add a link profile (TOML, e.g. from `kvpages calibrate`) to the predictions; "
+                                            "recorded in the run's meta.json (repeatable)")
+    p = command(cmd_calibrate, "fit the link model's terms from a CUDA run's rows: each with its interval, every residual")
+    p.add_argument("run", type=Path, help="a CUDA run folder, e.g. results/<run-id>")
+    p.add_argument("--out", type=Path, help="folder for the fitted profile files (default: the run folder)")
     p = command(cmd_cite, "print one row's figure in one line: interval and coverage, machine, commit, command")
     p.add_argument("run", type=Path, help="run folder, e.g. results/<run-id>")
     p.add_argument("id", nargs="?", help="a row id of ratios.csv (r-...) or scenarios.csv (req-..., step-...)")
@@ -216,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (RunError, CiteError, OSError) as exc:  # OSError: e.g. a run folder we may not write charts into
+    except (RunError, CiteError, OSError, ProfileError) as exc:  # OSError: e.g. a run folder we may not write charts into
         print(f"kvpages: error: {exc}", file=sys.stderr)
         return 2
     finally:

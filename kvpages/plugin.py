@@ -47,6 +47,13 @@ def pytest_configure(config: pytest.Config) -> None:
         options = BenchOptions.parse(config.getoption)
     except (ValueError, TypeError) as exc:
         raise pytest.UsageError(str(exc)) from None
+    for path in options.link_profiles or ():  # each read and checked now; the session records them in meta.json
+        from kvpages.schema.profiles import read_profile
+
+        try:
+            read_profile(path)
+        except ValueError as exc:
+            raise pytest.UsageError(f"--kv-link-profile: {exc}") from None
     if options.sglang:  # SGLang's own functions become variants before any name is checked
         from kvpages.measure.sglang import register_specs
 

@@ -34,6 +34,7 @@ NEEDS: tuple[Need, ...] = (
     Need("pytest_benchmark", "pytest-benchmark", "the timer (--benchmark-only)"),
     Need("pandas", "pandas", "the summary and report"),
     Need("matplotlib", "matplotlib", "the charts"),
+    *((Need("tomli", "tomli", "the link profiles (Python 3.11+ has tomllib)"),) if sys.version_info < (3, 11) else ()),
 )
 """What a sweep with --kv-analyze needs; the CUDA-marked tests need only the first four."""
 

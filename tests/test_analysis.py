@@ -18,7 +18,6 @@ from kvpages.analysis.compare import compare_runs
 from kvpages.analysis.ratios import analyze, crossovers
 from kvpages.cli import main
 from kvpages.core.estimator import between_runs, paired_ratio
-from kvpages.core.links import SYNC_US
 from kvpages.core.stats import Levels, block_medians
 from kvpages.render.report import ci_text, render, render_appendix, write_report
 from kvpages.schema.reader import load_run
@@ -294,7 +293,9 @@ def test_kvpages_list_prints_the_registry():
 
 def test_a_cuda_run_compares_the_model_with_the_measurement(tmp_path):
     from kvpages.core.links import profile_for
+    from kvpages.schema.profiles import built_in_profiles
 
+    profiles = built_in_profiles()
     folder = synthetic_run(tmp_path / "cuda", medians({(8192, 64): 0.5}))
     csv = (folder / "results.csv").read_text().replace("none (cpu)", "pcie pageable")
     (folder / "results.csv").write_text(csv)
@@ -304,16 +305,17 @@ def test_a_cuda_run_compares_the_model_with_the_measurement(tmp_path):
                                link_note="CUDA run: d2h_bytes crossed the device-host link.")
     (folder / "meta.json").write_text(json.dumps(meta))
     run = load_run(folder)
-    profile = profile_for("Gen1 x16 (max Gen5 x16)", "pcie pageable")  # an idle link: the maximum counts
+    profile = profile_for("Gen1 x16 (max Gen5 x16)", "pcie pageable", profiles)  # an idle link: the maximum counts
     assert profile is not None and profile.name == "pcie5_pageable"
-    assert profile_for("Gen4 x16", "pcie pinned").name == "pcie4_pinned"
-    assert profile_for(None, "pcie pinned") is None and profile_for("Gen5 x16", "none (cpu)") is None
-    assert profile_for("unknown", "pcie pinned") is None
+    assert profile_for("Gen4 x16", "pcie pinned", profiles).name == "pcie4_pinned"
+    assert profile_for(None, "pcie pinned", profiles) is None and profile_for("Gen5 x16", "none (cpu)", profiles) is None
+    assert profile_for("unknown", "pcie pinned", profiles) is None
     text = render(analyze(run)) + render_appendix(analyze(run))
     assert "#### Model vs measurement" in text and "no PCIe link was crossed" not in text
     assert "under load Gen5 x16 (max Gen5 x16)" in text
     host = run.ok_rows().set_index("variant").loc["host_stride"]
     modeled = profile.predicted_us("host_stride", int(host["page_size"]), 1, host["d2h_bytes"], host["d2h_transfers"], 0.0)
-    assert modeled == pytest.approx(SYNC_US + profile.latency_us + host["d2h_bytes"] / (profile.bandwidth_gb_s * 1e3))
+    assert modeled == pytest.approx(profile.us("sync_us") + profile.us("copy_us")
+                                    + host["d2h_bytes"] / (profile.us("bandwidth_gb_s") * 1e3))
     time = analyze(run).time_of(host.to_dict() | {"variant": "host_stride"})
     assert f"| {sig(time)} | {sig(modeled)} | {sig(time - modeled)} |" in text

@@ -181,8 +181,9 @@ def test_a_cuda_run_states_its_latency_findings_as_measured(tmp_path):
     check = made["Model vs measurement"]
     assert check.status == MEASURED and "PCIe Gen5 x16, pageable" in check.answer and "at the same 2 points" in check.answer
     from kvpages.core.links import profile_for
+    from kvpages.schema.profiles import built_in_profiles
 
-    profile = profile_for("Gen5 x16", "pcie pageable")
+    profile = profile_for("Gen5 x16", "pcie pageable", built_in_profiles())
     assert profile is not None
     r = next(r for r in analyze(load_run(folder)).ratios if r.variant == "device_stride" and r.page_size == 64)
     modeled = profile.predicted_us("device_stride", 64, 1, r.variant_d2h_bytes, 1, r.variant_median_us)

@@ -13,7 +13,7 @@ from kvpages.analysis.cite import CiteError, commit_text, fraction, interval_of,
 from kvpages.analysis.predict import Prediction, crossover, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis, ScenarioRatio
 from kvpages.analysis.verdicts import FASTER, SAME, SLOWER
-from kvpages.core.links import LinkProfile, device_ops, prediction_profiles, profile_for
+from kvpages.core.links import LinkProfile, device_ops, profile_for
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, label, per_request_name
 from kvpages.core.sglang import PREFIX
 from kvpages.schema.rows import RatioRow
@@ -45,18 +45,30 @@ def figure(r: RatioRow | ScenarioRatio) -> str:
 
 
 def profile_name(profile: LinkProfile) -> str:
+    if profile.origin != "built-in":
+        return f"{profile.label} ({'fitted' if profile.fitted else 'your'} profile {profile.name})"
     return f"{profile.label}{' (what-if)' if profile.pinned else ''}"
 
 
+def bounded(p: Prediction) -> str:
+    """'1.36 [1.21 if launch 0.5x, 1.58 if all 2x]': a predicted ratio and its range over the profile's variations."""
+    if sig(p.low) == sig(p.high):
+        return f"{sig(p.ratio)} [at every bound]"
+    return f"{sig(p.ratio)} [{sig(p.low)} if {p.low_by}, {sig(p.high)} if {p.high_by}]"
+
+
 def predicted_figure(predictions: tuple[Prediction, ...], baseline: str = BASELINE) -> str:
-    """'PCIe Gen5 x16, pageable 1.05; NVLink-C2C (GH200) 1.21; ... (model: predicted time / pre-PR's)'."""
-    parts = "; ".join(f"{profile_name(p.profile)} {sig(p.ratio)}" for p in predictions)
-    return f"{parts} (model: predicted time / {called(baseline)}'s)"
+    """'PCIe Gen5 x16, pageable 1.05 [0.98 if ..., 1.2 if ...]; ... (model: predicted time / pre-PR's; ...)'."""
+    parts = "; ".join(f"{profile_name(p.profile)} {bounded(p)}" for p in predictions)
+    return f"{parts} (model: predicted time / {called(baseline)}'s [its range at the terms' bounds])"
 
 
 def predicted_range(predictions: tuple[Prediction, ...]) -> str:
-    low, high = min(p.ratio for p in predictions), max(p.ratio for p in predictions)
-    return f"{sig(low)}x" if sig(low) == sig(high) else f"{sig(low)}-{sig(high)}x"
+    """'1.05-1.52x (0.93-2.1x at the terms' bounds)': over the profiles, then over their variations too."""
+    def span(low: float, high: float) -> str:
+        return f"{sig(low)}x" if sig(low) == sig(high) else f"{sig(low)}-{sig(high)}x"
+    return (f"{span(min(p.ratio for p in predictions), max(p.ratio for p in predictions))} "
+            f"({span(min(p.low for p in predictions), max(p.high for p in predictions))} at the terms' bounds)")
 
 
 def _bytes(analysis: Analysis) -> Finding | None:
@@ -97,13 +109,14 @@ def _predicted_crossover(analysis: Analysis, rows: list[RatioRow]) -> Finding:
     parts, first = [], None
     for page_size in sorted({r.page_size for r in rows}):
         at = [r for r in rows if r.page_size == page_size]
-        found = [(profile_name(p), crossover(analysis, at, p)) for p in prediction_profiles()]
-        parts.append(f"p={page_size}: " + ", ".join(f"{name} {'L=' + str(c) if c else 'none'}" for name, c in found))
-        if first is None and any(c for _, c in found):
-            first = min((r for r in at if r.seq_len == min(c for _, c in found if c)), key=lambda r: r.seq_len)
+        found = [crossover(analysis, at, p) for p in analysis.predicting]
+        parts.append(f"p={page_size}: " + ", ".join(f"{profile_name(c.profile)} {c.at(c.seq_len)} ({c.hangs_on()})"
+                                                      for c in found))
+        if first is None and any(c.seq_len for c in found):
+            first = min((r for r in at if r.seq_len == min(c.seq_len for c in found if c.seq_len)), key=lambda r: r.seq_len)
     cited = first or max(rows, key=lambda r: (r.page_size, r.seq_len))
     answer = ("Predicted crossover (model: the smallest swept L at which the merged PR's predicted time is below "
-              f"pre-PR's), per page size and link profile: {'; '.join(parts)}.")
+              f"pre-PR's), per page size and link profile, with the terms it hangs on: {'; '.join(parts)}.")
     return Finding("Crossover", answer, predicted_figure(point_predictions(analysis, cited)), cited.id, MODEL)
 
 
@@ -196,7 +209,7 @@ def _model_check(analysis: Analysis) -> Finding | None:
     pairs = []
     for r in analysis.ratios_of(CANDIDATE):
         link = rows[(rows["variant"] == CANDIDATE) & (rows["seq_len"] == r.seq_len) & (rows["page_size"] == r.page_size)]
-        profile = profile_for(pcie, str(link["link"].iloc[0])) if not link.empty else None
+        profile = profile_for(pcie, str(link["link"].iloc[0]), analysis.profiles) if not link.empty else None
         if profile is not None:
             modeled = profile.predicted_us(CANDIDATE, r.page_size, 1, r.variant_d2h_bytes,
                                            int(link["d2h_transfers"].iloc[0]), r.variant_median_us)

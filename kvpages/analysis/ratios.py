@@ -17,9 +17,11 @@ from kvpages.analysis.contention import contention
 from kvpages.analysis.intervals import levels, paired_logs
 from kvpages.analysis.verdicts import FASTER, MIN_EFFECT_FLOOR, SLOWER, bh_adjusted, discoveries, judge, judge_family
 from kvpages.core.estimator import Paired, mean_estimate, paired_ratio
+from kvpages.core.links import PREDICTION_PROFILES, LinkProfile
 from kvpages.core.names import CANDIDATE, FLOOR, STEP_BASELINE, per_request_name, per_request_of, variant_sort_key
 from kvpages.core.stats import Interval, finite_median, unknown
 from kvpages.schema.breakdown import BreakdownRow, read_breakdown
+from kvpages.schema.profiles import built_in_profiles
 from kvpages.schema.ranks import ContentionRow
 from kvpages.schema.reader import Run, RunError, row_key
 from kvpages.schema.rows import TIMED, RatioRow, ScenarioRatioRow, ratio_id
@@ -199,6 +201,12 @@ class Analysis:
     breakdown: tuple[BreakdownRow, ...] = ()  # breakdown.csv
     contention: tuple[ContentionRow, ...] = ()  # a multi-rank run's steps (kvpages.analysis.contention)
     host_work: frozenset[str] = frozenset()  # the variants whose page indices come from host work (`host_work`)
+    profiles: tuple[LinkProfile, ...] = ()  # every link profile the run is priced on: the built-in ones, then the user's
+
+    @property
+    def predicting(self) -> tuple[LinkProfile, ...]:
+        """The profiles a prediction is made on: the built-in PREDICTION_PROFILES, then the user's (meta.json)."""
+        return tuple(p for p in self.profiles if p.name in PREDICTION_PROFILES or p.origin != "built-in")
 
     @property
     def floor(self) -> tuple[RatioRow, ...]:
@@ -302,7 +310,13 @@ def analyze(run: Run, baseline: str | None = None) -> Analysis:
         raise RunError(str(exc)) from None
     return Analysis(run, baseline, ratios, tuple(crossovers(ratios)), best, noise,
                     scenario_ratios(run, step_baseline, effect), step_baseline, breakdown, contention(run),
-                    host_work(rows))
+                    host_work(rows), run_profiles(run))
+
+
+def run_profiles(run: Run) -> tuple[LinkProfile, ...]:
+    """The built-in profiles, then the user's that the run's meta.json records (one of a built-in's name replaces it)."""
+    own = tuple(run.meta.link_profiles) if run.meta else ()
+    return tuple(p for p in built_in_profiles() if p.name not in {u.name for u in own}) + own
 
 
 def host_work(rows: list[Record]) -> frozenset[str]:

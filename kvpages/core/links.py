@@ -1,45 +1,37 @@
-"""The link model: what a call or a step would cost on a GPU box, term by term, with every term's source here.
+"""The link model: what a call or a step would cost on a GPU box, term by term, each term with its source and bounds.
 
     predicted_us = host work this run measured (only where it is host work on any box)
-                 + device ops x (LAUNCH_US + KERNEL_US)
-                 + blocking copies x (SYNC_US + the profile's fixed cost per copy)
-                 + d2h_bytes / the profile's bandwidth
+                 + device ops x (launch + kernel)
+                 + copies x the fixed cost per copy + host syncs x sync   (a blocking copy: one of each)
+                 + d2h_bytes / bandwidth
 
-A model, not a measurement: the bytes and transfers are the meter's (exact), a blocking copy is one transfer and one
-sync. Pre-PR's numpy stride and the host mirror's slice are host work on any box, so their measured time is added; a
-device variant's time on a CPU run is its divide on this CPU, which a GPU box does not pay, so the modelled launch and
-kernel replace it. No torch.
+A model, not a measurement: the bytes and transfers are the meter's (exact). Pre-PR's numpy stride and the host
+mirror's slice are host work on any box, so their measured time is added; a device variant's time on a CPU run is its
+divide on this CPU, which a GPU box does not pay, so the modelled launch and kernel replace it. The terms live in link
+profiles, TOML files read by kvpages.schema.profiles (the built-in ones ship in kvpages/schema/profiles/), written by
+`kvpages calibrate` from a CUDA run. No torch, no file IO here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvpages.core.names import per_request_of
 
-
-@dataclass(frozen=True)
-class Term:
-    """One term of the model: its value and where the value comes from."""
-
-    name: str
-    value: float
-    unit: str
-    source: str
-
-
-LAUNCH = Term("launch per device op", 5.0, "µs",
-              "assumed: an eager PyTorch op on CUDA costs a few µs of host time (dispatch and cudaLaunchKernel; the "
-              "CUDA C++ Best Practices Guide calls a launch small but not free)")
-KERNEL = Term("device time per small kernel", 2.0, "µs",
-              "assumed: a strided divide or shift over at most 2 MB of indices (< 1 µs of HBM traffic at ~2 TB/s, "
-              "H100 PCIe datasheet) plus its start on the device; counted in full, not overlapped with the copy")
-SYNC = Term("sync per blocking copy", 3.0, "µs",
-            "assumed: the host's wait for the stream and its wake-up, once per blocking copy (not per op); with a "
-            "copy's fixed cost a small .cpu() then takes 9-11 µs, inside the public 6-12 µs for a small .cpu() with "
-            "its sync")
-LAUNCH_US, KERNEL_US, SYNC_US = LAUNCH.value, KERNEL.value, SYNC.value
+TERM_KEYS = ("launch_us", "kernel_us", "sync_us", "copy_us", "bandwidth_gb_s")
+"""A profile's terms, in the order a profile file and the report list them."""
+ASSUMED = TERM_KEYS[:4]
+"""The terms each prediction's bounds move (bandwidth is a datasheet or nvbandwidth figure, not an assumption)."""
+TERM_NAMES = {"launch_us": "launch per device op", "kernel_us": "device time per small kernel",
+              "sync_us": "sync per host sync", "copy_us": "fixed cost per copy", "bandwidth_gb_s": "D2H bandwidth"}
+SHORT = {"launch_us": "launch", "kernel_us": "kernel", "sync_us": "sync", "copy_us": "fixed cost",
+         "bandwidth_gb_s": "bandwidth"}
+MEMORIES = ("pageable", "pinned")
+SCALES = (0.5, 2.0)
+"""An assumed term's bounds: this factor of its value, low and high (docs/method.md, "Bounds")."""
 HOST_WORK = ("the timed figure of this run (the geometric mean of the block medians, every round on a cold input "
              "rotated through the pool): on a GPU box numpy reads a buffer a DMA has just written, so it is cold there "
              "too; the profiled pass runs warm and would give less")
@@ -47,20 +39,77 @@ HOST_WORK = ("the timed figure of this run (the geometric mean of the block medi
 
 
 @dataclass(frozen=True)
+class Term:
+    """One term of a profile: its value, where the value comes from, and its interval where it was fitted."""
+
+    key: str
+    value: float
+    source: str
+    low: float | None = None  # a fitted term's interval (`kvpages calibrate`); None: an assumption, bounded by SCALES
+    high: float | None = None
+
+    @property
+    def name(self) -> str:
+        return TERM_NAMES[self.key]
+
+    @property
+    def unit(self) -> str:
+        return "GB/s" if self.key == "bandwidth_gb_s" else "µs"
+
+    @property
+    def fitted(self) -> bool:
+        return self.low is not None and self.high is not None
+
+    def bounds(self) -> tuple[tuple[float, str], tuple[float, str]]:
+        """(value, how it is said) at its low and its high: its fitted interval, else SCALES x its value."""
+        if self.low is not None and self.high is not None:
+            return (self.low, f"{SHORT[self.key]} {self.low:.3g} {self.unit}"), (self.high, f"{SHORT[self.key]} "
+                                                                                   f"{self.high:.3g} {self.unit}")
+        low, high = SCALES
+        return (self.value * low, f"{SHORT[self.key]} {low:g}x"), (self.value * high, f"{SHORT[self.key]} {high:g}x")
+
+
+@dataclass(frozen=True)
 class LinkProfile:
-    """A device-to-host link: fixed cost per copy and sustained bandwidth (1 GB/s = 1e9 B/s)."""
+    """A device-to-host link and the device work around a copy: every term of the model (1 GB/s = 1e9 B/s)."""
 
     name: str
     label: str
-    latency_us: float
-    bandwidth_gb_s: float
-    source: str
-    pinned: bool = False
+    memory: str  # pageable or pinned: where `.cpu()` (pageable) or a pinned buffer receives the copy
+    terms: tuple[Term, ...]  # one per TERM_KEYS, in that order
+    origin: str = "built-in"  # the file it was read from, for a user's profile
+    sha256: str = ""  # of that file
 
-    def modeled_us(self, d2h_bytes: float, d2h_transfers: float, launches: int = 0) -> float:
-        """The module's formula less the measured host work."""
-        return (d2h_transfers * (self.latency_us + SYNC_US) + d2h_bytes / (self.bandwidth_gb_s * 1e3)
-                + launches * (LAUNCH_US + KERNEL_US))
+    def __post_init__(self) -> None:
+        if tuple(t.key for t in self.terms) != TERM_KEYS:
+            raise ValueError(f"profile {self.name!r}: terms {[t.key for t in self.terms]}, expected {list(TERM_KEYS)}")
+        if self.memory not in MEMORIES:
+            raise ValueError(f"profile {self.name!r}: memory {self.memory!r}; valid: {', '.join(MEMORIES)}")
+
+    def term(self, key: str) -> Term:
+        return self.terms[TERM_KEYS.index(key)]
+
+    def us(self, key: str) -> float:
+        return self.term(key).value
+
+    @property
+    def pinned(self) -> bool:
+        return self.memory == "pinned"
+
+    @property
+    def fitted(self) -> bool:
+        return any(t.fitted for t in self.terms)
+
+    def with_values(self, values: dict[str, float]) -> LinkProfile:
+        """This profile with some terms set to other values (their sources kept): one variation of its bounds."""
+        terms = tuple(dataclasses.replace(t, value=values[t.key]) if t.key in values else t for t in self.terms)
+        return dataclasses.replace(self, terms=terms)
+
+    def modeled_us(self, d2h_bytes: float, d2h_transfers: float, launches: float = 0, syncs: float | None = None) -> float:
+        """The module's formula less the measured host work; `syncs` None: one per copy (a blocking copy)."""
+        syncs = d2h_transfers if syncs is None else syncs
+        return (launches * (self.us("launch_us") + self.us("kernel_us")) + d2h_transfers * self.us("copy_us")
+                + syncs * self.us("sync_us") + d2h_bytes / (self.us("bandwidth_gb_s") * 1e3))
 
     def predicted_us(self, variant: str, page_size: int, calls: int, d2h_bytes: float, d2h_transfers: float,
                      measured_us: float, host_side: bool = False) -> float:
@@ -73,35 +122,43 @@ class LinkProfile:
         return f"modeled_{self.name}_us"
 
 
-LINK_PROFILES: tuple[LinkProfile, ...] = (
-    LinkProfile("pcie4_pinned", "PCIe Gen4 x16, pinned", 6.0, 25.0,
-                "nvbandwidth device_to_host_memcpy_ce on A100 PCIe Gen4: ~25-26 GB/s; about 5-7 µs per cudaMemcpyAsync",
-                pinned=True),
-    LinkProfile("pcie4_pageable", "PCIe Gen4 x16, pageable", 8.0, 12.5,
-                "assumption: half the pinned bandwidth and 2 µs more per copy, because a pageable copy is staged through "
-                "a pinned driver buffer (CUDA C++ Best Practices Guide, 'Pinned Memory')"),
-    LinkProfile("pcie5_pinned", "PCIe Gen5 x16, pinned", 6.0, 53.0,
-                "about 53 GB/s pinned D2H on H100 PCIe Gen5 (nvbandwidth device_to_host_memcpy_ce); about 5-7 µs per "
-                "cudaMemcpyAsync", pinned=True),
-    LinkProfile("pcie5_pageable", "PCIe Gen5 x16, pageable", 8.0, 26.5,
-                "assumption: half the pinned bandwidth and 2 µs more per copy (staged copy), as for Gen4"),
-    LinkProfile("nvlink_c2c", "NVLink-C2C (GH200)", 4.0, 450.0,
-                "NVIDIA GH200 Grace Hopper datasheet: 900 GB/s NVLink-C2C, 450 GB/s per direction; the CPU reads "
-                "pageable memory coherently; fixed cost per copy assumed 4 µs"),
-)
-"""The profiles the charts and the report price rows at."""
+class Variation(NamedTuple):
+    """One way the assumed terms may be off: `said` (e.g. 'sync 2x', 'all 0.5x') and the profile it gives."""
+
+    said: str
+    profile: LinkProfile
+
+
+def variations(profile: LinkProfile) -> tuple[Variation, ...]:
+    """Each assumed term at its low and its high, one at a time, then all of them low and all high together."""
+    bounds = {key: profile.term(key).bounds() for key in ASSUMED}
+    out = [Variation(said, profile.with_values({key: value})) for key in ASSUMED for value, said in bounds[key]]
+    fitted = any(profile.term(key).fitted for key in ASSUMED)  # then 'low' is each term's own low, not one factor
+    for side, word in enumerate(("low", "high")):
+        said = f"all {word}" if fitted else f"all {SCALES[side]:g}x"
+        out.append(Variation(said, profile.with_values({key: bounds[key][side][0] for key in ASSUMED})))
+    return tuple(out)
+
+
+def bounds_text(profile: LinkProfile) -> str:
+    """How far the bounds move the terms: '0.5-2x' for assumed terms, 'their fitted intervals' where fitted."""
+    fitted = [SHORT[k] for k in ASSUMED if profile.term(k).fitted]
+    scaled = f"{SCALES[0]:g}-{SCALES[1]:g}x"
+    if not fitted:
+        return f"every term within {scaled}"
+    if len(fitted) == len(ASSUMED):
+        return "every term within its fitted interval"
+    return f"{', '.join(fitted)} within their fitted intervals, the rest within {scaled}"
+
 
 PREDICTION_PROFILES = ("pcie5_pageable", "nvlink_c2c", "pcie5_pinned")
-"""The profiles a CPU run's findings predict on: `.cpu()` copies into pageable memory, so pre-PR and the merged PR
-are priced on the pageable PCIe Gen5 link and on GH200's C2C; the pinned profile is a labelled what-if."""
+"""The built-in profiles a CPU run's findings predict on: `.cpu()` copies into pageable memory, so pre-PR and the merged
+PR are priced on the pageable PCIe Gen5 link and on GH200's C2C; the pinned profile is a labelled what-if. A user's
+profiles (`--kv-link-profile`, `kvpages report --link-profile`) are added after them."""
 
 KERNELS_PER_CALL = {"host_stride": 0, "host_mirror": 0, "device_stride": 1, "device_shift": 1,
                     "device_stride_shortcut": 1, "device_stride_pinned": 1}
 """Device ops a call launches before its copy (the strided divide or shift; a slice is a view); none: host work."""
-
-
-def prediction_profiles() -> tuple[LinkProfile, ...]:
-    return tuple(next(p for p in LINK_PROFILES if p.name == name) for name in PREDICTION_PROFILES)
 
 
 def carries_host_work(variant: str, host_side: bool = False) -> bool:
@@ -122,16 +179,13 @@ def device_ops(variant: str, page_size: int, calls: int = 1, host_side: bool = F
     return KERNELS_PER_CALL.get(name, 0 if host_side else 1) * calls
 
 
-def model_terms() -> tuple[Term, ...]:
-    return (LAUNCH, KERNEL, SYNC)
-
-
-def profile_for(pcie_link: str | None, link: str) -> LinkProfile | None:
-    """The profile of a measured link, or None: the PCIe generation from meta.json's `pcie_link` ('Gen1 x16 (max Gen5
-    x16)': an idle link drops to Gen1, so the maximum counts), pinned/pageable from a row's `link` ('pcie pinned')."""
+def profile_for(pcie_link: str | None, link: str, profiles: tuple[LinkProfile, ...]) -> LinkProfile | None:
+    """The profile of a measured link among `profiles`, or None: the PCIe generation from meta.json's `pcie_link`
+    ('Gen1 x16 (max Gen5 x16)': an idle link drops to Gen1, so the maximum counts), pinned/pageable from a row's
+    `link` ('pcie pinned')."""
     generation = re.search(r"max Gen(\d+)", pcie_link or "") or re.match(r"Gen(\d+)", pcie_link or "")
     kind = {"pcie pinned": "pinned", "pcie pageable": "pageable"}.get(link)
     if generation is None or kind is None:
         return None
     name = f"pcie{generation.group(1)}_{kind}"
-    return next((p for p in LINK_PROFILES if p.name == name), None)
+    return next((p for p in profiles if p.name == name), None)

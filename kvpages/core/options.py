@@ -128,6 +128,9 @@ OPTIONS: tuple[Option, ...] = (
            "process after the timing: on, off (default: on)", _choice(BREAKDOWN_MODES, "breakdown mode")),
     Option("--kv-rank-timeout", "rank_timeout_s", "under torchrun: seconds a rank waits for the others at a barrier "
            f"or gather before the run stops, naming them (default {DEFAULT_RANK_TIMEOUT_S:g})", _float_seconds, repr),
+    Option("--kv-link-profile", "link_profiles", "link profile files (TOML, e.g. from `kvpages calibrate`), comma-separated, "
+           "that the report's predictions add to the built-in ones; checked before the sweep, recorded in meta.json",
+           lambda f, t: tuple(split_csv(f, t))),
     Option("--kv-results", "results_dir", "folder that receives the run folder (default: <rootdir>/results)", lambda f, t: t),
 )
 
@@ -183,6 +186,7 @@ class BenchOptions:
     baseline: str | None = None
     breakdown: str | None = None
     rank_timeout_s: float | None = None
+    link_profiles: tuple[str, ...] | None = None
     results_dir: str | None = None
 
     @classmethod

@@ -37,6 +37,7 @@ from kvpages.measure.variants import variant_names
 from kvpages.measure.workers import WorkerCommand, Workers, run_workers
 from kvpages.measure.worklog import WorkerEnd, WorkerLog, log_path, read_readings, write_cases
 from kvpages.schema.meta import ProcessInfo, RunMeta, RunTiming
+from kvpages.schema.profiles import read_profile
 from kvpages.schema.writer import RunWriter, create_run_dir, utc_now
 
 # A worker's time limit (SweepPlan.worker_limit_s), well over what each part of its share takes:
@@ -189,7 +190,8 @@ class KvSession:
         meta = RunMeta(run_id=path.name, preset=self.options.selected_preset.name, options=self.options.as_strings(),
                        command=self.command, started_utc=self.started_utc, environment=env,
                        repetitions=self.repetitions, order_seed=self.options.sweep.seed, baseline=self.options.baseline_name,
-                       crosscheck=self.runner.crosscheck.status(self.crosscheck_on), ranks=None if group is None else group.meta)
+                       crosscheck=self.runner.crosscheck.status(self.crosscheck_on), ranks=None if group is None else group.meta,
+                       link_profiles=[read_profile(Path(p).resolve()) for p in self.options.link_profiles or ()])
         writer = RunWriter(path, meta)
         if self.trace_dir is not None and (self.trace_dir / profiler_check.TRACE_FILE).exists():
             shutil.move(self.trace_dir / profiler_check.TRACE_FILE, path / profiler_check.TRACE_FILE)

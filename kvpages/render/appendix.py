@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvpages.analysis.cite import fraction, sig
 from kvpages.analysis.predict import with_link_model
 from kvpages.analysis.ratios import Analysis, variant_order
-from kvpages.core.links import LINK_PROFILES, profile_for
+from kvpages.core.links import profile_for
 from kvpages.core.names import CANDIDATE, called, label
 from kvpages.render.text import ci_text, count, coverage, interval_cell, table
 
@@ -35,13 +35,13 @@ def variants_section(analysis: Analysis) -> str:
 
 def link_model_section(analysis: Analysis) -> str:
     run = analysis.run
-    modeled = with_link_model(run.ok_rows(), analysis.host_work)  # one call's device ops, syncs, copies and bytes
+    modeled = with_link_model(run.ok_rows(), analysis.profiles, analysis.host_work)  # one call: ops, syncs, copies, bytes
     modeled = modeled[modeled["variant"].isin([analysis.baseline, CANDIDATE])]
     longest = modeled.groupby(["dtype", "layout", "page_size"])["seq_len"].transform("max")
     chosen = modeled[modeled["seq_len"] == longest].sort_values(["page_size", "variant"])
-    header = ["page_size", "seq_len", "variant", "bytes", "transfers", "measured µs"] + [p.label + " µs" for p in LINK_PROFILES]
+    header = ["page_size", "seq_len", "variant", "bytes", "transfers", "measured µs"] + [p.label + " µs" for p in analysis.profiles]
     rows = [[r["page_size"], r["seq_len"], r["variant"], count(r["d2h_bytes"]), r["d2h_transfers"], sig(analysis.time_of(r))]
-            + [sig(r[p.column]) for p in LINK_PROFILES] for _, r in chosen.iterrows()]
+            + [sig(r[p.column]) for p in analysis.profiles] for _, r in chosen.iterrows()]
     lead = ("**Model, not measurement**: the link and device terms of one call per link profile, without host work "
             "(every term and its source: the report's link model section, `kvpages/core/links.py`), at the longest "
             "swept seq_len. ")
@@ -59,7 +59,7 @@ def model_vs_measurement(analysis: Analysis) -> str:
     pcie = run.meta.environment.pcie_link if run.meta else None
     rows = []
     for _, r in run.ok_rows().sort_values(["page_size", "seq_len", "variant"], key=variant_order).iterrows():
-        profile = profile_for(pcie, r["link"])
+        profile = profile_for(pcie, r["link"], analysis.profiles)
         if profile is None:
             continue
         modeled = profile.predicted_us(str(r["variant"]), int(r["page_size"]), 1, r["d2h_bytes"], r["d2h_transfers"], 0.0,

@@ -31,8 +31,10 @@ def caption(analysis: Analysis, name: str) -> str:
                  f"on 1 (▲/▼: beyond the cap); each cell prints its interval; '~' with grey text: same (within the "
                  f"{effect} minimum effect); '?' on a hatched cell: unclear.",
         "link_model": f"A model, not a measurement: the predicted merged PR / {base} time per call on each link profile "
-                      "(pre-PR's measured host work + device ops, syncs, copies and bytes / bandwidth; every term in "
-                      "kvpages/core/links.py), against the sequence length, a panel per page size.",
+                      "(pre-PR's measured host work + device ops, syncs, copies and bytes / bandwidth; every term and "
+                      "its source in the report's link model section), against the sequence length, a panel per page "
+                      "size; each band is the ratio's range with the assumed terms at their bounds (0.5-2x, or a fitted "
+                      "profile's intervals), one at a time and all together.",
         "scenario_requests": f"Measured {time} per whole request against the prompt length, a panel per side and page "
                              f"size (prefill: one conversion per chunk; decode: one), {band}; the host mirror's line "
                              "includes its upkeep (one batched D2H per step).",

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from kvpages.analysis.cite import fraction, sig
 from kvpages.analysis.findings import BATCHED, profile_name
-from kvpages.analysis.predict import crossover, point_predictions, scenario_predictions
+from kvpages.analysis.predict import Prediction, crossover, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis
-from kvpages.core.links import HOST_WORK, LINK_PROFILES, model_terms, prediction_profiles
+from kvpages.core.links import ASSUMED, HOST_WORK, TERM_KEYS
 from kvpages.core.names import CANDIDATE, STEP_CANDIDATE, called
 from kvpages.render.captions import time_label
 from kvpages.render.text import ci_text, count, coverage, interval_cell, table
@@ -16,7 +16,11 @@ from kvpages.render.text import ci_text, count, coverage, interval_cell, table
 def _predicted_header(analysis: Analysis) -> list[str]:
     if analysis.run.link_crossed:
         return []
-    return [f"model: {profile_name(p)}" for p in prediction_profiles()]
+    return [f"model: {profile_name(p)} [range at the bounds]" for p in analysis.predicting]
+
+
+def _span(p: Prediction) -> str:
+    return f"{sig(p.ratio)} [{sig(p.low)}-{sig(p.high)}]"
 
 
 def per_call_table(analysis: Analysis) -> str:
@@ -27,7 +31,7 @@ def per_call_table(analysis: Analysis) -> str:
         at = [x.seq_len for x in ratios if x.page_size == r.page_size]
         if r.seq_len not in (min(at), max(at)):
             continue
-        predicted = [] if analysis.run.link_crossed else [sig(p.ratio) for p in point_predictions(analysis, r)]
+        predicted = [] if analysis.run.link_crossed else [_span(p) for p in point_predictions(analysis, r)]
         rows.append([r.page_size, r.seq_len, fraction(r.bytes_ratio), sig(r.baseline_median_us), sig(r.variant_median_us),
                      f"{sig(r.ratio)} {ci_text(r)} {r.verdict}", *predicted, f"`{r.id}`"])
     word = time_label(analysis, "µs")
@@ -45,7 +49,7 @@ def crossover_table(analysis: Analysis) -> str:
         found = [r for r in analysis.ratios_of(CANDIDATE) if (r.dtype, r.layout, r.page_size) == (c.dtype, c.layout,
                                                                                                  c.page_size)]
         predicted = [] if analysis.run.link_crossed else [
-            f"L={x}" if (x := crossover(analysis, found, p)) else "none" for p in prediction_profiles()]
+            f"{x.at(x.seq_len)} [{x.span}]" for x in (crossover(analysis, found, p) for p in analysis.predicting)]
         rows.append([c.page_size, c.describe(), *predicted])
     what = "measured host-side (no transfer)" if not analysis.run.link_crossed else "measured"
     return table(["p", f"{what}: judged faster from", *_predicted_header(analysis)], rows)
@@ -67,7 +71,7 @@ def scenario_table(analysis: Analysis) -> str:
         if r is None:
             continue
         size = f"L={row['tokens']}" if row["kind"] == "request" else f"B={row['requests']}"
-        predicted = [] if analysis.run.link_crossed else [sig(p.ratio) for p in scenario_predictions(analysis, r)]
+        predicted = [] if analysis.run.link_crossed else [_span(p) for p in scenario_predictions(analysis, r)]
         rows.append([f"{row['kind']} {row['side']}", size, row["variant"], count(row["d2h_bytes"]), row["d2h_transfers"],
                      sig(r.baseline_us), sig(r.variant_us), interval_cell(r.interval, r.verdict), *predicted])
     word = time_label(analysis, "µs")
@@ -77,17 +81,38 @@ def scenario_table(analysis: Analysis) -> str:
     return f"At page size {top}; every page size and step variant is in the appendix.\n\n" + table(header, rows)
 
 
+def _terms(analysis: Analysis) -> list[str]:
+    """Each term once where every priced profile shares it (value and source), else once per profile."""
+    lines = []
+    for key in TERM_KEYS:
+        terms = {(p.term(key).value, p.term(key).source, p.term(key).low, p.term(key).high): p for p in analysis.profiles}
+        for t in (p.term(key) for p in terms.values()):
+            where = "" if len(terms) == 1 else f" ({', '.join(p.label for p in analysis.profiles if p.term(key) == t)})"
+            (low, _), (high, _) = t.bounds()
+            bounds = f"fitted interval {low:.3g}-{high:.3g}" if t.fitted else f"bounds {low:.3g}-{high:.3g} (0.5-2x)"
+            lines.append(f"- {t.name}{where}: {t.value:g} {t.unit}, {bounds if key in ASSUMED else 'not varied'}. "
+                         f"{t.source}")
+    return lines
+
+
+def _user_profiles(analysis: Analysis) -> str:
+    mine = [p for p in analysis.profiles if p.origin != "built-in"]
+    return "".join(f" Profile `{p.name}` ({p.label}, {p.memory}) is the user's: `{p.origin}`, SHA-256 {p.sha256[:16]}..., "
+                   "recorded in meta.json `link_profiles`." for p in mine)
+
+
 def model_section(analysis: Analysis) -> str:
-    """Every term of the model and its source, in one place."""
-    terms = [f"- {t.name}: {t.value:g} {t.unit}. {t.source}" for t in model_terms()]
-    links = [f"- {p.label}: {p.latency_us:g} µs fixed per copy + bytes / {p.bandwidth_gb_s:g} GB/s. {p.source}"
-             for p in LINK_PROFILES]
+    """Every term of the model, its bounds and its source, in one place."""
     crossed = ("This run crossed a link: its findings are measured, and one finding sets the model against them."
                if analysis.run.link_crossed else
-               "This run crossed no link: the findings' times are this model's predictions.")
+               "This run crossed no link: the findings' times are this model's predictions, each with its range when "
+               "the assumed terms (launch, kernel, sync, fixed cost) move to their bounds, one at a time and all "
+               "together; a crossover names the terms that move it.")
     return ("predicted µs = measured host work (pre-PR's numpy stride and divide, the host mirror's slice: host work "
-            "on any box) + device ops x (launch + kernel) + blocking copies x (sync + fixed cost per copy) + bytes / "
-            "bandwidth. A device variant's measured time on a CPU run is its divide on this CPU, so it is not "
-            f"carried over. Host work: {HOST_WORK}. `.cpu()` copies into pageable memory, so pre-PR and the merged "
-            "PR are priced on pageable profiles and on GH200's C2C; the pinned profile is a what-if. "
-            f"{crossed} Terms (kvpages/core/links.py):\n\n" + "\n".join(terms + links))
+            "on any box) + device ops x (launch + kernel) + copies x fixed cost + host syncs x sync (a blocking copy: "
+            "one of each) + bytes / bandwidth. A device variant's measured time on a CPU run is its divide on this "
+            f"CPU, so it is not carried over. Host work: {HOST_WORK}. `.cpu()` copies into pageable memory, so pre-PR "
+            "and the merged PR are priced on pageable profiles and on GH200's C2C; the pinned profile is a what-if. "
+            f"{crossed}{_user_profiles(analysis)} The public GPU figures the model is tested against, and what it "
+            "leaves out of those it misses: docs/method.md, \"The public record\". Terms (link profiles: "
+            "kvpages/schema/profiles/*.toml; `kvpages calibrate` fits them from a CUDA run):\n\n" + "\n".join(_terms(analysis)))

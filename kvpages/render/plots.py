@@ -18,7 +18,6 @@ from kvpages.analysis.findings import profile_name
 from kvpages.analysis.predict import point_predictions
 from kvpages.analysis.ratios import Analysis, Record, records
 from kvpages.analysis.verdicts import SAME, UNCLEAR
-from kvpages.core.links import prediction_profiles
 from kvpages.core.names import CANDIDATE, called, variant_sort_key
 from kvpages.core.stats import Interval
 from kvpages.core.sweep import ITEMSIZE
@@ -198,9 +197,12 @@ def plot_link_model(analysis: Analysis, frame, dtype: str, layout: str, stem: Pa
         at = sorted((r for r in ratios if r.page_size == page_size), key=lambda r: r.seq_len)
         seq = [r.seq_len for r in at]
         predicted = [point_predictions(analysis, r) for r in at]
-        for n, profile in enumerate(prediction_profiles()):
-            ax.plot(seq, [p[n].ratio for p in predicted], color=palette[n], marker="osD"[n], ms=4, mfc="none",
+        for n, profile in enumerate(analysis.predicting):
+            color = palette[n % len(palette)]
+            ax.plot(seq, [p[n].ratio for p in predicted], color=color, marker="osD^v"[n % 5], ms=4, mfc="none",
                     ls=":" if profile.pinned else "-", label=profile_name(profile))
+            ax.fill_between(seq, [p[n].low for p in predicted], [p[n].high for p in predicted], color=color, alpha=0.1,
+                            lw=0)
         ax.axhline(1.0, color="black", lw=1, ls="--", label="1: same predicted time")
         _log_axes(ax)
         set_title(ax, f"page_size={page_size}")

@@ -10,6 +10,7 @@ from kvpages.analysis.findings import findings
 from kvpages.analysis.noise import components_text, efficiency
 from kvpages.analysis.ratios import NOISY_SPREAD, Analysis
 from kvpages.analysis.verdicts import FDR, MIN_EFFECT_FLOOR
+from kvpages.core.links import SCALES
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, label, per_request_of
 from kvpages.render.appendix import groups, link_model_section, ratio_cell, same_latencies, scenarios_section, variants_section
 from kvpages.render.breakdown import breakdown_section, breakdown_summary, floor_section
@@ -117,7 +118,10 @@ def findings_section(analysis: Analysis) -> str:
     rows: list[list[object]] = [[f.question, f.answer, f.figure, f"`{f.id}`" if f.id != "-" else "-", f.status]
                                 for f in findings(analysis)]
     model = ("" if analysis.run.link_crossed else "On this CPU run no link was crossed: a time figure is the model's "
-             "predicted ratio per link profile (see The link model), and the measured host-side work is evidence. ")
+             "predicted ratio per link profile (see The link model), and the measured host-side work is evidence. In "
+             f"brackets: the ratio's range when the assumed terms (launch, kernel, sync, fixed cost per copy) move to "
+             f"their bounds ({SCALES[0]:g}-{SCALES[1]:g}x, or a fitted profile's intervals), one at a time and all "
+             "together, with the variation that gives each end; a crossover names the variations that move it. ")
     return (f"{model}Measured ratios are variant / {called(analysis.baseline)} with their {coverage(analysis)} (see "
             "Method); each id is a row of "
             f"`{RATIOS_CSV}` (`r-...`) or `scenarios.csv` / `{SCENARIO_RATIOS_CSV}` (`req-...`, `step-...`); "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvpages.core.links import LinkProfile
 from kvpages.core.names import BASELINE
 from kvpages.schema.rows import SCHEMA_VERSION
 
@@ -118,6 +119,9 @@ class RunMeta:
     breakdown: str = "off"  # breakdown.csv: what the profiled pass wrote, or why it wrote nothing
     ranks: RanksMeta | None = None  # a multi-rank run's process group; None: one rank
     baseline: str = BASELINE  # the variant every ratio of the run is against (--kv-baseline)
+    link_profiles: list[LinkProfile] = field(default_factory=list)
+    """A user's link profiles the predictions add (--kv-link-profile, `kvpages report --link-profile`): each with
+    its terms, the file's path (`origin`) and SHA-256."""
 
     def efficiency_text(self) -> str:
         """How much of the session's wall time was timed, in one line (the report's method and `kvpages noise`)."""

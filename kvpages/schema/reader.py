@@ -15,6 +15,7 @@ import pandas as pd
 
 from kvpages.core.names import BASELINE
 from kvpages.schema.meta import Environment, ProcessInfo, RankInfo, RanksMeta, RunMeta, RunTiming
+from kvpages.schema.profiles import profile_from_record
 from kvpages.schema.rows import (
     KEY_COLUMNS,
     META_JSON,
@@ -158,9 +159,10 @@ def _read_meta(path: Path) -> RunMeta:
         timing = data.pop("timing", None)
         group = data.pop("ranks", None)
         ranks = None if group is None else RanksMeta(**{**group, "ranks": tuple(RankInfo(**r) for r in group["ranks"])})
-        return RunMeta(environment=env, processes=processes, ranks=ranks,
+        profiles = [profile_from_record(p) for p in data.pop("link_profiles", [])]
+        return RunMeta(environment=env, processes=processes, ranks=ranks, link_profiles=profiles,
                        timing=RunTiming.from_json(timing) if timing else None, **data)
-    except (TypeError, KeyError) as exc:
+    except (TypeError, KeyError, ValueError) as exc:
         raise RunError(f"{path}: fields do not match schema version {version} ({exc})") from None
 
 

@@ -1,0 +1,136 @@
+"""`kvpages calibrate`: a CUDA-shaped run folder made from a known profile plus noise gives that profile back, each term
+within 10% and the same crossover; a CPU run is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from conftest import REPO, synthetic_run
+
+from kvpages.analysis.calibrate import calibrate
+from kvpages.analysis.predict import crossover
+from kvpages.analysis.ratios import analyze
+from kvpages.core.links import TERM_KEYS, LinkProfile, Term, device_ops
+from kvpages.core.names import CANDIDATE
+from kvpages.schema.breakdown import BreakdownRow, write_breakdown
+from kvpages.schema.profiles import built_in_profiles, read_profile
+from kvpages.schema.reader import RunError, load_run
+
+
+def profile(name: str, memory: str, values: tuple[float, ...]) -> LinkProfile:
+    return LinkProfile(name, name, memory, tuple(Term(k, v, "known") for k, v in zip(TERM_KEYS, values, strict=True)))
+
+
+TRUE = {"pageable": profile("true_pageable", "pageable", (7.0, 3.0, 4.5, 9.0, 20.0)),
+        "pinned": profile("true_pinned", "pinned", (7.0, 3.0, 4.5, 5.0, 45.0))}
+SEQ_LENS = (512, 8192, 131072, 524288)
+SYNCS = {"sglang@twice": 2}  # a variant that syncs twice per copy (a .item() before its .cpu()): sync apart from copy
+VARIANTS = {"device_stride": "pageable", "device_stride_shortcut": "pageable", "device_shift": "pageable",
+            "sglang@twice": "pageable", "device_stride_pinned": "pinned"}
+
+
+def cuda_run(folder, noise: float = 0.02, kernel_rows: bool = True):
+    """A CUDA run of the device variants at p = 1 and 64, each row's time the TRUE profile's, with `noise` between
+    repetitions (and 1% between rounds); breakdown.csv holds the profiled kernel time per op."""
+    medians, syncs = {}, {}
+    for variant, memory in VARIANTS.items():
+        for page_size in (1, 64):
+            for seq_len in SEQ_LENS:
+                moved = -(-seq_len // page_size) * 4
+                syncs[variant] = SYNCS.get(variant, 1)
+                ops = device_ops(variant, page_size, 1)
+                medians[(variant, seq_len, page_size)] = TRUE[memory].modeled_us(moved, 1, ops, syncs[variant])
+    folder = synthetic_run(folder, medians, rep_spread=noise, repetitions=12, processes=3)
+    rows = pd.read_csv(folder / "results.csv", dtype=str, keep_default_na=False)
+    rows["link"] = [f"pcie {VARIANTS[v]}" for v in rows["variant"]]
+    rows["host_syncs"] = [str(syncs[v]) for v in rows["variant"]]
+    rows["device"] = "cuda"
+    rows.to_csv(folder / "results.csv", index=False)
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["environment"].update(device="cuda", device_name="Test GPU", pcie_link="Gen5 x16", link_crossed=True,
+                               link_note="CUDA run: d2h_bytes crossed the device-host link.")
+    (folder / "meta.json").write_text(json.dumps(meta))
+    if kernel_rows:
+        kernel = TRUE["pageable"].us("kernel_us")
+        write_breakdown(folder, [BreakdownRow(f"device_stride-s{s}-p64", "device_stride", "cuda", "int32", "fragmented",
+                                              s, 64, 9, 20.0, 5.0, None, None, 6.0, 8.0, kernel * (1 + 0.01 * n),
+                                              1.0, s // 16, "DtoH", "") for n, s in enumerate(SEQ_LENS)])
+    return folder
+
+
+def prior() -> dict[str, LinkProfile]:
+    found = {p.name: p for p in built_in_profiles()}
+    return {"pageable": found["pcie5_pageable"], "pinned": found["pcie5_pinned"]}
+
+
+def test_calibrate_recovers_a_known_profile_within_10_percent_and_its_crossover(tmp_path):
+    calibration = calibrate(analyze(load_run(cuda_run(tmp_path / "cuda"))), prior())
+    fitted = {p.memory: p for p in calibration.profiles}
+    assert set(fitted) == {"pageable", "pinned"} and not calibration.notes
+    for memory, true in TRUE.items():
+        for key in TERM_KEYS:
+            t = fitted[memory].term(key)
+            assert t.value == pytest.approx(true.us(key), rel=0.10), (memory, key)
+            assert t.low is not None and t.high is not None and t.low <= t.value <= t.high, (memory, key)
+    # the fitted profile puts a CPU run's crossover where the true one does, at every page size
+    cpu = analyze(load_run(synthetic_run(tmp_path / "cpu", {(v, s, p): m for p in (16, 64, 128) for s, m in
+                                                             ((512, 3.0), (8192, 9.0), (32768, 30.0), (131072, 110.0))
+                                                             for v in ("host_stride", CANDIDATE)})))
+    for page_size in (16, 64, 128):
+        rows = [r for r in cpu.ratios_of(CANDIDATE) if r.page_size == page_size]
+        truth = crossover(cpu, rows, TRUE["pageable"]).seq_len
+        assert truth is not None and crossover(cpu, rows, fitted["pageable"]).seq_len == truth
+    assert len(calibration.residuals) == 2 * len(SEQ_LENS) * len(VARIANTS)
+    assert max(abs(r.residual_us / r.measured_us) for r in calibration.residuals) < 0.1
+
+
+def test_terms_a_run_cannot_separate_keep_the_prior_and_say_so(tmp_path):
+    """Without a variant that syncs apart from its copy, and without profiled kernels, sync and kernel keep the prior."""
+    folder = cuda_run(tmp_path / "cuda", kernel_rows=False)
+    rows = pd.read_csv(folder / "results.csv", dtype=str, keep_default_na=False)
+    rows[rows["variant"] != "sglang@twice"].to_csv(folder / "results.csv", index=False)
+    calibration = calibrate(analyze(load_run(folder)), prior())
+    pageable = next(p for p in calibration.profiles if p.memory == "pageable")
+    assert not pageable.term("sync_us").fitted and "prior, not separable" in pageable.term("sync_us").source
+    assert not pageable.term("kernel_us").fitted and pageable.term("kernel_us").value == 2.0
+    assert any(n.startswith("sync:") for n in calibration.notes) and any(n.startswith("kernel:") for n in calibration.notes)
+    # what the rows do determine still comes out: the per-op sum, the copy and sync together, the bandwidth
+    true = TRUE["pageable"]
+    assert pageable.us("launch_us") + pageable.us("kernel_us") == pytest.approx(true.us("launch_us") + true.us("kernel_us"),
+                                                                                rel=0.1)
+    assert pageable.us("copy_us") + pageable.us("sync_us") == pytest.approx(true.us("copy_us") + true.us("sync_us"), rel=0.1)
+    assert pageable.us("bandwidth_gb_s") == pytest.approx(true.us("bandwidth_gb_s"), rel=0.1)
+
+
+def test_calibrate_refuses_a_cpu_run(tmp_path):
+    folder = synthetic_run(tmp_path / "cpu", {("device_stride", 512, 1): 3.0, ("host_stride", 512, 1): 2.0})
+    with pytest.raises(RunError, match="CPU run crossed no link"):
+        calibrate(analyze(load_run(folder)), prior())
+    done = subprocess.run([sys.executable, "-m", "kvpages", "calibrate", str(folder)], capture_output=True, text=True,
+                          cwd=REPO)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "a CPU run crossed no link" in done.stderr
+    assert not list(folder.glob("*.toml"))
+
+
+def test_the_calibrate_command_prints_terms_and_residuals_and_writes_profiles_a_report_can_use(tmp_path):
+    folder = cuda_run(tmp_path / "cuda")
+    done = subprocess.run([sys.executable, "-m", "kvpages", "calibrate", str(folder)], capture_output=True, text=True,
+                          cwd=REPO, check=True)
+    assert "launch per device op" in done.stdout and "fixed cost per copy" in done.stdout
+    assert "residual µs" in done.stdout and "| device_stride-s524288-p64-int32-fragmented | pageable |" in done.stdout
+    written = sorted(folder.glob("fit_*.toml"))
+    assert [p.name.rsplit("_", 1)[1] for p in written] == ["pageable.toml", "pinned.toml"]
+    fitted = read_profile(written[0])
+    assert fitted.fitted and fitted.us("bandwidth_gb_s") == pytest.approx(20.0, rel=0.1)
+    again = subprocess.run([sys.executable, "-m", "kvpages", "calibrate", str(folder)], capture_output=True, text=True,
+                           cwd=REPO)
+    assert again.returncode == 0, again.stderr  # the same run fits the same terms: the files stay as they are
+    written[0].write_text(written[0].read_text().replace("value = ", "value = 1", 1))
+    refused = subprocess.run([sys.executable, "-m", "kvpages", "calibrate", str(folder)], capture_output=True, text=True,
+                             cwd=REPO)
+    assert refused.returncode == 2 and "exists with other terms" in refused.stderr  # never overwrites another's
