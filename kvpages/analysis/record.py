@@ -19,7 +19,7 @@ GAP_FACTOR = 2.0
 PR_34338 = "SGLang PR #34338's microbenchmark, https://github.com/sgl-project/sglang/pull/34338"
 PR_BYTES = 256
 """The bytes the #34338 step hands the host, either way: 'a few hundred' (at 26.5 GB/s any such size adds < 0.02 µs)."""
-PR_OLD = "5 blocking copies of the same bytes (two `.cpu()`, three `.item()`): 5 x (copy + sync) + 256 B"
+PR_OLD = "5 device syncs, each a blocking read-back of a few bytes (the issue's 'five device syncs'): 5 x (copy + sync) + 256 B"
 PR_NEW = "1 blocking copy (the values gathered into one buffer): copy + sync + 256 B"
 STEP_GAP = ("a scheduler step's consumption, not a copy's: the Python work around each sync, `.item()`/`.tolist()` making "
             "Python values, and each sync's wait for the work queued before it on the stream; the model has none of these "
