@@ -47,7 +47,7 @@ def cuda_run(folder, noise: float = 0.02, kernel_rows: bool = True):
     folder = synthetic_run(folder, medians, rep_spread=noise, repetitions=12, processes=3)
     rows = pd.read_csv(folder / "results.csv", dtype=str, keep_default_na=False)
     rows["link"] = [f"pcie {VARIANTS[v]}" for v in rows["variant"]]
-    rows["host_syncs"] = [str(syncs[v]) for v in rows["variant"]]
+    rows["host_syncs"] = ["" if v == "device_shift" else str(syncs[v]) for v in rows["variant"]]  # '': not metered
     rows["device"] = "cuda"
     rows.to_csv(folder / "results.csv", index=False)
     meta = json.loads((folder / "meta.json").read_text())

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from kvpages.analysis.intervals import levels
 from kvpages.analysis.ratios import Analysis
@@ -72,7 +73,7 @@ def _design(analysis: Analysis) -> _Design:
         found = levels(run, row_key(r))
         if memory is None or found is None or carries_host_work(variant, analysis.host_side(variant)):
             continue
-        syncs = r["d2h_transfers"] if r["host_syncs"] is None or math.isnan(r["host_syncs"]) else r["host_syncs"]
+        syncs = r["d2h_transfers"] if pd.isna(r["host_syncs"]) else r["host_syncs"]  # not metered: one per copy
         column = {"per_op": device_ops(variant, int(r["page_size"]), 1, False), "sync": float(syncs),
                   f"copy_{memory}": float(r["d2h_transfers"]), f"per_byte_{memory}": float(r["d2h_bytes"])}
         matrix.append([column.get(n, 0.0) for n in names])
