@@ -213,7 +213,7 @@ def pytest_runtestloop(session: pytest.Session):
     option = config.option
     command = WorkerCommand(
         paths=tuple(str(arg).split("[", 1)[0] for arg in config.args),
-        kv_args=kv.options.replace(crosscheck="off", results_dir=None).to_args(),
+        kv_args=kv.options.replace(crosscheck="off", results_dir=None, link_profiles=None).to_args(),  # meta: the session
         timed_as=("--benchmark-timer", option.benchmark_timer) + (
             ("--benchmark-disable-gc",) if option.benchmark_disable_gc else ()),
         rootdir=str(config.rootpath), cwd=config.invocation_params.dir, folder=folder,
