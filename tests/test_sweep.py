@@ -167,7 +167,7 @@ def test_every_option_renders_back():
                "--kv-crosscheck": "off", "--kv-scenarios": "none", "--kv-request-lens": "64", "--kv-chunk-size": "32",
                "--kv-prefix": "0", "--kv-step-sizes": "2", "--kv-step-lens": "fixed:16", "--kv-step-variants": "s",
                "--kv-results": "r", "--kv-sglang": "0.5.15,/src/sglang/python", "--kv-baseline": "sglang@0.5.15",
-               "--kv-breakdown": "off",
+               "--kv-breakdown": "off", "--kv-stable-spread": "0.15", "--kv-remeasure-budget": "0.0",
                "--kv-rank-timeout": "30.0"}
     assert set(samples) == {o.flag for o in OPTIONS}
     for option in OPTIONS:
