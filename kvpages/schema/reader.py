@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from kvpages.core.names import BASELINE
-from kvpages.schema.meta import Environment, ProcessInfo, RankInfo, RanksMeta, RunMeta, RunTiming
+from kvpages.schema.meta import Environment, ProcessInfo, RankInfo, RanksMeta, Remeasurement, RunMeta, RunTiming
 from kvpages.schema.rows import (
     KEY_COLUMNS,
     META_JSON,
@@ -91,6 +91,11 @@ class Run:
     def baseline(self) -> str:
         return self.meta.baseline if self.meta else BASELINE
 
+    def remeasure_points(self, which: str) -> frozenset[str]:
+        """meta.json's re-measured (`which` = 'remeasured') or still `unstable` point ids; none in a run without."""
+        found = None if self.meta is None else self.meta.remeasure
+        return frozenset(() if found is None else getattr(found, which))
+
     @property
     def process_count(self) -> int:
         return max(1, len(self.meta.processes)) if self.meta else 1
@@ -157,9 +162,11 @@ def _read_meta(path: Path) -> RunMeta:
         processes = [ProcessInfo(**p) for p in data.pop("processes", [])]
         timing = data.pop("timing", None)
         group = data.pop("ranks", None)
+        remeasure = data.pop("remeasure", None)
         ranks = None if group is None else RanksMeta(**{**group, "ranks": tuple(RankInfo(**r) for r in group["ranks"])})
         return RunMeta(environment=env, processes=processes, ranks=ranks,
-                       timing=RunTiming.from_json(timing) if timing else None, **data)
+                       timing=RunTiming.from_json(timing) if timing else None,
+                       remeasure=None if remeasure is None else Remeasurement.from_json(remeasure), **data)
     except (TypeError, KeyError) as exc:
         raise RunError(f"{path}: fields do not match schema version {version} ({exc})") from None
 
