@@ -17,6 +17,7 @@ import pytest
 from kvpages.core.capacity import check_fits, host_available_bytes
 from kvpages.core.options import OPTIONS, BenchOptions
 from kvpages.measure.workers import WORKER_DIR_FLAG, WORKER_FLAG, WORKER_GO_FLAG, exit_without_collecting, process_started_at
+from kvpages.measure.worklog import round_path
 
 if TYPE_CHECKING:
     from kvpages.measure.group import Launch
@@ -82,7 +83,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if "WORLD_SIZE" in os.environ:  # started by torchrun: one pytest session per rank (kvpages.measure.ranks)
         options = _ranked(config, options)
     worker, worker_dir = config.getoption(WORKER_FLAG), config.getoption(WORKER_DIR_FLAG)
-    if worker is not None and (worker_dir is None or not 0 <= worker < options.sweep.processes - 1):
+    a_round = worker is not None and worker_dir is not None and round_path(Path(worker_dir), worker).exists()
+    if worker is not None and not a_round and (worker_dir is None or not 0 <= worker < options.sweep.processes - 1):
         raise pytest.UsageError(f"{WORKER_FLAG} {worker}: internal option; the session starts processes "
                                 f"0..{options.sweep.processes - 2} itself, each with {WORKER_DIR_FLAG}")
     config.stash[OPTIONS_KEY] = options
@@ -220,11 +222,18 @@ def pytest_runtestloop(session: pytest.Session):
         json_out=bool(option.benchmark_json or option.benchmark_save or option.benchmark_autosave),
     )
     reporter = config.pluginmanager.get_plugin("terminalreporter")  # None under -p no:terminal
+    say = reporter.write_line if reporter is not None else lambda line: None
     try:
-        kv.run_workers(command, reporter.write_line if reporter is not None else lambda line: None)
+        kv.run_workers(command, say)
     except WorkerFailed as exc:
         pytest.exit(str(exc), returncode=pytest.ExitCode.INTERNAL_ERROR)
-    return (yield)
+    result = yield
+    if not session.shouldstop:  # the planned repetitions are done: the unstable points get more (kvpages.measure.remeasure)
+        try:
+            kv.remeasure(command, say)
+        except WorkerFailed as exc:
+            pytest.exit(str(exc), returncode=pytest.ExitCode.INTERNAL_ERROR)
+    return result
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -138,6 +138,8 @@ def test_each_rows_repro_command_reruns_that_case(bench):
         (("--kv-seed", "x"), "--kv-seed: 'x' is not an integer; give an integer seed >= 0"),
         (("--kv-repetitions", "0"), "--kv-repetitions: 0 is not >= 1"),
         (("--kv-passes", "two"), "--kv-passes: 'two' is not an integer"),
+        (("--kv-stable-spread", "-1"), "--kv-stable-spread: '-1' is not a number in (0, 1]; give e.g. 0.1"),
+        (("--kv-remeasure-budget", "abc"), "--kv-remeasure-budget: 'abc' is not a number in [0, 10]; give e.g. 0.25"),
         (("--kv-crosscheck", "maybe"), "--kv-crosscheck: unknown cross-check mode 'maybe'; valid: auto, on, off"),
         (("--kv-seq-lens", "3000000000"), "--kv-seq-lens 3000000000: seq_len 3000000000 at page_size 1 needs token "
                                           "indices up to"),

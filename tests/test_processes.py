@@ -192,7 +192,8 @@ def test_a_worker_log_is_read_as_it_grows_and_a_torn_last_line_waits(tmp_path):
 
 TIMED = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider", "--kv-breakdown", "off")
 TWO = ("--kv-seq-lens", "512", "--kv-page-sizes", "1,64", "--kv-variants", "host_stride,device_stride",
-       "--kv-scenarios", "none", "--kv-repetitions", "4", "--kv-processes", "2", "--kv-passes", "1")
+       "--kv-scenarios", "none", "--kv-repetitions", "4", "--kv-processes", "2", "--kv-passes", "1",
+       "--kv-remeasure-budget", "0")  # the planned processes alone: re-measurement has its own tests (test_remeasure.py)
 
 
 def test_processes_time_their_share_in_fresh_pytest_workers_into_one_run_folder(pytester):

@@ -16,9 +16,9 @@ from kvpages.analysis.cite import pair_repro
 from kvpages.analysis.contention import contention
 from kvpages.analysis.intervals import levels, paired_logs
 from kvpages.analysis.verdicts import FASTER, MIN_EFFECT_FLOOR, SLOWER, bh_adjusted, discoveries, judge, judge_family
-from kvpages.core.estimator import Paired, mean_estimate, paired_ratio
+from kvpages.core.estimator import Paired, mean_estimate, paired_ratio, trimmed_ratio
 from kvpages.core.links import PREDICTION_PROFILES, LinkProfile
-from kvpages.core.names import CANDIDATE, FLOOR, STEP_BASELINE, per_request_name, per_request_of, variant_sort_key
+from kvpages.core.names import CANDIDATE, FLOOR, STEP_BASELINE, per_request_name, per_request_of, point_id, variant_sort_key
 from kvpages.core.stats import Interval, finite_median, unknown
 from kvpages.schema.breakdown import BreakdownRow, read_breakdown
 from kvpages.schema.profiles import built_in_profiles
@@ -36,13 +36,22 @@ def records(frame: pd.DataFrame) -> list[Record]:
     return cast(list[Record], frame.to_dict("records"))  # a frame read from CSV: its column names are strings
 
 
+def point_of(key: tuple) -> str:
+    """The point id (meta.json's name for it) of a results.csv row key."""
+    _, dtype, layout, seq_len, page_size = key
+    return point_id(seq_len, page_size, dtype, layout)
+
+
 def estimate(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | None = None) -> Paired | None:
     """The one estimator (kvpages.core.estimator.paired_ratio) of a pair, once per run; None without paired samples."""
     def compute() -> Paired | None:
         base, other = levels(run, baseline_key, latency), levels(run, variant_key, latency)
         if base is None or other is None or not np.array_equal(base.processes, other.processes):
             return None
-        found = paired_ratio(base, other)
+        remeasure = None if run.meta is None else run.meta.remeasure
+        found = (trimmed_ratio(base, other, remeasure.stable_spread)  # a re-measured point: docs/method.md
+                 if remeasure is not None and latency is None and point_of(variant_key) in remeasure.remeasured
+                 else paired_ratio(base, other))
         if base.process_count < min(2, run.process_count):  # a row an interruption cut short to fewer processes
             return dataclasses.replace(found, interval=unknown(found.interval.ratio, found.repetitions), p_value=1.0)
         return found
@@ -65,7 +74,7 @@ class _Pair:
         return self.found.interval
 
 
-def _ratio(pair: _Pair, effect: float, q_value: float, verdict: str) -> RatioRow:
+def _ratio(pair: _Pair, effect: float, q_value: float, verdict: str, unstable: bool) -> RatioRow:
     variant, baseline, interval, found = pair.variant, pair.baseline, pair.interval, pair.found
     (name, dtype, layout, seq_len, page_size), base = row_key(variant), str(baseline["variant"])
     return RatioRow(
@@ -79,7 +88,7 @@ def _ratio(pair: _Pair, effect: float, q_value: float, verdict: str) -> RatioRow
         variant_d2h_bytes=int(variant["d2h_bytes"]), baseline_d2h_bytes=int(baseline["d2h_bytes"]),
         verdict=verdict, min_effect=effect, q_value=q_value,
         repro=pair_repro(str(variant["repro"]), name, base),
-        processes=0 if found is None else found.processes, interval_unit=interval.unit,
+        processes=0 if found is None else found.processes, interval_unit=interval.unit, unstable=unstable,
     )
 
 
@@ -220,6 +229,11 @@ class Analysis:
     def scenario_ratio(self, scenario: str, variant: str, latency: str) -> ScenarioRatio | None:
         return self._scenario_index.get((scenario, variant, latency))
 
+    @property
+    def unstable(self) -> frozenset[str]:
+        """The ids of the ratios whose point was still unstable after its re-measurement (meta.json `remeasure`)."""
+        return frozenset(r.id for r in self.ratios if r.unstable)
+
     def ratios_of(self, variant: str) -> tuple[RatioRow, ...]:
         return tuple(r for r in self.ratios if r.variant == variant)
 
@@ -277,10 +291,12 @@ def analyze(run: Run, baseline: str | None = None) -> Analysis:
         for row in sorted(at, key=lambda r: variant_sort_key(r["variant"])):
             if row["variant"] != baseline:
                 pairs.append(_Pair(row, base, estimate(run, row_key(base), row_key(row))))
-    judged = judge_family([p.interval for p in pairs], [1.0 if p.found is None else p.found.p_value for p in pairs])
+    unstable = [point_of(row_key(p.variant)) in run.remeasure_points("unstable") for p in pairs]
+    judged = judge_family([p.interval for p in pairs], [1.0 if p.found is None else p.found.p_value for p in pairs],
+                          unstable)
     effect = judged.min_effect
-    ratios = tuple(_ratio(p, effect, q, verdict)
-                   for p, q, verdict in zip(pairs, judged.q_values, judged.verdicts, strict=True))
+    ratios = tuple(_ratio(p, effect, q, verdict, bad)
+                   for p, q, verdict, bad in zip(pairs, judged.q_values, judged.verdicts, unstable, strict=True))
     best = {key: fastest(run, [r for r in at if r["variant"] != FLOOR] or at, effect)
             for key, at in points.items()}  # the zero-D2H floor is a reference, not a contender
     spreads = ok["rep_spread"].dropna()

@@ -18,8 +18,11 @@ MIN_EFFECT_FLOOR = 0.02  # whatever a run's intervals: a quiet run's noise floor
 FDR = 0.05  # the false-discovery rate the Benjamini-Hochberg step controls within a family
 
 
-def judge(interval: Interval, min_effect: float, discovered: bool = True) -> str:
-    """A ratio's verdict; `discovered`: whether the family correction kept it (`discoveries`; True: judged alone)."""
+def judge(interval: Interval, min_effect: float, discovered: bool = True, unstable: bool = False) -> str:
+    """A ratio's verdict; `discovered`: whether the family correction kept it (`discoveries`; True: judged alone);
+    `unstable`: its point was still unstable after its re-measurement, so it is never more than unclear."""
+    if unstable:
+        return UNCLEAR
     if interval.ratio > 0 and abs(math.log(interval.ratio)) < math.log1p(min_effect):
         return SAME
     if interval.known and discovered and (interval.ci_high < 1 or interval.ci_low > 1):
@@ -52,11 +55,12 @@ class Judged:
     min_effect: float
 
 
-def judge_family(intervals: Sequence[Interval], p_values: Sequence[float]) -> Judged:
+def judge_family(intervals: Sequence[Interval], p_values: Sequence[float], unstable: Sequence[bool] = ()) -> Judged:
     """Judge every ratio of a family (a run's ratios; `kvpages compare`'s B against A) with `judge`: the minimum
-    effect from the family's own intervals, the Benjamini-Hochberg step over its p-values."""
+    effect from the family's own intervals, the Benjamini-Hochberg step over its p-values; `unstable`: per ratio."""
     half_width = finite_median([(i.ci_high - i.ci_low) / 2 / i.ratio for i in intervals if i.known])
     q_values = bh_adjusted(list(p_values))
     effect = max(MIN_EFFECT_FLOOR, half_width) if math.isfinite(half_width) else MIN_EFFECT_FLOOR
-    verdicts = tuple(judge(i, effect, kept) for i, kept in zip(intervals, discoveries(q_values), strict=True))
+    flags = list(unstable) or [False] * len(intervals)
+    verdicts = tuple(judge(i, effect, kept, bad) for i, kept, bad in zip(intervals, discoveries(q_values), flags, strict=True))
     return Judged(verdicts, tuple(q_values), half_width, effect)

@@ -8,11 +8,12 @@ two-stage bootstrap of kvpages.core.stats.Levels, the same draws for both varian
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 import numpy as np
 
+from kvpages.core.stability import outlying
 from kvpages.core.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, Interval, Levels, resampled_means, unknown
 
 
@@ -76,6 +77,24 @@ def paired_ratio(baseline: Levels, variant: Levels, confidence: float = CONFIDEN
         return Paired(unknown(math.exp(center), n), 1.0, *times, n, count)
     shifts = variant.bootstrap_means - baseline.bootstrap_means
     return Paired(_percentiles(center, shifts, _units(variant), confidence), _p_value(shifts), *times, n, count)
+
+
+def trimmed_ratio(baseline: Levels, variant: Levels, stable_spread: float, confidence: float = CONFIDENCE) -> Paired:
+    """A re-measured point's ratio: `paired_ratio` of the processes that are not outlying in the paired log-ratios
+    (kvpages.core.stability), so a disturbed process does not move the centre; its interval and p-value are
+    `paired_ratio`'s over every process, the disturbed ones included, stretched to hold that centre, so the
+    disturbance widens the interval instead (docs/method.md#re-measuring-unstable-points)."""
+    every = paired_ratio(baseline, variant, confidence)
+    out = outlying(Levels(variant.values - baseline.values, variant.processes), stable_spread)
+    if not out:
+        return every
+    keep = ~np.isin(variant.processes, list(out))
+    centre = paired_ratio(Levels(baseline.values[keep], baseline.processes[keep]),
+                          Levels(variant.values[keep], variant.processes[keep]), confidence)
+    wide, ratio = every.interval, centre.interval.ratio
+    interval = replace(wide, ratio=ratio, ci_low=min(wide.ci_low, ratio), ci_high=max(wide.ci_high, ratio))
+    return replace(centre, interval=interval, p_value=every.p_value, repetitions=every.repetitions,
+                   processes=every.processes)
 
 
 def _p_value(shifts: np.ndarray) -> float:

@@ -21,6 +21,11 @@ def per_request_of(step_variant: str) -> str | None:
     return inner[:-1] if inner != step_variant and inner.endswith("]") else None
 
 
+def point_id(seq_len: int, page_size: int, dtype: str, layout: str) -> str:
+    """A sweep point's id, e.g. 's8192-p64-int32-fragmented': its benchmark group, and how meta.json names it."""
+    return f"s{seq_len}-p{page_size}-{dtype}-{layout}"
+
+
 def case_id(variant: str, target_id: str) -> str:
     """The id of one (variant, target) case: what its blocks, rows and profiled ranges are keyed by."""
     return f"{variant}-{target_id}"

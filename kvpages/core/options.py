@@ -14,6 +14,7 @@ from kvpages.core.names import BASELINE
 from kvpages.core.presets import PRESETS, Preset, get_preset
 from kvpages.core.scenarios import DEFAULT_CHUNK_SIZE, MIXED_LENGTHS, Scenario, parse_lengths, scenarios_from
 from kvpages.core.sglang import SPEC_FORMS, parse_specs
+from kvpages.core.stability import DEFAULT_REMEASURE_BUDGET, DEFAULT_STABLE_SPREAD
 from kvpages.core.sweep import DEVICES, DTYPES, LAYOUTS, Sweep
 
 DEVICE_CHOICES = ("auto",) + DEVICES
@@ -31,6 +32,22 @@ def _float_seconds(option: str, text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise ValueError(f"{option}: {text!r} must be a positive number of seconds, e.g. 0.25")
     return value
+
+
+def _fraction(low: float, high: float, low_open: bool, example: str) -> Callable[[str, str], float]:
+    """A parser of a number in [low, high] ((low, high] when `low_open`) that names the range when refused."""
+    valid = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+
+    def parse(option: str, text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (low < value <= high if low_open else low <= value <= high):
+            raise ValueError(f"{option}: {text!r} is not a number in {valid}; give e.g. {example}")
+        return value
+
+    return parse
 
 
 def _integer(minimum: int, what: str, example: str) -> Callable[[str, str], int]:
@@ -131,6 +148,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kv-link-profile", "link_profiles", "link profile files (TOML, e.g. from `kvpages calibrate`), comma-separated, "
            "that the report's predictions add to the built-in ones; checked before the sweep, recorded in meta.json",
            lambda f, t: tuple(split_csv(f, t))),
+    Option("--kv-stable-spread", "stable_spread", "re-measure a point whose block medians spread (log-sd, ~ their CV) "
+           f"more than this, or whose processes disagree by more (default {DEFAULT_STABLE_SPREAD:g})",
+           _fraction(0.0, 1.0, True, str(DEFAULT_STABLE_SPREAD)), repr),
+    Option("--kv-remeasure-budget", "remeasure_budget", "seconds the re-measurement of unstable points may take, as a "
+           f"fraction of the sweep's planned timed seconds; 0 turns it off (default {DEFAULT_REMEASURE_BUDGET:g})",
+           _fraction(0.0, 10.0, False, str(DEFAULT_REMEASURE_BUDGET)), repr),
     Option("--kv-results", "results_dir", "folder that receives the run folder (default: <rootdir>/results)", lambda f, t: t),
 )
 
@@ -187,6 +210,8 @@ class BenchOptions:
     breakdown: str | None = None
     rank_timeout_s: float | None = None
     link_profiles: tuple[str, ...] | None = None
+    stable_spread: float | None = None
+    remeasure_budget: float | None = None
     results_dir: str | None = None
 
     @classmethod
@@ -252,6 +277,14 @@ class BenchOptions:
     @property
     def baseline_name(self) -> str:
         return self.baseline or BASELINE
+
+    @property
+    def stable_spread_value(self) -> float:
+        return DEFAULT_STABLE_SPREAD if self.stable_spread is None else self.stable_spread
+
+    @property
+    def remeasure_fraction(self) -> float:
+        return DEFAULT_REMEASURE_BUDGET if self.remeasure_budget is None else self.remeasure_budget
 
     @property
     def device_choice(self) -> str:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kvpages.core.checks import check_choice, check_positive
+from kvpages.core.names import point_id
 
 DTYPES: tuple[str, ...] = ("int32", "int64")
 """Index dtypes: int32 is what SGLang's `req_to_token` holds."""
@@ -90,7 +91,7 @@ class Point:
     @property
     def id(self) -> str:
         """E.g. 's8192-p64-int32-fragmented': in pytest ids and benchmark groups."""
-        return f"s{self.seq_len}-p{self.page_size}-{self.dtype}-{self.layout}"
+        return point_id(self.seq_len, self.page_size, self.dtype, self.layout)
 
 
 @dataclass(frozen=True)

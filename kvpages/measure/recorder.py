@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from kvpages.core.names import case_id
 from kvpages.measure.outcome import BlockOutcome, MeterReading
 from kvpages.measure.targets import Context, Target
-from kvpages.schema.rows import OK, PARTIAL, RankRow, Row, Samples, ScenarioRow
+from kvpages.schema.rows import KEY_COLUMNS, OK, PARTIAL, RankRow, Row, Samples, ScenarioRow
 from kvpages.schema.writer import RunWriter
 
 
@@ -31,6 +31,8 @@ class Case:
     note: str = ""
     status: str | None = None
     failure: str | None = None
+    extra: int = 0  # repetitions beyond the plan's, for the re-measurement of an unstable point
+    written: bool = False  # its row is in the run folder (a re-measured case's is then replaced)
 
 
 @dataclass
@@ -110,23 +112,34 @@ class Recorder:
             if all(c.status is not None or self._complete(c) for c in cases):
                 self._write(case.target, [c for c in cases if c.status is None], OK)
 
+    def expect_more(self, case_ids: Sequence[str]) -> None:
+        """One more repetition of each of these recorded ok cases (a re-measurement round): their rows are written
+        again, in place, once it arrives."""
+        for key in case_ids:
+            case = self.cases[key]
+            if case.status == OK:
+                case.status, case.extra = None, case.extra + 1
+
     def first_readings(self) -> dict[str, MeterReading]:
         return {case_id: case.readings[0] for case_id, case in self.cases.items() if 0 in case.readings}
 
     def finish(self) -> None:
         """Write what the run left unwritten: a case interrupted after some of its repetitions is `partial`."""
-        for target, cases in self.by_target.items():
-            self._write(target, [c for c in cases if c.status is None and self._complete(c)], OK)
+        for target, cases in self.by_target.items():  # a re-measured case has its planned repetitions: ok
+            self._write(target, [c for c in cases if c.status is None and self._complete(c, planned=True)], OK)
             partial = [c for c in cases if c.status is None and c.blocks]
             self.partial += len(partial)
             self._write(target, partial, PARTIAL)
 
-    def _complete(self, case: Case) -> bool:
-        return len(case.repetitions) == self.repetitions
+    def _complete(self, case: Case, planned: bool = False) -> bool:
+        return len(case.repetitions) >= self.repetitions + (0 if planned else case.extra)
 
     def _write(self, target: Target, cases: list[Case], status: str, note: str | None = None) -> None:
         rows: list[Row | ScenarioRow | RankRow] = []
+        again = any(case.written for case in cases)
+        self.recorded += sum(not case.written for case in cases)
         for case in cases:
+            case.written = True
             case.status = status
             blocks = sorted(case.blocks, key=lambda b: b.repetition) if status in (OK, PARTIAL) else []
             reading = next(iter(case.readings.values()), None)
@@ -136,6 +149,7 @@ class Recorder:
             bench, narrowed = target.narrowed(case.variant, self.context.options, self.context.device)
             repro = shlex.join(self.launcher + (bench, "--benchmark-only") + narrowed.to_args())  # re-runs just this case
             rows += target.rows(case.variant, self.context, reading, status, text, blocks, repro)
-        self.recorded += len(cases)
-        if rows and self.writer is not None:
+        if rows and self.writer is not None and again:
+            self.writer.replace_rows(target.table, rows, KEY_COLUMNS)  # only points are re-measured
+        elif rows and self.writer is not None:
             self.writer.add_rows(target.table, rows)

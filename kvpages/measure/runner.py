@@ -22,6 +22,7 @@ import torch
 from kvpages.measure import environment
 from kvpages.measure.busy import spin_up
 from kvpages.measure.crosscheck import CheckAnswer, CheckCase, CrosscheckError, run_crosscheck
+from kvpages.measure.disturb import disturbed
 from kvpages.measure.group import Group, RankFailure
 from kvpages.measure.inputs import PoolCache, Workload
 from kvpages.measure.outcome import BlockOutcome, MeterReading
@@ -272,7 +273,8 @@ class Runner:
             rounds = timer.agree_rounds(rounds_for(per_call_s, target.budget_s(options) / self.repetitions,
                                                    sweep.min_rounds, sweep.max_rounds))
         timer.start()
-        result = time_block(benchmark, timer.fn, inputs, target.page_size, timer.before_round, rounds)
+        fn = disturbed(timer.fn, self.process, block.variant)  # timer.fn itself unless a test disturbs it
+        result = time_block(benchmark, fn, inputs, target.page_size, timer.before_round, rounds)
         if not benchmark.disabled:
             self.phase.timed_s += math.fsum(benchmark.stats.stats.data)
         if self.context.device == "cuda" and self.loaded is None and not benchmark.disabled:

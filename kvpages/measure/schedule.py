@@ -71,3 +71,17 @@ def in_run_order(*families: tuple[Block, ...]) -> tuple[tuple[Block, ...], ...]:
     orders = {(f, i): n for n, (_, f, i) in enumerate(keyed)}
     return tuple(tuple(replace(block, order=orders[f, i]) for i, block in enumerate(family))
                  for f, family in enumerate(families))
+
+
+def round_blocks(variants: Sequence[str], points: Sequence[Any], repetition: int, process: int, seed: int,
+                 first_order: int) -> tuple[Block, ...]:
+    """A re-measurement round (kvpages.measure.remeasure): repetition `repetition` of every variant at `points`, in
+    fresh process `process`, each point's variants in a fresh order drawn from a generator seeded with (`seed`,
+    `process`), numbered on from `first_order`."""
+    blocks = plan(variants, points, 1, hash_seed(seed, process))
+    return tuple(replace(b, repetition=repetition, process=process, order=first_order + b.order) for b in blocks)
+
+
+def hash_seed(*parts: int) -> int:
+    """One seed from several (numpy's SeedSequence mixes them), so a round's order depends on the run's seed and the round."""
+    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])

@@ -7,6 +7,7 @@ How a block travels through it: docs/guide.md#how-a-block-travels.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import os
 import shlex
@@ -29,14 +30,15 @@ from kvpages.measure.group import Group, Launch
 from kvpages.measure.inputs import PoolCache
 from kvpages.measure.ranks import RankTarget
 from kvpages.measure.recorder import Recorder, deferred_interruption, interrupt
+from kvpages.measure.remeasure import Remeasurer, Round, off
 from kvpages.measure.runner import Crosscheck, Phases, Runner
 from kvpages.measure.schedule import Block, in_run_order, plan
 from kvpages.measure.steps import get_step_variant, step_variant_names
 from kvpages.measure.targets import Context, PointTarget, ScenarioTarget, Target
 from kvpages.measure.variants import variant_names
-from kvpages.measure.workers import WorkerCommand, Workers, run_workers
+from kvpages.measure.workers import Worker, WorkerCommand, Workers, run_alone, run_workers
 from kvpages.measure.worklog import WorkerEnd, WorkerLog, log_path, read_readings, write_cases
-from kvpages.schema.meta import ProcessInfo, RunMeta, RunTiming
+from kvpages.schema.meta import ProcessInfo, Remeasurement, RunMeta, RunTiming
 from kvpages.schema.profiles import read_profile
 from kvpages.schema.writer import RunWriter, create_run_dir, utc_now
 
@@ -52,7 +54,8 @@ class SweepPlan:
     the steps alone, each timed on every rank at once); and the cases whose benchmarks this process collected."""
 
     def __init__(self, options: BenchOptions, device: str, group: Group | None, repetitions: int, processes: int,
-                 process: int) -> None:
+                 process: int, round_: Round | None = None) -> None:
+        """`round_`: the re-measurement round a worker after the planned ones times (its only blocks)."""
         sweep = options.sweep
         self.process = process
         self.variants = options.variants or variant_names()
@@ -71,6 +74,8 @@ class SweepPlan:
                                 plan(self.step_variants, steps, repetitions, sweep.seed + 1, self.passes, processes))
         self.point_blocks, self.scenario_blocks = families[0], families[1] + families[2]
         self.planned: set[str] = set()
+        if round_ is not None:
+            self.point_blocks, self.scenario_blocks = round_.blocks(self.variants, points, sweep.seed), ()
 
     def collected(self, blocks: Sequence[Block]) -> Sequence[Block]:
         """This process's share of `blocks`, for a benchmark's parametrization; their cases count as planned rows."""
@@ -82,9 +87,15 @@ class SweepPlan:
         """How long worker `process` may run before it is killed and the run fails naming it: well over what its share of
         `case_ids` takes; for the quick preset, well inside a sweep step of bench/gpu_check.sh (150 s)."""
         own = [b for b in self.point_blocks + self.scenario_blocks if b.process == process and b.case_id in case_ids]
-        budget = sum(b.target.budget_s(self.options) for b in own) / self.repetitions
-        return (WORKER_START_S + WORKER_PER_TARGET_S * len({b.target for b in own}) + WORKER_PER_BLOCK_S * len(own)
-                + WORKER_BUDGET_FACTOR * budget)
+        return limit_s(own, self.options, self.repetitions)
+
+    def remeasurer(self, recorder: Recorder, processes: int) -> Remeasurer:
+        """The re-measurement after this plan's repetitions, within --kv-remeasure-budget of its points' timed seconds."""
+        options, blocks = self.options, self.point_blocks
+        planned_s = sum(b.target.budget_s(options) for b in blocks) / self.repetitions
+        return Remeasurer(recorder, processes, self.repetitions, len(blocks + self.scenario_blocks),
+                          options.stable_spread_value, options.remeasure_fraction, planned_s,
+                          options.sweep.time_budget_s / self.repetitions)
 
     def cases(self, selected: Sequence[Block]) -> list[tuple[Target, str]]:
         """The (target, variant)s of the `selected` blocks, in run order, each target's in variant order."""
@@ -92,6 +103,13 @@ class SweepPlan:
         targets = dict.fromkeys(b.target for b in self.point_blocks + self.scenario_blocks if b.case_id in ids)
         return [(t, v) for t in targets for v in (self.variants if isinstance(t, PointTarget) else self.step_variants)
                 if case_id(v, t.id) in ids]
+
+
+def limit_s(blocks: Sequence[Block], options: BenchOptions, repetitions: int) -> float:
+    """How long a worker that times `blocks` may run: well over what they take (the WORKER_* constants)."""
+    budget = sum(b.target.budget_s(options) for b in blocks) / repetitions
+    return (WORKER_START_S + WORKER_PER_TARGET_S * len({b.target for b in blocks}) + WORKER_PER_BLOCK_S * len(blocks)
+            + WORKER_BUDGET_FACTOR * budget)
 
 
 def end_note(done: int, partial: int, planned: int, exitstatus: int, multi_rank: bool,
@@ -110,13 +128,35 @@ def end_note(done: int, partial: int, planned: int, exitstatus: int, multi_rank:
     return True, f"all {done} {rows} recorded"
 
 
-def own_process(index: int, phase: Phases, workers: Workers, started_at: float, total_s: float) -> ProcessInfo:
+def own_process(index: int, phase: Phases, workers: Workers, started_at: float, total_s: float,
+                rounds: Sequence[Worker] = ()) -> ProcessInfo:
     """meta.json's record of the session's own process: its wall is the session's, less its workers' (their start-up
-    together, then their turns) and the cross-check's; its start-up runs to its first block, less both."""
+    together, then their turns), the cross-check's and the re-measurement rounds' (after its blocks); its start-up runs
+    to its first block, less the first two."""
     others = workers.startup_s + sum(w.turn_s for w in workers.runs) + phase.seconds["crosscheck"]
-    wall, span = total_s - others, phase.span
+    wall, span = total_s - others - sum(w.wall_s for w in rounds), phase.span
     startup = wall if span is None else span[0] - started_at - others
     return phase.spent().info(index, os.getpid(), "session", startup, wall)
+
+
+def run_round(command: WorkerCommand, plan: SweepPlan, recorder: Recorder, say: Callable[[str], None], workers: Workers,
+              round_: Round) -> Worker:
+    """One re-measurement round: its blocks handed to a fresh worker process, timed and recorded."""
+    round_.write(command.folder)
+    own = round_.blocks(plan.variants, [b.target for b in plan.point_blocks], plan.options.sweep.seed)
+    return run_alone(command, round_.process, WORKER_START_S, limit_s(own, plan.options, plan.repetitions), recorder,
+                     say, workers)
+
+
+def remeasure_record(remeasurer: Remeasurer | None, options: BenchOptions, processes: int,
+                     multi_rank: bool) -> Remeasurement:
+    """meta.json's `remeasure`: what the re-measurement did, or why it did nothing."""
+    if remeasurer is not None and remeasurer.record is not None:
+        return remeasurer.record
+    why = ("--kv-remeasure-budget 0" if options.remeasure_fraction == 0 else "a multi-rank run" if multi_rank else
+           "a run of one process (its interval covers what varies within it)" if processes < 2 else
+           "the session did not get past its planned repetitions")
+    return off(options.stable_spread_value, options.remeasure_fraction, processes, why)
 
 
 class KvSession:
@@ -144,7 +184,9 @@ class KvSession:
         self.processes = sweep.processes if timing else 1
         self.process = self.processes - 1 if worker is None else worker
         self.log = None if worker is None or worker_dir is None else WorkerLog(log_path(worker_dir, worker), go_fd)
-        self.plan = SweepPlan(options, self.device, group, self.repetitions, self.processes, self.process)
+        round_ = Round.read(worker_dir, worker) if worker_dir is not None and worker is not None and \
+            worker >= self.processes else None
+        self.plan = SweepPlan(options, self.device, group, self.repetitions, self.processes, self.process, round_)
         self.runner = Runner(self.context, self.repetitions, self.plan.passes, self.process, self.phase,
                              pool_cache=None if worker_dir is None else PoolCache(worker_dir),
                              benchmark_output=benchmark_output)
@@ -153,6 +195,7 @@ class KvSession:
         self.writer: RunWriter | None = None
         self.recorder: Recorder | None = None
         self.workers = Workers()
+        self.remeasurer: Remeasurer | None = None
 
     def start(self, selected: Sequence[Block]) -> None:
         """Before the first block, once: signals; the cross-check of the `selected` cases; the run folder, recorder."""
@@ -176,26 +219,8 @@ class KvSession:
             return
         with deferred_interruption():  # a signal waits until the run folder (rank 0's: it gathers) and its recorder are
             if self.context.group is None or self.context.group.rank == 0:  # whole, so its end is written
-                self.writer = self._open_run_folder()
+                self.writer = open_run_folder(self)
             self.recorder = Recorder(self.writer, cases, self.context, self.repetitions, self.process, self.launcher)
-
-    def _open_run_folder(self) -> RunWriter:
-        """A new run folder with its meta.json (after the cross-check, whose outcome the environment states)."""
-        confirmed = self.crosscheck_on and self.runner.crosscheck.unavailable is None
-        env = environment.capture(self.device, self.rootdir, confirmed)
-        group = self.context.group
-        label = ("cpu" if self.device == "cpu" else f"cuda-{self.context.device_name}") + (
-            "" if group is None else f"-{group.size}ranks")
-        path = create_run_dir(self.results_dir, label)
-        meta = RunMeta(run_id=path.name, preset=self.options.selected_preset.name, options=self.options.as_strings(),
-                       command=self.command, started_utc=self.started_utc, environment=env,
-                       repetitions=self.repetitions, order_seed=self.options.sweep.seed, baseline=self.options.baseline_name,
-                       crosscheck=self.runner.crosscheck.status(self.crosscheck_on), ranks=None if group is None else group.meta,
-                       link_profiles=[read_profile(Path(p).resolve()) for p in self.options.link_profiles or ()])
-        writer = RunWriter(path, meta)
-        if self.trace_dir is not None and (self.trace_dir / profiler_check.TRACE_FILE).exists():
-            shutil.move(self.trace_dir / profiler_check.TRACE_FILE, path / profiler_check.TRACE_FILE)
-        return writer
 
     def run_workers(self, command: WorkerCommand, say: Callable[[str], None]) -> None:
         """Time the earlier processes' shares in workers; the recorder takes each outcome a worker logs as it comes."""
@@ -205,6 +230,13 @@ class KvSession:
         limits = [self.plan.worker_limit_s(process, frozenset(self.recorder.cases)) for process in range(self.processes - 1)]
         run_workers(command, WORKER_START_S, limits, self.recorder, say, self.workers)
         self.runner.first_readings = self.recorder.first_readings()  # this process is a later one too
+
+    def remeasure(self, command: WorkerCommand, say: Callable[[str], None]) -> None:
+        """After the planned repetitions: re-measure the unstable points in fresh processes (kvpages.measure.remeasure)."""
+        assert self.recorder is not None, "a session that records"
+        self.remeasurer = self.plan.remeasurer(self.recorder, self.processes)
+        if self.remeasurer.budget_s > 0:
+            self.remeasurer.run(functools.partial(run_round, command, self.plan, self.recorder, say, self.workers), say)
 
     def run(self, benchmark, block: Block) -> None:
         """Run one block (called by bench/) and record its outcome; a stopped case's test is skipped or failed."""
@@ -242,8 +274,11 @@ class KvSession:
         if self.writer is None:
             return
         meta = self.writer.meta
+        rounds = [] if self.remeasurer is None else self.remeasurer.workers
         meta.processes = [w.info() for w in self.workers.runs] + [
-            own_process(self.process, self.phase, self.workers, self.started_at, total_s)]
+            own_process(self.process, self.phase, self.workers, self.started_at, total_s, rounds)] + [
+            dataclasses.replace(w.info(), role="remeasure") for w in rounds]
+        meta.remeasure = remeasure_record(self.remeasurer, self.options, self.processes, group is not None)
         completed, note = end_note(self.recorder.recorded, self.recorder.partial, len(self.plan.planned), exitstatus,
                                    group is not None, None if group is None else group.failure)
         loaded = self.runner.loaded
@@ -268,3 +303,22 @@ class KvSession:
         if self.writer is not None and self.writer.meta.timing is not None:
             self.writer.meta.timing = dataclasses.replace(self.writer.meta.timing, analysis_s=seconds)
             self.writer.write_meta()
+
+
+def open_run_folder(kv: KvSession) -> RunWriter:
+    """A new run folder with its meta.json (after the cross-check, whose outcome the environment states)."""
+    confirmed = kv.crosscheck_on and kv.runner.crosscheck.unavailable is None
+    env = environment.capture(kv.device, kv.rootdir, confirmed)
+    group = kv.context.group
+    label = ("cpu" if kv.device == "cpu" else f"cuda-{kv.context.device_name}") + (
+        "" if group is None else f"-{group.size}ranks")
+    path = create_run_dir(kv.results_dir, label)
+    meta = RunMeta(run_id=path.name, preset=kv.options.selected_preset.name, options=kv.options.as_strings(),
+                   command=kv.command, started_utc=kv.started_utc, environment=env,
+                   repetitions=kv.repetitions, order_seed=kv.options.sweep.seed, baseline=kv.options.baseline_name,
+                   crosscheck=kv.runner.crosscheck.status(kv.crosscheck_on), ranks=None if group is None else group.meta,
+                   link_profiles=[read_profile(Path(p).resolve()) for p in kv.options.link_profiles or ()])
+    writer = RunWriter(path, meta)
+    if kv.trace_dir is not None and (kv.trace_dir / profiler_check.TRACE_FILE).exists():
+        shutil.move(kv.trace_dir / profiler_check.TRACE_FILE, path / profiler_check.TRACE_FILE)
+    return writer

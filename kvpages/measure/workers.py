@@ -225,29 +225,53 @@ def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence
         count = f"{len(started)} worker process" + ("es" if len(started) > 1 else "")
         say(f"kvpages: {count} started together, all ready in {workers.startup_s:.1f} s")
         for w, limit in zip(started, limits_s, strict=True):
-            w.run(limit, recorder.record)
-            workers.runs.append(w)
-            if w.interrupted:
-                raise KeyboardInterrupt(f"worker process {w.process} was interrupted")
-            if w.timed_out:
-                raise w.failed(f"did not finish within its limit of {limit:.0f} s and was stopped")
-            if w.child.returncode not in (0, 1) or w.log.end is None:  # pytest's 0 and 1: every case passed or was recorded
-                raise w.failed(f"exited with status {w.child.returncode} before its end")
+            _turn(w, limit, command, recorder, say, workers)
             if w.process == 0:
                 write_readings(command.folder, recorder.first_readings())
-            if command.json_out:
-                workers.benchmarks += json.loads(json_path(command.folder, w.process).read_text())["benchmarks"]
-            info = w.info()
-            say(f"kvpages: process {w.process + 1} of {total} (pid {info.pid}): {info.blocks} blocks in "
-                f"{info.wall_s:.1f} s, of which start-up {info.startup_s:.1f} s, inputs {info.inputs_s:.1f} s and "
-                f"timed rounds {info.timed_s or 0.0:.1f} s")
     finally:
-        for w in started:
-            w.dismiss()
-        deadline = time.perf_counter() + STOP_WAIT_S
-        for w in started:
-            wait_or_kill(w.child, max(0.0, deadline - time.perf_counter()))
+        _close(started)
     say(f"kvpages: process {total} of {total} (pid {os.getpid()}, this session) times its share now")
+
+
+def run_alone(command: WorkerCommand, process: int, start_limit_s: float, limit_s: float, recorder: Recorder,
+              say: Callable[[str], None], workers: Workers) -> Worker:
+    """One more worker after the planned ones (a re-measurement round: kvpages.measure.remeasure), started alone,
+    then timed at once; it fails or interrupts the run as a planned worker does. Not added to `workers.runs`."""
+    w = launch(command, process, process + 1)
+    try:
+        wait_ready([w], start_limit_s)
+        _turn(w, limit_s, command, recorder, say, workers, runs=[])
+    finally:
+        _close([w])
+    return w
+
+
+def _turn(w: Worker, limit_s: float, command: WorkerCommand, recorder: Recorder, say: Callable[[str], None],
+          workers: Workers, runs: list[Worker] | None = None) -> None:
+    """Worker `w`'s turn: it times its share, recorded as it goes; then it is checked and said."""
+    w.run(limit_s, recorder.record)
+    (workers.runs if runs is None else runs).append(w)
+    if w.interrupted:
+        raise KeyboardInterrupt(f"worker process {w.process} was interrupted")
+    if w.timed_out:
+        raise w.failed(f"did not finish within its limit of {limit_s:.0f} s and was stopped")
+    if w.child.returncode not in (0, 1) or w.log.end is None:  # pytest's 0 and 1: every case passed or was recorded
+        raise w.failed(f"exited with status {w.child.returncode} before its end")
+    if command.json_out:
+        workers.benchmarks += json.loads(json_path(command.folder, w.process).read_text())["benchmarks"]
+    info = w.info()
+    say(f"kvpages: process {w.process + 1} of {w.total} (pid {info.pid}): {info.blocks} blocks in "
+        f"{info.wall_s:.1f} s, of which start-up {info.startup_s:.1f} s, inputs {info.inputs_s:.1f} s and "
+        f"timed rounds {info.timed_s or 0.0:.1f} s")
+
+
+def _close(started: Sequence[Worker]) -> None:
+    """Close the pipes of workers still waiting (they exit), then wait for each, killing it after STOP_WAIT_S."""
+    for w in started:
+        w.dismiss()
+    deadline = time.perf_counter() + STOP_WAIT_S
+    for w in started:
+        wait_or_kill(w.child, max(0.0, deadline - time.perf_counter()))
 
 
 def exit_without_collecting() -> None:

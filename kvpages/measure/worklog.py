@@ -118,6 +118,11 @@ def log_path(folder: Path, process: int) -> Path:
     return folder / f"process-{process}.jsonl"
 
 
+def round_path(folder: Path, process: int) -> Path:
+    """Where the session leaves a re-measurement round for its worker (kvpages.measure.remeasure.Round)."""
+    return folder / f"round-{process}.json"
+
+
 def json_path(folder: Path, process: int) -> Path:
     return folder / f"process-{process}.json"
 

@@ -114,9 +114,27 @@ def caveats(analysis: Analysis) -> list[str]:
     return out
 
 
+def remeasure_paragraph(run: Run) -> str:
+    """What the re-measurement of unstable points did, from meta.json's `remeasure` ('' for a run without it)."""
+    r = None if run.meta is None else run.meta.remeasure
+    if r is None:
+        return ""
+    if not r.remeasured or r.budget_s == 0:
+        return f"**Re-measurement** of unstable points: {r.note}.\n\n"
+    still = ", ".join(f"`{p}`" for p in r.unstable) or "none"
+    return (f"**Re-measurement** of unstable points (block medians spread beyond {r.stable_spread:.0%}, or a process "
+            f"apart from the others): {len(r.remeasured)} point(s) after the {r.planned_processes} planned processes, "
+            f"{r.rounds} extra process(es), {r.extra_repetitions} extra repetition(s) of a point ({r.extra_blocks} "
+            f"blocks), {r.spent_s:.1f} s of a {r.budget_s:.1f} s budget ({r.timed_s:.1f} s timed); {r.note}. Still "
+            f"unstable (`unstable` in `{RATIOS_CSV}`, never judged faster or slower): {still}. A re-measured point's "
+            "ratio leaves out processes apart from the others; its interval keeps them (docs/method.md).\n\n")
+
+
 def findings_section(analysis: Analysis) -> str:
-    rows: list[list[object]] = [[f.question, f.answer, f.figure, f"`{f.id}`" if f.id != "-" else "-", f.status]
-                                for f in findings(analysis)]
+    unstable = analysis.unstable  # a finding on a point still unstable after its re-measurement says so
+    rows: list[list[object]] = [[f.question, f.answer, f.figure, (f"`{f.id}`" + (" **unstable**" if f.id in unstable
+                                                                                   else "")) if f.id != "-" else "-",
+                                 f.status] for f in findings(analysis)]
     model = ("" if analysis.run.link_crossed else "On this CPU run no link was crossed: a time figure is the model's "
              "predicted ratio per link profile (see The link model), and the measured host-side work is evidence. In "
              f"brackets: the ratio's range when the assumed terms (launch, kernel, sync, fixed cost per copy) move to "
@@ -208,7 +226,7 @@ def render(analysis: Analysis) -> str:
         ("### Where the time goes",
          time_goes and f"{time_goes} The table is in [{APPENDIX_MD}]({APPENDIX_MD}#where-the-time-goes)."),
         ("### The link model", model_section(analysis)),
-        ("## Method and caveats", method_text(analysis) + "\n\n" + noise_paragraph(analysis) + "\n\n"
+        ("## Method and caveats", method_text(analysis) + "\n\n" + remeasure_paragraph(run) + noise_paragraph(analysis) + "\n\n"
          + ("\n".join(f"- {c}" for c in caveats(analysis)) or "- no caveats")),
         ("## Environment and reproduce", environment_paragraph(run) + f"\n\n```\n{command}\n```\n\nEach row of "
          f"`results.csv` re-runs one variant (`repro`); each row of `{RATIOS_CSV}` and `{SCENARIO_RATIOS_CSV}` re-runs "

@@ -99,6 +99,30 @@ class RunTiming:
         return cls(**data)
 
 
+@dataclass(frozen=True)
+class Remeasurement:
+    """meta.json's `remeasure`: what the re-measurement of unstable points did (kvpages.measure.remeasure). Points
+    are named by their id (`s8192-p64-int32-fragmented`); each round is one fresh process after the planned ones,
+    timing one more repetition of every point still unstable, its variants interleaved as in the plan."""
+
+    stable_spread: float  # --kv-stable-spread
+    budget_fraction: float  # --kv-remeasure-budget
+    budget_s: float  # that fraction of the sweep's planned timed seconds (0: off)
+    planned_processes: int  # the processes the plan dealt repetitions to; the rounds' come after them
+    note: str  # what it did, or why it did nothing, in words
+    remeasured: tuple[str, ...] = ()  # the points it re-measured (unstable after the planned repetitions)
+    rounds: int = 0  # extra processes
+    extra_repetitions: int = 0  # extra repetitions of a point (each times every variant of the point)
+    extra_blocks: int = 0
+    spent_s: float = 0.0  # the rounds' processes' wall, start-up included
+    timed_s: float = 0.0  # of which timed rounds
+    unstable: tuple[str, ...] = ()  # the points still unstable at the end (ratios.csv's `unstable`)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Remeasurement:
+        return cls(**{**data, "remeasured": tuple(data["remeasured"]), "unstable": tuple(data["unstable"])})
+
+
 @dataclass
 class RunMeta:
     run_id: str
@@ -122,6 +146,7 @@ class RunMeta:
     link_profiles: list[LinkProfile] = field(default_factory=list)
     """A user's link profiles the predictions add (--kv-link-profile, `kvpages report --link-profile`): each with
     its terms, the file's path (`origin`) and SHA-256."""
+    remeasure: Remeasurement | None = None  # None: a run from before re-measurement was recorded
 
     def efficiency_text(self) -> str:
         """How much of the session's wall time was timed, in one line (the report's method and `kvpages noise`)."""

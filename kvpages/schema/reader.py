@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from kvpages.core.names import BASELINE
-from kvpages.schema.meta import Environment, ProcessInfo, RankInfo, RanksMeta, RunMeta, RunTiming
+from kvpages.schema.meta import Environment, ProcessInfo, RankInfo, RanksMeta, Remeasurement, RunMeta, RunTiming
 from kvpages.schema.profiles import profile_from_record
 from kvpages.schema.rows import (
     KEY_COLUMNS,
@@ -92,6 +92,11 @@ class Run:
     def baseline(self) -> str:
         return self.meta.baseline if self.meta else BASELINE
 
+    def remeasure_points(self, which: str) -> frozenset[str]:
+        """meta.json's re-measured (`which` = 'remeasured') or still `unstable` point ids; none in a run without."""
+        found = None if self.meta is None else self.meta.remeasure
+        return frozenset(() if found is None else getattr(found, which))
+
     @property
     def process_count(self) -> int:
         return max(1, len(self.meta.processes)) if self.meta else 1
@@ -158,10 +163,12 @@ def _read_meta(path: Path) -> RunMeta:
         processes = [ProcessInfo(**p) for p in data.pop("processes", [])]
         timing = data.pop("timing", None)
         group = data.pop("ranks", None)
+        remeasure = data.pop("remeasure", None)
         ranks = None if group is None else RanksMeta(**{**group, "ranks": tuple(RankInfo(**r) for r in group["ranks"])})
         profiles = [profile_from_record(p) for p in data.pop("link_profiles", [])]
         return RunMeta(environment=env, processes=processes, ranks=ranks, link_profiles=profiles,
-                       timing=RunTiming.from_json(timing) if timing else None, **data)
+                       timing=RunTiming.from_json(timing) if timing else None,
+                       remeasure=None if remeasure is None else Remeasurement.from_json(remeasure), **data)
     except (TypeError, KeyError, ValueError) as exc:
         raise RunError(f"{path}: fields do not match schema version {version} ({exc})") from None
 

@@ -285,6 +285,7 @@ class RatioRow:
     repro: str
     processes: int = 1
     interval_unit: str = "repetition"
+    unstable: bool = False  # the point was still unstable after its re-measurement (meta.json `remeasure`)
 
 
 @dataclass(frozen=True)

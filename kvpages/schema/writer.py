@@ -71,6 +71,16 @@ class RunWriter:
     def add_rows(self, table: Table, rows: Sequence[Row | ScenarioRow | RankRow]) -> None:
         self._append(table.rows_csv, table.columns, [dataclasses.asdict(r) for r in rows])
 
+    def replace_rows(self, table: Table, rows: Sequence[Row | ScenarioRow | RankRow], key_columns: tuple[str, ...]) -> None:
+        """Put `rows` in place of the rows of the same key (re-measured cases), atomically: the file is the old one
+        or the new one, never torn, and every other row stays where it was."""
+        records = [dataclasses.asdict(r) for r in rows]
+        new = {tuple(str(r[c]) for c in key_columns): r for r in records}
+        with open(self.path / table.rows_csv, newline="") as f:
+            old = list(csv.DictReader(f))
+        kept = [new.pop(tuple(r[c] for c in key_columns), r) for r in old]
+        write_atomic(self.path / table.rows_csv, _csv_text(table.columns, kept + list(new.values())))
+
     def _append(self, name: str, columns: tuple[str, ...], records: list[dict]) -> None:
         """One write system call, appending: an interruption leaves the file as it was before or after, never torn."""
         fd = os.open(self.path / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
