@@ -5,6 +5,7 @@ Only `list` imports torch (the variant registry); each command imports what it u
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import sys
 from collections.abc import Callable, Sequence
@@ -130,7 +131,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from kvpages.analysis.calibrate import calibrate
     from kvpages.core.links import MEMORIES, profile_for
     from kvpages.render.calibrate import calibration_text
-    from kvpages.schema.profiles import built_in_profiles, profile_text
+    from kvpages.schema.profiles import built_in_profiles, profile_text, read_profile
+    from kvpages.schema.writer import write_atomic
 
     run = load_run(args.run)
     pcie = run.meta.environment.pcie_link if run.meta else None
@@ -145,13 +147,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         text = profile_text(profile, f"Fitted by `kvpages calibrate {args.run}`: pass it to `kvpages report --link-profile` "
                                      f"or a sweep's --kv-link-profile.\nPrior (terms the run cannot separate): "
                                      f"{prior[profile.memory].name}.")
-        if path.exists() and path.read_text() != text:
+        if path.exists() and dataclasses.replace(read_profile(path), origin=profile.origin, sha256="") != profile:
             raise RunError(f"{path}: exists with other terms; remove it or pass --out to write elsewhere")
         written.append((path, text))
     print(calibration_text(calibration))
     out.mkdir(parents=True, exist_ok=True)
     for path, text in written:
-        path.write_text(text)
+        write_atomic(path, text)
         print(f"written: {path}")
     return 0
 

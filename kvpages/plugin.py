@@ -116,15 +116,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if SESSION_KEY not in config.stash:
         return
     kv = config.stash[SESSION_KEY]
-    free: dict[str, int | None] = {"host": host_available_bytes()}
-    if kv.device == "cuda":
-        import torch
+    if config.getoption(WORKER_FLAG) is None:  # a worker's sweep was checked by its session, before any worker ran
+        free: dict[str, int | None] = {"host": host_available_bytes()}  # (a round's session holds its own memory)
+        if kv.device == "cuda":
+            import torch
 
-        free["cuda"] = torch.cuda.mem_get_info()[0]
-    try:
-        check_fits(kv.options.sweep, kv.device, free)
-    except ValueError as exc:
-        raise pytest.UsageError(f"--kv-seq-lens: {exc}") from None
+            free["cuda"] = torch.cuda.mem_get_info()[0]
+        try:
+            check_fits(kv.options.sweep, kv.device, free)
+        except ValueError as exc:
+            raise pytest.UsageError(f"--kv-seq-lens: {exc}") from None
     if not config.option.collectonly:
         kv.start([b for item in session.items if (b := _block_of(item)) is not None])
 

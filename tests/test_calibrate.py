@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import REPO, synthetic_run
@@ -130,7 +131,49 @@ def test_the_calibrate_command_prints_terms_and_residuals_and_writes_profiles_a_
     again = subprocess.run([sys.executable, "-m", "kvpages", "calibrate", str(folder)], capture_output=True, text=True,
                            cwd=REPO)
     assert again.returncode == 0, again.stderr  # the same run fits the same terms: the files stay as they are
-    written[0].write_text(written[0].read_text().replace("value = ", "value = 1", 1))
+    written[0].write_text(written[0].read_text().replace('label = "', 'label = "edited ', 1))  # a user's own edit
     refused = subprocess.run([sys.executable, "-m", "kvpages", "calibrate", str(folder)], capture_output=True, text=True,
                              cwd=REPO)
     assert refused.returncode == 2 and "exists with other terms" in refused.stderr  # never overwrites another's
+
+
+def extra_repetitions(folder, variant: str, count: int) -> None:
+    """Give `variant`'s rows `count` more repetitions, each from a fresh process, as re-measurement rounds do."""
+    samples = pd.read_csv(folder / "samples.csv", dtype=str, keep_default_na=False)
+    rows = pd.read_csv(folder / "results.csv", dtype=str, keep_default_na=False)
+    mine = samples[samples["variant"] == variant]
+    top, last = int(samples["process"].astype(int).max()), int(samples["order"].astype(int).max())
+    extra = []
+    for k in range(count):
+        block = mine[mine["repetition"] == "0"].copy()
+        block["repetition"], block["process"] = str(12 + k), str(top + 1 + k)
+        block["order"] = [str(last + 1 + k * len(block) + i) for i in range(len(block))]
+        extra.append(block)
+    samples = pd.concat([samples, *extra])
+    for i, r in rows[rows["variant"] == variant].iterrows():
+        at = samples[(samples["variant"] == variant) & (samples["seq_len"] == r["seq_len"])
+                     & (samples["page_size"] == r["page_size"])]
+        pooled = np.concatenate([np.array(t.split(), float) for t in at["samples_us"]])
+        rows.loc[i, "median_us"], rows.loc[i, "repetitions"] = repr(float(np.median(pooled))), str(len(at))
+    samples.to_csv(folder / "samples.csv", index=False)
+    rows.to_csv(folder / "results.csv", index=False)
+
+
+def test_a_run_whose_rows_were_re_measured_calibrates_over_each_rows_own_repetitions(tmp_path):
+    folder = cuda_run(tmp_path / "cuda")
+    extra_repetitions(folder, "device_stride", 2)  # its rows now hold 14 repetitions, the others 12
+    run = load_run(folder)
+    assert set(run.rows.groupby("variant")["repetitions"].max()) == {12, 14}
+    calibration = calibrate(analyze(run), prior())
+    assert calibration.repetitions == 14
+    fitted = {p.memory: p for p in calibration.profiles}
+    for key in TERM_KEYS:
+        assert fitted["pageable"].us(key) == pytest.approx(TRUE["pageable"].us(key), rel=0.10), key
+
+
+def test_a_round_cut_short_leaves_its_point_paired_on_the_repetitions_every_variant_finished(tmp_path):
+    folder = cuda_run(tmp_path / "cuda")
+    extra_repetitions(folder, "device_stride", 1)  # the round's device_stride block ran; its baseline's did not
+    analysis = analyze(load_run(folder), "device_stride_shortcut")
+    r = next(r for r in analysis.ratios if r.variant == "device_stride" and r.seq_len == 8192 and r.page_size == 64)
+    assert r.repetitions == 12 and r.ci_low < r.ratio < r.ci_high  # paired on the 12 both have, with its interval

@@ -7,14 +7,17 @@ medians) against what the meter saw it do:
     time_us = ops x (launch + kernel) + copies x fixed cost + host syncs x sync + bytes / bandwidth
 
 with a fixed cost and a bandwidth per kind of memory the copies land in (pageable, pinned) and the device terms shared.
-Least squares gives the terms; the same fit over resampled repetitions (the same draws for every row) gives each term
-its interval. A term the run's rows cannot tell apart from the others (every row syncs once per copy, say) keeps the
-prior profile's value, subtracted before the fit, and says so; launch and kernel enter every row only as their sum,
-so the kernel is read from breakdown.csv's profiled device time per op where the run has it, else it keeps the prior.
+Least squares gives the terms; the same fit over resampled rows (each row's processes drawn with replacement, its
+repetitions where it ran in one process, independently per row) gives each term its interval. A term the run's rows
+cannot tell apart from the others (every row syncs once per copy, say) keeps the prior profile's value, subtracted
+before the fit, and says so; launch and kernel enter every row only as their sum, so the kernel is read from
+breakdown.csv's profiled device time per op of the declared variants where the run has it, else it keeps the prior.
+An undeclared variant (sglang@<label>) is priced at one device op per call, as the model prices it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -23,7 +26,7 @@ import pandas as pd
 
 from kvpages.analysis.intervals import levels
 from kvpages.analysis.ratios import Analysis
-from kvpages.core.links import MEMORIES, SHORT, LinkProfile, Term, carries_host_work, device_ops
+from kvpages.core.links import KERNELS_PER_CALL, MEMORIES, SHORT, LinkProfile, Term, carries_host_work, device_ops
 from kvpages.core.stats import BOOTSTRAP_SEED, CONFIDENCE
 from kvpages.schema.reader import RunError, row_key
 
@@ -58,32 +61,47 @@ class Calibration:
 class _Design:
     names: tuple[str, ...]  # a coefficient per column: per_op, sync, copy_<memory>, per_byte_<memory>
     matrix: np.ndarray  # rows x columns
-    logs: np.ndarray  # rows x repetitions: each row's log block medians
+    times: np.ndarray  # each row's time: the geometric mean of its block medians (the run's estimator)
+    units: tuple[np.ndarray, ...]  # each row's log level per process (per repetition where it ran in one process)
     ids: tuple[str, ...]
     memories: tuple[str, ...]
+    repetitions: int  # the most any row has (a re-measured row has more than the plan's)
+
+    def resampled(self, rng: np.random.Generator) -> np.ndarray:
+        """RESAMPLES x rows: each row's time over its own units drawn with replacement (independently per row)."""
+        out = np.empty((RESAMPLES, len(self.units)))
+        for i, units in enumerate(self.units):
+            out[:, i] = np.exp(units[rng.integers(0, units.size, (RESAMPLES, units.size))].mean(axis=1))
+        return out
+
+
+def _units(values: np.ndarray, processes: np.ndarray) -> np.ndarray:
+    ids = np.unique(processes)
+    return values if ids.size < 2 else np.array([values[processes == p].mean() for p in ids])
 
 
 def _design(analysis: Analysis) -> _Design:
     run = analysis.run
-    memories = tuple(m for m in MEMORIES if m in set(run.ok_rows()["link"].map(LINKS).dropna()))
-    names = ("per_op", "sync") + tuple(f"{kind}_{m}" for m in memories for kind in ("copy", "per_byte"))
-    matrix, logs, ids = [], [], []
+    rows = []
     for r in run.ok_rows().to_dict("records"):
         variant, memory = str(r["variant"]), LINKS.get(str(r["link"]))
         found = levels(run, row_key(r))
-        if memory is None or found is None or carries_host_work(variant, analysis.host_side(variant)):
-            continue
+        if memory is not None and found is not None and not carries_host_work(variant, analysis.host_side(variant)):
+            rows.append((r, variant, memory, found))
+    if not rows:
+        raise RunError(f"{run.path}: no timed row of a device variant crossed a PCIe link, so there is nothing to fit")
+    memories = tuple(m for m in MEMORIES if m in {memory for _, _, memory, _ in rows})
+    names = ("per_op", "sync") + tuple(f"{kind}_{m}" for m in memories for kind in ("copy", "per_byte"))
+    matrix = []
+    for r, variant, memory, _ in rows:
         syncs = r["d2h_transfers"] if pd.isna(r["host_syncs"]) else r["host_syncs"]  # not metered: one per copy
         column = {"per_op": device_ops(variant, int(r["page_size"]), 1, False), "sync": float(syncs),
                   f"copy_{memory}": float(r["d2h_transfers"]), f"per_byte_{memory}": float(r["d2h_bytes"])}
         matrix.append([column.get(n, 0.0) for n in names])
-        logs.append(found.values)
-        ids.append(f"{variant}-s{r['seq_len']}-p{r['page_size']}-{r['dtype']}-{r['layout']}")
-    if not ids:
-        raise RunError(f"{run.path}: no timed row of a device variant crossed a PCIe link, so there is nothing to fit")
-    if len({len(v) for v in logs}) != 1:
-        raise RunError(f"{run.path}: the rows hold different numbers of repetitions (an interrupted run); rerun it")
-    return _Design(names, np.array(matrix, dtype=float), np.array(logs), tuple(ids), memories)
+    return _Design(names, np.array(matrix, dtype=float), np.array([np.exp(f.values.mean()) for *_, f in rows]),
+                   tuple(_units(f.values, f.processes) for *_, f in rows),
+                   tuple(f"{v}-s{r['seq_len']}-p{r['page_size']}-{r['dtype']}-{r['layout']}" for r, v, _, _ in rows),
+                   memories, max(f.values.size for *_, f in rows))
 
 
 def _prior_coefficients(prior: dict[str, LinkProfile], name: str) -> float:
@@ -125,9 +143,9 @@ def _fit(matrix: np.ndarray, times: np.ndarray, free: list[int], fixed: dict[int
 def _kernel_us(analysis: Analysis) -> list[float]:
     """breakdown.csv's profiled device time per op of each device-op row (a CUDA run's; [] without one)."""
     out = []
-    for b in analysis.breakdown:
-        ops = device_ops(b.variant, b.page_size, 1, analysis.host_side(b.variant))
-        if b.kernel_us is not None and ops and not carries_host_work(b.variant, analysis.host_side(b.variant)):
+    for b in analysis.breakdown:  # declared variants only: an undeclared one's kernels are not known to be one op
+        ops = device_ops(b.variant, b.page_size, 1) if b.variant in KERNELS_PER_CALL else 0
+        if b.kernel_us is not None and ops:
             out.append(b.kernel_us / ops)
     return out
 
@@ -143,7 +161,7 @@ def calibrate(analysis: Analysis, prior: dict[str, LinkProfile]) -> Calibration:
     free, held = _separable(design.matrix, design.names)
     fixed = {i: _prior_coefficients(prior, design.names[i]) for i in range(len(design.names)) if i not in free}
     notes = [f"{line}: kept the prior's {_prior_coefficients(prior, line.split(':')[0]):.4g}" for line in held]
-    times = np.exp(design.logs.mean(axis=1))
+    times = design.times
     center = _fit(design.matrix, times, free, fixed)
     for i in list(free):  # a fitted term <= 0: the rows cannot support it; it keeps the prior and the rest refit
         if center[i] <= 0:
@@ -152,9 +170,7 @@ def calibrate(analysis: Analysis, prior: dict[str, LinkProfile]) -> Calibration:
             notes.append(f"{design.names[i]}: fitted {center[i]:.4g} <= 0, which no link has; kept the prior's {fixed[i]:.4g}")
             center = _fit(design.matrix, times, free, fixed)
     rng = np.random.default_rng(BOOTSTRAP_SEED)
-    repetitions = design.logs.shape[1]
-    draws = rng.integers(0, repetitions, size=(RESAMPLES, repetitions))
-    resampled = np.array([_fit(design.matrix, np.exp(design.logs[:, d].mean(axis=1)), free, fixed) for d in draws])
+    resampled = np.array([_fit(design.matrix, t, free, fixed) for t in design.resampled(rng)])
     kernels = _kernel_us(analysis)
     if kernels:
         kernel = float(np.median(kernels))
@@ -167,7 +183,7 @@ def calibrate(analysis: Analysis, prior: dict[str, LinkProfile]) -> Calibration:
     draws_of = {n: resampled[:, i] for i, n in enumerate(design.names)}
     fitted = {n: i in free for i, n in enumerate(design.names)}
     where = (f"fitted from run {run.run_id} ({analysis.run.device_name}): least squares over {len(design.ids)} rows, "
-             f"{CONFIDENCE:.0%} interval over {RESAMPLES} resamples of its {repetitions} repetitions")
+             f"{CONFIDENCE:.0%} interval over {RESAMPLES} resamples of each row's processes")
 
     def term(key: str, value: float, samples: np.ndarray | None, prior_term: Term, where: str = where) -> Term:
         value = float(value)
@@ -185,9 +201,17 @@ def calibrate(analysis: Analysis, prior: dict[str, LinkProfile]) -> Calibration:
         per_op = draws_of["per_op"] if fitted["per_op"] else None
         launch = coefficients["per_op"] - kernel
         launch_draws = None if per_op is None else per_op - (kernel if kernel_draws is None else kernel_draws)
+        launch_source = base.term("launch_us")
+        if launch <= 0:  # the kernel overlaps the next launch: the per-op wall is below the kernel's device time
+            notes.append(f"launch: the fitted per-op cost {coefficients['per_op']:.3g} µs is not above the profiled "
+                         f"kernel {kernel:.3g} µs; kept the prior's {base.us('launch_us'):g} µs")
+            launch, launch_draws = base.us("launch_us"), None
+        elif per_op is None:
+            launch_source = dataclasses.replace(launch_source, source=f"the prior's launch + kernel less the kernel here "
+                                                                      f"({launch_source.source})")
         inv, inv_draws = coefficients[f"per_byte_{memory}"], draws_of[f"per_byte_{memory}"]
         bandwidth_draws = (1 / (np.clip(inv_draws, 1e-12, None) * 1e3)) if fitted[f"per_byte_{memory}"] else None
-        terms = (term("launch_us", launch, launch_draws, base.term("launch_us")),
+        terms = (term("launch_us", launch, launch_draws, launch_source),
                  term("kernel_us", kernel, kernel_draws, base.term("kernel_us"),
                       f"profiled device time per op in breakdown.csv of run {run.run_id}: the median of {len(kernels)} "
                       f"rows, {CONFIDENCE:.0%} interval over {RESAMPLES} resamples of them"),
@@ -204,7 +228,7 @@ def calibrate(analysis: Analysis, prior: dict[str, LinkProfile]) -> Calibration:
     modeled = design.matrix @ center
     residuals = tuple(Residual(i, m, float(t), float(f), float(t - f)) for i, m, t, f in
                       zip(design.ids, _row_memories(design), times, modeled, strict=True))
-    return Calibration(run.run_id, tuple(profiles), residuals, tuple(notes), repetitions)
+    return Calibration(run.run_id, tuple(profiles), residuals, tuple(dict.fromkeys(notes)), design.repetitions)
 
 
 def _row_memories(design: _Design) -> list[str]:

@@ -19,7 +19,7 @@ from kvpages.analysis.verdicts import FASTER, MIN_EFFECT_FLOOR, SLOWER, bh_adjus
 from kvpages.core.estimator import Paired, mean_estimate, paired_ratio, trimmed_ratio
 from kvpages.core.links import PREDICTION_PROFILES, LinkProfile
 from kvpages.core.names import CANDIDATE, FLOOR, STEP_BASELINE, per_request_name, per_request_of, point_id, variant_sort_key
-from kvpages.core.stats import Interval, finite_median, unknown
+from kvpages.core.stats import Interval, Levels, finite_median, unknown
 from kvpages.schema.breakdown import BreakdownRow, read_breakdown
 from kvpages.schema.profiles import built_in_profiles
 from kvpages.schema.ranks import ContentionRow
@@ -46,7 +46,12 @@ def estimate(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | N
     """The one estimator (kvpages.core.estimator.paired_ratio) of a pair, once per run; None without paired samples."""
     def compute() -> Paired | None:
         base, other = levels(run, baseline_key, latency), levels(run, variant_key, latency)
-        if base is None or other is None or not np.array_equal(base.processes, other.processes):
+        if base is None or other is None:
+            return None
+        common = min(base.values.size, other.values.size)
+        if run.meta is not None and common >= run.meta.repetitions:  # a re-measurement round cut short: the rounds
+            base, other = (Levels(x.values[:common], x.processes[:common]) for x in (base, other))  # both finished
+        if not np.array_equal(base.processes, other.processes):
             return None
         remeasure = None if run.meta is None else run.meta.remeasure
         found = (trimmed_ratio(base, other, remeasure.stable_spread)  # a re-measured point: docs/method.md

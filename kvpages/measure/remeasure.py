@@ -81,6 +81,7 @@ class Remeasurer:
     budget_fraction: float
     planned_s: float  # the sweep's planned timed seconds (its points' time budgets)
     block_s: float  # the planned timed seconds of one block (a time budget over the repetitions)
+    overhead_s: float = 0.0  # the first round's untimed cost: a planned worker's start-up and inputs
     workers: list[Worker] = field(default_factory=list)
     record: Remeasurement | None = None
 
@@ -95,7 +96,7 @@ class Remeasurer:
         remeasured = tuple(t.id for t, _ in unstable)
         spent = timed = 0.0
         blocks = repetitions = 0
-        overhead = 0.0  # a round's untimed cost, as the last one showed it
+        overhead = self.overhead_s  # a round's untimed cost: as the planned workers', then as the last round showed it
         note = "every point settled within the planned repetitions"
         while unstable:
             cases = tuple(c for _, ids in unstable for c in ids)

@@ -89,13 +89,13 @@ class SweepPlan:
         own = [b for b in self.point_blocks + self.scenario_blocks if b.process == process and b.case_id in case_ids]
         return limit_s(own, self.options, self.repetitions)
 
-    def remeasurer(self, recorder: Recorder, processes: int) -> Remeasurer:
+    def remeasurer(self, recorder: Recorder, processes: int, overhead_s: float = 0.0) -> Remeasurer:
         """The re-measurement after this plan's repetitions, within --kv-remeasure-budget of its points' timed seconds."""
         options, blocks = self.options, self.point_blocks
         planned_s = sum(b.target.budget_s(options) for b in blocks) / self.repetitions
         return Remeasurer(recorder, processes, self.repetitions, len(blocks + self.scenario_blocks),
                           options.stable_spread_value, options.remeasure_fraction, planned_s,
-                          options.sweep.time_budget_s / self.repetitions)
+                          options.sweep.time_budget_s / self.repetitions, overhead_s)
 
     def cases(self, selected: Sequence[Block]) -> list[tuple[Target, str]]:
         """The (target, variant)s of the `selected` blocks, in run order, each target's in variant order."""
@@ -143,7 +143,8 @@ def run_round(command: WorkerCommand, plan: SweepPlan, recorder: Recorder, say: 
               round_: Round) -> Worker:
     """One re-measurement round: its blocks handed to a fresh worker process, timed and recorded."""
     round_.write(command.folder)
-    own = round_.blocks(plan.variants, [b.target for b in plan.point_blocks], plan.options.sweep.seed)
+    points = list(dict.fromkeys(b.target for b in plan.point_blocks))  # each once, in run order, as the worker has them
+    own = round_.blocks(plan.variants, points, plan.options.sweep.seed)
     return run_alone(command, round_.process, WORKER_START_S, limit_s(own, plan.options, plan.repetitions), recorder,
                      say, workers)
 
@@ -234,8 +235,12 @@ class KvSession:
     def remeasure(self, command: WorkerCommand, say: Callable[[str], None]) -> None:
         """After the planned repetitions: re-measure the unstable points in fresh processes (kvpages.measure.remeasure)."""
         assert self.recorder is not None, "a session that records"
-        self.remeasurer = self.plan.remeasurer(self.recorder, self.processes)
+        planned = [w.info() for w in self.workers.runs]  # a round's start-up and inputs cost what a planned worker's did
+        overhead_s = min(((p.startup_s or 0.0) + (p.inputs_s or 0.0) for p in planned), default=0.0)
+        self.remeasurer = self.plan.remeasurer(self.recorder, self.processes, overhead_s)
         if self.remeasurer.budget_s > 0:
+            if self.device == "cuda":
+                torch.cuda.empty_cache()  # the rounds' fresh processes get the memory this one no longer uses
             self.remeasurer.run(functools.partial(run_round, command, self.plan, self.recorder, say, self.workers), say)
 
     def run(self, benchmark, block: Block) -> None:

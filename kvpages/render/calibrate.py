@@ -9,7 +9,7 @@ from kvpages.render.text import table
 
 
 def calibration_text(calibration: Calibration) -> str:
-    lines = [f"Link model fitted from run {calibration.run_id} ({len(calibration.residuals)} rows, "
+    lines = [f"Link model fitted from run {calibration.run_id} ({len(calibration.residuals)} rows, up to "
              f"{calibration.repetitions} repetitions each):"]
     for profile in calibration.profiles:
         lines.append(f"\n{profile.name}: {profile.label}, {profile.memory}")
