@@ -16,6 +16,7 @@ from conftest import FAST, REPO, synthetic_run
 from kvpages.analysis.findings import findings
 from kvpages.analysis.predict import crossover, point_calls, point_predictions, predict
 from kvpages.analysis.ratios import analyze
+from kvpages.cli import main
 from kvpages.core.links import PREDICTION_PROFILES, TERM_KEYS, variations
 from kvpages.core.names import CANDIDATE
 from kvpages.schema.profiles import BUILT_IN, ProfileError, built_in_profiles, parse_profile, profile_text, read_profile
@@ -63,20 +64,27 @@ BAD = [
 
 
 @pytest.mark.parametrize(("text", "words"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
-def test_a_bad_profile_file_is_one_line_naming_the_file_and_the_key_before_any_work(tmp_path, text, words):
+def test_a_bad_profile_file_is_one_line_naming_the_file_and_the_key_before_any_work(tmp_path, capsys, text, words):
     folder = cpu_run(tmp_path / "run")
     bad = tmp_path / "mine.toml"
     bad.write_text(text)
     with pytest.raises(ProfileError, match=r"mine\.toml"):
         read_profile(bad)
-    for command in ("report", "plot"):
-        done = kvpages(command, folder, "--link-profile", bad)
-        assert done.returncode == 2 and done.stdout == "", done.stderr
-        assert done.stderr.count("\n") == 1 and str(bad) in done.stderr and words in done.stderr, done.stderr
-        assert "Traceback" not in done.stderr
+    for command in ("report", "plot"):  # the command's own main, in this process (one real process: the test below)
+        assert main([command, str(folder), "--link-profile", str(bad)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and str(bad) in err and words in err, err
     assert not (folder / "REPORT.md").exists() and not list(folder.glob("*.png"))  # refused before any work
-    assert "link_profiles" not in json.loads((folder / "meta.json").read_text()) or not json.loads(
-        (folder / "meta.json").read_text())["link_profiles"]
+    assert not json.loads((folder / "meta.json").read_text()).get("link_profiles")
+
+
+def test_a_bad_profile_file_through_the_command_is_one_line_without_a_traceback(tmp_path):
+    folder = cpu_run(tmp_path / "run")
+    bad = tmp_path / "mine.toml"
+    bad.write_text(BAD[1][1])
+    done = kvpages("report", folder, "--link-profile", bad)
+    assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
+    assert done.stderr == f"kvpages: error: {bad}: [bandwidth_gb_s] value: -26.5 must be > 0\n"
 
 
 def test_a_users_profile_changes_the_predictions_and_the_run_records_it(tmp_path):

@@ -66,7 +66,8 @@ def sweep(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *args: str
 
 
 def test_a_disturbed_process_is_re_measured_and_does_not_move_the_ratio(pytester, monkeypatch):
-    result, run = sweep(pytester, monkeypatch, "--kv-remeasure-budget", "10")
+    # 10 x the 2 x 0.5 s planned: a round costs a fresh process's start-up (~3 s) and its blocks
+    result, run = sweep(pytester, monkeypatch, "--kv-remeasure-budget", "10", "--kv-time-budget", "0.5")
     result.stdout.fnmatch_lines(["kvpages: re-measuring 1 unstable point(s) in a fresh process, round 1"])
     record = run.meta.remeasure
     assert record.remeasured == (POINT,) and record.rounds >= 1 and record.extra_blocks == 2 * record.rounds
