@@ -55,8 +55,9 @@ BENCH_PYTEST := -q --benchmark-quiet -p no:hypothesispytest -p no:logging -p no:
 bench: $(STAMP)
 	$(BIN)/python -m pytest bench/ --benchmark-only --kv-preset $(PRESET) --kv-analyze $(BENCH_PYTEST) $(PYTEST_ARGS)
 
-# The tests run in $(TEST_WORKERS) pytest-xdist workers (--dist loadgroup: the tests that read gpu_check.sh's rehearsal
-# share one worker, and so one rehearsal); on the 2-core dev box, 243 s of pytest in one process take 157 s so.
+# The tests run in $(TEST_WORKERS) pytest-xdist workers; gpu_check.sh's rehearsal runs once, in the background from
+# collection on, for every worker (tests/conftest.py: pytest 9 drops the group suffix --dist loadgroup relied on, so
+# each worker rehearsed again). On the 2-core dev box, 243 s of pytest in one process took 157 s so.
 # mypy runs beside them (about 30 s of one core); its output is printed only when it fails, after the tests, so
 # pytest's summary stays the last line of a pass.
 TEST_WORKERS ?= 2

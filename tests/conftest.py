@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ against 1.8 s for a one-test session on the dev box). pytester removes PYTEST_AD
 from the fixture below."""
 
 
+XDIST_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # one id per `pytest -n` session, the same in each of its workers
 for _name in [n for n in os.environ if n.startswith("PYTEST_XDIST_")]:
     del os.environ[_name]
 """Under `pytest -n` (make test), the sessions these tests start are plain sessions, not xdist workers: with
@@ -39,8 +41,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords and not torch.cuda.is_available():
             item.add_marker(pytest.mark.skip(reason=NO_CUDA_REASON))
-        if "rehearsal" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("rehearsal"))  # under `-n --dist loadgroup`, one rehearsal
+        if "rehearsal" in getattr(item, "fixturenames", ()) and XDIST_RUN is not None:
+            start_rehearsal(config)
 
 
 def call_variant(v, kv: torch.Tensor, page_size: int):
@@ -216,11 +218,42 @@ class Rehearsal:
 
 
 @pytest.fixture(scope="session")
-def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> Rehearsal:
+def rehearsal(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Rehearsal:
     """bench/gpu_check.sh's CPU rehearsal of every step, once for the session, where hypothesis cannot be imported
     (as on a GPU box that has only what gpu_check.sh asks for). test_gpu_check.py checks its steps; its two sweeps
     (cross-check off, then on in 2 processes) are the two real quick runs test_compare.py compares."""
-    tmp = tmp_path_factory.mktemp("rehearsal")
+    if XDIST_RUN is None:
+        return _rehearse(tmp_path_factory.mktemp("rehearsal"))
+    folder = start_rehearsal(request.config)  # under `pytest -n`: started at collection, in the background, once
+    deadline = time.monotonic() + 300
+    while not (folder / "rc").exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gpu_check.sh's rehearsal did not finish within 300 s ({folder})")
+        time.sleep(0.2)
+    done = subprocess.CompletedProcess(["bash", str(SCRIPT)], int((folder / "rc").read_text()),
+                                       (folder / "out").read_text(), (folder / "err").read_text())
+    return Rehearsal(done, folder / "archive", folder / "results")
+
+
+def start_rehearsal(config: pytest.Config) -> Path:
+    """Under `pytest -n`: the rehearsal started in the background by the first worker to get here (the others find it
+    started), so that it runs once, beside the tests that do not need it (pytest 9 drops the xdist_group suffix that
+    --dist loadgroup relied on to keep its users on one worker); its folder, where it leaves out, err and rc."""
+    shared = config._tmp_path_factory.getbasetemp().parent  # type: ignore[attr-defined]  # the workers' common root
+    folder = shared / f"rehearsal-{XDIST_RUN}"  # (pytest keeps the last few roots and removes older ones)
+    folder.mkdir(exist_ok=True)
+    try:
+        os.close(os.open(folder / "started", os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return folder
+    argv = ["timeout", "300", "bash", str(SCRIPT), "--archive", str(folder / "archive"), *REHEARSAL, "--kv-results",
+            str(folder / "results")]
+    subprocess.Popen(["bash", "-c", '"$@" > out 2> err; echo $? > rc.tmp; mv rc.tmp rc', "rehearse", *argv],
+                     cwd=folder, env=shadow(folder / "shadow", "hypothesis"), start_new_session=True)
+    return folder
+
+
+def _rehearse(tmp: Path) -> Rehearsal:
     archive, results = tmp / "archive", tmp / "results"
     done = gpu_check("--archive", str(archive), *REHEARSAL, "--kv-results", str(results),
                      env=shadow(tmp / "shadow", "hypothesis"), timeout=300)

@@ -15,6 +15,7 @@ profiles, TOML files read by kvpages.schema.profiles (the built-in ones ship in 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -129,6 +130,7 @@ class Variation(NamedTuple):
     profile: LinkProfile
 
 
+@functools.cache  # a report prices every point and scenario on each profile's ten variations
 def variations(profile: LinkProfile) -> tuple[Variation, ...]:
     """Each assumed term at its low and its high, one at a time, then all of them low and all high together."""
     bounds = {key: profile.term(key).bounds() for key in ASSUMED}
