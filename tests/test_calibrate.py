@@ -15,6 +15,7 @@ from conftest import REPO, synthetic_run
 from kvpages.analysis.calibrate import calibrate
 from kvpages.analysis.predict import crossover
 from kvpages.analysis.ratios import analyze
+from kvpages.cli import main
 from kvpages.core.links import TERM_KEYS, LinkProfile, Term, device_ops
 from kvpages.core.names import CANDIDATE
 from kvpages.schema.breakdown import BreakdownRow, write_breakdown
@@ -118,7 +119,7 @@ def test_calibrate_refuses_a_cpu_run(tmp_path):
     assert not list(folder.glob("*.toml"))
 
 
-def test_the_calibrate_command_prints_terms_and_residuals_and_writes_profiles_a_report_can_use(tmp_path):
+def test_the_calibrate_command_prints_terms_and_residuals_and_writes_profiles_a_report_can_use(tmp_path, capsys):
     folder = cuda_run(tmp_path / "cuda")
     done = subprocess.run([sys.executable, "-m", "kvpages", "calibrate", str(folder)], capture_output=True, text=True,
                           cwd=REPO, check=True)
@@ -128,13 +129,11 @@ def test_the_calibrate_command_prints_terms_and_residuals_and_writes_profiles_a_
     assert [p.name.rsplit("_", 1)[1] for p in written] == ["pageable.toml", "pinned.toml"]
     fitted = read_profile(written[0])
     assert fitted.fitted and fitted.us("bandwidth_gb_s") == pytest.approx(20.0, rel=0.1)
-    again = subprocess.run([sys.executable, "-m", "kvpages", "calibrate", str(folder)], capture_output=True, text=True,
-                           cwd=REPO)
-    assert again.returncode == 0, again.stderr  # the same run fits the same terms: the files stay as they are
+    assert main(["calibrate", str(folder)]) == 0  # the same run fits the same terms: the files stay as they are
     written[0].write_text(written[0].read_text().replace('label = "', 'label = "edited ', 1))  # a user's own edit
-    refused = subprocess.run([sys.executable, "-m", "kvpages", "calibrate", str(folder)], capture_output=True, text=True,
-                             cwd=REPO)
-    assert refused.returncode == 2 and "exists with other terms" in refused.stderr  # never overwrites another's
+    capsys.readouterr()
+    assert main(["calibrate", str(folder)]) == 2  # never overwrites another's
+    assert "exists with other terms" in capsys.readouterr().err and "edited" in written[0].read_text()
 
 
 def extra_repetitions(folder, variant: str, count: int) -> None:
