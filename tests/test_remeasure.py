@@ -129,3 +129,26 @@ def test_a_re_measured_ratio_leaves_out_a_disturbed_process_and_its_interval_kee
 def test_an_unstable_point_is_never_faster_or_slower():
     clear = Interval(0.5, 0.45, 0.55, 6, 0.95, "process")
     assert judge(clear, 0.02) == FASTER and judge(clear, 0.02, unstable=True) == UNCLEAR
+
+
+def test_a_finding_on_a_point_still_unstable_says_so_and_a_bytes_finding_does_not(tmp_path, reported_reference):
+    import json
+    import shutil
+
+    from kvpages.analysis.findings import findings
+    from kvpages.render.report import findings_section
+
+    folder = tmp_path / "run"
+    shutil.copytree(reported_reference.path, folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    cited = {f.question: f.id for f in findings(analyze(load_run(folder)))}
+    points = sorted({i.split("-", 2)[2] for i in (cited["Bytes per call"], cited["Crossover"])})  # r-<variant>-<point>
+    meta["remeasure"] = {"stable_spread": 0.1, "budget_fraction": 0.25, "budget_s": 10.0, "planned_processes": 6,
+                         "note": "stopped", "remeasured": points, "rounds": 1, "extra_repetitions": 2, "extra_blocks": 10,
+                         "spent_s": 4.0, "timed_s": 1.0, "unstable": points}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    analysis = analyze(load_run(folder))
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in findings_section(analysis).splitlines()}
+    assert f"`{cited['Crossover']}` **unstable**" in rows["Crossover"]
+    assert "**unstable**" not in rows["Bytes per call"]  # metered bytes are exact whatever the timing did
+    assert all(r.verdict not in ("faster", "slower") for r in analysis.ratios if r.unstable) and analysis.unstable

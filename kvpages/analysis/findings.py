@@ -31,6 +31,7 @@ class Finding:
     figure: str  # with its interval and coverage, as the row behind it gives it ('-': none)
     id: str  # the ratios.csv or scenarios.csv row id behind the figure ('-': none)
     status: str
+    timed: bool = True  # the figure rests on the row's times (False: metered bytes, exact whatever the timing noise)
 
 
 def bytes_figure(r: RatioRow) -> str:
@@ -80,7 +81,7 @@ def _bytes(analysis: Analysis) -> Finding | None:
     pages = ", ".join(str(p) for p in sorted({r.page_size for r in rows}))
     answer = (f"The merged PR hands the host one index per page: ceil(L/p) instead of L indices, "
               f"{'exactly, at every' if exact else 'NOT exactly, at some'} swept point (p = {pages}).")
-    return Finding("Bytes per call", answer, bytes_figure(top), top.id, MEASURED)
+    return Finding("Bytes per call", answer, bytes_figure(top), top.id, MEASURED, timed=False)
 
 
 def _page1(analysis: Analysis) -> Finding | None:
