@@ -235,8 +235,11 @@ class KvSession:
     def remeasure(self, command: WorkerCommand, say: Callable[[str], None]) -> None:
         """After the planned repetitions: re-measure the unstable points in fresh processes (kvpages.measure.remeasure)."""
         assert self.recorder is not None, "a session that records"
-        planned = [w.info() for w in self.workers.runs]  # a round's start-up and inputs cost what a planned worker's did
-        overhead_s = min(((p.startup_s or 0.0) + (p.inputs_s or 0.0) for p in planned), default=0.0)
+        # A round's start-up and inputs: a planned worker's, which started beside the others and so had a share of the
+        # cores (a round starts alone): on the 2-core box 4-7 s together, 2-2.5 s alone.
+        planned = [w.info() for w in self.workers.runs]
+        share = min(1.0, (os.cpu_count() or 1) / max(1, len(planned)))
+        overhead_s = share * min(((p.startup_s or 0.0) + (p.inputs_s or 0.0) for p in planned), default=0.0)
         self.remeasurer = self.plan.remeasurer(self.recorder, self.processes, overhead_s)
         if self.remeasurer.budget_s > 0:
             if self.device == "cuda":
