@@ -149,6 +149,13 @@ def run_round(command: WorkerCommand, plan: SweepPlan, recorder: Recorder, say: 
                      say, workers)
 
 
+def round_overhead_s(planned: Sequence[ProcessInfo]) -> float:
+    """A round's start-up and inputs, before any round has shown them: a planned worker's, which started beside the
+    others and so had a share of the cores (a round starts alone): on the 2-core box 4-7 s together, 2-2.5 s alone."""
+    share = min(1.0, (os.cpu_count() or 1) / max(1, len(planned)))
+    return share * min(((p.startup_s or 0.0) + (p.inputs_s or 0.0) for p in planned), default=0.0)
+
+
 def remeasure_record(remeasurer: Remeasurer | None, options: BenchOptions, processes: int,
                      multi_rank: bool) -> Remeasurement:
     """meta.json's `remeasure`: what the re-measurement did, or why it did nothing."""
@@ -235,12 +242,8 @@ class KvSession:
     def remeasure(self, command: WorkerCommand, say: Callable[[str], None]) -> None:
         """After the planned repetitions: re-measure the unstable points in fresh processes (kvpages.measure.remeasure)."""
         assert self.recorder is not None, "a session that records"
-        # A round's start-up and inputs: a planned worker's, which started beside the others and so had a share of the
-        # cores (a round starts alone): on the 2-core box 4-7 s together, 2-2.5 s alone.
-        planned = [w.info() for w in self.workers.runs]
-        share = min(1.0, (os.cpu_count() or 1) / max(1, len(planned)))
-        overhead_s = share * min(((p.startup_s or 0.0) + (p.inputs_s or 0.0) for p in planned), default=0.0)
-        self.remeasurer = self.plan.remeasurer(self.recorder, self.processes, overhead_s)
+        self.remeasurer = self.plan.remeasurer(self.recorder, self.processes,
+                                               round_overhead_s([w.info() for w in self.workers.runs]))
         if self.remeasurer.budget_s > 0:
             if self.device == "cuda":
                 torch.cuda.empty_cache()  # the rounds' fresh processes get the memory this one no longer uses

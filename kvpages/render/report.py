@@ -25,6 +25,7 @@ from kvpages.schema.writer import write_atomic, write_table
 
 REPORT_MD = "REPORT.md"
 APPENDIX_MD = "APPENDIX.md"
+UNSTABLE_SAID = "; **unstable**: its point still spread after re-measurement (see Method)"
 NOISY_COLUMNS = ("variant", "dtype", "layout", "seq_len", "page_size", "rep_spread", "median_us")
 
 def method_text(analysis: Analysis) -> str:
@@ -132,9 +133,9 @@ def remeasure_paragraph(run: Run) -> str:
 
 def findings_section(analysis: Analysis) -> str:
     unstable = analysis.unstable  # a finding on a point still unstable after its re-measurement says so
-    rows: list[list[object]] = [[f.question, f.answer, f.figure, (f"`{f.id}`" + (" **unstable**" if f.timed and f.id
-                                                                                   in unstable else "")) if f.id != "-"
-                                 else "-", f.status] for f in findings(analysis)]
+    rows: list[list[object]] = [[f.question, f.answer, f.figure, f"`{f.id}`" if f.id != "-" else "-",
+                                 f.status + (UNSTABLE_SAID if f.timed and f.id in unstable else "")]
+                                for f in findings(analysis)]
     model = ("" if analysis.run.link_crossed else "On this CPU run no link was crossed: a time figure is the model's "
              "predicted ratio per link profile (see The link model), and the measured host-side work is evidence. In "
              f"brackets: the ratio's range when the assumed terms (launch, kernel, sync, fixed cost per copy) move to "
