@@ -83,6 +83,10 @@ def test_a_disturbed_process_is_re_measured_and_does_not_move_the_ratio(pytester
         run.processes[key], run.samples[("slow_device", *key[1:])], run.samples[key], strict=True) if p != 0]
     assert ratio.ratio == pytest.approx(math.exp(np.mean(undisturbed)), rel=0.05)  # the undisturbed processes' ratio
     assert ratio.ci_low <= ratio.ratio <= ratio.ci_high and not ratio.unstable
+    analysis = analyze(run)
+    for variant, time in ((ratio.variant, ratio.variant_median_us), (ratio.baseline, ratio.baseline_median_us)):
+        band = analysis.time_band(variant, "int32", "fragmented", 64, 8192)  # a chart's marker is the table's time
+        assert band is not None and band.ratio == pytest.approx(time, rel=1e-12) and band.ci_low <= band.ratio <= band.ci_high
 
 
 def test_a_budget_of_0_runs_the_plan_and_nothing_more(pytester, monkeypatch):
@@ -119,7 +123,9 @@ def test_a_process_apart_from_the_others_is_outlying_and_a_point_settles_without
 def test_a_re_measured_ratio_leaves_out_a_disturbed_process_and_its_interval_keeps_it():
     base = Levels(np.log([12.0, 4.0, 4.1, 3.9, 4.0]), np.arange(5))
     other = Levels(np.log([2.0, 2.0, 2.1, 1.95, 2.02]), np.arange(5))
-    every, trimmed = paired_ratio(base, other), trimmed_ratio(base, other, 0.10)
+    left_out = outlying(Levels(other.values - base.values, base.processes), 0.10)
+    assert left_out == {0}
+    every, trimmed = paired_ratio(base, other), trimmed_ratio(base, other, left_out)
     assert every.interval.ratio < 0.45 and trimmed.interval.ratio == pytest.approx(0.5, rel=0.02)
     assert trimmed.interval.ratio == pytest.approx(trimmed.variant_us / trimmed.baseline_us, rel=1e-12)
     assert trimmed.interval.ci_low <= every.interval.ci_low and trimmed.interval.ci_high >= trimmed.interval.ratio

@@ -16,9 +16,10 @@ from kvpages.analysis.cite import pair_repro
 from kvpages.analysis.contention import contention
 from kvpages.analysis.intervals import levels, paired_logs
 from kvpages.analysis.verdicts import FASTER, MIN_EFFECT_FLOOR, SLOWER, bh_adjusted, discoveries, judge, judge_family
-from kvpages.core.estimator import Paired, mean_estimate, paired_ratio, trimmed_ratio
+from kvpages.core.estimator import Paired, mean_estimate, paired_ratio, trimmed_mean, trimmed_ratio
 from kvpages.core.links import PREDICTION_PROFILES, LinkProfile
 from kvpages.core.names import CANDIDATE, FLOOR, STEP_BASELINE, per_request_name, per_request_of, point_id, variant_sort_key
+from kvpages.core.stability import outlying
 from kvpages.core.stats import Interval, Levels, finite_median, unknown
 from kvpages.schema.breakdown import BreakdownRow, read_breakdown
 from kvpages.schema.profiles import built_in_profiles
@@ -53,15 +54,34 @@ def estimate(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | N
             base, other = (Levels(x.values[:common], x.processes[:common]) for x in (base, other))  # both finished
         if not np.array_equal(base.processes, other.processes):
             return None
-        remeasure = None if run.meta is None else run.meta.remeasure
-        found = (trimmed_ratio(base, other, remeasure.stable_spread)  # a re-measured point: docs/method.md
-                 if remeasure is not None and latency is None and point_of(variant_key) in remeasure.remeasured
-                 else paired_ratio(base, other))
+        left_out = left_out_of(run, variant_key) if latency is None else None
+        found = paired_ratio(base, other) if left_out is None else trimmed_ratio(base, other, left_out)
         if base.process_count < min(2, run.process_count):  # a row an interruption cut short to fewer processes
             return dataclasses.replace(found, interval=unknown(found.interval.ratio, found.repetitions), p_value=1.0)
         return found
 
     return run.cached(("estimate", baseline_key, variant_key, latency), compute)
+
+
+def left_out_of(run: Run, key: tuple) -> frozenset[int] | None:
+    """The processes a re-measured point's centres leave out (None: not a re-measured point): those outlying in any
+    variant's paired log-ratios to the run's baseline there (kvpages.core.stability), the same for every ratio and
+    time of the point, so each ratio stays the ratio of its two printed times (docs/method.md)."""
+    remeasure = None if run.meta is None else run.meta.remeasure
+    if remeasure is None or point_of(key) not in remeasure.remeasured:
+        return None
+
+    def compute() -> frozenset[int]:
+        point = key[1:]
+        base = levels(run, (run.baseline, *point))
+        out: set[int] = set()
+        for variant in run.rows["variant"].unique():
+            other = levels(run, (str(variant), *point))
+            if base is not None and other is not None and np.array_equal(base.processes, other.processes):
+                out |= outlying(Levels(other.values - base.values, base.processes), remeasure.stable_spread)
+        return frozenset(out)
+
+    return run.cached(("left out", point_of(key)), compute)
 
 
 @dataclass(frozen=True)
@@ -260,7 +280,11 @@ class Analysis:
     def scenario_band(self, scenario: str | tuple, variant: str, latency: str | None = "blocked") -> Interval | None:
         key = (variant, *scenario) if isinstance(scenario, tuple) else (scenario, variant)  # a point, or a scenario
         found = levels(self.run, key, latency)
-        return None if found is None else self.run.cached(("time", key, latency), lambda: mean_estimate(found))
+        if found is None:
+            return None
+        left_out = left_out_of(self.run, key) if latency is None and isinstance(scenario, tuple) else None
+        return self.run.cached(("time", key, latency), lambda: mean_estimate(found) if left_out is None
+                               else trimmed_mean(found, left_out))
 
     def time_of(self, row: Record | pd.Series) -> float:
         """A results.csv row's time as the tables print it (`time_band`; without samples, its median)."""

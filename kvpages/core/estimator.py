@@ -13,7 +13,6 @@ from statistics import NormalDist
 
 import numpy as np
 
-from kvpages.core.stability import outlying
 from kvpages.core.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, Interval, Levels, resampled_means, unknown
 
 
@@ -79,22 +78,35 @@ def paired_ratio(baseline: Levels, variant: Levels, confidence: float = CONFIDEN
     return Paired(_percentiles(center, shifts, _units(variant), confidence), _p_value(shifts), *times, n, count)
 
 
-def trimmed_ratio(baseline: Levels, variant: Levels, stable_spread: float, confidence: float = CONFIDENCE) -> Paired:
-    """A re-measured point's ratio: `paired_ratio` of the processes that are not outlying in the paired log-ratios
-    (kvpages.core.stability), so a disturbed process does not move the centre; its interval and p-value are
+def _kept(levels: Levels, left_out: frozenset[int]) -> Levels:
+    keep = ~np.isin(levels.processes, list(left_out))
+    return Levels(levels.values[keep], levels.processes[keep])
+
+
+def _stretched(every: Interval, centre: float) -> Interval:
+    return replace(every, ratio=centre, ci_low=min(every.ci_low, centre), ci_high=max(every.ci_high, centre))
+
+
+def trimmed_ratio(baseline: Levels, variant: Levels, left_out: frozenset[int], confidence: float = CONFIDENCE) -> Paired:
+    """A re-measured point's ratio: `paired_ratio` of the processes not `left_out` (the point's disturbed ones:
+    kvpages.core.stability), so a disturbed process does not move the centre; its interval and p-value are
     `paired_ratio`'s over every process, the disturbed ones included, stretched to hold that centre, so the
     disturbance widens the interval instead (docs/method.md#re-measuring-unstable-points)."""
     every = paired_ratio(baseline, variant, confidence)
-    out = outlying(Levels(variant.values - baseline.values, variant.processes), stable_spread)
-    if not out:
+    if not left_out:
         return every
-    keep = ~np.isin(variant.processes, list(out))
-    centre = paired_ratio(Levels(baseline.values[keep], baseline.processes[keep]),
-                          Levels(variant.values[keep], variant.processes[keep]), confidence)
-    wide, ratio = every.interval, centre.interval.ratio
-    interval = replace(wide, ratio=ratio, ci_low=min(wide.ci_low, ratio), ci_high=max(wide.ci_high, ratio))
-    return replace(centre, interval=interval, p_value=every.p_value, repetitions=every.repetitions,
-                   processes=every.processes)
+    centre = paired_ratio(_kept(baseline, left_out), _kept(variant, left_out), confidence)
+    return replace(centre, interval=_stretched(every.interval, centre.interval.ratio), p_value=every.p_value,
+                   repetitions=every.repetitions, processes=every.processes)
+
+
+def trimmed_mean(levels: Levels, left_out: frozenset[int], confidence: float = CONFIDENCE) -> Interval:
+    """A variant's time at a re-measured point, as `trimmed_ratio` makes its ratio: the centre over the processes not
+    `left_out`, the interval over every process stretched to hold it (so a table's time is its chart's marker)."""
+    every = mean_estimate(levels, confidence)
+    if not left_out:
+        return every
+    return _stretched(every, mean_estimate(_kept(levels, left_out), confidence).ratio)
 
 
 def _p_value(shifts: np.ndarray) -> float:
