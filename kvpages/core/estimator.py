@@ -78,11 +78,6 @@ def paired_ratio(baseline: Levels, variant: Levels, confidence: float = CONFIDEN
     return Paired(_percentiles(center, shifts, _units(variant), confidence), _p_value(shifts), *times, n, count)
 
 
-def _kept(levels: Levels, left_out: frozenset[int]) -> Levels:
-    keep = ~np.isin(levels.processes, list(left_out))
-    return Levels(levels.values[keep], levels.processes[keep])
-
-
 def _stretched(every: Interval, centre: float) -> Interval:
     return replace(every, ratio=centre, ci_low=min(every.ci_low, centre), ci_high=max(every.ci_high, centre))
 
@@ -95,7 +90,7 @@ def trimmed_ratio(baseline: Levels, variant: Levels, left_out: frozenset[int], c
     every = paired_ratio(baseline, variant, confidence)
     if not left_out:
         return every
-    centre = paired_ratio(_kept(baseline, left_out), _kept(variant, left_out), confidence)
+    centre = paired_ratio(baseline.without(left_out), variant.without(left_out), confidence)
     return replace(centre, interval=_stretched(every.interval, centre.interval.ratio), p_value=every.p_value,
                    repetitions=every.repetitions, processes=every.processes)
 
@@ -106,7 +101,7 @@ def trimmed_mean(levels: Levels, left_out: frozenset[int], confidence: float = C
     every = mean_estimate(levels, confidence)
     if not left_out:
         return every
-    return _stretched(every, mean_estimate(_kept(levels, left_out), confidence).ratio)
+    return _stretched(every, mean_estimate(levels.without(left_out), confidence).ratio)
 
 
 def _p_value(shifts: np.ndarray) -> float:

@@ -11,17 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvpages.core.stats import Levels
+from kvpages.core.stats import Levels, log_spread
 
 DEFAULT_STABLE_SPREAD = 0.10  # --kv-stable-spread: the block medians' log-sd (~ their CV) a settled point stays under
 DEFAULT_REMEASURE_BUDGET = 0.25  # --kv-remeasure-budget: of the sweep's planned timed seconds (0: off)
 OUTLIER_SDS = 3.0
 MAD_TO_SD = 1.4826  # a normal sample's MAD times this estimates its standard deviation
-
-
-def log_spread(values: np.ndarray) -> float:
-    """The standard deviation of log values (ddof 1; 0 for fewer than 2): row_statistics' `rep_spread`."""
-    return float(np.std(values, ddof=1)) if values.size > 1 else 0.0
 
 
 def outlying(levels: Levels, stable_spread: float) -> frozenset[int]:
@@ -30,19 +25,13 @@ def outlying(levels: Levels, stable_spread: float) -> frozenset[int]:
     ids = np.unique(levels.processes)
     if ids.size < 3:
         return frozenset()
-    means = np.array([levels.values[levels.processes == p].mean() for p in ids])
+    means = np.array([group.mean() for group in levels.by_process()])  # in the order of `ids`
     centre = float(np.median(means))
     cut = max(OUTLIER_SDS * MAD_TO_SD * float(np.median(np.abs(means - centre))), stable_spread)
     return frozenset(int(p) for p, m in zip(ids, means, strict=True) if abs(m - centre) > cut)
 
 
-def kept(levels: Levels, stable_spread: float) -> Levels:
-    """`levels` without its outlying processes' repetitions."""
-    mask = ~np.isin(levels.processes, list(outlying(levels, stable_spread)))
-    return Levels(levels.values[mask], levels.processes[mask])
-
-
 def settled(levels: Levels, planned_processes: int, stable_spread: float) -> bool:
     """Whether one variant's log block medians at a point are settled (module doc)."""
-    rest = kept(levels, stable_spread)
+    rest = levels.without(outlying(levels, stable_spread))
     return rest.process_count >= planned_processes and log_spread(rest.values) <= stable_spread

@@ -71,6 +71,11 @@ class Levels:
     def by_process(self) -> list[np.ndarray]:
         return [self.values[self.processes == p] for p in np.unique(self.processes)]
 
+    def without(self, processes: frozenset[int]) -> Levels:
+        """These levels less the repetitions of `processes` (a re-measured point's disturbed ones)."""
+        keep = ~np.isin(self.processes, list(processes))
+        return Levels(self.values[keep], self.processes[keep])
+
     @functools.cached_property
     def bootstrap_means(self) -> np.ndarray:
         """Seeded resample means: every `Levels` of one shape is resampled alike (two variants of a point are), drawn once."""
@@ -174,4 +179,9 @@ def row_statistics(blocks_us: list[np.ndarray]) -> dict[str, float]:
     return {**q, "iqr_us": q["q3_us"] - q["q1_us"],
             "min_us": float(data.min()), "max_us": float(data.max()), "mean_us": float(data.mean()),
             "stddev_us": float(data.std(ddof=1)) if data.size > 1 else 0.0,
-            "rep_spread": float(np.std(np.log(medians), ddof=1)) if medians.size > 1 else 0.0}
+            "rep_spread": log_spread(np.log(medians))}
+
+
+def log_spread(values: np.ndarray) -> float:
+    """The standard deviation of log values (ddof 1; 0 for fewer than 2): results.csv's `rep_spread`."""
+    return float(np.std(values, ddof=1)) if values.size > 1 else 0.0

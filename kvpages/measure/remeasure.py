@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kvpages.core.names import case_id
 from kvpages.core.stability import settled
-from kvpages.core.stats import Levels
+from kvpages.core.stats import Levels, block_medians
 from kvpages.measure.recorder import Case, Recorder
 from kvpages.measure.schedule import Block, round_blocks
 from kvpages.measure.targets import Target
@@ -55,7 +56,7 @@ class Round:
 def levels_of(case: Case) -> Levels:
     """A point case's log block medians, with their processes."""
     blocks = [b for b in case.blocks if isinstance(b, SampleSet)]
-    return Levels(np.log([np.median(b.samples_us) for b in blocks]), np.array([b.process for b in blocks]))
+    return Levels(np.log(block_medians([np.asarray(b.samples_us) for b in blocks])), np.array([b.process for b in blocks]))
 
 
 def unstable_points(recorder: Recorder, planned_processes: int, stable_spread: float) -> list[tuple[Target, list[str]]]:
@@ -65,7 +66,7 @@ def unstable_points(recorder: Recorder, planned_processes: int, stable_spread: f
         timed = [c for c in cases if c.status in (OK, None) and c.blocks]
         if target.table is POINTS and timed and not all(settled(levels_of(c), planned_processes, stable_spread)
                                                         for c in timed):
-            found.append((target, [f"{c.variant}-{target.id}" for c in timed]))
+            found.append((target, [case_id(c.variant, target.id) for c in timed]))
     return found
 
 
@@ -98,11 +99,15 @@ class Remeasurer:
         blocks = repetitions = 0
         overhead = self.overhead_s  # a round's untimed cost: as the planned workers', then as the last round showed it
         note = "every point settled within the planned repetitions"
+
+        def record(said: str) -> Remeasurement:
+            return Remeasurement(self.stable_spread, self.budget_fraction, self.budget_s, self.planned_processes, said,
+                                 remeasured, len(self.workers), repetitions, blocks, spent, timed,
+                                 tuple(t.id for t, _ in unstable))
+
         while unstable:
             cases = tuple(c for _, ids in unstable for c in ids)
-            self.record = Remeasurement(self.stable_spread, self.budget_fraction, self.budget_s, self.planned_processes,
-                                        "interrupted during a round", remeasured, len(self.workers), repetitions,
-                                        blocks, spent, timed, tuple(t.id for t, _ in unstable))
+            self.record = record("interrupted during a round")
             if spent + overhead + len(cases) * self.block_s > self.budget_s:
                 note = f"stopped: a further round would pass the budget of {self.budget_s:.1f} s"
                 break
@@ -119,9 +124,7 @@ class Remeasurer:
             still = unstable_points(self.recorder, self.planned_processes, self.stable_spread)
             unstable = [(t, ids) for t, ids in still if t in {t for t, _ in unstable}]
             note = "every re-measured point settled"
-        self.record = Remeasurement(self.stable_spread, self.budget_fraction, self.budget_s, self.planned_processes,
-                                    note, remeasured, len(self.workers), repetitions, blocks, spent, timed,
-                                    tuple(t.id for t, _ in unstable))
+        self.record = record(note)
         return self.record
 
 

@@ -92,9 +92,9 @@ class SweepPlan:
     def remeasurer(self, recorder: Recorder, processes: int, overhead_s: float = 0.0) -> Remeasurer:
         """The re-measurement after this plan's repetitions, within --kv-remeasure-budget of its points' timed seconds."""
         options, blocks = self.options, self.point_blocks
-        planned_s = sum(b.target.budget_s(options) for b in blocks) / self.repetitions
         return Remeasurer(recorder, processes, self.repetitions, len(blocks + self.scenario_blocks),
-                          options.stable_spread_value, options.remeasure_fraction, planned_s,
+                          options.stable_spread_value, options.remeasure_fraction,
+                          planned_timed_s(blocks, options, self.repetitions),
                           options.sweep.time_budget_s / self.repetitions, overhead_s)
 
     def cases(self, selected: Sequence[Block]) -> list[tuple[Target, str]]:
@@ -105,11 +105,15 @@ class SweepPlan:
                 if case_id(v, t.id) in ids]
 
 
+def planned_timed_s(blocks: Sequence[Block], options: BenchOptions, repetitions: int) -> float:
+    """The timed seconds `blocks` are planned to take: each its target's time budget over the repetitions."""
+    return sum(b.target.budget_s(options) for b in blocks) / repetitions
+
+
 def limit_s(blocks: Sequence[Block], options: BenchOptions, repetitions: int) -> float:
     """How long a worker that times `blocks` may run: well over what they take (the WORKER_* constants)."""
-    budget = sum(b.target.budget_s(options) for b in blocks) / repetitions
     return (WORKER_START_S + WORKER_PER_TARGET_S * len({b.target for b in blocks}) + WORKER_PER_BLOCK_S * len(blocks)
-            + WORKER_BUDGET_FACTOR * budget)
+            + WORKER_BUDGET_FACTOR * planned_timed_s(blocks, options, repetitions))
 
 
 def end_note(done: int, partial: int, planned: int, exitstatus: int, multi_rank: bool,

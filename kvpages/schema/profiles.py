@@ -110,9 +110,8 @@ def read_profile(path: str | Path, origin: str | None = None) -> LinkProfile:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ProfileError(f"{path}: not UTF-8 text, expected a TOML link profile") from None
-    profile = parse_profile(path, text)
-    return LinkProfile(profile.name, profile.label, profile.memory, profile.terms,
-                       origin or str(path), hashlib.sha256(data).hexdigest())
+    return dataclasses.replace(parse_profile(path, text), origin=origin or str(path),
+                               sha256=hashlib.sha256(data).hexdigest())
 
 
 def _string(text: str) -> str:
