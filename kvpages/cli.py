@@ -131,15 +131,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from kvpages.analysis.calibrate import calibrate
     from kvpages.core.links import MEMORIES, profile_for
     from kvpages.render.calibrate import calibration_text
-    from kvpages.schema.profiles import built_in_profiles, profile_text, read_profile
+    from kvpages.schema.profiles import NAME, built_in_profiles, profile_text, read_profile
     from kvpages.schema.writer import write_atomic
 
+    if args.name is not None and not NAME.fullmatch(args.name):
+        raise RunError(f"--name {args.name!r}: a profile name is lower-case letters, digits and '_', e.g. h200_lab")
     run = load_run(args.run)
     pcie = run.meta.environment.pcie_link if run.meta else None
     built_in = built_in_profiles()
     prior = {m: profile_for(pcie, f"pcie {m}", built_in) or next(p for p in built_in if p.name == f"pcie5_{m}")
              for m in MEMORIES}
-    calibration = calibrate(analyze(run), prior)
+    calibration = calibrate(analyze(run), prior, args.name)
     out = args.out or (run.path if run.path.is_dir() else run.path.parent)
     written = []
     for profile in calibration.profiles:
@@ -227,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(cmd_calibrate, "fit the link model's terms from a CUDA run's rows: each with its interval, every residual")
     p.add_argument("run", type=Path, help="a CUDA run folder, e.g. results/<run-id>")
     p.add_argument("--out", type=Path, help="folder for the fitted profile files (default: the run folder)")
+    p.add_argument("--name", help="name the profiles <NAME>_pageable and <NAME>_pinned (default: fit_<run id>)")
     p = command(cmd_cite, "print one row's figure in one line: interval and coverage, machine, commit, command")
     p.add_argument("run", type=Path, help="run folder, e.g. results/<run-id>")
     p.add_argument("id", nargs="?", help="a row id of ratios.csv (r-...) or scenarios.csv (req-..., step-...)")

@@ -70,6 +70,7 @@ def devices() -> list:
 # ----------------------------------------------------------------------------- synthetic runs
 
 import functools  # noqa: E402
+import json  # noqa: E402
 import shutil  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -89,10 +90,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 @functools.cache
 def reference_runs() -> list[Path]:
-    """The sweep run folders committed under results/, oldest first (not the multi-rank runs, which time steps only).
+    """The reference sweeps committed under results/, oldest first: `make bench`'s (default preset, CPU), not the
+    multi-rank runs (steps only) nor the CUDA runs of `make gpu-check` (the quick preset, on a device no test has).
     Committed means tracked by git where this is a checkout: a sweep the user has just run into results/ is not
     the reference the tests read."""
-    found = [p.parent for p in (REPO / "results").glob("*/meta.json") if not (p.parent / "ranks.csv").exists()]
+
+    def made_by_make_bench(meta: Path) -> bool:
+        data = json.loads(meta.read_text())
+        return data.get("preset") == "default" and data.get("environment", {}).get("device") == "cpu"
+
+    found = [p.parent for p in (REPO / "results").glob("*/meta.json")
+             if not (p.parent / "ranks.csv").exists() and made_by_make_bench(p)]
     tracked = subprocess.run(["git", "ls-files", "--", "results/*/meta.json"], cwd=REPO, capture_output=True, text=True)
     if tracked.returncode == 0 and tracked.stdout.strip():
         names = {Path(line).parent.name for line in tracked.stdout.split()}

@@ -176,3 +176,34 @@ def test_a_round_cut_short_leaves_its_point_paired_on_the_repetitions_every_vari
     analysis = analyze(load_run(folder), "device_stride_shortcut")
     r = next(r for r in analysis.ratios if r.variant == "device_stride" and r.seq_len == 8192 and r.page_size == 64)
     assert r.repetitions == 12 and r.ci_low < r.ratio < r.ci_high  # paired on the 12 both have, with its interval
+
+
+MEASURED = REPO / "results" / "20261204T174714Z-cuda-nvidia-h200"
+
+
+@pytest.mark.skipif(not MEASURED.is_dir(), reason="the committed H200 run is not in this checkout's results/")
+def test_the_shipped_h200_profiles_are_what_calibrate_fits_from_the_committed_h200_run(tmp_path):
+    """h200_measured_pageable/_pinned (built-in, and a CPU run's fourth prediction profile) are no hand-set figures:
+    `kvpages calibrate <the committed run> --name h200_measured` writes them again, term by term and interval by
+    interval, on the real rows of a real H200 (not a synthetic run)."""
+    done = subprocess.run([sys.executable, "-m", "kvpages", "calibrate", str(MEASURED), "--name", "h200_measured",
+                           "--out", str(tmp_path)], capture_output=True, text=True, cwd=REPO, check=True)
+    assert "fixed cost per copy" in done.stdout
+    shipped = {p.name: p for p in built_in_profiles()}
+    for memory in ("pageable", "pinned"):
+        again = read_profile(tmp_path / f"h200_measured_{memory}.toml")
+        ship = shipped[f"h200_measured_{memory}"]
+        assert (again.label, again.memory) == (ship.label, ship.memory)
+        for mine, theirs in zip(again.terms, ship.terms, strict=True):
+            assert (mine.key, mine.source) == (theirs.key, theirs.source)
+            assert (mine.low is None, mine.high is None) == (theirs.low is None, theirs.high is None)
+            numbers = [x for x in (theirs.value, theirs.low, theirs.high) if x is not None]
+            assert [x for x in (mine.value, mine.low, mine.high) if x is not None] == pytest.approx(numbers, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["H200", "h200-lab", ""])
+def test_a_bad_profile_name_is_refused_before_the_run_is_read(tmp_path, name):
+    done = subprocess.run([sys.executable, "-m", "kvpages", "calibrate", str(tmp_path / "no-such-run"), "--name", name],
+                          capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert f"--name {name!r}" in done.stderr and "lower-case letters, digits and '_'" in done.stderr

@@ -36,13 +36,19 @@ def kvpages(*args: str) -> subprocess.CompletedProcess:
 
 def test_the_built_in_profiles_are_files_with_a_source_for_every_term_and_read_back_the_same():
     profiles = built_in_profiles()
-    assert tuple(p.name for p in profiles[:3]) == PREDICTION_PROFILES and len(profiles) == len(list(BUILT_IN.glob("*.toml")))
+    assert tuple(p.name for p in profiles[:len(PREDICTION_PROFILES)]) == PREDICTION_PROFILES and len(profiles) == len(list(BUILT_IN.glob("*.toml")))
     for p in profiles:
         assert [t.key for t in p.terms] == list(TERM_KEYS) and all(t.source and t.value > 0 for t in p.terms)
         assert parse_profile(Path("again.toml"), profile_text(p)).terms == p.terms
-        # the bounds: each assumed term alone at 0.5x and 2x, then all together
+        # the bounds: each assumed term alone at 0.5x and 2x (a fitted one at its interval's ends), then all together
         said = [v.said for v in variations(p)]
-        assert said[:2] == ["launch 0.5x", "launch 2x"] and said[-2:] == ["all 0.5x", "all 2x"] and len(said) == 10
+        if p.term("launch_us").low is None:
+            assert said[:2] == ["launch 0.5x", "launch 2x"] and said[-2:] == ["all 0.5x", "all 2x"] and len(said) == 10
+        else:  # h200_measured_pageable/_pinned, fitted from a committed CUDA run
+            low, high = (float(x.split()[1]) for x in said[:2])
+            assert low == pytest.approx(p.term("launch_us").low, rel=0.01) and said[0].endswith(" µs")
+            assert high == pytest.approx(p.term("launch_us").high, rel=0.01)
+            assert said[-2:] == ["all low", "all high"] and len(said) == 10
 
 
 BAD = [
@@ -107,8 +113,9 @@ def test_a_users_profile_changes_the_predictions_and_the_run_records_it(tmp_path
     assert [p.name for p in after.predicting] == [*PREDICTION_PROFILES, "slow_sync"]
     r = next(r for r in after.ratios_of(CANDIDATE) if r.page_size == 64 and r.seq_len == 131072)
     own = point_predictions(after, r)
-    assert [p.ratio for p in own[:3]] == [p.ratio for p in point_predictions(before, r)]
-    assert own[3].ratio != own[0].ratio and own[3].profile.us("sync_us") == 30.0
+    mine_at = len(PREDICTION_PROFILES)
+    assert [p.ratio for p in own[:mine_at]] == [p.ratio for p in point_predictions(before, r)]
+    assert own[mine_at].ratio != own[0].ratio and own[mine_at].profile.us("sync_us") == 30.0
     found = next(f for f in findings(after) if f.question == "Crossover")
     assert "Slow sync box (your profile slow_sync)" in found.answer
     assert kvpages("report", folder).returncode == 0 and "slow_sync" in (folder / "REPORT.md").read_text()

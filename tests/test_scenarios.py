@@ -143,6 +143,7 @@ def test_quick_scenarios_write_scenarios_csv_with_both_latencies(scenario_bench)
     assert frame["busy_measured_us"].isna().all()  # no device queue on a CPU run
     samples = pd.read_csv(folder / "scenario_samples.csv")
     assert len(samples) == 3 * len(ok) and samples["order"].is_unique
+    assert samples["ready_us"].isna().all()  # ready is blocked on a CPU run: written once
     run = load_run(folder)
     analysis = analyze(run)
     assert "### Per request and per step" in render(analysis)
@@ -238,9 +239,13 @@ def test_cuda_busy_queue_blocks_a_blocking_copy_but_not_a_non_blocking_one(scena
     assert pinned["blocked_median_us"] < 0.5 * pinned["ready_median_us"]  # ...but the scheduler thread does not
     assert busy.loc[STEP_BASELINE, "busy_measured_us"] == pytest.approx(busy.loc[STEP_BASELINE, "busy_us"], rel=0.3)
     # indices, then the forward, then the readback on a private stream gated on the indices alone: neither the
-    # scheduler thread nor the data waits for the forward, which the blocking copy behind it does
-    deferred = busy.loc["deferred_device_stride"]
-    assert deferred["ready_median_us"] < deferred["busy_measured_us"]
-    assert deferred["blocked_median_us"] < 0.5 * busy.loc[STEP_BASELINE, "blocked_median_us"]
+    # scheduler thread nor the data waits for the forward, so the queue adds little to either, while the blocking
+    # copy behind it waits for all of it (each against the same step with an idle queue; on an H200 in a VM the
+    # deferred step's own cost, ~360 µs at B=8, was over half the baseline's blocked time behind the queue)
+    [busy_step] = busy["scenario"].unique()
+    quiet = frame[(frame["busy_us"] == 0) & (frame["scenario"] == busy_step.rsplit("-busy", 1)[0])].set_index("variant")
+    added = busy[["blocked_median_us", "ready_median_us"]] - quiet.loc[busy.index, ["blocked_median_us", "ready_median_us"]]
+    assert added.loc[STEP_BASELINE, "blocked_median_us"] > 0.8 * queued.loc[STEP_BASELINE]
+    assert (added.loc["deferred_device_stride"] < 0.5 * queued.loc["deferred_device_stride"]).all()
     assert (busy["host_syncs"] == busy.index.map({STEP_BASELINE: 8, "batched_device_stride_pinned": 0,
                                                   "deferred_device_stride": 0})).all()

@@ -150,9 +150,10 @@ def _kernel_us(analysis: Analysis) -> list[float]:
     return out
 
 
-def calibrate(analysis: Analysis, prior: dict[str, LinkProfile]) -> Calibration:
+def calibrate(analysis: Analysis, prior: dict[str, LinkProfile], name: str | None = None) -> Calibration:
     """Fit the run's rows (module doc); `prior`: per memory kind, the profile whose terms a term the run cannot
-    separate keeps (the built-in profile of the run's link)."""
+    separate keeps (the built-in profile of the run's link); `name`: the profiles' names are `<name>_<memory>`
+    (default `fit_<run id>`)."""
     run = analysis.run
     if not run.link_crossed:
         raise RunError(f"{run.path}: a CPU run crossed no link, so it has no transfer to fit; calibrate a CUDA run "
@@ -190,9 +191,12 @@ def calibrate(analysis: Analysis, prior: dict[str, LinkProfile]) -> Calibration:
         if samples is None:
             return Term(key, value, f"prior, not separable in run {run.run_id}: {prior_term.source}")
         low, high = (float(x) for x in np.percentile(samples, [50 * (1 - CONFIDENCE), 50 * (1 + CONFIDENCE)]))
+        if key == "bandwidth_gb_s":  # samples are seconds per byte: the interval of their inverse, in GB/s
+            low, high = 1 / (high * 1e3), (1 / (low * 1e3) if low > 0 else math.inf)
         low, high = min(low, value), max(high, value)
         if not (low > 0 and math.isfinite(high)):
-            return Term(key, value, f"{where}; its interval reaches 0, so it is bounded as an assumption")
+            bound = "is unbounded above (too few bytes to bound it)" if key == "bandwidth_gb_s" else "reaches 0"
+            return Term(key, value, f"{where}; its interval {bound}, so it is bounded as an assumption")
         return Term(key, value, where, low, high)
 
     profiles = []
@@ -210,7 +214,6 @@ def calibrate(analysis: Analysis, prior: dict[str, LinkProfile]) -> Calibration:
             launch_source = dataclasses.replace(launch_source, source=f"the prior's launch + kernel less the kernel here "
                                                                       f"({launch_source.source})")
         inv, inv_draws = coefficients[f"per_byte_{memory}"], draws_of[f"per_byte_{memory}"]
-        bandwidth_draws = (1 / (np.clip(inv_draws, 1e-12, None) * 1e3)) if fitted[f"per_byte_{memory}"] else None
         terms = (term("launch_us", launch, launch_draws, launch_source),
                  term("kernel_us", kernel, kernel_draws, base.term("kernel_us"),
                       f"profiled device time per op in breakdown.csv of run {run.run_id}: the median of {len(kernels)} "
@@ -218,13 +221,14 @@ def calibrate(analysis: Analysis, prior: dict[str, LinkProfile]) -> Calibration:
                  term("sync_us", coefficients["sync"], draws_of["sync"] if fitted["sync"] else None, base.term("sync_us")),
                  term("copy_us", coefficients[f"copy_{memory}"],
                       draws_of[f"copy_{memory}"] if fitted[f"copy_{memory}"] else None, base.term("copy_us")),
-                 term("bandwidth_gb_s", 1 / (inv * 1e3), bandwidth_draws, base.term("bandwidth_gb_s")))
+                 term("bandwidth_gb_s", 1 / (inv * 1e3), inv_draws if fitted[f"per_byte_{memory}"] else None,
+                      base.term("bandwidth_gb_s")))
         if any(t.value <= 0 for t in terms):
             bad = next(t for t in terms if t.value <= 0)
             raise RunError(f"{run.path}: the fit puts {SHORT[bad.key]} at {bad.value:.3g} {bad.unit} (<= 0): this run's "
                            f"rows cannot support a {memory} profile; see `kvpages calibrate` --help")
-        slug = "".join(c if c.isalnum() else "_" for c in run.run_id.lower())
-        profiles.append(LinkProfile(f"fit_{slug}_{memory}", f"{run.device_name}, {memory} (fitted)", memory, terms))
+        slug = name or "fit_" + "".join(c if c.isalnum() else "_" for c in run.run_id.lower())
+        profiles.append(LinkProfile(f"{slug}_{memory}", f"{run.device_name}, {memory} (fitted)", memory, terms))
     modeled = design.matrix @ center
     residuals = tuple(Residual(i, m, float(t), float(f), float(t - f)) for i, m, t, f in
                       zip(design.ids, _row_memories(design), times, modeled, strict=True))

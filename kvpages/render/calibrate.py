@@ -15,7 +15,10 @@ def calibration_text(calibration: Calibration) -> str:
         lines.append(f"\n{profile.name}: {profile.label}, {profile.memory}")
         for key in TERM_KEYS:
             t = profile.term(key)
-            where = f"[{sig(t.low)}, {sig(t.high)}]" if t.low is not None and t.high is not None else "(not fitted)"
+            if t.low is not None and t.high is not None:
+                where = f"[{sig(t.low)}, {sig(t.high)}]"
+            else:  # a prior's value, or a fitted one whose interval reaches 0 or infinity (its source says which)
+                where = "(fitted, no finite interval)" if t.source.startswith("fitted") else "(not fitted)"
             lines.append(f"  {TERM_NAMES[key]:<30} {sig(t.value):>8} {t.unit:<4} {where}")
     lines += [f"note: {n}" for n in calibration.notes]
     rows = [[r.id, r.memory, sig(r.measured_us), sig(r.modeled_us), sig(r.residual_us),

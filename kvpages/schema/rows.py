@@ -157,8 +157,12 @@ class ScenarioSampleSet(StepBlock):
     """One timed block of a (scenario, step variant): per round, blocked and ready microseconds."""
 
     blocked_us: tuple[float, ...]
-    ready_us: tuple[float, ...]
+    ready_us: tuple[float, ...]  # written empty where it equals blocked_us (every blocking variant; a CPU run)
     busy_us: tuple[float, ...] = ()  # per round, the device busy time queued before it (busy-queue scenarios on CUDA)
+
+    def __post_init__(self) -> None:
+        if not self.ready_us:  # an empty cell: ready when the thread got control back
+            object.__setattr__(self, "ready_us", self.blocked_us)
 
 
 @dataclass(frozen=True)
@@ -338,5 +342,7 @@ def sample_record(s: Samples) -> dict[str, object]:
     for f in fields(s):
         value = getattr(s, f.name)
         record[f.name] = " ".join(repr(float(x)) for x in value) if isinstance(value, tuple) else value
+    if isinstance(s, ScenarioSampleSet) and s.ready_us == s.blocked_us:
+        record["ready_us"] = ""  # read back as blocked_us: a blocking variant's, and every CPU run's, would repeat it
     record["rounds"] = len(s.samples_us if isinstance(s, SampleSet) else s.blocked_us)
     return record
