@@ -232,20 +232,22 @@ def test_cuda_busy_queue_blocks_a_blocking_copy_but_not_a_non_blocking_one(scena
     assert (busy["status"] == "ok").all()
     queued = busy["busy_measured_us"]  # what each round's kernel actually kept the device busy (CUDA events)
     assert (queued > 0.5 * busy["busy_us"]).all() and queued.notna().all()
-    # a blocking .cpu() waits for the queued kernel
-    assert busy.loc[STEP_BASELINE, "blocked_median_us"] > 0.8 * queued.loc[STEP_BASELINE]
-    pinned = busy.loc["batched_device_stride_pinned"]
-    assert pinned["ready_median_us"] > 0.8 * pinned["busy_measured_us"]  # the data still waits for the kernel...
-    assert pinned["blocked_median_us"] < 0.5 * pinned["ready_median_us"]  # ...but the scheduler thread does not
     assert busy.loc[STEP_BASELINE, "busy_measured_us"] == pytest.approx(busy.loc[STEP_BASELINE, "busy_us"], rel=0.3)
-    # indices, then the forward, then the readback on a private stream gated on the indices alone: neither the
-    # scheduler thread nor the data waits for the forward, so the queue adds little to either, while the blocking
-    # copy behind it waits for all of it (each against the same step with an idle queue; on an H200 in a VM the
-    # deferred step's own cost, ~360 µs at B=8, was over half the baseline's blocked time behind the queue)
+    # What the queue adds to each variant, against the same step with an idle queue: a variant's own cost stays out
+    # (on an H200 in a VM the pinned and deferred steps' own costs, 240-400 µs at B=8, were over half the baseline's
+    # blocked time behind the queue, so a comparison of absolute times failed there)
     [busy_step] = busy["scenario"].unique()
     quiet = frame[(frame["busy_us"] == 0) & (frame["scenario"] == busy_step.rsplit("-busy", 1)[0])].set_index("variant")
     added = busy[["blocked_median_us", "ready_median_us"]] - quiet.loc[busy.index, ["blocked_median_us", "ready_median_us"]]
+    # a blocking .cpu() waits for the queued kernel
     assert added.loc[STEP_BASELINE, "blocked_median_us"] > 0.8 * queued.loc[STEP_BASELINE]
+    # the pinned non-blocking copy: the data still waits for the kernel (its own host work overlaps the queue, so
+    # the data is ready after the queue, not the queue's time later), but the scheduler thread does not
+    pinned = "batched_device_stride_pinned"
+    assert busy.loc[pinned, "ready_median_us"] > 0.8 * queued.loc[pinned]
+    assert added.loc[pinned, "blocked_median_us"] < 0.5 * queued.loc[pinned]
+    # indices, then the forward, then the readback on a private stream gated on the indices alone: neither the
+    # scheduler thread nor the data waits for the forward
     assert (added.loc["deferred_device_stride"] < 0.5 * queued.loc["deferred_device_stride"]).all()
     assert (busy["host_syncs"] == busy.index.map({STEP_BASELINE: 8, "batched_device_stride_pinned": 0,
                                                   "deferred_device_stride": 0})).all()
