@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +22,7 @@ from kvpages.cli import main
 from kvpages.core.estimator import between_runs, paired_ratio
 from kvpages.core.stats import Levels, block_medians
 from kvpages.render.report import ci_text, render, render_appendix, write_report
-from kvpages.schema.reader import load_run
+from kvpages.schema.reader import load_run, sample_file
 from kvpages.schema.rows import RATIO_COLUMNS
 
 SEQ = (512, 8192, 131072)
@@ -319,3 +321,23 @@ def test_a_cuda_run_compares_the_model_with_the_measurement(tmp_path):
                                     + host["d2h_bytes"] / (profile.us("bandwidth_gb_s") * 1e3))
     time = analyze(run).time_of(host.to_dict() | {"variant": "host_stride"})
     assert f"| {sig(time)} | {sig(modeled)} | {sig(time - modeled)} |" in text
+
+
+def test_a_finished_runs_sample_files_are_gzip_and_read_back_the_same(tmp_path):
+    """A finished run keeps its per-round files gzip-compressed (the CSV it appended while running, byte for byte
+    inside); load_run reads them as it reads a plain CSV (an interrupted run's); a cut-off one is a one-line error."""
+    folder = synthetic_run(tmp_path / "run", {("device_stride", 512, 1): 3.0, ("host_stride", 512, 1): 2.0})
+    packed = folder / "samples.csv.gz"
+    assert packed.is_file() and not (folder / "samples.csv").exists() and sample_file(folder, "samples.csv") == packed
+    text = gzip.decompress(packed.read_bytes()).decode()
+    assert text.splitlines()[0].startswith("variant,dtype,layout,seq_len,page_size,repetition")
+    plain = tmp_path / "plain"
+    shutil.copytree(folder, plain)
+    (plain / "samples.csv").write_text(text)
+    (plain / "samples.csv.gz").unlink()
+    a, b = load_run(folder), load_run(plain)
+    assert a.samples.keys() == b.samples.keys()
+    assert all(np.array_equal(x, y) for k in a.samples for x, y in zip(a.samples[k], b.samples[k], strict=True))
+    packed.write_bytes(packed.read_bytes()[:40])
+    done = subprocess.run([sys.executable, "-m", "kvpages", "report", str(folder)], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "samples.csv.gz: not a complete gzip file" in done.stderr

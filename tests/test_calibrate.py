@@ -20,7 +20,7 @@ from kvpages.core.links import TERM_KEYS, LinkProfile, Term, device_ops
 from kvpages.core.names import CANDIDATE
 from kvpages.schema.breakdown import BreakdownRow, write_breakdown
 from kvpages.schema.profiles import built_in_profiles, read_profile
-from kvpages.schema.reader import RunError, load_run
+from kvpages.schema.reader import RunError, load_run, sample_file
 
 
 def profile(name: str, memory: str, values: tuple[float, ...]) -> LinkProfile:
@@ -138,7 +138,7 @@ def test_the_calibrate_command_prints_terms_and_residuals_and_writes_profiles_a_
 
 def extra_repetitions(folder, variant: str, count: int) -> None:
     """Give `variant`'s rows `count` more repetitions, each from a fresh process, as re-measurement rounds do."""
-    samples = pd.read_csv(folder / "samples.csv", dtype=str, keep_default_na=False)
+    samples = pd.read_csv(sample_file(folder, "samples.csv"), dtype=str, keep_default_na=False)
     rows = pd.read_csv(folder / "results.csv", dtype=str, keep_default_na=False)
     mine = samples[samples["variant"] == variant]
     top, last = int(samples["process"].astype(int).max()), int(samples["order"].astype(int).max())
@@ -154,7 +154,7 @@ def extra_repetitions(folder, variant: str, count: int) -> None:
                      & (samples["page_size"] == r["page_size"])]
         pooled = np.concatenate([np.array(t.split(), float) for t in at["samples_us"]])
         rows.loc[i, "median_us"], rows.loc[i, "repetitions"] = repr(float(np.median(pooled))), str(len(at))
-    samples.to_csv(folder / "samples.csv", index=False)
+    samples.to_csv(sample_file(folder, "samples.csv"), index=False)
     rows.to_csv(folder / "results.csv", index=False)
 
 

@@ -20,7 +20,7 @@ from conftest import FAST, REPO
 from kvpages.measure import environment
 from kvpages.measure.timer import warm_up
 from kvpages.schema.breakdown import read_breakdown
-from kvpages.schema.reader import load_run
+from kvpages.schema.reader import load_run, sample_file
 
 BENCH = (REPO / "bench" / "test_d2h.py").read_text()
 
@@ -132,7 +132,7 @@ def test_a_sweep_without_pandas_still_writes_its_run_and_says_what_is_missing(tm
     assert "Traceback" not in done.stdout
     assert "is complete, but pandas is not installed, so there is no summary, chart or report" in done.stdout
     [folder] = list((tmp_path / "results").iterdir())
-    assert (folder / "results.csv").exists() and (folder / "samples.csv").exists()
+    assert (folder / "results.csv").exists() and sample_file(folder, "samples.csv").exists()
 
 
 # ----------------------------------------------------------------------------- CUDA twins

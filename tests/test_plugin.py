@@ -18,7 +18,7 @@ from conftest import FAST, assert_phases_add_up
 
 from kvpages.core.presets import PRESETS
 from kvpages.measure.variants import variant_names
-from kvpages.schema.reader import load_run, row_key
+from kvpages.schema.reader import load_run, row_key, sample_file
 
 BENCH = (Path(__file__).parents[1] / "bench" / "test_d2h.py").read_text()
 CPU = ("--kv-device", "cpu")  # what these tests assert is CPU behaviour; the CUDA twins are marked cuda
@@ -63,7 +63,7 @@ def test_quick_preset_writes_a_complete_run(bench):
         blocks = run.samples[row_key(row)]
         assert len(blocks) == reps and sum(len(b) for b in blocks) == row["rounds"] >= 10 * reps
         assert min(b.min() for b in blocks) == pytest.approx(row["min_us"])
-    samples = pd.read_csv(folder / "samples.csv")
+    samples = pd.read_csv(sample_file(folder, "samples.csv"))
     assert samples["order"].is_unique  # every timed block, by its place in the run (skipped blocks have none)
     for _, blocks in samples.groupby(["seq_len", "page_size", "repetition"]):
         assert len(blocks) == n_variants - 1  # a repetition runs its point's variants back to back

@@ -36,7 +36,8 @@ def kvpages(*args: str) -> subprocess.CompletedProcess:
 
 def test_the_built_in_profiles_are_files_with_a_source_for_every_term_and_read_back_the_same():
     profiles = built_in_profiles()
-    assert tuple(p.name for p in profiles[:len(PREDICTION_PROFILES)]) == PREDICTION_PROFILES and len(profiles) == len(list(BUILT_IN.glob("*.toml")))
+    assert tuple(p.name for p in profiles[:len(PREDICTION_PROFILES)]) == PREDICTION_PROFILES
+    assert len(profiles) == len(list(BUILT_IN.glob("*.toml")))
     for p in profiles:
         assert [t.key for t in p.terms] == list(TERM_KEYS) and all(t.source and t.value > 0 for t in p.terms)
         assert parse_profile(Path("again.toml"), profile_text(p)).terms == p.terms

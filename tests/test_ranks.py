@@ -16,6 +16,7 @@ from kvpages.core.options import BenchOptions
 from kvpages.measure.group import HostBarrier, Launch, ranked_options
 from kvpages.measure.ranks import TOGETHER, round_modes
 from kvpages.schema.ranks import ALONE, ALONE_MAX, CONTENTION_COLUMNS, CONTENTION_CSV, RANK, STEP
+from kvpages.schema.reader import sample_file
 from kvpages.schema.rows import RankRow, columns
 
 STEPS = '''
@@ -94,7 +95,7 @@ def test_rank_rows_hold_every_rank_at_once_and_alone_and_the_step_at_once_and_al
 def test_per_cycle_the_step_is_the_slowest_rank_at_once_and_alone(two_ranks):
     folder, _ = two_ranks
     [run] = list((folder / "results").iterdir())
-    samples = pd.read_csv(run / "rank_samples.csv", dtype=str, keep_default_na=False)
+    samples = pd.read_csv(sample_file(run, "rank_samples.csv"), dtype=str, keep_default_na=False)
     for _, block in samples.groupby(["scenario", "variant", "repetition"]):
         series = {(r["role"], r["rank"]): np.array(r["ready_us"].split(), dtype=float) for _, r in block.iterrows()}
         np.testing.assert_allclose(series[STEP, ""], np.maximum(series[RANK, "0"], series[RANK, "1"]))

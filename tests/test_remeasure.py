@@ -18,7 +18,7 @@ from kvpages.core.stats import Interval, Levels
 from kvpages.core.sweep import Point
 from kvpages.measure.schedule import plan
 from kvpages.render.report import render
-from kvpages.schema.reader import load_run
+from kvpages.schema.reader import load_run, sample_file
 from kvpages.schema.rows import POINTS, RESULTS_CSV
 
 SLEEPERS = '''
@@ -95,7 +95,7 @@ def test_a_budget_of_0_runs_the_plan_and_nothing_more(pytester, monkeypatch):
     assert run.meta.remeasure.note == "off: --kv-remeasure-budget 0" and run.meta.remeasure.rounds == 0
     assert [p.role for p in run.meta.processes] == ["worker", "worker", "session"]
     planned = plan(("slow_host", "slow_device"), [Point(8192, 64)], repetitions=3, seed=0, passes=1, processes=3)
-    samples = pd.read_csv(run.path / "samples.csv")
+    samples = pd.read_csv(sample_file(run.path, "samples.csv"))
     assert list(zip(samples["variant"], samples["repetition"], samples["order"], samples["process"], strict=True)) == [
         (b.variant, b.repetition, b.order, b.process) for b in planned]
     assert tuple(pd.read_csv(run.path / RESULTS_CSV).columns) == POINTS.columns

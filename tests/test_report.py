@@ -188,3 +188,32 @@ def test_a_cuda_run_states_its_latency_findings_as_measured(tmp_path):
     r = next(r for r in analyze(load_run(folder)).ratios if r.variant == "device_stride" and r.page_size == 64)
     modeled = profile.predicted_us("device_stride", 64, 1, r.variant_d2h_bytes, 1, r.variant_median_us)
     assert f"{sig(modeled)} µs modelled against {sig(r.variant_median_us)} µs measured" in check.answer
+
+
+def test_a_cuda_run_whose_faster_points_are_unstable_says_not_judged_not_no_crossover(tmp_path):
+    """On a CUDA run where the merged PR's interval lies far below pre-PR's time but the point is still unstable (the
+    first H200 default-grid run: 0.079x at L=524288, p=16), the finding says it is not judged, not "No crossover"."""
+    import json
+
+    points = {("host_stride", 512, 64): 10.0, ("device_stride", 512, 64): 20.0, ("host_stride", 8192, 64): 100.0,
+              ("device_stride", 8192, 64): 8.0, ("host_stride", 8192, 1): 10.0, ("device_stride", 8192, 1): 20.0}
+    folder = synthetic_run(tmp_path / "cuda", points)
+    (folder / "results.csv").write_text((folder / "results.csv").read_text().replace("none (cpu)", "pcie pageable"))
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["environment"].update(device="cuda", pcie_link="Gen5 x16", link_crossed=True, link_note="CUDA run.")
+    unstable = ["s8192-p64-int32-fragmented", "s8192-p1-int32-fragmented"]
+    meta["remeasure"] = {"stable_spread": 0.1, "budget_fraction": 0.25, "budget_s": 2.0, "planned_processes": 1,
+                         "note": "stopped", "remeasured": unstable, "rounds": 0, "extra_repetitions": 0,
+                         "extra_blocks": 0, "spent_s": 0.0, "timed_s": 0.0, "unstable": unstable}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    made = {f.question: f for f in findings(analyze(load_run(folder)))}
+    crossing = made["Crossover"]
+    assert crossing.answer.startswith("Not judged: the merged PR's interval lies below pre-PR's time at 1 of 2 swept")
+    assert "L=8192 at p=64" in crossing.answer and "No crossover" not in crossing.answer
+    assert crossing.id == "r-device_stride-s8192-p64-int32-fragmented"
+    assert "(1 of 1 lengths still unstable after re-measurement, so not judged)" in made["Page size 1 regression"].answer
+    # the same point, stable, is judged as before
+    meta["remeasure"]["unstable"] = meta["remeasure"]["remeasured"] = []
+    (folder / "meta.json").write_text(json.dumps(meta))
+    again = {f.question: f for f in findings(analyze(load_run(folder)))}
+    assert "from L=8192 at page size 64" in again["Crossover"].answer

@@ -20,7 +20,7 @@ from kvpages.measure.steps import IN_ORDER, get_step_variant, step_variant_names
 from kvpages.measure.targets import ScenarioTarget, measure
 from kvpages.measure.variants import call_args, reference_page_indices
 from kvpages.render.report import render, render_appendix
-from kvpages.schema.reader import load_run
+from kvpages.schema.reader import load_run, sample_file
 from kvpages.schema.rows import SCENARIOS, scenario_row_id
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,7 +141,7 @@ def test_quick_scenarios_write_scenarios_csv_with_both_latencies(scenario_bench)
     busy = frame[frame["busy_us"] > 0]
     assert (busy["status"] == "skipped").all() and busy["note"].str.contains("CUDA").all()
     assert frame["busy_measured_us"].isna().all()  # no device queue on a CPU run
-    samples = pd.read_csv(folder / "scenario_samples.csv")
+    samples = pd.read_csv(sample_file(folder, "scenario_samples.csv"))
     assert len(samples) == 3 * len(ok) and samples["order"].is_unique
     assert samples["ready_us"].isna().all()  # ready is blocked on a CPU run: written once
     run = load_run(folder)

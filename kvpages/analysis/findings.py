@@ -101,8 +101,10 @@ def _page1(analysis: Analysis) -> Finding | None:
     shortcut = [r for r in analysis.ratios if r.variant == "device_stride_shortcut" and r.page_size == 1]
     back = (f"; with the page_size == 1 shortcut restored it is the same at {sum(r.verdict == 'same' for r in shortcut)}"
             f" of {len(shortcut)}") if shortcut else ""
+    held = sum(r.unstable for r in rows)
+    held = f" ({held} of {len(rows)} lengths still unstable after re-measurement, so not judged)" if held else ""
     answer = (f"At page size 1 the bytes are equal, and the merged PR is slower than pre-PR at {slower} of {len(rows)} "
-              f"lengths, up to {sig(worst.ratio)}x at L={worst.seq_len}{back}.")
+              f"lengths{held}, up to {sig(worst.ratio)}x at L={worst.seq_len}{back}.")
     return Finding("Page size 1 regression", answer, figure(worst), worst.id, MEASURED)
 
 
@@ -134,6 +136,11 @@ def _crossover(analysis: Analysis) -> Finding | None:
         assert cited is not None
         answer = (f"The merged PR is faster than pre-PR from L={c.seq_len} at page size {c.page_size}"
                   f" ({len(found)} of {len(analysis.crossovers)} page sizes cross within the sweep).")
+    elif below := [r for r in rows if r.unstable and r.ci_high < 1]:  # faster by its interval, but never judged so
+        cited = min(below, key=lambda r: (r.seq_len, r.page_size))
+        answer = (f"Not judged: the merged PR's interval lies below pre-PR's time at {len(below)} of {len(rows)} "
+                  f"swept points (p > 1), the shortest L={cited.seq_len} at p={cited.page_size}, but each is still "
+                  f"unstable after re-measurement, so none is judged faster (see Method).")
     else:
         cited = min(rows, key=lambda r: r.ratio)
         answer = (f"No crossover: at no swept point (p > 1) is the merged PR faster than pre-PR beyond the noise "

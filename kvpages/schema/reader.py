@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import math
@@ -106,10 +107,22 @@ def row_key(row: pd.Series | dict) -> tuple:
     return tuple(int(row[c]) if c in ("seq_len", "page_size") else str(row[c]) for c in KEY_COLUMNS)
 
 
+def sample_file(folder: Path, name: str) -> Path:
+    """Where a run keeps one of its per-round files (SAMPLE_FILES): `name`, or `name`.gz once the run has finished."""
+    plain = folder / name
+    packed = folder / f"{name}.gz"
+    return packed if packed.is_file() and not plain.is_file() else plain
+
+
 def _read_text(path: Path) -> str:
     if not path.is_file():
         raise RunError(f"{path}: no such file")
     data = path.read_bytes()
+    if path.suffix == ".gz":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise RunError(f"{path}: not a complete gzip file ({exc})") from None
     if not data.strip():
         raise RunError(f"{path}: empty file")
     if b"\0" in data[:4096]:
@@ -187,7 +200,7 @@ def load_run(path: str | Path) -> Run:
         folder, csv_path = path.parent, path
         meta = _read_meta(folder / META_JSON) if (folder / META_JSON).exists() else None
     rows = _read_typed(csv_path, POINTS)
-    blocks = _read_samples(folder / SAMPLES_CSV, POINTS, lambda b: tuple(getattr(b, c) for c in KEY_COLUMNS))
+    blocks = _read_samples(sample_file(folder, SAMPLES_CSV), POINTS, lambda b: tuple(getattr(b, c) for c in KEY_COLUMNS))
     samples = {key: [np.asarray(b.samples_us) for b in found] for key, found in blocks.items()}
     if samples:
         _check_medians(rows, samples, row_key, "median_us", csv_path, SAMPLES_CSV)
@@ -227,7 +240,7 @@ def _read_steps(folder: Path, table: Table, key_of: Callable[[dict], tuple]
     if not path.exists():
         return None, {}, {}
     frame = _read_typed(path, table)
-    blocks = _read_samples(folder / table.samples_csv, table, lambda b: key_of(vars(b)))
+    blocks = _read_samples(sample_file(folder, table.samples_csv), table, lambda b: key_of(vars(b)))
     blocked = {key: [np.asarray(b.blocked_us) for b in found] for key, found in blocks.items()}
     _check_medians(frame, blocked, key_of, "blocked_median_us", path, table.samples_csv)
     return frame, blocks, blocked

@@ -256,6 +256,9 @@ class RankRow(_Status):
 
 
 RANKS = Table(RANKS_CSV, RANK_SAMPLES_CSV, RankRow, RankSampleSet)
+SAMPLE_FILES = tuple(t.samples_csv for t in (POINTS, SCENARIOS, RANKS))
+"""A run's per-round files: appended as plain CSV while the run is written, gzip-compressed (`<name>.gz`) once it has
+finished (kvpages.schema.writer.compress_samples); the reader takes either."""
 TABLES = {table.rows_csv: table for table in (POINTS, SCENARIOS, RANKS)}
 
 
