@@ -178,7 +178,7 @@ def test_a_round_cut_short_leaves_its_point_paired_on_the_repetitions_every_vari
     assert r.repetitions == 12 and r.ci_low < r.ratio < r.ci_high  # paired on the 12 both have, with its interval
 
 
-MEASURED = REPO / "results" / "20261204T174714Z-cuda-nvidia-h200"
+MEASURED = REPO / "results" / "20261204T181656Z-cuda-nvidia-h200"
 
 
 @pytest.mark.skipif(not MEASURED.is_dir(), reason="the committed H200 run is not in this checkout's results/")

@@ -157,7 +157,7 @@ PREDICTION_PROFILES = ("pcie5_pageable", "nvlink_c2c", "pcie5_pinned", "h200_mea
 """The built-in profiles a CPU run's findings predict on: `.cpu()` copies into pageable memory, so pre-PR and the merged
 PR are priced on the pageable PCIe Gen5 link and on GH200's C2C, from public figures; the pinned profile is a labelled
 what-if; h200_measured_pageable is the one H200 kvpages has measured (`kvpages calibrate` of the committed run
-results/20261204T174714Z-cuda-nvidia-h200). A user's profiles (`--kv-link-profile`, `kvpages report --link-profile`)
+results/20261204T181656Z-cuda-nvidia-h200). A user's profiles (`--kv-link-profile`, `kvpages report --link-profile`)
 are added after them."""
 
 KERNELS_PER_CALL = {"host_stride": 0, "host_mirror": 0, "device_stride": 1, "device_shift": 1,
