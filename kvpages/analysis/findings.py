@@ -101,8 +101,8 @@ def _page1(analysis: Analysis) -> Finding | None:
     shortcut = [r for r in analysis.ratios if r.variant == "device_stride_shortcut" and r.page_size == 1]
     back = (f"; with the page_size == 1 shortcut restored it is the same at {sum(r.verdict == 'same' for r in shortcut)}"
             f" of {len(shortcut)}") if shortcut else ""
-    held = sum(r.unstable for r in rows)
-    held = f" ({held} of {len(rows)} lengths still unstable after re-measurement, so not judged)" if held else ""
+    unstable = sum(r.unstable for r in rows)
+    held = f" ({unstable} of {len(rows)} lengths still unstable after re-measurement, so not judged)" if unstable else ""
     answer = (f"At page size 1 the bytes are equal, and the merged PR is slower than pre-PR at {slower} of {len(rows)} "
               f"lengths{held}, up to {sig(worst.ratio)}x at L={worst.seq_len}{back}.")
     return Finding("Page size 1 regression", answer, figure(worst), worst.id, MEASURED)
