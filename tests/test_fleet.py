@@ -29,7 +29,7 @@ from kvpages.render.fleet import FLEET_MD, render, write_fleet
 from kvpages.render.fleet_chart import CHART_PNG
 from kvpages.render.report import write_report
 from kvpages.schema.meta import Environment
-from kvpages.schema.reader import load_run
+from kvpages.schema.reader import load_run, sample_file
 from kvpages.schema.rows import ratio_id
 
 pytestmark = pytest.mark.skipif(not reference_runs(), reason="no run committed under results/")
@@ -55,6 +55,7 @@ def machine(tmp: Path, name: str, run_id: str | None = None, source: Path = REF,
 
 
 def rewrite(path: Path, change) -> None:
+    path = sample_file(path.parent, path.name)  # a finished run's per-round files are .csv.gz (pandas writes it back)
     frame = pd.read_csv(path, dtype=str, keep_default_na=False)
     change(frame).to_csv(path, index=False)
 
