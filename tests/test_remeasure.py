@@ -158,3 +158,26 @@ def test_a_finding_on_a_point_still_unstable_says_so_and_a_bytes_finding_does_no
     assert rows["Crossover"].endswith(f"`{cited['Crossover']}` | {findings(analysis)[2].status}{UNSTABLE_SAID} |")
     assert "**unstable**" not in rows["Bytes per call"]  # metered bytes are exact whatever the timing did
     assert all(r.verdict not in ("faster", "slower") for r in analysis.ratios if r.unstable) and analysis.unstable
+
+
+def test_a_box_whose_every_point_stays_unstable_is_told_which_spread_it_has_and_what_to_do(tmp_path):
+    """The H200 VM's default grid: every point's block medians spread 14%, no round could settle any; the method
+    section names the box's spread and the option that lets such points be judged. A run whose few unstable points
+    are disturbances (the box's spread under the threshold) is told nothing of the kind."""
+    import json
+
+    from conftest import synthetic_run
+
+    from kvpages.render.report import remeasure_paragraph
+
+    points = {(v, L, 64): m for v, m in (("host_stride", 10.0), ("device_stride", 8.0)) for L in (512, 8192)}
+    for spread, said in ((0.20, True), (0.01, False)):
+        folder = synthetic_run(tmp_path / f"s{spread}", points, rep_spread=spread, processes=6, repetitions=6)
+        meta = json.loads((folder / "meta.json").read_text())
+        every = ["s512-p64-int32-fragmented", "s8192-p64-int32-fragmented"]
+        meta["remeasure"] = {"stable_spread": 0.1, "budget_fraction": 0.25, "budget_s": 2.0, "planned_processes": 6,
+                             "note": "stopped", "remeasured": every, "rounds": 0, "extra_repetitions": 0,
+                             "extra_blocks": 0, "spent_s": 0.0, "timed_s": 0.0, "unstable": every}
+        (folder / "meta.json").write_text(json.dumps(meta))
+        text = remeasure_paragraph(load_run(folder))
+        assert ("raise `--kv-stable-spread` above" in text) is said, text

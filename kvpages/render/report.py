@@ -123,12 +123,19 @@ def remeasure_paragraph(run: Run) -> str:
     if not r.remeasured or r.budget_s == 0:
         return f"**Re-measurement** of unstable points: {r.note}.\n\n"
     still = ", ".join(f"`{p}`" for p in r.unstable) or "none"
+    spread = run.rows["rep_spread"].dropna().median() if "rep_spread" in run.rows else None
+    box = ""
+    if 2 * len(r.unstable) >= len(r.remeasured) and spread is not None and spread > r.stable_spread:
+        box = (f" Most stayed unstable because this box's block medians spread by {spread:.0%} (median over rows), "
+               f"over the {r.stable_spread:.0%} threshold: more repetitions do not narrow a spread. On such a box raise "
+               f"`--kv-stable-spread` above {spread:.0%} to have these points judged (each interval already resamples "
+               "that spread), or run on a quieter one.")
     return (f"**Re-measurement** of unstable points (block medians spread beyond {r.stable_spread:.0%}, or a process "
             f"apart from the others): {len(r.remeasured)} point(s) after the {r.planned_processes} planned processes, "
             f"{r.rounds} extra process(es), {r.extra_repetitions} extra repetition(s) of a point ({r.extra_blocks} "
             f"blocks), {r.spent_s:.1f} s of a {r.budget_s:.1f} s budget ({r.timed_s:.1f} s timed); {r.note}. Still "
-            f"unstable (`unstable` in `{RATIOS_CSV}`, never judged faster or slower): {still}. A re-measured point's "
-            "ratio leaves out processes apart from the others; its interval keeps them (docs/method.md).\n\n")
+            f"unstable (`unstable` in `{RATIOS_CSV}`, never judged faster or slower): {still}.{box} A re-measured "
+            "point's ratio leaves out processes apart from the others; its interval keeps them (docs/method.md).\n\n")
 
 
 def findings_section(analysis: Analysis) -> str:
