@@ -179,5 +179,5 @@ def test_a_box_whose_every_point_stays_unstable_is_told_which_spread_it_has_and_
                              "note": "stopped", "remeasured": every, "rounds": 0, "extra_repetitions": 0,
                              "extra_blocks": 0, "spent_s": 0.0, "timed_s": 0.0, "unstable": every}
         (folder / "meta.json").write_text(json.dumps(meta))
-        text = remeasure_paragraph(load_run(folder))
+        text = remeasure_paragraph(analyze(load_run(folder)))
         assert ("raise `--kv-stable-spread` above" in text) is said, text

@@ -162,16 +162,21 @@ def test_a_ratio_repro_reruns_the_pair_at_its_point_with_the_runs_options():
     assert pair_repro("", "a", "b") == ""
 
 
-def test_a_cuda_run_states_its_latency_findings_as_measured(tmp_path):
+def cuda_labelled(folder: Path) -> Path:
+    """A synthetic run folder relabelled as a CUDA run whose rows crossed PCIe Gen5 x16 into pageable memory."""
     import json
 
-    points = {("host_stride", 512, 1): 10.0, ("device_stride", 512, 1): 20.0, ("host_stride", 512, 64): 10.0,
-              ("device_stride", 512, 64): 5.0}
-    folder = synthetic_run(tmp_path / "cuda", points)
     (folder / "results.csv").write_text((folder / "results.csv").read_text().replace("none (cpu)", "pcie pageable"))
     meta = json.loads((folder / "meta.json").read_text())
     meta["environment"].update(device="cuda", pcie_link="Gen5 x16", link_crossed=True, link_note="CUDA run.")
     (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+def test_a_cuda_run_states_its_latency_findings_as_measured(tmp_path):
+    points = {("host_stride", 512, 1): 10.0, ("device_stride", 512, 1): 20.0, ("host_stride", 512, 64): 10.0,
+              ("device_stride", 512, 64): 5.0}
+    folder = cuda_labelled(synthetic_run(tmp_path / "cuda", points))
     made = {f.question: f for f in findings(analyze(load_run(folder)))}
     assert made["Bytes per call"].status == MEASURED and "1/64" in made["Bytes per call"].figure
     assert made["Page size 1 regression"].status == MEASURED and "host-side" not in made["Page size 1 regression"].answer
@@ -197,10 +202,8 @@ def test_a_cuda_run_whose_faster_points_are_unstable_says_not_judged_not_no_cros
 
     points = {("host_stride", 512, 64): 10.0, ("device_stride", 512, 64): 20.0, ("host_stride", 8192, 64): 100.0,
               ("device_stride", 8192, 64): 8.0, ("host_stride", 8192, 1): 10.0, ("device_stride", 8192, 1): 20.0}
-    folder = synthetic_run(tmp_path / "cuda", points)
-    (folder / "results.csv").write_text((folder / "results.csv").read_text().replace("none (cpu)", "pcie pageable"))
+    folder = cuda_labelled(synthetic_run(tmp_path / "cuda", points))
     meta = json.loads((folder / "meta.json").read_text())
-    meta["environment"].update(device="cuda", pcie_link="Gen5 x16", link_crossed=True, link_note="CUDA run.")
     unstable = ["s8192-p64-int32-fragmented", "s8192-p1-int32-fragmented"]
     meta["remeasure"] = {"stable_spread": 0.1, "budget_fraction": 0.25, "budget_s": 2.0, "planned_processes": 1,
                          "note": "stopped", "remeasured": unstable, "rounds": 0, "extra_repetitions": 0,

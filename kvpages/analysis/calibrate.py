@@ -27,6 +27,7 @@ import pandas as pd
 from kvpages.analysis.intervals import levels
 from kvpages.analysis.ratios import Analysis
 from kvpages.core.links import KERNELS_PER_CALL, MEMORIES, SHORT, LinkProfile, Term, carries_host_work, device_ops
+from kvpages.core.names import case_id, point_id
 from kvpages.core.stats import BOOTSTRAP_SEED, CONFIDENCE
 from kvpages.schema.reader import RunError, row_key
 
@@ -100,7 +101,7 @@ def _design(analysis: Analysis) -> _Design:
         matrix.append([column.get(n, 0.0) for n in names])
     return _Design(names, np.array(matrix, dtype=float), np.array([np.exp(f.values.mean()) for *_, f in rows]),
                    tuple(_units(f.values, f.processes) for *_, f in rows),
-                   tuple(f"{v}-s{r['seq_len']}-p{r['page_size']}-{r['dtype']}-{r['layout']}" for r, v, _, _ in rows),
+                   tuple(case_id(v, point_id(r["seq_len"], r["page_size"], r["dtype"], r["layout"])) for r, v, _, _ in rows),
                    memories, max(f.values.size for *_, f in rows))
 
 
@@ -199,6 +200,7 @@ def calibrate(analysis: Analysis, prior: dict[str, LinkProfile], name: str | Non
             return Term(key, value, f"{where}; its interval {bound}, so it is bounded as an assumption")
         return Term(key, value, where, low, high)
 
+    slug = name or "fit_" + "".join(c if c.isalnum() else "_" for c in run.run_id.lower())
     profiles = []
     for memory in design.memories:
         base = prior[memory]
@@ -227,7 +229,6 @@ def calibrate(analysis: Analysis, prior: dict[str, LinkProfile], name: str | Non
             bad = next(t for t in terms if t.value <= 0)
             raise RunError(f"{run.path}: the fit puts {SHORT[bad.key]} at {bad.value:.3g} {bad.unit} (<= 0): this run's "
                            f"rows cannot support a {memory} profile; see `kvpages calibrate` --help")
-        slug = name or "fit_" + "".join(c if c.isalnum() else "_" for c in run.run_id.lower())
         profiles.append(LinkProfile(f"{slug}_{memory}", f"{run.device_name}, {memory} (fitted)", memory, terms))
     modeled = design.matrix @ center
     residuals = tuple(Residual(i, m, float(t), float(f), float(t - f)) for i, m, t, f in

@@ -320,7 +320,8 @@ def analyze(run: Run, baseline: str | None = None) -> Analysis:
         for row in sorted(at, key=lambda r: variant_sort_key(r["variant"])):
             if row["variant"] != baseline:
                 pairs.append(_Pair(row, base, estimate(run, row_key(base), row_key(row))))
-    unstable = [point_of(row_key(p.variant)) in run.remeasure_points("unstable") for p in pairs]
+    still = run.remeasure_points("unstable")
+    unstable = [point_of(row_key(p.variant)) in still for p in pairs]
     judged = judge_family([p.interval for p in pairs], [1.0 if p.found is None else p.found.p_value for p in pairs],
                           unstable)
     effect = judged.min_effect

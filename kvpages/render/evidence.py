@@ -7,7 +7,7 @@ from kvpages.analysis.cite import fraction, sig
 from kvpages.analysis.findings import BATCHED, profile_name
 from kvpages.analysis.predict import Prediction, crossover, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis
-from kvpages.core.links import ASSUMED, HOST_WORK, TERM_KEYS
+from kvpages.core.links import ASSUMED, HOST_WORK, SCALES, TERM_KEYS
 from kvpages.core.names import CANDIDATE, STEP_CANDIDATE, called
 from kvpages.render.captions import time_label
 from kvpages.render.text import ci_text, count, coverage, interval_cell, table
@@ -89,7 +89,8 @@ def _terms(analysis: Analysis) -> list[str]:
         for t in (p.term(key) for p in terms.values()):
             where = "" if len(terms) == 1 else f" ({', '.join(p.label for p in analysis.profiles if p.term(key) == t)})"
             (low, _), (high, _) = t.bounds()
-            bounds = f"fitted interval {low:.3g}-{high:.3g}" if t.fitted else f"bounds {low:.3g}-{high:.3g} (0.5-2x)"
+            bounds = (f"fitted interval {low:.3g}-{high:.3g}" if t.fitted else
+                      f"bounds {low:.3g}-{high:.3g} ({SCALES[0]:g}-{SCALES[1]:g}x)")
             lines.append(f"- {t.name}{where}: {t.value:g} {t.unit}, {bounds if key in ASSUMED else 'not varied'}. "
                          f"{t.source}")
     return lines

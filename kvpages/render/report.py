@@ -115,17 +115,17 @@ def caveats(analysis: Analysis) -> list[str]:
     return out
 
 
-def remeasure_paragraph(run: Run) -> str:
+def remeasure_paragraph(analysis: Analysis) -> str:
     """What the re-measurement of unstable points did, from meta.json's `remeasure` ('' for a run without it)."""
+    run, spread = analysis.run, analysis.noise.median_spread  # the spread between repetitions the method section gives
     r = None if run.meta is None else run.meta.remeasure
     if r is None:
         return ""
     if not r.remeasured or r.budget_s == 0:
         return f"**Re-measurement** of unstable points: {r.note}.\n\n"
     still = ", ".join(f"`{p}`" for p in r.unstable) or "none"
-    spread = run.rows["rep_spread"].dropna().median() if "rep_spread" in run.rows else None
     box = ""
-    if 2 * len(r.unstable) >= len(r.remeasured) and spread is not None and spread > r.stable_spread:
+    if 2 * len(r.unstable) >= len(r.remeasured) and spread > r.stable_spread:
         box = (f" Most stayed unstable because this box's block medians spread by {spread:.0%} (median over rows), "
                f"over the {r.stable_spread:.0%} threshold: more repetitions do not narrow a spread. On such a box raise "
                f"`--kv-stable-spread` above {spread:.0%} to have these points judged (each interval already resamples "
@@ -234,8 +234,8 @@ def render(analysis: Analysis) -> str:
         ("### Where the time goes",
          time_goes and f"{time_goes} The table is in [{APPENDIX_MD}]({APPENDIX_MD}#where-the-time-goes)."),
         ("### The link model", model_section(analysis)),
-        ("## Method and caveats", method_text(analysis) + "\n\n" + remeasure_paragraph(run) + noise_paragraph(analysis) + "\n\n"
-         + ("\n".join(f"- {c}" for c in caveats(analysis)) or "- no caveats")),
+        ("## Method and caveats", method_text(analysis) + "\n\n" + remeasure_paragraph(analysis)
+         + noise_paragraph(analysis) + "\n\n" + ("\n".join(f"- {c}" for c in caveats(analysis)) or "- no caveats")),
         ("## Environment and reproduce", environment_paragraph(run) + f"\n\n```\n{command}\n```\n\nEach row of "
          f"`results.csv` re-runs one variant (`repro`); each row of `{RATIOS_CSV}` and `{SCENARIO_RATIOS_CSV}` re-runs "
          f"its pair, interleaved as in the run. Every table in full: [{APPENDIX_MD}]({APPENDIX_MD})."),
