@@ -3,7 +3,9 @@
 # (92-125 s on one H200, measured 2026-12-04). Steps, results first, each under `timeout` cut to what
 # is left of the budget; a failure does not stop the others, and the last line names every one:
 #   1. preflight: the packages the steps need and a CUDA device (one line naming what is missing);
-#   2. a `quick` sweep, profiler cross-check off, as a run folder in results/ (charts, REPORT.md, breakdown);
+#   2. a `quick` sweep, its lengths extended to L=131072 (GPU_CHECK_SEQ_LENS: the H200's measured crossover, L=32768, and
+#      the model's, 32768-131072, lie inside), profiler cross-check off, as a run folder in results/ (charts, REPORT.md,
+#      breakdown, bandwidth.csv); a dirty tree is said first: commit before a run you will cite;
 #   3. the profiler preflight: a tiny CUDA profile in a child process must see the device-to-host copy;
 #   4. the same sweep, cross-check on, in 2 processes (skipped, saying why, if 3 failed);
 #   5. `kvpages compare` of the two runs; with 2+ GPUs, the quick steps on 2, 4, 8 ranks (up to the GPU count; a run each);
@@ -18,7 +20,8 @@
 #   Other options (or all after `--`) go to both sweeps; run folders go to results/ or a --kv-results given here
 #   (relative to the repository root). --arch* or --dev* before `--` is refused as a misspelt --archive or --device.
 # Environment: PYTHON (default python3; without kvpages installed, the plugin is loaded by name); limits in seconds:
-#   GPU_CHECK_SWEEP_S (each sweep, 150), GPU_CHECK_TESTS_S (the CUDA tests, 240), GPU_CHECK_TOTAL_S (the whole script, 280).
+#   GPU_CHECK_SWEEP_S (each sweep, 150), GPU_CHECK_TESTS_S (the CUDA tests, 240), GPU_CHECK_TOTAL_S (the whole script, 280);
+#   GPU_CHECK_SEQ_LENS (both sweeps' --kv-seq-lens, 512,8192,131072; a --kv-seq-lens of yours replaces it).
 # Exit codes: 0 every step passed; 1 a step failed or timed out (the last line names them); 2 python packages
 #   missing (preflight says how to get them); 3 no CUDA device (one line); 64 a usage error (one line); 130 or 143
 #   SIGINT or SIGTERM: the running step is stopped, its run folder archived, the summary printed.
@@ -51,6 +54,7 @@ for var in GPU_CHECK_SWEEP_S GPU_CHECK_TESTS_S GPU_CHECK_TOTAL_S; do
     [[ -z $value || $value =~ ^[1-9][0-9]*$ ]] || usage_error "$var='$value': give a whole number of seconds, e.g. 150"
 done
 SWEEP_S=${GPU_CHECK_SWEEP_S:-150} TESTS_S=${GPU_CHECK_TESTS_S:-240} TOTAL_S=${GPU_CHECK_TOTAL_S:-280}
+SEQ_LENS=${GPU_CHECK_SEQ_LENS:-512,8192,131072}
 KILL_AFTER=10  # a step that ignores SIGTERM at its limit gets SIGKILL this much later
 
 if [[ -n $ARCHIVE ]]; then
@@ -169,7 +173,7 @@ sweep() {  # name, --kv-crosscheck mode, what it is[, more options]: a quick swe
     echo "== $what"
     SWEEP_BEFORE=$(list_runs)
     run_step "$name" "$SWEEP_S" "$PYTHON" -m pytest bench/ --benchmark-only --kv-preset quick --kv-device "$DEVICE" \
-        --kv-crosscheck "$mode" --kv-analyze -q -p no:cacheprovider "$@" "${args[@]}"
+        --kv-seq-lens "$SEQ_LENS" --kv-crosscheck "$mode" --kv-analyze -q -p no:cacheprovider "$@" "${args[@]}"
     rc=$?
     collect_runs
     if [[ -z $SWEEP_RUN ]] && ((rc == 0)); then
@@ -226,6 +230,11 @@ else
 fi
 
 # ----------------------------------------------------------------------------- 2.-4. the sweeps
+if dirty=$(git status --porcelain -- . ':(exclude)results' 2>/dev/null); then
+    echo "== code: commit $(git rev-parse --short HEAD 2>/dev/null)${dirty:+, with $(wc -l <<< "$dirty") file(s) changed}"
+    [[ -z $dirty ]] || echo "gpu-check: the tree is dirty: each run's meta.json says so (its code_tree still names the" \
+        "code it ran); commit first for runs you will cite"
+fi
 sweep sweep-off off "quick sweep, profiler cross-check off"
 OFF_RUN=$SWEEP_RUN
 if [[ $DEVICE == cuda ]]; then

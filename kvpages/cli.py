@@ -102,9 +102,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from kvpages.analysis.gpu_answer import gpu_answer
     from kvpages.render.report import write_report
 
-    path = write_report(_analysis(args.run, args.link_profile))
+    analysis = _analysis(args.run, args.link_profile)
+    path = write_report(analysis, gpu_answer(analysis, args.gpu_run))
     print(path.read_text(), end="")  # rendered once
     print(f"written: {path} and {path.parent / 'ratios.csv'}", file=sys.stderr)
     return 0
@@ -118,7 +120,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
 
 
 def cmd_cite(args: argparse.Namespace) -> int:
-    from kvpages.analysis.findings import all_ids, cite
+    from kvpages.analysis.citations import all_ids, cite
 
     if args.id is None and not args.list:
         raise RunError(f"give a row id to cite; `kvpages cite {args.run} --list` lists them")
@@ -136,19 +138,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     if args.name is not None and not NAME.fullmatch(args.name):
         raise RunError(f"--name {args.name!r}: a profile name is lower-case letters, digits and '_', e.g. h200_lab")
-    run = load_run(args.run)
-    pcie = run.meta.environment.pcie_link if run.meta else None
+    runs = [load_run(path) for path in args.run]
+    pcie = runs[0].meta.environment.pcie_link if runs[0].meta else None
     built_in = built_in_profiles()
     prior = {m: profile_for(pcie, f"pcie {m}", built_in) or next(p for p in built_in if p.name == f"pcie5_{m}")
              for m in MEMORIES}
-    calibration = calibrate(analyze(run), prior, args.name)
-    out = args.out or (run.path if run.path.is_dir() else run.path.parent)
+    calibration = calibrate([analyze(run) for run in runs], prior, args.name)
+    first = runs[0].path
+    out = args.out or (first if first.is_dir() else first.parent)
+    given = " ".join(str(path) for path in args.run)
     written = []
     for profile in calibration.profiles:
         path = out / f"{profile.name}.toml"
-        text = profile_text(profile, f"Fitted by `kvpages calibrate {args.run}`: pass it to `kvpages report --link-profile` "
-                                     f"or a sweep's --kv-link-profile.\nPrior (terms the run cannot separate): "
-                                     f"{prior[profile.memory].name}.")
+        text = profile_text(profile, f"Fitted by `kvpages calibrate {given}`: pass it to `kvpages report --link-profile` "
+                                     f"or a sweep's --kv-link-profile.\nPrior (terms the runs cannot separate or a "
+                                     f"link cannot reach): {prior[profile.memory].name}.")
         if path.exists() and dataclasses.replace(read_profile(path), origin=profile.origin, sha256="") != profile:
             raise RunError(f"{path}: exists with other terms; remove it or pass --out to write elsewhere")
         written.append((path, text))
@@ -226,10 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
         sub.choices[name].add_argument("--link-profile", type=Path, action="append", default=[], metavar="PATH",
                                        help="add a link profile (TOML, e.g. from `kvpages calibrate`) to the predictions; "
                                             "recorded in the run's meta.json (repeatable)")
-    p = command(cmd_calibrate, "fit the link model's terms from a CUDA run's rows: each with its interval, every residual")
-    p.add_argument("run", type=Path, help="a CUDA run folder, e.g. results/<run-id>")
-    p.add_argument("--out", type=Path, help="folder for the fitted profile files (default: the run folder)")
-    p.add_argument("--name", help="name the profiles <NAME>_pageable and <NAME>_pinned (default: fit_<run id>)")
+    sub.choices["report"].add_argument("--gpu-run", type=Path, metavar="RUN",
+                                       help="a CPU run's report gives this CUDA run's measured figures beside its "
+                                            "predictions (default: the newest CUDA run of the same points beside it)")
+    p = command(cmd_calibrate, "fit the link model's terms from CUDA runs' rows: each with its interval, every residual")
+    p.add_argument("run", type=Path, nargs="+", help="CUDA run folders of one kind of machine, e.g. results/<run-id>; "
+                                                     "several fit one profile whose intervals cover machine to machine")
+    p.add_argument("--out", type=Path, help="folder for the fitted profile files (default: the first run's folder)")
+    p.add_argument("--name", help="name the profiles <NAME>_pageable and <NAME>_pinned (default: fit_<first run id>)")
     p = command(cmd_cite, "print one row's figure in one line: interval and coverage, machine, commit, command")
     p.add_argument("run", type=Path, help="run folder, e.g. results/<run-id>")
     p.add_argument("id", nargs="?", help="a row id of ratios.csv (r-...) or scenarios.csv (req-..., step-...)")

@@ -14,10 +14,18 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from kvpages.core.affinity import CPU_CHOICES, chosen
 from kvpages.core.capacity import check_fits, host_available_bytes
 from kvpages.core.options import OPTIONS, BenchOptions
-from kvpages.measure.workers import WORKER_DIR_FLAG, WORKER_FLAG, WORKER_GO_FLAG, exit_without_collecting, process_started_at
-from kvpages.measure.worklog import round_path
+from kvpages.measure.workers import (
+    WORKER_DIR_FLAG,
+    WORKER_FLAG,
+    WORKER_GO_FLAG,
+    WORKER_SPARE_FLAG,
+    exit_without_collecting,
+    process_started_at,
+)
+from kvpages.measure.worklog import WorkerLog, round_path
 
 if TYPE_CHECKING:
     from kvpages.measure.group import Launch
@@ -27,6 +35,7 @@ OPTIONS_KEY = pytest.StashKey[BenchOptions]()
 SESSION_KEY = pytest.StashKey["KvSession"]()
 START_KEY = pytest.StashKey[float]()
 LAUNCH_KEY = pytest.StashKey["Launch"]()
+SPARE_KEY = pytest.StashKey[WorkerLog]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -40,6 +49,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(WORKER_DIR_FLAG, default=None, metavar="DIR", help="internal: where a worker logs its blocks")
     group.addoption(WORKER_GO_FLAG, type=int, default=None, metavar="FD",
                     help="internal: the pipe a worker waits on for its turn")
+    group.addoption(WORKER_SPARE_FLAG, action="store_true", default=False,
+                    help="internal: a spare worker, which waits for its re-measurement round before it collects")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -74,6 +85,11 @@ def pytest_configure(config: pytest.Config) -> None:
                     lookup(name)
                 except ValueError as exc:
                     raise pytest.UsageError(f"{flag}: {exc}") from None
+    if options.cpus not in (None, *CPU_CHOICES):
+        try:
+            chosen(options.cpus, os.sched_getaffinity(0))
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
     if options.device == "cuda":
         import torch  # only when a CUDA device is asked for
 
@@ -83,11 +99,29 @@ def pytest_configure(config: pytest.Config) -> None:
     if "WORLD_SIZE" in os.environ:  # started by torchrun: one pytest session per rank (kvpages.measure.ranks)
         options = _ranked(config, options)
     worker, worker_dir = config.getoption(WORKER_FLAG), config.getoption(WORKER_DIR_FLAG)
+    if config.getoption(WORKER_SPARE_FLAG) and worker is not None and worker_dir is not None:
+        _wait_as_spare(config, options, worker, Path(worker_dir))
     a_round = worker is not None and worker_dir is not None and round_path(Path(worker_dir), worker).exists()
     if worker is not None and not a_round and (worker_dir is None or not 0 <= worker < options.sweep.processes - 1):
         raise pytest.UsageError(f"{WORKER_FLAG} {worker}: internal option; the session starts processes "
                                 f"0..{options.sweep.processes - 2} itself, each with {WORKER_DIR_FLAG}")
     config.stash[OPTIONS_KEY] = options
+
+
+def _wait_as_spare(config: pytest.Config, options: BenchOptions, worker: int, folder: Path) -> None:
+    """A spare worker (kvpages.measure.workers): import what timing needs (and start CUDA, where asked for), say it is
+    ready, and wait for its round before collecting, for its blocks are that round's; exit quietly if none comes."""
+    import torch
+
+    import kvpages.measure.session  # noqa: F401 (the measuring side's imports, before the wait)
+    from kvpages.measure.worklog import log_path
+
+    if options.device_choice != "cpu" and torch.cuda.is_available():
+        torch.empty(1, device="cuda")  # its CUDA context, started while it waits as the planned workers' are
+    log = WorkerLog(log_path(folder, worker), config.getoption(WORKER_GO_FLAG))
+    if not log.wait_for_turn():
+        pytest.exit("kvpages: spare worker not needed", pytest.ExitCode.OK)
+    config.stash[SPARE_KEY] = log
 
 
 def _ranked(config: pytest.Config, options: BenchOptions) -> BenchOptions:
@@ -142,6 +176,7 @@ def kv_session(config: pytest.Config) -> KvSession:
             timing=not config.getoption("benchmark_disable", False), worker=config.getoption(WORKER_FLAG),
             worker_dir=None if worker_dir is None else Path(worker_dir), started_at=config.stash[START_KEY],
             launch=launch, go_fd=config.getoption(WORKER_GO_FLAG), benchmark_output=benchmark_output(config),
+            released=config.stash.get(SPARE_KEY, None),
         )
         exit_without_collecting()  # a process of the sweep (torch imported) exits without the last GC passes
     return config.stash[SESSION_KEY]
@@ -275,12 +310,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.write_line(summary_text(analysis))
         terminalreporter.write_line(f"run folder: {writer.path} ({writer.meta.end_note})")
         if config.getoption("--kv-analyze"):
+            from kvpages.analysis.gpu_answer import gpu_answer
             from kvpages.render.plots import plot_run
             from kvpages.render.report import write_report
 
             for chart in plot_run(analysis):
                 terminalreporter.write_line(f"chart: {chart}")
-            terminalreporter.write_line(f"report: {write_report(analysis)} (with ratios.csv)")
+            terminalreporter.write_line(f"report: {write_report(analysis, gpu_answer(analysis))} (with ratios.csv)")
         kv.analysed(time.perf_counter() - started)
         timing = writer.meta.timing
         after = f"; then its analysis {timing.analysis_s:.1f} s" if timing and timing.analysis_s else ""

@@ -138,10 +138,14 @@ processes have tests of their own, in test_processes.py, which give --kv-process
 
 def synthetic_run(folder: Path, medians_us: dict[tuple[str, int, int], float], spread: float = 0.01,
                   rounds: int = 50, seed: int = 0, run_id: str | None = None, repetitions: int = 10,
-                  rep_spread: float = 0.01, processes: int = 1, process_spread: float = 0.0) -> Path:
+                  rep_spread: float = 0.01, processes: int = 1, process_spread: float = 0.0,
+                  shifts: tuple[float, ...] = (), own_shifts: dict[str, tuple[float, ...]] | None = None,
+                  own_spread: dict[str, float] | None = None) -> Path:
     """A run folder whose (variant, seq_len, page_size) rows have `repetitions` blocks of samples around the
     given medians: repetition r comes from process r % processes, each process shifts each row's level by
-    `process_spread`, each block's level varies by `rep_spread` around that, its rounds by `spread` around it.
+    `process_spread`, and by `shifts[process]` (a factor every variant shares: the box moves them together) and
+    `own_shifts[variant][process]` (that variant's alone); each block's level varies by `rep_spread` (a variant's
+    own: `own_spread`) around that, its rounds by `spread` around it.
 
     For testing the analysis only; it never goes into results/.
     """
@@ -156,9 +160,11 @@ def synthetic_run(folder: Path, medians_us: dict[tuple[str, int, int], float], s
     order = 0
     for (variant, seq_len, page_size), median in medians_us.items():
         blocks = []
-        shifts = np.exp(process_spread * rng.standard_normal(processes))
+        moved = np.exp(process_spread * rng.standard_normal(processes)) * np.array(shifts or [1.0] * processes)
+        moved = moved * np.array((own_shifts or {}).get(variant, [1.0] * processes))
+        noise = (own_spread or {}).get(variant, rep_spread)
         for r in range(repetitions):
-            level = median * shifts[r % processes] * np.exp(rep_spread * rng.standard_normal())
+            level = median * moved[r % processes] * np.exp(noise * rng.standard_normal())
             blocks.append(SampleSet(variant, "int32", "fragmented", seq_len, page_size, r, order, r % processes,
                                     tuple(level * (1 + spread * rng.standard_normal(rounds)))))
             order += 1

@@ -18,7 +18,9 @@ from kvpages.analysis.ratios import analyze
 from kvpages.cli import main
 from kvpages.core.links import TERM_KEYS, LinkProfile, Term, device_ops
 from kvpages.core.names import CANDIDATE
+from kvpages.render.calibrate import calibration_text
 from kvpages.schema.breakdown import BreakdownRow, write_breakdown
+from kvpages.schema.probe import PROBE_BYTES, ProbeRow, write_probe
 from kvpages.schema.profiles import built_in_profiles, read_profile
 from kvpages.schema.reader import RunError, load_run, sample_file
 
@@ -97,7 +99,7 @@ def test_terms_a_run_cannot_separate_keep_the_prior_and_say_so(tmp_path):
     rows[rows["variant"] != "sglang@twice"].to_csv(folder / "results.csv", index=False)
     calibration = calibrate(analyze(load_run(folder)), prior())
     pageable = next(p for p in calibration.profiles if p.memory == "pageable")
-    assert not pageable.term("sync_us").fitted and "prior, not separable" in pageable.term("sync_us").source
+    assert not pageable.term("sync_us").fitted and "prior, not fitted" in pageable.term("sync_us").source
     assert not pageable.term("kernel_us").fitted and pageable.term("kernel_us").value == 2.0
     assert any(n.startswith("sync:") for n in calibration.notes) and any(n.startswith("kernel:") for n in calibration.notes)
     # what the rows do determine still comes out: the per-op sum, the copy and sync together, the bandwidth
@@ -178,17 +180,19 @@ def test_a_round_cut_short_leaves_its_point_paired_on_the_repetitions_every_vari
     assert r.repetitions == 12 and r.ci_low < r.ratio < r.ci_high  # paired on the 12 both have, with its interval
 
 
-MEASURED = REPO / "results" / "20261204T181656Z-cuda-nvidia-h200"
+MEASURED = tuple(REPO / "results" / name for name in ("20261204T181656Z-cuda-nvidia-h200",
+                                                     "20261204T184152Z-cuda-nvidia-h200",
+                                                     "20261204T184229Z-cuda-nvidia-h200"))
 
 
-@pytest.mark.skipif(not MEASURED.is_dir(), reason="the committed H200 run is not in this checkout's results/")
-def test_the_shipped_h200_profiles_are_what_calibrate_fits_from_the_committed_h200_run(tmp_path):
+@pytest.mark.skipif(not all(m.is_dir() for m in MEASURED), reason="the committed H200 runs are not in this checkout")
+def test_the_shipped_h200_profiles_are_what_calibrate_fits_from_the_committed_h200_runs(tmp_path):
     """h200_measured_pageable/_pinned (built-in, and a CPU run's fourth prediction profile) are no hand-set figures:
-    `kvpages calibrate <the committed run> --name h200_measured` writes them again, term by term and interval by
-    interval, on the real rows of a real H200 (not a synthetic run)."""
-    done = subprocess.run([sys.executable, "-m", "kvpages", "calibrate", str(MEASURED), "--name", "h200_measured",
+    `kvpages calibrate <the three committed runs> --name h200_measured` writes them again, term by term and interval by
+    interval, on the real rows of real H200s (each run a fresh machine of the kind), and no term is beyond the link."""
+    done = subprocess.run([sys.executable, "-m", "kvpages", "calibrate", *map(str, MEASURED), "--name", "h200_measured",
                            "--out", str(tmp_path)], capture_output=True, text=True, cwd=REPO, check=True)
-    assert "fixed cost per copy" in done.stdout
+    assert "fixed cost per copy" in done.stdout and "pinned bandwidth: not identified" in done.stdout
     shipped = {p.name: p for p in built_in_profiles()}
     for memory in ("pageable", "pinned"):
         again = read_profile(tmp_path / f"h200_measured_{memory}.toml")
@@ -199,6 +203,42 @@ def test_the_shipped_h200_profiles_are_what_calibrate_fits_from_the_committed_h2
             assert (mine.low is None, mine.high is None) == (theirs.low is None, theirs.high is None)
             numbers = [x for x in (theirs.value, theirs.low, theirs.high) if x is not None]
             assert [x for x in (mine.value, mine.low, mine.high) if x is not None] == pytest.approx(numbers, rel=1e-6)
+        assert ship.us("bandwidth_gb_s") <= 63.0 and ship.fitted_from == tuple(m.name for m in MEASURED)
+    # the machine-to-machine spread is in the intervals: each run's own launch lies inside the pooled interval
+    pooled = shipped["h200_measured_pageable"].term("launch_us")
+    for run in MEASURED:
+        own = calibrate(analyze(load_run(run)), prior()).profiles[0].term("launch_us")
+        assert pooled.low is not None and pooled.high is not None and pooled.low <= own.value <= pooled.high, run.name
+
+
+def test_a_bandwidth_beyond_the_link_is_refused_in_one_line_and_keeps_the_prior(tmp_path, monkeypatch):
+    fast = profile("fast_pinned", "pinned", (7.0, 3.0, 4.5, 5.0, 80.0))  # beyond PCIe Gen5 x16's 63 GB/s
+    monkeypatch.setitem(TRUE, "pinned", fast)
+    calibration = calibrate(analyze(load_run(cuda_run(tmp_path / "cuda"))), prior())
+    [line] = calibration.refused
+    assert line.startswith("pinned D2H bandwidth: fitted ") and "GB/s is beyond PCIe Gen5 x16: 32 GT/s x 16 lanes" in line
+    assert "63 GB/s per direction); refused, kept the prior's 53 GB/s" in line
+    pinned = next(p for p in calibration.profiles if p.memory == "pinned")
+    assert pinned.us("bandwidth_gb_s") == 53.0 and not pinned.term("bandwidth_gb_s").fitted
+    assert f"refused: {line}" in calibration_text(calibration)
+
+
+def test_small_copies_do_not_fix_a_bandwidth_and_the_probe_does(tmp_path, monkeypatch):
+    """Copies of at most 2 KB cannot tell bandwidth from fixed cost: the prior stays, and says so; the bandwidth probe's
+    4-64 MiB copies fix it (within 10% of the truth)."""
+    monkeypatch.setattr(__import__(__name__), "SEQ_LENS", (512,))
+    folder = cuda_run(tmp_path / "cuda")
+    small = calibrate(analyze(load_run(folder)), prior())
+    assert all(not p.term("bandwidth_gb_s").fitted for p in small.profiles)
+    assert any(n.startswith("pageable bandwidth: not identified") for n in small.notes)
+    rng = np.random.default_rng(0)
+    write_probe(folder, [ProbeRow(memory, size, block, 8, TRUE[memory].modeled_us(size, 1) * (1 + 0.01 * rng.standard_normal()),
+                                  0.0, 0.0) for memory in TRUE for size in PROBE_BYTES for block in range(3)])
+    probed = calibrate(analyze(load_run(folder)), prior())
+    for p in probed.profiles:
+        assert p.term("bandwidth_gb_s").fitted and p.us("bandwidth_gb_s") == pytest.approx(TRUE[p.memory].us(
+            "bandwidth_gb_s"), rel=0.1)
+    assert any(r.id == "probe-pinned-64MiB" for r in probed.residuals)
 
 
 @pytest.mark.parametrize("name", ["H200", "h200-lab", ""])

@@ -138,7 +138,12 @@ def test_each_rows_repro_command_reruns_that_case(bench):
         (("--kv-seed", "x"), "--kv-seed: 'x' is not an integer; give an integer seed >= 0"),
         (("--kv-repetitions", "0"), "--kv-repetitions: 0 is not >= 1"),
         (("--kv-passes", "two"), "--kv-passes: 'two' is not an integer"),
-        (("--kv-stable-spread", "-1"), "--kv-stable-spread: '-1' is not a number in (0, 1]; give e.g. 0.1"),
+        (("--kv-disturb-factor", "1"), "--kv-disturb-factor: '1' is not a number in (1, 100]; give e.g. 1.5"),
+        (("--kv-cpus", "9999"), "--kv-cpus 9999: none of these CPUs is available to this process"),
+        (("--kv-cpus", "x"), "--kv-cpus: 'x' is not a CPU list; give e.g. 2,3 or 8-15, or one of auto, off"),
+        (("--kv-threads", "0"), "--kv-threads: 0 is not >= 1; give a number of threads >= 1, e.g. 1"),
+        (("--kv-adaptive-threshold", "0"), "--kv-adaptive-threshold: 0 is not >= 1"),
+        (("--kv-bandwidth-probe", "maybe"), "--kv-bandwidth-probe: unknown bandwidth probe mode 'maybe'"),
         (("--kv-remeasure-budget", "abc"), "--kv-remeasure-budget: 'abc' is not a number in [0, 10]; give e.g. 0.25"),
         (("--kv-crosscheck", "maybe"), "--kv-crosscheck: unknown cross-check mode 'maybe'; valid: auto, on, off"),
         (("--kv-seq-lens", "3000000000"), "--kv-seq-lens 3000000000: seq_len 3000000000 at page_size 1 needs token "

@@ -1,5 +1,6 @@
-"""Re-measuring unstable points (kvpages.measure.remeasure): a disturbed process is re-measured in a fresh one and
-does not move the ratio; with a budget of 0 the run is the plan's blocks and no more; the rule and the estimator."""
+"""Disturbed processes and their re-measurement (kvpages.core.stability, kvpages.measure.remeasure): a process
+disturbed for a pair is left out of that pair's centre and re-measured in a fresh one; a box whose processes all
+move together disturbs nothing; a third variant's noise never vetoes a pair; a centre rests on a majority."""
 
 from __future__ import annotations
 
@@ -8,16 +9,21 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import synthetic_run
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_plugin import BENCH, CPU, run_dirs
 
+from kvpages.analysis.findings import findings
+from kvpages.analysis.pairs import DISTURBED, STABLE
 from kvpages.analysis.ratios import analyze
-from kvpages.analysis.verdicts import FASTER, UNCLEAR, judge
-from kvpages.core.estimator import paired_ratio, trimmed_ratio
-from kvpages.core.stability import outlying, settled
+from kvpages.analysis.verdicts import FASTER, judge
+from kvpages.core.estimator import kept_ratio, paired_ratio
+from kvpages.core.stability import DEFAULT_FACTOR, disturbance
 from kvpages.core.stats import Interval, Levels
 from kvpages.core.sweep import Point
 from kvpages.measure.schedule import plan
-from kvpages.render.report import render
+from kvpages.render.report import STABILITY_SAID, findings_section, render
 from kvpages.schema.reader import load_run, sample_file
 from kvpages.schema.rows import POINTS, RESULTS_CSV
 
@@ -52,45 +58,54 @@ loaded box, so a disturbance of 3x cannot hide in the noise."""
 SWEEP = ("--kv-seq-lens", "8192", "--kv-page-sizes", "64", "--kv-variants", "slow_host,slow_device",
          "--kv-baseline", "slow_host", "--kv-scenarios", "none", "--kv-repetitions", "3", "--kv-processes", "3",
          "--kv-time-budget", "0.15", "--kv-breakdown", "off", "--benchmark-only", "-p", "no:cacheprovider")
-DISTURBED = "0:slow_host:3"  # process 0's slow_host calls take 3x as long (kvpages.measure.disturb)
+DISTURBED_PROCESS = "0:slow_host:3"  # process 0's slow_host calls take 3x as long (kvpages.measure.disturb)
 POINT = "s8192-p64-int32-fragmented"
+KEY = ("slow_host", "int32", "fragmented", 8192, 64)
 
 
 def sweep(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *args: str):
     pytester.makeconftest(SLEEPERS)
     pytester.makepyfile(test_kv_sweep=BENCH)
-    monkeypatch.setenv("KVPAGES_TEST_DISTURB", DISTURBED)  # the workers inherit it
+    monkeypatch.setenv("KVPAGES_TEST_DISTURB", DISTURBED_PROCESS)  # the workers inherit it
     result = pytester.runpytest_subprocess(*SWEEP, *CPU, *args, timeout=200)
     [folder] = run_dirs(pytester.path)
     return result, load_run(folder)
 
 
+def undisturbed_ratio(run) -> float:
+    """The ratio of the processes the injection left alone (every one but process 0)."""
+    logs = [np.log(np.median(d) / np.median(h)) for p, d, h in zip(
+        run.processes[KEY], run.samples[("slow_device", *KEY[1:])], run.samples[KEY], strict=True) if p != 0]
+    return math.exp(np.mean(logs))
+
+
 def test_a_disturbed_process_is_re_measured_and_does_not_move_the_ratio(pytester, monkeypatch):
-    # 10 x the 2 x 0.5 s planned: a round costs a fresh process's start-up (~3 s) and its blocks
+    # 10 x the 2 x 0.5 s planned: a round costs a fresh process's start-up (~2-3 s) and its blocks
     result, run = sweep(pytester, monkeypatch, "--kv-remeasure-budget", "10", "--kv-time-budget", "0.5")
-    result.stdout.fnmatch_lines(["kvpages: re-measuring 1 unstable point(s) in a fresh process, round 1"])
+    result.stdout.fnmatch_lines(["kvpages: re-measuring 1 target(s) with a disturbed pair in a fresh process, round 1"])
     record = run.meta.remeasure
-    assert record.remeasured == (POINT,) and record.rounds >= 1 and record.extra_blocks == 2 * record.rounds
-    assert record.unstable == () and record.spent_s > 0, record
+    assert record.found == (POINT,) and record.remeasured == (POINT,) and record.rounds >= 1
+    assert record.extra_blocks == 2 * record.rounds and record.unstable == () and record.spent_s > 0, record
     assert [p.role for p in run.meta.processes][3:] == ["remeasure"] * record.rounds
+    first = run.meta.processes[3]  # the spare: started beside the planned workers, charged from its go only
+    assert record.spare and (record.rounds > 1 or record.spent_s < first.wall_s - first.startup_s + 0.5)
     assert (run.rows["repetitions"] == 3 + record.rounds).all() and run.meta.completed
-    key = ("slow_host", "int32", "fragmented", 8192, 64)
-    assert run.processes[key][:3] == (0, 1, 2) and set(run.processes[key][3:]) == set(range(3, 3 + record.rounds))
-    medians = np.array([np.median(b) for b in run.samples[key]])
+    assert run.processes[KEY][:3] == (0, 1, 2) and set(run.processes[KEY][3:]) == set(range(3, 3 + record.rounds))
+    medians = np.array([np.median(b) for b in run.samples[KEY]])
     assert medians[0] > 2 * np.median(medians[1:])  # the disturbance was there, large and obvious
-    [ratio] = analyze(run).ratios
-    undisturbed = [np.log(np.median(d) / np.median(h)) for p, d, h in zip(
-        run.processes[key], run.samples[("slow_device", *key[1:])], run.samples[key], strict=True) if p != 0]
-    assert ratio.ratio == pytest.approx(math.exp(np.mean(undisturbed)), rel=0.05)  # the undisturbed processes' ratio
-    assert ratio.ci_low <= ratio.ratio <= ratio.ci_high and not ratio.unstable
     analysis = analyze(run)
+    [ratio] = analysis.ratios
+    assert ratio.ratio == pytest.approx(undisturbed_ratio(run), rel=0.05)  # the undisturbed processes' ratio
+    assert ratio.left_out.startswith("0 (") and ratio.processes == 2 + record.rounds and ratio.stability == STABLE
+    assert ratio.ci_low <= ratio.ratio <= ratio.ci_high < 1 and ratio.verdict == FASTER  # judged, once replaced
     for variant, time in ((ratio.variant, ratio.variant_median_us), (ratio.baseline, ratio.baseline_median_us)):
         band = analysis.time_band(variant, "int32", "fragmented", 64, 8192)  # a chart's marker is the table's time
         assert band is not None and band.ratio == pytest.approx(time, rel=1e-12) and band.ci_low <= band.ratio <= band.ci_high
 
 
 def test_a_budget_of_0_runs_the_plan_and_nothing_more(pytester, monkeypatch):
-    """Today's behaviour: the planned blocks, in the planned processes and order, the rows as ever, nothing flagged."""
+    """The planned blocks, in the planned processes and order, the rows as ever; the disturbed process is still left
+    out of the centre, and the interval, over every process, keeps what the disturbance did."""
     _, run = sweep(pytester, monkeypatch, "--kv-remeasure-budget", "0")
     assert run.meta.remeasure.note == "off: --kv-remeasure-budget 0" and run.meta.remeasure.rounds == 0
     assert [p.role for p in run.meta.processes] == ["worker", "worker", "session"]
@@ -100,84 +115,87 @@ def test_a_budget_of_0_runs_the_plan_and_nothing_more(pytester, monkeypatch):
         (b.variant, b.repetition, b.order, b.process) for b in planned]
     assert tuple(pd.read_csv(run.path / RESULTS_CSV).columns) == POINTS.columns
     assert (run.rows["repetitions"] == 3).all() and (run.rows["status"] == "ok").all()
-    assert run.rows.set_index("variant").loc["slow_host", "rep_spread"] > 0.1  # it would have been re-measured
-    [ratio] = analyze(run).ratios
-    assert ratio.ratio == paired_ratio(*(levels_of(run, v) for v in ("slow_host", "slow_device"))).interval.ratio
-    assert not ratio.unstable and "**Re-measurement** of unstable points: off: --kv-remeasure-budget 0" in render(analyze(run))
+    analysis = analyze(run)
+    [ratio] = analysis.ratios
+    every = paired_ratio(*(levels_of(run, v) for v in ("slow_host", "slow_device"))).interval
+    assert ratio.ratio == pytest.approx(undisturbed_ratio(run), rel=0.05) and ratio.left_out.startswith("0 (")
+    assert ratio.ci_low <= min(every.ci_low, ratio.ratio) and ratio.ci_high >= max(every.ci_high, ratio.ratio)
+    assert "**Re-measurement** of disturbed pairs: no round ran (off: --kv-remeasure-budget 0)" in render(analysis)
 
 
 def levels_of(run, variant: str) -> Levels:
-    key = (variant, "int32", "fragmented", 8192, 64)
+    key = (variant, *KEY[1:])
     return Levels(np.log([np.median(b) for b in run.samples[key]]), np.array(run.processes[key]))
 
 
-def test_a_process_apart_from_the_others_is_outlying_and_a_point_settles_without_it():
+def test_a_process_apart_from_the_others_is_left_out_and_a_pair_settles_without_it():
     values = np.log([3.0, 1.0, 1.02, 0.99])
-    levels = Levels(values, np.arange(4))
-    assert outlying(levels, 0.10) == {0}
-    assert settled(levels, 3, 0.10) and not settled(levels, 4, 0.10)  # 3 processes agree; the plan asked for 3
-    assert not settled(Levels(values[:3], np.arange(3)), 3, 0.10)  # with only 3, the disturbed one cannot be left out
-    assert outlying(Levels(np.log([1.0, 1.08, 0.95]), np.arange(3)), 0.10) == set()  # the usual spread is not outlying
+    found = disturbance(Levels(values, np.arange(4)), spread=0.02)
+    assert found.processes == {0} and found.left_out[0].factor == pytest.approx(3.0, rel=0.03)
+    assert found.settled(3) and not found.settled(4)  # 3 processes agree; the plan asked for 3
+    assert not disturbance(Levels(values[:3], np.arange(3)), 0.02).settled(3)  # left out, but not yet replaced
+    assert disturbance(Levels(np.log([1.0, 1.08, 0.95]), np.arange(3)), 0.05).left_out == ()  # the usual spread
+    far = disturbance(Levels(np.log([1.0, 1.0, 1.6]), np.arange(3)), spread=1.0)  # a spread that hides nothing at 1.5x
+    assert far.processes == {2} and DEFAULT_FACTOR < 1.6
 
 
-def test_a_re_measured_ratio_leaves_out_a_disturbed_process_and_its_interval_keeps_it():
+def test_a_box_whose_processes_move_together_disturbs_nothing_and_gets_verdicts(tmp_path):
+    """Every process shifts every variant alike, by up to +-15%: the paired ratios cancel it, so no process stands
+    apart and the verdicts come from the intervals (the H200 VM: process 3 fastest, 0 and 4 slowest for all)."""
+    points = {(v, L, 64): m for v, m in (("host_stride", 10.0), ("device_stride", 5.0), ("device_shift", 9.6))
+              for L in (512, 8192)}
+    together = (1.15, 0.85, 1.0, 0.9, 1.12, 0.97)
+    folder = synthetic_run(tmp_path / "run", points, processes=6, repetitions=6, rep_spread=0.01, shifts=together)
+    analysis = analyze(load_run(folder))
+    assert analysis.noise.time_between_process > 0.1  # the times do spread between processes
+    assert all(r.left_out == "" and r.stability == STABLE for r in analysis.ratios)
+    assert {r.verdict for r in analysis.ratios_of("device_stride")} == {FASTER}
+
+
+def test_a_noisy_third_variant_leaves_the_pair_under_review_judged(tmp_path):
+    """host_mirror's sub-µs calls spread 25% between repetitions: its own pair is what that noise touches."""
+    points = {(v, L, 64): m for v, m in (("host_stride", 10.0), ("device_stride", 5.0), ("host_mirror", 0.8))
+              for L in (512, 8192)}
+    folder = synthetic_run(tmp_path / "run", points, processes=6, repetitions=6, rep_spread=0.01,
+                           own_spread={"host_mirror": 0.25})
+    analysis = analyze(load_run(folder))
+    assert {(r.verdict, r.stability, r.left_out) for r in analysis.ratios_of("device_stride")} == {(FASTER, STABLE, "")}
+
+
+def test_a_pair_with_more_than_a_minority_apart_is_disturbed_and_its_finding_says_so(tmp_path):
+    points = {(v, L, 64): m for v, m in (("host_stride", 10.0), ("device_stride", 5.0)) for L in (512, 8192)}
+    apart = (1.0, 1.0, 1.0, 3.0, 0.33, 2.5)  # three processes apart, each its own way: not a minority of six
+    folder = synthetic_run(tmp_path / "run", points, processes=6, repetitions=6, own_shifts={"device_stride": apart})
+    analysis = analyze(load_run(folder))
+    assert {(r.verdict, r.stability, r.left_out, r.processes) for r in analysis.ratios} == {(DISTURBED, DISTURBED, "", 6)}
+    said = findings_section(analysis)
+    cited = next(f for f in findings(analysis) if f.question == "Crossover")
+    assert f"`{cited.id}` | {cited.status}{STABILITY_SAID[DISTURBED]} |" in said
+    assert "**disturbed**" not in next(line for line in said.splitlines() if line.startswith("| Bytes per call"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-3, 3), min_size=3, max_size=12), st.floats(0.0, 0.5))
+def test_a_centre_never_rests_on_fewer_than_a_majority_of_processes(levels, spread):
+    found = disturbance(Levels(np.array(levels), np.arange(len(levels))), spread)
+    assert found.kept > len(levels) / 2 and found.kept + len(found.left_out) == len(levels)
+    assert not (found.left_out and found.beyond)
+
+
+def test_a_pair_leaves_out_its_disturbed_process_and_keeps_the_interval_of_every_process_until_replaced():
     base = Levels(np.log([12.0, 4.0, 4.1, 3.9, 4.0]), np.arange(5))
     other = Levels(np.log([2.0, 2.0, 2.1, 1.95, 2.02]), np.arange(5))
-    left_out = outlying(Levels(other.values - base.values, base.processes), 0.10)
+    left_out = disturbance(Levels(other.values - base.values, base.processes), 0.02).processes
     assert left_out == {0}
-    every, trimmed = paired_ratio(base, other), trimmed_ratio(base, other, left_out)
-    assert every.interval.ratio < 0.45 and trimmed.interval.ratio == pytest.approx(0.5, rel=0.02)
-    assert trimmed.interval.ratio == pytest.approx(trimmed.variant_us / trimmed.baseline_us, rel=1e-12)
-    assert trimmed.interval.ci_low <= every.interval.ci_low and trimmed.interval.ci_high >= trimmed.interval.ratio
-    assert trimmed.repetitions == 5 and trimmed.processes == 5
+    every = paired_ratio(base, other)
+    waiting, replaced = kept_ratio(base, other, left_out, settled=False), kept_ratio(base, other, left_out, settled=True)
+    assert every.interval.ratio < 0.45 and waiting.interval.ratio == pytest.approx(0.5, rel=0.02)
+    assert waiting.interval.ratio == pytest.approx(waiting.variant_us / waiting.baseline_us, rel=1e-12)
+    assert waiting.interval.ci_low <= every.interval.ci_low and waiting.interval.ci_high >= waiting.interval.ratio
+    assert replaced.interval.ratio == waiting.interval.ratio and replaced.processes == 4
+    assert replaced.interval.ci_high - replaced.interval.ci_low < waiting.interval.ci_high - waiting.interval.ci_low
 
 
-def test_an_unstable_point_is_never_faster_or_slower():
+def test_a_disturbed_pair_is_never_faster_or_slower():
     clear = Interval(0.5, 0.45, 0.55, 6, 0.95, "process")
-    assert judge(clear, 0.02) == FASTER and judge(clear, 0.02, unstable=True) == UNCLEAR
-
-
-def test_a_finding_on_a_point_still_unstable_says_so_and_a_bytes_finding_does_not(tmp_path, reported_reference):
-    import json
-    import shutil
-
-    from kvpages.analysis.findings import findings
-    from kvpages.render.report import UNSTABLE_SAID, findings_section
-
-    folder = tmp_path / "run"
-    shutil.copytree(reported_reference.path, folder)
-    meta = json.loads((folder / "meta.json").read_text())
-    cited = {f.question: f.id for f in findings(analyze(load_run(folder)))}
-    points = sorted({i.split("-", 2)[2] for i in (cited["Bytes per call"], cited["Crossover"])})  # r-<variant>-<point>
-    meta["remeasure"] = {"stable_spread": 0.1, "budget_fraction": 0.25, "budget_s": 10.0, "planned_processes": 6,
-                         "note": "stopped", "remeasured": points, "rounds": 1, "extra_repetitions": 2, "extra_blocks": 10,
-                         "spent_s": 4.0, "timed_s": 1.0, "unstable": points}
-    (folder / "meta.json").write_text(json.dumps(meta))
-    analysis = analyze(load_run(folder))
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in findings_section(analysis).splitlines()}
-    assert rows["Crossover"].endswith(f"`{cited['Crossover']}` | {findings(analysis)[2].status}{UNSTABLE_SAID} |")
-    assert "**unstable**" not in rows["Bytes per call"]  # metered bytes are exact whatever the timing did
-    assert all(r.verdict not in ("faster", "slower") for r in analysis.ratios if r.unstable) and analysis.unstable
-
-
-def test_a_box_whose_every_point_stays_unstable_is_told_which_spread_it_has_and_what_to_do(tmp_path):
-    """The H200 VM's default grid: every point's block medians spread 14%, no round could settle any; the method
-    section names the box's spread and the option that lets such points be judged. A run whose few unstable points
-    are disturbances (the box's spread under the threshold) is told nothing of the kind."""
-    import json
-
-    from conftest import synthetic_run
-
-    from kvpages.render.report import remeasure_paragraph
-
-    points = {(v, L, 64): m for v, m in (("host_stride", 10.0), ("device_stride", 8.0)) for L in (512, 8192)}
-    for spread, said in ((0.20, True), (0.01, False)):
-        folder = synthetic_run(tmp_path / f"s{spread}", points, rep_spread=spread, processes=6, repetitions=6)
-        meta = json.loads((folder / "meta.json").read_text())
-        every = ["s512-p64-int32-fragmented", "s8192-p64-int32-fragmented"]
-        meta["remeasure"] = {"stable_spread": 0.1, "budget_fraction": 0.25, "budget_s": 2.0, "planned_processes": 6,
-                             "note": "stopped", "remeasured": every, "rounds": 0, "extra_repetitions": 0,
-                             "extra_blocks": 0, "spent_s": 0.0, "timed_s": 0.0, "unstable": every}
-        (folder / "meta.json").write_text(json.dumps(meta))
-        text = remeasure_paragraph(analyze(load_run(folder)))
-        assert ("raise `--kv-stable-spread` above" in text) is said, text
+    assert judge(clear, 0.02) == FASTER and judge(clear, 0.02, disturbed=True) == DISTURBED

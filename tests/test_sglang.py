@@ -234,11 +234,14 @@ def test_a_baseline_of_one_s_own_reaches_ratios_findings_citations_and_compare(p
     analysis = analyze(load_run(folder))
     assert "sglang@old" in analysis.host_work and "sglang@new" not in analysis.host_work
     r = next(r for r in analysis.ratios_of("sglang@new") if r.page_size == 16)
+    twin = analysis.time_band("sglang@old", r.dtype, r.layout, 1, r.seq_len)  # the same copy at p=1, no stride
+    assert twin is not None
+    stride = max(0.0, r.baseline_median_us - twin.ratio)
     for p in point_predictions(analysis, r):  # sglang@old: its measured stride, no device op; sglang@new: one op
-        assert p.baseline_us == pytest.approx(r.baseline_median_us + p.profile.modeled_us(r.baseline_d2h_bytes, 1, 0))
+        assert p.baseline_us == pytest.approx(stride + p.profile.modeled_us(r.baseline_d2h_bytes, 1, 0))
         assert p.variant_us == pytest.approx(p.profile.modeled_us(r.variant_d2h_bytes, 1, 1))
     first = findings(analysis)[0]
-    assert first.answer.startswith("Is sglang@new faster than the baseline `sglang@old`? Predicted (model)")
+    assert first.question == "sglang@new vs sglang@old" and first.answer.startswith("Predicted (model) at ")
     assert f"`{first.id}`" in (folder / "REPORT.md").read_text() and first.id.endswith("-vs-sglang@old")
     assert main(["cite", str(folder), first.id]) == 0
     assert "sglang@new / sglang@old" in capsys.readouterr().out

@@ -168,7 +168,8 @@ def test_every_option_renders_back():
                "--kv-prefix": "0", "--kv-step-sizes": "2", "--kv-step-lens": "fixed:16", "--kv-step-variants": "s",
                "--kv-results": "r", "--kv-sglang": "0.5.15,/src/sglang/python", "--kv-baseline": "sglang@0.5.15",
                "--kv-breakdown": "off", "--kv-link-profile": "mine.toml,theirs.toml",
-               "--kv-stable-spread": "0.15", "--kv-remeasure-budget": "0.0",
+               "--kv-disturb-factor": "1.5", "--kv-remeasure-budget": "0.0", "--kv-adaptive-threshold": "4096",
+               "--kv-threads": "2", "--kv-cpus": "0-1", "--kv-bandwidth-probe": "off",
                "--kv-rank-timeout": "30.0"}
     assert set(samples) == {o.flag for o in OPTIONS}
     for option in OPTIONS:

@@ -1,75 +1,45 @@
-"""The answers a design review asks for, each with its figure, the id of the row behind it, and a status (no torch).
-On a run that crossed no link, a time finding is the model's prediction per link profile, status `MODEL`: measured
-host-side ratios are evidence, never a finding; a CUDA run's findings are measured, one against the model."""
+"""The answers a design review of the merged PR asks for, each setting the merged PR against pre-PR, per call and per
+step, with its figure, the id of the row behind it and a status (no torch). On a run that crossed no link, a time
+finding is the model's prediction per link profile (status MODEL), with the measured figure of a CUDA run of the same
+points beside it where there is one (kvpages.analysis.gpu_answer); a CUDA run's findings are measured, one set against
+the model. The best alternative is a recommendation (kvpages.analysis.recommend), not a finding."""
 
 from __future__ import annotations
 
-import difflib
-from dataclasses import dataclass
-
 import pandas as pd
 
-from kvpages.analysis.cite import CiteError, commit_text, fraction, interval_of, interval_text, sig
-from kvpages.analysis.predict import Prediction, crossover, point_predictions, scenario_predictions
-from kvpages.analysis.ratios import Analysis, ScenarioRatio
-from kvpages.analysis.verdicts import FASTER, SAME, SLOWER
-from kvpages.core.links import LinkProfile, device_ops, profile_for
-from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, label, per_request_name
+from kvpages.analysis.cite import sig
+from kvpages.analysis.families import ScenarioRatio
+from kvpages.analysis.gpu_answer import GpuAnswer
+from kvpages.analysis.predict import crossover, point_predictions, scenario_predictions
+from kvpages.analysis.ratios import Analysis
+from kvpages.analysis.recommend import PINNED, SHORTCUT
+from kvpages.analysis.verdicts import DISTURBED, FASTER, SAME, SLOWER
+from kvpages.analysis.wording import (
+    MEASURED,
+    MODEL,
+    NEEDS_GPU,
+    Finding,
+    bytes_figure,
+    figure,
+    predicted_figure,
+    predicted_range,
+    short,
+    spread,
+)
+from kvpages.core.links import profile_for
+from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, per_request_name
 from kvpages.core.sglang import PREFIX
-from kvpages.schema.rows import RatioRow
-
-MEASURED, NEEDS_GPU = "measured here", "needs a GPU run"
-GPU_COMMAND = "make gpu-check"  # measures on a CUDA machine what a CPU run's model predicts (bench/gpu_check.sh)
-MODEL = f"model: confirm with a GPU run (`{GPU_COMMAND}`)"
-BATCHED = "batched_device_stride"
 
 
-@dataclass(frozen=True)
-class Finding:
-    question: str
-    answer: str
-    figure: str  # with its interval and coverage, as the row behind it gives it ('-': none)
-    id: str  # the ratios.csv or scenarios.csv row id behind the figure ('-': none)
-    status: str
-    timed: bool = True  # the figure rests on the row's times (False: metered bytes, exact whatever the timing noise)
+def _status(analysis: Analysis, gpu: GpuAnswer | None, row_id: str) -> str:
+    if analysis.run.link_crossed:
+        return MEASURED
+    return MODEL if gpu is None or gpu.ratio(row_id) is None else f"model; measured on {gpu.machine} (answer)"
 
 
-def bytes_figure(r: RatioRow) -> str:
-    return f"{r.variant_d2h_bytes:,} / {r.baseline_d2h_bytes:,} bytes = {fraction(r.bytes_ratio)} (metered, exact)"
-
-
-def figure(r: RatioRow | ScenarioRatio) -> str:
-    """A ratio with its interval and verdict; 'same' says within what."""
-    interval = r.interval if isinstance(r, ScenarioRatio) else interval_of(r)
-    said = f"same (within the {sig(100 * r.min_effect)}% minimum effect)" if r.verdict == SAME else r.verdict
-    return f"{interval_text(interval)}: {said}"
-
-
-def profile_name(profile: LinkProfile) -> str:
-    if profile.origin != "built-in":
-        return f"{profile.label} ({'fitted' if profile.fitted else 'your'} profile {profile.name})"
-    return f"{profile.label}{' (what-if)' if profile.pinned else ''}"
-
-
-def bounded(p: Prediction) -> str:
-    """'1.36 [1.21 if launch 0.5x, 1.58 if all 2x]': a predicted ratio and its range over the profile's variations."""
-    if sig(p.low) == sig(p.high):
-        return f"{sig(p.ratio)} [at every bound]"
-    return f"{sig(p.ratio)} [{sig(p.low)} if {p.low_by}, {sig(p.high)} if {p.high_by}]"
-
-
-def predicted_figure(predictions: tuple[Prediction, ...], baseline: str = BASELINE) -> str:
-    """'PCIe Gen5 x16, pageable 1.05 [0.98 if ..., 1.2 if ...]; ... (model: predicted time / pre-PR's; ...)'."""
-    parts = "; ".join(f"{profile_name(p.profile)} {bounded(p)}" for p in predictions)
-    return f"{parts} (model: predicted time / {called(baseline)}'s [its range at the terms' bounds])"
-
-
-def predicted_range(predictions: tuple[Prediction, ...]) -> str:
-    """'1.05-1.52x (0.93-2.1x at the terms' bounds)': over the profiles, then over their variations too."""
-    def span(low: float, high: float) -> str:
-        return f"{sig(low)}x" if sig(low) == sig(high) else f"{sig(low)}-{sig(high)}x"
-    return (f"{span(min(p.ratio for p in predictions), max(p.ratio for p in predictions))} "
-            f"({span(min(p.low for p in predictions), max(p.high for p in predictions))} at the terms' bounds)")
+def _gpu(gpu: GpuAnswer | None, row_id: str) -> str:
+    return "" if gpu is None else gpu.said(row_id)
 
 
 def _bytes(analysis: Analysis) -> Finding | None:
@@ -84,63 +54,82 @@ def _bytes(analysis: Analysis) -> Finding | None:
     return Finding("Bytes per call", answer, bytes_figure(top), top.id, MEASURED, timed=False)
 
 
-def _page1(analysis: Analysis) -> Finding | None:
+def _step_at(analysis: Analysis, variant: str, page_size: int) -> tuple[ScenarioRatio, int] | None:
+    """`variant`'s ratio on the largest idle-queue step of `page_size`, and that step's B."""
+    frame = analysis.run.scenarios
+    if frame is None:
+        return None
+    steps = frame[(frame["kind"] == "step") & (frame["busy_us"] == 0) & (frame["page_size"] == page_size)
+                  & (frame["variant"] == variant)].sort_values("requests")
+    found = [(r, int(b)) for s, b in zip(steps["scenario"], steps["requests"], strict=True)
+             if (r := analysis.scenario_ratio(str(s), variant, "blocked")) is not None]
+    return found[-1] if found else None
+
+
+def _page1(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
     rows = [r for r in analysis.ratios_of(CANDIDATE) if r.page_size == 1]
     if not rows:
         return None
+    step = _step_at(analysis, STEP_CANDIDATE, 1)
     if not analysis.run.link_crossed:
-        worst = max(rows, key=lambda r: max(p.ratio for p in point_predictions(analysis, r)))
-        every = [p for r in rows for p in point_predictions(analysis, r)]
-        answer = (f"At page size 1 the bytes are equal, and the merged PR launches one device op before the same copy: "
-                  f"predicted at {predicted_range(tuple(every))} pre-PR's time (model) over the {len(rows)} swept "
-                  f"lengths and {len(every) // len(rows)} link profiles; the page_size == 1 shortcut launches none, "
-                  f"so the model prices it as pre-PR's copy.")
-        return Finding("Page size 1 regression", answer, predicted_figure(point_predictions(analysis, worst)), worst.id, MODEL)
+        priced = [(r, found) for r in rows if (found := point_predictions(analysis, r))]
+        worst = max(priced, key=lambda t: max(p.ratio for p in t[1]))[0] if priced else rows[0]
+        on_step = "" if step is None else (f", a B={step[1]} step "
+                                           f"{predicted_range(scenario_predictions(analysis, step[0]), False)}")
+        answer = (f"One kernel more before the same copy: predicted "
+                  f"{predicted_range(tuple(p for _, f in priced for p in f), False)} pre-PR's time per call{on_step} "
+                  f"(model).{_gpu(gpu, worst.id)}")
+        return Finding("Page size 1: per call and per step", answer, predicted_figure(point_predictions(analysis, worst)),
+                       worst.id, _status(analysis, gpu, worst.id))
     worst = max(rows, key=lambda r: r.ratio)
-    slower = sum(r.verdict == "slower" for r in rows)
-    shortcut = [r for r in analysis.ratios if r.variant == "device_stride_shortcut" and r.page_size == 1]
-    back = (f"; with the page_size == 1 shortcut restored it is the same at {sum(r.verdict == 'same' for r in shortcut)}"
-            f" of {len(shortcut)}") if shortcut else ""
-    unstable = sum(r.unstable for r in rows)
-    held = f" ({unstable} of {len(rows)} lengths still unstable after re-measurement, so not judged)" if unstable else ""
-    answer = (f"At page size 1 the bytes are equal, and the merged PR is slower than pre-PR at {slower} of {len(rows)} "
-              f"lengths{held}, up to {sig(worst.ratio)}x at L={worst.seq_len}{back}.")
-    return Finding("Page size 1 regression", answer, figure(worst), worst.id, MEASURED)
+    slower = [r for r in rows if r.verdict == SLOWER]
+    held = sum(r.verdict == DISTURBED for r in rows)
+    shortcut = [r for r in analysis.ratios if r.variant == SHORTCUT and r.page_size == 1]
+    back = (f"; the shortcut restored: {spread([r.ratio for r in shortcut])}, same at "
+            f"{sum(r.verdict == SAME for r in shortcut)} of {len(shortcut)}") if shortcut else ""
+    per_step = "" if step is None else f"; a B={step[1]} step, one D2H per request: {short(step[0])}"
+    answer = (f"Bytes equal; the merged PR is slower than pre-PR at {len(slower)} of {len(rows)} lengths "
+              f"({spread([r.ratio for r in rows])}){f', {held} disturbed' if held else ''}{per_step}{back}.")
+    return Finding("Page size 1: per call and per step", answer, figure(worst), worst.id, MEASURED)
 
 
-def _predicted_crossover(analysis: Analysis, rows: list[RatioRow]) -> Finding:
-    parts, first = [], None
-    for page_size in sorted({r.page_size for r in rows}):
-        at = [r for r in rows if r.page_size == page_size]
-        found = [crossover(analysis, at, p) for p in analysis.predicting]
-        parts.append(f"p={page_size}: " + ", ".join(f"{profile_name(c.profile)} {c.at(c.seq_len)} ({c.hangs_on()})"
-                                                      for c in found))
-        if first is None and any(c.seq_len for c in found):
-            first = min((r for r in at if r.seq_len == min(c.seq_len for c in found if c.seq_len)), key=lambda r: r.seq_len)
-    cited = first or max(rows, key=lambda r: (r.page_size, r.seq_len))
-    answer = ("Predicted crossover (model: the smallest swept L at which the merged PR's predicted time is below "
-              f"pre-PR's), per page size and link profile, with the terms it hangs on: {'; '.join(parts)}.")
-    return Finding("Crossover", answer, predicted_figure(point_predictions(analysis, cited)), cited.id, MODEL)
-
-
-def _crossover(analysis: Analysis) -> Finding | None:
+def _crossover(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
     rows = [r for r in analysis.ratios_of(CANDIDATE) if r.page_size > 1]
     if not rows:
         return None
     if not analysis.run.link_crossed:
-        return _predicted_crossover(analysis, rows)
+        parts, first = [], None
+        for page_size in sorted({r.page_size for r in rows}):
+            at = [r for r in rows if r.page_size == page_size]
+            predicted = [crossover(analysis, at, p) for p in analysis.predicting if not p.pinned]
+            lengths = sorted({c.seq_len for c in predicted if c.seq_len})
+            said = "none" if not lengths else f"L={lengths[0]}" + (f"-{lengths[-1]}" if len(lengths) > 1 else "")
+            parts.append(f"p={page_size}: {said}" + (" or none" if lengths and None in {c.seq_len for c in predicted}
+                                                     else ""))
+            if first is None and any(c.seq_len for c in predicted):
+                first = min((r for r in at if r.seq_len == min(c.seq_len for c in predicted if c.seq_len)),
+                            key=lambda r: r.seq_len)
+        cited = first or max(rows, key=lambda r: (r.page_size, r.seq_len))
+        measured = [] if gpu is None else [c for c in gpu.analysis.crossovers if c.page_size > 1 and c.seq_len]
+        said = "; ".join(f"p={c.page_size} L={c.seq_len}" for c in measured)
+        answer = (f"Predicted first below pre-PR (model, pageable profiles) at {'; '.join(parts)}."
+                  f"{f' Measured on {gpu.machine}: {said}.' if gpu and said else ''}")
+        return Finding("Crossover", answer, predicted_figure(point_predictions(analysis, cited)), cited.id,
+                       _status(analysis, gpu, cited.id))
     found = [c for c in analysis.crossovers if c.seq_len is not None and c.page_size > 1]
     if found:
         c = min(found, key=lambda c: (c.seq_len, c.page_size))
-        cited = analysis.ratio_at(CANDIDATE, c.dtype, c.layout, c.page_size, int(c.seq_len or 0))
-        assert cited is not None
-        answer = (f"The merged PR is faster than pre-PR from L={c.seq_len} at page size {c.page_size}"
-                  f" ({len(found)} of {len(analysis.crossovers)} page sizes cross within the sweep).")
-    elif below := [r for r in rows if r.unstable and r.ci_high < 1]:  # faster by its interval, but never judged so
+        cited_row = analysis.ratio_at(CANDIDATE, c.dtype, c.layout, c.page_size, int(c.seq_len or 0))
+        assert cited_row is not None
+        each = ", ".join(f"p={x.page_size}: L={x.seq_len}" for x in found)
+        answer = (f"The merged PR is judged faster than pre-PR from {each}; slower at every shorter swept length "
+                  f"({len(found)} of {len([x for x in analysis.crossovers if x.page_size > 1])} page sizes cross).")
+        return Finding("Crossover", answer, figure(cited_row), cited_row.id, MEASURED)
+    if below := [r for r in rows if r.verdict == DISTURBED and r.ci_high < 1]:  # below 1, but never judged so
         cited = min(below, key=lambda r: (r.seq_len, r.page_size))
         answer = (f"Not judged: the merged PR's interval lies below pre-PR's time at {len(below)} of {len(rows)} "
-                  f"swept points (p > 1), the shortest L={cited.seq_len} at p={cited.page_size}, but each is still "
-                  f"unstable after re-measurement, so none is judged faster (see Method).")
+                  f"swept points (p > 1), the shortest L={cited.seq_len} at p={cited.page_size}, but each is "
+                  f"disturbed (more than a minority of its processes apart), so none is judged faster (see Method).")
     else:
         cited = min(rows, key=lambda r: r.ratio)
         answer = (f"No crossover: at no swept point (p > 1) is the merged PR faster than pre-PR beyond the noise "
@@ -151,12 +140,11 @@ def _crossover(analysis: Analysis) -> Finding | None:
 def _moved(row, base: bool = False) -> str:
     """A scenario row's D2H per request or step, and its host syncs where the meter counted them."""
     moved = f"{row['d2h_bytes']:,} {'in' if base else 'bytes in'} {row['d2h_transfers']}"
-    if pd.isna(row["host_syncs"]):
-        return moved if base else f"{moved} D2H"
-    return f"{moved} D2H and {row['host_syncs']} host sync(s)"
+    return moved if pd.isna(row["host_syncs"]) else f"{moved} D2H, {row['host_syncs']} sync(s)"
 
 
-def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: str | None) -> Finding | None:
+def _scenario(analysis: Analysis, gpu: GpuAnswer | None, question: str, kind: str, variant: str,
+              side: str | None) -> Finding | None:
     base = analysis.run.scenarios
     if base is None:
         return None
@@ -171,64 +159,83 @@ def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: 
         return None
     page_size, size, row, ratio = sorted(found, key=lambda t: (t[0], t[1]))[-1]  # the largest page size, then size
     base_row = base[(base["scenario"] == row["scenario"]) & (base["variant"] == analysis.scenario_baseline)].iloc[0]
-    what = f"L={size}" if kind == "request" else f"B={size} requests"
-    moved = f"{what} at page size {page_size}: {_moved(row)} against {_moved(base_row, base=True)}"
+    what = f"L={size}" if kind == "request" else f"B={size}"
+    moved = f"{what}, p={page_size}: {_moved(row)} against {_moved(base_row, base=True)}"
     named = called(analysis.scenario_baseline)
     if not analysis.run.link_crossed:
         predictions = scenario_predictions(analysis, ratio)
-        ops = device_ops(variant, page_size, int(row["calls"]), analysis.host_side(variant))
-        syncs = row["d2h_transfers"] if pd.isna(row["host_syncs"]) else row["host_syncs"]
-        answer = (f"{moved}, {ops} device op(s) and {syncs} sync(s); predicted per {kind} at "
-                  f"{predicted_range(predictions)} {named}'s time (model).")
-        return Finding(question, answer, predicted_figure(predictions, ratio.baseline), ratio.id, MODEL)
-    answer = f"{moved}; per {kind} {sig(ratio.variant_us)} µs against {named}'s {sig(ratio.baseline_us)} µs."
+        answer = f"{moved}; predicted {predicted_range(predictions, False)} {named}'s time (model).{_gpu(gpu, ratio.id)}"
+        return Finding(question, answer, predicted_figure(predictions), ratio.id, _status(analysis, gpu, ratio.id))
+    answer = f"{moved}; {sig(ratio.variant_us)} µs against {named}'s {sig(ratio.baseline_us)} µs."
     return Finding(question, answer, figure(ratio), ratio.id, MEASURED)
 
 
-def _blocked(analysis: Analysis) -> Finding:
+def _blocked(analysis: Analysis, gpu: GpuAnswer | None) -> Finding:
+    """The merged PR behind a busy device queue: how long it blocks the scheduler thread against pre-PR."""
     frame = analysis.run.scenarios
     assert frame is not None  # `findings` asks only a run with scenarios
     busy = frame[frame["busy_us"] > 0]
     ok = busy[busy["status"] == "ok"]
+    question = "Scheduler thread blocked (busy queue)"
+    candidate = busy[busy["variant"] == STEP_CANDIDATE]
+    cited = "-" if candidate.empty else str(candidate["id"].iloc[0])
     if not analysis.run.link_crossed or ok.empty:
-        candidate = busy[busy["variant"] == STEP_CANDIDATE]
-        cited = "-" if candidate.empty else str(candidate["id"].iloc[0])
-        return Finding("Scheduler thread blocked", "Not measurable here: without a device queue the scheduler thread is "
-                       "blocked exactly as long as the data takes to be ready; the busy-queue scenario needs CUDA.",
-                       "-", cited, NEEDS_GPU)
-    ratios = [r for r in analysis.scenario_ratios if r.latency == "blocked" and r.scenario in set(ok["scenario"])]
-    if not ratios:  # every busy-queue ratio needs pre-PR's row of the same scenario, which did not come out ok
+        return Finding(question, "Not measurable here: without a device queue the scheduler thread is blocked exactly "
+                       f"as long as the data takes to be ready; the busy-queue scenario needs CUDA.{_gpu(gpu, cited)}",
+                       "-", cited, NEEDS_GPU if gpu is None or gpu.ratio(cited) is None else
+                       f"needs a GPU run; measured on {gpu.machine} (answer)")
+    ratio = next((r for r in analysis.scenario_ratios if r.latency == "blocked" and r.variant == STEP_CANDIDATE
+                  and r.scenario in set(ok["scenario"])), None)
+    if ratio is None:  # the ratio needs pre-PR's row of the same scenario, which did not come out ok
         base = busy[busy["variant"] == analysis.scenario_baseline]
         why = "; ".join(sorted({f"{s}" + (f" ({n})" if n else "") for s, n in zip(base["status"], base["note"], strict=True)
                                 if s != "ok"})) or "no row"
-        return Finding("Scheduler thread blocked", f"No ratio: the baseline `{analysis.scenario_baseline}` is "
-                       f"missing behind the busy queue ({why}), so no variant can be set against it.",
-                       "-", "-", "baseline missing")
-    best = min(ratios, key=lambda r: r.interval.ratio)
-    answer = (f"Behind a busy device queue, {label(best.variant)} blocks the scheduler thread "
-              f"{sig(best.interval.ratio)}x as long as {called(best.baseline)}.")
-    return Finding("Scheduler thread blocked", answer, figure(best), best.id, MEASURED)
+        return Finding(question, f"No ratio: `{analysis.scenario_baseline}` or the merged PR is missing behind the "
+                       f"busy queue ({why}).", "-", "-", "baseline missing")
+    answer = (f"Behind a busy device queue the merged PR blocks the scheduler thread {sig(ratio.variant_us)} µs a step "
+              f"against pre-PR's {sig(ratio.baseline_us)} µs (the busy queue's own wait included in both).")
+    return Finding(question, answer, figure(ratio), ratio.id, MEASURED)
+
+
+def _pinned(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
+    """SGLang 0.5.23's per-request pinned copy against pre-PR, per call, at the shortest and longest length."""
+    source = analysis if analysis.run.link_crossed else (gpu.analysis if gpu else None)
+    if source is None or not source.ratios_of(PINNED):
+        return None
+    rows = [r for r in source.ratios_of(PINNED) if r.page_size == max(x.page_size for x in source.ratios_of(PINNED))]
+    short_at, long_at = min(rows, key=lambda r: r.seq_len), max(rows, key=lambda r: r.seq_len)
+    where = "" if source is analysis else f" (measured on {source.run.device_name}, run {source.run.run_id})"
+    answer = (f"SGLang 0.5.23's non-blocking copy into pinned memory, waited on an event, against pre-PR at "
+              f"p={short_at.page_size}: {short(short_at)} at L={short_at.seq_len}, {short(long_at)} at "
+              f"L={long_at.seq_len}{where}.")
+    status = MEASURED if source is analysis else f"needs a GPU run; measured on {source.run.device_name}"
+    return Finding("SGLang 0.5.23's pinned copy", answer, figure(short_at), short_at.id, status)
 
 
 def _model_check(analysis: Analysis) -> Finding | None:
-    """The model's merged PR time per call against the measured one, at every point whose link has a profile."""
+    """The model's merged PR time per call against the measured one, at every point whose link has a profile, and
+    the fitted profile's merged PR / pre-PR at page size 1 against the measured ratio."""
     pcie = analysis.run.meta.environment.pcie_link if analysis.run.meta else None
-    rows = analysis.run.ok_rows()
     pairs = []
     for r in analysis.ratios_of(CANDIDATE):
-        link = rows[(rows["variant"] == CANDIDATE) & (rows["seq_len"] == r.seq_len) & (rows["page_size"] == r.page_size)]
-        profile = profile_for(pcie, str(link["link"].iloc[0]), analysis.profiles) if not link.empty else None
-        if profile is not None:
-            modeled = profile.predicted_us(CANDIDATE, r.page_size, 1, r.variant_d2h_bytes,
-                                           int(link["d2h_transfers"].iloc[0]), r.variant_median_us)
+        row = analysis.row_at(CANDIDATE, r.dtype, r.layout, r.page_size, r.seq_len)
+        profile = None if row is None else profile_for(pcie, str(row["link"]), analysis.profiles)
+        if profile is not None and row is not None:
+            modeled = profile.predicted_us(CANDIDATE, r.page_size, 1, r.variant_d2h_bytes, int(row["d2h_transfers"]), 0.0)
             pairs.append((modeled / r.variant_median_us, r, profile))
     if not pairs:
         return None
     low, high = min(p[0] for p in pairs), max(p[0] for p in pairs)
     ratio, cited, profile = max(pairs, key=lambda p: (p[1].page_size, p[1].seq_len))
-    answer = (f"The link model ({profile.label}) against the merged PR's measured time per call at the same "
-              f"{len(pairs)} points: model / measured {sig(low)}-{sig(high)}; at L={cited.seq_len}, p={cited.page_size} "
-              f"{sig(ratio * cited.variant_median_us)} µs modelled against {sig(cited.variant_median_us)} µs measured.")
+    fitted = [p for p in analysis.predicting if p.in_sample(analysis.run.run_id) or p.fitted]
+    at1 = [(r, found) for r in analysis.ratios_of(CANDIDATE) if r.page_size == 1 and (found := point_predictions(analysis, r))]
+    off = ""
+    if fitted and at1:
+        n = analysis.predicting.index(fitted[0])
+        worst = max(abs(f[n].ratio / r.ratio - 1) for r, f in at1)
+        off = f"; {fitted[0].name}'s merged PR / pre-PR at p=1 within {100 * worst:.2g}% of the measured at every length"
+    answer = (f"{profile.label} model / measured time of the merged PR per call: {sig(low)}-{sig(high)} over "
+              f"{len(pairs)} points{off} (APPENDIX.md).")
     return Finding("Model vs measurement", answer, f"model / measured {sig(ratio)}", cited.id, MEASURED)
 
 
@@ -239,71 +246,38 @@ def _faster(analysis: Analysis, variant: str) -> Finding | None:
         return None
     base, largest = called(analysis.baseline), max(rows, key=lambda r: (r.page_size, r.seq_len))
     question = f"{variant} vs {analysis.baseline}"
-    low, high = (fraction(f(r.bytes_ratio for r in rows)) for f in (min, max))
-    moved = f"it hands the host {low if low == high else f'{low}-{high}'}x {base}'s bytes (metered)"
+    low, high = (f(r.bytes_ratio for r in rows) for f in (min, max))
+    moved = f"bytes {sig(low) if sig(low) == sig(high) else f'{sig(low)}-{sig(high)}'}x {base}'s (metered)"
     if not analysis.run.link_crossed:
-        every = [p for r in rows for p in point_predictions(analysis, r)]
-        answer = (f"Is {variant} faster than the baseline {base}? Predicted (model) at {predicted_range(tuple(every))} "
-                  f"{base}'s time per call, below it at {sum(p.ratio < 1 for p in every)} of {len(every)} (point, link "
-                  f"profile) pairs over {len(rows)} swept points; {moved}.")
-        return Finding(question, answer, predicted_figure(point_predictions(analysis, largest), analysis.baseline),
-                       largest.id, MODEL)
+        every = tuple(p for r in rows for p in point_predictions(analysis, r))
+        answer = (f"Predicted (model) at {predicted_range(every)} {base}'s time per call, below it at "
+                  f"{sum(p.ratio < 1 for p in every)} of {len(every)} (point, profile) pairs; {moved}.")
+        return Finding(question, answer, predicted_figure(point_predictions(analysis, largest)), largest.id, MODEL)
     count = {v: sum(r.verdict == v for r in rows) for v in (FASTER, SLOWER)}
     cited = min(rows, key=lambda r: r.ratio) if count[FASTER] else largest
-    answer = (f"Is {variant} faster than the baseline {base}? Faster at {count[FASTER]} of {len(rows)} swept points, "
-              f"slower at {count[SLOWER]}, the same or unclear at the rest; {moved}.")
+    answer = (f"Faster than {base} at {count[FASTER]} of {len(rows)} swept points, slower at {count[SLOWER]}, the same "
+              f"or unclear at the rest; {moved}.")
     return Finding(question, answer, figure(cited), cited.id, MEASURED)
 
 
-def findings(analysis: Analysis) -> tuple[Finding, ...]:
-    """The report's findings, in the order a review asks: the merged PR against pre-PR, else each subject."""
+def findings(analysis: Analysis, gpu: GpuAnswer | None = None) -> tuple[Finding, ...]:
+    """The report's findings, in the order a review asks: the merged PR against pre-PR, else each subject; `gpu`: a
+    CPU run's GPU answer (kvpages.analysis.gpu_answer)."""
     if analysis.baseline == BASELINE:
-        made = [_bytes(analysis), _page1(analysis), _crossover(analysis),
-                _scenario(analysis, "Per request: prefill chunks", "request", STEP_CANDIDATE, "prefill"),
-                _scenario(analysis, "Per request: decode", "request", STEP_CANDIDATE, "decode"),
-                _scenario(analysis, "Per step, one D2H per request", "step", STEP_CANDIDATE, None),
-                _scenario(analysis, "Per step, batched (one D2H)", "step", BATCHED, None)]
+        made = [_bytes(analysis), _page1(analysis, gpu), _crossover(analysis, gpu),
+                _scenario(analysis, gpu, "Per request: prefill chunks", "request", STEP_CANDIDATE, "prefill"),
+                _scenario(analysis, gpu, "Per request: decode", "request", STEP_CANDIDATE, "decode"),
+                _scenario(analysis, gpu, "Per step, one D2H per request", "step", STEP_CANDIDATE, None)]
     else:  # against another baseline: SGLang's own functions, then the merged PR and pre-PR
         timed = {r.variant for r in analysis.ratios}
         subjects = sorted(v for v in timed if v.startswith(PREFIX)) + [v for v in (CANDIDATE, BASELINE) if v in timed]
         made = [f for v in subjects for f in (
-            _faster(analysis, v), _scenario(analysis, f"Per step: {v}", "step", per_request_name(v), None))]
+            _faster(analysis, v), _scenario(analysis, gpu, f"Per step: {v}", "step", per_request_name(v), None))]
     if analysis.run.scenarios is not None:
-        made.append(_blocked(analysis))
+        made.append(_blocked(analysis, gpu))
+    if analysis.baseline == BASELINE:
+        made.append(_pinned(analysis, gpu))
     if analysis.run.link_crossed:
         made.append(_model_check(analysis))
     return tuple(f for f in made if f is not None)
 
-
-def all_ids(analysis: Analysis) -> list[str]:
-    return [r.id for r in analysis.ratios] + [r.id for r in analysis.scenario_ratios if r.latency == "blocked"]
-
-
-def _machine(analysis: Analysis) -> str:
-    run = analysis.run
-    where = run.meta.environment.device_name if run.meta else run.device_name
-    if not run.link_crossed:
-        return f"{where}, CPU run: no link crossed"
-    link = run.meta.environment.pcie_link if run.meta else None
-    return f"{where}, PCIe {link or 'unknown'}"
-
-
-def cite(analysis: Analysis, row_id: str) -> str:
-    """The one-line citation of a ratios.csv or scenarios.csv row id: its figure, interval and coverage, machine, commit
-    and command; CiteError names how to list the valid ones."""
-    meta = analysis.run.meta
-    where = f"{_machine(analysis)}; commit {(commit_text(meta.environment) if meta else None) or 'unknown'}"
-    for r in analysis.ratios:
-        if r.id == row_id:
-            what = (f"{label(r.variant)} / {label(r.baseline)}, L={r.seq_len} p={r.page_size} {r.dtype} {r.layout}: "
-                    f"{bytes_figure(r)}; latency = {interval_text(interval_of(r))}")
-            return f"{r.id}: {what} ({r.verdict}); {where}; repro: {r.repro}"
-    for s in analysis.scenario_ratios:
-        if s.id == row_id and s.latency == "blocked":
-            what = f"{s.scenario}: {label(s.variant)} / {label(s.baseline)}, blocked = {interval_text(s.interval)}"
-            return f"{s.id}: {what} ({s.verdict}); {where}; repro: {s.repro}"
-    ids = all_ids(analysis)
-    close = difflib.get_close_matches(row_id, ids, n=1)
-    hint = f"did you mean {close[0]}? " if close else ""
-    raise CiteError(f"{row_id!r} is not a row id of run {analysis.run.run_id}; {hint}"
-                    f"`kvpages cite {analysis.run.path} --list` lists its {len(ids)} ids")

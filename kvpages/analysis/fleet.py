@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from kvpages.analysis.families import ScenarioRatio
 from kvpages.analysis.machines import Machine, machine_of, meta_of, pooled
-from kvpages.analysis.ratios import Analysis, ScenarioRatio, analyze
+from kvpages.analysis.ratios import Analysis, analyze
 from kvpages.core.names import variant_sort_key
 from kvpages.core.options import OPTIONS
 from kvpages.schema.meta import RunMeta

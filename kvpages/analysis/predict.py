@@ -1,7 +1,8 @@
-"""What a run that crossed no link predicts for a GPU box, per link profile (kvpages.core.links; no torch), and how far
-each prediction moves when the assumed terms do: every ratio carries its range over the profile's variations (each
-assumed term at its low and its high, one at a time and all together), every crossover the variations that move it.
-The host work each prediction adds is the run's own timed figure (kvpages.core.links.HOST_WORK)."""
+"""What a run predicts for a GPU box, per link profile (kvpages.core.links; no torch), and how far each prediction
+moves when the assumed terms do: every ratio carries its range over the profile's variations (each assumed term at its
+low and its high, one at a time and all together), every crossover the variations that move it. The host work each
+prediction adds is measured apart from any copy (kvpages.analysis.hostwork), so a CUDA run is priced as a CPU run is:
+its copies once; a row whose host work cannot be separated is not priced."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kvpages.analysis.ratios import Analysis, ScenarioRatio
+from kvpages.analysis.families import Record, ScenarioRatio, records
+from kvpages.analysis.hostwork import host_side, point_host_work, scenario_host_work
+from kvpages.analysis.ratios import Analysis
 from kvpages.core.links import LinkProfile, bounds_text, variations
 from kvpages.schema.rows import RatioRow
 
 Call = tuple[str, int, int, float, float, float, bool]
-"""LinkProfile.predicted_us's arguments: variant, page size, calls, bytes, transfers, measured µs, host side."""
+"""LinkProfile.predicted_us's arguments: variant, page size, calls, bytes, transfers, host work µs, host side."""
 
 
 @dataclass(frozen=True)
@@ -48,22 +51,33 @@ def predict(profile: LinkProfile, calls: tuple[Call, Call]) -> Prediction:
     return Prediction(profile, profile.predicted_us(*calls[0]), profile.predicted_us(*calls[1]), low, high, low_by, high_by)
 
 
-def point_calls(analysis: Analysis, r: RatioRow) -> tuple[Call, Call]:
-    """`r`'s variant and baseline, one call each, priced by what the meter saw it move: its bytes, one blocking copy
-    if any, and `Analysis.host_work` for an undeclared variant's stride."""
-    variant, baseline = ((name, r.page_size, 1, float(moved), float(moved > 0), measured, analysis.host_side(name))
-                         for name, moved, measured in ((r.variant, r.variant_d2h_bytes, r.variant_median_us),
-                                                       (r.baseline, r.baseline_d2h_bytes, r.baseline_median_us)))
-    return variant, baseline
+def row_call(analysis: Analysis, variant: str, row: Record, calls: int, time: float | None = None) -> Call | None:
+    """One variant's call (or request or step) on a results.csv or scenarios.csv row: what the meter saw it move, one
+    blocking copy per transfer, and its host work; None where the host work or the path cannot be told."""
+    side = host_side(analysis, variant, row)
+    work = point_host_work(analysis, variant, row) if time is None else scenario_host_work(analysis, variant, row, time)
+    if side is None or work.us is None:
+        return None
+    return (variant, int(row["page_size"]), calls, float(row["d2h_bytes"]), float(row["d2h_transfers"]), work.us, side)
+
+
+def point_calls(analysis: Analysis, r: RatioRow) -> tuple[Call, Call] | None:
+    """`r`'s variant and baseline, one call each, priced by what the meter saw them move and their host work."""
+    found = [analysis.row_at(name, r.dtype, r.layout, r.page_size, r.seq_len) for name in (r.variant, r.baseline)]
+    calls = [None if row is None else row_call(analysis, name, row, 1) for name, row in zip((r.variant, r.baseline), found,
+                                                                                         strict=True)]
+    return None if calls[0] is None or calls[1] is None else (calls[0], calls[1])
 
 
 def point_predictions(analysis: Analysis, r: RatioRow) -> tuple[Prediction, ...]:
+    """`r` on every prediction profile; () where it cannot be priced (`point_calls`)."""
     calls = point_calls(analysis, r)
-    return tuple(predict(profile, calls) for profile in analysis.predicting)
+    return () if calls is None else tuple(predict(profile, calls) for profile in analysis.predicting)
 
 
 def scenario_predictions(analysis: Analysis, ratio: ScenarioRatio) -> tuple[Prediction, ...]:
-    """A whole request's or step's variant and baseline (scenarios.csv rows) on every prediction profile."""
+    """A whole request's or step's variant and baseline (scenarios.csv rows) on every prediction profile; () where
+    either cannot be priced."""
     frame = analysis.run.scenarios
     assert frame is not None
     def by_scenario() -> dict[str, dict[str, dict]]:  # once per run: one frame filter per call cost 8 ms each
@@ -73,10 +87,11 @@ def scenario_predictions(analysis: Analysis, ratio: ScenarioRatio) -> tuple[Pred
         return every
 
     rows = analysis.run.cached(("scenario rows",), by_scenario)[ratio.scenario]
-    variant, baseline = ((name, int(rows[name]["page_size"]), int(rows[name]["calls"]), float(rows[name]["d2h_bytes"]),
-                          float(rows[name]["d2h_transfers"]), measured, analysis.host_side(name))
-                         for name, measured in ((ratio.variant, ratio.variant_us), (ratio.baseline, ratio.baseline_us)))
-    return tuple(predict(profile, (variant, baseline)) for profile in analysis.predicting)
+    calls = [row_call(analysis, name, rows[name], int(rows[name]["calls"]), time)
+             for name, time in ((ratio.variant, ratio.variant_us), (ratio.baseline, ratio.baseline_us))]
+    if calls[0] is None or calls[1] is None:
+        return ()
+    return tuple(predict(profile, (calls[0], calls[1])) for profile in analysis.predicting)
 
 
 def _first_below(calls: list[tuple[int, tuple[Call, Call]]], profile: LinkProfile) -> int | None:
@@ -114,21 +129,19 @@ class PredictedCrossover:
 
 def crossover(analysis: Analysis, rows: list[RatioRow], profile: LinkProfile) -> PredictedCrossover:
     """The crossover of `rows` (one variant and page size) on `profile`, and under each of its variations."""
-    calls = [(r.seq_len, point_calls(analysis, r)) for r in sorted(rows, key=lambda r: r.seq_len)]
+    calls = [(r.seq_len, c) for r in sorted(rows, key=lambda r: r.seq_len) if (c := point_calls(analysis, r)) is not None]
     found = _first_below(calls, profile)
     moved = tuple((v.said, at) for v in variations(profile) if (at := _first_below(calls, v.profile)) != found)
     return PredictedCrossover(profile, found, moved)
 
 
-def with_link_model(rows: pd.DataFrame, profiles: tuple[LinkProfile, ...], host_work: frozenset[str] = frozenset()
-                    ) -> pd.DataFrame:
+def with_link_model(analysis: Analysis, rows: pd.DataFrame) -> pd.DataFrame:
     """`rows` plus one `modeled_<link>_us` column per profile: one call without its host work (kvpages.core.links)."""
     out = rows.copy()
-    for profile in profiles:
+    found = records(rows)
+    for profile in analysis.profiles:
         out[profile.column] = [
-            profile.predicted_us(str(v), int(p), 1, float(b), float(t), 0.0, v in host_work)
-            if pd.notna(b) and pd.notna(t) else np.nan
-            for v, p, b, t in zip(rows["variant"], rows["page_size"], rows["d2h_bytes"], rows["d2h_transfers"],
-                                  strict=True)
-        ]
+            profile.predicted_us(str(r["variant"]), int(r["page_size"]), 1, float(r["d2h_bytes"]),
+                                 float(r["d2h_transfers"]), 0.0, bool(host_side(analysis, str(r["variant"]), r)))
+            if pd.notna(r["d2h_bytes"]) and pd.notna(r["d2h_transfers"]) else np.nan for r in found]
     return out

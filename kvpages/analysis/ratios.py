@@ -3,39 +3,40 @@ fastest variants and the noise floor, whole requests and steps included, into on
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
 from kvpages.analysis.cite import pair_repro
 from kvpages.analysis.contention import contention
+from kvpages.analysis.families import Record, ScenarioRatio, point_estimate, records, scenario_estimate, scenario_ratios, stability
 from kvpages.analysis.intervals import levels, paired_logs
-from kvpages.analysis.verdicts import FASTER, MIN_EFFECT_FLOOR, SLOWER, bh_adjusted, discoveries, judge, judge_family
-from kvpages.core.estimator import Paired, mean_estimate, paired_ratio, trimmed_mean, trimmed_ratio
+from kvpages.analysis.pairs import STABLE, PairEstimate
+from kvpages.analysis.verdicts import FASTER, MIN_EFFECT_FLOOR, SLOWER, judge, judge_family
+from kvpages.core.estimator import mean_estimate
 from kvpages.core.links import PREDICTION_PROFILES, LinkProfile
-from kvpages.core.names import CANDIDATE, FLOOR, STEP_BASELINE, per_request_name, per_request_of, point_id, variant_sort_key
-from kvpages.core.stability import outlying
-from kvpages.core.stats import Interval, Levels, finite_median, unknown
+from kvpages.core.names import (
+    CANDIDATE,
+    FLOOR,
+    STEP_BASELINE,
+    per_request_name,
+    per_request_of,
+    point_id,
+    step_baseline,
+    variant_sort_key,
+)
+from kvpages.core.stats import Interval, finite_median, unknown
 from kvpages.schema.breakdown import BreakdownRow, read_breakdown
 from kvpages.schema.profiles import built_in_profiles
 from kvpages.schema.ranks import ContentionRow
 from kvpages.schema.reader import Run, RunError, row_key
-from kvpages.schema.rows import TIMED, RatioRow, ScenarioRatioRow, ratio_id
+from kvpages.schema.rows import RatioRow, ratio_id
 
 NOISY_SPREAD = 0.10  # a row whose block medians vary by at least this much (log-sd, ~ the CV) is flagged as noisy
 POINT_COLUMNS = ("dtype", "layout", "page_size", "seq_len")
-
-Record = dict[str, Any]  # a results.csv or scenarios.csv row from to_dict("records"): iterrows costs 100x more
-
-
-def records(frame: pd.DataFrame) -> list[Record]:
-    return cast(list[Record], frame.to_dict("records"))  # a frame read from CSV: its column names are strings
-
 
 def point_of(key: tuple) -> str:
     """The point id (meta.json's name for it) of a results.csv row key."""
@@ -43,64 +44,32 @@ def point_of(key: tuple) -> str:
     return point_id(seq_len, page_size, dtype, layout)
 
 
-def estimate(run: Run, baseline_key: tuple, variant_key: tuple, latency: str | None = None) -> Paired | None:
-    """The one estimator (kvpages.core.estimator.paired_ratio) of a pair, once per run; None without paired samples."""
-    def compute() -> Paired | None:
-        base, other = levels(run, baseline_key, latency), levels(run, variant_key, latency)
-        if base is None or other is None:
-            return None
-        common = min(base.values.size, other.values.size)
-        if run.meta is not None and common >= run.meta.repetitions:  # a re-measurement round cut short: the rounds
-            base, other = (Levels(x.values[:common], x.processes[:common]) for x in (base, other))  # both finished
-        if not np.array_equal(base.processes, other.processes):
-            return None
-        left_out = left_out_of(run, variant_key) if latency is None else None
-        found = paired_ratio(base, other) if left_out is None else trimmed_ratio(base, other, left_out)
-        if base.process_count < min(2, run.process_count):  # a row an interruption cut short to fewer processes
-            return dataclasses.replace(found, interval=unknown(found.interval.ratio, found.repetitions), p_value=1.0)
-        return found
-
-    return run.cached(("estimate", baseline_key, variant_key, latency), compute)
-
-
-def left_out_of(run: Run, key: tuple) -> frozenset[int] | None:
-    """The processes a re-measured point's centres leave out (None: not a re-measured point): those outlying in any
-    variant's paired log-ratios to the run's baseline there (kvpages.core.stability), the same for every ratio and
-    time of the point, so each ratio stays the ratio of its two printed times (docs/method.md)."""
-    remeasure = None if run.meta is None else run.meta.remeasure
-    if remeasure is None or point_of(key) not in remeasure.remeasured:
-        return None
-
-    def compute() -> frozenset[int]:
-        point = key[1:]
-        base = levels(run, (run.baseline, *point))
-        out: set[int] = set()
-        for variant in run.rows["variant"].unique():
-            other = levels(run, (str(variant), *point))
-            if base is not None and other is not None and np.array_equal(base.processes, other.processes):
-                out |= outlying(Levels(other.values - base.values, base.processes), remeasure.stable_spread)
-        return frozenset(out)
-
-    return run.cached(("left out", point_of(key)), compute)
-
-
 @dataclass(frozen=True)
 class _Pair:
-    """A variant's row against the baseline's at one point; `found` None: a bare CSV's medians, nothing to judge."""
+    """A variant's row against the baseline's at one point; `estimate` None: a bare CSV's medians, nothing to judge."""
 
     variant: Record
     baseline: Record
-    found: Paired | None
+    estimate: PairEstimate | None
 
     @property
     def interval(self) -> Interval:
-        if self.found is None:
+        if self.estimate is None:
             return unknown(float(self.variant["median_us"] / self.baseline["median_us"]), 0)
-        return self.found.interval
+        return self.estimate.found.interval
+
+    @property
+    def p_value(self) -> float:
+        return 1.0 if self.estimate is None else self.estimate.found.p_value
+
+    @property
+    def disturbed(self) -> bool:
+        return self.estimate is not None and self.estimate.disturbed
 
 
-def _ratio(pair: _Pair, effect: float, q_value: float, verdict: str, unstable: bool) -> RatioRow:
-    variant, baseline, interval, found = pair.variant, pair.baseline, pair.interval, pair.found
+def _ratio(pair: _Pair, effect: float, q_value: float, verdict: str, stable: str) -> RatioRow:
+    variant, baseline, interval = pair.variant, pair.baseline, pair.interval
+    found = None if pair.estimate is None else pair.estimate.found
     (name, dtype, layout, seq_len, page_size), base = row_key(variant), str(baseline["variant"])
     return RatioRow(
         id=ratio_id(name, base, dtype, layout, seq_len, page_size),
@@ -113,7 +82,8 @@ def _ratio(pair: _Pair, effect: float, q_value: float, verdict: str, unstable: b
         variant_d2h_bytes=int(variant["d2h_bytes"]), baseline_d2h_bytes=int(baseline["d2h_bytes"]),
         verdict=verdict, min_effect=effect, q_value=q_value,
         repro=pair_repro(str(variant["repro"]), name, base),
-        processes=0 if found is None else found.processes, interval_unit=interval.unit, unstable=unstable,
+        processes=0 if found is None else found.processes, interval_unit=interval.unit, stability=stable,
+        left_out="" if pair.estimate is None else pair.estimate.left_out,
     )
 
 
@@ -141,14 +111,15 @@ def crossovers(ratios: tuple[RatioRow, ...], variant: str = CANDIDATE) -> list[C
                       tuple(sorted(r.seq_len for r in group))) for key, group in sorted(groups.items())]
 
 
-def fastest(run: Run, rows: list[Record], effect: float) -> tuple[str, ...]:
-    """At one point: the variant with the lowest median, then every variant not judged slower than it (or, unjudged, as fast)."""
+def fastest(run: Run, rows: list[Record], effect: float, baseline: str) -> tuple[str, ...]:
+    """At one point: the variant with the lowest median, then every variant not judged slower than it (or, unjudged,
+    as fast), each pair on the spread of the run's family against `baseline`."""
     ordered = sorted(rows, key=lambda r: r["median_us"])  # stable: equal medians keep the file's order
     best = ordered[0]
 
     def tied(r: Record) -> bool:
-        found = estimate(run, row_key(best), row_key(r))
-        return r["median_us"] == best["median_us"] if found is None else judge(found.interval, effect) != SLOWER
+        found = point_estimate(run, row_key(best), row_key(r), baseline)
+        return r["median_us"] == best["median_us"] if found is None else judge(found.found.interval, effect) != SLOWER
 
     return tuple(str(r["variant"]) for r in ordered if tied(r))
 
@@ -171,53 +142,6 @@ class NoiseFloor:
     time_between_process: float = math.nan
     time_within_process: float = math.nan
     interval_unit: str = "repetition"
-
-
-@dataclass(frozen=True)
-class ScenarioRatio:
-    """A step variant against the baseline step variant on one scenario, for one latency (blocked or ready)."""
-
-    scenario: str
-    variant: str
-    baseline: str
-    latency: str  # blocked | ready
-    interval: Interval
-    verdict: str
-    id: str = ""  # the variant's scenarios.csv row id
-    min_effect: float = MIN_EFFECT_FLOOR
-    q_value: float = 1.0
-    repro: str = ""
-    repetitions: int = 0
-    processes: int = 1
-    variant_us: float = math.nan  # as the tables print it: interval.ratio is exactly variant_us / baseline_us
-    baseline_us: float = math.nan
-
-    def row(self) -> ScenarioRatioRow:
-        i = self.interval
-        return ScenarioRatioRow(self.id, self.scenario, self.variant, self.baseline, self.latency, i.ratio, i.ci_low,
-                                i.ci_high, i.confidence, self.repetitions, self.verdict, self.min_effect, self.q_value,
-                                self.repro, self.processes, i.unit)
-
-
-def scenario_ratios(run: Run, baseline: str, effect: float) -> tuple[ScenarioRatio, ...]:
-    """Every timed step variant against `baseline` per scenario and latency, judged as one family."""
-    if run.scenarios is None or run.scenario_samples is None:
-        return ()
-    rows = records(run.scenarios[run.scenarios["status"].isin(TIMED)])
-    first = {scenario: i for i, scenario in enumerate(dict.fromkeys(r["scenario"] for r in rows))}
-    found: list[tuple[Record, str, Paired]] = []
-    for row in sorted(rows, key=lambda r: first[r["scenario"]]):  # grouped as groupby(sort=False): first row's order
-        scenario, variant = row["scenario"], row["variant"]
-        for latency in ("blocked", "ready") if variant != baseline else ():
-            pair = estimate(run, (scenario, baseline), (scenario, variant), latency)
-            if pair is not None:
-                found.append((row, latency, pair))
-    qvalues = bh_adjusted([pair.p_value for *_, pair in found])
-    return tuple(ScenarioRatio(str(row["scenario"]), str(row["variant"]), baseline, latency, pair.interval,
-                               judge(pair.interval, effect, keep), str(row["id"]), effect, q,
-                               pair_repro(str(row["repro"]), str(row["variant"]), baseline), pair.repetitions,
-                               pair.processes, pair.variant_us, pair.baseline_us)
-                 for (row, latency, pair), q, keep in zip(found, qvalues, discoveries(qvalues), strict=True))
 
 
 @dataclass(frozen=True)
@@ -254,16 +178,29 @@ class Analysis:
     def scenario_ratio(self, scenario: str, variant: str, latency: str) -> ScenarioRatio | None:
         return self._scenario_index.get((scenario, variant, latency))
 
-    @property
-    def unstable(self) -> frozenset[str]:
-        """The ids of the ratios whose point was still unstable after its re-measurement (meta.json `remeasure`)."""
-        return frozenset(r.id for r in self.ratios if r.unstable)
+    def stability_of(self, row_id: str) -> str:
+        """A ratio's or a scenario ratio's (blocked) stability: stable, fragile or disturbed (kvpages.analysis.pairs)."""
+        found = self._stability.get(row_id)
+        return STABLE if found is None else found
+
+    @functools.cached_property
+    def _stability(self) -> dict[str, str]:
+        return {**{r.id: r.stability for r in self.scenario_ratios if r.latency == "blocked"},
+                **{r.id: r.stability for r in self.ratios}}
 
     def ratios_of(self, variant: str) -> tuple[RatioRow, ...]:
         return tuple(r for r in self.ratios if r.variant == variant)
 
     def ratio_at(self, variant: str, dtype: str, layout: str, page_size: int, seq_len: int) -> RatioRow | None:
         return self._ratio_index.get((variant, dtype, layout, page_size, seq_len))
+
+    def row_at(self, variant: str, dtype: str, layout: str, page_size: int, seq_len: int) -> Record | None:
+        """The timed results.csv row of a variant at a point."""
+        return self._row_index.get((variant, dtype, layout, seq_len, page_size))
+
+    @functools.cached_property
+    def _row_index(self) -> dict[tuple, Record]:
+        return {row_key(r): r for r in records(self.run.timed_rows())}
 
     @functools.cached_property
     def _ratio_index(self) -> dict[tuple, RatioRow]:
@@ -278,13 +215,43 @@ class Analysis:
         return self.scenario_band((dtype, layout, seq_len, page_size), variant, None)
 
     def scenario_band(self, scenario: str | tuple, variant: str, latency: str | None = "blocked") -> Interval | None:
-        key = (variant, *scenario) if isinstance(scenario, tuple) else (scenario, variant)  # a point, or a scenario
+        """A variant's time over the processes its ratio keeps (its pair with the baseline; the baseline's own over
+        the merged PR's pair's), with its interval; a point's when `scenario` is a point's key tuple."""
+        point = isinstance(scenario, tuple)
+        key = (variant, *scenario) if point else (scenario, variant)
         found = levels(self.run, key, latency)
         if found is None:
             return None
-        left_out = left_out_of(self.run, key) if latency is None and isinstance(scenario, tuple) else None
-        return self.run.cached(("time", key, latency), lambda: mean_estimate(found) if left_out is None
-                               else trimmed_mean(found, left_out))
+        baseline = self.baseline if point else self.scenario_baseline
+        other = variant if variant != baseline else self._partner(scenario)
+
+        def band() -> Interval:
+            base_key, other_key = ((baseline, *scenario), (other, *scenario)) if point else \
+                ((scenario, baseline), (scenario, other))
+            pair = point_estimate(self.run, base_key, other_key) if point else \
+                scenario_estimate(self.run, base_key, other_key, str(latency))
+            return mean_estimate(found) if pair is None else pair.time(of_variant=variant != baseline)
+
+        return self.run.cached(("time", key, latency), band)
+
+    def _partner(self, scenario: str | tuple) -> str:
+        """Whose pair the baseline's own time at a point or scenario takes its processes from: the merged PR's where
+        it was timed (the report's main table), else the first other variant's."""
+        point = isinstance(scenario, tuple)
+        found = self._compared.get(scenario, [])
+        candidate = CANDIDATE if point else per_request_name(CANDIDATE)
+        return candidate if candidate in found or not found else min(found, key=variant_sort_key)
+
+    @functools.cached_property
+    def _compared(self) -> dict[str | tuple, list[str]]:
+        """The variants set against the baseline per point key (dtype, layout, seq_len, page_size) and per scenario."""
+        found: dict[str | tuple, list[str]] = {}
+        for r in self.ratios:
+            found.setdefault((r.dtype, r.layout, r.seq_len, r.page_size), []).append(r.variant)
+        for s in self.scenario_ratios:
+            if s.latency == "blocked":
+                found.setdefault(s.scenario, []).append(s.variant)
+        return found
 
     def time_of(self, row: Record | pd.Series) -> float:
         """A results.csv row's time as the tables print it (`time_band`; without samples, its median)."""
@@ -319,15 +286,12 @@ def analyze(run: Run, baseline: str | None = None) -> Analysis:
             continue
         for row in sorted(at, key=lambda r: variant_sort_key(r["variant"])):
             if row["variant"] != baseline:
-                pairs.append(_Pair(row, base, estimate(run, row_key(base), row_key(row))))
-    still = run.remeasure_points("unstable")
-    unstable = [point_of(row_key(p.variant)) in still for p in pairs]
-    judged = judge_family([p.interval for p in pairs], [1.0 if p.found is None else p.found.p_value for p in pairs],
-                          unstable)
+                pairs.append(_Pair(row, base, point_estimate(run, row_key(base), row_key(row))))
+    judged = judge_family([p.interval for p in pairs], [p.p_value for p in pairs], [p.disturbed for p in pairs])
     effect = judged.min_effect
-    ratios = tuple(_ratio(p, effect, q, verdict, bad)
-                   for p, q, verdict, bad in zip(pairs, judged.q_values, judged.verdicts, unstable, strict=True))
-    best = {key: fastest(run, [r for r in at if r["variant"] != FLOOR] or at, effect)
+    ratios = tuple(_ratio(p, effect, q, verdict, stability(p.estimate, verdict, judged))
+                   for p, q, verdict in zip(pairs, judged.q_values, judged.verdicts, strict=True))
+    best = {key: fastest(run, [r for r in at if r["variant"] != FLOOR] or at, effect, baseline)
             for key, at in points.items()}  # the zero-D2H floor is a reference, not a contender
     spreads = ok["rep_spread"].dropna()
     repetitions = int(ok["repetitions"].dropna().max()) if ok["repetitions"].notna().any() else 1
@@ -347,15 +311,13 @@ def analyze(run: Run, baseline: str | None = None) -> Analysis:
         time_within_process=finite_median([c.within_process for c in time_parts]),
         interval_unit=ratios[0].interval_unit if ratios else "repetition",
     )
-    step_baseline = per_request_name(baseline)
-    if run.scenarios is not None and step_baseline not in set(run.scenarios["variant"]):
-        step_baseline = STEP_BASELINE
+    steps = step_baseline(baseline, () if run.scenarios is None else run.scenarios["variant"])
     try:
         breakdown = read_breakdown(run.path)  # the folder load_run read (a results CSV's too)
     except ValueError as exc:
         raise RunError(str(exc)) from None
     return Analysis(run, baseline, ratios, tuple(crossovers(ratios)), best, noise,
-                    scenario_ratios(run, step_baseline, effect), step_baseline, breakdown, contention(run),
+                    scenario_ratios(run, steps, effect), steps, breakdown, contention(run),
                     host_work(rows), run_profiles(run))
 
 

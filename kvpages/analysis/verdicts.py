@@ -1,7 +1,9 @@
 """Verdicts with an effect size, over a family of comparisons (no torch); `judge` is the one place they are decided:
 faster or slower only when the interval excludes 1, |log ratio| >= log(1 + min_effect) and the Benjamini-Hochberg
 step at `FDR` keeps it within its family (Holm's family-wise control could call nothing from 10 repetitions); else
-`SAME` (within the minimum effect) or `UNCLEAR`. docs/method.md, "Ratios, intervals and verdicts", has the rest.
+`SAME` (within the minimum effect) or `UNCLEAR` (the interval reaches 1, or the correction drops it); `DISTURBED`
+for a pair whose processes stand apart beyond what could be left out or replaced (kvpages.core.stability).
+docs/method.md, "Ratios, intervals and verdicts", has the rest.
 """
 
 from __future__ import annotations
@@ -12,17 +14,17 @@ from dataclasses import dataclass
 
 from kvpages.core.stats import Interval, finite_median
 
-FASTER, SLOWER, SAME, UNCLEAR = "faster", "slower", "same", "unclear"
-VERDICTS = (FASTER, SLOWER, SAME, UNCLEAR)
+FASTER, SLOWER, SAME, UNCLEAR, DISTURBED = "faster", "slower", "same", "unclear", "disturbed"
+VERDICTS = (FASTER, SLOWER, SAME, UNCLEAR, DISTURBED)
 MIN_EFFECT_FLOOR = 0.02  # whatever a run's intervals: a quiet run's noise floor can be tighter
 FDR = 0.05  # the false-discovery rate the Benjamini-Hochberg step controls within a family
 
 
-def judge(interval: Interval, min_effect: float, discovered: bool = True, unstable: bool = False) -> str:
+def judge(interval: Interval, min_effect: float, discovered: bool = True, disturbed: bool = False) -> str:
     """A ratio's verdict; `discovered`: whether the family correction kept it (`discoveries`; True: judged alone);
-    `unstable`: its point was still unstable after its re-measurement, so it is never more than unclear."""
-    if unstable:
-        return UNCLEAR
+    `disturbed`: its pair is not settled (kvpages.core.stability), so it is never faster or slower."""
+    if disturbed:
+        return DISTURBED
     if interval.ratio > 0 and abs(math.log(interval.ratio)) < math.log1p(min_effect):
         return SAME
     if interval.known and discovered and (interval.ci_high < 1 or interval.ci_low > 1):
@@ -53,14 +55,20 @@ class Judged:
     q_values: tuple[float, ...]
     half_width: float  # the family's noise floor: the median relative half-width of its intervals
     min_effect: float
+    p_cut: float = 0.0  # the largest p-value the Benjamini-Hochberg step kept (0: none kept)
 
 
-def judge_family(intervals: Sequence[Interval], p_values: Sequence[float], unstable: Sequence[bool] = ()) -> Judged:
+def judge_family(intervals: Sequence[Interval], p_values: Sequence[float], disturbed: Sequence[bool] = (),
+                 min_effect: float | None = None) -> Judged:
     """Judge every ratio of a family (a run's ratios; `kvpages compare`'s B against A) with `judge`: the minimum
-    effect from the family's own intervals, the Benjamini-Hochberg step over its p-values; `unstable`: per ratio."""
+    effect from the family's own intervals (or `min_effect`: the scenario family takes the per-call family's), the
+    Benjamini-Hochberg step over its p-values; `disturbed`: per ratio."""
     half_width = finite_median([(i.ci_high - i.ci_low) / 2 / i.ratio for i in intervals if i.known])
     q_values = bh_adjusted(list(p_values))
     effect = max(MIN_EFFECT_FLOOR, half_width) if math.isfinite(half_width) else MIN_EFFECT_FLOOR
-    flags = list(unstable) or [False] * len(intervals)
-    verdicts = tuple(judge(i, effect, kept, bad) for i, kept, bad in zip(intervals, discoveries(q_values), flags, strict=True))
-    return Judged(verdicts, tuple(q_values), half_width, effect)
+    effect = effect if min_effect is None else min_effect
+    flags = list(disturbed) or [False] * len(intervals)
+    kept = discoveries(q_values)
+    verdicts = tuple(judge(i, effect, k, bad) for i, k, bad in zip(intervals, kept, flags, strict=True))
+    p_cut = max((p for p, k in zip(p_values, kept, strict=True) if k), default=0.0)
+    return Judged(verdicts, tuple(q_values), half_width, effect, p_cut)

@@ -7,13 +7,24 @@ two-stage bootstrap of kvpages.core.stats.Levels, the same draws for both varian
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 import numpy as np
 
-from kvpages.core.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, Interval, Levels, resampled_means, unknown
+from kvpages.core.stats import (
+    BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED,
+    CONFIDENCE,
+    Interval,
+    Levels,
+    leave_one_out_means,
+    percentiles,
+    resampled_means,
+    unknown,
+)
 
 
 @dataclass(frozen=True)
@@ -38,11 +49,21 @@ def _percentiles(center: float, resampled: np.ndarray, units: tuple[str, int], c
     (`_units`) by sqrt(m / (m - 1)) x t_(m-1) / z: the bootstrap variance of a mean of m is (m - 1) / m of its
     variance, and with few units its spread is Student's t (Hesterberg, "What Teachers Should Know About the
     Bootstrap", 2015: the expanded percentile)."""
-    lo, hi = np.percentile(resampled, [50 * (1 - confidence), 50 * (1 + confidence)])
+    lo, hi = percentiles(resampled, confidence)
+    return _widened(center, float(lo), float(hi), units, confidence)
+
+
+def _widened(center: float, lo: float, hi: float, units: tuple[str, int], confidence: float) -> Interval:
     unit, n = units
-    widen = math.sqrt(n / (n - 1)) * t_quantile(0.5 + confidence / 2, n - 1) / NormalDist().inv_cdf(0.5 + confidence / 2)
-    return Interval(math.exp(center), math.exp(center + (float(lo) - center) * widen),
-                    math.exp(center + (float(hi) - center) * widen), n, confidence, unit)
+    widen = _widening(n, confidence)
+    return Interval(math.exp(center), math.exp(center + (lo - center) * widen), math.exp(center + (hi - center) * widen),
+                    n, confidence, unit)
+
+
+@functools.lru_cache(maxsize=256)
+def _widening(n: int, confidence: float) -> float:
+    """sqrt(n / (n - 1)) x t_(n-1) / z (`_percentiles`)."""
+    return math.sqrt(n / (n - 1)) * t_quantile(0.5 + confidence / 2, n - 1) / NormalDist().inv_cdf(0.5 + confidence / 2)
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -70,38 +91,61 @@ def paired_ratio(baseline: Levels, variant: Levels, confidence: float = CONFIDEN
                          f"{baseline.processes.tolist()} vs {variant.processes.tolist()}")
     base, other = float(np.mean(baseline.values)), float(np.mean(variant.values))
     n, count = int(variant.values.size), variant.process_count
-    center = other - base
     times = (math.exp(other), math.exp(base))
     if n < 2:
-        return Paired(unknown(math.exp(center), n), 1.0, *times, n, count)
-    shifts = variant.bootstrap_means - baseline.bootstrap_means
-    return Paired(_percentiles(center, shifts, _units(variant), confidence), _p_value(shifts), *times, n, count)
+        return Paired(unknown(math.exp(other - base), n), 1.0, *times, n, count)
+    interval, p_value = shift_estimate(Levels(variant.values - baseline.values, variant.processes), confidence)
+    return Paired(interval, p_value, *times, n, count)
+
+
+def leave_one_out(logs: Levels, confidence: float = CONFIDENCE) -> list[tuple[int, Interval, float]]:
+    """`shift_estimate` of paired log-ratios with each process left out in turn (process, interval, p-value): the
+    fragility check (kvpages.analysis.pairs), its percentiles taken together."""
+    rest = leave_one_out_means(logs)
+    lows, highs = percentiles(rest.means, confidence)
+    drawn = rest.means.shape[1]
+    tails = np.minimum(np.count_nonzero(rest.means <= 0, axis=1), np.count_nonzero(rest.means >= 0, axis=1)) / drawn
+    p_values = np.clip(2 * tails, 1 / BOOTSTRAP_RESAMPLES, 1.0)
+    units = [("process", int(p)) if p >= 2 else ("repetition", int(v))
+             for p, v in zip(rest.process_counts, rest.value_counts, strict=True)]
+    return [(int(p), _widened(float(c), float(lo), float(hi), u, confidence), float(pv))
+            for p, c, lo, hi, u, pv in zip(rest.processes, rest.centers, lows, highs, units, p_values, strict=True)]
+
+
+def shift_estimate(logs: Levels, confidence: float = CONFIDENCE) -> tuple[Interval, float]:
+    """The ratio exp(mean(logs)) of paired log-ratios, its interval and the p-value of 'the ratio is 1': one bootstrap
+    of the differences, which equals the difference of the two variants' bootstraps drawn alike (a mean is linear)."""
+    center = float(np.mean(logs.values))
+    shifts = logs.bootstrap_means
+    return _percentiles(center, shifts, _units(logs), confidence), _p_value(shifts)
 
 
 def _stretched(every: Interval, centre: float) -> Interval:
     return replace(every, ratio=centre, ci_low=min(every.ci_low, centre), ci_high=max(every.ci_high, centre))
 
 
-def trimmed_ratio(baseline: Levels, variant: Levels, left_out: frozenset[int], confidence: float = CONFIDENCE) -> Paired:
-    """A re-measured point's ratio: `paired_ratio` of the processes not `left_out` (the point's disturbed ones:
-    kvpages.core.stability), so a disturbed process does not move the centre; its interval and p-value are
-    `paired_ratio`'s over every process, the disturbed ones included, stretched to hold that centre, so the
-    disturbance widens the interval instead (docs/method.md#re-measuring-unstable-points)."""
+def kept_ratio(baseline: Levels, variant: Levels, left_out: frozenset[int], settled: bool,
+               confidence: float = CONFIDENCE) -> Paired:
+    """A pair's ratio without its disturbed processes `left_out` (kvpages.core.stability), so none moves the centre:
+    settled (enough processes kept), `paired_ratio` of the kept ones; not settled, their centre with the interval and
+    p-value of every process, the disturbed ones included, stretched to hold it, so what is left of the disturbance
+    widens the interval instead of vanishing (docs/method.md#disturbed-processes)."""
+    if not left_out:
+        return paired_ratio(baseline, variant, confidence)
+    kept = paired_ratio(baseline.without(left_out), variant.without(left_out), confidence)
+    if settled:
+        return kept
     every = paired_ratio(baseline, variant, confidence)
-    if not left_out:
-        return every
-    centre = paired_ratio(baseline.without(left_out), variant.without(left_out), confidence)
-    return replace(centre, interval=_stretched(every.interval, centre.interval.ratio), p_value=every.p_value,
-                   repetitions=every.repetitions, processes=every.processes)
+    return replace(kept, interval=_stretched(every.interval, kept.interval.ratio), p_value=every.p_value)
 
 
-def trimmed_mean(levels: Levels, left_out: frozenset[int], confidence: float = CONFIDENCE) -> Interval:
-    """A variant's time at a re-measured point, as `trimmed_ratio` makes its ratio: the centre over the processes not
-    `left_out`, the interval over every process stretched to hold it (so a table's time is its chart's marker)."""
-    every = mean_estimate(levels, confidence)
+def kept_mean(levels: Levels, left_out: frozenset[int], settled: bool, confidence: float = CONFIDENCE) -> Interval:
+    """A variant's time beside `kept_ratio`: its geometric mean over the kept processes (so a table's time is its
+    chart's marker), with their interval when settled, else every process's stretched to hold it."""
     if not left_out:
-        return every
-    return _stretched(every, mean_estimate(levels.without(left_out), confidence).ratio)
+        return mean_estimate(levels, confidence)
+    kept = mean_estimate(levels.without(left_out), confidence)
+    return kept if settled else _stretched(mean_estimate(levels, confidence), kept.ratio)
 
 
 def _p_value(shifts: np.ndarray) -> float:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 BASELINE = "host_stride"
 """Pre-PR SGLang (<= 0.5.15): every ratio is a variant over this one."""
 CANDIDATE = "device_stride"
@@ -34,6 +36,12 @@ def case_id(variant: str, target_id: str) -> str:
 STEP_BASELINE = per_request_name(BASELINE)
 STEP_CANDIDATE = per_request_name(CANDIDATE)
 STEP_FLOOR = per_request_name(FLOOR)
+
+
+def step_baseline(baseline: str, step_variants: Iterable[str]) -> str:
+    """The step variant whole requests and steps are against: per_request[baseline] where it ran, else pre-PR's."""
+    own = per_request_name(baseline)
+    return own if own in set(step_variants) else STEP_BASELINE
 
 
 def called(baseline: str, quote: str = "`") -> str:

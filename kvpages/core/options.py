@@ -9,16 +9,19 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
+from kvpages.core.adaptive import DEFAULT_THRESHOLD
+from kvpages.core.affinity import CPU_CHOICES, parse_cpus
 from kvpages.core.checks import check_choice, parse_choices, parse_positive_ints, split_csv
 from kvpages.core.names import BASELINE
 from kvpages.core.presets import PRESETS, Preset, get_preset
 from kvpages.core.scenarios import DEFAULT_CHUNK_SIZE, MIXED_LENGTHS, Scenario, parse_lengths, scenarios_from
 from kvpages.core.sglang import SPEC_FORMS, parse_specs
-from kvpages.core.stability import DEFAULT_REMEASURE_BUDGET, DEFAULT_STABLE_SPREAD
+from kvpages.core.stability import DEFAULT_FACTOR, DEFAULT_REMEASURE_BUDGET
 from kvpages.core.sweep import DEVICES, DTYPES, LAYOUTS, Sweep
 
 DEVICE_CHOICES = ("auto",) + DEVICES
 CROSSCHECK_MODES = ("auto", "on", "off")
+PROBE_MODES = ("auto", "on", "off")
 SCENARIO_CHOICES = ("preset", "none")
 BREAKDOWN_MODES = ("on", "off")
 DEFAULT_RANK_TIMEOUT_S = 300.0
@@ -143,17 +146,29 @@ OPTIONS: tuple[Option, ...] = (
            lambda f, t: t.strip()),  # checked against the registered variants by the plugin, after --kv-sglang
     Option("--kv-breakdown", "breakdown", "where the time goes: three profiled passes over a few points, in its own "
            "process after the timing: on, off (default: on)", _choice(BREAKDOWN_MODES, "breakdown mode")),
+    Option("--kv-bandwidth-probe", "bandwidth_probe", "after the timed blocks, copies of 4-64 MiB to pageable and "
+           "pinned memory that fix a D2H bandwidth for `kvpages calibrate` (bandwidth.csv): "
+           f"{', '.join(PROBE_MODES)} (default: auto = on for CUDA runs; on a CPU run it copies host to host)",
+           _choice(PROBE_MODES, "bandwidth probe mode")),
     Option("--kv-rank-timeout", "rank_timeout_s", "under torchrun: seconds a rank waits for the others at a barrier "
            f"or gather before the run stops, naming them (default {DEFAULT_RANK_TIMEOUT_S:g})", _float_seconds, repr),
     Option("--kv-link-profile", "link_profiles", "link profile files (TOML, e.g. from `kvpages calibrate`), comma-separated, "
            "that the report's predictions add to the built-in ones; checked before the sweep, recorded in meta.json",
            lambda f, t: tuple(split_csv(f, t))),
-    Option("--kv-stable-spread", "stable_spread", "re-measure a point whose block medians spread (log-sd, ~ their CV) "
-           f"more than this, or whose processes disagree by more (default {DEFAULT_STABLE_SPREAD:g})",
-           _fraction(0.0, 1.0, True, str(DEFAULT_STABLE_SPREAD)), repr),
-    Option("--kv-remeasure-budget", "remeasure_budget", "seconds the re-measurement of unstable points may take, as a "
+    Option("--kv-disturb-factor", "disturb_factor", "a process whose paired ratio lies this factor or more from the "
+           "other processes' (either way) is disturbed whatever the run's spread, and left out of that pair's centre "
+           f"and re-measured (default {DEFAULT_FACTOR:g})", _fraction(1.0, 100.0, True, str(DEFAULT_FACTOR)), repr),
+    Option("--kv-remeasure-budget", "remeasure_budget", "seconds the re-measurement of disturbed pairs may take, as a "
            f"fraction of the sweep's planned timed seconds; 0 turns it off (default {DEFAULT_REMEASURE_BUDGET:g})",
            _fraction(0.0, 10.0, False, str(DEFAULT_REMEASURE_BUDGET)), repr),
+    Option("--kv-adaptive-threshold", "adaptive_threshold", "the length in tokens from which the `adaptive` variant "
+           f"strides on the device (default {DEFAULT_THRESHOLD}: the H200's measured crossover)",
+           _integer(1, "a length in tokens", str(DEFAULT_THRESHOLD))),
+    Option("--kv-threads", "threads", "torch intra-op threads in each timed process (default 1: the variants' ops "
+           "are small, and more threads only add their wake-ups to the spread)", _integer(1, "a number of threads", "1")),
+    Option("--kv-cpus", "cpus", f"the CPUs each timed process is pinned to while it times: {', '.join(CPU_CHOICES)} or "
+           "a list such as 2,3 or 8-15 (default auto: the GPU's NUMA node on CUDA, one core that is not core 0 on a CPU "
+           "run)", _flagged(parse_cpus)),
     Option("--kv-results", "results_dir", "folder that receives the run folder (default: <rootdir>/results)", lambda f, t: t),
 )
 
@@ -208,10 +223,14 @@ class BenchOptions:
     sglang: tuple[str, ...] | None = None
     baseline: str | None = None
     breakdown: str | None = None
+    bandwidth_probe: str | None = None
     rank_timeout_s: float | None = None
     link_profiles: tuple[str, ...] | None = None
-    stable_spread: float | None = None
+    disturb_factor: float | None = None
     remeasure_budget: float | None = None
+    adaptive_threshold: int | None = None
+    threads: int | None = None
+    cpus: str | None = None
     results_dir: str | None = None
 
     @classmethod
@@ -279,8 +298,12 @@ class BenchOptions:
         return self.baseline or BASELINE
 
     @property
-    def stable_spread_value(self) -> float:
-        return DEFAULT_STABLE_SPREAD if self.stable_spread is None else self.stable_spread
+    def disturb_factor_value(self) -> float:
+        return DEFAULT_FACTOR if self.disturb_factor is None else self.disturb_factor
+
+    @property
+    def threads_value(self) -> int:
+        return 1 if self.threads is None else self.threads
 
     @property
     def remeasure_fraction(self) -> float:
@@ -301,4 +324,5 @@ class BenchOptions:
 
 
 def crosscheck_enabled(mode: str, device: str) -> bool:
+    """Whether an auto/on/off choice (the cross-check, the bandwidth probe) is on for a run on `device`."""
     return mode == "on" or (mode == "auto" and device == "cuda")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,26 +55,42 @@ class Components:
 
 @dataclass(frozen=True)
 class Levels:
-    """Log values per repetition (a block median, or a paired log-ratio), with the process each came from."""
+    """Log values per repetition (a block median, or a paired log-ratio), with the process each came from and, where
+    known, the repetition it was (a re-measurement round times some variants of a point and not others)."""
 
     values: np.ndarray
     processes: np.ndarray
+    repetitions: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.values.shape != self.processes.shape:
             raise ValueError(f"{self.values.size} values but {self.processes.size} process ids")
+        if self.repetitions is not None and self.repetitions.shape != self.values.shape:
+            raise ValueError(f"{self.values.size} values but {self.repetitions.size} repetition ids")
 
     @functools.cached_property
     def process_count(self) -> int:
-        return int(np.unique(self.processes).size)
+        return int(self._owners[0].size)
 
     def by_process(self) -> list[np.ndarray]:
-        return [self.values[self.processes == p] for p in np.unique(self.processes)]
+        return [self.values[self.processes == p] for p in self._owners[0]]
 
-    def without(self, processes: frozenset[int]) -> Levels:
-        """These levels less the repetitions of `processes` (a re-measured point's disturbed ones)."""
+    def without(self, processes: Iterable[int]) -> Levels:
+        """These levels less the repetitions of `processes` (a pair's disturbed ones: kvpages.core.stability)."""
         keep = ~np.isin(self.processes, list(processes))
-        return Levels(self.values[keep], self.processes[keep])
+        return Levels(self.values[keep], self.processes[keep],
+                      None if self.repetitions is None else self.repetitions[keep])
+
+    def process_means(self) -> tuple[np.ndarray, np.ndarray]:
+        """(process ids, the mean level of each), in id order."""
+        ids, owner, counts = self._owners
+        return ids, np.bincount(owner, weights=self.values) / counts
+
+    @functools.cached_property
+    def _owners(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(process ids, each value's index among them, values per process)."""
+        ids, owner = np.unique(self.processes, return_inverse=True)
+        return ids, owner, np.bincount(owner)
 
     @functools.cached_property
     def bootstrap_means(self) -> np.ndarray:
@@ -95,6 +111,32 @@ class Levels:
         return Components(math.sqrt(max(0.0, mean_var - explained)), within)
 
 
+def aligned(baseline: Levels, variant: Levels) -> tuple[Levels, Levels] | None:
+    """The repetitions both timed, in the same order: matched by id where both carry ids, else by position (equal
+    sizes); None when nothing matches or a matched repetition's processes differ."""
+    if baseline.repetitions is not None and variant.repetitions is not None and \
+            not np.array_equal(baseline.repetitions, variant.repetitions):  # equal: as they are (their draws cached)
+        common, at_base, at_other = np.intersect1d(baseline.repetitions, variant.repetitions, return_indices=True)
+        if common.size == 0:
+            return None
+        base = Levels(baseline.values[at_base], baseline.processes[at_base], common)
+        other = Levels(variant.values[at_other], variant.processes[at_other], common)
+    elif baseline.values.size == variant.values.size:
+        base, other = baseline, variant
+    else:
+        return None
+    return (base, other) if np.array_equal(base.processes, other.processes) else None
+
+
+def paired(baseline: Levels, variant: Levels) -> Levels | None:
+    """Per repetition both timed (`aligned`), log(variant / baseline) of the block medians, with its process."""
+    found = aligned(baseline, variant)
+    if found is None:
+        return None
+    base, other = found
+    return Levels(other.values - base.values, base.processes, base.repetitions)
+
+
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20130617
 """Fixed, so the same run folder always gives the same intervals."""
@@ -107,6 +149,15 @@ class _Draws:
     flat: np.ndarray
     """(resamples, processes x width): the drawn process's row times the width, plus the drawn repetition."""
     padding: np.ndarray | None  # where a drawn process has fewer repetitions than the widest (left out); None: none has
+
+    @functools.cached_property
+    def weights(self) -> np.ndarray:
+        """(processes x width, resamples): how often each value is drawn into each resample over the draws' size, so a
+        resample's mean is a dot product (equal processes only: no padding)."""
+        resamples, size = self.flat.shape
+        offsets = np.arange(resamples)[:, None] * size
+        counts = np.bincount((self.flat + offsets).ravel(), minlength=resamples * size).reshape(resamples, size)
+        return counts.T / size
 
 
 def _draws(sizes: tuple[int, ...], rng: np.random.Generator) -> _Draws:
@@ -129,17 +180,60 @@ def _seeded_draws(sizes: tuple[int, ...]) -> _Draws:
 
 def resampled_means(levels: Levels, rng: np.random.Generator | None = None) -> np.ndarray:
     """Each two-stage resample's mean, drawn from `rng` (None: `bootstrap_means`'s seeded draws), padding left out."""
-    groups = levels.by_process()
-    sizes = tuple(g.size for g in groups)
+    _, owner, counts = levels._owners
+    sizes = tuple(int(c) for c in counts)
     draws = _seeded_draws(sizes) if rng is None else _draws(sizes, rng)
+    if draws.padding is None:  # equal processes: their values in process order are the padded rows
+        return levels.values[np.argsort(owner, kind="stable")] @ draws.weights
+    groups = levels.by_process()
     padded = np.zeros((len(groups), max(sizes)))
     for i, g in enumerate(groups):
         padded[i, :g.size] = g
     values = padded.ravel()[draws.flat]
-    if draws.padding is None:
-        return values.mean(axis=1)
     kept = ~draws.padding
     return (values * kept).sum(axis=1) / kept.sum(axis=1)
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """Levels with each process left out in turn (`leave_one_out_means`), row by row: the process left out, the
+    seeded resample means of the rest, their mean, and how many processes and values remain."""
+
+    processes: np.ndarray
+    means: np.ndarray  # (processes, resamples)
+    centers: np.ndarray
+    process_counts: np.ndarray
+    value_counts: np.ndarray
+
+
+def leave_one_out_means(levels: Levels) -> LeftOut:
+    """Each process of `levels` left out in turn (`LeftOut`). Processes of equal repetitions (every planned run) are
+    resampled together, with the draws `bootstrap_means` uses for their shape."""
+    ids, owner = np.unique(levels.processes, return_inverse=True)
+    counts = np.bincount(owner)
+    n = ids.size
+    if n < 2 or not (counts == counts[0]).all():
+        rest = [levels.without((int(p),)) for p in ids]
+        return LeftOut(ids, np.stack([r.bootstrap_means for r in rest]), np.array([r.values.mean() for r in rest]),
+                       np.array([r.process_count for r in rest]), np.array([r.values.size for r in rest]))
+    width = int(counts[0])
+    rows = levels.values[np.argsort(owner, kind="stable")].reshape(n, width)  # a row per process, in id order
+    others = np.broadcast_to(rows, (n, n, width))[~np.eye(n, dtype=bool)].reshape(n, (n - 1) * width)
+    return LeftOut(ids, others @ _seeded_draws((width,) * (n - 1)).weights, others.mean(axis=1),
+                   np.full(n, n - 1), np.full(n, (n - 1) * width))
+
+
+def percentiles(resampled: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
+    """The two-sided percentiles of `resampled` along its last axis, as np.percentile's default (linear) method
+    computes them, from a partial sort (a third of its time on 2000 values)."""
+    size = resampled.shape[-1]
+    ranks = np.array([50 * (1 - confidence), 50 * (1 + confidence)]) / 100 * (size - 1)
+    below = np.floor(ranks).astype(int)
+    upper = np.minimum(below + 1, size - 1)
+    ordered = np.partition(resampled, np.unique(np.concatenate([below, upper])), axis=-1)
+    lo, hi = (ordered[..., b] + (ordered[..., u] - ordered[..., b]) * (r - b) for b, u, r in zip(below, upper, ranks,
+                                                                                                  strict=True))
+    return lo, hi
 
 
 def finite_median(values: list[float]) -> float:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import platform
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -104,8 +106,35 @@ def device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device == "cuda" else cpu_model()
 
 
-def capture(device: str, repo: Path, crosschecked: bool = False) -> Environment:
-    """The environment of a run on `device`, from the checkout at `repo` (run folders in results/ leave it clean)."""
+CODE_FOLDERS = ("kvpages", "bench")
+
+
+def code_tree(repo: Path) -> str | None:
+    """The git tree ids of CODE_FOLDERS as they are on disk, tracked or not ('kvpages:<id> bench:<id>'), from a
+    throw-away index, so a run from a dirty tree still names the code it ran; None outside a git checkout."""
+    folder_tmp = Path(tempfile.mkdtemp(prefix="kvpages-code-tree-"))
+    env = {**os.environ, "GIT_INDEX_FILE": str(folder_tmp / "index")}
+    parts = []
+    try:
+        for folder in CODE_FOLDERS:
+            added = subprocess.run(["git", "add", "-A", "--", folder], cwd=repo, env=env, capture_output=True, timeout=20,
+                                   check=False)
+            tree = subprocess.run(["git", "write-tree", f"--prefix={folder}/"], cwd=repo, env=env, capture_output=True,
+                                  text=True, timeout=20, check=False)
+            if added.returncode or tree.returncode:
+                return None
+            parts.append(f"{folder}:{tree.stdout.strip()}")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    finally:
+        shutil.rmtree(folder_tmp, ignore_errors=True)
+    return " ".join(parts)
+
+
+def capture(device: str, repo: Path, crosschecked: bool = False, threads: int | None = None,
+            affinity: str | None = None) -> Environment:
+    """The environment of a run on `device`, from the checkout at `repo` (run folders in results/ leave it clean);
+    `threads` and `affinity`: those of the timed processes (kvpages.measure.pinning)."""
     commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
     status = _run(["git", "status", "--porcelain", "--", ".", ":(exclude)results"], cwd=repo)
     uuid = gpu_uuid() if device == "cuda" else None
@@ -119,7 +148,7 @@ def capture(device: str, repo: Path, crosschecked: bool = False) -> Environment:
         platform=platform.platform(),
         cpu_model=cpu_model(),
         cpu_count=os.cpu_count() or 0,
-        torch_threads=torch.get_num_threads(),
+        torch_threads=torch.get_num_threads() if threads is None else threads,
         device=device,
         device_name=device_name(device),
         cuda_version=torch.version.cuda if device == "cuda" else None,
@@ -131,4 +160,6 @@ def capture(device: str, repo: Path, crosschecked: bool = False) -> Environment:
         link_note=CPU_LINK_NOTE if device == "cpu" else CUDA_LINK_NOTE + CROSSCHECK_NOTES[crosschecked],
         gpu_uuid=uuid,
         hostname=socket.gethostname(),
+        cpu_affinity=affinity,
+        code_tree=None if commit is None else code_tree(repo),
     )

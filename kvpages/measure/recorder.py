@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from kvpages.core.names import case_id
 from kvpages.measure.outcome import BlockOutcome, MeterReading
 from kvpages.measure.targets import Context, Target
-from kvpages.schema.rows import KEY_COLUMNS, OK, PARTIAL, RankRow, Row, Samples, ScenarioRow
+from kvpages.schema.rows import KEY_COLUMNS, OK, PARTIAL, POINTS, SCENARIO_KEY, RankRow, Row, Samples, ScenarioRow
 from kvpages.schema.writer import RunWriter
 
 
@@ -150,6 +150,6 @@ class Recorder:
             repro = shlex.join(self.launcher + (bench, "--benchmark-only") + narrowed.to_args())  # re-runs just this case
             rows += target.rows(case.variant, self.context, reading, status, text, blocks, repro)
         if rows and self.writer is not None and again:
-            self.writer.replace_rows(target.table, rows, KEY_COLUMNS)  # only points are re-measured
+            self.writer.replace_rows(target.table, rows, KEY_COLUMNS if target.table is POINTS else SCENARIO_KEY)
         elif rows and self.writer is not None:
             self.writer.add_rows(target.table, rows)

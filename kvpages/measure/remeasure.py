@@ -1,12 +1,14 @@
-"""Re-measuring unstable points: after the planned repetitions, more of them, in fresh processes, within a budget.
+"""Re-measuring disturbed pairs: after the planned repetitions, more of them, in fresh processes, within a budget.
 
-A point is unstable while one of its timed variants is not settled (kvpages.core.stability: a disturbed process, or
-block medians that spread more than --kv-stable-spread). Each round is one fresh worker process (P, P + 1, ...) that
-times one more repetition (R, R + 1, ...) of every point still unstable, all the point's variants interleaved in a
-seeded order as in the plan. A round starts only while its estimated cost fits what is left of the budget
-(--kv-remeasure-budget x the sweep's planned timed seconds); it is charged its process's whole wall. The session
-records each round's blocks as they come (an interruption keeps them) and meta.json's `remeasure` says what was done
-(docs/method.md#re-measuring-unstable-points). No torch import.
+A pair (a variant against the baseline at a point, or a step variant against the baseline's on a scenario) is not
+settled while one of its processes stands apart from the run's own spread beyond what can be left out, or leaving it
+out leaves fewer processes than the plan had (kvpages.core.stability). Each round is one fresh worker process (P, P + 1,
+...) that times one more repetition (R, R + 1, ...) of the worst targets first, as many as fit what is left of the
+budget (--kv-remeasure-budget x the sweep's planned timed seconds): at each, the baseline and the variants not settled
+there, interleaved in a seeded order as in the plan. It is charged its process's wall from its turn (a spare started
+beside the planned workers has its start-up behind it) or from its launch. The session records each round's blocks as
+they come (an interruption keeps them) and meta.json's `remeasure` says what was done
+(docs/method.md#disturbed-processes). No torch import.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from kvpages.core.names import case_id
-from kvpages.core.stability import settled
-from kvpages.core.stats import Levels, block_medians
+from kvpages.core.stability import disturbance, run_spread
+from kvpages.core.stats import Levels, block_medians, paired
 from kvpages.measure.recorder import Case, Recorder
 from kvpages.measure.schedule import Block, round_blocks
 from kvpages.measure.targets import Target
@@ -37,7 +39,7 @@ class Round:
     process: int
     repetition: int
     first_order: int
-    cases: tuple[str, ...]  # the case ids it times: every ok variant of each point still unstable
+    cases: tuple[str, ...]  # the case ids it times: at each target, the baseline and the variants not settled there
 
     def write(self, folder: Path) -> None:
         round_path(folder, self.process).write_text(json.dumps(asdict(self)))
@@ -47,27 +49,53 @@ class Round:
         data = json.loads(round_path(folder, process).read_text())
         return cls(**{**data, "cases": tuple(data["cases"])})
 
-    def blocks(self, variants: Sequence[str], points: Sequence[object], seed: int) -> tuple[Block, ...]:
-        """Its blocks, the same in the session and the worker."""
-        found = round_blocks(variants, points, self.repetition, self.process, seed, self.first_order)
+    def blocks(self, variants: Sequence[str], targets: Sequence[object], seed: int, after: int = 0) -> tuple[Block, ...]:
+        """Its blocks among `targets` (points, or requests and steps with their step `variants`), the same in the
+        session and the worker, numbered on from its first order (`after`: the blocks of a family before)."""
+        found = round_blocks(variants, targets, self.repetition, self.process, seed, self.first_order + after)
         return tuple(b for b in found if b.case_id in self.cases)
 
 
 def levels_of(case: Case) -> Levels:
-    """A point case's log block medians, with their processes."""
-    blocks = [b for b in case.blocks if isinstance(b, SampleSet)]
-    return Levels(np.log(block_medians([np.asarray(b.samples_us) for b in blocks])), np.array([b.process for b in blocks]))
+    """A case's log block medians (a scenario's blocked ones), with their processes and repetitions."""
+    blocks = case.blocks
+    times = [np.asarray(b.samples_us if isinstance(b, SampleSet) else b.blocked_us) for b in blocks]
+    return Levels(np.log(block_medians(times)), np.array([b.process for b in blocks]),
+                  np.array([b.repetition for b in blocks]))
 
 
-def unstable_points(recorder: Recorder, planned_processes: int, stable_spread: float) -> list[tuple[Target, list[str]]]:
-    """The points not settled, in run order, each with the ids of its ok cases (those a round times again)."""
-    found: list[tuple[Target, list[str]]] = []
+@dataclass(frozen=True)
+class Need:
+    """A target with a pair not settled: the cases a round times there (the baseline first), and how far its worst
+    disturbed process lies, in cuts (kvpages.core.stability.Disturbance.worst)."""
+
+    target: Target
+    cases: tuple[str, ...]
+    worst: float
+
+
+def needs(recorder: Recorder, baselines: tuple[str, str], planned: int, factor: float) -> list[Need]:
+    """The targets with a pair not settled, worst first; `baselines`: the points' and the scenarios' baseline."""
+    families: dict[bool, list[tuple[Target, str, str, Levels]]] = {True: [], False: []}
     for target, cases in recorder.by_target.items():
-        timed = [c for c in cases if c.status in (OK, None) and c.blocks]
-        if target.table is POINTS and timed and not all(settled(levels_of(c), planned_processes, stable_spread)
-                                                        for c in timed):
-            found.append((target, [case_id(c.variant, target.id) for c in timed]))
-    return found
+        point = target.table is POINTS
+        timed = {c.variant: c for c in cases if c.status in (OK, None) and c.blocks}
+        base = timed.get(baselines[0 if point else 1])
+        if base is None:
+            continue
+        for case in timed.values():
+            logs = None if case is base else paired(levels_of(base), levels_of(case))
+            if logs is not None:
+                families[point].append((target, base.variant, case.variant, logs))
+    found: dict[Target, tuple[list[str], float]] = {}
+    for family in families.values():
+        spread = run_spread(logs for *_, logs in family)
+        for target, baseline, variant, logs in family:
+            d = disturbance(logs, spread, factor)
+            if not d.settled(planned):
+                ids, worst = found.get(target, ([case_id(baseline, target.id)], 0.0))
+                found[target] = (ids + [case_id(variant, target.id)], max(worst, d.worst or 1.0))
+    return sorted((Need(t, tuple(ids), worst) for t, (ids, worst) in found.items()), key=lambda n: -n.worst)
 
 
 @dataclass
@@ -75,14 +103,15 @@ class Remeasurer:
     """The re-measurement of one run: `run_round(round) -> Worker` starts, times and records one round's process."""
 
     recorder: Recorder
+    baselines: tuple[str, str]  # the points' and the scenarios' baseline
     planned_processes: int
     repetitions: int
     first_order: int  # the planned blocks' count: the rounds' orders follow
-    stable_spread: float
+    factor: float  # --kv-disturb-factor
     budget_fraction: float
     planned_s: float  # the sweep's planned timed seconds (its points' time budgets)
-    block_s: float  # the planned timed seconds of one block (a time budget over the repetitions)
-    overhead_s: float = 0.0  # the first round's untimed cost: a planned worker's start-up and inputs
+    block_s: Callable[[Target], float]  # a target's planned timed seconds per block (its budget over the repetitions)
+    overhead_s: float = 0.0  # the first round's untimed cost: a spare's inputs, or a fresh worker's start-up and inputs
     workers: list[Worker] = field(default_factory=list)
     record: Remeasurement | None = None
 
@@ -90,44 +119,59 @@ class Remeasurer:
     def budget_s(self) -> float:
         return self.budget_fraction * self.planned_s
 
+    def pick(self, found: list[Need], left_s: float, overhead_s: float) -> list[Need]:
+        """The worst targets first, as many as fit `left_s` with a round's untimed cost."""
+        chosen, cost = [], overhead_s
+        for need in found:
+            more = len(need.cases) * self.block_s(need.target)
+            if cost + more <= left_s:
+                chosen.append(need)
+                cost += more
+        return chosen
+
     def run(self, run_round: Callable[[Round], Worker], say: Callable[[str], None]) -> Remeasurement:
-        """Rounds until every point is settled or the budget would be passed; `record` holds what was done so far
-        (an interruption leaves it there)."""
-        unstable = unstable_points(self.recorder, self.planned_processes, self.stable_spread)
-        remeasured = tuple(t.id for t, _ in unstable)
+        """Rounds until every pair is settled or no target fits what is left of the budget; `record` holds what was
+        done so far (an interruption leaves it there)."""
+        found = needs(self.recorder, self.baselines, self.planned_processes, self.factor)
+        first = tuple(n.target.id for n in found)
+        remeasured: dict[str, None] = {}
         spent = timed = 0.0
         blocks = repetitions = 0
-        overhead = self.overhead_s  # a round's untimed cost: as the planned workers', then as the last round showed it
-        note = "every point settled within the planned repetitions"
+        overhead = self.overhead_s
+        note = "every pair settled within the planned repetitions"
 
         def record(said: str) -> Remeasurement:
-            return Remeasurement(self.stable_spread, self.budget_fraction, self.budget_s, self.planned_processes, said,
-                                 remeasured, len(self.workers), repetitions, blocks, spent, timed,
-                                 tuple(t.id for t, _ in unstable))
+            return Remeasurement(self.budget_fraction, self.budget_s, self.planned_processes, said, tuple(remeasured),
+                                 len(self.workers), repetitions, blocks, spent, timed, tuple(n.target.id for n in found),
+                                 disturb_factor=self.factor, found=first,
+                                 spare=bool(self.workers) and self.workers[0].spare)
 
-        while unstable:
-            cases = tuple(c for _, ids in unstable for c in ids)
+        while found:
+            chosen = self.pick(found, self.budget_s - spent, overhead)
             self.record = record("interrupted during a round")
-            if spent + overhead + len(cases) * self.block_s > self.budget_s:
-                note = f"stopped: a further round would pass the budget of {self.budget_s:.1f} s"
+            if not chosen:
+                note = (f"stopped: the next round's worst target would pass what is left of the {self.budget_s:.1f} s "
+                        "budget")
                 break
+            cases = tuple(c for n in chosen for c in n.cases)
             k = len(self.workers)
-            say(f"kvpages: re-measuring {len(unstable)} unstable point(s) in a fresh process, round {k + 1}")
+            left = f" ({len(found) - len(chosen)} more wait)" if len(chosen) < len(found) else ""
+            say(f"kvpages: re-measuring {len(chosen)} target(s) with a disturbed pair in a fresh process, round "
+                f"{k + 1}{left}")
             self.recorder.expect_more(cases)
-            worker = run_round(Round(self.planned_processes + k, self.repetitions + k,
-                                     self.first_order + blocks, cases))
+            worker = run_round(Round(self.planned_processes + k, self.repetitions + k, self.first_order + blocks, cases))
             self.workers.append(worker)
             info = worker.info()
-            spent, timed = spent + info.wall_s, timed + (info.timed_s or 0.0)
-            overhead = info.wall_s - (info.timed_s or 0.0)
-            blocks, repetitions = blocks + len(cases), repetitions + len(unstable)
-            still = unstable_points(self.recorder, self.planned_processes, self.stable_spread)
-            unstable = [(t, ids) for t, ids in still if t in {t for t, _ in unstable}]
-            note = "every re-measured point settled"
+            spent, timed = spent + worker.charged_s, timed + (info.timed_s or 0.0)
+            overhead = info.wall_s - (info.timed_s or 0.0)  # the next round's: a fresh worker's, start-up and all
+            blocks, repetitions = blocks + len(cases), repetitions + len(chosen)
+            remeasured.update((n.target.id, None) for n in chosen)
+            found = needs(self.recorder, self.baselines, self.planned_processes, self.factor)
+            note = "every disturbed pair settled" if not found else note
         self.record = record(note)
         return self.record
 
 
-def off(stable_spread: float, budget_fraction: float, planned_processes: int, why: str) -> Remeasurement:
+def off(budget_fraction: float, factor: float, planned_processes: int, why: str) -> Remeasurement:
     """meta.json's record of a run that re-measures nothing, and why."""
-    return Remeasurement(stable_spread, budget_fraction, 0.0, planned_processes, f"off: {why}")
+    return Remeasurement(budget_fraction, 0.0, planned_processes, f"off: {why}", disturb_factor=factor)

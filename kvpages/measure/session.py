@@ -21,11 +21,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvpages.core.names import case_id
+from kvpages.core import adaptive
+from kvpages.core.affinity import AUTO
+from kvpages.core.names import case_id, step_baseline
 from kvpages.core.options import BenchOptions, crosscheck_enabled
 from kvpages.measure import breakdown as where_time_goes
 from kvpages.measure import crosscheck as profiler_check
-from kvpages.measure import environment
+from kvpages.measure import environment, pinning, probe
 from kvpages.measure.group import Group, Launch
 from kvpages.measure.inputs import PoolCache
 from kvpages.measure.ranks import RankTarget
@@ -47,6 +49,7 @@ WORKER_START_S = 45.0  # its start-up: imports, collection, CUDA's start
 WORKER_PER_TARGET_S = 5.0  # building the inputs of each point, request or step of its share
 WORKER_PER_BLOCK_S = 0.05  # each block's untimed work: its check, meter and bookkeeping
 WORKER_BUDGET_FACTOR = 10.0  # times its blocks' timed budget (warm-up and minimum rounds come on top)
+SPARE_COLLECT_S = 0.5  # a spare's collection of its round, after its go (0.2-0.4 s on the 2-core box)
 
 
 class SweepPlan:
@@ -74,8 +77,11 @@ class SweepPlan:
                                 plan(self.step_variants, steps, repetitions, sweep.seed + 1, self.passes, processes))
         self.point_blocks, self.scenario_blocks = families[0], families[1] + families[2]
         self.planned: set[str] = set()
+        self.scenario_targets = requests + steps
         if round_ is not None:
-            self.point_blocks, self.scenario_blocks = round_.blocks(self.variants, points, sweep.seed), ()
+            self.point_blocks = round_.blocks(self.variants, points, sweep.seed)
+            self.scenario_blocks = round_.blocks(self.step_variants, self.scenario_targets, sweep.seed + 1,
+                                                 len(self.point_blocks))
 
     def collected(self, blocks: Sequence[Block]) -> Sequence[Block]:
         """This process's share of `blocks`, for a benchmark's parametrization; their cases count as planned rows."""
@@ -92,10 +98,17 @@ class SweepPlan:
     def remeasurer(self, recorder: Recorder, processes: int, overhead_s: float = 0.0) -> Remeasurer:
         """The re-measurement after this plan's repetitions, within --kv-remeasure-budget of its points' timed seconds."""
         options, blocks = self.options, self.point_blocks
-        return Remeasurer(recorder, processes, self.repetitions, len(blocks + self.scenario_blocks),
-                          options.stable_spread_value, options.remeasure_fraction,
+        baselines = (options.baseline_name, step_baseline(options.baseline_name, self.step_variants))
+        return Remeasurer(recorder, baselines, processes, self.repetitions, len(blocks + self.scenario_blocks),
+                          options.disturb_factor_value, options.remeasure_fraction,
                           planned_timed_s(blocks, options, self.repetitions),
-                          options.sweep.time_budget_s / self.repetitions, overhead_s)
+                          lambda target: target.budget_s(options) / self.repetitions, overhead_s)
+
+    def round_blocks(self, round_: Round) -> tuple[Block, ...]:
+        """A round's blocks, as its worker plans them (each target once, in run order)."""
+        points = list(dict.fromkeys(b.target for b in self.point_blocks))
+        found = round_.blocks(self.variants, points, self.options.sweep.seed)
+        return found + round_.blocks(self.step_variants, self.scenario_targets, self.options.sweep.seed + 1, len(found))
 
     def cases(self, selected: Sequence[Block]) -> list[tuple[Target, str]]:
         """The (target, variant)s of the `selected` blocks, in run order, each target's in variant order."""
@@ -135,10 +148,10 @@ def end_note(done: int, partial: int, planned: int, exitstatus: int, multi_rank:
 def own_process(index: int, phase: Phases, workers: Workers, started_at: float, total_s: float,
                 rounds: Sequence[Worker] = ()) -> ProcessInfo:
     """meta.json's record of the session's own process: its wall is the session's, less its workers' (their start-up
-    together, then their turns), the cross-check's and the re-measurement rounds' (after its blocks); its start-up runs
-    to its first block, less the first two."""
+    together, then their turns), the cross-check's and the re-measurement rounds' (after its blocks: a spare's from
+    its go, its start-up being in the workers'); its start-up runs to its first block, less the first two."""
     others = workers.startup_s + sum(w.turn_s for w in workers.runs) + phase.seconds["crosscheck"]
-    wall, span = total_s - others - sum(w.wall_s for w in rounds), phase.span
+    wall, span = total_s - others - sum(w.charged_s for w in rounds), phase.span
     startup = wall if span is None else span[0] - started_at - others
     return phase.spent().info(index, os.getpid(), "session", startup, wall)
 
@@ -147,15 +160,18 @@ def run_round(command: WorkerCommand, plan: SweepPlan, recorder: Recorder, say: 
               round_: Round) -> Worker:
     """One re-measurement round: its blocks handed to a fresh worker process, timed and recorded."""
     round_.write(command.folder)
-    points = list(dict.fromkeys(b.target for b in plan.point_blocks))  # each once, in run order, as the worker has them
-    own = round_.blocks(plan.variants, points, plan.options.sweep.seed)
+    own = plan.round_blocks(round_)
     return run_alone(command, round_.process, WORKER_START_S, limit_s(own, plan.options, plan.repetitions), recorder,
                      say, workers)
 
 
-def round_overhead_s(planned: Sequence[ProcessInfo]) -> float:
-    """A round's start-up and inputs, before any round has shown them: a planned worker's, which started beside the
-    others and so had a share of the cores (a round starts alone): on the 2-core box 4-7 s together, 2-2.5 s alone."""
+def round_overhead_s(planned: Sequence[ProcessInfo], spare: bool = False) -> float:
+    """A round's untimed cost before any round has shown it: with a spare waiting, its inputs (a later planned
+    worker's, loaded from the pool cache) and its collection; else a fresh worker's start-up and inputs, as a planned
+    worker's, which started beside the others and so had a share of the cores (a round starts alone: on the 2-core box
+    4-7 s together, 2-2.5 s alone; on CUDA each includes the device's start)."""
+    if spare:
+        return SPARE_COLLECT_S + min((p.inputs_s or 0.0 for p in planned[1:]), default=0.0)
     share = min(1.0, (os.cpu_count() or 1) / max(1, len(planned)))
     return share * min(((p.startup_s or 0.0) + (p.inputs_s or 0.0) for p in planned), default=0.0)
 
@@ -168,7 +184,7 @@ def remeasure_record(remeasurer: Remeasurer | None, options: BenchOptions, proce
     why = ("--kv-remeasure-budget 0" if options.remeasure_fraction == 0 else "a multi-rank run" if multi_rank else
            "a run of one process (its interval covers what varies within it)" if processes < 2 else
            "the session did not get past its planned repetitions")
-    return off(options.stable_spread_value, options.remeasure_fraction, processes, why)
+    return off(options.remeasure_fraction, options.disturb_factor_value, processes, why)
 
 
 class KvSession:
@@ -177,8 +193,10 @@ class KvSession:
     def __init__(self, options: BenchOptions, rootdir: Path, invocation_args: tuple[str, ...],
                  timing: bool = True, worker: int | None = None, worker_dir: Path | None = None,
                  started_at: float = 0.0, launch: Launch | None = None, go_fd: int | None = None,
-                 benchmark_output: bool = True) -> None:
+                 benchmark_output: bool = True, released: WorkerLog | None = None) -> None:
+        """`released`: a spare worker's log, its wait for its round behind it (kvpages.measure.workers)."""
         self.options = options
+        adaptive.use_threshold(options.adaptive_threshold or adaptive.DEFAULT_THRESHOLD)  # before any call of `adaptive`
         self.started_at = started_at  # perf_counter when this process started (kvpages.measure.workers)
         auto = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = auto if options.device_choice == "auto" else options.device_choice
@@ -195,7 +213,8 @@ class KvSession:
         self.repetitions = sweep.repetitions if timing else 1
         self.processes = sweep.processes if timing else 1
         self.process = self.processes - 1 if worker is None else worker
-        self.log = None if worker is None or worker_dir is None else WorkerLog(log_path(worker_dir, worker), go_fd)
+        self.log = released or (None if worker is None or worker_dir is None else
+                                 WorkerLog(log_path(worker_dir, worker), go_fd))
         round_ = Round.read(worker_dir, worker) if worker_dir is not None and worker is not None and \
             worker >= self.processes else None
         self.plan = SweepPlan(options, self.device, group, self.repetitions, self.processes, self.process, round_)
@@ -208,6 +227,9 @@ class KvSession:
         self.recorder: Recorder | None = None
         self.workers = Workers()
         self.remeasurer: Remeasurer | None = None
+        self.pinned = pinning.Pinned(pinning.resolve(options.cpus or AUTO, options.threads_value, self.device), timing)
+        """Its CPUs and torch threads from its first timed block, free again after its last (the round workers it
+        starts, its breakdown and its analysis run free)."""
 
     def start(self, selected: Sequence[Block]) -> None:
         """Before the first block, once: signals; the cross-check of the `selected` cases; the run folder, recorder."""
@@ -216,9 +238,12 @@ class KvSession:
             signal.signal(signal.SIGTERM, interrupt)
             signal.signal(signal.SIGINT, interrupt)
         if self.log is not None:  # a worker logs its outcomes, once its turn comes
+            if self.device == "cuda":
+                torch.empty(1, device="cuda")  # its CUDA context started while it waits, beside the others' start-ups
             if not self.log.wait_for_turn():
                 pytest.exit("kvpages: the session ended before this worker's turn", pytest.ExitCode.INTERRUPTED)
             self.runner.first_readings = read_readings(self.log.folder)
+            self.pinned.pin()
             return
         cases = self.plan.cases(selected)
         checked = [profiler_check.CheckCase(v, t) for t, v in cases
@@ -233,6 +258,8 @@ class KvSession:
             if self.context.group is None or self.context.group.rank == 0:  # whole, so its end is written
                 self.writer = open_run_folder(self)
             self.recorder = Recorder(self.writer, cases, self.context, self.repetitions, self.process, self.launcher)
+        if self.processes <= 1:  # no workers to start first: this process times from its first block
+            self.pinned.pin()
 
     def run_workers(self, command: WorkerCommand, say: Callable[[str], None]) -> None:
         """Time the earlier processes' shares in workers; the recorder takes each outcome a worker logs as it comes."""
@@ -240,18 +267,26 @@ class KvSession:
         write_cases(command.folder, list(self.recorder.cases))
         self.runner.pool_cache = PoolCache(command.folder)
         limits = [self.plan.worker_limit_s(process, frozenset(self.recorder.cases)) for process in range(self.processes - 1)]
-        run_workers(command, WORKER_START_S, limits, self.recorder, say, self.workers)
+        spare = self.options.remeasure_fraction > 0 and self.context.group is None  # a first round without a start
+        run_workers(command, WORKER_START_S, limits, self.recorder, say, self.workers, spare=spare)
         self.runner.first_readings = self.recorder.first_readings()  # this process is a later one too
+        self.pinned.pin()  # its own share next (the workers it started are free: they pinned themselves)
 
     def remeasure(self, command: WorkerCommand, say: Callable[[str], None]) -> None:
         """After the planned repetitions: re-measure the unstable points in fresh processes (kvpages.measure.remeasure)."""
         assert self.recorder is not None, "a session that records"
+        self.pinned.unpin()
+        planned = [w.info() for w in self.workers.runs]
         self.remeasurer = self.plan.remeasurer(self.recorder, self.processes,
-                                               round_overhead_s([w.info() for w in self.workers.runs]))
-        if self.remeasurer.budget_s > 0:
-            if self.device == "cuda":
-                torch.cuda.empty_cache()  # the rounds' fresh processes get the memory this one no longer uses
-            self.remeasurer.run(functools.partial(run_round, command, self.plan, self.recorder, say, self.workers), say)
+                                               round_overhead_s(planned, self.workers.spare is not None))
+        try:
+            if self.remeasurer.budget_s > 0:
+                if self.device == "cuda":
+                    torch.cuda.empty_cache()  # the rounds' fresh processes get the memory this one no longer uses
+                self.remeasurer.run(functools.partial(run_round, command, self.plan, self.recorder, say, self.workers),
+                                    say)
+        finally:
+            self.workers.dismiss_spare()  # not needed, or not reached
 
     def run(self, benchmark, block: Block) -> None:
         """Run one block (called by bench/) and record its outcome; a stopped case's test is skipped or failed."""
@@ -276,6 +311,7 @@ class KvSession:
     def finish(self, exitstatus: int, total_s: float) -> None:
         """Close the run folder: completed only if every planned case ran and the session passed (a worker: its log)."""
         self.context.transfer_thread.shutdown(wait=True)
+        self.pinned.unpin()
         group = self.context.group
         if group is not None:
             group.close()
@@ -288,31 +324,8 @@ class KvSession:
         self.recorder.finish()
         if self.writer is None:
             return
-        meta = self.writer.meta
-        rounds = [] if self.remeasurer is None else self.remeasurer.workers
-        meta.processes = [w.info() for w in self.workers.runs] + [
-            own_process(self.process, self.phase, self.workers, self.started_at, total_s, rounds)] + [
-            dataclasses.replace(w.info(), role="remeasure") for w in rounds]
-        meta.remeasure = remeasure_record(self.remeasurer, self.options, self.processes, group is not None)
-        completed, note = end_note(self.recorder.recorded, self.recorder.partial, len(self.plan.planned), exitstatus,
-                                   group is not None, None if group is None else group.failure)
-        loaded = self.runner.loaded
-        if loaded is not None:
-            meta.environment = dataclasses.replace(meta.environment, pcie_link_loaded=loaded.pcie_link or "unknown",
-                                                   sm_clock_mhz_loaded=loaded.sm_clock_mhz)
-        if self.options.breakdown != "off":  # what meta.json says if this process is stopped during the profile
-            meta.breakdown = "not finished: the sweep was stopped during the profiled passes"
-        timing = RunTiming.of(total_s, meta.processes, self.phase.seconds["crosscheck"], self.workers.overlap_s)
-        self.writer.finish(completed, note, timing)  # the run folder is finished before the breakdown starts
-        if self.options.breakdown != "off":  # where the time goes, in a process of its own, into the finished folder
-            with self.phase("breakdown"):
-                if exitstatus == pytest.ExitCode.INTERRUPTED:
-                    meta.breakdown = "not run: the session was interrupted"
-                else:
-                    cases = where_time_goes.planned_cases(self.plan.point_blocks, self.plan.planned, self.device)
-                    meta.breakdown = where_time_goes.write_breakdown_into(self.writer.path, cases, self.device)
-            self.writer.meta.timing = dataclasses.replace(timing, breakdown_s=self.phase.seconds["breakdown"])
-            self.writer.write_meta()
+        timing = close_run(self, exitstatus, total_s)
+        after_sweep(self, exitstatus, timing)
 
     def analysed(self, seconds: float) -> None:
         if self.writer is not None and self.writer.meta.timing is not None:
@@ -320,10 +333,55 @@ class KvSession:
             self.writer.write_meta()
 
 
+def close_run(kv: KvSession, exitstatus: int, total_s: float) -> RunTiming:
+    """meta.json's processes, re-measurement, end and timing, and the run folder finished; the timing returned."""
+    assert kv.writer is not None and kv.recorder is not None
+    meta, group = kv.writer.meta, kv.context.group
+    rounds = [] if kv.remeasurer is None else kv.remeasurer.workers
+    meta.processes = [w.info() for w in kv.workers.runs] + [
+        own_process(kv.process, kv.phase, kv.workers, kv.started_at, total_s, rounds)] + [
+        dataclasses.replace(w.info(), role="remeasure") for w in rounds]
+    meta.remeasure = remeasure_record(kv.remeasurer, kv.options, kv.processes, group is not None)
+    completed, note = end_note(kv.recorder.recorded, kv.recorder.partial, len(kv.plan.planned), exitstatus,
+                               group is not None, None if group is None else group.failure)
+    loaded = kv.runner.loaded
+    if loaded is not None:
+        meta.environment = dataclasses.replace(meta.environment, pcie_link_loaded=loaded.pcie_link or "unknown",
+                                               sm_clock_mhz_loaded=loaded.sm_clock_mhz)
+    if kv.options.breakdown != "off":  # what meta.json says if this process is stopped during the profile
+        meta.breakdown = "not finished: the sweep was stopped during the profiled passes"
+    overlap = kv.workers.overlap_s + sum(w.ready_s for w in rounds if w.spare)  # a spare started with the others
+    timing = RunTiming.of(total_s, meta.processes, kv.phase.seconds["crosscheck"], overlap)
+    kv.writer.finish(completed, note, timing)  # the run folder is finished before the breakdown starts
+    return timing
+
+
+def after_sweep(kv: KvSession, exitstatus: int, timing: RunTiming) -> None:
+    """Into the finished run folder: the bandwidth probe (CUDA), then where the time goes (its own process)."""
+    assert kv.writer is not None
+    meta, interrupted = kv.writer.meta, exitstatus == pytest.ExitCode.INTERRUPTED
+    if crosscheck_enabled(kv.options.bandwidth_probe or "auto", kv.device):
+        with kv.phase("probe"):
+            meta.bandwidth_probe = "not run: the session was interrupted" if interrupted else \
+                probe.probe_into(kv.writer.path, kv.device)
+        timing = dataclasses.replace(timing, probe_s=kv.phase.seconds["probe"])
+        meta.timing = timing
+        kv.writer.write_meta()
+    if kv.options.breakdown != "off":  # where the time goes, in a process of its own, into the finished folder
+        with kv.phase("breakdown"):
+            if interrupted:
+                meta.breakdown = "not run: the session was interrupted"
+            else:
+                cases = where_time_goes.planned_cases(kv.plan.point_blocks, kv.plan.planned, kv.device)
+                meta.breakdown = where_time_goes.write_breakdown_into(kv.writer.path, cases, kv.device)
+        meta.timing = dataclasses.replace(timing, breakdown_s=kv.phase.seconds["breakdown"])
+        kv.writer.write_meta()
+
+
 def open_run_folder(kv: KvSession) -> RunWriter:
     """A new run folder with its meta.json (after the cross-check, whose outcome the environment states)."""
     confirmed = kv.crosscheck_on and kv.runner.crosscheck.unavailable is None
-    env = environment.capture(kv.device, kv.rootdir, confirmed)
+    env = environment.capture(kv.device, kv.rootdir, confirmed, kv.pinned.pinning.threads, kv.pinned.pinning.said)
     group = kv.context.group
     label = ("cpu" if kv.device == "cpu" else f"cuda-{kv.context.device_name}") + (
         "" if group is None else f"-{group.size}ranks")

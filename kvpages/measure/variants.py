@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvpages.core.adaptive import on_device
 from kvpages.core.checks import check_positive
 
 VariantFn = Callable[..., np.ndarray]
@@ -34,12 +35,13 @@ class Moves(enum.Enum):
     TOKENS = "tokens"  # every token index: seq_len * itemsize bytes
     PAGES = "pages"  # one index per page: ceil(seq_len / page_size) * itemsize bytes
     NONE = "none"  # nothing: 0 bytes in 0 transfers (the page indices are already on the host)
+    BY_LENGTH = "by length"  # PAGES from the adaptive threshold on (above page size 1), TOKENS below (core.adaptive)
 
     def expected_d2h_bytes(self, seq_len: int, page_size: int, itemsize: int) -> int:
         if self is Moves.NONE:
             return 0
-        elements = seq_len if self is Moves.TOKENS else -(-seq_len // page_size)
-        return elements * itemsize
+        pages = self is Moves.PAGES or (self is Moves.BY_LENGTH and on_device(seq_len, page_size))
+        return (-(-seq_len // page_size) if pages else seq_len) * itemsize
 
     @property
     def expected_transfers(self) -> int | None:
@@ -314,3 +316,21 @@ def host_mirror(kv_indices: torch.Tensor, page_size: int, host_pages: HostPages)
     """
     first = host_pages.first_page
     return host_pages.table[host_pages.row, first:first - (-kv_indices.numel() // page_size)]
+
+
+@variant("adaptive", moves=Moves.BY_LENGTH)
+def adaptive(kv_indices: torch.Tensor, page_size: int) -> np.ndarray:
+    """Choose by length: the merged PR's device stride from --kv-adaptive-threshold tokens on, pre-PR's host stride below.
+
+    The recommendation "choose by length" as code: below the crossover (and at page size 1,
+    where striding saves no byte) one copy of every token index and numpy's stride, as pre-PR;
+    from it on, the merged PR's kernel and its page_size times fewer bytes.
+    Hypothesis: it takes the faster of the two at every length, so it is never slower than
+    either beyond the noise, on the link whose crossover set the threshold.
+    """
+    if on_device(kv_indices.numel(), page_size):
+        return (kv_indices[::page_size] // page_size).cpu().numpy()
+    kv = kv_indices.cpu().numpy()
+    if page_size == 1:
+        return kv
+    return kv[::page_size] // page_size

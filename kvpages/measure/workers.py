@@ -2,8 +2,10 @@
 
 The session starts its P - 1 workers together (`WorkerCommand.argv`); each imports, collects, says it is ready in
 its log (kvpages.measure.worklog) and waits on its pipe, so their start-ups overlap on the cores instead of adding up.
-Then they time one at a time, never two at once, and the session's recorder reads each log as it is written.
-No torch import.
+Then they time one at a time, never two at once, and the session's recorder reads each log as it is written. Beside
+them the session can start a *spare*: a worker that imports and says it is ready before it collects, because its
+blocks are a re-measurement round's, known only after the planned ones; it collects that round when it is given one,
+and exits unused when none is needed, so a round costs its own work and not a process start. No torch import.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from kvpages.schema.meta import ProcessInfo
 WORKER_FLAG = "--kv-worker"
 WORKER_DIR_FLAG = "--kv-worker-dir"
 WORKER_GO_FLAG = "--kv-worker-go"
+WORKER_SPARE_FLAG = "--kv-worker-spare"
 LEAN_PYTEST = ("-q", "--benchmark-quiet", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:logging",
                "-p", "no:unraisableexception", "-p", "no:xdist", "-p", "no:xdist.looponfail")
 """A worker's pytest: quiet (the session reports the run), no cache, and without the plugins the Makefile's
@@ -60,11 +63,12 @@ class WorkerCommand:
     folder: Path
     json_out: bool
 
-    def argv(self, process: int, go_fd: int) -> list[str]:
+    def argv(self, process: int, go_fd: int, spare: bool = False) -> list[str]:
         json_args = ["--benchmark-json", str(json_path(self.folder, process))] if self.json_out else []
         return [sys.executable, "-m", "pytest", *self.paths, *self.kv_args, "--benchmark-only",
                 WORKER_FLAG, str(process), WORKER_DIR_FLAG, str(self.folder), WORKER_GO_FLAG, str(go_fd),
-                "--rootdir", self.rootdir, *LEAN_PYTEST, *self.timed_as, *json_args]
+                *([WORKER_SPARE_FLAG] if spare else []), "--rootdir", self.rootdir, *LEAN_PYTEST, *self.timed_as,
+                *json_args]
 
 
 POLL_S = 0.2  # how often the session reads a running worker's log: its outcomes reach the run folder this soon
@@ -90,6 +94,7 @@ class Worker:
     turn_s: float = 0.0  # from the session's go until it exited (timing its share, one worker at a time)
     interrupted: bool = False  # the session or the worker was interrupted (SIGINT, SIGTERM) before the worker's end
     timed_out: bool = False
+    spare: bool = False  # started beside the planned workers for a round not yet known (its start-up behind it)
 
     @property
     def ready_s(self) -> float:
@@ -100,6 +105,12 @@ class Worker:
     def wall_s(self) -> float:
         """Its own wall time, without its wait for its turn."""
         return self.ready_s + self.turn_s
+
+    @property
+    def charged_s(self) -> float:
+        """What a re-measurement round cost the run: a spare's turn (its start-up overlapped the planned workers'),
+        any other worker's whole wall."""
+        return self.turn_s if self.spare else self.wall_s
 
     def failed(self, what: str) -> WorkerFailed:
         tail = "\n".join(self.output.read_text(errors="replace").splitlines()[-15:])
@@ -158,6 +169,17 @@ class Workers:
     runs: list[Worker] = field(default_factory=list)
     startup_s: float = 0.0  # the session's wall from their launch until every one was ready
     benchmarks: list[dict] = field(default_factory=list)
+    spare: Worker | None = None  # started with them for a first re-measurement round; None once used or dismissed
+
+    def take_spare(self) -> Worker | None:
+        spare, self.spare = self.spare, None
+        return spare
+
+    def dismiss_spare(self) -> None:
+        """An unused spare exits (its pipe closed) and is waited for."""
+        spare = self.take_spare()
+        if spare is not None:
+            _close([spare])
 
     @property
     def overlap_s(self) -> float:
@@ -173,19 +195,20 @@ def wait_or_kill(child: subprocess.Popen, timeout_s: float) -> None:
         child.wait()
 
 
-def launch(command: WorkerCommand, process: int, total: int) -> Worker:
+def launch(command: WorkerCommand, process: int, total: int, spare: bool = False) -> Worker:
     read_fd, write_fd = os.pipe()
     output = command.folder / f"process-{process}.out"
     try:
         with open(output, "w") as out:
-            child = subprocess.Popen(command.argv(process, read_fd), cwd=command.cwd, stdout=out,
+            child = subprocess.Popen(command.argv(process, read_fd, spare), cwd=command.cwd, stdout=out,
                                      stderr=subprocess.STDOUT, pass_fds=(read_fd,))
     except BaseException:
         os.close(write_fd)
         raise
     finally:
         os.close(read_fd)
-    return Worker(process, total, child, write_fd, output, LogReader(log_path(command.folder, process)), time.time())
+    return Worker(process, total, child, write_fd, output, LogReader(log_path(command.folder, process)), time.time(),
+                  spare=spare)
 
 
 def wait_ready(started: Sequence[Worker], limit_s: float) -> float:
@@ -211,23 +234,29 @@ def wait_ready(started: Sequence[Worker], limit_s: float) -> float:
 
 
 def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence[float], recorder: Recorder,
-                say: Callable[[str], None], workers: Workers) -> None:
-    """Run the earlier processes' shares: every worker started at once, ready within `start_limit_s`, then one after
-    another (worker K within `limits_s[K]`), the later ones on worker 0's meter readings. An interrupted worker
-    interrupts the session, one that did not run to its end fails the run (WorkerFailed); either way the workers
-    still waiting exit (their pipes closed), or are killed after STOP_WAIT_S."""
+                say: Callable[[str], None], workers: Workers, spare: bool = False) -> None:
+    """Run the earlier processes' shares: every worker started at once (and a `spare` for a first re-measurement
+    round, kept in `workers.spare`), ready within `start_limit_s`, then one after another (worker K within
+    `limits_s[K]`), the later ones on worker 0's meter readings. An interrupted worker interrupts the session, one
+    that did not run to its end fails the run (WorkerFailed); either way the workers still waiting exit (their pipes
+    closed), or are killed after STOP_WAIT_S."""
     total = len(limits_s) + 1
     started: list[Worker] = []
     try:
         for process in range(total - 1):
             started.append(launch(command, process, total))
-        workers.startup_s = wait_ready(started, start_limit_s)
+        if spare:
+            workers.spare = launch(command, total, total + 1, spare=True)
+        workers.startup_s = wait_ready(started + ([workers.spare] if workers.spare else []), start_limit_s)
         count = f"{len(started)} worker process" + ("es" if len(started) > 1 else "")
-        say(f"kvpages: {count} started together, all ready in {workers.startup_s:.1f} s")
+        say(f"kvpages: {count}{' and a spare' if spare else ''} started together, all ready in {workers.startup_s:.1f} s")
         for w, limit in zip(started, limits_s, strict=True):
             _turn(w, limit, command, recorder, say, workers)
             if w.process == 0:
                 write_readings(command.folder, recorder.first_readings())
+    except BaseException:
+        workers.dismiss_spare()
+        raise
     finally:
         _close(started)
     say(f"kvpages: process {total} of {total} (pid {os.getpid()}, this session) times its share now")
@@ -235,11 +264,15 @@ def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence
 
 def run_alone(command: WorkerCommand, process: int, start_limit_s: float, limit_s: float, recorder: Recorder,
               say: Callable[[str], None], workers: Workers) -> Worker:
-    """One more worker after the planned ones (a re-measurement round: kvpages.measure.remeasure), started alone,
-    then timed at once; it fails or interrupts the run as a planned worker does. Not added to `workers.runs`."""
-    w = launch(command, process, process + 1)
+    """One more worker after the planned ones (a re-measurement round: kvpages.measure.remeasure): the spare, if it
+    waits for its round as `process`, else one started alone; then timed at once; it fails or interrupts the run as a
+    planned worker does. Not added to `workers.runs`."""
+    w = workers.take_spare() if workers.spare is not None and workers.spare.process == process else None
+    if w is None:
+        w = launch(command, process, process + 1)
     try:
-        wait_ready([w], start_limit_s)
+        if not w.spare:
+            wait_ready([w], start_limit_s)
         _turn(w, limit_s, command, recorder, say, workers, runs=[])
     finally:
         _close([w])

@@ -66,9 +66,10 @@ class WorkerLog:
         self._file.flush()
 
     def wait_for_turn(self) -> bool:
-        """Say it is ready (imported and collected), then wait until the session writes to its pipe: False if the
-        pipe closed unwritten (the session stopped, or an earlier worker failed)."""
-        if self.go_fd is None:
+        """Say it is ready (imported and collected; a spare: imported), then wait until the session writes to its
+        pipe: False if the pipe closed unwritten (the session stopped, an earlier worker failed, a spare not needed).
+        Once released, it does not wait again."""
+        if self.go_fd is None or self.released_at is not None:
             return True
         self._file.write(json.dumps({"ready": time.time()}) + "\n")
         self._file.flush()

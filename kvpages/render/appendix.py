@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from kvpages.analysis.cite import fraction, sig
-from kvpages.analysis.predict import with_link_model
+from kvpages.analysis.families import records
+from kvpages.analysis.predict import row_call, with_link_model
 from kvpages.analysis.ratios import Analysis, variant_order
 from kvpages.core.links import profile_for
 from kvpages.core.names import CANDIDATE, called, label
@@ -35,7 +36,7 @@ def variants_section(analysis: Analysis) -> str:
 
 def link_model_section(analysis: Analysis) -> str:
     run = analysis.run
-    modeled = with_link_model(run.ok_rows(), analysis.profiles, analysis.host_work)  # one call: ops, syncs, copies, bytes
+    modeled = with_link_model(analysis, run.ok_rows())  # one call: ops, syncs, copies, bytes
     modeled = modeled[modeled["variant"].isin([analysis.baseline, CANDIDATE])]
     longest = modeled.groupby(["dtype", "layout", "page_size"])["seq_len"].transform("max")
     chosen = modeled[modeled["seq_len"] == longest].sort_values(["page_size", "variant"])
@@ -58,21 +59,24 @@ def model_vs_measurement(analysis: Analysis) -> str:
         return ""
     pcie = run.meta.environment.pcie_link if run.meta else None
     rows = []
-    for _, r in run.ok_rows().sort_values(["page_size", "seq_len", "variant"], key=variant_order).iterrows():
+    for r in records(run.ok_rows().sort_values(["page_size", "seq_len", "variant"], key=variant_order)):
         profile = profile_for(pcie, r["link"], analysis.profiles)
         if profile is None:
             continue
-        modeled = profile.predicted_us(str(r["variant"]), int(r["page_size"]), 1, r["d2h_bytes"], r["d2h_transfers"], 0.0,
-                                       analysis.host_side(str(r["variant"])))
+        call = row_call(analysis, str(r["variant"]), r, 1)
+        if call is None:  # its host work is not separable here
+            continue
+        modeled = profile.predicted_us(*call)
         time = analysis.time_of(r)
         rows.append([r["page_size"], r["seq_len"], f"`{r['variant']}`", r["link"], profile.label, sig(time),
                      sig(modeled), sig(time - modeled)])
     if not rows:
         return f"\n\nNo link profile matches this run's link (PCIe: {pcie}), so the model is not compared with it."
     header = ["page_size", "seq_len", "variant", "link", "profile", "measured µs", "modeled µs", "measured - modeled µs"]
-    return ("\n\n#### Model vs measurement\n\nEach timed row beside the model of the link it crossed. The "
-            "difference is what the model leaves out (device kernels, Python, synchronisation) or gets wrong "
-            "(the profile's latency and bandwidth).\n\n" + table(header, rows))
+    return ("\n\n#### Model vs measurement\n\nEach timed row beside the model of the link it crossed, its host work "
+            "included (measured apart from its copy: kvpages.analysis.hostwork). The difference is what the model "
+            "leaves out (device kernels, Python, synchronisation) or gets wrong (the profile's latency and "
+            "bandwidth).\n\n" + table(header, rows))
 
 
 def ratio_cell(analysis: Analysis, scenario: str, variant: str, latency: str) -> str:

@@ -4,10 +4,12 @@ that crossed no link the times are host-side work: the tables say so and set the
 from __future__ import annotations
 
 from kvpages.analysis.cite import fraction, sig
-from kvpages.analysis.findings import BATCHED, profile_name
+from kvpages.analysis.findings import findings
 from kvpages.analysis.predict import Prediction, crossover, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis
-from kvpages.core.links import ASSUMED, HOST_WORK, SCALES, TERM_KEYS
+from kvpages.analysis.recommend import BATCHED
+from kvpages.analysis.wording import bounded, profile_name
+from kvpages.core.links import ASSUMED, HOST_WORK, SCALES, TERM_KEYS, Term
 from kvpages.core.names import CANDIDATE, STEP_CANDIDATE, called
 from kvpages.render.captions import time_label
 from kvpages.render.text import ci_text, count, coverage, interval_cell, table
@@ -81,18 +83,27 @@ def scenario_table(analysis: Analysis) -> str:
     return f"At page size {top}; every page size and step variant is in the appendix.\n\n" + table(header, rows)
 
 
+def term_text(t: Term) -> str:
+    """'16.5 µs [14.3, 20.6] (fitted)' or '5 µs, bounds 2.5-10 (0.5-2x)': 3 significant figures, as the interval
+    supports (torch.utils.benchmark prints its figures so)."""
+    if t.fitted and t.low is not None and t.high is not None:
+        return f"{sig(t.value)} {t.unit} [{sig(t.low)}, {sig(t.high)}], fitted, varied within that interval"
+    if t.key not in ASSUMED:  # an assumption's figure as its source gives it
+        return f"{t.value:g} {t.unit}, not varied"
+    (low, _), (high, _) = t.bounds()
+    return f"{t.value:g} {t.unit}, bounds {low:.3g}-{high:.3g} ({SCALES[0]:g}-{SCALES[1]:g}x)"
+
+
 def _terms(analysis: Analysis) -> list[str]:
     """Each term once where every priced profile shares it (value and source), else once per profile."""
     lines = []
     for key in TERM_KEYS:
         terms = {(p.term(key).value, p.term(key).source, p.term(key).low, p.term(key).high): p for p in analysis.profiles}
         for t in (p.term(key) for p in terms.values()):
-            where = "" if len(terms) == 1 else f" ({', '.join(p.label for p in analysis.profiles if p.term(key) == t)})"
-            (low, _), (high, _) = t.bounds()
-            bounds = (f"fitted interval {low:.3g}-{high:.3g}" if t.fitted else
-                      f"bounds {low:.3g}-{high:.3g} ({SCALES[0]:g}-{SCALES[1]:g}x)")
-            lines.append(f"- {t.name}{where}: {t.value:g} {t.unit}, {bounds if key in ASSUMED else 'not varied'}. "
-                         f"{t.source}")
+            owners = [p for p in analysis.profiles if p.term(key) == t]
+            where = "" if len(terms) == 1 else f" ({', '.join(p.label for p in owners)})"
+            own = " *In-sample here*: fitted from this run." if any(p.in_sample(analysis.run.run_id) for p in owners) else ""
+            lines.append(f"- {t.name}{where}: {term_text(t)}. {t.source}{own}")
     return lines
 
 
@@ -117,3 +128,18 @@ def model_section(analysis: Analysis) -> str:
             f"{crossed}{_user_profiles(analysis)} The public GPU figures the model is tested against, and what it "
             "leaves out of those it misses: docs/method.md, \"The public record\". Terms (link profiles: "
             "kvpages/schema/profiles/*.toml; `kvpages calibrate` fits them from a CUDA run):\n\n" + "\n".join(_terms(analysis)))
+
+
+def predictions_section(analysis: Analysis) -> str:
+    """APPENDIX.md: every prediction a finding quotes, per profile by its label, with the variation at each end."""
+    if analysis.run.link_crossed:
+        return ""
+    rows = []
+    for f in findings(analysis):
+        r = next((x for x in analysis.ratios if x.id == f.id), None)
+        found = point_predictions(analysis, r) if r is not None else ()
+        if r is None and (s := next((x for x in analysis.scenario_ratios if x.id == f.id), None)) is not None:
+            found = scenario_predictions(analysis, s)
+        rows += [[f.question, f"`{f.id}`", profile_name(p.profile, analysis.run.run_id), bounded(p)] for p in found]
+    return ("Each finding's predicted ratio per link profile, with the variation of the assumed terms that gives each "
+            "end of its range.\n\n" + table(["finding", "row id", "profile", "predicted [low if ..., high if ...]"], rows))

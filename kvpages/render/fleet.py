@@ -8,9 +8,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kvpages.analysis.cite import commit_text, interval_of
-from kvpages.analysis.findings import Finding, findings
+from kvpages.analysis.findings import findings
 from kvpages.analysis.fleet import Fleet, Matched, Missing, sweep_of
 from kvpages.analysis.machines import meta_of
+from kvpages.analysis.wording import Finding
 from kvpages.core.names import BASELINE
 from kvpages.render.fleet_chart import CHART_CAPTION, CHART_PNG, plot_fleet
 from kvpages.render.text import NAMES, coverage, interval_cell, markdown_page, table

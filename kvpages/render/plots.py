@@ -14,10 +14,11 @@ from matplotlib.colors import TwoSlopeNorm
 from matplotlib.patches import Rectangle
 
 from kvpages.analysis.cite import sig
-from kvpages.analysis.findings import profile_name
+from kvpages.analysis.families import Record, records
 from kvpages.analysis.predict import point_predictions
-from kvpages.analysis.ratios import Analysis, Record, records
+from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.verdicts import SAME, UNCLEAR
+from kvpages.analysis.wording import profile_name
 from kvpages.core.names import CANDIDATE, called, variant_sort_key
 from kvpages.core.stats import Interval
 from kvpages.core.sweep import ITEMSIZE
@@ -186,7 +187,8 @@ def plot_ratio(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, f
 
 
 def plot_link_model(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, formats) -> list[Path]:
-    """A panel per page size: the predicted merged PR / pre-PR time per call on each prediction profile (a model)."""
+    """A panel per page size: the predicted merged PR / pre-PR time per call on each prediction profile (a model);
+    on a run that crossed a link, the measured ratio with its interval over it."""
     ratios = [r for r in analysis.ratios_of(CANDIDATE) if (r.dtype, r.layout) == (dtype, layout)]
     if not ratios:
         return []
@@ -195,21 +197,25 @@ def plot_link_model(analysis: Analysis, frame, dtype: str, layout: str, stem: Pa
     palette = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, page_size in zip(axes, page_sizes, strict=True):
         at = sorted((r for r in ratios if r.page_size == page_size), key=lambda r: r.seq_len)
-        seq = [r.seq_len for r in at]
-        predicted = [point_predictions(analysis, r) for r in at]
+        priced = [(r.seq_len, found) for r in at if (found := point_predictions(analysis, r))]
         for n, profile in enumerate(analysis.predicting):
             color = palette[n % len(palette)]
-            ax.plot(seq, [p[n].ratio for p in predicted], color=color, marker="osD^v"[n % 5], ms=4, mfc="none",
-                    ls=":" if profile.pinned else "-", label=profile_name(profile))
-            ax.fill_between(seq, [p[n].low for p in predicted], [p[n].high for p in predicted], color=color, alpha=0.1,
+            seq = [L for L, _ in priced]
+            ax.plot(seq, [p[n].ratio for _, p in priced], color=color, marker="osD^v"[n % 5], ms=4, mfc="none",
+                    ls=":" if profile.pinned else "-", label=profile_name(profile, analysis.run.run_id))
+            ax.fill_between(seq, [p[n].low for _, p in priced], [p[n].high for _, p in priced], color=color, alpha=0.1,
                             lw=0)
-        ax.axhline(1.0, color="black", lw=1, ls="--", label="1: same predicted time")
+        if analysis.run.link_crossed:
+            ax.errorbar([r.seq_len for r in at], [r.ratio for r in at],
+                        yerr=[[r.ratio - r.ci_low for r in at], [r.ci_high - r.ratio for r in at]], color="black",
+                        marker="o", ms=4, ls="none", capsize=2, label=f"measured here [{coverage(analysis)}]", zorder=5)
+        ax.axhline(1.0, color="black", lw=1, ls="--", label="1: same time")
         _log_axes(ax)
         set_title(ax, f"page_size={page_size}")
-        ax.set(xlabel="seq_len (tokens)", ylabel=f"predicted time, merged PR / {called(analysis.baseline, '')}")
-    return _finish(fig, axes, "link profile (model)",
-                   _title(analysis.run, "MODEL, not measurement: predicted time per call on a GPU box", dtype, layout),
-                   stem, formats)
+        ax.set(xlabel="seq_len (tokens)", ylabel=f"time, merged PR / {called(analysis.baseline, '')}")
+    what = ("model per link profile, measured ratio in black" if analysis.run.link_crossed else
+            "MODEL, not measurement: predicted time per call on a GPU box")
+    return _finish(fig, axes, "link profile (model)", _title(analysis.run, what, dtype, layout), stem, formats)
 
 
 def _scenario_panels(analysis: Analysis, kind: str, x: str, xlabel: str, what: str, stem: Path, formats) -> list[Path]:

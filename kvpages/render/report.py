@@ -7,7 +7,9 @@ from pathlib import Path
 
 from kvpages.analysis.cite import fraction, sig
 from kvpages.analysis.findings import findings
+from kvpages.analysis.gpu_answer import GpuAnswer
 from kvpages.analysis.noise import components_text, efficiency
+from kvpages.analysis.pairs import DISTURBED, FRAGILE
 from kvpages.analysis.ratios import NOISY_SPREAD, Analysis
 from kvpages.analysis.verdicts import FDR, MIN_EFFECT_FLOOR
 from kvpages.core.links import SCALES
@@ -15,8 +17,10 @@ from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, labe
 from kvpages.render.appendix import groups, link_model_section, ratio_cell, same_latencies, scenarios_section, variants_section
 from kvpages.render.breakdown import breakdown_section, breakdown_summary, floor_section
 from kvpages.render.captions import caption
-from kvpages.render.evidence import crossover_table, model_section, per_call_table, scenario_table
+from kvpages.render.evidence import crossover_table, model_section, per_call_table, predictions_section, scenario_table
 from kvpages.render.ranks import render_ranks
+from kvpages.render.recommend import what_to_do, write_recommendations
+from kvpages.render.stability import left_out_section, remeasure_paragraph, stability_paragraph
 from kvpages.render.text import NAMES, ci_text, count, coverage, markdown_page, table
 from kvpages.schema.ranks import CONTENTION_COLUMNS, CONTENTION_CSV
 from kvpages.schema.reader import Run
@@ -25,7 +29,8 @@ from kvpages.schema.writer import write_atomic, write_table
 
 REPORT_MD = "REPORT.md"
 APPENDIX_MD = "APPENDIX.md"
-UNSTABLE_SAID = "; **unstable**: its point still spread after re-measurement (see Method)"
+STABILITY_SAID = {FRAGILE: "; **fragile**: another verdict without one of its processes (see Method)",
+                  DISTURBED: "; **disturbed**: more than a minority of its processes stand apart (see Method)"}
 NOISY_COLUMNS = ("variant", "dtype", "layout", "seq_len", "page_size", "rep_spread", "median_us")
 
 def method_text(analysis: Analysis) -> str:
@@ -115,39 +120,18 @@ def caveats(analysis: Analysis) -> list[str]:
     return out
 
 
-def remeasure_paragraph(analysis: Analysis) -> str:
-    """What the re-measurement of unstable points did, from meta.json's `remeasure` ('' for a run without it)."""
-    run, spread = analysis.run, analysis.noise.median_spread  # the spread between repetitions the method section gives
-    r = None if run.meta is None else run.meta.remeasure
-    if r is None:
-        return ""
-    if not r.remeasured or r.budget_s == 0:
-        return f"**Re-measurement** of unstable points: {r.note}.\n\n"
-    still = ", ".join(f"`{p}`" for p in r.unstable) or "none"
-    box = ""
-    if 2 * len(r.unstable) >= len(r.remeasured) and spread > r.stable_spread:
-        box = (f" Most stayed unstable because this box's block medians spread by {spread:.0%} (median over rows), "
-               f"over the {r.stable_spread:.0%} threshold: more repetitions do not narrow a spread. On such a box raise "
-               f"`--kv-stable-spread` above {spread:.0%} to have these points judged (each interval already resamples "
-               "that spread), or run on a quieter one.")
-    return (f"**Re-measurement** of unstable points (block medians spread beyond {r.stable_spread:.0%}, or a process "
-            f"apart from the others): {len(r.remeasured)} point(s) after the {r.planned_processes} planned processes, "
-            f"{r.rounds} extra process(es), {r.extra_repetitions} extra repetition(s) of a point ({r.extra_blocks} "
-            f"blocks), {r.spent_s:.1f} s of a {r.budget_s:.1f} s budget ({r.timed_s:.1f} s timed); {r.note}. Still "
-            f"unstable (`unstable` in `{RATIOS_CSV}`, never judged faster or slower): {still}.{box} A re-measured "
-            "point's ratio leaves out processes apart from the others; its interval keeps them (docs/method.md).\n\n")
-
-
-def findings_section(analysis: Analysis) -> str:
-    unstable = analysis.unstable  # a finding on a point still unstable after its re-measurement says so
+def findings_section(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
     rows: list[list[object]] = [[f.question, f.answer, f.figure, f"`{f.id}`" if f.id != "-" else "-",
-                                 f.status + (UNSTABLE_SAID if f.timed and f.id in unstable else "")]
-                                for f in findings(analysis)]
+                                 f.status + (STABILITY_SAID.get(analysis.stability_of(f.id), "") if f.timed else "")]
+                                for f in findings(analysis, gpu)]
     model = ("" if analysis.run.link_crossed else "On this CPU run no link was crossed: a time figure is the model's "
              "predicted ratio per link profile (see The link model), and the measured host-side work is evidence. In "
              f"brackets: the ratio's range when the assumed terms (launch, kernel, sync, fixed cost per copy) move to "
              f"their bounds ({SCALES[0]:g}-{SCALES[1]:g}x, or a fitted profile's intervals), one at a time and all "
-             "together, with the variation that gives each end; a crossover names the variations that move it. ")
+             "together (which variation gives each end: APPENDIX.md). ")
+    if gpu is not None:
+        model += (f"Beside each prediction, the figure {gpu.machine} measured at the same row id in run `{gpu.run_id}` "
+                  "(results/ holds it; `--gpu-run` names another). ")
     return (f"{model}Measured ratios are variant / {called(analysis.baseline)} with their {coverage(analysis)} (see "
             "Method); each id is a row of "
             f"`{RATIOS_CSV}` (`r-...`) or `scenarios.csv` / `{SCENARIO_RATIOS_CSV}` (`req-...`, `step-...`); "
@@ -214,7 +198,7 @@ def charts_section(analysis: Analysis) -> str:
     return "\n\n".join(f"![{name}]({name})\n*{caption(analysis, name)}*" for name in charts)
 
 
-def render(analysis: Analysis) -> str:
+def render(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
     run = analysis.run
     if run.ranks is not None:
         return render_ranks(analysis, environment_paragraph(run))
@@ -226,7 +210,8 @@ def render(analysis: Analysis) -> str:
     word = "host-side work (no transfer)" if not run.link_crossed else "time"
     time_goes = breakdown_summary(analysis)  # a few lines beside the chart; the table is in the appendix
     return markdown_page(f"# kvpages report: {run.run_id} ({run.device_name}; {where})\n\n{names}", [
-        ("## Findings", findings_section(analysis)),
+        ("## Findings", findings_section(analysis, gpu)),
+        ("## What to do", what_to_do(analysis, gpu)),
         ("## Charts", charts_section(analysis)),
         (f"## Evidence\n\n### Per call: merged PR vs {called(analysis.baseline)}, {word}",
          per_call_table(analysis) + "\n\n### Crossover\n\n" + crossover_table(analysis)),
@@ -234,8 +219,9 @@ def render(analysis: Analysis) -> str:
         ("### Where the time goes",
          time_goes and f"{time_goes} The table is in [{APPENDIX_MD}]({APPENDIX_MD}#where-the-time-goes)."),
         ("### The link model", model_section(analysis)),
-        ("## Method and caveats", method_text(analysis) + "\n\n" + remeasure_paragraph(analysis)
-         + noise_paragraph(analysis) + "\n\n" + ("\n".join(f"- {c}" for c in caveats(analysis)) or "- no caveats")),
+        ("## Method and caveats", method_text(analysis) + "\n\n" + stability_paragraph(analysis)
+         + remeasure_paragraph(analysis) + noise_paragraph(analysis) + "\n\n"
+         + ("\n".join(f"- {c}" for c in caveats(analysis)) or "- no caveats")),
         ("## Environment and reproduce", environment_paragraph(run) + f"\n\n```\n{command}\n```\n\nEach row of "
          f"`results.csv` re-runs one variant (`repro`); each row of `{RATIOS_CSV}` and `{SCENARIO_RATIOS_CSV}` re-runs "
          f"its pair, interleaved as in the run. Every table in full: [{APPENDIX_MD}]({APPENDIX_MD})."),
@@ -251,16 +237,19 @@ def render_appendix(analysis: Analysis) -> str:
         ("## Measured crossover", crossover_section(analysis)),
         ("## Per request and per step: the merged PR", scenario_main(analysis)),
         ("## Host mirror", floor_section(analysis)),
+        ("## Processes left out", left_out_section(analysis)),
         ("## Where the time goes", breakdown_section(analysis)),
         (f"## The other variants vs {base}", "`spread`: how much the row's block medians vary between repetitions "
          "(results.csv `rep_spread`).\n\n" + variants_section(analysis)),
+        ("## Predictions behind the findings", predictions_section(analysis)),
         ("## Link model per row", link_model_section(analysis)),
         ("## Every step variant, per request and per step", scenarios_section(analysis)),
     ])
 
 
-def write_report(analysis: Analysis) -> Path:
-    """Write ratios.csv, scenario_ratios.csv, noisy.csv and REPORT.md into the run folder; return the report's path."""
+def write_report(analysis: Analysis, gpu: GpuAnswer | None = None) -> Path:
+    """Write ratios.csv, scenario_ratios.csv, recommendations.csv, noisy.csv and REPORT.md into the run folder (`gpu`: a
+    CPU run's GPU answer, kvpages.analysis.gpu_answer); return the report's path."""
     folder = analysis.run.path
     write_table(folder, RATIOS_CSV, RATIO_COLUMNS, analysis.ratios)
     write_table(folder, SCENARIO_RATIOS_CSV, SCENARIO_RATIO_COLUMNS, [r.row() for r in analysis.scenario_ratios])
@@ -272,5 +261,6 @@ def write_report(analysis: Analysis) -> Path:
     path = folder / REPORT_MD
     if analysis.run.ranks is None:
         write_atomic(folder / APPENDIX_MD, render_appendix(analysis))
-    write_atomic(path, render(analysis))
+    write_recommendations(analysis)
+    write_atomic(path, render(analysis, gpu))
     return path

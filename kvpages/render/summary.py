@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from kvpages.analysis.cite import interval_of, sig
-from kvpages.analysis.ratios import Analysis, records, variant_order
+from kvpages.analysis.families import records
+from kvpages.analysis.ratios import Analysis, variant_order
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_BASELINE, STEP_CANDIDATE, label, per_request_of
 from kvpages.render.appendix import groups, ratio_cell
 from kvpages.render.ranks import contention_summary

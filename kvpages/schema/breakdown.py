@@ -3,12 +3,11 @@ inflates every absolute figure, so a row's shares are the result; the other devi
 
 from __future__ import annotations
 
-import csv
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
-from kvpages.schema.rows import columns, parse_cell
+from kvpages.schema.rows import columns, read_rows
 from kvpages.schema.writer import write_table
 
 BREAKDOWN_CSV = "breakdown.csv"
@@ -50,18 +49,7 @@ def write_breakdown(folder: Path, rows: list[BreakdownRow]) -> Path:
 
 def read_breakdown(folder: Path) -> tuple[BreakdownRow, ...]:
     """The rows of `folder/breakdown.csv`; () when there is none. A malformed file is a ValueError naming it."""
-    path = folder / BREAKDOWN_CSV
-    if not path.is_file():
-        return ()
-    try:
-        with path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            if tuple(reader.fieldnames or ()) != BREAKDOWN_COLUMNS:
-                raise ValueError(f"columns {reader.fieldnames}, expected {list(BREAKDOWN_COLUMNS)}")
-            return tuple(BreakdownRow(**{f.name: parse_cell(str(f.type), line[f.name]) for f in fields(BreakdownRow)})
-                         for line in reader)
-    except (ValueError, TypeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read it ({exc})") from None
+    return read_rows(folder / BREAKDOWN_CSV, BreakdownRow)
 
 
 STACK_PARTS = {"cpu": ("aten copies", "other aten ops (stride, divide, ...)", "host: Python, numpy"),

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from kvpages.core.links import LinkProfile
 from kvpages.core.names import BASELINE
+from kvpages.core.stability import DEFAULT_FACTOR
 from kvpages.schema.rows import SCHEMA_VERSION
 
 
@@ -21,7 +22,7 @@ class Environment:
     platform: str
     cpu_model: str
     cpu_count: int
-    torch_threads: int
+    torch_threads: int  # of each timed process (--kv-threads) since cpu_affinity is recorded; before, torch's default
     device: str
     device_name: str
     cuda_version: str | None
@@ -35,6 +36,10 @@ class Environment:
     pcie_link_loaded: str | None = None  # nvidia-smi's, right after the first timed block (an idle link downshifts)
     sm_clock_mhz_loaded: int | None = None  # clocks.sm at the same moment (boosted: each process spins the GPU up)
     hostname: str | None = None  # socket.gethostname(); None in runs written before it was recorded
+    cpu_affinity: str | None = None  # where each process timed: '1 (auto: one core, not core 0)'; None: not recorded
+    code_tree: str | None = None
+    """The git tree ids of kvpages/ and bench/ as they were on disk ('kvpages:<id> bench:<id>'), dirty tree or not:
+    `git rev-parse <commit>:kvpages` of the commit with the same code gives the same id (docs/guide.md)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,7 @@ class RunTiming:
     end_s: float | None = None
     crosscheck_s: float = 0.0  # the profiler cross-check, in a process of its own, before the first block
     breakdown_s: float | None = None  # breakdown.csv, after the sweep, in a process of its own
+    probe_s: float | None = None  # bandwidth.csv, after the sweep, in the session's process (CUDA runs)
     startup_overlap_s: float = 0.0  # the workers start together: how much of their start-ups overlapped
     analysis_s: float | None = None  # the summary, charts and report (None: not run, or not finished yet)
 
@@ -88,7 +94,7 @@ class RunTiming:
     @property
     def measured_s(self) -> float:
         """What measuring the run took: its breakdown, not its analysis (so a report re-made later says the same)."""
-        return self.wall_s + (self.breakdown_s or 0.0)
+        return self.wall_s + (self.breakdown_s or 0.0) + (self.probe_s or 0.0)
 
     @classmethod
     def from_json(cls, data: dict[str, float]) -> RunTiming:
@@ -101,26 +107,30 @@ class RunTiming:
 
 @dataclass(frozen=True)
 class Remeasurement:
-    """meta.json's `remeasure`: what the re-measurement of unstable points did (kvpages.measure.remeasure). Points
-    are named by their id (`s8192-p64-int32-fragmented`); each round is one fresh process after the planned ones,
-    timing one more repetition of every point still unstable, its variants interleaved as in the plan."""
+    """meta.json's `remeasure`: what the re-measurement of disturbed pairs did (kvpages.measure.remeasure). Targets
+    (a point, `s8192-p64-int32-fragmented`, or a whole request or step) are named by their id; each round is one fresh
+    process after the planned ones, timing one more repetition of the worst targets that fit what is left of the
+    budget, each the baseline and the variants disturbed there, interleaved as in the plan."""
 
-    stable_spread: float  # --kv-stable-spread
     budget_fraction: float  # --kv-remeasure-budget
     budget_s: float  # that fraction of the sweep's planned timed seconds (0: off)
     planned_processes: int  # the processes the plan dealt repetitions to; the rounds' come after them
     note: str  # what it did, or why it did nothing, in words
-    remeasured: tuple[str, ...] = ()  # the points it re-measured (unstable after the planned repetitions)
+    remeasured: tuple[str, ...] = ()  # targets a round timed again (a run before 2026-12-05: those found unstable)
     rounds: int = 0  # extra processes
-    extra_repetitions: int = 0  # extra repetitions of a point (each times every variant of the point)
+    extra_repetitions: int = 0  # extra repetitions of a target
     extra_blocks: int = 0
-    spent_s: float = 0.0  # the rounds' processes' wall, start-up included
+    spent_s: float = 0.0  # the rounds' processes' wall, start-up included (a spare's before its round: not)
     timed_s: float = 0.0  # of which timed rounds
-    unstable: tuple[str, ...] = ()  # the points still unstable at the end (ratios.csv's `unstable`)
+    unstable: tuple[str, ...] = ()  # targets with a pair still disturbed at the end (a run before 2026-12-05: unstable)
+    stable_spread: float | None = None  # the old rule's --kv-stable-spread (a run before 2026-12-05); None since
+    disturb_factor: float = DEFAULT_FACTOR  # --kv-disturb-factor (kvpages.core.stability)
+    found: tuple[str, ...] = ()  # targets with a disturbed pair after the planned repetitions
+    spare: bool = False  # the first round ran in the spare started beside the planned workers (no start of its own)
 
     @classmethod
     def from_json(cls, data: dict) -> Remeasurement:
-        return cls(**{**data, "remeasured": tuple(data["remeasured"]), "unstable": tuple(data["unstable"])})
+        return cls(**{**data, **{k: tuple(data.get(k, ())) for k in ("remeasured", "unstable", "found")}})
 
 
 @dataclass
@@ -141,6 +151,7 @@ class RunMeta:
     crosscheck: str = "off"
     processes: list[ProcessInfo] = field(default_factory=list)  # the processes the repetitions were dealt to
     breakdown: str = "off"  # breakdown.csv: what the profiled pass wrote, or why it wrote nothing
+    bandwidth_probe: str = "off"  # bandwidth.csv: what the probe wrote, or why it wrote nothing
     ranks: RanksMeta | None = None  # a multi-rank run's process group; None: one rank
     baseline: str = BASELINE  # the variant every ratio of the run is against (--kv-baseline)
     link_profiles: list[LinkProfile] = field(default_factory=list)

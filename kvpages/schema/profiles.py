@@ -6,6 +6,7 @@ A profile file:
     name = "pcie5_pageable"                  # a name of letters, digits and _ (it becomes a CSV column)
     label = "PCIe Gen5 x16, pageable"        # how the report and charts name it
     memory = "pageable"                      # pageable or pinned
+    fitted_from = ["20261204T181656Z-..."]   # optional: the runs `kvpages calibrate` fitted it from
 
     [launch_us]                              # one table per term: launch_us, kernel_us, sync_us, copy_us, bandwidth_gb_s
     value = 5.0                              # > 0 (µs; bandwidth in GB/s = 1e9 B/s)
@@ -38,6 +39,7 @@ else:  # Python 3.10: the backport, a dependency there (pyproject.toml, kvpages.
 BUILT_IN = Path(__file__).with_name("profiles")
 NAME = re.compile(r"[a-z0-9_]+")
 KEYS = ("name", "label", "memory", *TERM_KEYS)
+OPTIONAL = ("fitted_from",)
 TERM_FIELDS = ("value", "source", "low", "high")
 
 
@@ -82,9 +84,12 @@ def parse_profile(path: Path, text: str) -> LinkProfile:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{path}: not valid TOML ({exc})") from None
-    unknown = sorted(set(data) - set(KEYS))
+    unknown = sorted(set(data) - set(KEYS) - set(OPTIONAL))
     if unknown:
-        raise ProfileError(f"{path}: unknown key {unknown[0]!r}; valid: {', '.join(KEYS)}")
+        raise ProfileError(f"{path}: unknown key {unknown[0]!r}; valid: {', '.join(KEYS + OPTIONAL)}")
+    runs = data.get("fitted_from", [])
+    if not isinstance(runs, list) or not all(isinstance(r, str) and r for r in runs):
+        raise ProfileError(f"{path}: key 'fitted_from' must be a list of run ids, got {runs!r}")
     missing = [k for k in KEYS if k not in data]
     if missing:
         raise ProfileError(f"{path}: missing key {missing[0]!r} (a profile has {', '.join(KEYS)})")
@@ -96,7 +101,7 @@ def parse_profile(path: Path, text: str) -> LinkProfile:
     if data["memory"] not in MEMORIES:
         raise ProfileError(f"{path}: key 'memory' {data['memory']!r}; valid: {', '.join(MEMORIES)}")
     terms = tuple(_term(path, key, data[key]) for key in TERM_KEYS)
-    return LinkProfile(data["name"], data["label"].strip(), data["memory"], terms)
+    return LinkProfile(data["name"], data["label"].strip(), data["memory"], terms, fitted_from=tuple(runs))
 
 
 def read_profile(path: str | Path, origin: str | None = None) -> LinkProfile:
@@ -122,6 +127,8 @@ def profile_text(profile: LinkProfile, header: str = "") -> str:
     """The profile as a TOML file that `read_profile` reads back to the same terms (`header`: comment lines)."""
     lines = [f"# {line}" for line in header.splitlines()]
     lines += [f"name = {_string(profile.name)}", f"label = {_string(profile.label)}", f"memory = {_string(profile.memory)}"]
+    if profile.fitted_from:
+        lines.append(f"fitted_from = [{', '.join(_string(r) for r in profile.fitted_from)}]")
     for t in profile.terms:
         lines += ["", f"[{t.key}]", f"value = {float(t.value)!r}", f"source = {_string(t.source)}"]
         if t.low is not None and t.high is not None:
@@ -142,7 +149,8 @@ def built_in_profiles() -> tuple[LinkProfile, ...]:
 
 def profile_from_record(record: dict[str, Any]) -> LinkProfile:
     """A profile as meta.json records it (dataclasses.asdict of a LinkProfile)."""
-    return LinkProfile(**{**record, "terms": tuple(Term(**t) for t in record["terms"])})
+    return LinkProfile(**{**record, "terms": tuple(Term(**t) for t in record["terms"]),
+                          "fitted_from": tuple(record.get("fitted_from", ()))})
 
 
 def record_profiles(folder: Path, profiles: tuple[LinkProfile, ...]) -> None:

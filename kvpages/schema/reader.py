@@ -56,6 +56,7 @@ class Run:
     processes: dict[tuple, tuple[int, ...]] | None = None  # per row or (scenario, variant) key: each block's process
     ranks: pd.DataFrame | None = None
     rank_samples: dict[tuple, list[RankSampleSet]] | None = None  # per (scenario, variant, role, rank; -1: the step's)
+    repetition_ids: dict[tuple, tuple[int, ...]] | None = None  # per row or (scenario, variant) key: each block's repetition
     _cache: dict[tuple, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -83,6 +84,11 @@ class Run:
     def block_processes(self, key: tuple, count: int) -> np.ndarray:
         found = (self.processes or {}).get(key)
         return np.array(found if found is not None and len(found) == count else (0,) * count)
+
+    def block_repetitions(self, key: tuple, count: int) -> np.ndarray | None:
+        """Each block's repetition id (samples.csv `repetition`), or None without them (a bare CSV)."""
+        found = (self.repetition_ids or {}).get(key)
+        return np.array(found) if found is not None and len(found) == count else None
 
     def cached(self, key: tuple, compute: Callable[[], T]) -> T:
         if key not in self._cache:
@@ -208,11 +214,13 @@ def load_run(path: str | Path) -> Run:
     scenario_samples = None if scenarios is None else {
         key: {"blocked": blocked[key], "ready": [np.asarray(b.ready_us) for b in found]}
         for key, found in scenario_blocks.items()}
-    processes = {key: tuple(b.process for b in found) for key, found in {**blocks, **scenario_blocks}.items()}
+    every = {**blocks, **scenario_blocks}
+    processes = {key: tuple(b.process for b in found) for key, found in every.items()}
+    repetitions = {key: tuple(b.repetition for b in found) for key, found in every.items()}
     ranks, rank_samples, _ = _read_steps(folder, RANKS, lambda r: (r["scenario"], r["variant"], r["role"],
                                                                    -1 if pd.isna(r["rank"]) else int(r["rank"])))
     return Run(folder, rows, samples, meta, scenarios, scenario_samples, processes, ranks,
-               None if ranks is None else rank_samples)
+               None if ranks is None else rank_samples, repetitions)
 
 
 def _read_samples(path: Path, table: Table, key_of: Callable[[Any], tuple]) -> dict[tuple, list[Any]]:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass, field, fields
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from kvpages.core.names import BASELINE
+
+T = TypeVar("T")
 
 SCHEMA_VERSION = 5  # the only version read (5 added `host_syncs`): an older run folder is refused, naming its version
 RESULTS_CSV = "results.csv"
@@ -28,6 +32,7 @@ D2H bytes (see note); out_of_memory: the point did not fit."""
 TIMED = (OK, PARTIAL)  # the statuses of a row with timings (and samples)
 
 KEY_COLUMNS = ("variant", "dtype", "layout", "seq_len", "page_size")  # a row's identity within a run
+SCENARIO_KEY = ("scenario", "variant")  # a scenarios.csv row's
 TIMING = {"timing": True}  # field metadata of the timing columns: empty on a row that was not timed
 
 
@@ -55,6 +60,23 @@ def parse_cell(annotation: str, text: str) -> Any:
     if kind == "tuple[float, ...]":
         return tuple(map(float, text.split()))
     return int(text) if kind == "int" else float(text)
+
+
+def read_rows(path: Path, row_type: type[T]) -> tuple[T, ...]:
+    """The rows of a kvpages CSV written from dataclass `row_type` (its fields, in order, are the columns); () when
+    there is no such file. A malformed one is a ValueError naming it."""
+    if not path.is_file():
+        return ()
+    names = columns(row_type)
+    try:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            if tuple(reader.fieldnames or ()) != names:
+                raise ValueError(f"columns {reader.fieldnames}, expected {list(names)}")
+            kinds = {f.name: str(f.type) for f in fields(row_type)}  # type: ignore[arg-type]  # a dataclass type
+            return tuple(row_type(**{k: parse_cell(kinds[k], line[k]) for k in names}) for line in reader)
+    except (ValueError, TypeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read it ({exc})") from None
 
 
 class _Status:
@@ -290,9 +312,10 @@ class RatioRow:
     min_effect: float
     q_value: float
     repro: str
-    processes: int = 1
+    processes: int = 1  # behind the centre: the run's, less `left_out`
     interval_unit: str = "repetition"
-    unstable: bool = False  # the point was still unstable after its re-measurement (meta.json `remeasure`)
+    stability: str = "stable"  # stable | fragile | disturbed (kvpages.analysis.pairs)
+    left_out: str = ""  # the processes left out of the centre, each with its level over the others' ('3 (1.52x)')
 
 
 @dataclass(frozen=True)
@@ -316,6 +339,8 @@ class ScenarioRatioRow:
     repro: str
     processes: int = 1
     interval_unit: str = "repetition"
+    stability: str = "stable"
+    left_out: str = ""
 
 
 RATIO_COLUMNS = columns(RatioRow)

@@ -1,0 +1,52 @@
+"""`kvpages cite RUN ID`: one row of a run in one line, with its figure, interval and coverage, machine, commit and
+the command that re-runs it (no torch); a row of ratios.csv, scenario_ratios.csv or recommendations.csv."""
+
+from __future__ import annotations
+
+import difflib
+
+from kvpages.analysis.cite import CiteError, commit_text, interval_of, interval_text, sig
+from kvpages.analysis.ratios import Analysis
+from kvpages.analysis.recommend import recommendations
+from kvpages.analysis.wording import bytes_figure
+from kvpages.core.names import label
+
+
+def all_ids(analysis: Analysis) -> list[str]:
+    return ([r.id for r in analysis.ratios] + [r.id for r in analysis.scenario_ratios if r.latency == "blocked"]
+            + [r.id for r in recommendations(analysis)])
+
+
+def _machine(analysis: Analysis) -> str:
+    run = analysis.run
+    where = run.meta.environment.device_name if run.meta else run.device_name
+    if not run.link_crossed:
+        return f"{where}, CPU run: no link crossed"
+    link = run.meta.environment.pcie_link if run.meta else None
+    return f"{where}, PCIe {link or 'unknown'}"
+
+
+def cite(analysis: Analysis, row_id: str) -> str:
+    """The one-line citation of a row id (module doc); CiteError names how to list the valid ones."""
+    meta = analysis.run.meta
+    where = f"{_machine(analysis)}; commit {(commit_text(meta.environment) if meta else None) or 'unknown'}"
+    for r in analysis.ratios:
+        if r.id == row_id:
+            what = (f"{label(r.variant)} / {label(r.baseline)}, L={r.seq_len} p={r.page_size} {r.dtype} {r.layout}: "
+                    f"{bytes_figure(r)}; latency = {interval_text(interval_of(r))}")
+            return f"{r.id}: {what} ({r.verdict}); {where}; repro: {r.repro}"
+    for s in analysis.scenario_ratios:
+        if s.id == row_id and s.latency == "blocked":
+            what = f"{s.scenario}: {label(s.variant)} / {label(s.baseline)}, blocked = {interval_text(s.interval)}"
+            return f"{s.id}: {what} ({s.verdict}); {where}; repro: {s.repro}"
+    for rec in recommendations(analysis):
+        if rec.id == row_id:
+            done = "recommended" if rec.recommended else "not recommended"
+            return (f"{rec.id}: {rec.action}: {label(rec.candidate)} / {label(rec.against)} {rec.setting} = "
+                    f"{sig(rec.ratio)} [{sig(rec.ci_low)}, {sig(rec.ci_high)}], {rec.basis} ({rec.verdict}): {done}; "
+                    f"rows {rec.cites}; {where}")
+    ids = all_ids(analysis)
+    close = difflib.get_close_matches(row_id, ids, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise CiteError(f"{row_id!r} is not a row id of run {analysis.run.run_id}; {hint}"
+                    f"`kvpages cite {analysis.run.path} --list` lists its {len(ids)} ids")

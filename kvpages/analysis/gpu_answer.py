@@ -1,0 +1,88 @@
+"""A CPU run's GPU answer (no torch): the CUDA run of the same points whose measured figures each CPU finding gives
+beside its predictions, with that run's machine and the row id (the same in every run). Found in the CPU run's own
+results folder (the newest CUDA run of the same preset sharing the most of its ratio ids), or given
+(`kvpages report RUN --gpu-run CUDA_RUN`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvpages.analysis.families import ScenarioRatio
+from kvpages.analysis.ratios import Analysis, analyze
+from kvpages.analysis.wording import short
+from kvpages.schema.reader import RunError, load_run
+from kvpages.schema.rows import META_JSON, RESULTS_CSV, RatioRow
+
+MIN_SHARED = 0.5  # of the CPU run's per-call points: a CUDA run sharing fewer is not its answer
+
+
+@dataclass(frozen=True)
+class GpuAnswer:
+    """The CUDA run whose measurements answer a CPU run's predictions."""
+
+    analysis: Analysis
+
+    @property
+    def run_id(self) -> str:
+        return self.analysis.run.run_id
+
+    @property
+    def machine(self) -> str:
+        return self.analysis.run.device_name
+
+    def ratio(self, row_id: str) -> RatioRow | ScenarioRatio | None:
+        found = self._index.get(row_id)
+        return found
+
+    @property
+    def _index(self) -> dict[str, RatioRow | ScenarioRatio]:
+        return self.analysis.run.cached(("gpu index",), lambda: {
+            **{r.id: r for r in self.analysis.scenario_ratios if r.latency == "blocked"},
+            **{r.id: r for r in self.analysis.ratios}})
+
+    def said(self, row_id: str) -> str:
+        """' Measured on NVIDIA H200: 2.31 [1.92, 2.48] slower (run 2026...).' ('' where the run has no such row)."""
+        found = self.ratio(row_id)
+        return "" if found is None else f" Measured on {self.machine}: {short(found)} (run {self.run_id})."
+
+
+def _points(folder: Path) -> set[tuple[str, ...]]:
+    """A run folder's (dtype, layout, seq_len, page_size) points, read from its results.csv's header and rows."""
+    lines = (folder / RESULTS_CSV).read_text().splitlines()
+    header = lines[0].split(",")
+    at = [header.index(c) for c in ("dtype", "layout", "seq_len", "page_size")]
+    return {tuple(line.split(",")[i] for i in at) for line in lines[1:] if line}
+
+
+def find_gpu_run(cpu: Analysis) -> Path | None:
+    """The newest CUDA run beside `cpu`'s folder of the same preset that shares at least MIN_SHARED of its points."""
+    run = cpu.run
+    if run.link_crossed or run.meta is None or not run.path.is_dir():
+        return None
+    mine = _points(run.path)
+    found = []
+    for folder in sorted(run.path.parent.iterdir()):
+        meta = folder / META_JSON
+        if folder == run.path or not meta.is_file() or not (folder / RESULTS_CSV).is_file():
+            continue
+        data = json.loads(meta.read_text())
+        if data.get("environment", {}).get("device") != "cuda" or data.get("preset") != run.meta.preset:
+            continue
+        if len(mine & _points(folder)) >= MIN_SHARED * len(mine):
+            found.append(folder)
+    return found[-1] if found else None  # run ids begin with their UTC start: the newest sorts last
+
+
+def gpu_answer(cpu: Analysis, given: Path | None = None) -> GpuAnswer | None:
+    """The GPU answer of a CPU run: `given`, else `find_gpu_run`'s; None for a CUDA run, or none found."""
+    if cpu.run.link_crossed:
+        return None
+    folder = given or find_gpu_run(cpu)
+    if folder is None:
+        return None
+    gpu = load_run(folder)
+    if not gpu.link_crossed:
+        raise RunError(f"--gpu-run {folder}: a CPU run; give a CUDA run of the same points")
+    return GpuAnswer(analyze(gpu))

@@ -1,0 +1,187 @@
+"""What to do: each candidate change set against the merged PR at the settings it names, from the run's own data, by
+one rule (no torch; docs/method.md, "What to do"):
+
+- measured, on a run that crossed a link: *recommended* when the candidate is judged faster than the merged PR there
+  (its interval below 1, the effect beyond the run's minimum effect, kept by the Benjamini-Hochberg step over the
+  candidates' comparisons); the gain is that ratio, candidate / merged PR, with its interval;
+- predicted, on a CPU run: *recommended (predicted)* when every prediction profile puts the candidate below the merged
+  PR there; the gain is the range of those predictions (the link model; the host-side ratio is not a gain).
+
+A candidate that does not pass is listed too, with its figure, so the section shows what was weighed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvpages.analysis.families import point_estimate, records, scenario_estimate
+from kvpages.analysis.pairs import PairEstimate
+from kvpages.analysis.predict import Prediction, predict, row_call
+from kvpages.analysis.ratios import Analysis
+from kvpages.analysis.verdicts import FASTER, judge_family
+from kvpages.core.adaptive import ADAPTIVE
+from kvpages.core.links import LinkProfile
+from kvpages.core.names import CANDIDATE, FLOOR, STEP_CANDIDATE, per_request_name
+from kvpages.core.stats import Interval
+
+SHORTCUT, PINNED, BATCHED = "device_stride_shortcut", "device_stride_pinned", "batched_device_stride"
+MEASURED, PREDICTED = "measured here", "predicted (model)"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Where a candidate is set against what it would replace: a point (page size, length) or a scenario."""
+
+    candidate: str
+    against: str
+    page_size: int
+    seq_len: int | None = None  # a point's length; None: `scenario`
+    scenario: str = ""
+    said: str = ""  # 'per call at p=1, L=512', 'a B=128 step at p=64'
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """One candidate at its setting (recommendations.csv; `kvpages cite RUN <id>` prints it)."""
+
+    id: str
+    action: str
+    setting: str
+    candidate: str
+    against: str
+    ratio: float  # candidate / against: measured, or the middle of the predictions
+    ci_low: float  # its interval; predicted: the lowest prediction over the profiles and their bounds
+    ci_high: float
+    recommended: bool
+    basis: str  # MEASURED or PREDICTED
+    verdict: str  # measured: the verdict; predicted: 'below on every profile' or not
+    cites: str  # the rows of ratios.csv or scenario_ratios.csv behind it (each against pre-PR)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    key: str
+    action: str
+    settings: Callable[[Analysis], list[Setting]]  # the first is the one the gain is given at
+
+
+def _points(analysis: Analysis, candidate: str, against: str, keep: Callable[[int, int], bool]) -> list[Setting]:
+    """Every point where both were timed and `keep(page_size, seq_len)`, shortest first."""
+    rows = sorted((r for r in analysis.ratios_of(against) if keep(r.page_size, r.seq_len)
+                   and analysis.ratio_at(candidate, r.dtype, r.layout, r.page_size, r.seq_len) is not None),
+                  key=lambda r: (r.seq_len, r.page_size))
+    return [Setting(candidate, against, r.page_size, r.seq_len, said=f"per call at p={r.page_size}, L={r.seq_len}")
+            for r in rows]
+
+
+def _step(analysis: Analysis, candidate: str, against: str, page_size: int) -> list[Setting]:
+    """The largest step of page size `page_size` (idle queue) where both were timed."""
+    frame = analysis.run.scenarios
+    if frame is None:
+        return []
+    steps = frame[(frame["kind"] == "step") & (frame["busy_us"] == 0) & (frame["page_size"] == page_size)]
+    timed = set(steps[steps["variant"] == candidate]["scenario"]) & set(steps[steps["variant"] == against]["scenario"])
+    if not timed:
+        return []
+    top = steps[steps["scenario"].isin(timed)].sort_values("requests").iloc[-1]
+    return [Setting(candidate, against, page_size, scenario=str(top["scenario"]),
+                    said=f"a B={top['requests']} step at p={page_size}")]
+
+
+def _main_p(analysis: Analysis) -> int:
+    """The page size a recommendation is shown at: 64 (the default steps') where swept, else the largest."""
+    swept = {r.page_size for r in analysis.ratios_of(CANDIDATE)}
+    return 64 if 64 in swept else max(swept, default=1)
+
+
+CANDIDATES = (
+    _Candidate("shortcut", "Restore the page_size == 1 shortcut (copy the token indices as they are at page size 1)",
+               lambda a: _points(a, SHORTCUT, CANDIDATE, lambda p, L: p == 1)
+               + _step(a, per_request_name(SHORTCUT), STEP_CANDIDATE, 1)),
+    _Candidate("by-length", f"Choose by length: the `{ADAPTIVE}` variant, device stride from its threshold on, host "
+                            "stride below it and at page size 1",
+               lambda a: _points(a, ADAPTIVE, CANDIDATE, lambda p, L: p == _main_p(a))
+               + _step(a, per_request_name(ADAPTIVE), STEP_CANDIDATE, _main_p(a))),
+    _Candidate("batch-per-step", "Batch one D2H per scheduler step instead of one per request",
+               lambda a: _step(a, BATCHED, STEP_CANDIDATE, 64) or _step(a, BATCHED, STEP_CANDIDATE, _main_p(a))),
+    _Candidate("no-pinned-short", "Avoid the per-request pinned pattern (SGLang 0.5.23) at short lengths: a plain "
+                                  "`.cpu()` there",
+               lambda a: _points(a, CANDIDATE, PINNED, lambda p, L: p == _main_p(a))),
+    _Candidate("host-page-table", "Keep a host page table (the floor: vLLM's and TensorRT-LLM's connectors read "
+                                  "host-side block ids)",
+               lambda a: _step(a, per_request_name(FLOOR), STEP_CANDIDATE, 64) + _points(a, FLOOR, CANDIDATE,
+                                                                                        lambda p, L: True)),
+)
+
+
+def _measured(analysis: Analysis, s: Setting) -> PairEstimate | None:
+    dtype, layout = "int32", "fragmented"
+    if s.seq_len is not None:
+        return point_estimate(analysis.run, (s.against, dtype, layout, s.seq_len, s.page_size),
+                              (s.candidate, dtype, layout, s.seq_len, s.page_size), analysis.baseline)
+    return scenario_estimate(analysis.run, (s.scenario, s.against), (s.scenario, s.candidate), "blocked")
+
+
+def _predicted(analysis: Analysis, s: Setting) -> tuple[Prediction, ...]:
+    """The candidate against what it replaces on every prediction profile; () where either cannot be priced."""
+    if s.seq_len is not None:
+        found = [analysis.row_at(v, "int32", "fragmented", s.page_size, s.seq_len) for v in (s.candidate, s.against)]
+        calls = [None if row is None else row_call(analysis, v, row, 1) for v, row in zip((s.candidate, s.against),
+                                                                                         found, strict=True)]
+    else:
+        frame = analysis.run.scenarios
+        assert frame is not None
+        steps = [records(frame[(frame["scenario"] == s.scenario) & (frame["variant"] == v)])[0]
+                 for v in (s.candidate, s.against)]
+        calls = [row_call(analysis, v, row, int(row["calls"]), analysis.scenario_time(row))
+                 for v, row in zip((s.candidate, s.against), steps, strict=True)]
+    if calls[0] is None or calls[1] is None:
+        return ()
+    return tuple(predict(p, (calls[0], calls[1])) for p in _pageable(analysis.predicting))
+
+
+def _pageable(profiles: tuple[LinkProfile, ...]) -> tuple[LinkProfile, ...]:
+    """The profiles `.cpu()` copies over (a what-if pinned profile does not decide a recommendation)."""
+    return tuple(p for p in profiles if not p.pinned)
+
+
+def _cites(analysis: Analysis, s: Setting) -> str:
+    ids = []
+    for variant in (s.candidate, s.against):
+        if s.seq_len is not None:
+            r = analysis.ratio_at(variant, "int32", "fragmented", s.page_size, s.seq_len)
+            ids.append(r.id if r is not None else "")
+        else:
+            r2 = analysis.scenario_ratio(s.scenario, variant, "blocked")
+            ids.append(r2.id if r2 is not None else "")
+    return " ".join(i for i in ids if i)
+
+
+def recommendations(analysis: Analysis) -> tuple[Recommendation, ...]:
+    """Every candidate at its first setting where the run can set it against what it replaces (module doc)."""
+    if analysis.baseline != "host_stride":
+        return ()
+    chosen = [(c, s) for c in CANDIDATES for s in c.settings(analysis)[:1]]
+    if analysis.run.link_crossed:
+        found = [(c, s, e) for c, s in chosen if (e := _measured(analysis, s)) is not None]
+        judged = judge_family([e.found.interval for *_, e in found], [e.found.p_value for *_, e in found],
+                              [e.disturbed for *_, e in found], analysis.noise.min_effect)
+        return tuple(_made(c, s, e.found.interval, verdict == FASTER, MEASURED, verdict, _cites(analysis, s))
+                     for (c, s, e), verdict in zip(found, judged.verdicts, strict=True))
+    out = []
+    for c, s in chosen:
+        predictions = _predicted(analysis, s)
+        if predictions:
+            below = all(p.ratio < 1 for p in predictions)
+            ratios = sorted(p.ratio for p in predictions)
+            interval = Interval(ratios[len(ratios) // 2], min(p.low for p in predictions),
+                                max(p.high for p in predictions), len(predictions), float("nan"), "profile")
+            out.append(_made(c, s, interval, below, PREDICTED, "below on every profile" if below else
+                             "not below on every profile", _cites(analysis, s)))
+    return tuple(out)
+
+
+def _made(c: _Candidate, s: Setting, interval: Interval, recommended: bool, basis: str, verdict: str,
+          cites: str) -> Recommendation:
+    return Recommendation(f"rec-{c.key}", c.action, s.said, s.candidate, s.against, interval.ratio, interval.ci_low,
+                          interval.ci_high, recommended, basis, verdict, cites)

@@ -1,0 +1,53 @@
+"""REPORT.md's "What to do" and recommendations.csv (no torch): kvpages.analysis.recommend's rows, printed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvpages.analysis.cite import sig
+from kvpages.analysis.gpu_answer import GpuAnswer
+from kvpages.analysis.ratios import Analysis
+from kvpages.analysis.recommend import MEASURED, Recommendation, recommendations
+from kvpages.render.text import table
+from kvpages.schema.rows import columns
+from kvpages.schema.writer import write_table
+
+RECOMMENDATIONS_CSV = "recommendations.csv"
+RULE = ("Each candidate is set against what it would replace, at the setting named (kvpages.analysis.recommend, "
+        "docs/method.md \"What to do\"): on a run that crossed a link it is *recommended* when judged faster there "
+        "(interval below 1, beyond the minimum effect, kept by the Benjamini-Hochberg step over these comparisons); on "
+        "a CPU run, when every pageable prediction profile puts it below (predicted). Gain: candidate / replaced "
+        "time, below 1 a saving.")
+
+
+def _gain(r: Recommendation) -> str:
+    return f"{sig(r.ratio)} [{sig(r.ci_low)}, {sig(r.ci_high)}]"
+
+
+def what_to_do(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
+    """The section: the rule, then one row per candidate, recommended first (on a CPU run, the GPU run's beside)."""
+    found = recommendations(analysis)
+    if not found:
+        return ""
+    measured = {} if gpu is None else {r.id: r for r in recommendations(gpu.analysis)}
+    rows = []
+    for r in sorted(found, key=lambda r: not r.recommended):
+        on_gpu = measured.get(r.id)
+        beside = [] if gpu is None else [f"{_gain(on_gpu)} {on_gpu.verdict}" if on_gpu else "-"]
+        rows.append([f"**{r.action}**" if r.recommended else r.action, r.setting, f"`{r.candidate}` / `{r.against}`",
+                     _gain(r), ("recommended" if r.recommended else "not recommended") + f" ({r.verdict})", *beside,
+                     f"`{r.id}`"])
+    lead = RULE
+    if found[0].basis != MEASURED:
+        lead += (" **On this CPU run the section is predicted** (the gain's interval is the range over the profiles and "
+                 "their bounds), and the measured column is the GPU run's where one of the same points exists.")
+    header = ["what to do", "where", "candidate / replaced", "gain", "status",
+              *([] if gpu is None else [f"measured on {gpu.machine} ({gpu.run_id})"]), "row id"]
+    return f"{lead}\n\n{table(header, rows)}"
+
+
+def write_recommendations(analysis: Analysis) -> Path | None:
+    found = recommendations(analysis)
+    if not found:
+        return None
+    return write_table(analysis.run.path, RECOMMENDATIONS_CSV, columns(Recommendation), list(found))
