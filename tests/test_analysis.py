@@ -345,3 +345,31 @@ def test_a_finished_runs_sample_files_are_gzip_and_read_back_the_same(tmp_path):
     packed.write_bytes(packed.read_bytes()[:40])
     done = subprocess.run([sys.executable, "-m", "kvpages", "report", str(folder)], capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "samples.csv.gz: not a complete gzip file" in done.stderr
+
+
+def test_a_cuda_run_prices_pre_prs_copy_once(tmp_path):
+    """On a CUDA run pre-PR's time holds its copy: its host work is what its stride adds to the same copy at page size
+    1, never its whole time, so a prediction of it is host work + one copy, and one of the merged PR at p=1 is one
+    kernel more than pre-PR's (the H200 run's 2.2 against a measured 2.3, where adding its whole time gave 0.33-1.05)."""
+    from kvpages.analysis.hostwork import point_host_work
+    from kvpages.analysis.predict import point_predictions
+
+    times = {("host_stride", 8192, 1): 40.0, ("device_stride", 8192, 1): 60.0, ("host_stride", 8192, 64): 70.0,
+             ("device_stride", 8192, 64): 30.0}
+    folder = synthetic_run(tmp_path / "cuda", times, spread=0.001, rep_spread=0.001)
+    csv = (folder / "results.csv").read_text().replace("none (cpu)", "pcie pageable")
+    (folder / "results.csv").write_text(csv)
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["environment"].update(device="cuda", pcie_link="Gen5 x16", link_crossed=True, link_note="CUDA run.")
+    (folder / "meta.json").write_text(json.dumps(meta))
+    analysis = analyze(load_run(folder))
+    rows = {(r["variant"], r["page_size"]): r for r in analysis.run.ok_rows().to_dict("records")}
+    assert point_host_work(analysis, "host_stride", rows[("host_stride", 1)]).us == 0.0
+    assert point_host_work(analysis, "host_stride", rows[("host_stride", 64)]).us == pytest.approx(30.0, rel=0.01)
+    for r in analysis.ratios_of("device_stride"):
+        for p in point_predictions(analysis, r):
+            copy = p.profile.modeled_us(r.baseline_d2h_bytes, 1)  # one blocking copy: fixed cost, sync and bytes
+            host = 0.0 if r.page_size == 1 else 30.0
+            assert p.baseline_us == pytest.approx(host + copy, rel=0.01), (r.page_size, p.profile.name)
+            if r.page_size == 1:  # the merged PR: the same copy and one kernel more
+                assert p.variant_us - p.baseline_us == pytest.approx(p.profile.us("launch_us") + p.profile.us("kernel_us"))

@@ -48,3 +48,37 @@ def test_every_printed_time_is_every_process_mean_or_the_report_names_the_proces
             every = math.exp(np.mean(np.log([np.median(b) for b in blocks])))
             if abs(printed / every - 1) > 0.05:
                 assert r.left_out and f"`{r.id}`" in text and r.left_out in text, (r.id, printed, every)
+
+
+def test_the_fitted_profile_prices_page_size_1_within_25_percent_of_the_measured_ratio_and_the_chart_shows_both(h200,
+                                                                                                               tmp_path):
+    """Pre-PR's copy priced once (its host work is its time less its page-size-1 twin's, none at p=1): the fitted H200
+    profile puts the merged PR / pre-PR at page size 1 within 25% of the measured ratio at every length."""
+    from kvpages.analysis.predict import point_predictions
+
+    fitted = next(i for i, p in enumerate(h200.predicting) if p.name == "h200_measured_pageable")
+    assert h200.predicting[fitted].in_sample(h200.run.run_id)
+    for r in (r for r in h200.ratios_of(CANDIDATE) if r.page_size == 1):
+        predicted = point_predictions(h200, r)[fitted].ratio
+        assert abs(predicted / r.ratio - 1) <= 0.25, (r.seq_len, predicted, r.ratio)
+    import shutil
+
+    from kvpages.render.plots import plot_run
+
+    copy = tmp_path / H200_DEFAULT.name
+    shutil.copytree(H200_DEFAULT, copy)
+    [chart] = [c for c in plot_run(analyze(load_run(copy))) if c.name.startswith("link_model")]
+    assert chart.stat().st_size > 0  # its panels: each profile's prediction and the measured ratio with its interval
+
+
+def test_what_to_do_has_four_recommendations_each_citable(h200, capsys):
+    from kvpages.analysis.recommend import recommendations
+    from kvpages.cli import main
+
+    made = [r for r in recommendations(h200) if r.recommended]
+    assert len(made) >= 4, made
+    for r in made:
+        assert r.ci_high < 1 and r.cites
+        assert main(["cite", str(H200_DEFAULT), r.id]) == 0
+        line = capsys.readouterr().out
+        assert line.startswith(f"{r.id}: ") and "recommended" in line and line.count("\n") == 1

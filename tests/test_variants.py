@@ -140,3 +140,26 @@ def test_bad_kv_indices(bad, error, words):
     with pytest.raises(error) as err:
         get_variant("device_stride")(bad, 4)
     assert words in str(err.value)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_adaptive_takes_each_path_by_length_and_moves_what_it_declares(device):
+    """Below the threshold (and at page size 1) pre-PR's copy of every token, from it on the merged PR's pages: the
+    output is the reference's either way, and the meter sees the bytes Moves.BY_LENGTH declares."""
+    from kvpages.core import adaptive
+    from kvpages.measure.meter import measure_call
+
+    v = runnable("adaptive", device)
+    before = adaptive.threshold()
+    adaptive.use_threshold(1000)
+    try:
+        for seq_len, page_size, pages in ((999, 16, False), (1000, 16, True), (4000, 1, False), (4001, 64, True)):
+            kv = torch.randperm(8192, device=device)[:seq_len].to(torch.int32)
+            assert_exact(call_variant(v, kv, page_size), reference_page_indices(kv, page_size))
+            moved = measure_call(lambda kv=kv, p=page_size: v(kv, p), (kv,)).d2h_bytes
+            expected = (-(-seq_len // page_size) if pages else seq_len) * 4
+            assert moved == expected == v.expected_d2h_bytes(seq_len, page_size, 4), (seq_len, page_size)
+    finally:
+        adaptive.use_threshold(before)
+    with pytest.raises(ValueError, match="--kv-adaptive-threshold: 0 is not >= 1"):
+        adaptive.use_threshold(0)
