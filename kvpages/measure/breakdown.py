@@ -92,13 +92,15 @@ def write_breakdown_into(folder: Path, cases: Sequence[CheckCase], device: str, 
     if not cases:
         return "no case to profile"
     start = time.perf_counter()
-    try:
-        rows = run_breakdown(cases, device, timeout_s)
+    try:  # CUDA: in a process of its own (Kineto leaves CUPTI attached); a CPU run profiles without Kineto, here
+        rows = profile_breakdown(cases, device, CALLS, PASSES) if device == "cpu" else run_breakdown(cases, device,
+                                                                                                     timeout_s)
         write_breakdown(folder, rows)
     except (BreakdownError, OSError, ValueError, TypeError, KeyError) as exc:
         return f"failed after {time.perf_counter() - start:.1f} s: {exc}"
+    where = "in the session's process" if device == "cpu" else "in a process of its own"
     return (f"breakdown.csv: {len(rows)} rows ({len({(r.seq_len, r.page_size) for r in rows})} points), {PASSES} "
-            f"profiled passes of {CALLS} calls per case (the median call of each case kept) in a process of its own, "
+            f"profiled pass(es) of {CALLS} calls per case (the median call of each case kept) {where}, "
             f"{time.perf_counter() - start:.1f} s")
 
 

@@ -162,6 +162,28 @@ def reply_and_exit(reply: dict) -> NoReturn:
     os._exit(0)
 
 
+def representative(cases: Sequence[CheckCase]) -> list[CheckCase]:
+    """The cases the cross-check profiles, in their order: every variant at the shortest and the longest length of
+    each page size (and dtype, layout), every step variant on the shortest request or step of each kind, idle queue
+    and busy. The meter is one code path whatever the length; these confirm it on every variant, page size and kind
+    of call, and the profile of a default grid takes a sixth of the time of every case's (docs/method.md)."""
+    groups: dict[tuple, list[tuple[int, int]]] = {}
+    for i, c in enumerate(cases):
+        point = getattr(c.target, "point", None)
+        if point is not None:
+            groups.setdefault(("point", c.variant, point.dtype, point.layout, point.page_size), []).append(
+                (point.seq_len, i))
+        else:
+            scenario = c.target.scenario  # type: ignore[union-attr]  # a ScenarioTarget
+            groups.setdefault(("scenario", c.variant, scenario.kind, scenario.busy_us > 0), []).append(
+                (scenario.prompt_len, i))
+    chosen = set()
+    for key, found in groups.items():
+        found.sort()
+        chosen |= {found[0][1]} | ({found[-1][1]} if key[0] == "point" else set())
+    return [c for i, c in enumerate(cases) if i in chosen]
+
+
 def run_crosscheck(cases: Sequence[CheckCase], device: str, timeout_s: float | None = None,
                    trace_out: Path | None = None) -> dict[str, CheckAnswer]:
     """{case id: answer} from one profiler session of a fresh interpreter, which writes its trace to `trace_out`."""

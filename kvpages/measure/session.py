@@ -246,8 +246,8 @@ class KvSession:
             self.pinned.pin()
             return
         cases = self.plan.cases(selected)
-        checked = [profiler_check.CheckCase(v, t) for t, v in cases
-                   if self.crosscheck_on and t.unavailable_reason(v, self.device) is None]
+        checked = profiler_check.representative([profiler_check.CheckCase(v, t) for t, v in cases
+                                                 if self.crosscheck_on and t.unavailable_reason(v, self.device) is None])
         if checked:
             self.trace_dir = Path(tempfile.mkdtemp(prefix="kvpages-crosscheck-"))
             with self.phase("crosscheck"):

@@ -11,11 +11,15 @@ from kvpages.analysis.cite import sig
 from kvpages.analysis.ratios import Analysis
 from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, variant_sort_key
 from kvpages.render.text import coverage, table
-from kvpages.schema.breakdown import CALLS, PASSES, STACK_PARTS, shares, stack
+from kvpages.schema.breakdown import STACK_PARTS, BreakdownRow, shares, stack
 
-PROFILED = (f"{PASSES} profiled passes of {CALLS} calls per case, the call of median wall time kept, in a process of "
-            "its own after the timing: the profiler's overhead inflates every absolute time, so the shares are the "
-            "result, and the timed medians above are the times.")
+
+def profiled(rows: tuple[BreakdownRow, ...]) -> str:
+    """How the rows were profiled, from the rows themselves (an older run profiled 3 passes of 3 calls)."""
+    calls = sorted({r.calls for r in rows})
+    return (f"The call of median wall time of {'/'.join(map(str, calls))} profiled calls per case kept, after the "
+            "timing: the profiler's overhead inflates every absolute time, so the shares are the result, and the timed "
+            "medians above are the times.")
 PART_COLORS = ("tab:blue", "tab:orange", "tab:red", "tab:purple", "tab:gray")
 
 
@@ -72,7 +76,8 @@ def plot_breakdown(analysis: Analysis, out_dir: Path, formats: tuple[str, ...]) 
     fig.legend(handles, parts, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.55 / height), fontsize=7,
                ncol=len(parts), frameon=False)
     crossed = "" if device == "cuda" else " (CPU run: no PCIe link crossed)"
-    fig.suptitle(f"Where the time goes: median of {PASSES} profiled passes (shares; µs per call above the bars, "
+    fig.suptitle(f"Where the time goes: the median of {max(r.calls for r in rows)} profiled calls (shares; µs per call "
+                 "above the bars, "
                  "profiler-inflated)\n"
                  f"{dtype} {layout}{crossed} | {analysis.run.device_name} | run {analysis.run.run_id}", fontsize=9)
     return save(fig, out_dir / f"breakdown_{dtype}_{layout}", formats)
@@ -103,7 +108,8 @@ def breakdown_section(analysis: Analysis) -> str:
                            for r in sorted(host, key=lambda r: r.page_size))
         what += (f" `{BASELINE}`'s host time outside {'CUDA calls' if cuda else 'aten'} at {host[0].seq_len} tokens, "
                  f"where its numpy stride and divide run (none at page size 1, which returns early): {listed}.")
-    return f"{PROFILED} {what} `breakdown.csv` has every figure, with a stable `id` per row.\n\n" + table(header, lines)
+    return (f"{profiled(analysis.breakdown)} {what} `breakdown.csv` has every figure, with a stable `id` per row.\n\n"
+            + table(header, lines))
 
 
 def breakdown_summary(analysis: Analysis) -> str:

@@ -11,8 +11,8 @@ from kvpages.schema.rows import columns, read_rows
 from kvpages.schema.writer import write_table
 
 BREAKDOWN_CSV = "breakdown.csv"
-PASSES = 3  # profiled passes over all the cases (kvpages.measure.breakdown)
-CALLS = 3  # profiled calls per case in each pass, each in its own range (a row is the call of median wall time of them all)
+PASSES = 1  # profiled passes over all the cases (kvpages.measure.breakdown); 3 before 2026-12-05 (calls 3)
+CALLS = 5  # profiled calls per case in each pass, each in its own range (a row is the call of median wall time of them all)
 
 
 @dataclass(frozen=True)
