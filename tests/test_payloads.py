@@ -4,15 +4,21 @@ and declared), the sweep's rows and the report's finding (pytester). CUDA twins 
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+from test_report import cuda_labelled
 
+from kvpages.analysis.finding import MEASURED
+from kvpages.analysis.findings import findings
+from kvpages.analysis.ratios import analyze
 from kvpages.core.names import STEP_BASELINE, STEP_CANDIDATE
 from kvpages.core.options import BenchOptions
-from kvpages.core.payloads import BATCHED, GATHERED, PER_SEND, PER_STEP, STAGED, STRATEGIES, runs_on, window_start
+from kvpages.core.payloads import BATCHED, GATHERED, PAYLOAD_PRESETS, PER_SEND, PER_STEP, STAGED, STRATEGIES, runs_on, window_start
 from kvpages.core.presets import PRESETS
 from kvpages.core.scenarios import RequestScenario, StepScenario, describe, sends_of, with_payloads
 from kvpages.measure.inputs import make_scenario_workload
@@ -21,6 +27,7 @@ from kvpages.measure.runner import Stop, check_metered
 from kvpages.measure.schedule import plan_scenarios
 from kvpages.measure.steps import get_step_variant, step_variant_names
 from kvpages.measure.targets import ScenarioTarget, measure
+from kvpages.render.report import render
 from kvpages.schema.reader import load_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,6 +82,8 @@ def test_the_option_makes_each_scenario_once_per_payload_preset():
     quick = PRESETS["quick"].scenarios
     assert [s.id for s in options.scenario_set] == [s.id for q in quick for s in (q, dataclasses.replace(q, payloads="dsa"))]
     assert with_payloads(quick, None, None) == quick
+    default = {s.payloads for s in PRESETS["default"].scenarios}
+    assert default == {"full", "hybrid"} and {s.payloads for s in PRESETS["full"].scenarios} == set(PAYLOAD_PRESETS)
 
 
 def test_the_strategies_run_on_several_payloads_and_the_rest_on_one():
@@ -150,6 +159,9 @@ def test_kvpages_scenarios_lists_each_payload_call():
     lines = list(describe(StepScenario(2, "fixed:1000", page_size=64, payloads="hybrid", swa_window=100)))
     assert "2 send(s) of payloads hybrid: main + swa (window 100, translated to the SWA pool) + indexer" in lines[0]
     assert lines[2].startswith("  call 1: swa req_to_token[row 0, 896:1000]  104 tokens -> 2 pages")
+    done = subprocess.run([sys.executable, "-m", "kvpages", "scenarios", "--preset", "default"], capture_output=True,
+                          text=True, check=True)
+    assert "step-B32-fixed_32768-p64-int32-hybrid-w4096: step, 32 request(s), 96 call(s)" in done.stdout
 
 
 @pytest.fixture
@@ -158,9 +170,9 @@ def steps_bench(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
-def test_a_hybrid_step_writes_its_strategies_rows(steps_bench):
+def test_a_hybrid_step_writes_its_strategies_rows_and_the_reports_finding(steps_bench):
     result = steps_bench.runpytest(*FAST, "--kv-step-sizes", "4", "--kv-step-lens", "fixed:2048", "--kv-page-sizes", "64",
-                                   "--kv-payloads", "full,hybrid", "--kv-swa-window", "512")
+                                   "--kv-payloads", "full,hybrid", "--kv-swa-window", "512", "--kv-analyze")
     assert result.ret == 0, result.stdout.str()[-3000:]
     [folder] = list((steps_bench.path / "results").iterdir())
     frame = pd.read_csv(folder / "scenarios.csv")
@@ -173,6 +185,17 @@ def test_a_hybrid_step_writes_its_strategies_rows(steps_bench):
     assert "blocked = ready" in hybrid.loc[STAGED, "note"] and "--kv-payloads hybrid --kv-swa-window 512" in hybrid.loc[
         STAGED, "repro"]
     assert set(frame[frame["payloads"] == "full"]["variant"]).isdisjoint({GATHERED, STAGED})
+    report = render(analyze(load_run(folder)))
+    [finding] = [line for line in report.splitlines() if line.startswith("| Per step, payloads hybrid |")]
+    for said in ("per payload 12 D2H, 12 host sync(s)", "per request 4 D2H, 4 host sync(s)", "staged 1 D2H, 0 host sync(s)",
+                 "PCIe Gen5 x16, pageable", "NVLink-C2C (GH200)", "blocked equals ready"):
+        assert said in finding, said
+    assert "### A hybrid model's payloads" in report
+    # relabelled as a CUDA run that crossed PCIe: the finding is measured, each strategy against per payload
+    (folder / "scenarios.csv").write_text((folder / "scenarios.csv").read_text().replace("none (cpu)", "pcie pageable"))
+    [measured] = [f for f in findings(analyze(load_run(cuda_labelled(folder)))) if f.question == "Per step, payloads hybrid"]
+    assert measured.status == MEASURED and "Measured blocked time per step against per payload's: per request " in (
+        measured.answer) and measured.id.endswith(":staged_device_stride") and "interval" in measured.figure
 
 
 def test_a_run_written_before_the_payload_columns_reads_them_as_the_main_kv_alone():

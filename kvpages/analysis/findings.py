@@ -5,33 +5,22 @@ host-side ratios are evidence, never a finding; a CUDA run's findings are measur
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
 
 import pandas as pd
 
 from kvpages.analysis.cite import CiteError, commit_text, fraction, interval_of, interval_text, sig
+from kvpages.analysis.finding import MEASURED, MODEL, NEEDS_GPU, Finding, bounded, predicted_range, profile_name
+from kvpages.analysis.hybrid import hybrid_findings
 from kvpages.analysis.predict import Prediction, crossover, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis, ScenarioRatio
 from kvpages.analysis.verdicts import FASTER, SAME, SLOWER
-from kvpages.core.links import LinkProfile, device_ops, profile_for
+from kvpages.core.links import device_ops, profile_for
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, label, per_request_name
+from kvpages.core.payloads import DEFAULT_PAYLOADS
 from kvpages.core.sglang import PREFIX
 from kvpages.schema.rows import RatioRow
 
-MEASURED, NEEDS_GPU = "measured here", "needs a GPU run"
-GPU_COMMAND = "make gpu-check"  # measures on a CUDA machine what a CPU run's model predicts (bench/gpu_check.sh)
-MODEL = f"model: confirm with a GPU run (`{GPU_COMMAND}`)"
 BATCHED = "batched_device_stride"
-
-
-@dataclass(frozen=True)
-class Finding:
-    question: str
-    answer: str
-    figure: str  # with its interval and coverage, as the row behind it gives it ('-': none)
-    id: str  # the ratios.csv or scenarios.csv row id behind the figure ('-': none)
-    status: str
-    timed: bool = True  # the figure rests on the row's times (False: metered bytes, exact whatever the timing noise)
 
 
 def bytes_figure(r: RatioRow) -> str:
@@ -45,31 +34,10 @@ def figure(r: RatioRow | ScenarioRatio) -> str:
     return f"{interval_text(interval)}: {said}"
 
 
-def profile_name(profile: LinkProfile) -> str:
-    if profile.origin != "built-in":
-        return f"{profile.label} ({'fitted' if profile.fitted else 'your'} profile {profile.name})"
-    return f"{profile.label}{' (what-if)' if profile.pinned else ''}"
-
-
-def bounded(p: Prediction) -> str:
-    """'1.36 [1.21 if launch 0.5x, 1.58 if all 2x]': a predicted ratio and its range over the profile's variations."""
-    if sig(p.low) == sig(p.high):
-        return f"{sig(p.ratio)} [at every bound]"
-    return f"{sig(p.ratio)} [{sig(p.low)} if {p.low_by}, {sig(p.high)} if {p.high_by}]"
-
-
 def predicted_figure(predictions: tuple[Prediction, ...], baseline: str = BASELINE) -> str:
     """'PCIe Gen5 x16, pageable 1.05 [0.98 if ..., 1.2 if ...]; ... (model: predicted time / pre-PR's; ...)'."""
     parts = "; ".join(f"{profile_name(p.profile)} {bounded(p)}" for p in predictions)
     return f"{parts} (model: predicted time / {called(baseline)}'s [its range at the terms' bounds])"
-
-
-def predicted_range(predictions: tuple[Prediction, ...]) -> str:
-    """'1.05-1.52x (0.93-2.1x at the terms' bounds)': over the profiles, then over their variations too."""
-    def span(low: float, high: float) -> str:
-        return f"{sig(low)}x" if sig(low) == sig(high) else f"{sig(low)}-{sig(high)}x"
-    return (f"{span(min(p.ratio for p in predictions), max(p.ratio for p in predictions))} "
-            f"({span(min(p.low for p in predictions), max(p.high for p in predictions))} at the terms' bounds)")
 
 
 def _bytes(analysis: Analysis) -> Finding | None:
@@ -161,7 +129,7 @@ def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: 
     if base is None:
         return None
     rows = base[(base["kind"] == kind) & (base["busy_us"] == 0) & (base["variant"] == variant)
-                & (base["status"] == "ok")]
+                & (base["status"] == "ok") & (base["payloads"] == DEFAULT_PAYLOADS)]  # several: kvpages.analysis.hybrid
     if side is not None:
         rows = rows[rows["side"] == side]
     size_column = "tokens" if kind == "request" else "requests"
@@ -172,7 +140,7 @@ def _scenario(analysis: Analysis, question: str, kind: str, variant: str, side: 
     page_size, size, row, ratio = sorted(found, key=lambda t: (t[0], t[1]))[-1]  # the largest page size, then size
     base_row = base[(base["scenario"] == row["scenario"]) & (base["variant"] == analysis.scenario_baseline)].iloc[0]
     what = f"L={size}" if kind == "request" else f"B={size} requests"
-    moved = f"{what} at page size {page_size}: {_moved(row)} against {_moved(base_row, base=True)}"
+    moved = f"{what} at page size {page_size}, payloads {row['payloads']}: {_moved(row)} against {_moved(base_row, base=True)}"
     named = called(analysis.scenario_baseline)
     if not analysis.run.link_crossed:
         predictions = scenario_predictions(analysis, ratio)
@@ -262,7 +230,7 @@ def findings(analysis: Analysis) -> tuple[Finding, ...]:
                 _scenario(analysis, "Per request: prefill chunks", "request", STEP_CANDIDATE, "prefill"),
                 _scenario(analysis, "Per request: decode", "request", STEP_CANDIDATE, "decode"),
                 _scenario(analysis, "Per step, one D2H per request", "step", STEP_CANDIDATE, None),
-                _scenario(analysis, "Per step, batched (one D2H)", "step", BATCHED, None)]
+                _scenario(analysis, "Per step, batched (one D2H)", "step", BATCHED, None), *hybrid_findings(analysis)]
     else:  # against another baseline: SGLang's own functions, then the merged PR and pre-PR
         timed = {r.variant for r in analysis.ratios}
         subjects = sorted(v for v in timed if v.startswith(PREFIX)) + [v for v in (CANDIDATE, BASELINE) if v in timed]

@@ -5,6 +5,7 @@ The host work each prediction adds is the run's own timed figure (kvpages.core.l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,8 @@ from kvpages.schema.rows import RatioRow
 
 Call = tuple[str, int, int, float, float, float, bool]
 """LinkProfile.predicted_us's arguments: variant, page size, calls, bytes, transfers, measured µs, host side."""
+Price = Callable[[LinkProfile], float]
+"""What a call, a request or a step costs on a profile, in µs."""
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,17 @@ def _ratio(profile: LinkProfile, calls: tuple[Call, Call]) -> float:
 
 def predict(profile: LinkProfile, calls: tuple[Call, Call]) -> Prediction:
     """`calls` (the variant's, then the baseline's) priced on `profile` and on each of its variations."""
-    base = _ratio(profile, calls)
-    varied = [(base, "as assumed")] + [(_ratio(v.profile, calls), v.said) for v in variations(profile)]
+    return predict_prices(profile, (lambda p: p.predicted_us(*calls[0]), lambda p: p.predicted_us(*calls[1])))
+
+
+def predict_prices(profile: LinkProfile, prices: tuple[Price, Price]) -> Prediction:
+    """The variant's and the baseline's prices on `profile` and on each of its variations."""
+    def ratio(on: LinkProfile) -> float:
+        return prices[0](on) / prices[1](on)
+
+    varied = [(ratio(profile), "as assumed")] + [(ratio(v.profile), v.said) for v in variations(profile)]
     (low, low_by), (high, high_by) = min(varied, key=lambda t: t[0]), max(varied, key=lambda t: t[0])
-    return Prediction(profile, profile.predicted_us(*calls[0]), profile.predicted_us(*calls[1]), low, high, low_by, high_by)
+    return Prediction(profile, prices[0](profile), prices[1](profile), low, high, low_by, high_by)
 
 
 def point_calls(analysis: Analysis, r: RatioRow) -> tuple[Call, Call]:
