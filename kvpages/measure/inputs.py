@@ -175,9 +175,10 @@ def _workload(lengths: Sequence[int], calls: Sequence[tuple[Call, ...]], page_si
     host = cache.load(key) if cache is not None else None
     if host is None:
         host = _build_pool(lengths, page_size, dtype, layout, seed)
-        for call in (c for copy in calls for c in copy) if validate else ():
-            if call.start % page_size == 0:  # a decode prefix may start mid-page
-                validate_page_layout(host[call.row, call.start:call.end], page_size)
+        distinct = dict.fromkeys((c.row, c.start, c.end) for copy in calls for c in copy)  # payloads may share a slice
+        for row, start, end in distinct if validate else ():
+            if start % page_size == 0:  # a decode prefix may start mid-page
+                validate_page_layout(host[row, start:end], page_size)
         if cache is not None:
             cache.save(key, host)
     pool = host.to(device).contiguous()

@@ -115,7 +115,7 @@ class StepVariant:
 
     def copies(self, calls: int, sends: int | None = None) -> int:
         """Its D2H copies in a request or step of `calls` calls in `sends` sends (None: one send per call)."""
-        return 1 if self.batched else calls if sends is None or not self.per_send else sends
+        return 1 if self.batched else sends if self.per_send and sends is not None else calls
 
     def expected_transfers(self, calls: int, sends: int | None = None) -> int:
         return 0 if self.moves is Moves.NONE else self.copies(calls, sends)
