@@ -11,10 +11,11 @@ Facts from SGLang main (python/sglang/srt/disaggregation/, as of 2026-09: prefil
   full pool's numbering to the SWA pool's by `translate_loc_from_full_to_swa`, which is
   `full_to_swa_index_mapping[kv_indices].to(torch.int32)`: a gather through an int64 mapping tensor on the device,
   then a cast (the allocator hands out a full page and an SWA page together, so a full page maps to a whole SWA page);
-- DSA/NSA indexer state (`_dsa_payload`; `_nsa_payload` before): the whole row, `req_to_token[row, :seq_len]`, at the
-  device pool's page size (the allocator's outside HiSparse, so every payload here is converted at the pool's page
-  size p); MiniMax's index K (`StateType.MINIMAX_INDEX_K`) sends the same page ids again ("Index rows live at the same
-  loc as main KV on the same page_size");
+- DSA/NSA indexer state (`_dsa_payload`; `_nsa_payload` before): the whole row, `req_to_token[row, :seq_len]`, the
+  decode side at the device pool's page size, the prefill side at the allocator's (#37770, open, would make both the
+  device pool's: they can differ); kvpages converts every payload at the pool's page size p. MiniMax's index K
+  (`StateType.MINIMAX_INDEX_K`) sends the same page ids again ("Index rows live at the same loc as main KV on the same
+  page_size");
 - prefill: only the last chunk's send carries the state payloads (`if last_chunk:`), with `seq_len` the prompt's
   length; decode: every request's pre-allocation does, with `seq_len = origin_input_len` (a decode-side prefix
   shortens the main payload only);
