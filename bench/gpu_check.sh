@@ -282,10 +282,10 @@ else
 fi
 
 # ----------------------------------------------------------------------------- 6. the CUDA-marked tests
-echo "== CUDA-marked tests (variants, inputs, meter vs profiler, sweep twins, busy queue)"
+echo "== CUDA-marked tests (variants, inputs, meter vs profiler, sweep twins, busy queue, a hybrid model's strategies)"
 run_step cuda-tests "$TESTS_S" "$PYTHON" -m pytest tests/test_variants.py tests/test_inputs.py tests/test_meter.py \
-    tests/test_plugin.py tests/test_gpu_path.py tests/test_scenarios.py tests/test_ranks.py -m cuda -q -p no:cacheprovider \
-    --deselect tests/test_gpu_path.py::test_cuda_quick_sweep_writes_a_complete_run
+    tests/test_plugin.py tests/test_gpu_path.py tests/test_scenarios.py tests/test_payloads.py tests/test_ranks.py -m cuda -q \
+    -p no:cacheprovider --deselect tests/test_gpu_path.py::test_cuda_quick_sweep_writes_a_complete_run
 
 pack
 summarize

@@ -203,6 +203,8 @@ def test_a_wait_on_the_worker_thread_shows_ready_after_blocked(scenario_bench):
          "beyond int32's maximum 2147483647"),
         (("--kv-scenarios", "some"), "--kv-scenarios: unknown scenario choice 'some'; valid: preset, none"),
         (("--kv-step-variants", "nope"), "--kv-step-variants: unknown step variant 'nope'; valid: per_request[host_stride]"),
+        (("--kv-payloads", "mamba"), "--kv-payloads: unknown value 'mamba'; valid: full, swa, dsa, hybrid"),
+        (("--kv-swa-window", "-4"), "--kv-swa-window: -4 is not >= 1"),
     ],
 )
 def test_bad_scenario_options_are_usage_errors(scenario_bench, args, words):

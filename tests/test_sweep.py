@@ -166,6 +166,7 @@ def test_every_option_renders_back():
                "--kv-time-budget": "0.25", "--kv-repetitions": "3", "--kv-passes": "1", "--kv-processes": "2",
                "--kv-crosscheck": "off", "--kv-scenarios": "none", "--kv-request-lens": "64", "--kv-chunk-size": "32",
                "--kv-prefix": "0", "--kv-step-sizes": "2", "--kv-step-lens": "fixed:16", "--kv-step-variants": "s",
+               "--kv-payloads": "full,hybrid", "--kv-swa-window": "128",
                "--kv-results": "r", "--kv-sglang": "0.5.15,/src/sglang/python", "--kv-baseline": "sglang@0.5.15",
                "--kv-breakdown": "off", "--kv-link-profile": "mine.toml,theirs.toml",
                "--kv-disturb-factor": "1.5", "--kv-remeasure-budget": "0.0", "--kv-adaptive-threshold": "4096",

@@ -11,6 +11,7 @@ import pandas as pd
 from kvpages.analysis.cite import sig
 from kvpages.analysis.families import ScenarioRatio
 from kvpages.analysis.gpu_answer import GpuAnswer
+from kvpages.analysis.hybrid import hybrid_findings
 from kvpages.analysis.predict import crossover, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.recommend import PINNED, SHORTCUT
@@ -29,6 +30,7 @@ from kvpages.analysis.wording import (
 )
 from kvpages.core.links import profile_for
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, per_request_name
+from kvpages.core.payloads import DEFAULT_PAYLOADS
 from kvpages.core.sglang import PREFIX
 
 
@@ -60,7 +62,7 @@ def _step_at(analysis: Analysis, variant: str, page_size: int) -> tuple[Scenario
     if frame is None:
         return None
     steps = frame[(frame["kind"] == "step") & (frame["busy_us"] == 0) & (frame["page_size"] == page_size)
-                  & (frame["variant"] == variant)].sort_values("requests")
+                  & (frame["variant"] == variant) & (frame["payloads"] == DEFAULT_PAYLOADS)].sort_values("requests")
     found = [(r, int(b)) for s, b in zip(steps["scenario"], steps["requests"], strict=True)
              if (r := analysis.scenario_ratio(str(s), variant, "blocked")) is not None]
     return found[-1] if found else None
@@ -149,7 +151,7 @@ def _scenario(analysis: Analysis, gpu: GpuAnswer | None, question: str, kind: st
     if base is None:
         return None
     rows = base[(base["kind"] == kind) & (base["busy_us"] == 0) & (base["variant"] == variant)
-                & (base["status"] == "ok")]
+                & (base["status"] == "ok") & (base["payloads"] == DEFAULT_PAYLOADS)]  # several: kvpages.analysis.hybrid
     if side is not None:
         rows = rows[rows["side"] == side]
     size_column = "tokens" if kind == "request" else "requests"
@@ -174,7 +176,7 @@ def _blocked(analysis: Analysis, gpu: GpuAnswer | None) -> Finding:
     """The merged PR behind a busy device queue: how long it blocks the scheduler thread against pre-PR."""
     frame = analysis.run.scenarios
     assert frame is not None  # `findings` asks only a run with scenarios
-    busy = frame[frame["busy_us"] > 0]
+    busy = frame[(frame["busy_us"] > 0) & (frame["payloads"] == DEFAULT_PAYLOADS)]  # several: kvpages.analysis.hybrid
     ok = busy[busy["status"] == "ok"]
     question = "Scheduler thread blocked (busy queue)"
     candidate = busy[busy["variant"] == STEP_CANDIDATE]
@@ -267,7 +269,8 @@ def findings(analysis: Analysis, gpu: GpuAnswer | None = None) -> tuple[Finding,
         made = [_bytes(analysis), _page1(analysis, gpu), _crossover(analysis, gpu),
                 _scenario(analysis, gpu, "Per request: prefill chunks", "request", STEP_CANDIDATE, "prefill"),
                 _scenario(analysis, gpu, "Per request: decode", "request", STEP_CANDIDATE, "decode"),
-                _scenario(analysis, gpu, "Per step, one D2H per request", "step", STEP_CANDIDATE, None)]
+                _scenario(analysis, gpu, "Per step, one D2H per request", "step", STEP_CANDIDATE, None),
+                *hybrid_findings(analysis)]
     else:  # against another baseline: SGLang's own functions, then the merged PR and pre-PR
         timed = {r.variant for r in analysis.ratios}
         subjects = sorted(v for v in timed if v.startswith(PREFIX)) + [v for v in (CANDIDATE, BASELINE) if v in timed]

@@ -6,6 +6,7 @@ its copies once; a row whose host work cannot be separated is not priced."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +20,8 @@ from kvpages.schema.rows import RatioRow
 
 Call = tuple[str, int, int, float, float, float, bool]
 """LinkProfile.predicted_us's arguments: variant, page size, calls, bytes, transfers, host work µs, host side."""
+Price = Callable[[LinkProfile], float]
+"""What a call, a request or a step costs on a profile, in µs."""
 
 
 @dataclass(frozen=True)
@@ -45,10 +48,17 @@ def _ratio(profile: LinkProfile, calls: tuple[Call, Call]) -> float:
 
 def predict(profile: LinkProfile, calls: tuple[Call, Call]) -> Prediction:
     """`calls` (the variant's, then the baseline's) priced on `profile` and on each of its variations."""
-    base = _ratio(profile, calls)
-    varied = [(base, "as assumed")] + [(_ratio(v.profile, calls), v.said) for v in variations(profile)]
+    return predict_prices(profile, (lambda p: p.predicted_us(*calls[0]), lambda p: p.predicted_us(*calls[1])))
+
+
+def predict_prices(profile: LinkProfile, prices: tuple[Price, Price]) -> Prediction:
+    """The variant's and the baseline's prices on `profile` and on each of its variations."""
+    def ratio(on: LinkProfile) -> float:
+        return prices[0](on) / prices[1](on)
+
+    varied = [(ratio(profile), "as assumed")] + [(ratio(v.profile), v.said) for v in variations(profile)]
     (low, low_by), (high, high_by) = min(varied, key=lambda t: t[0]), max(varied, key=lambda t: t[0])
-    return Prediction(profile, profile.predicted_us(*calls[0]), profile.predicted_us(*calls[1]), low, high, low_by, high_by)
+    return Prediction(profile, prices[0](profile), prices[1](profile), low, high, low_by, high_by)
 
 
 def row_call(analysis: Analysis, variant: str, row: Record, calls: int, time: float | None = None) -> Call | None:

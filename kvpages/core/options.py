@@ -13,8 +13,9 @@ from kvpages.core.adaptive import DEFAULT_THRESHOLD
 from kvpages.core.affinity import CPU_CHOICES, parse_cpus
 from kvpages.core.checks import check_choice, parse_choices, parse_positive_ints, split_csv
 from kvpages.core.names import BASELINE
+from kvpages.core.payloads import DEFAULT_PAYLOADS, DEFAULT_SWA_WINDOW, PAYLOAD_PRESETS
 from kvpages.core.presets import PRESETS, Preset, get_preset
-from kvpages.core.scenarios import DEFAULT_CHUNK_SIZE, MIXED_LENGTHS, Scenario, parse_lengths, scenarios_from
+from kvpages.core.scenarios import DEFAULT_CHUNK_SIZE, MIXED_LENGTHS, Scenario, parse_lengths, scenarios_from, with_payloads
 from kvpages.core.sglang import SPEC_FORMS, parse_specs
 from kvpages.core.stability import DEFAULT_FACTOR, DEFAULT_REMEASURE_BUDGET
 from kvpages.core.sweep import DEVICES, DTYPES, LAYOUTS, Sweep
@@ -137,6 +138,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kv-step-sizes", "step_sizes", "step scenarios by hand: comma-separated requests per step (B)", parse_positive_ints),
     Option("--kv-step-lens", "step_lens", "request lengths of a step: comma-separated integers, or fixed:L, "
            f"uniform:LO,HI, lognormal:MEDIAN,SIGMA,MAX (default {MIXED_LENGTHS})", _flagged(_lengths)),
+    Option("--kv-payloads", "payloads", "the payloads each send of the scenarios carries, comma-separated payload "
+           f"presets from {', '.join(PAYLOAD_PRESETS)}; each scenario is made once per preset (default: the sweep "
+           f"preset's own; {DEFAULT_PAYLOADS}: the main KV alone; `kvpages scenarios`)",
+           lambda f, t: parse_choices(f, t, tuple(PAYLOAD_PRESETS))),
+    Option("--kv-swa-window", "swa_window", f"sliding window of the SWA payload, in tokens (default {DEFAULT_SWA_WINDOW})",
+           _integer(1, "a number of tokens", str(DEFAULT_SWA_WINDOW))),
     Option("--kv-step-variants", "step_variants", "comma-separated step variant names (default: all; see `kvpages list`)",
            lambda f, t: tuple(split_csv(f, t))),
     Option("--kv-sglang", "sglang", f"SGLang's own kv_to_page_indices as variants sglang@<label>, comma-separated "
@@ -219,6 +226,8 @@ class BenchOptions:
     prefix: int | None = None
     step_sizes: tuple[int, ...] | None = None
     step_lens: str | None = None
+    payloads: tuple[str, ...] | None = None
+    swa_window: int | None = None
     step_variants: tuple[str, ...] | None = None
     sglang: tuple[str, ...] | None = None
     baseline: str | None = None
@@ -277,15 +286,17 @@ class BenchOptions:
 
     @functools.cached_property
     def scenario_set(self) -> tuple[Scenario, ...]:
-        """The preset's scenarios, none, or those given by hand (at the sweep's page sizes and dtypes)."""
+        """The preset's scenarios, none, or those given by hand (at the sweep's page sizes and dtypes), each with the
+        payloads and window given (`with_payloads`)."""
         if self.scenarios == "none":
             return ()
         given = " ".join(self.to_args(BY_HAND))
         if not given:
-            return self.selected_preset.scenarios
+            return with_payloads(self.selected_preset.scenarios, self.payloads, self.swa_window)
         try:
             by_hand = {name: getattr(self, name) for name in BY_HAND if getattr(self, name) is not None}
-            return scenarios_from(self.sweep.page_sizes, self.sweep.dtypes, **by_hand)
+            return with_payloads(scenarios_from(self.sweep.page_sizes, self.sweep.dtypes, **by_hand), self.payloads,
+                                 self.swa_window)
         except ValueError as exc:
             raise ValueError(f"{given}: {exc}") from None
 

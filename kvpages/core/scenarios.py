@@ -8,11 +8,14 @@ Facts from SGLang 0.5.23 (python/sglang/srt/disaggregation/):
   partial page is sent again with the next chunk; the conversion runs even when the send is empty;
 - decode, `pop_preallocated` then `_transfer_page_indices`: one conversion per request of
   `req_to_token[row][prefix_len:origin_input_len]`, followed by `.astype(np.int32)` (for ZMQ);
-- every request is converted on its own: nothing gathers a step's requests into one D2H.
+- every request is converted on its own: nothing gathers a step's requests into one D2H;
+- a hybrid model's send carries more payloads than the main KV, each its own conversion (kvpages.core.payloads):
+  `calls()` lists them after the main call of the send that carries them, each naming its payload and its send.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Iterator
@@ -22,17 +25,20 @@ from typing import NamedTuple
 import numpy as np
 
 from kvpages.core.checks import check_choice, check_positive
+from kvpages.core.payloads import DEFAULT_PAYLOADS, DEFAULT_SWA_WINDOW, MAIN, get_payloads
 from kvpages.core.sweep import DTYPES, INDEX_MAX, ITEMSIZE, max_token_index, pool_pages
 
 SIDES = ("prefill", "decode")
 
 
 class Call(NamedTuple):
-    """One conversion: `req_to_token[row, start:end]` turned into page indices."""
+    """One conversion: `req_to_token[row, start:end]` turned into page indices, as payload `payload` of send `send`."""
 
     row: int
     start: int
     end: int
+    payload: str = MAIN
+    send: int = 0
 
     @property
     def tokens(self) -> int:
@@ -59,10 +65,29 @@ class ScenarioPool:
     layout: str = "fragmented"
     busy_us: int = 0
     """Device work queued in each round as the next forward (CUDA only): a sleeping kernel of this many µs."""
+    payloads: str = DEFAULT_PAYLOADS
+    """The payloads each send carries (kvpages.core.payloads.PAYLOAD_PRESETS)."""
+    swa_window: int = DEFAULT_SWA_WINDOW
+    """The sliding window of an SWA payload, in tokens."""
 
     def __post_init__(self) -> None:
         check_positive("page_size", self.page_size)
         check_choice("dtype", self.dtype, DTYPES)
+        get_payloads(self.payloads)
+        check_positive("SWA window", self.swa_window)
+
+    def send_calls(self, row: int, start: int, end: int, send: int, prompt_len: int, states: bool = True) -> tuple[Call, ...]:
+        """One send's calls: its main slice, then (`states`) each state payload of the scenario's payloads."""
+        carried = get_payloads(self.payloads).states if states else ()
+        return (Call(row, start, end, MAIN, send), *(
+            Call(row, *p.slice((start, end), prompt_len, self.page_size, self.swa_window), p.name, send) for p in carried))
+
+    def suffix(self) -> str:
+        """What the id adds for payloads beyond the main KV ('-hybrid-w4096', '-dsa') and a busy queue ('-busy500us')."""
+        preset = get_payloads(self.payloads)
+        payloads = "" if self.payloads == DEFAULT_PAYLOADS else f"-{self.payloads}"
+        window = f"-w{self.swa_window}" if preset.windowed else ""
+        return f"{payloads}{window}{f'-busy{self.busy_us}us' if self.busy_us else ''}"
 
 
 @dataclass(frozen=True)
@@ -92,14 +117,15 @@ class RequestScenario(ScenarioPool):
 
     def calls(self) -> tuple[Call, ...]:
         if self.side == "decode":
-            return (Call(0, self.prefix, self.prompt_len),)
-        return tuple(Call(0, s, e) for s, e in prefill_chunks(self.prompt_len, self.chunk_size, self.page_size))
+            return self.send_calls(0, self.prefix, self.prompt_len, 0, self.prompt_len)
+        chunks = prefill_chunks(self.prompt_len, self.chunk_size, self.page_size)
+        return tuple(c for i, (s, e) in enumerate(chunks)  # the state payloads travel with the last chunk
+                     for c in self.send_calls(0, s, e, i, self.prompt_len, states=i == len(chunks) - 1))
 
     @property
     def id(self) -> str:
-        busy = f"-busy{self.busy_us}us" if self.busy_us else ""
         prefix = f"-P{self.prefix}" if self.prefix else ""
-        return f"req-{self.side}-L{self.prompt_len}{prefix}-C{self.chunk_size}-p{self.page_size}-{self.dtype}{busy}"
+        return f"req-{self.side}-L{self.prompt_len}{prefix}-C{self.chunk_size}-p{self.page_size}-{self.dtype}{self.suffix()}"
 
 
 LENGTHS = {
@@ -173,7 +199,7 @@ class StepScenario(ScenarioPool):
         return draw_lengths(self.lengths_spec, self.batch, self.seed)
 
     def calls(self) -> tuple[Call, ...]:
-        return tuple(Call(i, 0, length) for i, length in enumerate(self.lengths))
+        return tuple(c for i, length in enumerate(self.lengths) for c in self.send_calls(i, 0, length, i, length))
 
     @property
     def prompt_len(self) -> int:
@@ -181,11 +207,16 @@ class StepScenario(ScenarioPool):
 
     @property
     def id(self) -> str:
-        busy = f"-busy{self.busy_us}us" if self.busy_us else ""
-        return f"step-B{self.batch}-{self.lengths_spec.replace(':', '_').replace(',', '_')}-p{self.page_size}-{self.dtype}{busy}"
+        lengths = self.lengths_spec.replace(":", "_").replace(",", "_")
+        return f"step-B{self.batch}-{lengths}-p{self.page_size}-{self.dtype}{self.suffix()}"
 
 
 Scenario = RequestScenario | StepScenario
+
+
+def sends_of(scenario: Scenario) -> int:
+    """The sends a scenario's calls travel in (a step: one per request; a prefill request: one per chunk)."""
+    return len({(c.row, c.send) for c in scenario.calls()})
 
 
 @dataclass(frozen=True)
@@ -202,9 +233,9 @@ def mirror_upkeep(scenario: Scenario) -> tuple[Upkeep, ...]:
     prefill side: every chunk is a step that allocates its pages (an empty send allocates nothing)."""
     p, calls = scenario.page_size, scenario.calls()
     if scenario.side == "decode":
-        return (Upkeep(0, tuple((c.row, (c.end - 1) // p) for c in calls)),)
+        return (Upkeep(0, tuple((c.row, (c.end - 1) // p) for c in calls if c.payload == MAIN)),)
     return tuple(Upkeep(i, tuple((c.row, page) for page in range(c.start // p, -(-c.end // p))))
-                 for i, c in enumerate(calls) if c.end > c.start)
+                 for i, c in enumerate(calls) if c.end > c.start and c.payload == MAIN)
 
 
 EXTRA_UPKEEP = {"host_pages": mirror_upkeep}
@@ -228,11 +259,15 @@ def describe(scenario: Scenario) -> Iterator[str]:
     """Lines for `kvpages scenarios`: the calls a scenario expands into."""
     calls = scenario.calls()
     itemsize = ITEMSIZE[scenario.dtype]
+    preset = get_payloads(scenario.payloads)
+    sends = (f", {sends_of(scenario)} send(s) of payloads {preset.name}: {preset.carried(scenario.swa_window)}"
+             if len(preset.payloads) > 1 else "")
     yield (f"{scenario.id}: {scenario.kind}, {scenario.requests} request(s), {len(calls)} call(s), "
-           f"{sum(c.tokens for c in calls)} tokens")
+           f"{sum(c.tokens for c in calls)} tokens{sends}")
     for i, c in enumerate(calls):
         pages = math.ceil(c.tokens / scenario.page_size)
-        yield (f"  call {i}: req_to_token[row {c.row}, {c.start}:{c.end}]  {c.tokens} tokens -> {pages} pages "
+        what = "" if c.payload == MAIN else f" {c.payload}"
+        yield (f"  call {i}:{what} req_to_token[row {c.row}, {c.start}:{c.end}]  {c.tokens} tokens -> {pages} pages "
                f"({c.tokens * itemsize} B all tokens, {pages * itemsize} B pages)")
 
 
@@ -254,3 +289,12 @@ def scenarios_from(page_sizes: tuple[int, ...], dtypes: tuple[str, ...], request
                 for p in page_sizes for side in SIDES for L in request_lens]
         out += [StepScenario(b, step_lens, page_size=p, dtype=dtype) for p in page_sizes for b in step_sizes]
     return tuple(out)
+
+
+def with_payloads(scenarios: tuple[Scenario, ...], payloads: tuple[str, ...] | None,
+                  swa_window: int | None) -> tuple[Scenario, ...]:
+    """Each scenario once per payload preset of `payloads` (None: its own), with `swa_window` (None: its own); a
+    scenario made twice is kept once."""
+    made = (dataclasses.replace(s, payloads=name, swa_window=swa_window or s.swa_window)
+            for s in scenarios for name in (payloads or (s.payloads,)))
+    return tuple({s.id: s for s in made}.values())

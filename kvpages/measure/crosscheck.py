@@ -117,11 +117,13 @@ def case_inputs(cases: Sequence[CheckCase], device: str) -> dict[str, object]:
     """One input set per case, with its variant's extras, each slice in memory of its own (its pool freed)."""
     import torch
 
+    from kvpages.measure.payloads import Conversions
     from kvpages.measure.variants import WithExtras
 
     workloads = {t: t.build(device, rotation=1) for t in dict.fromkeys(c.target for c in cases)}
-    owned = {t: w.inputs[0].clone() if isinstance(w.inputs[0], torch.Tensor) else tuple(x.clone() for x in w.inputs[0])
-             for t, w in workloads.items()}
+    owned = {t: w.inputs[0].clone() if isinstance(w.inputs[0], torch.Tensor)
+             else w.inputs[0].moved(torch.Tensor.clone) if isinstance(w.inputs[0], Conversions)
+             else tuple(x.clone() for x in w.inputs[0]) for t, w in workloads.items()}
 
     def own(x, target):
         return WithExtras(owned[target], x.extras) if isinstance(x, WithExtras) else owned[target]

@@ -20,8 +20,10 @@ import numpy as np
 import torch
 
 from kvpages.core.checks import check_positive
+from kvpages.core.payloads import DEFAULT_PAYLOADS, PAYLOADS, SWA_POOL
 from kvpages.core.scenarios import Call, Scenario, Upkeep, mirror_upkeep
 from kvpages.core.sweep import Point, pool_pages
+from kvpages.measure.payloads import Conversions, conversions, host_translation, shuffled_pages, swa_mapping
 from kvpages.measure.steps import Refresh, StepExtra
 from kvpages.measure.variants import EXTRA_INPUTS, HostPages, check_kv_indices, reference_page_indices
 
@@ -58,7 +60,8 @@ class Workload:
         def moved(view: torch.Tensor) -> torch.Tensor:
             return pool.as_strided(view.size(), view.stride(), view.storage_offset())
 
-        inputs = tuple(moved(x) if isinstance(x, torch.Tensor) else tuple(moved(t) for t in x) for x in self.inputs)
+        inputs = tuple(moved(x) if isinstance(x, torch.Tensor) else x.moved(moved) if isinstance(x, Conversions)
+                       else tuple(moved(t) for t in x) for x in self.inputs)
         return replace(self, pool=pool, inputs=inputs)
 
 
@@ -145,9 +148,23 @@ def make_scenario_workload(scenario: Scenario, device: str, copies: int, seed: i
                            cache: PoolCache | None = None) -> Workload:
     """The pool of `copies` sets of the scenario's rows, and each set's calls as slices with their references."""
     per_copy = len(scenario.lengths)
-    calls = [tuple(Call(k * per_copy + c.row, c.start, c.end) for c in scenario.calls()) for k in range(copies)]
-    return _workload(tuple(scenario.lengths) * copies, calls, scenario.page_size, scenario.dtype, device,
+    calls = [tuple(c._replace(row=k * per_copy + c.row) for c in scenario.calls()) for k in range(copies)]
+    made = _workload(tuple(scenario.lengths) * copies, calls, scenario.page_size, scenario.dtype, device,
                      scenario.layout, seed, cache, True, mirror_upkeep(scenario))
+    return made if scenario.payloads == DEFAULT_PAYLOADS else _converted(made, seed)
+
+
+def _converted(workload: Workload, seed: int) -> Workload:
+    """A workload of several payloads per send: each input set as `Conversions`, an SWA payload's reference that of
+    its slice translated on the host (kvpages.measure.payloads)."""
+    p = workload.page_size
+    sigma = shuffled_pages(int(workload.pool.max()) // p, seed)
+    mapping = swa_mapping(sigma, p, str(workload.pool.device))
+    expected = tuple(tuple(reference_page_indices(host_translation(sigma, kv, p), p) if PAYLOADS[c.payload].pool == SWA_POOL
+                           else e for kv, c, e in zip(views, calls, refs, strict=True))
+                     for views, calls, refs in zip(workload.inputs, workload.calls, workload.expected, strict=True))
+    inputs = tuple(conversions(views, calls, mapping) for views, calls in zip(workload.inputs, workload.calls, strict=True))
+    return replace(workload, inputs=inputs, expected=expected)
 
 
 def _workload(lengths: Sequence[int], calls: Sequence[tuple[Call, ...]], page_size: int, dtype: str, device: str,
@@ -158,9 +175,10 @@ def _workload(lengths: Sequence[int], calls: Sequence[tuple[Call, ...]], page_si
     host = cache.load(key) if cache is not None else None
     if host is None:
         host = _build_pool(lengths, page_size, dtype, layout, seed)
-        for call in (c for copy in calls for c in copy) if validate else ():
-            if call.start % page_size == 0:  # a decode prefix may start mid-page
-                validate_page_layout(host[call.row, call.start:call.end], page_size)
+        distinct = dict.fromkeys((c.row, c.start, c.end) for copy in calls for c in copy)  # payloads may share a slice
+        for row, start, end in distinct if validate else ():
+            if start % page_size == 0:  # a decode prefix may start mid-page
+                validate_page_layout(host[row, start:end], page_size)
         if cache is not None:
             cache.save(key, host)
     pool = host.to(device).contiguous()

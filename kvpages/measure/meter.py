@@ -1,7 +1,9 @@
 """The D2H meter: what a variant actually hands to the host, and its host syncs (docs/method.md, "The meter").
 
 A tensor is device side when it lives on an accelerator or is (computed from) the input, so a CPU run, where
-`.cpu()` is a no-op, still counts the bytes handed across; `.cpu().numpy()` is one transfer, not two.
+`.cpu()` is a no-op, still counts the bytes handed across; `.cpu().numpy()` is one transfer, not two. A device op is a
+call on device-side data that makes a new device-side tensor: a kernel (a strided divide, a gather, a cast, a
+concatenation), not a view (a slice), not a no-op (`.to` its own dtype) and not a hand-off to the host.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class D2HMeasurement:
     host_syncs: int = 0
     transfer_syncs: int = 0
     """The waits of a transfer thread's part (`transfer_wait`), run in this thread."""
+    device_ops: int = 0
 
     @property
     def d2h_bytes(self) -> int:
@@ -62,7 +65,7 @@ class D2HMeasurement:
         return "pcie pinned" if kinds == {True} else "pcie pageable"
 
     def reading(self) -> MeterReading:
-        return MeterReading(self.d2h_bytes, self.d2h_transfers, self.link, self.host_syncs)
+        return MeterReading(self.d2h_bytes, self.d2h_transfers, self.link, self.host_syncs, self.device_ops)
 
 
 def _target_device(args: tuple, kwargs: dict) -> torch.device | None:
@@ -181,6 +184,7 @@ class D2HMeter(TorchFunctionMode):
         super().__init__()
         self.count = count
         self.transfers: list[Transfer] = []
+        self.device_ops = 0
         self._device_side = WeakIdKeyDictionary(dict.fromkeys(inputs, True))
 
     def _is_device_side(self, obj: object) -> bool:
@@ -224,9 +228,12 @@ class D2HMeter(TorchFunctionMode):
                 return None
 
         out = func(*args, **kwargs)
-        if any(self._is_device_side(a) for a in tree_flatten((args, kwargs))[0]):
-            for result in tree_flatten(out)[0]:
-                if isinstance(result, torch.Tensor) and result.device.type == "cpu":
+        given = tree_flatten((args, kwargs))[0]
+        if any(self._is_device_side(a) for a in given):
+            made = [r for r in tree_flatten(out)[0] if isinstance(r, torch.Tensor)]
+            self.device_ops += any(not r._is_view() and all(r is not a for a in given) for r in made)
+            for result in made:
+                if result.device.type == "cpu":
                     self._device_side[result] = True
         return out
 
@@ -242,5 +249,5 @@ def measure_call(call: Callable[[], object], inputs: tuple[torch.Tensor, ...]) -
             call()
     finally:
         _ACTIVE.count = None
-    return D2HMeasurement(tuple(meter.transfers), count.calling, count.transfer)
+    return D2HMeasurement(tuple(meter.transfers), count.calling, count.transfer, meter.device_ops)
 

@@ -20,6 +20,7 @@ class MeterReading:
     d2h_transfers: int
     link: str
     host_syncs: int
+    device_ops: int | None = None
 
 
 @dataclass(frozen=True)

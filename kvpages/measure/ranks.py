@@ -15,9 +15,10 @@ import numpy as np
 
 from kvpages.core.names import case_id
 from kvpages.core.stats import latency_statistics
+from kvpages.measure.order import Stamps, step_call
 from kvpages.measure.outcome import MeterReading
 from kvpages.measure.schedule import Block
-from kvpages.measure.steps import Stamps, get_step_variant, step_call
+from kvpages.measure.steps import get_step_variant
 from kvpages.measure.targets import Context, ScenarioTarget, Timer, finish_for
 from kvpages.measure.timer import US_DECIMALS, synchronizer
 from kvpages.schema.ranks import ALONE, ALONE_MAX, RANK, STEP

@@ -69,7 +69,7 @@ def together(group: Group | None, block: Block, when: str, step: Callable[[], T]
 
 
 def check_metered(target: Target, variant: str, reading: MeterReading, device: str) -> None:
-    """The meter's D2H and host syncs must be what the variant declares on `device`."""
+    """The meter's D2H, host syncs and (where declared) device ops must be what the variant declares on `device`."""
     problems = []
     expected_bytes, transfers = target.expected_d2h(variant)
     if transfers is None and reading.d2h_bytes != expected_bytes:
@@ -80,6 +80,9 @@ def check_metered(target: Target, variant: str, reading: MeterReading, device: s
     syncs = target.expected_syncs(variant, device)
     if reading.host_syncs != syncs:
         problems.append(f"measured {reading.host_syncs} host syncs on the calling thread, expected {syncs}")
+    ops = target.expected_ops(variant)
+    if ops is not None and reading.device_ops != ops:
+        problems.append(f"measured {reading.device_ops} device ops, expected {ops}")
     if problems:
         raise Stop("mismatch", "; ".join(problems), fail=True)
 

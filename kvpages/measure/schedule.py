@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from kvpages.core.names import case_id
+from kvpages.core.payloads import runs_on
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,19 @@ def plan(variants: Sequence[str], points: Sequence[Any], repetitions: int, seed:
                     last_here = pass_index == own_passes - 1 and k == len(per_point) - 1
                     blocks.append(Block(name, point, r, len(blocks), process=process, last_in_process=last_here))
     return tuple(blocks)
+
+
+def plan_scenarios(variants: Sequence[str], targets: Sequence[Any], repetitions: int, seed: int, passes: int = 1,
+                   processes: int = 1, also: tuple[str, ...] = ()) -> tuple[Block, ...]:
+    """`plan` of whole requests or steps, each target with the step variants that run on its payloads
+    (kvpages.core.payloads.runs_on; `also`: the run's per_request[baseline]), the targets of one such set together in
+    the order their first comes."""
+    groups: dict[tuple[str, ...], list[Any]] = {}
+    for target in targets:
+        names = tuple(v for v in variants if runs_on(v, target.scenario.payloads, also))
+        if names:
+            groups.setdefault(names, []).append(target)
+    return tuple(b for names, own in groups.items() for b in plan(names, own, repetitions, seed, passes, processes))
 
 
 def in_run_order(*families: tuple[Block, ...]) -> tuple[tuple[Block, ...], ...]:

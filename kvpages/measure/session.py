@@ -23,7 +23,7 @@ import torch
 
 from kvpages.core import adaptive
 from kvpages.core.affinity import AUTO
-from kvpages.core.names import case_id, step_baseline
+from kvpages.core.names import case_id, per_request_name, step_baseline
 from kvpages.core.options import BenchOptions, crosscheck_enabled
 from kvpages.measure import breakdown as where_time_goes
 from kvpages.measure import crosscheck as profiler_check
@@ -34,7 +34,7 @@ from kvpages.measure.ranks import RankTarget
 from kvpages.measure.recorder import Recorder, deferred_interruption, interrupt
 from kvpages.measure.remeasure import Remeasurer, Round, off
 from kvpages.measure.runner import Crosscheck, Phases, Runner
-from kvpages.measure.schedule import Block, in_run_order, plan
+from kvpages.measure.schedule import Block, in_run_order, plan, plan_scenarios
 from kvpages.measure.steps import get_step_variant, step_variant_names
 from kvpages.measure.targets import Context, PointTarget, ScenarioTarget, Target
 from kvpages.measure.variants import variant_names
@@ -72,9 +72,10 @@ class SweepPlan:
             points, requests = [], []
         self.passes = min(sweep.passes, -(-repetitions // processes))  # per process
         self.options, self.repetitions = options, repetitions
-        counts = (repetitions, sweep.seed, self.passes, processes)
-        families = in_run_order(plan(self.variants, points, *counts), plan(per_request, requests, *counts),
-                                plan(self.step_variants, steps, repetitions, sweep.seed + 1, self.passes, processes))
+        counts, also = (repetitions, sweep.seed, self.passes, processes), (per_request_name(options.baseline_name),)
+        families = in_run_order(plan(self.variants, points, *counts), plan_scenarios(per_request, requests, *counts, also),
+                                plan_scenarios(self.step_variants, steps, repetitions, sweep.seed + 1, self.passes,
+                                               processes, also))
         self.point_blocks, self.scenario_blocks = families[0], families[1] + families[2]
         self.planned: set[str] = set()
         self.scenario_targets = requests + steps

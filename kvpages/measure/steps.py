@@ -5,16 +5,19 @@ does today) and the batched hypotheses, one decorated function each at the botto
 may return a `Pending` whose `wait()` gives the arrays: the scheduler thread is blocked only until it returns,
 and a transfer thread waits for the data, as SGLang's Mooncake path does.
 
-A step runs in SGLang's order (docs/method.md, "The scheduler's order in a step"): a `staged=True` variant's
-device work (its function returns the readback), the next forward, then the readback.
+A step runs in SGLang's order (docs/method.md, "The scheduler's order in a step"; kvpages.measure.order): a
+`staged=True` variant's device work (its function returns the readback), the next forward, then the readback.
+
+On a scenario of several payloads (kvpages.core.payloads) the slices come as `Conversions` (kvpages.measure.payloads):
+`stage` translates the SWA payloads on the device, inside the call, and hands every variant the plain slices; a
+`per_send=True` variant also gets `sends=`, the send of each slice. The strategies for such scenarios are
+`per_request[device_stride]`, `batched_device_stride` and the two at the bottom of this file.
 """
 
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -22,8 +25,20 @@ import numpy as np
 import torch
 
 from kvpages.core.names import per_request_name, per_request_of
+from kvpages.core.payloads import GATHERED, STAGED, send_runs
 from kvpages.measure.meter import transfer_wait
-from kvpages.measure.variants import ONE_SYNC, Moves, Syncs, Variant, all_variants, check_declared, described, unavailable_reason
+from kvpages.measure.payloads import Conversions
+from kvpages.measure.variants import (
+    NO_SYNC,
+    ONE_SYNC,
+    Moves,
+    Syncs,
+    Variant,
+    all_variants,
+    check_declared,
+    described,
+    unavailable_reason,
+)
 
 Arrays = list[np.ndarray]
 IN_ORDER = ("ran in order on the CPU: no streams, so the indices, the forward and the readback ran one after "
@@ -87,6 +102,10 @@ class StepVariant:
     staged: bool = False
     itemsize: int | None = None
     """Bytes per page index when the variant fixes them (an int32 readback), else the pool's."""
+    per_send: bool = False
+    """One D2H per send (a request's payloads together), not per call: it takes `sends=`, the send of each slice."""
+    cpu_note: str = ""
+    """What its rows' note says off CUDA (how a staged variant ran without streams)."""
 
     def unavailable_reason(self, device: str) -> str | None:
         return unavailable_reason(self.requires, device)
@@ -94,21 +113,28 @@ class StepVariant:
     def expected_d2h_bytes(self, tokens: Sequence[int], page_size: int, itemsize: int) -> int:
         return sum(self.moves.expected_d2h_bytes(n, page_size, self.itemsize or itemsize) for n in tokens)
 
-    def expected_transfers(self, calls: int) -> int:
-        if self.moves is Moves.NONE:
-            return 0
-        return 1 if self.batched else calls
+    def copies(self, calls: int, sends: int | None = None) -> int:
+        """Its D2H copies in a request or step of `calls` calls in `sends` sends (None: one send per call)."""
+        return 1 if self.batched else sends if self.per_send and sends is not None else calls
 
-    def expected_syncs(self, calls: int, device: str) -> int:
-        return (1 if self.batched else calls) * self.syncs.on(device)
+    def expected_transfers(self, calls: int, sends: int | None = None) -> int:
+        return 0 if self.moves is Moves.NONE else self.copies(calls, sends)
 
-    def stage(self, kv_slices: Sequence[torch.Tensor], page_size: int, **extras: Any) -> Readback:
-        """The work before the next forward (none unless staged), returning the readback to run after it."""
+    def expected_syncs(self, calls: int, device: str, sends: int | None = None) -> int:
+        return self.copies(calls, sends) * self.syncs.on(device)
+
+    def stage(self, kv_slices: Sequence[torch.Tensor] | Conversions, page_size: int, **extras: Any) -> Readback:
+        """The work before the next forward (none unless staged), returning the readback to run after it; a scenario's
+        `Conversions` are translated first (module doc)."""
+        sends = tuple(range(len(kv_slices))) if not isinstance(kv_slices, Conversions) else kv_slices.sends
+        slices = kv_slices.indices() if isinstance(kv_slices, Conversions) else kv_slices
+        if self.per_send:
+            extras = {**extras, "sends": sends}
         if self.staged:
-            return cast(Readback, self.fn(kv_slices, page_size, **extras))
-        return lambda: cast("Arrays | Pending", self.fn(kv_slices, page_size, **extras))
+            return cast(Readback, self.fn(slices, page_size, **extras))
+        return lambda: cast("Arrays | Pending", self.fn(slices, page_size, **extras))
 
-    def arrays(self, kv_slices: Sequence[torch.Tensor], page_size: int, **extras: Any) -> Arrays:
+    def arrays(self, kv_slices: Sequence[torch.Tensor] | Conversions, page_size: int, **extras: Any) -> Arrays:
         """One step with no forward, any wait made here as the transfer thread's (kvpages.measure.meter)."""
         out = self.stage(kv_slices, page_size, **extras)()
         if isinstance(out, Pending):
@@ -122,7 +148,8 @@ _REGISTRY: dict[str, StepVariant] = {}
 
 def step_variant(name: str, *, moves: Moves, batched: bool, requires: tuple[str, ...] = (),
                  extras: tuple[str, ...] = (), syncs: Syncs | None = None, staged: bool = False,
-                 index_dtype: torch.dtype | None = None) -> Callable[[StepFn], StepFn]:
+                 index_dtype: torch.dtype | None = None, per_send: bool = False,
+                 cpu_note: str = "") -> Callable[[StepFn], StepFn]:
     """Register the decorated function as step variant `name`, as `variant` does (its options: `StepVariant`)."""
     check_declared(name, requires, extras)
 
@@ -132,7 +159,7 @@ def step_variant(name: str, *, moves: Moves, batched: bool, requires: tuple[str,
             raise ValueError(f"step variant {name!r} is already registered; choose another name")
         _REGISTRY[name] = StepVariant(name, fn, doc.splitlines()[0], doc, moves, batched, tuple(requires), fn.__module__,
                                       tuple(extras), moves.syncs if syncs is None else syncs, staged,
-                                      None if index_dtype is None else index_dtype.itemsize)
+                                      None if index_dtype is None else index_dtype.itemsize, per_send, cpu_note)
         return fn
 
     return register
@@ -191,50 +218,7 @@ def get_step_variant(name: str) -> StepVariant:
     return variants[name]
 
 
-@dataclass
-class Stamps:
-    """Per round of the block being timed: its start (time.perf_counter), blocked and ready seconds."""
-
-    blocked: list[float] = field(default_factory=list)
-    ready: list[float] = field(default_factory=list)
-    started: list[float] = field(default_factory=list)
-
-    def clear(self) -> None:
-        for stamps in (self.blocked, self.ready, self.started):
-            stamps.clear()
-
-
-def step_call(variant: StepVariant, finish: Callable[[Arrays], Arrays], transfer_thread: ThreadPoolExecutor,
-              stamps: Stamps, forward: Callable[[], None]) -> Callable[[Sequence[torch.Tensor], int], Arrays]:
-    """One request or step in the scheduler's order (module doc), stamping when it is unblocked and when the data
-    is ready, less the forward's launch."""
-
-    def wait_in_thread(pending: Pending) -> tuple[Arrays, float]:
-        arrays = finish(pending.wait())
-        return arrays, time.perf_counter()
-
-    def run(slices: Sequence[torch.Tensor], page_size: int, **extras: Any) -> Arrays:
-        t0 = time.perf_counter()
-        readback = variant.stage(slices, page_size, **extras)
-        launch = time.perf_counter()
-        forward()
-        launch = time.perf_counter() - launch
-        out = readback()
-        if isinstance(out, Pending):
-            t1 = time.perf_counter()
-            arrays, t2 = transfer_thread.submit(wait_in_thread, out).result()
-        else:
-            arrays = finish(out)
-            t1 = t2 = time.perf_counter()
-        stamps.blocked.append(t1 - t0 - launch)
-        stamps.ready.append(t2 - t0 - launch)
-        stamps.started.append(t0)
-        return arrays
-
-    return run
-
-
-def _split(on_host: np.ndarray, sizes: list[int]) -> Arrays:
+def split_host(on_host: np.ndarray, sizes: list[int]) -> Arrays:
     return list(np.split(on_host, np.cumsum(sizes)[:-1])) if sizes else []
 
 
@@ -253,7 +237,7 @@ def batched_device_stride(kv_slices: Sequence[torch.Tensor], page_size: int) -> 
     """
     pages = [kv[::page_size] // page_size for kv in kv_slices]
     host = torch.cat(pages).cpu().numpy()
-    return _split(host, [p.numel() for p in pages])
+    return split_host(host, [p.numel() for p in pages])
 
 
 @step_variant("batched_device_stride_pinned", moves=Moves.PAGES, batched=True, requires=("cuda",), syncs=Syncs(0, 0))
@@ -274,19 +258,19 @@ def batched_device_stride_pinned(kv_slices: Sequence[torch.Tensor], page_size: i
 
     def wait() -> Arrays:
         done.synchronize()
-        return _split(host.numpy(), sizes)
+        return split_host(host.numpy(), sizes)
 
     return Pending(wait)
 
 
 @functools.cache
-def _private_stream(device: torch.device) -> torch.cuda.Stream:
+def private_stream(device: torch.device) -> torch.cuda.Stream:
     """The readback's own stream on `device`, made once (as SGLang keeps one for its metadata flush)."""
     return torch.cuda.Stream(device=device)
 
 
 @step_variant("deferred_device_stride", moves=Moves.PAGES, batched=True, staged=True, syncs=Syncs(cuda=0, cpu=1),
-              index_dtype=torch.int32)
+              index_dtype=torch.int32, cpu_note=IN_ORDER)
 def deferred_device_stride(kv_slices: Sequence[torch.Tensor], page_size: int) -> Readback:
     """SGLang main's decode side: int32 page indices on the device, read back after the next forward is launched.
 
@@ -304,12 +288,12 @@ def deferred_device_stride(kv_slices: Sequence[torch.Tensor], page_size: int) ->
     flat = torch.cat(pages)
     sizes = [p.numel() for p in pages]
     if flat.device.type != "cuda":
-        return lambda: _split(flat.cpu().numpy(), sizes)
+        return lambda: split_host(flat.cpu().numpy(), sizes)
     computed = torch.cuda.Event()
     computed.record()  # on the scheduler's stream, after the indices and before the forward
 
     def flush_pending_metadata() -> Pending:
-        stream = _private_stream(flat.device)
+        stream = private_stream(flat.device)
         stream.wait_event(computed)  # only the indices: not the forward queued after them
         host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
         with torch.cuda.stream(stream):
@@ -320,8 +304,67 @@ def deferred_device_stride(kv_slices: Sequence[torch.Tensor], page_size: int) ->
 
         def send() -> Arrays:
             copied.synchronize()  # the send waits for the private stream alone
-            return _split(host.numpy(), sizes)
+            return split_host(host.numpy(), sizes)
 
         return Pending(send)
 
     return flush_pending_metadata
+
+
+STAGED_ON_CPU = ("ran in order on the CPU: no streams, so the conversion ran on the calling thread before the forward "
+                 "and its hand-off to the host, non-blocking, made no host sync; the indices were on the host when the "
+                 "thread got control back: blocked = ready")
+"""The note on the staged strategy's rows off CUDA."""
+
+
+@step_variant(GATHERED, moves=Moves.PAGES, batched=False, per_send=True)
+def gathered_device_stride(kv_slices: Sequence[torch.Tensor], page_size: int, sends: Sequence[int]) -> Arrays:
+    """The payloads of a send (a request's main KV, SWA and indexer) strided into one device buffer: one D2H per request.
+
+    Hypothesis: a hybrid model's send pays a copy's fixed cost and a host sync per payload (three for main + SWA +
+    indexer); gathering them on the device (one concatenation per send) pays them once per request, for the same
+    bytes. Per request, so it fits SGLang's per-request `send_metadata` / `send` as they are.
+    """
+    pages = [kv[::page_size] // page_size for kv in kv_slices]
+    out: Arrays = []
+    for first, last in send_runs(tuple(sends)):
+        own = pages[first:last]
+        out += split_host(torch.cat(own).cpu().numpy(), [p.numel() for p in own])
+    return out
+
+
+@step_variant(STAGED, moves=Moves.PAGES, batched=True, staged=True, syncs=NO_SYNC, cpu_note=STAGED_ON_CPU)
+def staged_device_stride(kv_slices: Sequence[torch.Tensor], page_size: int) -> Readback:
+    """Every payload of the step converted on a side stream with a non-blocking copy; the transfer worker waits.
+
+    SGLang #34515 stages the transfer indices asynchronously, #35710 stops `pop_preallocated()` reading them back
+    inline and #35132 hands the `copy_done` event to the transfer workers. Before the next forward the conversion is
+    launched on a stream of its own, gated on the scheduler's stream as it was (the slices, their translations), with
+    one non-blocking copy into pinned memory and an event; the readback hands a `Pending` to the transfer thread, which
+    waits on the event. Hypothesis: 0 host syncs on the scheduler thread (blocked: its launches alone), and the
+    indices ready without waiting for the forward queued after them. On a CPU run there are no streams: it runs in
+    order, its copy non-blocking, so 0 host syncs there too and blocked equals ready.
+    """
+    device = kv_slices[0].device
+    if device.type != "cuda":  # no streams: in order, the hand-off to the host non-blocking (no host sync)
+        pages = [kv[::page_size] // page_size for kv in kv_slices]
+        host = torch.cat(pages).to("cpu", non_blocking=True)
+        return lambda: split_host(host.numpy(), [p.numel() for p in pages])
+    stream = private_stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))  # the slices and their translations, not what comes after
+    with torch.cuda.stream(stream):
+        pages = [kv[::page_size] // page_size for kv in kv_slices]
+        flat = torch.cat(pages)
+        pinned = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+        pinned.copy_(flat, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record(stream)
+    for kv in kv_slices:  # a translation was made on the scheduler's stream: not reused before this stream read it
+        kv.record_stream(stream)
+    sizes = [p.numel() for p in pages]
+
+    def send() -> Arrays:
+        copied.synchronize()  # the transfer worker's wait (#35132's copy_done)
+        return split_host(pinned.numpy(), sizes)
+
+    return lambda: Pending(send)

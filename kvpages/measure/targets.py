@@ -13,19 +13,21 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from kvpages.core.options import BenchOptions
-from kvpages.core.scenarios import EXTRA_UPKEEP, SCENARIO_ROTATION, RequestScenario, Scenario, StepScenario, Upkeep
+from kvpages.core.payloads import DEFAULT_PAYLOADS, STRATEGIES, get_payloads
+from kvpages.core.scenarios import EXTRA_UPKEEP, SCENARIO_ROTATION, RequestScenario, Scenario, StepScenario, Upkeep, sends_of
 from kvpages.core.stats import latency_statistics, row_statistics
 from kvpages.core.sweep import ITEMSIZE, Point
 from kvpages.measure.busy import BusyQueue
 from kvpages.measure.group import Group
 from kvpages.measure.inputs import PoolCache, Workload, make_scenario_workload, make_workload
 from kvpages.measure.meter import D2HMeasurement, measure_call
+from kvpages.measure.order import Stamps, step_call
 from kvpages.measure.outcome import MeterReading
+from kvpages.measure.payloads import device_inputs
 from kvpages.measure.schedule import Block
-from kvpages.measure.steps import IN_ORDER, Arrays, Stamps, get_step_variant, step_call
+from kvpages.measure.steps import Arrays, get_step_variant
 from kvpages.measure.timer import US_DECIMALS, synchronizer, to_us
 from kvpages.measure.variants import WithExtras, call_args, get_variant
 from kvpages.schema.rows import POINTS, SCENARIOS, RankRow, Row, Samples, SampleSet, ScenarioRow, ScenarioSampleSet, timing_columns
@@ -94,7 +96,7 @@ def arrays_match(out: object, expected: Sequence[np.ndarray]) -> str | None:
 def measure(target: Target, variant: str, inputs: Any) -> D2HMeasurement:
     """What one call of `variant` at `target` hands to the host; an extra's upkeep copies count as device side too."""
     (slices, _), extras = call_args(inputs, 0)
-    tensors = (slices,) if isinstance(slices, torch.Tensor) else tuple(slices)
+    tensors = device_inputs(slices)
     tensors += tuple(t for e in extras.values() for t in getattr(e, "device_tensors", ()))
     return measure_call(lambda: target.call_here(variant, inputs), tensors)
 
@@ -109,9 +111,10 @@ def with_extras(names: tuple[str, ...], workload: Workload, one_call: bool) -> t
 
 
 def _measured(reading: MeterReading | None) -> dict[str, Any]:
+    """What a row says of the meter's reading: a point's and a scenario's (a scenario's adds its device ops)."""
     if reading is None:
         return {"d2h_bytes": None, "d2h_transfers": None, "host_syncs": None, "link": ""}
-    return asdict(reading)
+    return {k: v for k, v in asdict(reading).items() if k != "device_ops"}
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,10 @@ class PointTarget:
 
     def expected_syncs(self, variant: str, device: str) -> int:
         return get_variant(variant).syncs.on(device)
+
+    def expected_ops(self, variant: str) -> int | None:
+        """The device ops a call declares: none declared (the meter's count is not checked)."""
+        return None
 
     def budget_s(self, options: BenchOptions) -> float:
         return options.sweep.time_budget_s
@@ -236,10 +243,20 @@ class ScenarioTarget:
         s, v, upkeep = self.scenario, get_step_variant(variant), self.upkeep(variant)
         calls = s.calls()
         return v.expected_d2h_bytes([c.tokens for c in calls], s.page_size, ITEMSIZE[s.dtype]) \
-            + sum(len(u.pages) for u in upkeep) * ITEMSIZE[s.dtype], v.expected_transfers(len(calls)) + len(upkeep)
+            + sum(len(u.pages) for u in upkeep) * ITEMSIZE[s.dtype], \
+            v.expected_transfers(len(calls), sends_of(s)) + len(upkeep)
 
     def expected_syncs(self, variant: str, device: str) -> int:
-        return get_step_variant(variant).expected_syncs(len(self.scenario.calls()), device) + len(self.upkeep(variant))
+        s = self.scenario
+        return get_step_variant(variant).expected_syncs(len(s.calls()), device, sends_of(s)) + len(self.upkeep(variant))
+
+    def expected_ops(self, variant: str) -> int | None:
+        """The device ops a strategy declares on a scenario of several payloads (kvpages.core.payloads); else None."""
+        s, strategy = self.scenario, STRATEGIES.get(variant)
+        preset = get_payloads(s.payloads)
+        if strategy is None or len(preset.payloads) == 1:
+            return None
+        return strategy.device_ops(len(s.calls()), sends_of(s), s.requests * preset.translated, s.dtype)
 
     def budget_s(self, options: BenchOptions) -> float:
         return options.scenario_budget_s
@@ -276,19 +293,24 @@ class ScenarioTarget:
             busy = [t for b in sets for t in b.busy_us]
             timings.update(latency_statistics(sets), busy_measured_us=float(np.median(busy)) if busy else None)
         calls = s.calls()
-        if status == "ok" and get_step_variant(variant).staged and ctx.device != "cuda":
-            note = "; ".join(n for n in (note, IN_ORDER) if n)
+        if status == "ok" and get_step_variant(variant).cpu_note and ctx.device != "cuda":
+            note = "; ".join(n for n in (note, get_step_variant(variant).cpu_note) if n)
         return (ScenarioRow(
             scenario=s.id, kind=s.kind, side=s.side, variant=variant, device=ctx.device, dtype=s.dtype,
             layout=s.layout, requests=s.requests, tokens=sum(c.tokens for c in calls), chunk_size=s.chunk_size,
             page_size=s.page_size, busy_us=s.busy_us, calls=len(calls), expected_d2h_bytes=self.expected_d2h(variant)[0],
-            **_measured(reading), **timings, status=status, note=note, repro=repro),)
+            **_measured(reading), **timings, status=status, note=note, repro=repro, payloads=s.payloads,
+            swa_window=s.swa_window if get_payloads(s.payloads).windowed else 0,
+            device_ops=None if reading is None else reading.device_ops),)
 
     def narrowed(self, variant: str, options: BenchOptions, device: str) -> tuple[str, BenchOptions]:
         s = self.scenario
+        windowed = get_payloads(s.payloads).windowed
         common = options.replace(step_variants=(variant,), page_sizes=(s.page_size,), dtypes=(s.dtype,), device=device,
                                  time_budget_s=options.scenario_budget_s, results_dir=None, scenarios=None,
-                                 request_lens=None, chunk_size=None, prefix=None, step_sizes=None, step_lens=None)
+                                 request_lens=None, chunk_size=None, prefix=None, step_sizes=None, step_lens=None,
+                                 payloads=None if s.payloads == DEFAULT_PAYLOADS else (s.payloads,),
+                                 swa_window=s.swa_window if windowed else None)
         if isinstance(s, StepScenario):
             return "bench/test_steps.py", common.replace(step_sizes=(s.batch,), step_lens=s.lengths_spec)
         return "bench/test_steps.py", common.replace(request_lens=(s.prompt_len,), chunk_size=s.chunk_size,

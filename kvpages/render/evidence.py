@@ -11,6 +11,7 @@ from kvpages.analysis.recommend import BATCHED
 from kvpages.analysis.wording import bounded, profile_name
 from kvpages.core.links import ASSUMED, HOST_WORK, SCALES, TERM_KEYS, Term
 from kvpages.core.names import CANDIDATE, STEP_CANDIDATE, called
+from kvpages.core.payloads import DEFAULT_PAYLOADS
 from kvpages.render.captions import time_label
 from kvpages.render.text import ci_text, count, coverage, interval_cell, table
 
@@ -62,7 +63,8 @@ def scenario_table(analysis: Analysis) -> str:
     frame = analysis.run.scenarios
     if frame is None or frame.empty:
         return ""
-    ok = frame[(frame["status"] == "ok") & (frame["busy_us"] == 0) & frame["variant"].isin([STEP_CANDIDATE, BATCHED])]
+    ok = frame[(frame["status"] == "ok") & (frame["busy_us"] == 0) & frame["variant"].isin([STEP_CANDIDATE, BATCHED])
+               & (frame["payloads"] == DEFAULT_PAYLOADS)]  # several payloads per send: kvpages.render.hybrid
     if ok.empty:
         return ""
     top = int(ok["page_size"].max())

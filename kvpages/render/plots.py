@@ -20,6 +20,7 @@ from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.verdicts import SAME, UNCLEAR
 from kvpages.analysis.wording import profile_name
 from kvpages.core.names import CANDIDATE, called, variant_sort_key
+from kvpages.core.payloads import DEFAULT_PAYLOADS
 from kvpages.core.stats import Interval
 from kvpages.core.sweep import ITEMSIZE
 from kvpages.render.breakdown import plot_breakdown
@@ -222,7 +223,8 @@ def _scenario_panels(analysis: Analysis, kind: str, x: str, xlabel: str, what: s
     frame = analysis.run.scenarios
     if frame is None:
         return []
-    ok = frame[(frame["status"] == "ok") & (frame["kind"] == kind) & (frame["busy_us"] == 0)]
+    ok = frame[(frame["status"] == "ok") & (frame["kind"] == kind) & (frame["busy_us"] == 0)
+               & (frame["payloads"] == DEFAULT_PAYLOADS)]  # several payloads per send: the report's hybrid table
     if ok.empty:
         return []
     panels = sorted({(str(side), int(p)) for side, p in zip(ok["side"], ok["page_size"], strict=True)})

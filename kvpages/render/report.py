@@ -14,10 +14,12 @@ from kvpages.analysis.ratios import NOISY_SPREAD, Analysis
 from kvpages.analysis.verdicts import FDR, MIN_EFFECT_FLOOR
 from kvpages.core.links import SCALES
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, label, per_request_of
+from kvpages.core.payloads import DEFAULT_PAYLOADS
 from kvpages.render.appendix import groups, link_model_section, ratio_cell, same_latencies, scenarios_section, variants_section
 from kvpages.render.breakdown import breakdown_section, breakdown_summary, floor_section
 from kvpages.render.captions import caption
 from kvpages.render.evidence import crossover_table, model_section, per_call_table, predictions_section, scenario_table
+from kvpages.render.hybrid import hybrid_table
 from kvpages.render.ranks import render_ranks
 from kvpages.render.recommend import what_to_do, write_recommendations
 from kvpages.render.stability import left_out_section, remeasure_paragraph, stability_paragraph
@@ -174,6 +176,7 @@ def scenario_main(analysis: Analysis) -> str:
     for _, r in ok.sort_values(["kind", "side", "page_size", "busy_us", "requests", "tokens"]).iterrows():
         b = {**base.loc[r["scenario"]].to_dict(), "scenario": r["scenario"]}
         size = f"{r['tokens']} tokens" if r["kind"] == "request" else f"{r['requests']} requests"
+        size += "" if r["payloads"] == DEFAULT_PAYLOADS else f", payloads {r['payloads']}"  # kvpages.core.payloads
         rows.append([r["kind"], r["side"], r["page_size"], size, f"{count(b['d2h_bytes'])} → {count(r['d2h_bytes'])}",
                      f"{sig(analysis.scenario_time(b))} → {sig(analysis.scenario_time(r))}",
                      ratio_cell(analysis, r["scenario"], STEP_CANDIDATE, "blocked"), f"`{r['id']}`"])
@@ -216,6 +219,7 @@ def render(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
         (f"## Evidence\n\n### Per call: merged PR vs {called(analysis.baseline)}, {word}",
          per_call_table(analysis) + "\n\n### Crossover\n\n" + crossover_table(analysis)),
         ("### Per request and per step", scenario_table(analysis)),
+        ("### A hybrid model's payloads", hybrid_table(analysis)),
         ("### Where the time goes",
          time_goes and f"{time_goes} The table is in [{APPENDIX_MD}]({APPENDIX_MD}#where-the-time-goes)."),
         ("### The link model", model_section(analysis)),

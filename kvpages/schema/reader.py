@@ -30,6 +30,7 @@ from kvpages.schema.rows import (
     TIMED,
     RankSampleSet,
     Table,
+    later_columns,
     parse_cell,
     typed_columns,
 )
@@ -152,8 +153,11 @@ def _read_csv(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
 
 
 def _read_typed(path: Path, table: Table) -> pd.DataFrame:
-    """A rows CSV with exactly the table's columns, its integer and float columns parsed; empty cells missing."""
-    frame = _read_csv(path, table.columns)[list(table.columns)].copy()
+    """A rows CSV with exactly the table's columns (one added later with its default), its integer and float columns
+    parsed; empty cells missing."""
+    later = later_columns(table.row_type)
+    frame = _read_csv(path, tuple(c for c in table.columns if c not in later))
+    frame = frame.assign(**{c: text for c, text in later.items() if c not in frame.columns})[list(table.columns)].copy()
     column = ""
     try:
         for column in typed_columns(table.row_type, "int"):

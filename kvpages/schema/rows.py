@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kvpages.core.names import BASELINE
+from kvpages.core.payloads import DEFAULT_PAYLOADS
 
 T = TypeVar("T")
 
@@ -34,10 +35,16 @@ TIMED = (OK, PARTIAL)  # the statuses of a row with timings (and samples)
 KEY_COLUMNS = ("variant", "dtype", "layout", "seq_len", "page_size")  # a row's identity within a run
 SCENARIO_KEY = ("scenario", "variant")  # a scenarios.csv row's
 TIMING = {"timing": True}  # field metadata of the timing columns: empty on a row that was not timed
+LATER = {"later": True}  # field metadata of a column added within schema 5: a run written before it reads its default
 
 
 def columns(record_type: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields(record_type))
+
+
+def later_columns(row_type: type) -> dict[str, str]:
+    """The columns a run written before they existed lacks, each with the text its default reads from ('' for None)."""
+    return {f.name: "" if f.default is None else str(f.default) for f in fields(row_type) if f.metadata.get("later")}
 
 
 def timing_columns(row_type: type) -> tuple[str, ...]:
@@ -224,6 +231,12 @@ class ScenarioRow(_Status):
     repro: str = ""
     busy_measured_us: float | None = field(default=None, metadata=TIMING)
     """The device busy time each timed round actually had (CUDA events around the queued kernel), median."""
+    payloads: str = field(default=DEFAULT_PAYLOADS, metadata=LATER)
+    """The payloads each send carried (kvpages.core.payloads.PAYLOAD_PRESETS)."""
+    swa_window: int = field(default=0, metadata=LATER)
+    """The SWA payload's window in tokens; 0: no SWA payload."""
+    device_ops: int | None = field(default=None, metadata=LATER)
+    """The device ops the meter counted in the request or step (kvpages.measure.meter)."""
     id: str = ""  # filled in: `scenario_row_id`
 
     def __post_init__(self) -> None:
