@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import FAST, REPO, assert_phases_add_up
 
+from kvpages.core.scenarios import StepScenario
 from kvpages.core.sweep import Point
 from kvpages.measure.busy import PROBE_CYCLES, cycles_for
 from kvpages.measure.crosscheck import (
@@ -27,12 +28,13 @@ from kvpages.measure.crosscheck import (
     answers_of,
     case_profiles,
     judge,
+    representative,
     run_child,
     run_crosscheck,
     timeout_for,
 )
 from kvpages.measure.meter import D2HMeasurement, Transfer
-from kvpages.measure.targets import PointTarget
+from kvpages.measure.targets import PointTarget, ScenarioTarget
 from kvpages.measure.variants import get_variant, variant_names
 from kvpages.schema.reader import load_run
 
@@ -304,3 +306,16 @@ def test_the_busy_queue_is_calibrated_at_the_boosted_clock():
     cycles = cycles_for(500, PROBE_CYCLES, [idle_us, boosted_us, boosted_us * 1.01, boosted_us * 1.02])
     assert cycles / 1980 == pytest.approx(500, rel=1e-3)  # 500 us once the clock has boosted
     assert cycles_for(500, PROBE_CYCLES, [idle_us]) / 1980 == pytest.approx(87, abs=1)  # the old, undersized queue
+
+
+def test_the_profiled_cases_are_each_variants_shortest_and_longest_point_and_each_kind_of_steps_smallest():
+    points = [CheckCase(v, PointTarget(Point(n, p))) for v in ("host_stride", "device_stride")
+              for p in (1, 64) for n in (512, 8192, 131072)]
+    steps = [CheckCase("per_request[device_stride]", ScenarioTarget(StepScenario(b, "fixed:2048", page_size=64,
+                                                                                  payloads=payloads)))
+             for payloads in ("full", "hybrid") for b in (8, 32)]
+    chosen = representative(points + steps)
+    assert [c.id for c in chosen] == [c.id for c in points + steps if c in chosen]  # in their order
+    assert {(c.variant, c.target.point.page_size, c.target.point.seq_len) for c in chosen[:8]} == {
+        (v, p, n) for v in ("host_stride", "device_stride") for p in (1, 64) for n in (512, 131072)}
+    assert [(c.target.scenario.payloads, c.target.scenario.batch) for c in chosen[8:]] == [("full", 8), ("hybrid", 8)]

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from kvpages.core.options import BenchOptions
 from kvpages.core.payloads import DEFAULT_PAYLOADS, STRATEGIES, get_payloads
@@ -40,12 +41,18 @@ class Context:
     device: str
     device_name: str
     options: BenchOptions
-    transfer_thread: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
-        max_workers=1, thread_name_prefix="kvpages-transfer-thread"))
-    """Where a step variant's `Pending` wait runs, as SGLang's transfer worker thread does."""
     busy_queues: dict[int, BusyQueue] = field(default_factory=dict)
     group: Group | None = None
     """The ranks of a multi-rank run (kvpages.measure.ranks); None: one rank."""
+    transfer_thread: ThreadPoolExecutor = field(init=False)
+    """Where a step variant's `Pending` wait runs, as SGLang's transfer worker thread does; on CUDA with this thread's
+    current device (the rank's: a thread starts on device 0, and a wait there would open a context on GPU 0)."""
+
+    def __post_init__(self) -> None:
+        start: dict[str, Any] = {}
+        if torch.device(self.device).type == "cuda":
+            start = {"initializer": torch.cuda.set_device, "initargs": (torch.cuda.current_device(),)}
+        self.transfer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvpages-transfer-thread", **start)
 
     def busy_queue(self, busy_us: int) -> BusyQueue:
         """The busy queue of `busy_us` (calibrated once per duration; none off CUDA)."""
