@@ -77,23 +77,23 @@ def cmd_options(args: argparse.Namespace) -> int:
 
 
 def _analysis(path: Path, profile_files: Sequence[Path] = ()) -> Analysis:
-    """The run's analysis, its meta.json first recording the user's link profiles (each read and checked before)."""
+    """The run's analysis, its meta.json first recording the user's link profiles (each read and checked before); the
+    one kept since the folder's last change where there is one (kvpages.analysis.cache)."""
+    from kvpages.analysis.cache import analysis_of
     from kvpages.schema.profiles import read_profile, record_profiles
 
     profiles = tuple(read_profile(f) for f in profile_files)
-    run = load_run(path)
     if profiles:
-        record_profiles(run.path if run.path.is_dir() else run.path.parent, profiles)
         run = load_run(path)
-    return analyze(run)
+        record_profiles(run.path if run.path.is_dir() else run.path.parent, profiles)
+    return analysis_of(path, lambda: analyze(load_run(path)))
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from kvpages.render.plots import plot_run
+    from kvpages.render.drawing import draw_run
 
     formats = ("png", "svg") if args.svg else ("png",)
-    # drawing is most of the time: two CPUs where free
-    charts = plot_run(_analysis(args.run, args.link_profile), formats, processes=2)
+    charts = draw_run(lambda: _analysis(args.run, args.link_profile), formats)
     if not charts:
         raise RunError(f"{args.run}: no timed rows (status ok), so there is nothing to plot")
     for path in charts:

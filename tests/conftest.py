@@ -33,6 +33,17 @@ def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pyte
     return pytester
 
 
+@pytest.fixture(scope="session", autouse=True)
+def analysis_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The analyses the tests' commands keep (kvpages.analysis.cache) go to a folder of the session's, never to the
+    user's cache; the commands the tests start as subprocesses inherit it."""
+    from kvpages.analysis.cache import VARIABLE
+
+    folder = tmp_path_factory.mktemp("analysis-cache")
+    os.environ[VARIABLE] = str(folder)
+    return folder
+
+
 NO_CUDA_REASON = f"needs a CUDA device: torch.cuda.is_available() is False (torch {torch.__version__})"
 
 
