@@ -25,6 +25,11 @@ PYTEST_ARGS ?=
 NOISE_PRESET ?= default
 NOISE_DIR ?= .noise
 
+# Bytecode: where PYTHONDONTWRITEBYTECODE is set (as on the dev box), every Python process would compile kvpages
+# from source again (0.1-0.2 s of CPU each: each kvpages command, each of a sweep's workers, each of the hundreds of
+# processes the tests start) and every pytest session rewrite the test modules again; make's commands write it once.
+unexport PYTHONDONTWRITEBYTECODE
+
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvpages-installed
 VENV_FLAGS := $(if $(filter system,$(TORCH)),--system-site-packages,)
