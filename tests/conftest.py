@@ -201,6 +201,31 @@ def assert_phases_add_up(meta: RunMeta) -> None:
     assert sum(p.wall_s for p in meta.processes) - timing.startup_overlap_s <= timing.wall_s <= timing.measured_s
 
 
+def kvpages_here(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`kvpages ARGS` run in this process (kvpages.cli.main, as `python -m kvpages` runs it but keeping the collector),
+    in `cwd`, its exit status, stdout and stderr kept as a subprocess gives them: for the tests of what a command does
+    and says, not of starting one (a fresh interpreter costs about 0.5 s of CPU; the tests of a command without torch
+    start one)."""
+    import contextlib
+    import io
+
+    from kvpages.cli import main
+
+    argv = [str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    before = Path.cwd()
+    try:
+        os.chdir(cwd or REPO)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exc:  # argparse's usage errors
+                code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    finally:
+        os.chdir(before)
+    return subprocess.CompletedProcess(["kvpages", *argv], code, out.getvalue(), err.getvalue())
+
+
 # ----------------------------------------------------------------------------- bench/gpu_check.sh
 
 SCRIPT = REPO / "bench" / "gpu_check.sh"

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO, Reported, reference_runs, synthetic_run
+from conftest import REPO, Reported, kvpages_here, reference_runs, synthetic_run
 
 from kvpages.analysis.cite import sig
 from kvpages.analysis.findings import findings
@@ -297,8 +297,6 @@ def test_the_command_writes_the_report_and_chart_without_torch_and_never_overwri
     assert len(made) == 1 and (made[0] / FLEET_MD).is_file()
 
 
-def kvpages(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvpages", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
 @pytest.mark.parametrize(("case", "says"), [
@@ -328,7 +326,7 @@ def test_bad_input_is_one_line_exit_2_before_any_work(folders, tmp_path, case, s
         "out is a file": [a, str(folders["b"])],
     }[case]
     given_out = tmp_path / "file.txt" if case == "out is a file" else out
-    done = kvpages("fleet", *args, "--out", str(given_out), cwd=tmp_path)
+    done = kvpages_here("fleet", *args, "--out", given_out, cwd=tmp_path)
     assert done.returncode == 2, done.stdout
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr and says in done.stderr, done.stderr
     assert not out.exists()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvpages.analysis.cite import fraction, sig
 from kvpages.analysis.predict import with_link_model
-from kvpages.analysis.ratios import Analysis, variant_order
+from kvpages.analysis.ratios import Analysis, records, variant_order
 from kvpages.core.links import profile_for
 from kvpages.core.names import CANDIDATE, called, label
 from kvpages.render.text import ci_text, count, coverage, interval_cell, table
@@ -104,7 +104,7 @@ def scenarios_section(analysis: Analysis) -> str:
         rows = []
         chosen = ok[ok["kind"] == kind].sort_values(["side", "page_size", "busy_us", "requests", "tokens", "variant"],
                                                     key=variant_order)
-        for _, r in chosen.iterrows():
+        for r in records(chosen):
             latencies = ([sig(analysis.scenario_time(r)), ratio_cell(analysis, r["scenario"], r["variant"], "blocked")]
                          + ([] if merged else [sig(analysis.scenario_time(r, "ready")),
                                                ratio_cell(analysis, r["scenario"], r["variant"], "ready")]))
