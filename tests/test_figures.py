@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import synthetic_run
 
-from kvpages.analysis.ratios import Analysis, analyze
+from kvpages.analysis.cache import Pickled
+from kvpages.analysis.ratios import analyze
 from kvpages.render.drawing import cpus, draw_run, side_by_side
 from kvpages.render.plots import plot_run
 from kvpages.schema.reader import RunError, load_run
@@ -78,7 +79,7 @@ def test_plot_draws_what_one_process_draws_without_matplotlib_in_its_own(tmp_pat
 
 @forks
 def test_an_analysis_that_fails_is_raised_here_after_the_drawing_process_left(tmp_path):
-    def fails() -> Analysis:
+    def fails() -> Pickled:
         raise RunError(f"{tmp_path}: no results.csv here; not a kvpages run folder")
 
     with pytest.raises(RunError, match="not a kvpages run folder"):

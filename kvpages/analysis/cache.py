@@ -17,6 +17,7 @@ import pickle
 import platform
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from fnmatch import fnmatch
 from functools import cache
 from pathlib import Path
@@ -75,38 +76,47 @@ def key(path: Path) -> str | None:
     return digest.hexdigest()
 
 
-def analysis_of(path: Path, analyse: Callable[[], Analysis]) -> Analysis:
-    """`path`'s analysis: the entry kept under its key, else `analyse()`, then kept."""
+@dataclass(frozen=True)
+class Pickled:
+    """A run's analysis, pickled, and what keeps it under its key (nothing when it was read from there or is not kept):
+    `kvpages plot` hands the pickle to its drawing process first and keeps it while that draws."""
+
+    payload: bytes
+    keep: Callable[[], None]
+
+
+def pickled(path: Path, analyse: Callable[[], Analysis]) -> Pickled:
+    """`path`'s analysis pickled: the entry kept under its key, else `analyse()`'s, to be kept."""
     where = folder()
     name = None if where is None else key(path)
-    if where is None or name is None:
-        return analyse()
-    entry = where / f"{name}{SUFFIX}"
-    found = _read(entry)
+    entry = None if where is None or name is None else where / f"{name}{SUFFIX}"
+    found = None if entry is None else _read(entry)
     if found is not None:
-        return found
-    analysis = analyse()
-    _write(entry, analysis)
+        return Pickled(found, lambda: None)
+    payload = pickle.dumps(analyse(), protocol=pickle.HIGHEST_PROTOCOL)
+    return Pickled(payload, lambda: None if entry is None else _write(entry, payload))
+
+
+def loads(payload: bytes) -> Analysis:
+    """The analysis a `Pickled.payload` holds."""
+    analysis = pickle.loads(payload)
+    assert isinstance(analysis, Analysis)
     return analysis
 
 
-def _read(entry: Path) -> Analysis | None:
+def _read(entry: Path) -> bytes | None:
+    """The pickle kept in `entry`, whole (its SHA-256 checked); None for none."""
     try:
         data = entry.read_bytes()
         os.utime(entry)  # the newest entries are kept
     except OSError:  # no entry, or a cache folder that cannot be read: analysed afresh
         return None
     digest, payload = data[:32], data[32:]
-    if hashlib.sha256(payload).digest() != digest:  # cut off or altered: analysed again, and replaced
-        return None
-    analysis = pickle.loads(payload)
-    assert isinstance(analysis, Analysis)
-    return analysis
+    return payload if hashlib.sha256(payload).digest() == digest else None  # else cut off or altered: analysed again
 
 
-def _write(entry: Path, analysis: Analysis) -> None:
-    """Keep `analysis` in `entry` (written beside it, then renamed over it) and the KEEP newest entries."""
-    payload = pickle.dumps(analysis, protocol=pickle.HIGHEST_PROTOCOL)
+def _write(entry: Path, payload: bytes) -> None:
+    """Keep `payload` in `entry` (written beside it, then renamed over it) and the KEEP newest entries."""
     tmp = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)

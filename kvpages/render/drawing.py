@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kvpages.analysis.ratios import Analysis
+    from kvpages.analysis.cache import Pickled
 
 Drawing = Callable[[], list[Path]]
 """Draws some charts; returns the files it wrote."""
@@ -95,24 +96,30 @@ def side_by_side(here: Drawing, there: Drawing, processes: int = 1) -> list[Path
     return mine + _returned(theirs)
 
 
-def draw_run(analyse: Callable[[], Analysis], formats: tuple[str, ...]) -> list[Path]:
-    """Every chart of the run `analyse()` loads and analyses (kvpages.render.plots.plot_run), drawn as the module
-    says; its exception is raised here, after the child has left."""
+def draw_run(analysed: Callable[[], Pickled], formats: tuple[str, ...]) -> list[Path]:
+    """Every chart of the run whose pickled analysis `analysed()` gives (kvpages.render.plots.plot_run), drawn as the
+    module says, the analysis kept (`Pickled.keep`) while the child draws; an exception of `analysed()` is raised
+    here, once the child (still warming matplotlib: it writes nothing before it has the analysis) has been stopped."""
     if not forks():
+        from kvpages.analysis.cache import loads
         from kvpages.render.plots import plot_run
 
-        return plot_run(analyse(), formats)
+        found = analysed()
+        found.keep()
+        return plot_run(loads(found.payload), formats)
     given, give = os.pipe()
     child = _Child.start(lambda: _draw_given(given, formats), close=(give,))
     os.close(given)
     try:
-        payload = pickle.dumps(analyse(), protocol=pickle.HIGHEST_PROTOCOL)
+        found = analysed()
         with os.fdopen(give, "wb") as pipe:
             give = -1
-            pipe.write(payload)
-    finally:  # an analysis that failed: the child reads no analysis, draws nothing and leaves
+            pipe.write(found.payload)
+        found.keep()
+    finally:
         if give >= 0:
             os.close(give)
+            os.kill(child.pid, signal.SIGKILL)
         drawn = child.wait()
     return _returned(drawn)
 
@@ -120,6 +127,7 @@ def draw_run(analyse: Callable[[], Analysis], formats: tuple[str, ...]) -> list[
 def _draw_given(given: int, formats: tuple[str, ...]) -> list[Path]:
     """The child of `draw_run`: matplotlib imported and warmed, then the analysis read from `given` and drawn, the
     per-point charts here and the others in a process of its own; nothing for no analysis."""
+    from kvpages.analysis.cache import loads
     from kvpages.render.figures import warm_up
     from kvpages.render.plots import other_charts, point_charts
 
@@ -128,5 +136,5 @@ def _draw_given(given: int, formats: tuple[str, ...]) -> list[Path]:
         payload = pipe.read()
     if not payload:
         return []
-    analysis = pickle.loads(payload)
+    analysis = loads(payload)
     return side_by_side(lambda: point_charts(analysis, formats), lambda: other_charts(analysis, formats), 2)
