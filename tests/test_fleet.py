@@ -288,10 +288,10 @@ def test_the_command_writes_the_report_and_chart_without_torch_and_never_overwri
     assert (out / CHART_PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"![{CHART_PNG}]({CHART_PNG})" in (out / FLEET_MD).read_text()
     written = (out / FLEET_MD).read_text()
-    again = kvpages_without_torch("fleet", str(folders["a"]), str(folders["b"]), "--out", str(out), cwd=tmp_path)
+    again = kvpages_here("fleet", folders["a"], folders["b"], "--out", out, cwd=tmp_path)  # torch-free shown above
     assert again.returncode == 2 and again.stderr.count("\n") == 1 and "never overwrites" in again.stderr
     assert (out / FLEET_MD).read_text() == written
-    default = kvpages_without_torch("fleet", str(folders["a"]), str(folders["b"]), cwd=tmp_path)
+    default = kvpages_here("fleet", folders["a"], folders["b"], cwd=tmp_path)
     assert default.returncode == 0, default.stderr
     made = [p for p in tmp_path.iterdir() if p.name.startswith("fleet-")]
     assert len(made) == 1 and (made[0] / FLEET_MD).is_file()
