@@ -68,8 +68,16 @@ bench: $(STAMP)
 # The tests run in $(TEST_WORKERS) pytest-xdist workers; gpu_check.sh's rehearsal runs once, in the background from
 # collection on, for every worker (tests/conftest.py: pytest 9 drops the group suffix --dist loadgroup relied on, so
 # each worker rehearsed again). On the 2-core dev box, 243 s of pytest in one process took 157 s so.
-# mypy runs beside them (about 30 s of one core); its output is printed only when it fails, after the tests, so
-# pytest's summary stays the last line of a pass.
+# mypy runs beside them (about 15 s of one core, no cache); its output is printed only when it fails, after the tests,
+# so pytest's summary stays the last line of a pass.
+# On the idle 2-core dev box, back to back (2026-12-05): make test after set-up 156 s at 9a32adc (259 s of CPU with
+# every process it starts), 117 s now (209 s of CPU). What saved it: bytecode written (unexport above: each of the
+# hundreds of Python processes the tests start compiled kvpages again, and each pytest session rewrote the test
+# modules); load_run reading the reference run in 0.18 s instead of 0.47 s (each test that loads it); the analysis
+# kept between a folder's commands (tests/conftest.py gives the session its own cache folder); 20 kvpages commands
+# run in the test's own process (conftest.kvpages_here) where starting one is not what is tested; kvpages plot's
+# drawing process warming matplotlib while the run is analysed. --dist loadfile instead (a module's fixtures built
+# once) was tried: 5 s less CPU, no shorter. The set-up above: 36 -> 34 s on a loaded box, 37 -> 30 s on another.
 TEST_WORKERS ?= 2
 TEST_PYTEST := tests/ bench/ --benchmark-disable --kv-preset quick -q -n $(TEST_WORKERS) --dist loadgroup
 
