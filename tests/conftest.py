@@ -83,6 +83,7 @@ def devices() -> list:
 import functools  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -199,6 +200,36 @@ def assert_phases_add_up(meta: RunMeta) -> None:
     sums = [getattr(timing, name) for name in PHASES]
     assert sum(sums) + timing.crosscheck_s == pytest.approx(timing.wall_s, abs=1e-6) and timing.timed_s > 0
     assert sum(p.wall_s for p in meta.processes) - timing.startup_overlap_s <= timing.wall_s <= timing.measured_s
+
+
+def built_once(config: pytest.Config, name: str, build: Callable[[Path], None]) -> Path:
+    """A folder `build(folder)` fills once per session: under `pytest -n`, by the first worker to ask, while the others
+    wait for it (up to 300 s) and read it too (a module's tests are dealt to both workers, and each would build the
+    module's fixtures again); the tests that read it change nothing in it."""
+    factory = config._tmp_path_factory  # type: ignore[attr-defined]
+    if XDIST_RUN is None:
+        folder = factory.mktemp(name)
+        build(folder)
+        return folder
+    shared = factory.getbasetemp().parent / f"{name}-{XDIST_RUN}"  # the workers' common root, as the rehearsal's
+    shared.mkdir(exist_ok=True)
+    try:
+        os.close(os.open(shared / "started", os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        deadline = time.monotonic() + 300
+        while not (shared / "done").exists():
+            if (shared / "failed").exists() or time.monotonic() > deadline:
+                pytest.fail(f"{name}: the worker building it failed or took over 300 s ({shared})")
+            time.sleep(0.1)
+        return shared / "built"
+    try:
+        (shared / "built").mkdir()
+        build(shared / "built")
+    except BaseException:
+        (shared / "failed").touch()
+        raise
+    (shared / "done").touch()
+    return shared / "built"
 
 
 def kvpages_here(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess:

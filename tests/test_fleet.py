@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO, Reported, kvpages_here, reference_runs, synthetic_run
+from conftest import REPO, built_once, kvpages_here, reference_runs, synthetic_run
 
 from kvpages.analysis.cite import sig
 from kvpages.analysis.findings import findings
@@ -93,21 +93,27 @@ def drop(folder: Path, variant: str, page_size: int, scenario: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory, reported_reference: Reported) -> dict[str, Path]:
+def folders(request: pytest.FixtureRequest) -> dict[str, Path]:
     """a: the reference as it is; a2: a second run of a's machine; b: another host whose device_stride is 2x slower;
     c: a third host that did not time device_shift at page size 16, nor one scenario. Each is a copy of the reference
-    as this code reports it (its ratios.csv), b's re-reported once slowed down."""
-    tmp = tmp_path_factory.mktemp("fleet")
-    reported = reported_reference.path
-    made = {"a": machine(tmp, "a", source=reported),
-            "a2": machine(tmp, "a2", run_id="20261205T000000Z-cpu", source=reported),
-            "b": machine(tmp, "b", run_id="20261206T000000Z-cpu", source=reported, hostname="box-b",
-                         device_name="AMD EPYC 9654"),
-            "c": machine(tmp, "c", run_id="20261207T000000Z-cpu", source=reported, hostname="box-c")}
-    slow_down(made["b"], "device_stride", SLOWER_BY)
-    scenario = pd.read_csv(made["c"] / "scenarios.csv")["scenario"].iloc[0]
-    drop(made["c"], "device_shift", 16, scenario)
-    return made
+    as this code reports it (its ratios.csv), b's re-reported once slowed down; made once per session (`built_once`)."""
+    def build(tmp: Path) -> None:
+        reported = request.getfixturevalue("reported_reference").path
+        for name, changes in MACHINES.items():
+            machine(tmp, name, source=reported, **changes)
+        slow_down(tmp / "b", "device_stride", SLOWER_BY)
+        scenario = pd.read_csv(tmp / "c" / "scenarios.csv")["scenario"].iloc[0]
+        drop(tmp / "c", "device_shift", 16, scenario)
+
+    tmp = built_once(request.config, "fleet", build)
+    return {name: tmp / name for name in MACHINES}
+
+
+MACHINES: dict[str, dict[str, str]] = {
+    "a": {}, "a2": {"run_id": "20261205T000000Z-cpu"},
+    "b": {"run_id": "20261206T000000Z-cpu", "hostname": "box-b", "device_name": "AMD EPYC 9654"},
+    "c": {"run_id": "20261207T000000Z-cpu", "hostname": "box-c"}}
+"""The fleet's run folders (`folders`), each a copy of the reference with these meta.json changes."""
 
 
 @pytest.fixture(scope="module")
