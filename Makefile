@@ -77,7 +77,8 @@ bench: $(STAMP)
 # kept between a folder's commands (tests/conftest.py gives the session its own cache folder); 20 kvpages commands
 # run in the test's own process (conftest.kvpages_here) where starting one is not what is tested; kvpages plot's
 # drawing process warming matplotlib while the run is analysed. --dist loadfile instead (a module's fixtures built
-# once) was tried: 5 s less CPU, no shorter. The set-up above: 36 -> 34 s on a loaded box, 37 -> 30 s on another.
+# once) was tried: 5 s less CPU, no shorter. A fresh clone's `make test`, set-up included, back to back on the dev
+# box: 176 s at 9a32adc (set-up 29.5 s, then 146.9 s), 146 s at cecd880 (set-up 21.5 s, then 124.5 s).
 TEST_WORKERS ?= 2
 TEST_PYTEST := tests/ bench/ --benchmark-disable --kv-preset quick -q -n $(TEST_WORKERS) --dist loadgroup
 
