@@ -5,7 +5,10 @@
 #   TORCH=system         reuse the torch of $(PYTHON) (e.g. your CUDA build): the venv sees its site-packages;
 #                        with VENV=/path/to/an/existing/venv that has torch, that venv is used as it is
 # With a pinned TORCH, pip installs torch (pip's configuration finds the CPU wheel) and $(UV), and uv installs the
-# rest, with the torch already there (set-up CPU time on the dev box: 84 s with pip alone, 62 s so). With
+# rest, with the torch already there (set-up CPU time on the dev box: 84 s with pip alone, 62 s so). pip leaves
+# torch's 2,300 modules uncompiled and compileall compiles them on every CPU beside uv's install (pip compiles them one
+# by one, on one CPU, before uv starts; like pip, it passes over the one torch ships for Python 3.12 only): set-up
+# 37 -> 30 s on the 2-core dev box, a loaded one. With
 # TORCH=system pip installs the rest: uv does not see a venv's system site-packages, and would fetch another torch.
 #   PRESET=default       the sweep `make bench` runs: quick, default or full
 #   PYTEST_ARGS=...      extra options for pytest, e.g. PYTEST_ARGS="--kv-page-sizes 1,64"
@@ -25,6 +28,11 @@ PYTEST_ARGS ?=
 NOISE_PRESET ?= default
 NOISE_DIR ?= .noise
 
+# Bytecode: where PYTHONDONTWRITEBYTECODE is set (as on the dev box), every Python process would compile kvpages
+# from source again (0.1-0.2 s of CPU each: each kvpages command, each of a sweep's workers, each of the hundreds of
+# processes the tests start) and every pytest session rewrite the test modules again; make's commands write it once.
+unexport PYTHONDONTWRITEBYTECODE
+
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvpages-installed
 VENV_FLAGS := $(if $(filter system,$(TORCH)),--system-site-packages,)
@@ -38,8 +46,10 @@ ifeq ($(TORCH),system)
 		{ echo "TORCH=system: $(PYTHON) has no torch to reuse; install your torch build into it, or leave TORCH unset for torch==2.13.0 (CPU)" >&2; rm -rf $(VENV); exit 2; }
 	$(BIN)/python -m pip install -q -e ".[test]"
 else
-	$(BIN)/python -m pip install -q "$(TORCH)" "$(UV)"
-	$(BIN)/uv pip install --python $(BIN)/python -q --compile-bytecode -e ".[test]"
+	$(BIN)/python -m pip install -q --no-compile "$(TORCH)" "$(UV)"
+	{ $(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/torch" \
+		> /dev/null || true; } & compiled=$$!; \
+	$(BIN)/uv pip install --python $(BIN)/python -q --compile-bytecode -e ".[test]" && wait $$compiled
 endif
 	touch $(STAMP)
 
@@ -58,8 +68,17 @@ bench: $(STAMP)
 # The tests run in $(TEST_WORKERS) pytest-xdist workers; gpu_check.sh's rehearsal runs once, in the background from
 # collection on, for every worker (tests/conftest.py: pytest 9 drops the group suffix --dist loadgroup relied on, so
 # each worker rehearsed again). On the 2-core dev box, 243 s of pytest in one process took 157 s so.
-# mypy runs beside them (about 30 s of one core); its output is printed only when it fails, after the tests, so
-# pytest's summary stays the last line of a pass.
+# mypy runs beside them (about 15 s of one core, no cache); its output is printed only when it fails, after the tests,
+# so pytest's summary stays the last line of a pass.
+# On the idle 2-core dev box, back to back (2026-12-05): make test after set-up 156 s at 9a32adc (259 s of CPU with
+# every process it starts), 117 s now (209 s of CPU). What saved it: bytecode written (unexport above: each of the
+# hundreds of Python processes the tests start compiled kvpages again, and each pytest session rewrote the test
+# modules); load_run reading the reference run in 0.18 s instead of 0.47 s (each test that loads it); the analysis
+# kept between a folder's commands (tests/conftest.py gives the session its own cache folder); 20 kvpages commands
+# run in the test's own process (conftest.kvpages_here) where starting one is not what is tested; kvpages plot's
+# drawing process warming matplotlib while the run is analysed. --dist loadfile instead (a module's fixtures built
+# once) was tried: 5 s less CPU, no shorter. A fresh clone's `make test`, set-up included, back to back on the dev
+# box: 176 s at 9a32adc (set-up 29.5 s, then 146.9 s), 146 s at cecd880 (set-up 21.5 s, then 124.5 s).
 TEST_WORKERS ?= 2
 TEST_PYTEST := tests/ bench/ --benchmark-disable --kv-preset quick -q -n $(TEST_WORKERS) --dist loadgroup
 

@@ -10,6 +10,7 @@ import gc
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvpages.analysis.cite import CiteError
 from kvpages.analysis.ratios import Analysis, analyze
@@ -19,6 +20,9 @@ from kvpages.render.compare import FORMATS as COMPARE_FORMATS
 from kvpages.render.compare import Compared
 from kvpages.schema.profiles import ProfileError
 from kvpages.schema.reader import RunError, load_run
+
+if TYPE_CHECKING:
+    from kvpages.analysis.cache import Pickled
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,24 +80,33 @@ def cmd_options(args: argparse.Namespace) -> int:
     return 0
 
 
-def _analysis(path: Path, profile_files: Sequence[Path] = ()) -> Analysis:
-    """The run's analysis, its meta.json first recording the user's link profiles (each read and checked before)."""
+def _pickled(path: Path, profile_files: Sequence[Path] = ()) -> Pickled:
+    """The run's analysis, pickled, its meta.json first recording the user's link profiles (each read and checked
+    before); the one kept since the folder's last change where there is one (kvpages.analysis.cache)."""
+    from kvpages.analysis.cache import pickled
     from kvpages.schema.profiles import read_profile, record_profiles
 
     profiles = tuple(read_profile(f) for f in profile_files)
-    run = load_run(path)
     if profiles:
-        record_profiles(run.path if run.path.is_dir() else run.path.parent, profiles)
         run = load_run(path)
-    return analyze(run)
+        record_profiles(run.path if run.path.is_dir() else run.path.parent, profiles)
+    return pickled(path, lambda: analyze(load_run(path)))
+
+
+def _analysis(path: Path, profile_files: Sequence[Path] = ()) -> Analysis:
+    """The run's analysis (`_pickled`), kept."""
+    from kvpages.analysis.cache import loads
+
+    found = _pickled(path, profile_files)
+    found.keep()
+    return loads(found.payload)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from kvpages.render.plots import plot_run
+    from kvpages.render.drawing import draw_run
 
     formats = ("png", "svg") if args.svg else ("png",)
-    # drawing is most of the time: two CPUs where free
-    charts = plot_run(_analysis(args.run, args.link_profile), formats, processes=2)
+    charts = draw_run(lambda: _pickled(args.run, args.link_profile), formats)
     if not charts:
         raise RunError(f"{args.run}: no timed rows (status ok), so there is nothing to plot")
     for path in charts:

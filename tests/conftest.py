@@ -33,6 +33,17 @@ def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pyte
     return pytester
 
 
+@pytest.fixture(scope="session", autouse=True)
+def analysis_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The analyses the tests' commands keep (kvpages.analysis.cache) go to a folder of the session's, never to the
+    user's cache; the commands the tests start as subprocesses inherit it."""
+    from kvpages.analysis.cache import VARIABLE
+
+    folder = tmp_path_factory.mktemp("analysis-cache")
+    os.environ[VARIABLE] = str(folder)
+    return folder
+
+
 NO_CUDA_REASON = f"needs a CUDA device: torch.cuda.is_available() is False (torch {torch.__version__})"
 
 
@@ -72,6 +83,7 @@ def devices() -> list:
 import functools  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -194,6 +206,61 @@ def assert_phases_add_up(meta: RunMeta) -> None:
     sums = [getattr(timing, name) for name in PHASES]
     assert sum(sums) + timing.crosscheck_s == pytest.approx(timing.wall_s, abs=1e-6) and timing.timed_s > 0
     assert sum(p.wall_s for p in meta.processes) - timing.startup_overlap_s <= timing.wall_s <= timing.measured_s
+
+
+def built_once(config: pytest.Config, name: str, build: Callable[[Path], None]) -> Path:
+    """A folder `build(folder)` fills once per session: under `pytest -n`, by the first worker to ask, while the others
+    wait for it (up to 300 s) and read it too (a module's tests are dealt to both workers, and each would build the
+    module's fixtures again); the tests that read it change nothing in it."""
+    factory = config._tmp_path_factory  # type: ignore[attr-defined]
+    if XDIST_RUN is None:
+        folder = factory.mktemp(name)
+        build(folder)
+        return folder
+    shared = factory.getbasetemp().parent / f"{name}-{XDIST_RUN}"  # the workers' common root, as the rehearsal's
+    shared.mkdir(exist_ok=True)
+    try:
+        os.close(os.open(shared / "started", os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        deadline = time.monotonic() + 300
+        while not (shared / "done").exists():
+            if (shared / "failed").exists() or time.monotonic() > deadline:
+                pytest.fail(f"{name}: the worker building it failed or took over 300 s ({shared})")
+            time.sleep(0.1)
+        return shared / "built"
+    try:
+        (shared / "built").mkdir()
+        build(shared / "built")
+    except BaseException:
+        (shared / "failed").touch()
+        raise
+    (shared / "done").touch()
+    return shared / "built"
+
+
+def kvpages_here(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`kvpages ARGS` run in this process (kvpages.cli.main, as `python -m kvpages` runs it but keeping the collector),
+    in `cwd`, its exit status, stdout and stderr kept as a subprocess gives them: for the tests of what a command does
+    and says, not of starting one (a fresh interpreter costs about 0.5 s of CPU; the tests of a command without torch
+    start one)."""
+    import contextlib
+    import io
+
+    from kvpages.cli import main
+
+    argv = [str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    before = Path.cwd()
+    try:
+        os.chdir(cwd or REPO)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exc:  # argparse's usage errors
+                code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    finally:
+        os.chdir(before)
+    return subprocess.CompletedProcess(["kvpages", *argv], code, out.getvalue(), err.getvalue())
 
 
 # ----------------------------------------------------------------------------- bench/gpu_check.sh

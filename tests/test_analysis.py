@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO, reference_runs, synthetic_run
+from conftest import REPO, kvpages_here, reference_runs, synthetic_run
 
 from kvpages.analysis.cite import sig
 from kvpages.analysis.compare import compare_runs
@@ -175,7 +175,7 @@ def test_a_run_of_an_older_schema_is_refused_in_one_line_naming_its_version(tmp_
     meta = json.loads((folder / "meta.json").read_text())
     meta["schema_version"] = 3
     (folder / "meta.json").write_text(json.dumps(meta))
-    done = subprocess.run([sys.executable, "-m", "kvpages", "report", str(folder)], capture_output=True, text=True)
+    done = kvpages_here("report", folder)
     assert done.returncode != 0 and done.stderr.count("\n") == 1 and "schema version 3;" in done.stderr
 
 def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
@@ -288,7 +288,8 @@ def test_plot_report_compare_on_the_committed_reference_run_without_torch(tmp_pa
 def test_kvpages_list_prints_the_registry():
     from kvpages.measure.variants import all_variants
 
-    done = subprocess.run([sys.executable, "-m", "kvpages", "list"], capture_output=True, text=True, check=True)
+    done = kvpages_here("list")
+    assert done.returncode == 0, done.stderr
     for v in all_variants():
         assert v.name in done.stdout and v.description in done.stdout
 
@@ -343,7 +344,7 @@ def test_a_finished_runs_sample_files_are_gzip_and_read_back_the_same(tmp_path):
     assert a.samples.keys() == b.samples.keys()
     assert all(np.array_equal(x, y) for k in a.samples for x, y in zip(a.samples[k], b.samples[k], strict=True))
     packed.write_bytes(packed.read_bytes()[:40])
-    done = subprocess.run([sys.executable, "-m", "kvpages", "report", str(folder)], capture_output=True, text=True)
+    done = kvpages_here("report", folder)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "samples.csv.gz: not a complete gzip file" in done.stderr
 
 

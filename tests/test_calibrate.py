@@ -4,13 +4,11 @@ within 10% and the same crossover; a CPU run is refused in one line."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO, synthetic_run
+from conftest import REPO, kvpages_here, synthetic_run
 
 from kvpages.analysis.calibrate import calibrate
 from kvpages.analysis.predict import crossover
@@ -114,8 +112,7 @@ def test_calibrate_refuses_a_cpu_run(tmp_path):
     folder = synthetic_run(tmp_path / "cpu", {("device_stride", 512, 1): 3.0, ("host_stride", 512, 1): 2.0})
     with pytest.raises(RunError, match="CPU run crossed no link"):
         calibrate(analyze(load_run(folder)), prior())
-    done = subprocess.run([sys.executable, "-m", "kvpages", "calibrate", str(folder)], capture_output=True, text=True,
-                          cwd=REPO)
+    done = kvpages_here("calibrate", folder)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and "a CPU run crossed no link" in done.stderr
     assert not list(folder.glob("*.toml"))
@@ -123,8 +120,8 @@ def test_calibrate_refuses_a_cpu_run(tmp_path):
 
 def test_the_calibrate_command_prints_terms_and_residuals_and_writes_profiles_a_report_can_use(tmp_path, capsys):
     folder = cuda_run(tmp_path / "cuda")
-    done = subprocess.run([sys.executable, "-m", "kvpages", "calibrate", str(folder)], capture_output=True, text=True,
-                          cwd=REPO, check=True)
+    done = kvpages_here("calibrate", folder)
+    assert done.returncode == 0, done.stderr
     assert "launch per device op" in done.stdout and "fixed cost per copy" in done.stdout
     assert "residual µs" in done.stdout and "| device_stride-s524288-p64-int32-fragmented | pageable |" in done.stdout
     written = sorted(folder.glob("fit_*.toml"))
@@ -190,8 +187,8 @@ def test_the_shipped_h200_profiles_are_what_calibrate_fits_from_the_committed_h2
     """h200_measured_pageable/_pinned (built-in, and a CPU run's fourth prediction profile) are no hand-set figures:
     `kvpages calibrate <the three committed runs> --name h200_measured` writes them again, term by term and interval by
     interval, on the real rows of real H200s (each run a fresh machine of the kind), and no term is beyond the link."""
-    done = subprocess.run([sys.executable, "-m", "kvpages", "calibrate", *map(str, MEASURED), "--name", "h200_measured",
-                           "--out", str(tmp_path)], capture_output=True, text=True, cwd=REPO, check=True)
+    done = kvpages_here("calibrate", *MEASURED, "--name", "h200_measured", "--out", tmp_path)
+    assert done.returncode == 0, done.stderr
     assert "fixed cost per copy" in done.stdout and "pinned bandwidth: not identified" in done.stdout
     shipped = {p.name: p for p in built_in_profiles()}
     for memory in ("pageable", "pinned"):
@@ -243,7 +240,6 @@ def test_small_copies_do_not_fix_a_bandwidth_and_the_probe_does(tmp_path, monkey
 
 @pytest.mark.parametrize("name", ["H200", "h200-lab", ""])
 def test_a_bad_profile_name_is_refused_before_the_run_is_read(tmp_path, name):
-    done = subprocess.run([sys.executable, "-m", "kvpages", "calibrate", str(tmp_path / "no-such-run"), "--name", name],
-                          capture_output=True, text=True, cwd=REPO)
+    done = kvpages_here("calibrate", tmp_path / "no-such-run", "--name", name)
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert f"--name {name!r}" in done.stderr and "lower-case letters, digits and '_'" in done.stderr

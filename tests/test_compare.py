@@ -6,11 +6,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Rehearsal, synthetic_run
+from conftest import Rehearsal, kvpages_here, synthetic_run
 
 from kvpages.analysis.compare import compare_runs
 from kvpages.analysis.verdicts import FDR, MIN_EFFECT_FLOOR, SAME, SLOWER, VERDICTS, judge
@@ -23,8 +22,7 @@ POINTS = {(v, s, p): m for s in (512, 8192, 131072) for p in (1, 64)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvpages", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    return kvpages_here(*args)
 
 
 def test_compare_s_verdicts_are_judge_s_with_the_family_s_minimum_effect_and_correction(tmp_path):

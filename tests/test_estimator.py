@@ -13,7 +13,7 @@ from conftest import Reported
 from kvpages.analysis.cite import sig
 from kvpages.core.estimator import paired_ratio, t_quantile
 from kvpages.core.names import CANDIDATE
-from kvpages.core.stats import Levels
+from kvpages.core.stats import Levels, block_medians
 
 
 def _number(text: str) -> float:
@@ -115,3 +115,14 @@ def test_a_real_difference_is_found_and_the_p_value_comes_from_the_same_resample
 @pytest.mark.parametrize("df, exact", [(3, 3.182446), (5, 2.570582), (11, 2.200985), (30, 2.042272)])
 def test_t_quantile_is_student_t(df, exact):
     assert t_quantile(0.975, df) == pytest.approx(exact, rel=3e-3)
+
+
+def test_block_medians_are_np_median_bit_for_bit():
+    rng = np.random.default_rng(5)
+    blocks = [rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4) for n in rng.integers(1, 60, 400)]
+    blocks += [np.array([3.0, 1.0]), np.array([1.0, np.nan, 2.0]), np.array([np.inf, 1.0]), np.array([5e-324, 5e-324]),
+               np.array([7.0]), np.array([2.0, 2.0, 1.0, 1.0])]
+    with np.errstate(all="ignore"):
+        expected = np.array([np.median(b) for b in blocks])
+        found = block_medians(blocks)
+    assert found.dtype == np.float64 and np.array_equal(found.view(np.int64), expected.view(np.int64))

@@ -1,15 +1,21 @@
-"""Drawing on two CPUs (kvpages.render.figures.side_by_side): the same files in the same order, and the other
-process's error raised here, as if one process had drawn everything."""
+"""Drawing on two CPUs (kvpages.render.drawing): the same files in the same order, and the other process's error
+raised here, as if one process had drawn everything."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import synthetic_run
 
-from kvpages.render.figures import cpus, side_by_side
+from kvpages.analysis.cache import Pickled
+from kvpages.analysis.ratios import analyze
+from kvpages.render.drawing import cpus, draw_run, side_by_side
+from kvpages.render.plots import plot_run
+from kvpages.schema.reader import RunError, load_run
 
 FORKS = sys.platform.startswith("linux") and cpus() >= 2
 forks = pytest.mark.skipif(not FORKS, reason="draws in a second process on Linux with two CPUs only")
@@ -50,3 +56,32 @@ def test_an_error_here_wins_and_the_other_process_is_waited_for(tmp_path):
     with pytest.raises(PermissionError, match="here"):
         side_by_side(fails, drawing(tmp_path, "there.png"), 2)
     assert (tmp_path / "there.png").exists()  # finished before side_by_side returned
+
+
+def test_plot_draws_what_one_process_draws_without_matplotlib_in_its_own(tmp_path):
+    """`kvpages plot` (kvpages.render.drawing.draw_run): the charts one process draws from the same analysis, byte for
+    byte, while the command's own process imports no matplotlib where others draw."""
+    run = synthetic_run(tmp_path / "run", {("host_stride", 512, 64): 2.0, ("device_stride", 512, 64): 3.0,
+                                           ("host_stride", 8192, 64): 8.0, ("device_stride", 8192, 64): 4.0})
+    code = ("import sys; from kvpages.cli import main; code = main(['plot', sys.argv[1]]); "
+            "print('matplotlib' in sys.modules); sys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    *charts, imported = done.stdout.splitlines()
+    assert imported == str(not FORKS)
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    again = plot_run(analyze(load_run(run)), out_dir=alone)
+    assert [Path(c).name for c in charts] == [p.name for p in again] and len(again) >= 3
+    for chart in again:
+        assert chart.read_bytes() == (run / chart.name).read_bytes(), chart.name
+
+
+@forks
+def test_an_analysis_that_fails_is_raised_here_after_the_drawing_process_left(tmp_path):
+    def fails() -> Pickled:
+        raise RunError(f"{tmp_path}: no results.csv here; not a kvpages run folder")
+
+    with pytest.raises(RunError, match="not a kvpages run folder"):
+        draw_run(fails, ("png",))
+    assert not list(tmp_path.iterdir())

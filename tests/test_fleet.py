@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO, Reported, reference_runs, synthetic_run
+from conftest import REPO, built_once, kvpages_here, reference_runs, synthetic_run
 
 from kvpages.analysis.cite import sig
 from kvpages.analysis.findings import findings
@@ -93,21 +93,27 @@ def drop(folder: Path, variant: str, page_size: int, scenario: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory, reported_reference: Reported) -> dict[str, Path]:
+def folders(request: pytest.FixtureRequest) -> dict[str, Path]:
     """a: the reference as it is; a2: a second run of a's machine; b: another host whose device_stride is 2x slower;
     c: a third host that did not time device_shift at page size 16, nor one scenario. Each is a copy of the reference
-    as this code reports it (its ratios.csv), b's re-reported once slowed down."""
-    tmp = tmp_path_factory.mktemp("fleet")
-    reported = reported_reference.path
-    made = {"a": machine(tmp, "a", source=reported),
-            "a2": machine(tmp, "a2", run_id="20261205T000000Z-cpu", source=reported),
-            "b": machine(tmp, "b", run_id="20261206T000000Z-cpu", source=reported, hostname="box-b",
-                         device_name="AMD EPYC 9654"),
-            "c": machine(tmp, "c", run_id="20261207T000000Z-cpu", source=reported, hostname="box-c")}
-    slow_down(made["b"], "device_stride", SLOWER_BY)
-    scenario = pd.read_csv(made["c"] / "scenarios.csv")["scenario"].iloc[0]
-    drop(made["c"], "device_shift", 16, scenario)
-    return made
+    as this code reports it (its ratios.csv), b's re-reported once slowed down; made once per session (`built_once`)."""
+    def build(tmp: Path) -> None:
+        reported = request.getfixturevalue("reported_reference").path
+        for name, changes in MACHINES.items():
+            machine(tmp, name, source=reported, **changes)
+        slow_down(tmp / "b", "device_stride", SLOWER_BY)
+        scenario = pd.read_csv(tmp / "c" / "scenarios.csv")["scenario"].iloc[0]
+        drop(tmp / "c", "device_shift", 16, scenario)
+
+    tmp = built_once(request.config, "fleet", build)
+    return {name: tmp / name for name in MACHINES}
+
+
+MACHINES: dict[str, dict[str, str]] = {
+    "a": {}, "a2": {"run_id": "20261205T000000Z-cpu"},
+    "b": {"run_id": "20261206T000000Z-cpu", "hostname": "box-b", "device_name": "AMD EPYC 9654"},
+    "c": {"run_id": "20261207T000000Z-cpu", "hostname": "box-c"}}
+"""The fleet's run folders (`folders`), each a copy of the reference with these meta.json changes."""
 
 
 @pytest.fixture(scope="module")
@@ -289,17 +295,15 @@ def test_the_command_writes_the_report_and_chart_without_torch_and_never_overwri
     assert (out / CHART_PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"![{CHART_PNG}]({CHART_PNG})" in (out / FLEET_MD).read_text()
     written = (out / FLEET_MD).read_text()
-    again = kvpages_without_torch("fleet", str(folders["a"]), str(folders["b"]), "--out", str(out), cwd=tmp_path)
+    again = kvpages_here("fleet", folders["a"], folders["b"], "--out", out, cwd=tmp_path)  # torch-free shown above
     assert again.returncode == 2 and again.stderr.count("\n") == 1 and "never overwrites" in again.stderr
     assert (out / FLEET_MD).read_text() == written
-    default = kvpages_without_torch("fleet", str(folders["a"]), str(folders["b"]), cwd=tmp_path)
+    default = kvpages_here("fleet", folders["a"], folders["b"], cwd=tmp_path)
     assert default.returncode == 0, default.stderr
     made = [p for p in tmp_path.iterdir() if p.name.startswith("fleet-")]
     assert len(made) == 1 and (made[0] / FLEET_MD).is_file()
 
 
-def kvpages(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvpages", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
 @pytest.mark.parametrize(("case", "says"), [
@@ -329,7 +333,7 @@ def test_bad_input_is_one_line_exit_2_before_any_work(folders, tmp_path, case, s
         "out is a file": [a, str(folders["b"])],
     }[case]
     given_out = tmp_path / "file.txt" if case == "out is a file" else out
-    done = kvpages("fleet", *args, "--out", str(given_out), cwd=tmp_path)
+    done = kvpages_here("fleet", *args, "--out", given_out, cwd=tmp_path)
     assert done.returncode == 2, done.stdout
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr and says in done.stderr, done.stderr
     assert not out.exists()

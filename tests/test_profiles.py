@@ -7,11 +7,10 @@ import dataclasses
 import hashlib
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import FAST, REPO, synthetic_run
+from conftest import FAST, REPO, kvpages_here, synthetic_run
 
 from kvpages.analysis.findings import findings
 from kvpages.analysis.predict import crossover, point_calls, point_predictions, predict
@@ -34,8 +33,8 @@ def cpu_run(folder: Path) -> Path:
     return synthetic_run(folder, times)
 
 
-def kvpages(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvpages", *map(str, args)], capture_output=True, text=True, cwd=REPO)
+def kvpages(*args: object) -> subprocess.CompletedProcess:
+    return kvpages_here(*args)
 
 
 def test_the_built_in_profiles_are_files_with_a_source_for_every_term_and_read_back_the_same():

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import kvpages_here
 
 from kvpages.analysis.ratios import analyze
 from kvpages.core.names import STEP_BASELINE
@@ -215,8 +214,8 @@ def test_bad_scenario_options_are_usage_errors(scenario_bench, args, words):
 
 
 def test_kvpages_scenarios_prints_the_calls():
-    done = subprocess.run([sys.executable, "-m", "kvpages", "scenarios", "--preset", "quick", "-v"],
-                          capture_output=True, text=True, check=True)
+    done = kvpages_here("scenarios", "--preset", "quick", "-v")
+    assert done.returncode == 0, done.stderr
     assert "req-prefill-L32768-C8192-p64-int32: request, 1 request(s), 4 call(s), 32768 tokens" in done.stdout
     assert "call 3: req_to_token[row 0, 24576:32768]  8192 tokens -> 128 pages" in done.stdout
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import shlex
@@ -19,6 +20,7 @@ class CiteError(ValueError):
     """An id that is not a row of the run; the message says how to list the valid ones."""
 
 
+@functools.lru_cache(maxsize=4096)  # a scenario's row is cited for its blocked and its ready latency
 def pair_repro(repro: str, variant: str, baseline: str) -> str:
     """The command that re-runs `variant` and `baseline` together, interleaved, where `repro` re-ran `variant` alone:
     parsed back through the options table, widened to the pair, with --kv-analyze; '' for no kvpages command."""

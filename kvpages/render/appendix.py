@@ -108,7 +108,7 @@ def scenarios_section(analysis: Analysis) -> str:
         rows = []
         chosen = ok[ok["kind"] == kind].sort_values(["side", "page_size", "busy_us", "requests", "tokens", "variant"],
                                                     key=variant_order)
-        for _, r in chosen.iterrows():
+        for r in records(chosen):
             latencies = ([sig(analysis.scenario_time(r)), ratio_cell(analysis, r["scenario"], r["variant"], "blocked")]
                          + ([] if merged else [sig(analysis.scenario_time(r, "ready")),
                                                ratio_cell(analysis, r["scenario"], r["variant"], "ready")]))

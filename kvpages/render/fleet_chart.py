@@ -11,7 +11,7 @@ from matplotlib.lines import Line2D
 from kvpages.analysis.fleet import Fleet, point_order
 from kvpages.analysis.verdicts import FASTER, SLOWER
 from kvpages.core.names import BASELINE
-from kvpages.render.figures import DPI, log_y, new_figure
+from kvpages.render.figures import log_y, new_figure, savefig
 from kvpages.render.style import style
 
 CHART_PNG = "fleet_ratios.png"
@@ -84,5 +84,5 @@ def plot_fleet(fleet: Fleet, path: Path) -> Path:
         where = f"\n{dtype} {layout}" if several else ""
         vs = "" if baseline == BASELINE else f" / {baseline}"
         grid[i][0].set_ylabel(f"{variant}{vs}{where}", fontsize=8)
-    fig.savefig(path, dpi=DPI)
+    savefig(fig, path)
     return path

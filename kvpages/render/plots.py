@@ -25,7 +25,7 @@ from kvpages.core.stats import Interval
 from kvpages.core.sweep import ITEMSIZE
 from kvpages.render.breakdown import plot_breakdown
 from kvpages.render.captions import time_label
-from kvpages.render.figures import log_y, new_figure, save, set_title, side_by_side
+from kvpages.render.figures import log_y, new_figure, save, set_title
 from kvpages.render.ranks import plot_contention
 from kvpages.render.style import legend_label, style
 from kvpages.render.text import coverage
@@ -310,27 +310,29 @@ def plot_busy_queue(analysis: Analysis, stem: Path, formats) -> list[Path]:
 CHARTS = (("latency", plot_latency), ("bytes", plot_bytes), ("ratio", plot_ratio), ("link_model", plot_link_model))
 
 
-def plot_run(analysis: Analysis, formats: tuple[str, ...] = ("png",), out_dir: Path | None = None,
-             processes: int = 1) -> list[Path]:
-    """Write every chart of the analysed run into `out_dir` (default: the run folder); returns the files written.
-    `processes` 2 (`kvpages plot`): the per-point charts here, the others in a second process meanwhile
-    (kvpages.render.figures.side_by_side; the reference run on 2 CPUs: 4.5 s -> 2.9 s)."""
+def plot_run(analysis: Analysis, formats: tuple[str, ...] = ("png",), out_dir: Path | None = None) -> list[Path]:
+    """Write every chart of the analysed run into `out_dir` (default: the run folder); returns the files written:
+    `point_charts`, then `other_charts` (`kvpages plot` draws the two at once: kvpages.render.drawing)."""
+    return point_charts(analysis, formats, out_dir) + other_charts(analysis, formats, out_dir)
+
+
+def point_charts(analysis: Analysis, formats: tuple[str, ...], out_dir: Path | None = None) -> list[Path]:
+    """The per-point charts (`CHARTS`) of each (dtype, layout)."""
     folder = out_dir or analysis.run.path
+    written: list[Path] = []
+    for key, frame in analysis.run.ok_rows().groupby(["dtype", "layout"], sort=True):
+        dtype, layout = str(key[0]), str(key[1])
+        for name, chart in CHARTS:
+            written += chart(analysis, frame, dtype, layout, folder / f"{name}_{dtype}_{layout}", formats)
+    return written
 
-    def points() -> list[Path]:
-        written: list[Path] = []
-        for key, frame in analysis.run.ok_rows().groupby(["dtype", "layout"], sort=True):
-            dtype, layout = str(key[0]), str(key[1])
-            for name, chart in CHARTS:
-                written += chart(analysis, frame, dtype, layout, folder / f"{name}_{dtype}_{layout}", formats)
-        return written
 
-    def others() -> list[Path]:
-        return (_scenario_panels(analysis, "request", "tokens", "prompt length L (tokens)", "request",
-                                 folder / "scenario_requests", formats)
-                + _scenario_panels(analysis, "step", "requests", "requests per step B", "step",
-                                   folder / "scenario_steps", formats)
-                + plot_busy_queue(analysis, folder / "scenario_busy", formats) + plot_breakdown(analysis, folder, formats)
-                + plot_contention(analysis, folder, formats))
-
-    return side_by_side(points, others, processes)
+def other_charts(analysis: Analysis, formats: tuple[str, ...], out_dir: Path | None = None) -> list[Path]:
+    """The whole requests and steps, the busy queue, where the time goes and the contention."""
+    folder = out_dir or analysis.run.path
+    return (_scenario_panels(analysis, "request", "tokens", "prompt length L (tokens)", "request",
+                             folder / "scenario_requests", formats)
+            + _scenario_panels(analysis, "step", "requests", "requests per step B", "step",
+                               folder / "scenario_steps", formats)
+            + plot_busy_queue(analysis, folder / "scenario_busy", formats) + plot_breakdown(analysis, folder, formats)
+            + plot_contention(analysis, folder, formats))

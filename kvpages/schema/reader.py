@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import json
@@ -15,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from kvpages.core.names import BASELINE
+from kvpages.schema.decimals import read_cell, read_series
 from kvpages.schema.meta import Environment, ProcessInfo, RankInfo, RanksMeta, Remeasurement, RunMeta, RunTiming
 from kvpages.schema.profiles import profile_from_record
 from kvpages.schema.rows import (
@@ -210,52 +212,103 @@ def load_run(path: str | Path) -> Run:
         folder, csv_path = path.parent, path
         meta = _read_meta(folder / META_JSON) if (folder / META_JSON).exists() else None
     rows = _read_typed(csv_path, POINTS)
-    blocks = _read_samples(sample_file(folder, SAMPLES_CSV), POINTS, lambda b: tuple(getattr(b, c) for c in KEY_COLUMNS))
-    samples = {key: [np.asarray(b.samples_us) for b in found] for key, found in blocks.items()}
+    lines = _read_lines(sample_file(folder, SAMPLES_CSV), POINTS)
+    blocks = lines.blocks(lambda line: tuple(line[c] for c in KEY_COLUMNS))
+    samples = lines.series_of(blocks, "samples_us")
     if samples:
         _check_medians(rows, samples, row_key, "median_us", csv_path, SAMPLES_CSV)
-    scenarios, scenario_blocks, blocked = _read_steps(folder, SCENARIOS, lambda r: (r["scenario"], r["variant"]))
-    scenario_samples = None if scenarios is None else {
-        key: {"blocked": blocked[key], "ready": [np.asarray(b.ready_us) for b in found]}
-        for key, found in scenario_blocks.items()}
-    every = {**blocks, **scenario_blocks}
-    processes = {key: tuple(b.process for b in found) for key, found in every.items()}
-    repetitions = {key: tuple(b.repetition for b in found) for key, found in every.items()}
-    ranks, rank_samples, _ = _read_steps(folder, RANKS, lambda r: (r["scenario"], r["variant"], r["role"],
-                                                                   -1 if pd.isna(r["rank"]) else int(r["rank"])))
+    scenarios, steps, step_blocks = _read_steps(folder, SCENARIOS, lambda r: (r["scenario"], r["variant"]))
+    blocked, ready = (steps.series_of(step_blocks, f"{latency}_us") for latency in ("blocked", "ready"))
+    scenario_samples = None if scenarios is None else {  # an empty ready cell: ready when blocked (ScenarioSampleSet)
+        key: {"blocked": blocked[key], "ready": [r if r.size else b for r, b in zip(ready[key], blocked[key], strict=True)]}
+        for key in step_blocks}
+    processes = {**lines.ids(blocks, "process"), **steps.ids(step_blocks, "process")}
+    repetitions = {**lines.ids(blocks, "repetition"), **steps.ids(step_blocks, "repetition")}
+    ranks, rank_lines, rank_blocks = _read_steps(folder, RANKS, lambda r: (r["scenario"], r["variant"], r["role"],
+                                                                         -1 if pd.isna(r["rank"]) else int(r["rank"])))
     return Run(folder, rows, samples, meta, scenarios, scenario_samples, processes, ranks,
-               None if ranks is None else rank_samples, repetitions)
+               None if ranks is None else rank_lines.records(rank_blocks), repetitions)
 
 
-def _read_samples(path: Path, table: Table, key_of: Callable[[Any], tuple]) -> dict[tuple, list[Any]]:
-    """A samples file's blocks (`table.sample_type`) by key, in repetition order; {} without the file."""
+@dataclass(frozen=True)
+class _Lines:
+    """A samples file read column by column (`table.sample_type`'s fields): each field's values, each series (a
+    space-separated cell) as a float64 array, line by line in file order; no lines without the file."""
+
+    table: Table
+    values: dict[str, list[Any]] = field(default_factory=dict)
+    series: dict[str, list[np.ndarray]] = field(default_factory=dict)
+
+    def line(self, i: int) -> dict[str, Any]:
+        return {name: column[i] for name, column in self.values.items()}
+
+    def blocks(self, key_of: Callable[[dict[str, Any]], tuple]) -> dict[tuple, list[int]]:
+        """The lines of each key (`key_of` a line's values), in repetition order."""
+        found: dict[tuple, list[int]] = {}
+        for i in range(len(self.values.get("repetition", ()))):
+            found.setdefault(key_of(self.line(i)), []).append(i)
+        repetition = self.values.get("repetition", [])
+        return {key: sorted(lines, key=repetition.__getitem__) for key, lines in found.items()}
+
+    def series_of(self, blocks: dict[tuple, list[int]], name: str) -> dict[tuple, list[np.ndarray]]:
+        return {key: [self.series[name][i] for i in lines] for key, lines in blocks.items()}
+
+    def ids(self, blocks: dict[tuple, list[int]], name: str) -> dict[tuple, tuple[int, ...]]:
+        """Each key's blocks' `name` (process or repetition), in repetition order."""
+        return {key: tuple(self.values[name][i] for i in lines) for key, lines in blocks.items()}
+
+    def records(self, blocks: dict[tuple, list[int]]) -> dict[tuple, list[Any]]:
+        """Each key's blocks as `table.sample_type` records (their series tuples of floats)."""
+        return {key: [self.table.samples_from({**self.line(i), **{name: column[i].tolist()
+                                                                   for name, column in self.series.items()}})
+                      for i in lines] for key, lines in blocks.items()}
+
+
+def _read_lines(path: Path, table: Table) -> _Lines:
+    """A samples file's lines (`_Lines`); a cell that is not a number is a RunError naming the first such line."""
     if not path.exists():
-        return {}
-    annotations = {f.name: str(f.type) for f in fields(table.sample_type)}
-    found: dict[tuple, list[Any]] = {}
-    for i, record in enumerate(_read_csv(path, table.sample_columns).to_dict("records")):
+        return _Lines(table)
+    frame = _read_csv(path, table.sample_columns)
+    lines = _Lines(table)
+    bad = []
+    for f in fields(table.sample_type):
+        kind, cells = str(f.type), frame[f.name].tolist()
+        if kind.startswith("tuple"):
+            try:
+                lines.series[f.name] = read_series(cells)
+            except ValueError:
+                bad.append(_first_bad(read_cell, cells))
+        else:
+            try:
+                lines.values[f.name] = [parse_cell(kind, cell) for cell in cells]
+            except ValueError:
+                bad.append(_first_bad(functools.partial(parse_cell, kind), cells))
+    if bad:
+        raise RunError(f"{path}: line {min(bad) + 2}: a repetition, process, rank or sample is not a number")
+    return lines
+
+
+def _first_bad(parse: Callable[[str], object], cells: list[str]) -> int:
+    for i, cell in enumerate(cells):
         try:
-            block = table.sample_type(**{name: parse_cell(kind, record[name]) for name, kind in annotations.items()})
+            parse(cell)
         except ValueError:
-            raise RunError(f"{path}: line {i + 2}: a repetition, process, rank or sample is not a number") from None
-        found.setdefault(key_of(block), []).append(block)
-    for blocks in found.values():
-        blocks.sort(key=lambda b: b.repetition)
-    return found
+            return i
+    raise AssertionError("no cell fails to parse")  # called where one did
 
 
 def _read_steps(folder: Path, table: Table, key_of: Callable[[dict], tuple]
-                ) -> tuple[pd.DataFrame | None, dict[tuple, list[Any]], dict[tuple, list[np.ndarray]]]:
-    """scenarios.csv or ranks.csv, its blocks and their blocked times by `key_of` a row, checked as results.csv is;
-    (None, {}, {}) for a run without it."""
+                ) -> tuple[pd.DataFrame | None, _Lines, dict[tuple, list[int]]]:
+    """scenarios.csv or ranks.csv, its samples' lines and each key's (`key_of` a row or line) lines, checked as
+    results.csv is; (None, no lines, {}) for a run without it."""
     path = folder / table.rows_csv
     if not path.exists():
-        return None, {}, {}
+        return None, _Lines(table), {}
     frame = _read_typed(path, table)
-    blocks = _read_samples(sample_file(folder, table.samples_csv), table, lambda b: key_of(vars(b)))
-    blocked = {key: [np.asarray(b.blocked_us) for b in found] for key, found in blocks.items()}
-    _check_medians(frame, blocked, key_of, "blocked_median_us", path, table.samples_csv)
-    return frame, blocks, blocked
+    lines = _read_lines(sample_file(folder, table.samples_csv), table)
+    blocks = lines.blocks(key_of)
+    _check_medians(frame, lines.series_of(blocks, "blocked_us"), key_of, "blocked_median_us", path, table.samples_csv)
+    return frame, lines, blocks
 
 
 def _check_medians(rows: pd.DataFrame, samples: dict[tuple, list[np.ndarray]], key_of: Callable[[dict], tuple],

@@ -1,0 +1,140 @@
+"""How `kvpages plot` draws on two CPUs (no torch; matplotlib only in the processes that draw).
+
+`draw_run`: a child forked first imports matplotlib and warms it (its font, its math-text parser) while this process
+loads and analyses the run, which it then hands over; the child draws the charts, half of them in a process of its
+own (`side_by_side`), and hands back the files written. This process never imports matplotlib: its import (a
+quarter of a second) and the warm-up are off the path to the first chart. Elsewhere (one CPU; macOS, where fork is
+unsafe with some system libraries; Windows, which has none) everything runs here, one after the other."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvpages.analysis.cache import Pickled
+
+Drawing = Callable[[], list[Path]]
+"""Draws some charts; returns the files it wrote."""
+
+
+def cpus() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def forks(processes: int = 2) -> bool:
+    """Whether `processes` >= 2 draw in processes of their own here: on Linux, with two CPUs."""
+    return processes >= 2 and cpus() >= 2 and sys.platform.startswith("linux")
+
+
+@dataclass(frozen=True)
+class _Child:
+    """A forked child doing some work, and the pipe its result (or exception) comes back on."""
+
+    pid: int
+    reply: int
+
+    @classmethod
+    def start(cls, work: Drawing, close: tuple[int, ...] = ()) -> _Child:
+        """Fork a child that closes `close` (the other ends of this process's pipes), does `work`, sends back what it
+        returned or raised, and leaves without any exit handler."""
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for fd in (read, *close):
+                    os.close(fd)
+                try:
+                    payload = pickle.dumps((True, work()))
+                except BaseException as exc:
+                    try:
+                        payload = pickle.dumps((False, exc))
+                    except Exception:
+                        payload = pickle.dumps((False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+                with os.fdopen(write, "wb") as pipe:
+                    pipe.write(payload)
+            finally:
+                os._exit(0)
+        os.close(write)
+        return cls(pid, read)
+
+    def wait(self) -> tuple[bool, Any]:
+        """Wait for the child: (True, what its work returned) or (False, its exception)."""
+        with os.fdopen(self.reply, "rb") as pipe:
+            payload = pipe.read()
+        os.waitpid(self.pid, 0)
+        return pickle.loads(payload) if payload else (False, RuntimeError("the chart process died"))
+
+
+def _returned(outcome: tuple[bool, Any]) -> list[Path]:
+    """What a child's work returned, or its exception raised here."""
+    done, value = outcome
+    if not done:
+        raise value
+    return value
+
+
+def side_by_side(here: Drawing, there: Drawing, processes: int = 1) -> list[Path]:
+    """`here() + there()`. With `forks(processes)`, `there` is drawn in a forked child at the same time (drawing is
+    most of `kvpages plot`'s time, and no chart needs another); its exception, if any, is raised here once `here` is
+    done, and an exception of `here` wins. Only `kvpages plot` asks for this: a benchmark session (torch, its threads)
+    and the notebook draw in their own process."""
+    if not forks(processes):
+        return here() + there()
+    child = _Child.start(there)
+    try:
+        mine = here()
+    finally:  # the child is waited for even when `here` fails
+        theirs = child.wait()
+    return mine + _returned(theirs)
+
+
+def draw_run(analysed: Callable[[], Pickled], formats: tuple[str, ...]) -> list[Path]:
+    """Every chart of the run whose pickled analysis `analysed()` gives (kvpages.render.plots.plot_run), drawn as the
+    module says, the analysis kept (`Pickled.keep`) while the child draws; an exception of `analysed()` is raised
+    here, once the child (still warming matplotlib: it writes nothing before it has the analysis) has been stopped."""
+    if not forks():
+        from kvpages.analysis.cache import loads
+        from kvpages.render.plots import plot_run
+
+        found = analysed()
+        found.keep()
+        return plot_run(loads(found.payload), formats)
+    given, give = os.pipe()
+    child = _Child.start(lambda: _draw_given(given, formats), close=(give,))
+    os.close(given)
+    try:
+        found = analysed()
+        with os.fdopen(give, "wb") as pipe:
+            give = -1
+            pipe.write(found.payload)
+        found.keep()
+    finally:
+        if give >= 0:
+            os.close(give)
+            os.kill(child.pid, signal.SIGKILL)
+        drawn = child.wait()
+    return _returned(drawn)
+
+
+def _draw_given(given: int, formats: tuple[str, ...]) -> list[Path]:
+    """The child of `draw_run`: matplotlib imported and warmed, then the analysis read from `given` and drawn, the
+    per-point charts here and the others in a process of its own; nothing for no analysis."""
+    from kvpages.analysis.cache import loads
+    from kvpages.render.figures import warm_up
+    from kvpages.render.plots import other_charts, point_charts
+
+    warm_up()
+    with os.fdopen(given, "rb") as pipe:
+        payload = pipe.read()
+    if not payload:
+        return []
+    analysis = loads(payload)
+    return side_by_side(lambda: point_charts(analysis, formats), lambda: other_charts(analysis, formats), 2)

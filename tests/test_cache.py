@@ -1,0 +1,101 @@
+"""A run's analysis kept between commands (kvpages.analysis.cache): the commands print and write what they would
+without it, a changed input is analysed afresh, a damaged entry is not read, and only the newest entries stay."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import synthetic_run
+
+from kvpages.analysis import cache
+from kvpages.cli import main
+
+MEDIANS = {("host_stride", 512, 64): 2.0, ("device_stride", 512, 64): 3.0, ("host_stride", 8192, 64): 8.0,
+           ("device_stride", 8192, 64): 4.0}
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty folder the analyses are kept in."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv(cache.VARIABLE, str(folder))
+    return folder
+
+
+def entries(folder: Path) -> list[Path]:
+    return sorted(folder.glob(f"*{cache.SUFFIX}"))
+
+
+def test_plot_then_report_analyse_once_and_write_what_they_would_without(tmp_path, kept, monkeypatch):
+    run = synthetic_run(tmp_path / "run", MEDIANS)
+    plain = tmp_path / "plain"
+    shutil.copytree(run, plain)
+    assert run_cli("plot", str(run))[0] == 0
+    assert len(entries(kept)) == 1 and cache.key(run) is not None
+    before = cache.key(run)
+    reported = run_cli("report", str(run))
+    assert cache.key(run) == before and len(entries(kept)) == 1  # the charts and the report are not its inputs
+    monkeypatch.setenv(cache.VARIABLE, "off")
+    for chart in run.glob("*.png"):  # the report lists the charts
+        shutil.copy(chart, plain / chart.name)
+    assert run_cli("report", str(plain))[1] == reported[1] and reported[0] == 0
+    for name in ("REPORT.md", "APPENDIX.md", "ratios.csv", "scenario_ratios.csv", "noisy.csv"):
+        assert (run / name).read_bytes() == (plain / name).read_bytes(), name
+
+
+def test_a_changed_input_is_analysed_afresh(tmp_path, kept):
+    run = synthetic_run(tmp_path / "run", MEDIANS)
+    assert "# kvpages report: run " in run_cli("report", str(run))[1]
+    meta = json.loads((run / "meta.json").read_text())
+    meta["run_id"] = "20261204T000000Z-renamed"
+    (run / "meta.json").write_text(json.dumps(meta))
+    assert "# kvpages report: 20261204T000000Z-renamed " in run_cli("report", str(run))[1]
+    assert len(entries(kept)) == 2
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(run, elsewhere)  # the same files under another path: another run folder to write into
+    assert run_cli("report", str(elsewhere))[0] == 0 and (elsewhere / "REPORT.md").is_file() and len(entries(kept)) == 3
+
+
+def test_a_damaged_entry_is_not_read_and_is_replaced(tmp_path, kept):
+    run = synthetic_run(tmp_path / "run", MEDIANS)
+    first = run_cli("summary", str(run))
+    (entry,) = entries(kept)
+    damaged = bytearray(entry.read_bytes())
+    damaged[-100] ^= 0xFF
+    entry.write_bytes(bytes(damaged))
+    assert run_cli("summary", str(run)) == first
+    assert entry.read_bytes() not in (bytes(damaged), b"")  # analysed again and kept again, whole
+    assert run_cli("summary", str(run)) == first
+
+
+def test_only_the_newest_entries_stay_and_off_keeps_none(tmp_path, kept, monkeypatch):
+    monkeypatch.setattr(cache, "KEEP", 2)
+    runs = [synthetic_run(tmp_path / f"run{i}", MEDIANS, seed=i) for i in range(3)]
+    for run in runs:
+        run_cli("summary", str(run))
+    assert len(entries(kept)) == 2
+    assert {p.name.removesuffix(cache.SUFFIX) for p in entries(kept)} == {cache.key(r) for r in runs[1:]}
+    monkeypatch.setenv(cache.VARIABLE, "off")
+    shutil.rmtree(kept)
+    assert run_cli("summary", str(runs[0]))[0] == 0 and not kept.exists()
+
+
+def test_a_folder_that_cannot_be_written_keeps_nothing_and_the_command_works(tmp_path, monkeypatch):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv(cache.VARIABLE, str(blocked / "cache"))
+    run = synthetic_run(tmp_path / "run", MEDIANS)
+    code, out, _ = run_cli("summary", str(run))
+    assert code == 0 and "page_size=64" in out
