@@ -311,12 +311,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.write_line(f"run folder: {writer.path} ({writer.meta.end_note})")
         if config.getoption("--kv-analyze"):
             from kvpages.analysis.gpu_answer import gpu_answer
-            from kvpages.render.plots import plot_run
+            from kvpages.render.drawing import plot_beside
             from kvpages.render.report import write_report
 
-            for chart in plot_run(analysis):
+            charts = plot_beside(analysis)  # `kvpages plot`, in its own process while the GPU answer is analysed
+            gpu = gpu_answer(analysis)
+            for chart in charts():  # the report links the charts written
                 terminalreporter.write_line(f"chart: {chart}")
-            terminalreporter.write_line(f"report: {write_report(analysis, gpu_answer(analysis))} (with ratios.csv)")
+            terminalreporter.write_line(f"report: {write_report(analysis, gpu)} (with ratios.csv)")
         kv.analysed(time.perf_counter() - started)
         timing = writer.meta.timing
         after = f"; then its analysis {timing.analysis_s:.1f} s" if timing and timing.analysis_s else ""

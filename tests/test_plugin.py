@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -107,6 +108,11 @@ def test_options_narrow_the_sweep_and_feed_benchmark_json(bench):
     assert infos[("device_stride", 300, 1)]["extra_info"]["d2h_bytes"] == 100 * 8
     assert infos[("device_stride", 100, 2)]["extra_info"]["d2h_transfers"] == 1
     assert infos[("device_stride", 100, 2)]["group"] == "s100-p3-int64-contiguous"
+    run = load_run(folder)  # pytest-benchmark's record of each block holds every timed round, as samples.csv does
+    for (variant, seq_len, repetition), b in infos.items():
+        block = run.samples[(variant, "int64", "contiguous", seq_len, 3)][repetition]
+        assert b["stats"]["rounds"] == block.size
+        assert b["stats"]["median"] * 1e6 == pytest.approx(float(np.median(block)), abs=1e-3)
 
 
 def test_each_rows_repro_command_reruns_that_case(bench):

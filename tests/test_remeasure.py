@@ -199,3 +199,32 @@ def test_a_pair_leaves_out_its_disturbed_process_and_keeps_the_interval_of_every
 def test_a_disturbed_pair_is_never_faster_or_slower():
     clear = Interval(0.5, 0.45, 0.55, 6, 0.95, "process")
     assert judge(clear, 0.02) == FASTER and judge(clear, 0.02, disturbed=True) == DISTURBED
+
+
+@pytest.mark.parametrize(("block_s", "rounds"), [(0.01, 1), (2.0, 2)])
+def test_a_round_after_the_spare_runs_only_when_it_times_more_than_a_fresh_start_costs(monkeypatch, block_s, rounds):
+    """The spare's round is free of a start; a later one starts a fresh process (1.5 s here), so it runs only when its
+    cases' blocks so far timed at least that much (twice here: 2 s blocks), and the record says why it stopped."""
+    from types import SimpleNamespace
+
+    import kvpages.measure.remeasure as remeasure
+
+    target = SimpleNamespace(id=POINT)
+    need = remeasure.Need(target, ("a", "b"), 2.0)  # type: ignore[arg-type]
+    monkeypatch.setattr(remeasure, "needs", lambda *args: [need])  # never settled: only the budget or the rule stops it
+    block = SimpleNamespace(blocked_us=(block_s * 1e6,))
+    recorder = SimpleNamespace(cases={"a": SimpleNamespace(blocks=[block]), "b": SimpleNamespace(blocks=[block])},
+                               expect_more=lambda cases: None)
+    done = []
+
+    def run_round(round_):
+        done.append(round_)
+        info = SimpleNamespace(timed_s=2 * block_s, wall_s=2 * block_s + 0.1)
+        return SimpleNamespace(spare=len(done) == 1, charged_s=info.wall_s, info=lambda: info)
+
+    r = remeasure.Remeasurer(recorder, ("a", "a"), 3, 3, 0, DEFAULT_FACTOR, 1.0, 6.0, lambda t: 0.0, 0.1, 1.5)
+    record = r.run(run_round, lambda line: None)
+    assert len(done) == rounds
+    if rounds == 1:
+        assert record.note.startswith("stopped: the next round would time about 0.02 s in a fresh process whose start "
+                                      "and inputs cost 1.5 s"), record.note

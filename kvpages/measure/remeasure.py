@@ -6,7 +6,9 @@ out leaves fewer processes than the plan had (kvpages.core.stability). Each roun
 ...) that times one more repetition (R, R + 1, ...) of the worst targets first, as many as fit what is left of the
 budget (--kv-remeasure-budget x the sweep's planned timed seconds): at each, the baseline and the variants not settled
 there, interleaved in a seeded order as in the plan. It is charged its process's wall from its turn (a spare started
-beside the planned workers has its start-up behind it) or from its launch. The session records each round's blocks as
+beside the planned workers has its start-up behind it) or from its launch. A round after the first, in a fresh process,
+runs only when it would time at least what its start costs (the last round's untimed wall): a round costs its timed
+work, not a process start. The session records each round's blocks as
 they come (an interruption keeps them) and meta.json's `remeasure` says what was done
 (docs/method.md#disturbed-processes). No torch import.
 """
@@ -112,12 +114,19 @@ class Remeasurer:
     planned_s: float  # the sweep's planned timed seconds (its points' time budgets)
     block_s: Callable[[Target], float]  # a target's planned timed seconds per block (its budget over the repetitions)
     overhead_s: float = 0.0  # the first round's untimed cost: a spare's inputs, or a fresh worker's start-up and inputs
+    fresh_s: float = 0.0  # a fresh worker's start-up and inputs, before a round has shown it (after the spare's)
     workers: list[Worker] = field(default_factory=list)
     record: Remeasurement | None = None
 
     @property
     def budget_s(self) -> float:
         return self.budget_fraction * self.planned_s
+
+    def _timed_s(self, case_id: str) -> float:
+        """A case's timed seconds per block so far (the sum of a block's rounds, averaged over its blocks)."""
+        blocks = self.recorder.cases[case_id].blocks
+        return float(np.mean([np.sum(b.samples_us if isinstance(b, SampleSet) else b.blocked_us) for b in blocks])) \
+            / 1e6 if blocks else 0.0
 
     def pick(self, found: list[Need], left_s: float, overhead_s: float) -> list[Need]:
         """The worst targets first, as many as fit `left_s` with a round's untimed cost."""
@@ -153,6 +162,12 @@ class Remeasurer:
                 note = (f"stopped: the next round's worst target would pass what is left of the {self.budget_s:.1f} s "
                         "budget")
                 break
+            expected = sum(self._timed_s(c) for n in chosen for c in n.cases)
+            if self.workers and expected < overhead:  # a round costs its timed work, not a process start
+                note = (f"stopped: the next round would time about {expected:.2f} s in a fresh process whose start and "
+                        f"inputs cost {overhead:.1f} s; its {len(found)} target(s) keep every process, their intervals "
+                        "stretched")
+                break
             cases = tuple(c for n in chosen for c in n.cases)
             k = len(self.workers)
             left = f" ({len(found) - len(chosen)} more wait)" if len(chosen) < len(found) else ""
@@ -163,7 +178,8 @@ class Remeasurer:
             self.workers.append(worker)
             info = worker.info()
             spent, timed = spent + worker.charged_s, timed + (info.timed_s or 0.0)
-            overhead = info.wall_s - (info.timed_s or 0.0)  # the next round's: a fresh worker's, start-up and all
+            # the next round's: a fresh worker's, start-up and all (the spare's started beside the planned workers)
+            overhead = self.fresh_s if worker.spare else info.wall_s - (info.timed_s or 0.0)
             blocks, repetitions = blocks + len(cases), repetitions + len(chosen)
             remeasured.update((n.target.id, None) for n in chosen)
             found = needs(self.recorder, self.baselines, self.planned_processes, self.factor)

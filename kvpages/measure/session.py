@@ -96,14 +96,14 @@ class SweepPlan:
         own = [b for b in self.point_blocks + self.scenario_blocks if b.process == process and b.case_id in case_ids]
         return limit_s(own, self.options, self.repetitions)
 
-    def remeasurer(self, recorder: Recorder, processes: int, overhead_s: float = 0.0) -> Remeasurer:
+    def remeasurer(self, recorder: Recorder, processes: int, overhead_s: float = 0.0, fresh_s: float = 0.0) -> Remeasurer:
         """The re-measurement after this plan's repetitions, within --kv-remeasure-budget of its points' timed seconds."""
         options, blocks = self.options, self.point_blocks
         baselines = (options.baseline_name, step_baseline(options.baseline_name, self.step_variants))
         return Remeasurer(recorder, baselines, processes, self.repetitions, len(blocks + self.scenario_blocks),
                           options.disturb_factor_value, options.remeasure_fraction,
                           planned_timed_s(blocks, options, self.repetitions),
-                          lambda target: target.budget_s(options) / self.repetitions, overhead_s)
+                          lambda target: target.budget_s(options) / self.repetitions, overhead_s, fresh_s)
 
     def round_blocks(self, round_: Round) -> tuple[Block, ...]:
         """A round's blocks, as its worker plans them (each target once, in run order)."""
@@ -279,7 +279,8 @@ class KvSession:
         self.pinned.unpin()
         planned = [w.info() for w in self.workers.runs]
         self.remeasurer = self.plan.remeasurer(self.recorder, self.processes,
-                                               round_overhead_s(planned, self.workers.spare is not None))
+                                               round_overhead_s(planned, self.workers.spare is not None),
+                                               round_overhead_s(planned))
         try:
             if self.remeasurer.budget_s > 0:
                 if self.device == "cuda":

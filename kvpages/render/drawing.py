@@ -1,4 +1,5 @@
-"""How `kvpages plot` draws on two CPUs (no torch; matplotlib only in the processes that draw).
+"""How `kvpages plot` draws on two CPUs (no torch; matplotlib only in the processes that draw), and how a finished
+sweep has it draw its charts beside its report (`plot_beside`).
 
 `draw_run`: a child forked first imports matplotlib and warms it (its font, its math-text parser) while this process
 loads and analyses the run, which it then hands over; the child draws the charts, half of them in a process of its
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kvpages.analysis.cache import Pickled
+    from kvpages.analysis.ratios import Analysis
 
 Drawing = Callable[[], list[Path]]
 """Draws some charts; returns the files it wrote."""
@@ -138,3 +140,31 @@ def _draw_given(given: int, formats: tuple[str, ...]) -> list[Path]:
         return []
     analysis = loads(payload)
     return side_by_side(lambda: point_charts(analysis, formats), lambda: other_charts(analysis, formats), 2)
+
+
+def plot_beside(analysis: Analysis) -> Callable[[], list[Path]]:
+    """A finished sweep's charts (`--kv-analyze`), drawn by `kvpages plot` in a process of its own while the session
+    goes on (its GPU answer; its report, which links the charts, once they are written); wait for them with the
+    callable returned (their files, as `kvpages plot` printed them). The
+    session's analysis is kept first (kvpages.analysis.cache), so the command reads it instead of analysing again; with
+    the cache off it analyses the folder itself. A failure is raised by the callable, with the command's last line."""
+    import importlib.util
+    import subprocess
+
+    from kvpages.analysis.cache import pickled
+
+    if importlib.util.find_spec("matplotlib") is None:  # said as the session says a missing pandas
+        raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+    path = analysis.run.path
+    pickled(path, lambda: analysis).keep()
+    child = subprocess.Popen([sys.executable, "-m", "kvpages", "plot", str(path)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+
+    def wait() -> list[Path]:
+        out, err = child.communicate()
+        if child.returncode != 0:
+            last = (err.strip().splitlines() or [f"exit status {child.returncode}"])[-1]
+            raise RuntimeError(f"kvpages plot {path}: {last}")
+        return [Path(line) for line in out.splitlines() if line]
+
+    return wait
