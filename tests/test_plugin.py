@@ -277,3 +277,44 @@ def test_runs_never_overwrite_each_other(bench):
     folders = run_dirs(bench.path)
     assert len(folders) == 2 and folders[0].name != folders[1].name
     assert all((f / "results.csv").exists() for f in folders)
+
+
+WHERE = '''
+import json
+import os
+
+import torch
+
+from kvpages.measure.variants import Moves, device_stride, variant
+
+
+@variant("where_device", moves=Moves.PAGES)
+def where_device(kv_indices, page_size):
+    """Test only: the merged PR, noting the CPUs and torch threads of the process that times it.
+
+    Hypothesis: none.
+    """
+    with open("where.jsonl", "a") as f:
+        f.write(json.dumps([sorted(os.sched_getaffinity(0)), torch.get_num_threads()]) + "\\n")
+    return device_stride(kv_indices, page_size)
+'''
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux's (os.sched_getaffinity)")
+def test_a_timed_process_runs_on_the_cpus_and_threads_asked_and_meta_json_says_so(bench):
+    bench.makeconftest(WHERE)
+    cpu = max(os.sched_getaffinity(0))
+    result = bench.runpytest("--kv-seq-lens", "64", "--kv-page-sizes", "16", "--kv-variants", "host_stride,where_device",
+                             "--kv-cpus", str(cpu), "--kv-threads", "2", *CPU, *FAST)
+    assert result.ret == 0, result.stdout.str()[-2000:]
+    seen = {(tuple(cpus), threads) for cpus, threads in map(json.loads, (bench.path / "where.jsonl").read_text().splitlines())}
+    assert seen == {((cpu,), 2)}  # every call of the process, its checks, meter, warm-up and timed rounds
+    environment = load_run(run_dirs(bench.path)[0]).meta.environment
+    assert environment.cpu_affinity == f"{cpu} (--kv-cpus)" and environment.torch_threads == 2
+
+
+def test_a_cpu_run_pins_one_core_that_is_not_core_0_only_where_3_or_more_are_available():
+    from kvpages.core.affinity import one_core
+
+    assert one_core({0, 1, 2, 3}) == frozenset({3}) and one_core({0, 5, 9}) == frozenset({9})
+    assert one_core({0, 1}) is None and one_core({4}) is None

@@ -13,6 +13,7 @@ from kvpages.schema.meta import Environment
 from kvpages.schema.rows import RatioRow, ScenarioRatioRow
 
 ANALYZE_FLAG = "--kv-analyze"
+VARIANTS_FLAG, STEP_VARIANTS_FLAG = "--kv-variants", "--kv-step-variants"
 _FLAGS = {o.flag for o in OPTIONS}
 
 
@@ -29,15 +30,25 @@ def pair_repro(repro: str, variant: str, baseline: str) -> str:
         return ""
     first = next((i for i, w in enumerate(words) if w.startswith("--kv-")), len(words))
     given = {flag: value for flag, value in itertools.pairwise(words) if flag in _FLAGS}
-    try:
-        options = BenchOptions.parse(given.get)
-    except ValueError:
+    steps = STEP_VARIANTS_FLAG in given
+    options = _parsed(tuple(sorted((f, v) for f, v in given.items() if f not in (VARIANTS_FLAG, STEP_VARIANTS_FLAG))))
+    if options is None:
         return ""
-    if options.step_variants is not None:
+    if steps:
         pair = options.replace(step_variants=(variant, baseline))
     else:  # a point: its pair alone, without the preset's whole requests and steps
         pair = options.replace(variants=(variant, baseline), scenarios="none")
     return shlex.join([*words[:first], *pair.to_args(), ANALYZE_FLAG])
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(given: tuple[tuple[str, str], ...]) -> BenchOptions | None:
+    """A repro's options but its variants (the pair replaces them; names are not checked), parsed once per run's
+    options and point: parsing builds and checks a whole sweep (None: they do not parse)."""
+    try:
+        return BenchOptions.parse(dict(given).get)
+    except ValueError:
+        return None
 
 
 def sig(value: float, digits: int = 3) -> str:

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvpages.analysis.cache import loads, pickled
 from kvpages.analysis.families import ScenarioRatio
 from kvpages.analysis.ratios import Analysis, analyze
 from kvpages.analysis.wording import short
@@ -82,7 +83,9 @@ def gpu_answer(cpu: Analysis, given: Path | None = None) -> GpuAnswer | None:
     folder = given or find_gpu_run(cpu)
     if folder is None:
         return None
-    gpu = load_run(folder)
-    if not gpu.link_crossed:
+    found = pickled(folder, lambda: analyze(load_run(folder)))  # kept between commands (kvpages.analysis.cache)
+    gpu = loads(found.payload)
+    if not gpu.run.link_crossed:
         raise RunError(f"--gpu-run {folder}: a CPU run; give a CUDA run of the same points")
-    return GpuAnswer(analyze(gpu))
+    found.keep()
+    return GpuAnswer(gpu)

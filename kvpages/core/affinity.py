@@ -52,10 +52,17 @@ def parse_cpus(text: str) -> str:
         raise ValueError(f"{exc}, or one of {', '.join(CPU_CHOICES)}") from None
 
 
-def one_core(available: Iterable[int]) -> frozenset[int]:
+MIN_CPUS_TO_PIN = 3
+"""A CPU run pins its timed process only where it may use more than two CPUs: on two, the pinned core is the only
+one left to the session's recorder and the box's own work, and the dev box's processes spread more pinned than not
+(docs/method.md#spread-at-its-source)."""
+
+
+def one_core(available: Iterable[int]) -> frozenset[int] | None:
     """A CPU run's timed process: one fixed core, the highest this process may use, so never core 0 (where the
-    kernel's housekeeping and interrupts land first) when it may use more than one."""
-    return frozenset({max(available)})
+    kernel's housekeeping and interrupts land first); None (not pinned) with fewer than MIN_CPUS_TO_PIN."""
+    available = frozenset(available)
+    return frozenset({max(available)}) if len(available) >= MIN_CPUS_TO_PIN else None
 
 
 def chosen(text: str, allowed: Iterable[int]) -> frozenset[int]:

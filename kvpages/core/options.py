@@ -174,8 +174,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kv-threads", "threads", "torch intra-op threads in each timed process (default 1: the variants' ops "
            "are small, and more threads only add their wake-ups to the spread)", _integer(1, "a number of threads", "1")),
     Option("--kv-cpus", "cpus", f"the CPUs each timed process is pinned to while it times: {', '.join(CPU_CHOICES)} or "
-           "a list such as 2,3 or 8-15 (default auto: the GPU's NUMA node on CUDA, one core that is not core 0 on a CPU "
-           "run)", _flagged(parse_cpus)),
+           "a list such as 2,3 or 8-15 (default auto: the GPU's NUMA node on CUDA; on a CPU run one core that is not core "
+           "0, where there are 3 CPUs or more)", _flagged(parse_cpus)),
     Option("--kv-results", "results_dir", "folder that receives the run folder (default: <rootdir>/results)", lambda f, t: t),
 )
 

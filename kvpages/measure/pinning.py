@@ -101,7 +101,10 @@ def resolve(choice: str, threads: int, device: str) -> Pinning:
         if node is None or not node & allowed:
             return Pinning(None, threads, "auto: the GPU's NUMA node is unknown here (sysfs and nvidia-smi)")
         return Pinning(node & allowed, threads, "auto: the CPUs of the GPU's NUMA node")
-    return Pinning(one_core(allowed), threads, "auto: one core" + (", not core 0" if len(allowed) > 1 else ""))
+    core = one_core(allowed)
+    if core is None:
+        return Pinning(None, threads, f"auto: {len(allowed)} CPU(s), too few to set one aside")
+    return Pinning(core, threads, "auto: one core, not core 0")
 
 
 class Pinned:
