@@ -318,3 +318,15 @@ def test_a_cpu_run_pins_one_core_that_is_not_core_0_only_where_3_or_more_are_ava
 
     assert one_core({0, 1, 2, 3}) == frozenset({3}) and one_core({0, 5, 9}) == frozenset({9})
     assert one_core({0, 1}) is None and one_core({4}) is None
+
+
+@pytest.mark.parametrize("terminal", [(), ("-p", "no:terminal")], ids=["summary", "no-terminal"])
+def test_a_finished_sweep_leaves_its_per_round_files_compressed(bench, terminal):
+    """The session's analysis reads them plain and compresses them beside it; without a terminal summary the session's
+    end compresses them: either way the folder keeps only the .gz files."""
+    result = bench.runpytest("--kv-seq-lens", "64", "--kv-page-sizes", "16", "--kv-variants", "host_stride,device_stride",
+                             *terminal, *CPU, *FAST)
+    assert result.ret == 0
+    [folder] = run_dirs(bench.path)
+    assert sorted(p.name for p in folder.glob("*samples.csv*")) == ["samples.csv.gz"]
+    assert load_run(folder).rows["status"].eq("ok").all()
