@@ -168,8 +168,7 @@ def representative(cases: Sequence[CheckCase]) -> list[CheckCase]:
     """The cases the cross-check profiles, in their order: every variant at the shortest and the longest length of
     each page size (and dtype, layout), every step variant on the shortest request or step of each kind and payload
     preset, idle queue and busy. The meter is one code path whatever the length; these confirm it on every variant,
-    page size and kind of call, and the profile of a default grid takes a sixth of the time of every case's
-    (docs/method.md)."""
+    page size and kind of call; of the first H200 default grid's 345 cases, 72 (docs/method.md)."""
     groups: dict[tuple, list[tuple[int, int]]] = {}
     for i, c in enumerate(cases):
         point = getattr(c.target, "point", None)

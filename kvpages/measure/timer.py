@@ -60,8 +60,8 @@ def time_block(benchmark, fn: Callable, inputs: Sequence, page_size: int,
     queue device work). The first round is `benchmark.pedantic`'s (it opens pytest-benchmark's record of the block, and
     profiles it under --benchmark-cprofile); the others run in a loop of this module's that appends each round to that
     record as pedantic does, timed by the same timer around the call alone, with its garbage collection setting, but
-    without pedantic's per-round set-up (two closures, an object, a tracer check: about 1.2 us a round, a fifth of a
-    short call's time; docs/method.md, "Where a run's time goes")."""
+    without pedantic's per-round set-up (two closures, an object, a tracer check: 1.6 us a round in the dev box's
+    sweep, a quarter of a short call's time; docs/method.md, "Where a run's time goes")."""
     prepared = [call_args(x, page_size) for x in inputs]
 
     def setup():
