@@ -78,7 +78,8 @@ bench: $(STAMP)
 # run in the test's own process (conftest.kvpages_here) where starting one is not what is tested; kvpages plot's
 # drawing process warming matplotlib while the run is analysed. --dist loadfile instead (a module's fixtures built
 # once) was tried: 5 s less CPU, no shorter. A fresh clone's `make test`, set-up included, back to back on the dev
-# box: 176 s at 9a32adc (set-up 29.5 s, then 146.9 s), 146 s at cecd880 (set-up 21.5 s, then 124.5 s).
+# box: 176 s at 9a32adc (set-up 29.5 s, then 146.9 s), 146 s at cecd880 (set-up 21.5 s, then 124.5 s), 164 s at
+# ae77f00 (then 139.5 s: 845 tests, the hybrid payloads' among them, and a reference run of twice the rounds).
 TEST_WORKERS ?= 2
 TEST_PYTEST := tests/ bench/ --benchmark-disable --kv-preset quick -q -n $(TEST_WORKERS) --dist loadgroup
 
