@@ -58,7 +58,7 @@ PRESETS: dict[str, Preset] = {preset.name: preset for preset in (
     # rounds a block (a short call's 12 ms: its median is settled long before, and samples.csv stays ~2.6 MB)
     Preset(Sweep("default", seq_lens=_DEFAULT_SEQ_LENS, page_sizes=(1, 16, 64, 128), time_budget_s=0.4,
                  processes=DEFAULT_PROCESSES, repetitions=DEFAULT_REPETITIONS, passes=1, max_rounds=2000),
-           _DEFAULT_SCENARIOS, 0.12, "`make bench`"),
+           _DEFAULT_SCENARIOS, 0.10, "`make bench`"),
     # 1M and 2M tokens: the longest contexts served today; a point that does not fit is skipped (out of memory)
     Preset(Sweep("full", seq_lens=_DEFAULT_SEQ_LENS + (1048576, 2097152), page_sizes=(1, 16, 32, 64, 128, 256),
                  dtypes=DTYPES, time_budget_s=0.5, processes=DEFAULT_PROCESSES, repetitions=DEFAULT_REPETITIONS, passes=1),
