@@ -86,28 +86,39 @@ def pooled(runs: Sequence[Run]) -> Run:
     if len(runs) == 1:
         return runs[0]
     offsets = [sum(r.process_count for r in runs[:i]) for i in range(len(runs))]  # each run's first process
+    spans = [1 + max((max(ids, default=-1) for ids in (r.repetition_ids or {}).values()), default=-1) for r in runs]
+    first_repetition = [sum(spans[:i]) for i in range(len(runs))]  # each run's repetition ids after the runs before
     processes: dict[tuple, tuple[int, ...]] = {}
+    repetitions: dict[tuple, tuple[int, ...]] = {}
     samples: dict[tuple, list[np.ndarray]] = {}
+
+    def number(key: tuple, counts: list[int]) -> None:
+        processes[key] = _numbered(runs, offsets, key, counts)
+        found = [r.block_repetitions(key, n) for r, n in zip(runs, counts, strict=True)]
+        if all(f is not None for f in found):  # a re-measured case's baseline has blocks its variants lack
+            repetitions[key] = tuple(int(x) + o for f, o in zip(found, first_repetition, strict=True)
+                                     for x in (f if f is not None else ()))
 
     def point(key: tuple) -> dict[str, object]:
         blocks = samples[key] = [b for run in runs for b in run.samples[key]]
-        processes[key] = _numbered(runs, offsets, key, [len(r.samples[key]) for r in runs])
+        number(key, [len(r.samples[key]) for r in runs])
         return {**row_statistics(blocks), "rounds": sum(b.size for b in blocks), "repetitions": len(blocks)}
 
     rows = _pooled_frame([r.rows for r in runs], [[row_key(r) for _, r in run.rows.iterrows()] for run in runs],
                             lambda key: all(key in r.samples for r in runs), point)
-    scenarios, scenario_samples = _pooled_scenarios(runs, offsets, processes)
+    scenarios, scenario_samples = _pooled_scenarios(runs, number)
     metas = [meta_of(r) for r in runs]
     meta = dataclasses.replace(
         metas[0], run_id=" + ".join(m.run_id for m in metas), completed=all(m.completed for m in metas),
         end_note="; ".join(f"{m.run_id}: {m.end_note}" for m in metas), repetitions=sum(m.repetitions for m in metas),
         processes=[p for r, o in zip(runs, offsets, strict=True) for p in _processes(r, o)])
-    return Run(runs[0].path, rows, samples, meta, scenarios, scenario_samples, processes)
+    return Run(runs[0].path, rows, samples, meta, scenarios, scenario_samples, processes,
+               repetition_ids=repetitions or None)
 
 
-def _pooled_scenarios(runs: Sequence[Run], offsets: list[int], processes: dict[tuple, tuple[int, ...]]
+def _pooled_scenarios(runs: Sequence[Run], number: Callable[[tuple, list[int]], None]
                       ) -> tuple[pd.DataFrame | None, dict[tuple, dict[str, list[np.ndarray]]] | None]:
-    """The runs' scenario rows pooled as `pooled` pools the point rows (adding each pooled key's processes)."""
+    """The runs' scenario rows pooled as `pooled` pools the point rows (`number`ing each pooled key's blocks)."""
     if any(r.scenarios is None or r.scenario_samples is None for r in runs):
         return None, None
     found = [r.scenario_samples or {} for r in runs]
@@ -115,7 +126,7 @@ def _pooled_scenarios(runs: Sequence[Run], offsets: list[int], processes: dict[t
 
     def scenario(key: tuple) -> dict[str, object]:
         entry = samples[key] = {latency: [b for f in found for b in f[key][latency]] for latency in ("blocked", "ready")}
-        processes[key] = _numbered(runs, offsets, key, [len(f[key]["blocked"]) for f in found])
+        number(key, [len(f[key]["blocked"]) for f in found])
         blocked = entry["blocked"]
         return {**quartiles(blocked, "blocked_"), **quartiles(entry["ready"], "ready_"),
                 "rounds": sum(b.size for b in blocked), "repetitions": len(blocked), "busy_measured_us": math.nan}
