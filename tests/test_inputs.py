@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import devices
 
-from kvpages.core.sweep import MAX_ROTATION, MIN_ROTATION, ROTATION_TARGET_BYTES, Point
-from kvpages.measure.inputs import make_workload, validate_page_layout
+from kvpages.core.sweep import MAX_ROTATION, MIN_ROTATION, ROTATION_TARGET_BYTES, Point, pool_pages
+from kvpages.measure.inputs import _build_pool, make_workload, validate_page_layout
 
 
 @pytest.mark.parametrize("device", devices())
@@ -49,6 +49,24 @@ def test_same_seed_same_inputs_other_seed_other_inputs():
     c = make_workload(Point(4096, 16, seed=2), rotation=2)
     assert torch.equal(a.pool, b.pool)
     assert not torch.equal(a.pool, c.pool)
+
+
+@pytest.mark.parametrize("lengths, page_size, dtype, layout", [
+    ((512,) * 4, 1, "int32", "fragmented"), ((3000, 5, 7000), 16, "int32", "fragmented"),
+    ((8192,) * 3, 64, "int64", "contiguous"), ((100, 129, 1), 128, "int64", "fragmented")])
+def test_the_pool_is_its_free_list_laid_out_row_by_row(lengths, page_size, dtype, layout):
+    """The pool is the documented free list, token by token (so a seed gives the inputs that earlier runs timed)."""
+    pool = _build_pool(lengths, page_size, dtype, layout, seed=7)
+    handed_out = sum(-(-n // page_size) for n in lengths)
+    order = torch.randperm(pool_pages(handed_out), generator=torch.Generator().manual_seed(7)) \
+        if layout == "fragmented" else torch.arange(pool_pages(handed_out))
+    free = (order + 1).tolist()
+    expected = torch.zeros((len(lengths), max(lengths)), dtype=getattr(torch, dtype))
+    for row, n in enumerate(lengths):
+        for token in range(n):
+            expected[row, token] = free[token // page_size] * page_size + token % page_size
+        free = free[-(-n // page_size):]
+    assert torch.equal(pool, expected)
 
 
 def test_rotation_spans_caches_within_bounds():

@@ -117,17 +117,23 @@ class PoolCache:
 
 def _build_pool(lengths: Sequence[int], page_size: int, dtype: str, layout: str, seed: int) -> torch.Tensor:
     """A `req_to_token` pool with one row per length, its pages taken in turn from one free list of pages
-    1..pool_pages (page 0 is SGLang's padding slot), shuffled for `fragmented`; rows are padded with 0."""
+    1..pool_pages (page 0 is SGLang's padding slot), shuffled for `fragmented`; rows are padded with 0. Built in the
+    pool's own dtype (every token index fits it: Point checks), each page's tokens at once for every row."""
     pages_per_row = [math.ceil(n / page_size) for n in lengths]
-    pages = pool_pages(sum(pages_per_row))
-    generator = torch.Generator().manual_seed(seed)
-    if layout == "fragmented":  # the same as arange(1, pages + 1)[randperm(pages)], without the gather
-        free_pages = torch.randperm(pages, generator=generator) + 1
+    handed_out = sum(pages_per_row)
+    index = TORCH_DTYPES[dtype]
+    if layout == "fragmented":  # the same values as randperm's int64, half the bytes to write
+        free_pages = torch.randperm(pool_pages(handed_out), generator=torch.Generator().manual_seed(seed),
+                                    dtype=index)[:handed_out].add_(1)
     else:
-        free_pages = torch.arange(1, pages + 1, dtype=torch.int64)
-    pool = torch.zeros((len(lengths), max(lengths)), dtype=TORCH_DTYPES[dtype])  # every token index fits (Point checks)
-    for row, (n, own) in enumerate(zip(lengths, free_pages[:sum(pages_per_row)].split(pages_per_row), strict=True)):
-        pool[row, :n] = own if page_size == 1 else (own[:, None] * page_size + torch.arange(page_size)).reshape(-1)[:n]
+        free_pages = torch.arange(1, handed_out + 1, dtype=index)
+    tokens = free_pages if page_size == 1 else \
+        (free_pages[:, None] * page_size + torch.arange(page_size, dtype=index)).reshape(-1)
+    pool = torch.zeros((len(lengths), max(lengths)), dtype=index)
+    start = 0
+    for row, (n, pages) in enumerate(zip(lengths, pages_per_row, strict=True)):
+        pool[row, :n] = tokens[start:start + n]
+        start += pages * page_size
     return pool
 
 
