@@ -122,3 +122,25 @@ def test_bad_generator_arguments():
         make_workload(Point(8, 2), rotation=0)
     with pytest.raises(ValueError, match="chunk_offset_pages must be >= 0, got -1"):
         make_workload(Point(8, 2), chunk_offset_pages=-1)
+
+
+def test_the_first_process_keeps_every_pool_at_once_and_a_failed_build_waits_for_its_block(tmp_path):
+    """keep_pools builds each target's pool into the cache on two threads; a later build loads the same pool, and a
+    build that raises leaves the others kept (its block builds it again and says why)."""
+    from functools import partial
+
+    from kvpages.measure.inputs import PoolCache, keep_pools
+    from kvpages.measure.targets import PointTarget
+
+    cache = PoolCache(tmp_path)
+    targets = [PointTarget(Point(n, p)) for n in (512, 4096) for p in (1, 16)]
+
+    def fails() -> None:
+        raise MemoryError("no room")
+
+    keep_pools([fails] + [partial(t.keep_pool, cache) for t in targets], threads=2)
+    assert len(list(tmp_path.glob("pool-*.pt"))) == len(targets)
+    for target in targets:
+        kept, fresh = target.build("cpu", cache=cache), target.build("cpu")
+        assert torch.equal(kept.pool, fresh.pool)
+        assert all(torch.equal(a, b) for a, b in zip(kept.inputs, fresh.inputs, strict=True))

@@ -1,12 +1,19 @@
 """Which CPUs a timed process runs on (`--kv-cpus`), as data: the choices, the Linux CPU-list format and the rule for
-a CPU run (no torch, no IO; kvpages.measure.pinning applies it). docs/method.md#spread-at-its-source says why."""
+a CPU run (no torch, no IO but the process's own CPU set; kvpages.measure.pinning applies it).
+docs/method.md#spread-at-its-source says why."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 AUTO, OFF = "auto", "off"
 CPU_CHOICES = (AUTO, OFF)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def parse_cpu_list(text: str) -> frozenset[int]:

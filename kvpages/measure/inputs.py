@@ -8,10 +8,12 @@ A sent chunk is the row slice `req_to_token[row, start:end]`, starting at a page
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -191,6 +193,23 @@ def _workload(lengths: Sequence[int], calls: Sequence[tuple[Call, ...]], page_si
     slices = tuple(tuple(pool[c.row, c.start:c.end] for c in copy) for copy in calls)
     expected = tuple(tuple(reference_page_indices(v, page_size) for v in views) for views in slices)
     return Workload(pool, slices, expected, page_size, tuple(calls), upkeep)
+
+
+def keep_pools(builds: Sequence[Callable[[], object]], threads: int) -> None:
+    """Run `builds` (each a target's pool built and checked into the run's PoolCache, largest first) on `threads`
+    threads at once: the first process of a run builds every pool before its first block, on every CPU it may use
+    (torch releases the GIL while it shuffles and copies), so it loads each when it needs it, as the later processes
+    do. A build that fails is left to that block, which says why (out of memory, say)."""
+    def build(one: Callable[[], object]) -> None:
+        with contextlib.suppress(Exception):  # raised again, and reported, where the block builds it
+            one()
+
+    if threads <= 1 or len(builds) <= 1:
+        for one in builds:
+            build(one)
+        return
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(build, builds))
 
 
 def validate_page_layout(kv_indices: torch.Tensor, page_size: int) -> None:

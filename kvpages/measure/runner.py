@@ -7,10 +7,11 @@ wrong, which then runs no further blocks here. The runner knows nothing of the s
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,12 +20,13 @@ from typing import TypeVar
 import pytest
 import torch
 
+from kvpages.core.affinity import usable_cpus
 from kvpages.measure import environment
 from kvpages.measure.busy import spin_up
 from kvpages.measure.crosscheck import CheckAnswer, CheckCase, CrosscheckError, run_crosscheck
 from kvpages.measure.disturb import disturbed
 from kvpages.measure.group import Group, RankFailure
-from kvpages.measure.inputs import PoolCache, Workload
+from kvpages.measure.inputs import PoolCache, Workload, keep_pools
 from kvpages.measure.outcome import BlockOutcome, MeterReading
 from kvpages.measure.schedule import Block
 from kvpages.measure.targets import Context, Target, measure
@@ -180,6 +182,14 @@ class Runner:
     benchmark_output: bool = True  # pytest-benchmark shows or keeps each block's statistics (else they go once sampled)
     _workload: tuple[Target, Workload] | None = None
     _built: dict[Target, Workload] = field(default_factory=dict)
+    _pools_first: tuple[Target, ...] = ()  # the first process's targets, whose pools it builds before its first block
+
+    def ready(self, first_readings: dict[str, MeterReading], blocks: Sequence[Block]) -> None:
+        """A worker's turn has come: process 0's readings; the first process builds every pool of its `blocks` first
+        (kvpages.measure.inputs.keep_pools), the later ones load them."""
+        self.first_readings = first_readings
+        if self.process == 0 and self.pool_cache is not None:
+            self._pools_first = tuple(sorted(dict.fromkeys(b.target for b in blocks), key=lambda t: -t.pool_bytes))
 
     def run(self, benchmark, block: Block) -> BlockOutcome:
         """One block's outcome (see the module doc)."""
@@ -207,6 +217,10 @@ class Runner:
         if self._workload is None or self._workload[0] != target:
             self._workload = None  # free the previous pass's copy first
             with self.phase("inputs"):
+                if self._pools_first and self.pool_cache is not None:
+                    keep_pools([functools.partial(t.keep_pool, self.pool_cache) for t in self._pools_first],
+                               usable_cpus())
+                    self._pools_first = ()
                 kept = self._built.get(target)
                 built = target.build(self.context.device, cache=self.pool_cache) if kept is None else kept.fresh_copy()
                 if self.passes > 1:

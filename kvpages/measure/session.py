@@ -243,7 +243,7 @@ class KvSession:
                 torch.empty(1, device="cuda")  # its CUDA context started while it waits, beside the others' start-ups
             if not self.log.wait_for_turn():
                 pytest.exit("kvpages: the session ended before this worker's turn", pytest.ExitCode.INTERRUPTED)
-            self.runner.first_readings = read_readings(self.log.folder)
+            self.runner.ready(read_readings(self.log.folder), selected)
             self.pinned.pin()
             return
         cases = self.plan.cases(selected)

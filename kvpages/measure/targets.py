@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -142,6 +142,14 @@ class PointTarget:
         return make_workload(self.point, rotation, cache=cache,
                              validate=rotation is None)  # the profiling processes profile, they check nothing
 
+    def keep_pool(self, cache: PoolCache) -> None:
+        """Build and check this point's pool on the host into `cache` (kvpages.measure.inputs.keep_pools)."""
+        make_workload(replace(self.point, device="cpu"), cache=cache, validate=True)
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.point.geometry().pool_bytes
+
     def inputs_for(self, variant: str, workload: Workload) -> tuple[Any, ...]:
         return with_extras(get_variant(variant).extras, workload, one_call=True)
 
@@ -229,6 +237,14 @@ class ScenarioTarget:
 
     def build(self, device: str, rotation: int | None = None, cache: PoolCache | None = None) -> Workload:
         return make_scenario_workload(self.scenario, device, rotation or SCENARIO_ROTATION, cache=cache)
+
+    def keep_pool(self, cache: PoolCache) -> None:
+        """Build and check this request's or step's pool on the host into `cache`."""
+        make_scenario_workload(self.scenario, "cpu", SCENARIO_ROTATION, cache=cache)
+
+    @property
+    def pool_bytes(self) -> int:
+        return SCENARIO_ROTATION * len(self.scenario.lengths) * max(self.scenario.lengths) * ITEMSIZE[self.scenario.dtype]
 
     def inputs_for(self, variant: str, workload: Workload) -> tuple[Any, ...]:
         return with_extras(get_step_variant(variant).extras, workload, one_call=False)

@@ -18,17 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvpages.core.affinity import usable_cpus as cpus
+
 if TYPE_CHECKING:
     from kvpages.analysis.cache import Pickled
     from kvpages.analysis.ratios import Analysis
 
 Drawing = Callable[[], list[Path]]
 """Draws some charts; returns the files it wrote."""
-
-
-def cpus() -> int:
-    """The CPUs this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def forks(processes: int = 2) -> bool:
