@@ -139,26 +139,61 @@ def _build_pool(lengths: Sequence[int], page_size: int, dtype: str, layout: str,
     return pool
 
 
-def make_workload(point: Point, rotation: int | None = None, chunk_offset_pages: int = 0,
-                  cache: PoolCache | None = None, validate: bool = False) -> Workload:
+@dataclass(frozen=True)
+class PoolSpec:
+    """A `req_to_token` pool as its arguments (a pure function of them) and the slices the calls take of it."""
+
+    lengths: tuple[int, ...]
+    calls: tuple[tuple[Call, ...], ...]  # per input set
+    page_size: int
+    dtype: str
+    layout: str
+    seed: int
+
+    def host(self, cache: PoolCache | None, validate: bool) -> torch.Tensor:
+        """The pool on the host: from the `cache`, or built, its slices checked (`validate`), and kept there."""
+        key = (self.lengths, self.page_size, self.dtype, self.layout, self.seed)
+        host = cache.load(key) if cache is not None else None
+        if host is None:
+            host = _build_pool(self.lengths, self.page_size, self.dtype, self.layout, self.seed)
+            distinct = dict.fromkeys((c.row, c.start, c.end) for copy in self.calls for c in copy)  # payloads share
+            for row, start, end in distinct if validate else ():
+                if start % self.page_size == 0:  # a decode prefix may start mid-page
+                    validate_page_layout(host[row, start:end], self.page_size)
+            if cache is not None:
+                cache.save(key, host)
+        return host
+
+
+def point_pool(point: Point, rotation: int | None = None, chunk_offset_pages: int = 0) -> PoolSpec:
     """`rotation` request rows for `point`, and from each a chunk of `point.seq_len` tokens that starts
-    `chunk_offset_pages` pages into its request; the same for the same point, whatever the device. `validate`:
-    every slice is checked against the page invariant (in the process that builds the pool)."""
+    `chunk_offset_pages` pages into its request."""
     geometry = point.geometry(rotation, chunk_offset_pages)
     start = chunk_offset_pages * point.page_size
-    calls = [(Call(row, start, geometry.row_tokens),) for row in range(geometry.rows)]
-    sets = _workload([geometry.row_tokens] * geometry.rows, calls, point.page_size, point.dtype, point.device,
-                     point.layout, point.seed, cache, validate)
+    return PoolSpec((geometry.row_tokens,) * geometry.rows,
+                    tuple((Call(row, start, geometry.row_tokens),) for row in range(geometry.rows)),
+                    point.page_size, point.dtype, point.layout, point.seed)
+
+
+def scenario_pool(scenario: Scenario, copies: int, seed: int = 0) -> PoolSpec:
+    """`copies` sets of the scenario's rows, each set's calls with their rows in the pool."""
+    per_copy = len(scenario.lengths)
+    calls = tuple(tuple(c._replace(row=k * per_copy + c.row) for c in scenario.calls()) for k in range(copies))
+    return PoolSpec(tuple(scenario.lengths) * copies, calls, scenario.page_size, scenario.dtype, scenario.layout, seed)
+
+
+def make_workload(point: Point, rotation: int | None = None, chunk_offset_pages: int = 0,
+                  cache: PoolCache | None = None, validate: bool = False) -> Workload:
+    """The inputs of `point_pool(point, rotation, chunk_offset_pages)`: the same for the same point, whatever the
+    device. `validate`: every slice is checked against the page invariant (in the process that builds the pool)."""
+    sets = _workload(point_pool(point, rotation, chunk_offset_pages), point.device, cache, validate)
     return replace(sets, inputs=tuple(x for x, in sets.inputs), expected=tuple(e for e, in sets.expected))
 
 
 def make_scenario_workload(scenario: Scenario, device: str, copies: int, seed: int = 0,
                            cache: PoolCache | None = None) -> Workload:
     """The pool of `copies` sets of the scenario's rows, and each set's calls as slices with their references."""
-    per_copy = len(scenario.lengths)
-    calls = [tuple(c._replace(row=k * per_copy + c.row) for c in scenario.calls()) for k in range(copies)]
-    made = _workload(tuple(scenario.lengths) * copies, calls, scenario.page_size, scenario.dtype, device,
-                     scenario.layout, seed, cache, True, mirror_upkeep(scenario))
+    made = _workload(scenario_pool(scenario, copies, seed), device, cache, True, mirror_upkeep(scenario))
     return made if scenario.payloads == DEFAULT_PAYLOADS else _converted(made, seed)
 
 
@@ -175,24 +210,14 @@ def _converted(workload: Workload, seed: int) -> Workload:
     return replace(workload, inputs=inputs, expected=expected)
 
 
-def _workload(lengths: Sequence[int], calls: Sequence[tuple[Call, ...]], page_size: int, dtype: str, device: str,
-              layout: str, seed: int, cache: PoolCache | None, validate: bool, upkeep: tuple[Upkeep, ...] = ()) -> Workload:
-    """A pool of rows of these lengths, and per set its calls' slices of it (a tuple) and their references. A pool
-    built here is checked (`validate`) before it is kept in the `cache`, from which a later process loads it."""
-    key = (tuple(lengths), page_size, dtype, layout, seed)
-    host = cache.load(key) if cache is not None else None
-    if host is None:
-        host = _build_pool(lengths, page_size, dtype, layout, seed)
-        distinct = dict.fromkeys((c.row, c.start, c.end) for copy in calls for c in copy)  # payloads may share a slice
-        for row, start, end in distinct if validate else ():
-            if start % page_size == 0:  # a decode prefix may start mid-page
-                validate_page_layout(host[row, start:end], page_size)
-        if cache is not None:
-            cache.save(key, host)
-    pool = host.to(device).contiguous()
-    slices = tuple(tuple(pool[c.row, c.start:c.end] for c in copy) for copy in calls)
-    expected = tuple(tuple(reference_page_indices(v, page_size) for v in views) for views in slices)
-    return Workload(pool, slices, expected, page_size, tuple(calls), upkeep)
+def _workload(spec: PoolSpec, device: str, cache: PoolCache | None, validate: bool,
+              upkeep: tuple[Upkeep, ...] = ()) -> Workload:
+    """The spec's pool (`PoolSpec.host`) on `device`, and per set its calls' slices of it (a tuple) and their
+    references."""
+    pool = spec.host(cache, validate).to(device).contiguous()
+    slices = tuple(tuple(pool[c.row, c.start:c.end] for c in copy) for copy in spec.calls)
+    expected = tuple(tuple(reference_page_indices(v, spec.page_size) for v in views) for views in slices)
+    return Workload(pool, slices, expected, spec.page_size, spec.calls, upkeep)
 
 
 def keep_pools(builds: Sequence[Callable[[], object]], threads: int) -> None:

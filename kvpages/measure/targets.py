@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,7 +22,7 @@ from kvpages.core.stats import latency_statistics, row_statistics
 from kvpages.core.sweep import ITEMSIZE, Point
 from kvpages.measure.busy import BusyQueue
 from kvpages.measure.group import Group
-from kvpages.measure.inputs import PoolCache, Workload, make_scenario_workload, make_workload
+from kvpages.measure.inputs import PoolCache, Workload, make_scenario_workload, make_workload, point_pool, scenario_pool
 from kvpages.measure.meter import D2HMeasurement, measure_call
 from kvpages.measure.order import Stamps, step_call
 from kvpages.measure.outcome import MeterReading
@@ -144,7 +144,7 @@ class PointTarget:
 
     def keep_pool(self, cache: PoolCache) -> None:
         """Build and check this point's pool on the host into `cache` (kvpages.measure.inputs.keep_pools)."""
-        make_workload(replace(self.point, device="cpu"), cache=cache, validate=True)
+        point_pool(self.point).host(cache, validate=True)
 
     @property
     def pool_bytes(self) -> int:
@@ -240,7 +240,7 @@ class ScenarioTarget:
 
     def keep_pool(self, cache: PoolCache) -> None:
         """Build and check this request's or step's pool on the host into `cache`."""
-        make_scenario_workload(self.scenario, "cpu", SCENARIO_ROTATION, cache=cache)
+        scenario_pool(self.scenario, SCENARIO_ROTATION).host(cache, validate=True)
 
     @property
     def pool_bytes(self) -> int:
