@@ -158,7 +158,12 @@ def _cites(analysis: Analysis, s: Setting) -> str:
 
 
 def recommendations(analysis: Analysis) -> tuple[Recommendation, ...]:
-    """Every candidate at its first setting where the run can set it against what it replaces (module doc)."""
+    """Every candidate at its first setting where the run can set it against what it replaces (module doc); made once
+    per run (the report, its CSV and the findings cite them)."""
+    return analysis.run.cached(("recommendations",), lambda: _recommendations(analysis))
+
+
+def _recommendations(analysis: Analysis) -> tuple[Recommendation, ...]:
     if analysis.baseline != "host_stride":
         return ()
     chosen = [(c, s) for c in CANDIDATES for s in c.settings(analysis)[:1]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kvpages.analysis.cite import fraction, sig
 from kvpages.analysis.findings import findings
+from kvpages.analysis.gpu_answer import GpuAnswer
 from kvpages.analysis.predict import Prediction, crossover, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.recommend import BATCHED
@@ -132,12 +133,13 @@ def model_section(analysis: Analysis) -> str:
             "kvpages/schema/profiles/*.toml; `kvpages calibrate` fits them from a CUDA run):\n\n" + "\n".join(_terms(analysis)))
 
 
-def predictions_section(analysis: Analysis) -> str:
-    """APPENDIX.md: every prediction a finding quotes, per profile by its label, with the variation at each end."""
+def predictions_section(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
+    """APPENDIX.md: every prediction a finding quotes (`gpu`: the report's GPU answer, which its findings name), per
+    profile by its label, with the variation at each end."""
     if analysis.run.link_crossed:
         return ""
     rows = []
-    for f in findings(analysis):
+    for f in findings(analysis, gpu):
         r = next((x for x in analysis.ratios if x.id == f.id), None)
         found = point_predictions(analysis, r) if r is not None else ()
         if r is None and (s := next((x for x in analysis.scenario_ratios if x.id == f.id), None)) is not None:

@@ -232,8 +232,8 @@ def render(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
     ])
 
 
-def render_appendix(analysis: Analysis) -> str:
-    """APPENDIX.md: the long tables the report links to."""
+def render_appendix(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
+    """APPENDIX.md: the long tables the report links to (`gpu`: the report's, whose findings it cites)."""
     base = called(analysis.baseline)
     return markdown_page(f"# Appendix to [{REPORT_MD}]({REPORT_MD}): run {analysis.run.run_id}", [
         (f"## Merged PR vs {base} at every point", "Fastest: the lowest time at the point, and every variant not "
@@ -245,7 +245,7 @@ def render_appendix(analysis: Analysis) -> str:
         ("## Where the time goes", breakdown_section(analysis)),
         (f"## The other variants vs {base}", "`spread`: how much the row's block medians vary between repetitions "
          "(results.csv `rep_spread`).\n\n" + variants_section(analysis)),
-        ("## Predictions behind the findings", predictions_section(analysis)),
+        ("## Predictions behind the findings", predictions_section(analysis, gpu)),
         ("## Link model per row", link_model_section(analysis)),
         ("## Every step variant, per request and per step", scenarios_section(analysis)),
     ])
@@ -264,7 +264,7 @@ def write_report(analysis: Analysis, gpu: GpuAnswer | None = None) -> Path:
     write_table(folder, NOISY_CSV, NOISY_COLUMNS, noisy[list(NOISY_COLUMNS)].to_dict("records"))
     path = folder / REPORT_MD
     if analysis.run.ranks is None:
-        write_atomic(folder / APPENDIX_MD, render_appendix(analysis))
+        write_atomic(folder / APPENDIX_MD, render_appendix(analysis, gpu))
     write_recommendations(analysis)
     write_atomic(path, render(analysis, gpu))
     return path

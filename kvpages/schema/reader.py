@@ -75,7 +75,8 @@ class Run:
     def link_crossed(self) -> bool:
         """Some row, a point's or a whole request's or step's, crossed the device-host link."""
         frames = [self.rows] + ([] if self.scenarios is None else [self.scenarios])
-        return any(bool(f["link"].fillna("").str.startswith("pcie").any()) for f in frames)
+        return self.cached(("link crossed",),
+                           lambda: any(bool(f["link"].fillna("").str.startswith("pcie").any()) for f in frames))
 
     def ok_rows(self) -> pd.DataFrame:
         return self.rows[self.rows["status"] == OK]
