@@ -124,22 +124,41 @@ def test_bad_generator_arguments():
         make_workload(Point(8, 2), chunk_offset_pages=-1)
 
 
-def test_the_first_process_keeps_every_pool_at_once_and_a_failed_build_waits_for_its_block(tmp_path):
-    """keep_pools builds each target's pool into the cache on two threads; a later build loads the same pool, and a
-    build that raises leaves the others kept (its block builds it again and says why)."""
-    from functools import partial
+def test_the_first_process_keeps_every_pool_once_and_a_failed_build_waits_for_its_block(tmp_path, monkeypatch):
+    """keep_pools builds each pool into the cache once on two threads, every slice of the specs that share it checked;
+    a later build loads the same pool; a pool that cannot be built is left to its block, the others kept."""
+    from dataclasses import replace
 
-    from kvpages.measure.inputs import PoolCache, keep_pools
+    import kvpages.measure.inputs as inputs
+    from kvpages.core.scenarios import Call
+    from kvpages.measure.inputs import PoolCache, keep_pools, point_pool
     from kvpages.measure.targets import PointTarget
 
     cache = PoolCache(tmp_path)
     targets = [PointTarget(Point(n, p)) for n in (512, 4096) for p in (1, 16)]
+    spec = point_pool(Point(4096, 16))
+    other = replace(spec, calls=((Call(0, 16, 4096),),))  # the same pool, another slice (from its second page)
+    unbuildable = replace(spec, lengths=(1, 2, 3), calls=((Call(0, 0, 1),),), dtype="int64")
+    checked: list[tuple[int, int]] = []
+    real_check = inputs.validate_page_layout
+    monkeypatch.setattr(inputs, "validate_page_layout",
+                        lambda kv, p: checked.append((p, kv.numel())) or real_check(kv, p))
+    built: list[tuple] = []
+    real_build = inputs._build_pool
 
-    def fails() -> None:
-        raise MemoryError("no room")
+    def build(lengths, page_size, *rest):
+        built.append((lengths, page_size))
+        if lengths == (1, 2, 3):
+            raise MemoryError("no room")
+        return real_build(lengths, page_size, *rest)
 
-    keep_pools([fails] + [partial(t.keep_pool, cache) for t in targets], threads=2)
-    assert len(list(tmp_path.glob("pool-*.pt"))) == len(targets)
+    monkeypatch.setattr(inputs, "_build_pool", build)
+    keep_pools([unbuildable, other] + [t.pool() for t in targets], cache, threads=2)
+    assert sorted(built, key=repr) == sorted({(t.pool().lengths, t.pool().page_size) for t in targets}
+                                             | {((1, 2, 3), 16)}, key=repr)  # each pool once
+    assert len(list(tmp_path.glob("pool-*.pt"))) == len(targets)  # the unbuildable one not kept
+    assert sorted(n for p, n in checked if p == 16 and n > 600) == [4080] + [4096] * len(spec.calls)  # both specs' slices
+    monkeypatch.undo()
     for target in targets:
         kept, fresh = target.build("cpu", cache=cache), target.build("cpu")
         assert torch.equal(kept.pool, fresh.pool)

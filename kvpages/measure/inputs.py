@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import math
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -109,7 +110,7 @@ class PoolCache:
     def save(self, key: tuple, pool: torch.Tensor) -> None:
         """Keep `pool` for later processes; a full disk only costs them the build."""
         path = self.path(key)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
         try:
             torch.save(pool, tmp)
             os.replace(tmp, path)
@@ -150,9 +151,18 @@ class PoolSpec:
     layout: str
     seed: int
 
+    @property
+    def key(self) -> tuple:
+        """What the pool is a function of (PoolCache's key): two specs of one key share a pool, not their slices."""
+        return self.lengths, self.page_size, self.dtype, self.layout, self.seed
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.lengths) * max(self.lengths) * int(TORCH_DTYPES[self.dtype].itemsize)
+
     def host(self, cache: PoolCache | None, validate: bool) -> torch.Tensor:
         """The pool on the host: from the `cache`, or built, its slices checked (`validate`), and kept there."""
-        key = (self.lengths, self.page_size, self.dtype, self.layout, self.seed)
+        key = self.key
         host = cache.load(key) if cache is not None else None
         if host is None:
             host = _build_pool(self.lengths, self.page_size, self.dtype, self.layout, self.seed)
@@ -220,21 +230,27 @@ def _workload(spec: PoolSpec, device: str, cache: PoolCache | None, validate: bo
     return Workload(pool, slices, expected, spec.page_size, spec.calls, upkeep)
 
 
-def keep_pools(builds: Sequence[Callable[[], object]], threads: int) -> None:
-    """Run `builds` (each a target's pool built and checked into the run's PoolCache, largest first) on `threads`
-    threads at once: the first process of a run builds every pool before its first block, on every CPU it may use
-    (torch releases the GIL while it shuffles and copies), so it loads each when it needs it, as the later processes
-    do. A build that fails is left to that block, which says why (out of memory, say)."""
-    def build(one: Callable[[], object]) -> None:
-        with contextlib.suppress(Exception):  # raised again, and reported, where the block builds it
-            one()
+def keep_pools(specs: Sequence[PoolSpec], cache: PoolCache, threads: int) -> None:
+    """Build each pool of `specs` into the run's `cache` once, every slice any of them takes checked, largest first on
+    `threads` threads at once: the first process of a run builds every pool before its first block, on every CPU it
+    may use (torch shuffles and copies without the GIL), and loads each when it needs it, as the later processes do.
+    A build that fails is left to its block, which builds it again and says why (out of memory, say)."""
+    merged: dict[tuple, PoolSpec] = {}
+    for spec in specs:
+        kept = merged.get(spec.key)
+        merged[spec.key] = spec if kept is None else replace(kept, calls=tuple(dict.fromkeys(kept.calls + spec.calls)))
 
-    if threads <= 1 or len(builds) <= 1:
-        for one in builds:
-            build(one)
+    def build(spec: PoolSpec) -> None:
+        with contextlib.suppress(Exception):  # raised again, and reported, where the block builds it
+            spec.host(cache, validate=True)
+
+    ordered = sorted(merged.values(), key=lambda spec: -spec.nbytes)
+    if threads <= 1 or len(ordered) <= 1:
+        for spec in ordered:
+            build(spec)
         return
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(build, builds))
+        list(pool.map(build, ordered))
 
 
 def validate_page_layout(kv_indices: torch.Tensor, page_size: int) -> None:

@@ -7,7 +7,6 @@ wrong, which then runs no further blocks here. The runner knows nothing of the s
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections import defaultdict
@@ -26,7 +25,7 @@ from kvpages.measure.busy import spin_up
 from kvpages.measure.crosscheck import CheckAnswer, CheckCase, CrosscheckError, run_crosscheck
 from kvpages.measure.disturb import disturbed
 from kvpages.measure.group import Group, RankFailure
-from kvpages.measure.inputs import PoolCache, Workload, keep_pools
+from kvpages.measure.inputs import PoolCache, PoolSpec, Workload, keep_pools
 from kvpages.measure.outcome import BlockOutcome, MeterReading
 from kvpages.measure.schedule import Block
 from kvpages.measure.targets import Context, Target, measure
@@ -182,14 +181,14 @@ class Runner:
     benchmark_output: bool = True  # pytest-benchmark shows or keeps each block's statistics (else they go once sampled)
     _workload: tuple[Target, Workload] | None = None
     _built: dict[Target, Workload] = field(default_factory=dict)
-    _pools_first: tuple[Target, ...] = ()  # the first process's targets, whose pools it builds before its first block
+    _pools_first: tuple[PoolSpec, ...] = ()  # the first process's pools, built before its first block
 
     def ready(self, first_readings: dict[str, MeterReading], blocks: Sequence[Block]) -> None:
         """A worker's turn has come: process 0's readings; the first process builds every pool of its `blocks` first
         (kvpages.measure.inputs.keep_pools), the later ones load them."""
         self.first_readings = first_readings
         if self.process == 0 and self.pool_cache is not None:
-            self._pools_first = tuple(sorted(dict.fromkeys(b.target for b in blocks), key=lambda t: -t.pool_bytes))
+            self._pools_first = tuple(dict.fromkeys(b.target.pool() for b in blocks))
 
     def run(self, benchmark, block: Block) -> BlockOutcome:
         """One block's outcome (see the module doc)."""
@@ -218,8 +217,7 @@ class Runner:
             self._workload = None  # free the previous pass's copy first
             with self.phase("inputs"):
                 if self._pools_first and self.pool_cache is not None:
-                    keep_pools([functools.partial(t.keep_pool, self.pool_cache) for t in self._pools_first],
-                               usable_cpus())
+                    keep_pools(self._pools_first, self.pool_cache, usable_cpus())
                     self._pools_first = ()
                 kept = self._built.get(target)
                 built = target.build(self.context.device, cache=self.pool_cache) if kept is None else kept.fresh_copy()

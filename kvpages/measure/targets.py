@@ -22,7 +22,7 @@ from kvpages.core.stats import latency_statistics, row_statistics
 from kvpages.core.sweep import ITEMSIZE, Point
 from kvpages.measure.busy import BusyQueue
 from kvpages.measure.group import Group
-from kvpages.measure.inputs import PoolCache, Workload, make_scenario_workload, make_workload, point_pool, scenario_pool
+from kvpages.measure.inputs import PoolCache, PoolSpec, Workload, make_scenario_workload, make_workload, point_pool, scenario_pool
 from kvpages.measure.meter import D2HMeasurement, measure_call
 from kvpages.measure.order import Stamps, step_call
 from kvpages.measure.outcome import MeterReading
@@ -142,13 +142,9 @@ class PointTarget:
         return make_workload(self.point, rotation, cache=cache,
                              validate=rotation is None)  # the profiling processes profile, they check nothing
 
-    def keep_pool(self, cache: PoolCache) -> None:
-        """Build and check this point's pool on the host into `cache` (kvpages.measure.inputs.keep_pools)."""
-        point_pool(self.point).host(cache, validate=True)
-
-    @property
-    def pool_bytes(self) -> int:
-        return self.point.geometry().pool_bytes
+    def pool(self) -> PoolSpec:
+        """The pool its blocks' inputs are cut from (kvpages.measure.inputs.keep_pools)."""
+        return point_pool(self.point)
 
     def inputs_for(self, variant: str, workload: Workload) -> tuple[Any, ...]:
         return with_extras(get_variant(variant).extras, workload, one_call=True)
@@ -238,13 +234,8 @@ class ScenarioTarget:
     def build(self, device: str, rotation: int | None = None, cache: PoolCache | None = None) -> Workload:
         return make_scenario_workload(self.scenario, device, rotation or SCENARIO_ROTATION, cache=cache)
 
-    def keep_pool(self, cache: PoolCache) -> None:
-        """Build and check this request's or step's pool on the host into `cache`."""
-        scenario_pool(self.scenario, SCENARIO_ROTATION).host(cache, validate=True)
-
-    @property
-    def pool_bytes(self) -> int:
-        return SCENARIO_ROTATION * len(self.scenario.lengths) * max(self.scenario.lengths) * ITEMSIZE[self.scenario.dtype]
+    def pool(self) -> PoolSpec:
+        return scenario_pool(self.scenario, SCENARIO_ROTATION)
 
     def inputs_for(self, variant: str, workload: Workload) -> tuple[Any, ...]:
         return with_extras(get_step_variant(variant).extras, workload, one_call=False)
