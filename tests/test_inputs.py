@@ -163,3 +163,34 @@ def test_the_first_process_keeps_every_pool_once_and_a_failed_build_waits_for_it
         kept, fresh = target.build("cpu", cache=cache), target.build("cpu")
         assert torch.equal(kept.pool, fresh.pool)
         assert all(torch.equal(a, b) for a, b in zip(kept.inputs, fresh.inputs, strict=True))
+
+
+def test_pools_are_built_one_at_a_time_where_two_would_not_fit_in_the_free_memory(tmp_path, monkeypatch):
+    import threading
+
+    import kvpages.measure.inputs as inputs
+    from kvpages.measure.inputs import BUILD_PEAK, PoolCache, keep_pools
+    from kvpages.measure.targets import PointTarget
+
+    specs = [PointTarget(Point(n, 16)).pool() for n in (4096, 8192, 16384)]
+    largest = max(spec.nbytes for spec in specs)
+    monkeypatch.setattr(inputs, "host_available_bytes", lambda: int(1.5 * BUILD_PEAK * largest / inputs.HEADROOM))
+    active, most, lock, overlapped = [0], [0], threading.Lock(), threading.Event()
+    real_build = inputs._build_pool
+
+    def build(*args):  # each build waits a while for another to start beside it
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+            if active[0] > 1:
+                overlapped.set()
+        overlapped.wait(0.2)
+        try:
+            return real_build(*args)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(inputs, "_build_pool", build)
+    keep_pools(specs, PoolCache(tmp_path), threads=4)
+    assert most[0] == 1 and len(list(tmp_path.glob("pool-*.pt"))) == len(specs)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvpages.core.capacity import HEADROOM, host_available_bytes
 from kvpages.core.checks import check_positive
 from kvpages.core.payloads import DEFAULT_PAYLOADS, PAYLOADS, SWA_POOL
 from kvpages.core.scenarios import Call, Scenario, Upkeep, mirror_upkeep
@@ -230,10 +231,16 @@ def _workload(spec: PoolSpec, device: str, cache: PoolCache | None, validate: bo
     return Workload(pool, slices, expected, spec.page_size, spec.calls, upkeep)
 
 
+BUILD_PEAK = 4
+"""A pool's build holds at most about this many times the pool's bytes at once (the pool, its tokens, the shuffled
+free list in the pool's dtype, a slice checked in int64): how many `keep_pools` builds fit in the free memory."""
+
+
 def keep_pools(specs: Sequence[PoolSpec], cache: PoolCache, threads: int) -> None:
     """Build each pool of `specs` into the run's `cache` once, every slice any of them takes checked, largest first on
     `threads` threads at once: the first process of a run builds every pool before its first block, on every CPU it
-    may use (torch shuffles and copies without the GIL), and loads each when it needs it, as the later processes do.
+    may use (torch shuffles and copies without the GIL) and as many as fit in the free memory (core.capacity's
+    headroom), and loads each when it needs it, as the later processes do.
     A build that fails is left to its block, which builds it again and says why (out of memory, say)."""
     merged: dict[tuple, PoolSpec] = {}
     for spec in specs:
@@ -245,6 +252,9 @@ def keep_pools(specs: Sequence[PoolSpec], cache: PoolCache, threads: int) -> Non
             spec.host(cache, validate=True)
 
     ordered = sorted(merged.values(), key=lambda spec: -spec.nbytes)
+    available = host_available_bytes()  # builds at once only where the largest ones fit beside each other
+    threads = 1 if available is None or not ordered else \
+        min(threads, int(HEADROOM * available) // (BUILD_PEAK * ordered[0].nbytes))
     if threads <= 1 or len(ordered) <= 1:
         for spec in ordered:
             build(spec)
