@@ -197,3 +197,18 @@ def test_a_cuda_run_states_its_latency_findings_as_measured(tmp_path):
     shares = [profile.predicted_us("device_stride", r.page_size, 1, r.variant_d2h_bytes, 1, 0.0) / r.variant_median_us
               for r in ratios]
     assert f"{sig(min(shares))}-{sig(max(shares))} over 2 points" in check.answer
+
+
+@needs_reference
+def test_findings_and_recommendations_made_once_per_baseline_of_one_loaded_run():
+    """One loaded run analysed against two baselines (as `compare` and the notebook may): each analysis gets the
+    findings and recommendations of its own baseline, the same as a run loaded afresh gives."""
+    from kvpages.analysis.recommend import recommendations
+
+    path = reference_runs()[-1]
+    run = load_run(path)
+    own, other = analyze(run), analyze(run, "device_stride")
+    assert findings(own) is findings(own)  # made once
+    assert findings(other) != findings(own)
+    assert findings(other) == findings(analyze(load_run(path), "device_stride"))
+    assert recommendations(own) and recommendations(other) == ()  # the candidates are set against pre-PR only

@@ -264,9 +264,10 @@ def _faster(analysis: Analysis, variant: str) -> Finding | None:
 
 def findings(analysis: Analysis, gpu: GpuAnswer | None = None) -> tuple[Finding, ...]:
     """The report's findings, in the order a review asks: the merged PR against pre-PR, else each subject; `gpu`: a
-    CPU run's GPU answer (kvpages.analysis.gpu_answer). Made once per run and GPU answer (the report and its appendix
+    CPU run's GPU answer (kvpages.analysis.gpu_answer). Made once per run, baseline and GPU answer (the report and its appendix
     both cite them)."""
-    return analysis.run.cached(("findings", None if gpu is None else gpu.run_id), lambda: _findings(analysis, gpu))
+    answer = None if gpu is None else (gpu.run_id, str(gpu.analysis.run.path))
+    return analysis.run.cached(("findings", analysis.baseline, answer), lambda: _findings(analysis, gpu))
 
 
 def _findings(analysis: Analysis, gpu: GpuAnswer | None) -> tuple[Finding, ...]:

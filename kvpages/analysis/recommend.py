@@ -159,8 +159,8 @@ def _cites(analysis: Analysis, s: Setting) -> str:
 
 def recommendations(analysis: Analysis) -> tuple[Recommendation, ...]:
     """Every candidate at its first setting where the run can set it against what it replaces (module doc); made once
-    per run (the report, its CSV and the findings cite them)."""
-    return analysis.run.cached(("recommendations",), lambda: _recommendations(analysis))
+    per run and baseline (the report, its CSV and the findings cite them)."""
+    return analysis.run.cached(("recommendations", analysis.baseline), lambda: _recommendations(analysis))
 
 
 def _recommendations(analysis: Analysis) -> tuple[Recommendation, ...]:
