@@ -194,3 +194,57 @@ def test_pools_are_built_one_at_a_time_where_two_would_not_fit_in_the_free_memor
     monkeypatch.setattr(inputs, "_build_pool", build)
     keep_pools(specs, PoolCache(tmp_path), threads=4)
     assert most[0] == 1 and len(list(tmp_path.glob("pool-*.pt"))) == len(specs)
+
+
+def test_pools_are_built_side_by_side_where_memory_allows(tmp_path, monkeypatch):
+    import threading
+
+    import kvpages.measure.inputs as inputs
+    from kvpages.measure.inputs import PoolCache, keep_pools
+    from kvpages.measure.targets import PointTarget
+
+    monkeypatch.setattr(inputs, "host_available_bytes", lambda: 1 << 40)
+    overlapped, lock, active = threading.Event(), threading.Lock(), [0]
+    real_build = inputs._build_pool
+
+    def build(*args):  # each build waits (at most 10 s) for another to run beside it
+        with lock:
+            active[0] += 1
+            if active[0] > 1:
+                overlapped.set()
+        overlapped.wait(10)
+        try:
+            return real_build(*args)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(inputs, "_build_pool", build)
+    keep_pools([PointTarget(Point(n, 16)).pool() for n in (4096, 8192)], PoolCache(tmp_path), threads=2)
+    assert overlapped.is_set() and len(list(tmp_path.glob("pool-*.pt"))) == 2
+
+
+@pytest.mark.parametrize("process, cached, built", [(0, True, True), (1, True, False), (0, False, False)])
+def test_only_the_first_process_of_a_run_builds_the_pools_first_and_only_what_it_can_run(
+        tmp_path, monkeypatch, process, cached, built):
+    """Runner.ready: process 0 of a run with a pool cache builds the pools of its runnable blocks once, before its
+    first block's inputs; a later process, or a run of one process (no cache), builds nothing ahead."""
+    import kvpages.measure.runner as runner_module
+    from kvpages.core.options import BenchOptions
+    from kvpages.core.scenarios import StepScenario
+    from kvpages.measure.inputs import PoolCache
+    from kvpages.measure.runner import Runner
+    from kvpages.measure.schedule import Block
+    from kvpages.measure.targets import Context, PointTarget, ScenarioTarget
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(runner_module, "keep_pools", lambda specs, cache, threads: calls.append(specs))
+    runner = Runner(Context("cpu", "cpu", BenchOptions()), 1, 1, process,
+                    pool_cache=PoolCache(tmp_path) if cached else None)
+    point = PointTarget(Point(512, 16))
+    busy = ScenarioTarget(StepScenario(2, "fixed:1024", page_size=16, busy_us=100.0))  # needs CUDA: only recorded here
+    runner.ready({}, [Block("device_stride", point, 0, 0), Block("host_stride", point, 0, 1),
+                      Block("per_request[device_stride]", busy, 0, 2)])
+    runner.workload(point)
+    runner.workload(ScenarioTarget(StepScenario(2, "fixed:1024", page_size=16)))
+    assert calls == ([(point.pool(),)] if built else [])

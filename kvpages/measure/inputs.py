@@ -240,7 +240,7 @@ def keep_pools(specs: Sequence[PoolSpec], cache: PoolCache, threads: int) -> Non
     """Build each pool of `specs` into the run's `cache` once, every slice any of them takes checked, largest first on
     `threads` threads at once: the first process of a run builds every pool before its first block, on every CPU it
     may use (torch shuffles and copies without the GIL) and as many as fit in the free memory (core.capacity's
-    headroom), and loads each when it needs it, as the later processes do.
+    headroom) beside every pool kept, and loads each when it needs it, as the later processes do.
     A build that fails is left to its block, which builds it again and says why (out of memory, say)."""
     merged: dict[tuple, PoolSpec] = {}
     for spec in specs:
@@ -252,9 +252,9 @@ def keep_pools(specs: Sequence[PoolSpec], cache: PoolCache, threads: int) -> Non
             spec.host(cache, validate=True)
 
     ordered = sorted(merged.values(), key=lambda spec: -spec.nbytes)
-    available = host_available_bytes()  # builds at once only where the largest ones fit beside each other
-    threads = 1 if available is None or not ordered else \
-        min(threads, int(HEADROOM * available) // (BUILD_PEAK * ordered[0].nbytes))
+    available = host_available_bytes()  # builds at once only where the largest ones fit beside each other and beside
+    room = 0 if available is None else int(HEADROOM * available) - sum(s.nbytes for s in ordered)  # every pool kept
+    threads = min(threads, room // max(1, BUILD_PEAK * ordered[0].nbytes)) if ordered else 1  # (/dev/shm is memory)
     if threads <= 1 or len(ordered) <= 1:
         for spec in ordered:
             build(spec)

@@ -7,6 +7,7 @@ wrong, which then runs no further blocks here. The runner knows nothing of the s
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import defaultdict
@@ -188,7 +189,8 @@ class Runner:
         (kvpages.measure.inputs.keep_pools), the later ones load them."""
         self.first_readings = first_readings
         if self.process == 0 and self.pool_cache is not None:
-            self._pools_first = tuple(dict.fromkeys(b.target.pool() for b in blocks))
+            self._pools_first = tuple(dict.fromkeys(b.target.pool() for b in blocks  # not those it only records
+                                                    if b.target.unavailable_reason(b.variant, self.context.device) is None))
 
     def run(self, benchmark, block: Block) -> BlockOutcome:
         """One block's outcome (see the module doc)."""
@@ -217,8 +219,9 @@ class Runner:
             self._workload = None  # free the previous pass's copy first
             with self.phase("inputs"):
                 if self._pools_first and self.pool_cache is not None:
-                    keep_pools(self._pools_first, self.pool_cache, usable_cpus())
-                    self._pools_first = ()
+                    first, self._pools_first = self._pools_first, ()
+                    with contextlib.suppress(Exception):  # saves time only: each block builds what is missing, and says why
+                        keep_pools(first, self.pool_cache, usable_cpus())
                 kept = self._built.get(target)
                 built = target.build(self.context.device, cache=self.pool_cache) if kept is None else kept.fresh_copy()
                 if self.passes > 1:
