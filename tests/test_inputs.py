@@ -165,7 +165,10 @@ def test_the_first_process_keeps_every_pool_once_and_a_failed_build_waits_for_it
         assert all(torch.equal(a, b) for a, b in zip(kept.inputs, fresh.inputs, strict=True))
 
 
-def test_pools_are_built_one_at_a_time_where_two_would_not_fit_in_the_free_memory(tmp_path, monkeypatch):
+@pytest.mark.parametrize("room, side_by_side", [(1.5, False), (1000.0, True)])
+def test_pools_are_built_side_by_side_only_where_they_fit_in_the_free_memory(tmp_path, monkeypatch, room, side_by_side):
+    """With room for `room` x the largest build's peak (beside every pool kept), two builds run at once only where two
+    fit: each build holds itself open (at most 2 s) for another to start beside it."""
     import threading
 
     import kvpages.measure.inputs as inputs
@@ -173,18 +176,19 @@ def test_pools_are_built_one_at_a_time_where_two_would_not_fit_in_the_free_memor
     from kvpages.measure.targets import PointTarget
 
     specs = [PointTarget(Point(n, 16)).pool() for n in (4096, 8192, 16384)]
-    largest = max(spec.nbytes for spec in specs)
-    monkeypatch.setattr(inputs, "host_available_bytes", lambda: int(1.5 * BUILD_PEAK * largest / inputs.HEADROOM))
+    largest, kept = max(spec.nbytes for spec in specs), sum(spec.nbytes for spec in specs)
+    monkeypatch.setattr(inputs, "host_available_bytes",
+                        lambda: int((room * BUILD_PEAK * largest + kept) / inputs.HEADROOM))
     active, most, lock, overlapped = [0], [0], threading.Lock(), threading.Event()
     real_build = inputs._build_pool
 
-    def build(*args):  # each build waits a while for another to start beside it
+    def build(*args):
         with lock:
             active[0] += 1
             most[0] = max(most[0], active[0])
             if active[0] > 1:
                 overlapped.set()
-        overlapped.wait(0.2)
+        overlapped.wait(2.0 if side_by_side else 0.2)
         try:
             return real_build(*args)
         finally:
@@ -192,36 +196,8 @@ def test_pools_are_built_one_at_a_time_where_two_would_not_fit_in_the_free_memor
                 active[0] -= 1
 
     monkeypatch.setattr(inputs, "_build_pool", build)
-    keep_pools(specs, PoolCache(tmp_path), threads=4)
-    assert most[0] == 1 and len(list(tmp_path.glob("pool-*.pt"))) == len(specs)
-
-
-def test_pools_are_built_side_by_side_where_memory_allows(tmp_path, monkeypatch):
-    import threading
-
-    import kvpages.measure.inputs as inputs
-    from kvpages.measure.inputs import PoolCache, keep_pools
-    from kvpages.measure.targets import PointTarget
-
-    monkeypatch.setattr(inputs, "host_available_bytes", lambda: 1 << 40)
-    overlapped, lock, active = threading.Event(), threading.Lock(), [0]
-    real_build = inputs._build_pool
-
-    def build(*args):  # each build waits (at most 10 s) for another to run beside it
-        with lock:
-            active[0] += 1
-            if active[0] > 1:
-                overlapped.set()
-        overlapped.wait(10)
-        try:
-            return real_build(*args)
-        finally:
-            with lock:
-                active[0] -= 1
-
-    monkeypatch.setattr(inputs, "_build_pool", build)
-    keep_pools([PointTarget(Point(n, 16)).pool() for n in (4096, 8192)], PoolCache(tmp_path), threads=2)
-    assert overlapped.is_set() and len(list(tmp_path.glob("pool-*.pt"))) == 2
+    keep_pools(specs, PoolCache(tmp_path), threads=2)
+    assert (most[0] == 2) == side_by_side and len(list(tmp_path.glob("pool-*.pt"))) == len(specs)
 
 
 @pytest.mark.parametrize("process, cached, built", [(0, True, True), (1, True, False), (0, False, False)])
