@@ -81,8 +81,8 @@ bench: $(STAMP)
 # box: 176 s at 9a32adc (set-up 29.5 s, then 146.9 s), 146 s at cecd880 (set-up 21.5 s, then 124.5 s), 164 s at
 # ae77f00 (then 139.5 s: 845 tests, the hybrid payloads' among them, and a reference run of twice the rounds); at
 # 398c54f 173 s (then 149.2 s) and at ddce584 186 s (set-up 26 s, then 157.7 s: 856 tests). mypy without its cache is
-# most of what a fresh clone's tests add: the same clone's make test took 135 s of pytest with it kept, 151.5 s without
-# (mypy at nice 19 beside them: 148.3 s, within the box's run-to-run spread).
+# most of what a fresh clone's tests add: in the same sitting, pytest took 135 s in a tree whose mypy cache was kept
+# and 151.5 s in the clone with only that cache removed (mypy at nice 19 beside them: 148.3 s, within the spread).
 TEST_WORKERS ?= 2
 TEST_PYTEST := tests/ bench/ --benchmark-disable --kv-preset quick -q -n $(TEST_WORKERS) --dist loadgroup
 
