@@ -78,11 +78,9 @@ class SweepPlan:
                                                processes, also))
         self.point_blocks, self.scenario_blocks = families[0], families[1] + families[2]
         self.planned: set[str] = set()
-        self.scenario_targets = requests + steps
+        self.point_targets, self.scenario_targets = points, requests + steps
         if round_ is not None:
-            self.point_blocks = round_.blocks(self.variants, points, sweep.seed)
-            self.scenario_blocks = round_.blocks(self.step_variants, self.scenario_targets, sweep.seed + 1,
-                                                 len(self.point_blocks))
+            self.point_blocks, self.scenario_blocks = self.round_blocks(round_)
 
     def collected(self, blocks: Sequence[Block]) -> Sequence[Block]:
         """This process's share of `blocks`, for a benchmark's parametrization; their cases count as planned rows."""
@@ -105,11 +103,10 @@ class SweepPlan:
                           planned_timed_s(blocks, options, self.repetitions),
                           lambda target: target.budget_s(options) / self.repetitions, overhead_s, fresh_s)
 
-    def round_blocks(self, round_: Round) -> tuple[Block, ...]:
-        """A round's blocks, as its worker plans them (each target once, in run order)."""
-        points = list(dict.fromkeys(b.target for b in self.point_blocks))
-        found = round_.blocks(self.variants, points, self.options.sweep.seed)
-        return found + round_.blocks(self.step_variants, self.scenario_targets, self.options.sweep.seed + 1, len(found))
+    def round_blocks(self, round_: Round) -> tuple[tuple[Block, ...], tuple[Block, ...]]:
+        """A round's point blocks and scenario blocks: its worker's, and the session's for the round's limit."""
+        found = round_.blocks(self.variants, self.point_targets, self.options.sweep.seed)
+        return found, round_.blocks(self.step_variants, self.scenario_targets, self.options.sweep.seed + 1, len(found))
 
     def cases(self, selected: Sequence[Block]) -> list[tuple[Target, str]]:
         """The (target, variant)s of the `selected` blocks, in run order, each target's in variant order."""
@@ -161,7 +158,7 @@ def run_round(command: WorkerCommand, plan: SweepPlan, recorder: Recorder, say: 
               round_: Round) -> Worker:
     """One re-measurement round: its blocks handed to a fresh worker process, timed and recorded."""
     round_.write(command.folder)
-    own = plan.round_blocks(round_)
+    own = sum(plan.round_blocks(round_), ())
     return run_alone(command, round_.process, WORKER_START_S, limit_s(own, plan.options, plan.repetitions), recorder,
                      say, workers)
 
