@@ -31,7 +31,7 @@ from kvpages.measure.targets import Target
 from kvpages.measure.workers import Worker
 from kvpages.measure.worklog import round_path
 from kvpages.schema.meta import Remeasurement
-from kvpages.schema.rows import OK, POINTS, SampleSet
+from kvpages.schema.rows import OK, POINTS, timed_us
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Round:
 def levels_of(case: Case) -> Levels:
     """A case's log block medians (a scenario's blocked ones), with their processes and repetitions."""
     blocks = case.blocks
-    times = [np.asarray(b.samples_us if isinstance(b, SampleSet) else b.blocked_us) for b in blocks]
+    times = [np.asarray(timed_us(b)) for b in blocks]
     return Levels(np.log(block_medians(times)), np.array([b.process for b in blocks]),
                   np.array([b.repetition for b in blocks]))
 
@@ -125,8 +125,7 @@ class Remeasurer:
     def _timed_s(self, case_id: str) -> float:
         """A case's timed seconds per block so far (the sum of a block's rounds, averaged over its blocks)."""
         blocks = self.recorder.cases[case_id].blocks
-        return float(np.mean([np.sum(b.samples_us if isinstance(b, SampleSet) else b.blocked_us) for b in blocks])) \
-            / 1e6 if blocks else 0.0
+        return float(np.mean([np.sum(timed_us(b)) for b in blocks])) / 1e6 if blocks else 0.0
 
     def pick(self, found: list[Need], left_s: float, overhead_s: float) -> list[Need]:
         """The worst targets first, as many as fit `left_s` with a round's untimed cost."""

@@ -377,6 +377,11 @@ def scenario_row_id(scenario: str, variant: str) -> str:
     return f"{scenario}:{_id_part(variant)}"
 
 
+def timed_us(s: Samples) -> tuple[float, ...]:
+    """A block's per-round times that its verdicts rest on: a point's samples, a request's or step's blocked time."""
+    return s.samples_us if isinstance(s, SampleSet) else s.blocked_us
+
+
 def sample_record(s: Samples) -> dict[str, object]:
     """A samples.csv (or scenario_samples.csv) line: the key fields, `rounds`, and each series space-separated."""
     record: dict[str, object] = {}
@@ -385,5 +390,5 @@ def sample_record(s: Samples) -> dict[str, object]:
         record[f.name] = " ".join(repr(float(x)) for x in value) if isinstance(value, tuple) else value
     if isinstance(s, ScenarioSampleSet) and s.ready_us == s.blocked_us:
         record["ready_us"] = ""  # read back as blocked_us: a blocking variant's, and every CPU run's, would repeat it
-    record["rounds"] = len(s.samples_us if isinstance(s, SampleSet) else s.blocked_us)
+    record["rounds"] = len(timed_us(s))
     return record
