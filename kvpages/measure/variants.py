@@ -328,9 +328,5 @@ def adaptive(kv_indices: torch.Tensor, page_size: int) -> np.ndarray:
     Hypothesis: it takes the faster of the two at every length, so it is never slower than
     either beyond the noise, on the link whose crossover set the threshold.
     """
-    if on_device(kv_indices.numel(), page_size):
-        return (kv_indices[::page_size] // page_size).cpu().numpy()
-    kv = kv_indices.cpu().numpy()
-    if page_size == 1:
-        return kv
-    return kv[::page_size] // page_size
+    chosen = device_stride if on_device(kv_indices.numel(), page_size) else host_stride
+    return chosen(kv_indices, page_size)
