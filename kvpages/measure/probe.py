@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kvpages.measure.timer import synchronizer
 from kvpages.schema.probe import BANDWIDTH_CSV, PROBE_BLOCKS, PROBE_BYTES, PROBE_ROUNDS, ProbeRow, write_probe
 
 WARMUP_ROUNDS = 2
@@ -35,7 +36,7 @@ def bandwidth_probe(device: str, sizes: Sequence[int] = PROBE_BYTES, blocks: int
                     rounds: int = PROBE_ROUNDS) -> list[ProbeRow]:
     """Per memory and size, `blocks` blocks of `rounds` timed copies (after WARMUP_ROUNDS untimed ones), the device
     synchronized before each. On a CPU device the same code copies host to host (a rehearsal: no link is crossed)."""
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync = synchronizer(device)
     rows = []
     for size in sizes:
         source = torch.randint(0, 1 << 30, (size // 4,), dtype=torch.int32, device=device)
