@@ -225,8 +225,7 @@ class LeftOut:
 def leave_one_out_means(levels: Levels) -> LeftOut:
     """Each process of `levels` left out in turn (`LeftOut`). Processes of equal repetitions (every planned run) are
     resampled together, with the draws `bootstrap_means` uses for their shape."""
-    ids, owner = np.unique(levels.processes, return_inverse=True)
-    counts = np.bincount(owner)
+    ids, owner, counts = levels._owners
     n = ids.size
     if n < 2 or not (counts == counts[0]).all():
         rest = [levels.without((int(p),)) for p in ids]
