@@ -13,6 +13,7 @@ priced once (docs/method.md, "The link model").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,31 +55,28 @@ def host_side(analysis: Analysis, variant: str, row: Record) -> bool | None:
 
 def point_host_work(analysis: Analysis, variant: str, row: Record) -> HostWork:
     """The host work of a results.csv row of `variant` (module doc)."""
-    if not carries_host_work(variant, bool(host_side(analysis, variant, row))):
-        return HostWork(0.0, "none: it strides on the device")
-    time = analysis.time_of(row)
-    if int(row["d2h_bytes"]) == 0:
-        return HostWork(time, "its time: it copies nothing")
-    if int(row["page_size"]) == TWIN_PAGE_SIZE:
-        return HostWork(0.0, "none at page size 1: no stride")
     twin = _point_twins(analysis).get((variant, str(row["dtype"]), str(row["layout"]), int(row["seq_len"])))
-    if twin is not None and (twin["d2h_bytes"], twin["d2h_transfers"]) == (row["d2h_bytes"], row["d2h_transfers"]):
-        return HostWork(max(0.0, time - analysis.time_of(twin)), "its time less its time at page size 1")
-    return _without_twin(analysis, time)
+    return _host_work(analysis, variant, row, lambda: analysis.time_of(row), twin, analysis.time_of)
 
 
 def scenario_host_work(analysis: Analysis, variant: str, row: Record, time: float) -> HostWork:
     """The host work of a scenarios.csv row (a whole request or step of `variant`, timed `time`), as a point's."""
+    twin = _scenario_twins(analysis).get(tuple(str(row[c]) for c in SCENARIO_SHAPE))
+    return _host_work(analysis, variant, row, lambda: time, twin, analysis.scenario_time)
+
+
+def _host_work(analysis: Analysis, variant: str, row: Record, time: Callable[[], float], twin: Record | None,
+               twin_time: Callable[[Record], float]) -> HostWork:
+    """A row's host work (module doc), its time and its twin's as `time()` and `twin_time(twin)` give them."""
     if not carries_host_work(variant, bool(host_side(analysis, variant, row))):
         return HostWork(0.0, "none: it strides on the device")
     if int(row["d2h_bytes"]) == 0:
-        return HostWork(time, "its time: it copies nothing")
+        return HostWork(time(), "its time: it copies nothing")
     if int(row["page_size"]) == TWIN_PAGE_SIZE:
         return HostWork(0.0, "none at page size 1: no stride")
-    twin = _scenario_twins(analysis).get(tuple(str(row[c]) for c in SCENARIO_SHAPE))
     if twin is not None and (twin["d2h_bytes"], twin["d2h_transfers"]) == (row["d2h_bytes"], row["d2h_transfers"]):
-        return HostWork(max(0.0, time - analysis.scenario_time(twin)), "its time less its time at page size 1")
-    return _without_twin(analysis, time)
+        return HostWork(max(0.0, time() - twin_time(twin)), "its time less its time at page size 1")
+    return _without_twin(analysis, time())
 
 
 def _without_twin(analysis: Analysis, time: float) -> HostWork:
