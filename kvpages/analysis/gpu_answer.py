@@ -34,8 +34,7 @@ class GpuAnswer:
         return self.analysis.run.device_name
 
     def ratio(self, row_id: str) -> RatioRow | ScenarioRatio | None:
-        found = self._index.get(row_id)
-        return found
+        return self._index.get(row_id)
 
     @property
     def _index(self) -> dict[str, RatioRow | ScenarioRatio]:

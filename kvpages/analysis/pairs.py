@@ -75,10 +75,11 @@ def estimate(run: Run, baseline_key: tuple, variant_key: tuple, spread: float, l
     def compute() -> PairEstimate | None:
         base, other = levels(run, baseline_key, latency), levels(run, variant_key, latency)
         both = None if base is None or other is None else aligned(base, other)
-        if both is None:
+        logs = paired_logs(run, baseline_key, variant_key, latency)  # the family's spread took it already
+        if both is None or logs is None:
             return None
         base, other = both
-        found = disturbance(Levels(other.values - base.values, base.processes), spread, disturb_factor(run))
+        found = disturbance(logs, spread, disturb_factor(run))
         settled = found.settled(planned_processes(run)) or base.process_count < 3
         paired = kept_ratio(base, other, found.processes, settled)
         if base.process_count < min(2, run.process_count):  # a row an interruption cut short to fewer processes
