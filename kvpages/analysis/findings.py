@@ -202,9 +202,10 @@ def _blocked(analysis: Analysis, gpu: GpuAnswer | None) -> Finding:
 def _pinned(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
     """SGLang 0.5.23's per-request pinned copy against pre-PR, per call, at the shortest and longest length."""
     source = analysis if analysis.run.link_crossed else (gpu.analysis if gpu else None)
-    if source is None or not source.ratios_of(PINNED):
+    pinned = () if source is None else source.ratios_of(PINNED)
+    if source is None or not pinned:
         return None
-    rows = [r for r in source.ratios_of(PINNED) if r.page_size == max(x.page_size for x in source.ratios_of(PINNED))]
+    rows = [r for r in pinned if r.page_size == max(x.page_size for x in pinned)]
     short_at, long_at = min(rows, key=lambda r: r.seq_len), max(rows, key=lambda r: r.seq_len)
     where = "" if source is analysis else f" (measured on {source.run.device_name}, run {source.run.run_id})"
     answer = (f"SGLang 0.5.23's non-blocking copy into pinned memory, waited on an event, against pre-PR at "

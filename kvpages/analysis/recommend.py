@@ -21,11 +21,13 @@ from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.verdicts import FASTER, judge_family
 from kvpages.core.adaptive import ADAPTIVE
 from kvpages.core.links import LinkProfile
-from kvpages.core.names import CANDIDATE, FLOOR, STEP_CANDIDATE, per_request_name
+from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, STEP_CANDIDATE, per_request_name
 from kvpages.core.stats import Interval
+from kvpages.core.sweep import DTYPES, LAYOUTS
 
 SHORTCUT, PINNED, BATCHED = "device_stride_shortcut", "device_stride_pinned", "batched_device_stride"
 MEASURED, PREDICTED = "measured here", "predicted (model)"
+DTYPE, LAYOUT = DTYPES[0], LAYOUTS[0]  # a sweep point's defaults: where every candidate is set
 
 
 @dataclass(frozen=True)
@@ -115,17 +117,16 @@ CANDIDATES = (
 
 
 def _measured(analysis: Analysis, s: Setting) -> PairEstimate | None:
-    dtype, layout = "int32", "fragmented"
     if s.seq_len is not None:
-        return point_estimate(analysis.run, (s.against, dtype, layout, s.seq_len, s.page_size),
-                              (s.candidate, dtype, layout, s.seq_len, s.page_size), analysis.baseline)
+        return point_estimate(analysis.run, (s.against, DTYPE, LAYOUT, s.seq_len, s.page_size),
+                              (s.candidate, DTYPE, LAYOUT, s.seq_len, s.page_size), analysis.baseline)
     return scenario_estimate(analysis.run, (s.scenario, s.against), (s.scenario, s.candidate), "blocked")
 
 
 def _predicted(analysis: Analysis, s: Setting) -> tuple[Prediction, ...]:
     """The candidate against what it replaces on every prediction profile; () where either cannot be priced."""
     if s.seq_len is not None:
-        found = [analysis.row_at(v, "int32", "fragmented", s.page_size, s.seq_len) for v in (s.candidate, s.against)]
+        found = [analysis.row_at(v, DTYPE, LAYOUT, s.page_size, s.seq_len) for v in (s.candidate, s.against)]
         calls = [None if row is None else row_call(analysis, v, row, 1) for v, row in zip((s.candidate, s.against),
                                                                                          found, strict=True)]
     else:
@@ -149,7 +150,7 @@ def _cites(analysis: Analysis, s: Setting) -> str:
     ids = []
     for variant in (s.candidate, s.against):
         if s.seq_len is not None:
-            r = analysis.ratio_at(variant, "int32", "fragmented", s.page_size, s.seq_len)
+            r = analysis.ratio_at(variant, DTYPE, LAYOUT, s.page_size, s.seq_len)
             ids.append(r.id if r is not None else "")
         else:
             r2 = analysis.scenario_ratio(s.scenario, variant, "blocked")
@@ -164,7 +165,7 @@ def recommendations(analysis: Analysis) -> tuple[Recommendation, ...]:
 
 
 def _recommendations(analysis: Analysis) -> tuple[Recommendation, ...]:
-    if analysis.baseline != "host_stride":
+    if analysis.baseline != BASELINE:
         return ()
     chosen = [(c, s) for c in CANDIDATES for s in c.settings(analysis)[:1]]
     if analysis.run.link_crossed:
