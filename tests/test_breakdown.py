@@ -163,3 +163,39 @@ def test_a_breakdown_that_fails_loses_nothing_of_the_run(pytester):
     meta = json.loads((folder / "meta.json").read_text())
     assert meta["completed"] and meta["breakdown"].startswith("failed after")
     assert not (folder / BREAKDOWN_CSV).exists() and (folder / "REPORT.md").exists()
+
+
+def test_the_chart_stacks_each_bar_s_shares_under_its_time_and_over_its_name(reported_reference):
+    """The reference run's chart, as drawn: per panel (page size), each profiled row is one bar of its parts' shares
+    stacked from 0 to 1 (one rectangle per part, in its part's colour), its profiled µs above and its variant and
+    length under it."""
+    from matplotlib.collections import PolyCollection
+    from matplotlib.colors import to_rgba
+
+    from kvpages.analysis.cite import sig
+    from kvpages.render.breakdown import PART_COLORS, breakdown_figure
+
+    rows = reported_reference.analysis.breakdown
+    fig = breakdown_figure(reported_reference.analysis)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == [f"page_size={p}" for p in sorted({r.page_size for r in rows})]
+    for ax in panels:
+        page_size = int(ax.get_title().split("=")[1])
+        mine = [r for r in rows if r.page_size == page_size]
+        (bars,) = [c for c in ax.collections if isinstance(c, PolyCollection)]
+        boxes = [path.vertices for path in bars.get_paths()]
+        parts = len(shares(mine[0]))
+        assert len(boxes) == parts * len(mine)
+        texts = [t.get_text() for t in ax.texts]
+        names = [t for t in texts if "  s" in t]
+        assert sorted(names) == sorted(f"{r.variant}  s{r.seq_len}" for r in mine)
+        assert sorted(t for t in texts if t not in names) == sorted(sig(r.wall_us) for r in mine)
+        colors = [tuple(c) for c in bars.get_facecolors()]
+        for k, name in enumerate(names):  # bar k: its parts are boxes k, k + bars, k + 2 bars, ...
+            variant, seq_len = name.split("  s")
+            row = next(r for r in mine if r.variant == variant and r.seq_len == int(seq_len))
+            stacked = [boxes[k + j * len(mine)] for j in range(parts)]
+            heights = [box[:, 1].max() - box[:, 1].min() for box in stacked]
+            assert heights == pytest.approx([share for _, share in shares(row)], abs=1e-12)
+            assert stacked[0][:, 1].min() == pytest.approx(0) and stacked[-1][:, 1].max() == pytest.approx(1)
+            assert [colors[k + j * len(mine)] for j in range(parts)] == [to_rgba(c) for c in PART_COLORS[:parts]]
