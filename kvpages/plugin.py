@@ -17,15 +17,16 @@ import pytest
 from kvpages.core.affinity import CPU_CHOICES, chosen
 from kvpages.core.capacity import check_fits, host_available_bytes
 from kvpages.core.options import OPTIONS, BenchOptions
-from kvpages.measure.workers import (
+from kvpages.measure.worklog import (  # torch-free: every pytest session loads this plugin, a sweep or not
     WORKER_DIR_FLAG,
     WORKER_FLAG,
     WORKER_GO_FLAG,
     WORKER_SPARE_FLAG,
+    WorkerLog,
     exit_without_collecting,
     process_started_at,
+    round_path,
 )
-from kvpages.measure.worklog import WorkerLog, round_path
 
 if TYPE_CHECKING:
     from kvpages.measure.group import Launch

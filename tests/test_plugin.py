@@ -174,6 +174,15 @@ def test_a_session_without_kvpages_benchmarks_estimates_no_memory(pytester):
     result.assert_outcomes(passed=1)  # the same options refuse a sweep (above): here nothing is measured
 
 
+def test_a_pytest_session_without_kvpages_benchmarks_never_imports_torch(pytester):
+    """The plugin loads in every pytest session of an environment that has kvpages (its entry point): a user's own tests
+    pay no torch import for it (it cost about 1 s of CPU a session); the session below checks sys.modules at its end."""
+    pytester.makepyfile(test_plain="import sys\n\ndef test_one():\n    assert 'kvpages.plugin' in sys.modules\n"
+                                   "    assert 'torch' not in sys.modules\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kv-seq-lens", "512")
+    result.assert_outcomes(passed=1)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_cuda_device_without_cuda_is_a_usage_error(bench):
     result = bench.runpytest("--kv-device", "cuda", *FAST)

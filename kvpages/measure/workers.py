@@ -5,13 +5,12 @@ its log (kvpages.measure.worklog) and waits on its pipe, so their start-ups over
 Then they time one at a time, never two at once, and the session's recorder reads each log as it is written. Beside
 them the session can start a *spare*: a worker that imports and says it is ready before it collects, because its
 blocks are a re-measurement round's, known only after the planned ones; it collects that round when it is given one,
-and exits unused when none is needed, so a round costs its own work and not a process start. No torch import.
+and exits unused when none is needed, so a round costs its own work and not a process start. It imports torch (the
+recorder's targets); what the plugin needs of the protocol at every pytest start is in kvpages.measure.worklog.
 """
 
 from __future__ import annotations
 
-import atexit
-import gc
 import json
 import os
 import signal
@@ -25,30 +24,18 @@ from pathlib import Path
 
 from kvpages.measure.outcome import BlockOutcome
 from kvpages.measure.recorder import Recorder, deferred_interruption
-from kvpages.measure.worklog import LogReader, json_path, log_path, write_readings
+from kvpages.measure.worklog import (
+    LEAN_PYTEST,
+    WORKER_DIR_FLAG,
+    WORKER_FLAG,
+    WORKER_GO_FLAG,
+    WORKER_SPARE_FLAG,
+    LogReader,
+    json_path,
+    log_path,
+    write_readings,
+)
 from kvpages.schema.meta import ProcessInfo
-
-WORKER_FLAG = "--kv-worker"
-WORKER_DIR_FLAG = "--kv-worker-dir"
-WORKER_GO_FLAG = "--kv-worker-go"
-WORKER_SPARE_FLAG = "--kv-worker-spare"
-LEAN_PYTEST = ("-q", "--benchmark-quiet", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:logging",
-               "-p", "no:unraisableexception", "-p", "no:xdist", "-p", "no:xdist.looponfail")
-"""A worker's pytest: quiet (the session reports the run), no cache, and without the plugins the Makefile's
-BENCH_PYTEST leaves out (it says what each costs)."""
-
-
-def process_started_at() -> float:
-    """When this process started, on time.perf_counter()'s clock (now where /proc/self/stat cannot be read), so the
-    session's start-up counts the interpreter and pytest's imports before any hook runs."""
-    now = time.perf_counter()
-    try:
-        with open("/proc/self/stat") as f:
-            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - started_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, AttributeError, ValueError, IndexError):
-        return now
-    return now - max(age, 0.0)
 
 
 @dataclass(frozen=True)
@@ -305,10 +292,3 @@ def _close(started: Sequence[Worker]) -> None:
     deadline = time.perf_counter() + STOP_WAIT_S
     for w in started:
         wait_or_kill(w.child, max(0.0, deadline - time.perf_counter()))
-
-
-def exit_without_collecting() -> None:
-    """Leave the objects alive at exit out of the garbage collector's last passes (once, however often asked for):
-    walking torch's ~million objects took ~0.45 s of a 0.65 s exit per sweep process; all still frees by refcount."""
-    atexit.unregister(gc.freeze)
-    atexit.register(gc.freeze)
