@@ -85,3 +85,24 @@ def test_an_analysis_that_fails_is_raised_here_after_the_drawing_process_left(tm
     with pytest.raises(RunError, match="not a kvpages run folder"):
         draw_run(fails, ("png",))
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("suffix", [".png", ".svg"])
+def test_a_chart_is_drawn_unhinted_and_leaves_the_callers_rcparams_as_they_were(tmp_path, suffix):
+    """savefig draws with RASTER's rcParams (FreeType's hinter off) and only for that draw: a notebook that draws its
+    own figures beside kvpages' keeps its settings, also when a save fails."""
+    import matplotlib
+
+    from kvpages.render.figures import RASTER, new_figure, savefig
+
+    fig = new_figure(1.0, 1.0)
+    fig.text(0.5, 0.5, "0.5 µs")
+    seen: list[str] = []
+    fig.canvas.mpl_connect("draw_event", lambda _: seen.append(matplotlib.rcParams["text.hinting"]))
+    before = dict(matplotlib.rcParams)
+    savefig(fig, tmp_path / f"chart{suffix}")
+    assert seen == [RASTER["text.hinting"]] == ["none"] and before["text.hinting"] != "none"
+    assert dict(matplotlib.rcParams) == before
+    with pytest.raises(OSError):
+        savefig(fig, tmp_path / "no such folder" / f"chart{suffix}")
+    assert dict(matplotlib.rcParams) == before
