@@ -115,11 +115,19 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from kvpages.analysis.cache import loads, remember
     from kvpages.analysis.gpu_answer import gpu_answer
     from kvpages.render.report import write_report
 
-    analysis = _analysis(args.run, args.link_profile)
-    path = write_report(analysis, gpu_answer(analysis, args.gpu_run))
+    found = _pickled(args.run, args.link_profile)
+    found.keep()
+    analysis = loads(found.payload)
+    memo_at_load = analysis.run.memo_size
+    gpu = gpu_answer(analysis, args.gpu_run)
+    path = write_report(analysis, gpu)
+    remember(found, analysis, memo_at_load)  # its findings, recommendations and estimates, for the next command
+    if gpu is not None:
+        gpu.remember()
     print(path.read_text(), end="")  # rendered once
     print(f"written: {path} and {path.parent / 'ratios.csv'}", file=sys.stderr)
     return 0

@@ -99,3 +99,33 @@ def test_a_folder_that_cannot_be_written_keeps_nothing_and_the_command_works(tmp
     run = synthetic_run(tmp_path / "run", MEDIANS)
     code, out, _ = run_cli("summary", str(run))
     assert code == 0 and "page_size=64" in out
+
+
+def test_a_report_keeps_what_it_made_and_another_gpu_answer_in_its_place_is_answered_afresh(tmp_path, kept,
+                                                                                             monkeypatch):
+    """The committed CPU reference run reported against its H200 answer: the report's findings and recommendations
+    are kept with the CPU analysis (its memo grew; the next report reads them and writes the same bytes); then the
+    answer's folder holds another H200 run: that report gives the other run's figures, as one with nothing kept does."""
+    from conftest import REPO, reference_runs
+
+    from kvpages.analysis.ratios import analyze
+    from kvpages.schema.reader import load_run
+
+    if not reference_runs():
+        pytest.skip("no run committed under results/")
+    cpu, gpu = tmp_path / "results" / "cpu", tmp_path / "results" / "gpu"
+    shutil.copytree(reference_runs()[-1], cpu)
+    shutil.copytree(REPO / "results" / "20261204T181656Z-cuda-nvidia-h200", gpu)
+    first_id = json.loads((gpu / "meta.json").read_text())["run_id"]
+    first = run_cli("report", str(cpu), "--gpu-run", str(gpu))
+    assert first[0] == 0 and "Measured on NVIDIA H200" in first[1]
+    made = cache.loads(cache._read(kept / f"{cache.key(cpu)}{cache.SUFFIX}") or b"")
+    assert made.run.memo_size > analyze(load_run(cpu)).run.memo_size
+    assert run_cli("report", str(cpu), "--gpu-run", str(gpu)) == first
+    shutil.rmtree(gpu)
+    shutil.copytree(REPO / "results" / "20261204T184229Z-cuda-nvidia-h200", gpu)  # another H200 run, same folder
+    meta = json.loads((gpu / "meta.json").read_text())
+    (gpu / "meta.json").write_text(json.dumps({**meta, "run_id": first_id}, indent=1))  # and the same run id
+    other = run_cli("report", str(cpu), "--gpu-run", str(gpu))
+    monkeypatch.setenv(cache.VARIABLE, "off")
+    assert other == run_cli("report", str(cpu), "--gpu-run", str(gpu)) != first

@@ -6,10 +6,11 @@ results folder (the newest CUDA run of the same preset sharing the most of its r
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvpages.analysis.cache import loads, pickled
+from kvpages.analysis.cache import Pickled, loads, pickled, remember
 from kvpages.analysis.families import ScenarioRatio
 from kvpages.analysis.ratios import Analysis, analyze
 from kvpages.analysis.wording import short
@@ -21,9 +22,24 @@ MIN_SHARED = 0.5  # of the CPU run's per-call points: a CUDA run sharing fewer i
 
 @dataclass(frozen=True)
 class GpuAnswer:
-    """The CUDA run whose measurements answer a CPU run's predictions."""
+    """The CUDA run whose measurements answer a CPU run's predictions; `kept`: its analysis as read from the cache (its
+    entry names its inputs: `identity`), and how many memo values it held then."""
 
     analysis: Analysis
+    kept: Pickled | None = None
+    memo_at_load: int = 0
+    token: str = field(default_factory=lambda: secrets.token_hex(8))
+
+    @property
+    def identity(self) -> str:
+        """What the CPU run's findings on this answer are memoised under besides its run id: its cache entry's name
+        (the key of every input of its analysis), else a token no other answer has."""
+        return self.kept.entry.name if self.kept is not None and self.kept.entry is not None else self.token
+
+    def remember(self) -> None:
+        """Keep its analysis again where the CPU run's report grew its memo (kvpages.analysis.cache.remember)."""
+        if self.kept is not None:
+            remember(self.kept, self.analysis, self.memo_at_load)
 
     @property
     def run_id(self) -> str:
@@ -87,4 +103,4 @@ def gpu_answer(cpu: Analysis, given: Path | None = None) -> GpuAnswer | None:
     if not gpu.run.link_crossed:
         raise RunError(f"--gpu-run {folder}: a CPU run; give a CUDA run of the same points")
     found.keep()
-    return GpuAnswer(gpu)
+    return GpuAnswer(gpu, found, gpu.run.memo_size)

@@ -95,9 +95,16 @@ class Run:
         return np.array(found) if found is not None and len(found) == count else None
 
     def cached(self, key: tuple, compute: Callable[[], T]) -> T:
+        """`compute()`, once per `key` for this run (its memo, kept with its analysis: kvpages.analysis.cache): the
+        key must name everything the value depends on beyond this run."""
         if key not in self._cache:
             self._cache[key] = compute()
         return self._cache[key]
+
+    @property
+    def memo_size(self) -> int:
+        """How many values `cached` holds."""
+        return len(self._cache)
 
     @property
     def baseline(self) -> str:
