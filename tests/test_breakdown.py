@@ -184,6 +184,8 @@ def test_the_chart_stacks_each_bar_s_shares_under_its_time_and_over_its_name(rep
         mine = [r for r in rows if r.page_size == page_size]
         (bars,) = [c for c in ax.collections if isinstance(c, PolyCollection)]
         boxes = [path.vertices for path in bars.get_paths()]
+        low, high = ax.get_xlim()  # every bar inside the panel, with a margin (as ax.bar's)
+        assert low < min(box[:, 0].min() for box in boxes) - 0.5 and max(box[:, 0].max() for box in boxes) + 0.5 < high
         parts = len(shares(mine[0]))
         assert len(boxes) == parts * len(mine)
         texts = [t.get_text() for t in ax.texts]

@@ -129,3 +129,18 @@ def test_a_report_keeps_what_it_made_and_another_gpu_answer_in_its_place_is_answ
     other = run_cli("report", str(cpu), "--gpu-run", str(gpu))
     monkeypatch.setenv(cache.VARIABLE, "off")
     assert other == run_cli("report", str(cpu), "--gpu-run", str(gpu)) != first
+
+
+def test_a_memo_pickle_cannot_take_leaves_the_entry_as_it_was(tmp_path, kept):
+    run = synthetic_run(tmp_path / "run", MEDIANS)
+    assert run_cli("report", str(run))[0] == 0
+    (entry,) = entries(kept)
+    found = cache.Pickled(cache._read(entry) or b"", lambda: None, entry)
+    analysis = cache.loads(found.payload)
+    before = entry.read_bytes()
+    analysis.run.cached(("a value pickle cannot take",), lambda: lambda: None)
+    cache.remember(found, analysis, analysis.run.memo_size - 1)
+    assert entry.read_bytes() == before
+    analysis.run.cached(("a value it can",), lambda: 1)  # the memo grew beyond the unpicklable one: still not kept
+    cache.remember(found, analysis, analysis.run.memo_size - 1)
+    assert entry.read_bytes() == before

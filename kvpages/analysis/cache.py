@@ -93,8 +93,13 @@ class Pickled:
 def remember(found: Pickled, analysis: Analysis, memo_at_load: int) -> None:
     """Keep `analysis` again in `found`'s entry when its run's memo grew since it was loaded (`memo_at_load` values), so
     that the next command on the folder reads what this one computed (a report kept so: 0.70 -> 0.58 s)."""
-    if found.entry is not None and analysis.run.memo_size > memo_at_load:
-        _write(found.entry, pickle.dumps(analysis, protocol=pickle.HIGHEST_PROTOCOL))
+    if found.entry is None or analysis.run.memo_size <= memo_at_load:
+        return
+    try:
+        payload = pickle.dumps(analysis, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):  # a memo value pickle cannot take: the entry stays as read
+        return
+    _write(found.entry, payload)
 
 
 def pickled(path: Path, analyse: Callable[[], Analysis]) -> Pickled:

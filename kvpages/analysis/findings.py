@@ -267,6 +267,8 @@ def findings(analysis: Analysis, gpu: GpuAnswer | None = None) -> tuple[Finding,
     """The report's findings, in the order a review asks: the merged PR against pre-PR, else each subject; `gpu`: a
     CPU run's GPU answer (kvpages.analysis.gpu_answer). Made once per run, baseline and GPU answer (the report and its appendix
     both cite them)."""
+    if gpu is not None and gpu.identity is None:  # an answer without a cache key: nothing to memoise it under
+        return _findings(analysis, gpu)
     answer = None if gpu is None else (gpu.run_id, str(gpu.analysis.run.path), gpu.analysis.baseline, gpu.identity)
     return analysis.run.cached(("findings", analysis.baseline, answer), lambda: _findings(analysis, gpu))
 

@@ -6,8 +6,7 @@ results folder (the newest CUDA run of the same preset sharing the most of its r
 from __future__ import annotations
 
 import json
-import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvpages.analysis.cache import Pickled, loads, pickled, remember
@@ -22,19 +21,18 @@ MIN_SHARED = 0.5  # of the CPU run's per-call points: a CUDA run sharing fewer i
 
 @dataclass(frozen=True)
 class GpuAnswer:
-    """The CUDA run whose measurements answer a CPU run's predictions; `kept`: its analysis as read from the cache (its
-    entry names its inputs: `identity`), and how many memo values it held then."""
+    """The CUDA run whose measurements answer a CPU run's predictions; `kept`: its analysis pickled, with the cache entry
+    it is kept in (kvpages.analysis.cache), and how many memo values the analysis held when loaded."""
 
     analysis: Analysis
     kept: Pickled | None = None
     memo_at_load: int = 0
-    token: str = field(default_factory=lambda: secrets.token_hex(8))
 
     @property
-    def identity(self) -> str:
-        """What the CPU run's findings on this answer are memoised under besides its run id: its cache entry's name
-        (the key of every input of its analysis), else a token no other answer has."""
-        return self.kept.entry.name if self.kept is not None and self.kept.entry is not None else self.token
+    def identity(self) -> str | None:
+        """Its cache entry's name: the key of every input of its analysis, which the CPU run's findings on this answer
+        are memoised under; None where it is not kept (then they are not memoised)."""
+        return None if self.kept is None or self.kept.entry is None else self.kept.entry.name
 
     def remember(self) -> None:
         """Keep its analysis again where the CPU run's report grew its memo (kvpages.analysis.cache.remember)."""

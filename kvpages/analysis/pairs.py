@@ -86,7 +86,7 @@ def estimate(run: Run, baseline_key: tuple, variant_key: tuple, spread: float, l
             paired = dataclasses.replace(paired, interval=unknown(paired.interval.ratio, paired.repetitions), p_value=1.0)
         return PairEstimate(paired, found, settled, base, other)
 
-    return run.cached(("estimate", baseline_key, variant_key, latency), compute)
+    return run.cached(("estimate", baseline_key, variant_key, latency, spread), compute)  # spread: its family's
 
 
 def fragile_without(pair: PairEstimate, verdict: str, min_effect: float, p_cut: float) -> Shift | None:

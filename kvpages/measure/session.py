@@ -195,7 +195,7 @@ class KvSession:
         """`released`: a spare worker's log, its wait for its round behind it (kvpages.measure.workers)."""
         self.options = options
         adaptive.use_threshold(options.adaptive_threshold or adaptive.DEFAULT_THRESHOLD)  # before any call of `adaptive`
-        self.started_at = started_at  # perf_counter when this process started (kvpages.measure.workers)
+        self.started_at = started_at  # perf_counter when this process started (kvpages.measure.worklog)
         auto = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = auto if options.device_choice == "auto" else options.device_choice
         self.rootdir = rootdir

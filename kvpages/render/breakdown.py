@@ -87,6 +87,7 @@ def breakdown_figure(analysis: Analysis) -> Figure:
                  for x0, x1, y0, y1 in zip(left, right, bottoms[:, k], bottoms[:, k] + heights[:, k], strict=True)]
         colors = [color for color in PART_COLORS[:heights.shape[1]] for _ in ticks]  # part by part, as `boxes`
         ax.add_collection(PolyCollection(boxes, facecolors=colors, edgecolors="white", linewidths=0.5))
+        ax.autoscale_view()  # the x range over the bars, with the margins ax.bar had (matplotlib < 3.11 does not by itself)
         ax.set_xticks([])
         for at, label in zip(ticks, labels, strict=True):
             ax.text(at, 0, label, transform=below, ha="center", va="top", fontsize=6, rotation=90)

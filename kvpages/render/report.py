@@ -252,8 +252,9 @@ def render_appendix(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
 
 
 def write_report(analysis: Analysis, gpu: GpuAnswer | None = None) -> Path:
-    """Write ratios.csv, scenario_ratios.csv, recommendations.csv, noisy.csv and REPORT.md into the run folder (`gpu`: a
-    CPU run's GPU answer, kvpages.analysis.gpu_answer); return the report's path."""
+    """Write ratios.csv, scenario_ratios.csv, recommendations.csv, noisy.csv, APPENDIX.md and REPORT.md into the run
+    folder (a multi-rank run: contention.csv, and no appendix; `gpu`: a CPU run's GPU answer,
+    kvpages.analysis.gpu_answer); return the report's path."""
     folder = analysis.run.path
     write_table(folder, RATIOS_CSV, RATIO_COLUMNS, analysis.ratios)
     write_table(folder, SCENARIO_RATIOS_CSV, SCENARIO_RATIO_COLUMNS, [r.row() for r in analysis.scenario_ratios])
