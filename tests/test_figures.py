@@ -106,3 +106,42 @@ def test_a_chart_is_drawn_unhinted_and_leaves_the_callers_rcparams_as_they_were(
     with pytest.raises(OSError):
         savefig(fig, tmp_path / "no such folder" / f"chart{suffix}")
     assert dict(matplotlib.rcParams) == before
+
+
+def test_a_run_without_its_samples_keeps_its_memo_and_refuses_a_read_of_them(tmp_path):
+    import pickle
+
+    from kvpages.schema.reader import SamplesWithheld
+
+    run = load_run(synthetic_run(tmp_path / "run", {("host_stride", 512, 64): 2.0, ("device_stride", 512, 64): 3.0}))
+    run.cached(("made",), lambda: 7)
+    light = pickle.loads(pickle.dumps(run.without_samples()))
+    assert light.cached(("made",), lambda: 0) == 7 and light.rows.equals(run.rows) and light.scenario_samples is None
+    for read in (lambda s: s[next(iter(run.samples))], lambda s: s.get(("x",)), lambda s: ("x",) in s, len, list,
+                 lambda s: s.items()):
+        with pytest.raises(SamplesWithheld):
+            read(light.samples)
+
+
+@forks
+def test_a_chart_that_reads_the_raw_samples_is_drawn_here_from_the_whole_analysis(tmp_path, monkeypatch):
+    """The drawing process gets the analysis without its raw samples; were a chart to read them, this process draws
+    every chart itself from the whole analysis: the same files as one process drawing alone."""
+    from kvpages.analysis.cache import pickled
+    from kvpages.render import plots
+
+    def samples_chart(analysis, frame, dtype, layout, stem, formats) -> list[Path]:
+        path = stem.with_suffix(".txt")
+        path.write_text(f"{sum(len(blocks) for blocks in analysis.run.samples.values())} blocks")
+        return [path]
+
+    monkeypatch.setattr(plots, "CHARTS", (*plots.CHARTS, ("samples", samples_chart)))
+    run = synthetic_run(tmp_path / "run", {("host_stride", 512, 64): 2.0, ("device_stride", 512, 64): 3.0})
+    drawn = draw_run(lambda: pickled(run, lambda: analyze(load_run(run))), ("png",))
+    assert (run / "samples_int32_fragmented.txt").read_text() == "20 blocks"  # 2 rows of 10 repetitions
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    again = plot_run(analyze(load_run(run)), out_dir=alone)
+    assert [p.name for p in drawn] == [p.name for p in again]
+    for chart in again:
+        assert chart.read_bytes() == (run / chart.name).read_bytes(), chart.name

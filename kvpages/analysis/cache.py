@@ -14,6 +14,7 @@ folder that cannot be written keeps none either (the commands work as without)."
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import pickle
@@ -112,6 +113,13 @@ def pickled(path: Path, analyse: Callable[[], Analysis]) -> Pickled:
         return Pickled(found, lambda: None, entry)
     payload = pickle.dumps(analyse(), protocol=pickle.HIGHEST_PROTOCOL)
     return Pickled(payload, lambda: None if entry is None else _write(entry, payload), entry)
+
+
+def without_samples(payload: bytes) -> bytes:
+    """`payload`'s analysis pickled again without its run's raw samples (`Run.without_samples`)."""
+    analysis = loads(payload)
+    return pickle.dumps(dataclasses.replace(analysis, run=analysis.run.without_samples()),
+                        protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def loads(payload: bytes) -> Analysis:

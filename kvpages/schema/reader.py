@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gzip
 import io
@@ -44,6 +45,22 @@ MEDIAN_RTOL = 1e-9  # load_run refuses a folder where a timed row's median and i
 
 class RunError(ValueError):
     """A run folder or file that cannot be read; the message names the file and what is wrong."""
+
+
+class SamplesWithheld(LookupError):
+    """A run's raw samples were read from a copy that leaves them out (`Run.without_samples`)."""
+
+
+class _Withheld(dict):
+    """Stands for a run's raw samples in a copy that leaves them out: any read of them raises SamplesWithheld."""
+
+    def _refuse(self, *_args: object) -> Any:
+        raise SamplesWithheld("this copy of the run leaves its raw samples out (Run.without_samples)")
+
+    __getitem__ = get = __contains__ = __iter__ = __len__ = keys = values = items = _refuse
+
+    def __reduce__(self) -> tuple:
+        return _Withheld, ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,6 +117,13 @@ class Run:
         if key not in self._cache:
             self._cache[key] = compute()
         return self._cache[key]
+
+    def without_samples(self) -> Run:
+        """This run, its memo shared, without its points' and scenarios' raw samples (most of its pickle: 24 of the
+        reference run's 28 MB): what `kvpages plot` hands its drawing process, whose charts read the intervals the
+        analysis made, not the samples; a read of them raises SamplesWithheld."""
+        return dataclasses.replace(self, samples=_Withheld(),
+                                   scenario_samples=None if self.scenario_samples is None else _Withheld())
 
     @property
     def memo_size(self) -> int:
