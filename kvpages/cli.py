@@ -22,7 +22,7 @@ from kvpages.schema.profiles import ProfileError
 from kvpages.schema.reader import RunError, load_run
 
 if TYPE_CHECKING:
-    from kvpages.analysis.cache import Pickled
+    from kvpages.analysis.cache import Loaded, Pickled
 
 
 class _Parser(argparse.ArgumentParser):
@@ -95,11 +95,14 @@ def _pickled(path: Path, profile_files: Sequence[Path] = ()) -> Pickled:
 
 def _analysis(path: Path, profile_files: Sequence[Path] = ()) -> Analysis:
     """The run's analysis (`_pickled`), kept."""
-    from kvpages.analysis.cache import loads
+    return _loaded(path, profile_files).analysis
 
-    found = _pickled(path, profile_files)
-    found.keep()
-    return loads(found.payload)
+
+def _loaded(path: Path, profile_files: Sequence[Path] = ()) -> Loaded:
+    """The run's analysis (`_pickled`), kept, as loaded (for `Loaded.remember`)."""
+    from kvpages.analysis.cache import Loaded
+
+    return Loaded.kept(_pickled(path, profile_files))
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -115,19 +118,14 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from kvpages.analysis.cache import loads, remember
     from kvpages.analysis.gpu_answer import gpu_answer
     from kvpages.render.report import write_report
 
-    found = _pickled(args.run, args.link_profile)
-    found.keep()
-    analysis = loads(found.payload)
-    memo_at_load = analysis.run.memo_size
-    gpu = gpu_answer(analysis, args.gpu_run)
-    path = write_report(analysis, gpu)
-    remember(found, analysis, memo_at_load)  # its findings, recommendations and estimates, for the next command
-    if gpu is not None:
-        gpu.remember()
+    loaded = _loaded(args.run, args.link_profile)
+    gpu = gpu_answer(loaded.analysis, args.gpu_run)
+    path = write_report(loaded.analysis, gpu)
+    for made in (loaded,) if gpu is None else (loaded, gpu.loaded):  # its findings, recommendations and estimates
+        made.remember()
     print(path.read_text(), end="")  # rendered once
     print(f"written: {path} and {path.parent / 'ratios.csv'}", file=sys.stderr)
     return 0

@@ -135,12 +135,11 @@ def test_a_memo_pickle_cannot_take_leaves_the_entry_as_it_was(tmp_path, kept):
     run = synthetic_run(tmp_path / "run", MEDIANS)
     assert run_cli("report", str(run))[0] == 0
     (entry,) = entries(kept)
-    found = cache.Pickled(cache._read(entry) or b"", lambda: None, entry)
-    analysis = cache.loads(found.payload)
+    loaded = cache.Loaded.kept(cache.Pickled(cache._read(entry) or b"", lambda: None, entry))
     before = entry.read_bytes()
-    analysis.run.cached(("a value pickle cannot take",), lambda: lambda: None)
-    cache.remember(found, analysis, analysis.run.memo_size - 1)
+    loaded.analysis.run.cached(("a value pickle cannot take",), lambda: lambda: None)
+    loaded.remember()
     assert entry.read_bytes() == before
-    analysis.run.cached(("a value it can",), lambda: 1)  # the memo grew beyond the unpicklable one: still not kept
-    cache.remember(found, analysis, analysis.run.memo_size - 1)
+    loaded.analysis.run.cached(("a value it can",), lambda: 1)  # the memo grew beyond the unpicklable one: still not kept
+    loaded.remember()
     assert entry.read_bytes() == before

@@ -6,7 +6,7 @@ this kvpages package (its code and built-in profiles), the versions of Python, n
 given, and the bytes of every file in the run's folder but what `plot` and `report` write there (OUTPUTS): any change
 to any of them is another key, never a stale analysis. Each entry carries the SHA-256 of its pickle, checked before it
 is read. What a command computes once per run on top of the analysis (its memo, `Run.cached`: the report's findings
-and recommendations, pair estimates) is kept with it again when it grew (`remember`): each memo key names what its
+and recommendations, pair estimates) is kept with it again when it grew (`Loaded.remember`): each memo key names what its
 value depends on beyond the run (a finding's GPU answer by that run's own key). Entries live in $KVPAGES_CACHE
 (default $XDG_CACHE_HOME/kvpages, else ~/.cache/kvpages), the newest KEEP of them; KVPAGES_CACHE=off keeps none. A
 folder that cannot be written keeps none either (the commands work as without)."""
@@ -91,16 +91,36 @@ class Pickled:
     entry: Path | None = None
 
 
-def remember(found: Pickled, analysis: Analysis, memo_at_load: int) -> None:
-    """Keep `analysis` again in `found`'s entry when its run's memo grew since it was loaded (`memo_at_load` values), so
-    that the next command on the folder reads what this one computed (a report kept so: 0.70 -> 0.58 s)."""
-    if found.entry is None or analysis.run.memo_size <= memo_at_load:
-        return
-    try:
-        payload = pickle.dumps(analysis, protocol=pickle.HIGHEST_PROTOCOL)
-    except (pickle.PicklingError, TypeError, AttributeError):  # a memo value pickle cannot take: the entry stays as read
-        return
-    _write(found.entry, payload)
+@dataclass(frozen=True)
+class Loaded:
+    """An analysis as a command loaded it (`found`, kept), and how many memo values its run held then."""
+
+    analysis: Analysis
+    found: Pickled
+    memo_at_load: int
+
+    @classmethod
+    def kept(cls, found: Pickled) -> Loaded:
+        """`found`'s analysis, `found` kept first."""
+        found.keep()
+        analysis = loads(found.payload)
+        return cls(analysis, found, analysis.run.memo_size)
+
+    @property
+    def entry_name(self) -> str | None:
+        """Its entry's name: the key of every input of the analysis; None where it is not kept."""
+        return None if self.found.entry is None else self.found.entry.name
+
+    def remember(self) -> None:
+        """Keep the analysis again in its entry when its run's memo grew since it was loaded, so that the next command
+        on the folder reads what this one computed (a report kept so: 0.70 -> 0.58 s)."""
+        if self.found.entry is None or self.analysis.run.memo_size <= self.memo_at_load:
+            return
+        try:
+            payload = pickle.dumps(self.analysis, protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, TypeError, AttributeError):  # a memo value pickle cannot take: kept as read
+            return
+        _write(self.found.entry, payload)
 
 
 def pickled(path: Path, analyse: Callable[[], Analysis]) -> Pickled:

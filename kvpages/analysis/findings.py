@@ -265,8 +265,8 @@ def _faster(analysis: Analysis, variant: str) -> Finding | None:
 
 def findings(analysis: Analysis, gpu: GpuAnswer | None = None) -> tuple[Finding, ...]:
     """The report's findings, in the order a review asks: the merged PR against pre-PR, else each subject; `gpu`: a
-    CPU run's GPU answer (kvpages.analysis.gpu_answer). Made once per run, baseline and GPU answer (the report and its appendix
-    both cite them)."""
+    CPU run's GPU answer (kvpages.analysis.gpu_answer). Made once per run, baseline and GPU answer kept in the cache (the
+    report and its appendix both cite them; an answer not kept has no key to memoise them under)."""
     if gpu is not None and gpu.identity is None:  # an answer without a cache key: nothing to memoise it under
         return _findings(analysis, gpu)
     answer = None if gpu is None else (gpu.run_id, str(gpu.analysis.run.path), gpu.analysis.baseline, gpu.identity)

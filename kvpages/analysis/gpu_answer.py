@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpages.analysis.cache import Pickled, loads, pickled, remember
+from kvpages.analysis.cache import Loaded, pickled
 from kvpages.analysis.families import ScenarioRatio
 from kvpages.analysis.ratios import Analysis, analyze
 from kvpages.analysis.wording import short
@@ -21,23 +21,19 @@ MIN_SHARED = 0.5  # of the CPU run's per-call points: a CUDA run sharing fewer i
 
 @dataclass(frozen=True)
 class GpuAnswer:
-    """The CUDA run whose measurements answer a CPU run's predictions; `kept`: its analysis pickled, with the cache entry
-    it is kept in (kvpages.analysis.cache), and how many memo values the analysis held when loaded."""
+    """The CUDA run whose measurements answer a CPU run's predictions, as loaded (kvpages.analysis.cache)."""
 
-    analysis: Analysis
-    kept: Pickled | None = None
-    memo_at_load: int = 0
+    loaded: Loaded
+
+    @property
+    def analysis(self) -> Analysis:
+        return self.loaded.analysis
 
     @property
     def identity(self) -> str | None:
-        """Its cache entry's name: the key of every input of its analysis, which the CPU run's findings on this answer
-        are memoised under; None where it is not kept (then they are not memoised)."""
-        return None if self.kept is None or self.kept.entry is None else self.kept.entry.name
-
-    def remember(self) -> None:
-        """Keep its analysis again where the CPU run's report grew its memo (kvpages.analysis.cache.remember)."""
-        if self.kept is not None:
-            remember(self.kept, self.analysis, self.memo_at_load)
+        """What the CPU run's findings on this answer are memoised under: its cache entry's name (the key of every input
+        of its analysis); None where it is not kept (then they are not memoised)."""
+        return self.loaded.entry_name
 
     @property
     def run_id(self) -> str:
@@ -96,9 +92,7 @@ def gpu_answer(cpu: Analysis, given: Path | None = None) -> GpuAnswer | None:
     folder = given or find_gpu_run(cpu)
     if folder is None:
         return None
-    found = pickled(folder, lambda: analyze(load_run(folder)))  # kept between commands (kvpages.analysis.cache)
-    gpu = loads(found.payload)
-    if not gpu.run.link_crossed:
+    loaded = Loaded.kept(pickled(folder, lambda: analyze(load_run(folder))))  # kept between commands
+    if not loaded.analysis.run.link_crossed:
         raise RunError(f"--gpu-run {folder}: a CPU run; give a CUDA run of the same points")
-    found.keep()
-    return GpuAnswer(gpu, found, gpu.run.memo_size)
+    return GpuAnswer(loaded)
