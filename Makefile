@@ -4,11 +4,15 @@
 #   TORCH=torch==2.13.0  (default) the CPU wheel; on a CPU machine never leave torch unpinned
 #   TORCH=system         reuse the torch of $(PYTHON) (e.g. your CUDA build): the venv sees its site-packages;
 #                        with VENV=/path/to/an/existing/venv that has torch, that venv is used as it is
-# With a pinned TORCH, pip installs torch (pip's configuration finds the CPU wheel) and $(UV), and uv installs the
-# rest, with the torch already there (set-up CPU time on the dev box: 84 s with pip alone, 62 s so). pip leaves
-# torch's 2,300 modules uncompiled and compileall compiles them on every CPU beside uv's install (pip compiles them one
-# by one, on one CPU, before uv starts; like pip, it passes over the one torch ships for Python 3.12 only): set-up
-# 37 -> 30 s on the 2-core dev box, a loaded one. With
+# With a pinned TORCH, pip only picks the torch file (its configuration finds the CPU wheel: `--dry-run --report`,
+# nothing installed) and installs $(UV); uv then installs that file, pip and the rest together, unpacking on every
+# core. Bytecode is written for what kvpages imports, by importing it once (the measuring side and torch beside the
+# analysis side, pytest and matplotlib: 1,300 modules, 4 s of CPU), not for all 10,000 modules (uv's
+# --compile-bytecode or compileall: 27 s of CPU); what a test imports besides is written the first time it runs.
+# The venv is made without pip (ensurepip: 4 s) where $(PYTHON)'s own pip can install into it (--python, pip >= 22.3);
+# else ensurepip gives it one. On the 2-core dev box, uv's cache empty each time, alternating (2026-12-05): set-up took
+# 24.8, 30.8 and 34.6 s when pip installed torch, compileall compiled it and uv installed the rest, and 20.6 and 20.9 s
+# so; a fresh clone's `.ci/run` (set-up, then `make test`) 190.9 and 189.8 s then, 177.2 and 173.6 s so.
 # TORCH=system pip installs the rest: uv does not see a venv's system site-packages, and would fetch another torch.
 #   PRESET=default       the sweep `make bench` runs: quick, default or full
 #   PYTEST_ARGS=...      extra options for pytest, e.g. PYTEST_ARGS="--kv-page-sizes 1,64"
@@ -35,21 +39,27 @@ unexport PYTHONDONTWRITEBYTECODE
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvpages-installed
-VENV_FLAGS := $(if $(filter system,$(TORCH)),--system-site-packages,)
 
 .PHONY: bench test lint noise gpu-check clean-venv
 
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 ifeq ($(TORCH),system)
+	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
 	@$(BIN)/python -c "import torch; print('using torch', torch.__version__, 'from', torch.__file__)" 2>/dev/null || \
 		{ echo "TORCH=system: $(PYTHON) has no torch to reuse; install your torch build into it, or leave TORCH unset for torch==2.13.0 (CPU)" >&2; rm -rf $(VENV); exit 2; }
 	$(BIN)/python -m pip install -q -e ".[test]"
 else
-	$(BIN)/python -m pip install -q --no-compile "$(TORCH)" "$(UV)"
-	{ $(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/torch" \
-		> /dev/null || true; } & compiled=$$!; \
-	$(BIN)/uv pip install --python $(BIN)/python -q --compile-bytecode -e ".[test]" && wait $$compiled
+	test -x $(BIN)/python || $(PYTHON) -m venv --without-pip $(VENV)
+	pip="$(PYTHON) -m pip --python $(BIN)/python"; $$pip --version > /dev/null 2>&1 || \
+		{ $(BIN)/python -m ensurepip > /dev/null && pip="$(BIN)/python -m pip"; } && \
+	$$pip install -q --no-compile "$(UV)" && \
+	report=$$($$pip install -q --dry-run --no-deps --ignore-installed --report - "$(TORCH)") && \
+	torch=$$(printf %s "$$report" | $(BIN)/python -c \
+		'import json, sys; got = json.load(sys.stdin)["install"][0]; print(got["metadata"]["name"], "@", got["download_info"]["url"])') && \
+	echo "uv installs $$torch (the file pip picked for $(TORCH)), pip and kvpages[test]" && \
+	$(BIN)/uv pip install --python $(BIN)/python -q "$$torch" pip -e ".[test]"
+	$(BIN)/python -c 'import kvpages.measure.session' & warm=$$!; \
+	$(BIN)/python -c 'import kvpages.cli, kvpages.plugin, matplotlib.pyplot, pytest_benchmark.plugin' && wait $$warm
 endif
 	touch $(STAMP)
 
