@@ -53,11 +53,13 @@ else
 	pip="$(PYTHON) -m pip --python $(BIN)/python"; $$pip --version > /dev/null 2>&1 || \
 		{ $(BIN)/python -m ensurepip > /dev/null && pip="$(BIN)/python -m pip"; } && \
 	$$pip install -q --no-compile "$(UV)" && \
-	report=$$($$pip install -q --dry-run --no-deps --ignore-installed --report - "$(TORCH)") && \
-	torch=$$(printf %s "$$report" | $(BIN)/python -c \
+	{ report=$$($$pip install -q --dry-run --no-deps --ignore-installed --report - "$(TORCH)" 2> /dev/null) && \
+	  torch=$$(printf %s "$$report" | $(BIN)/python -c \
 		'import json, sys; got = json.load(sys.stdin)["install"][0]; print(got["metadata"]["name"], "@", got["download_info"]["url"])') && \
-	echo "uv installs $$torch (the file pip picked for $(TORCH)), pip and kvpages[test]" && \
-	$(BIN)/uv pip install --python $(BIN)/python -q "$$torch" pip -e ".[test]"
+	  echo "uv installs $$torch (the file pip picked for $(TORCH)), pip and kvpages[test]"; } || \
+	{ echo "pip did not report the file it picks (pip < 22.2, or no such torch): pip installs $(TORCH)"; \
+	  $$pip install -q --no-compile "$(TORCH)" && torch=; } && \
+	$(BIN)/uv pip install --python $(BIN)/python -q $${torch:+"$$torch"} pip -e ".[test]"
 	$(BIN)/python -c 'import kvpages.measure.session' & warm=$$!; \
 	$(BIN)/python -c 'import kvpages.cli, kvpages.plugin, matplotlib.pyplot, pytest_benchmark.plugin' && wait $$warm
 endif
