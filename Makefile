@@ -95,6 +95,8 @@ bench: $(STAMP)
 # 398c54f 173 s (then 149.2 s) and at ddce584 186 s (set-up 26 s, then 157.7 s: 856 tests). mypy without its cache is
 # most of what a fresh clone's tests add: in the same sitting, pytest took 135 s in a tree whose mypy cache was kept
 # and 151.5 s in the clone with only that cache removed (mypy at nice 19 beside them: 148.3 s, within the spread).
+# At 259293c (2026-12-05), uv's cache warm: 163.3 s (set-up and ruff 13 s, then 150.4 s: 864 tests); -n 3 instead of 2 was
+# slower (161.4 and 147.9 s against 144.2 and 143.0 s, alternating): the tests' processes keep both cores busy.
 TEST_WORKERS ?= 2
 TEST_PYTEST := tests/ bench/ --benchmark-disable --kv-preset quick -q -n $(TEST_WORKERS) --dist loadgroup
 
