@@ -55,6 +55,36 @@ def test_plot_then_report_analyse_once_and_write_what_they_would_without(tmp_pat
         assert (run / name).read_bytes() == (plain / name).read_bytes(), name
 
 
+def test_a_kept_report_is_written_again_for_the_charts_the_folder_holds_then(tmp_path, kept, monkeypatch):
+    """A report's files are kept with the analysis: the next report on the folder writes the same texts from there
+    (one removed meanwhile comes back whole), and a chart drawn or removed meanwhile is linked or not, as in a report
+    with nothing kept."""
+    from kvpages.render.report import REPORT_MD
+
+    run = synthetic_run(tmp_path / "run", MEDIANS)
+    bare = run_cli("report", str(run))
+    assert bare[0] == 0 and "![" not in bare[1]
+    (entry,) = entries(kept)
+    memo = cache.loads(cache._read(entry) or b"").run._cache  # the memo kept with the analysis
+    (files,) = [value for key, value in memo.items() if key[0] == "report files"]
+    assert [name for name, _ in files][-1] == REPORT_MD
+    assert all((run / name).read_text() == text for name, text in files)
+    (run / "APPENDIX.md").unlink()
+    assert run_cli("report", str(run)) == bare and (run / "APPENDIX.md").read_text() == dict(files)["APPENDIX.md"]
+    assert run_cli("plot", str(run))[0] == 0
+    charts = sorted(p.name for p in run.glob("*.png"))
+    charted = run_cli("report", str(run))
+    assert all(f"![{name}]({name})" in charted[1] for name in charts)
+    (run / charts[0]).unlink()
+    without_one = run_cli("report", str(run))
+    assert f"]({charts[0]})" not in without_one[1] and f"]({charts[1]})" in without_one[1]
+    monkeypatch.setenv(cache.VARIABLE, "off")  # each as a report with nothing kept writes it
+    assert run_cli("report", str(run)) == without_one
+    for chart in charts[1:]:
+        (run / chart).unlink()
+    assert run_cli("report", str(run)) == bare
+
+
 def test_a_changed_input_is_analysed_afresh(tmp_path, kept):
     run = synthetic_run(tmp_path / "run", MEDIANS)
     assert "# kvpages report: run " in run_cli("report", str(run))[1]

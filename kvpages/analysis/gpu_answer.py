@@ -85,6 +85,16 @@ def find_gpu_run(cpu: Analysis) -> Path | None:
     return found[-1] if found else None  # run ids begin with their UTC start: the newest sorts last
 
 
+def answer_key(gpu: GpuAnswer | None) -> tuple[str, ...] | None:
+    """What a CPU run's memo keys name of its GPU answer (its findings, its report's files): () for none; None for an
+    answer not kept, which has no key to memoise anything under."""
+    if gpu is None:
+        return ()
+    if gpu.identity is None:
+        return None
+    return (gpu.run_id, str(gpu.analysis.run.path), gpu.analysis.baseline, gpu.identity)
+
+
 def gpu_answer(cpu: Analysis, given: Path | None = None) -> GpuAnswer | None:
     """The GPU answer of a CPU run: `given`, else `find_gpu_run`'s; None for a CUDA run, or none found."""
     if cpu.run.link_crossed:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from kvpages.analysis.cite import sig
 from kvpages.analysis.gpu_answer import GpuAnswer
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.recommend import MEASURED, Recommendation, recommendations
 from kvpages.render.text import table
 from kvpages.schema.rows import columns
-from kvpages.schema.writer import write_table
+from kvpages.schema.writer import table_text
 
 RECOMMENDATIONS_CSV = "recommendations.csv"
 RULE = ("Each candidate is set against what it would replace, at the setting named (kvpages.analysis.recommend, "
@@ -46,8 +44,7 @@ def what_to_do(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
     return f"{lead}\n\n{table(header, rows)}"
 
 
-def write_recommendations(analysis: Analysis) -> Path | None:
+def recommendations_text(analysis: Analysis) -> str | None:
+    """recommendations.csv's text; None where there is nothing to recommend (no file)."""
     found = recommendations(analysis)
-    if not found:
-        return None
-    return write_table(analysis.run.path, RECOMMENDATIONS_CSV, columns(Recommendation), list(found))
+    return table_text(columns(Recommendation), list(found)) if found else None

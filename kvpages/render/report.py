@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kvpages.analysis.cite import fraction, sig
 from kvpages.analysis.findings import findings
-from kvpages.analysis.gpu_answer import GpuAnswer
+from kvpages.analysis.gpu_answer import GpuAnswer, answer_key
 from kvpages.analysis.noise import components_text, efficiency
 from kvpages.analysis.pairs import DISTURBED, FRAGILE
 from kvpages.analysis.ratios import NOISY_SPREAD, Analysis
@@ -21,13 +21,13 @@ from kvpages.render.captions import caption
 from kvpages.render.evidence import crossover_table, model_section, per_call_table, predictions_section, scenario_table
 from kvpages.render.hybrid import hybrid_table
 from kvpages.render.ranks import render_ranks
-from kvpages.render.recommend import what_to_do, write_recommendations
+from kvpages.render.recommend import RECOMMENDATIONS_CSV, recommendations_text, what_to_do
 from kvpages.render.stability import left_out_section, remeasure_paragraph, stability_paragraph
 from kvpages.render.text import NAMES, ci_text, count, coverage, markdown_page, table
 from kvpages.schema.ranks import CONTENTION_COLUMNS, CONTENTION_CSV
 from kvpages.schema.reader import Run
 from kvpages.schema.rows import NOISY_CSV, PARTIAL, RATIO_COLUMNS, RATIOS_CSV, SCENARIO_RATIO_COLUMNS, SCENARIO_RATIOS_CSV
-from kvpages.schema.writer import write_atomic, write_table
+from kvpages.schema.writer import table_text, write_atomic
 
 REPORT_MD = "REPORT.md"
 APPENDIX_MD = "APPENDIX.md"
@@ -251,21 +251,35 @@ def render_appendix(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
     ])
 
 
+def report_files(analysis: Analysis, gpu: GpuAnswer | None = None) -> tuple[tuple[str, str], ...]:
+    """Every file `write_report` writes, as (name, text), REPORT.md last."""
+    run = analysis.run
+    files = [(RATIOS_CSV, table_text(RATIO_COLUMNS, analysis.ratios)),
+             (SCENARIO_RATIOS_CSV, table_text(SCENARIO_RATIO_COLUMNS, [r.row() for r in analysis.scenario_ratios]))]
+    if run.ranks is not None:
+        files.append((CONTENTION_CSV, table_text(CONTENTION_COLUMNS, list(analysis.contention))))
+    ok = run.ok_rows()
+    noisy = ok[ok["rep_spread"] >= NOISY_SPREAD].sort_values("rep_spread", ascending=False)
+    files.append((NOISY_CSV, table_text(NOISY_COLUMNS, noisy[list(NOISY_COLUMNS)].to_dict("records"))))
+    if run.ranks is None:
+        files.append((APPENDIX_MD, render_appendix(analysis, gpu)))
+    recommended = recommendations_text(analysis)
+    if recommended is not None:
+        files.append((RECOMMENDATIONS_CSV, recommended))
+    return (*files, (REPORT_MD, render(analysis, gpu)))
+
+
 def write_report(analysis: Analysis, gpu: GpuAnswer | None = None) -> Path:
     """Write ratios.csv, scenario_ratios.csv, recommendations.csv, noisy.csv, APPENDIX.md and REPORT.md into the run
     folder (a multi-rank run: contention.csv, and no appendix; `gpu`: a CPU run's GPU answer,
-    kvpages.analysis.gpu_answer); return the report's path."""
+    kvpages.analysis.gpu_answer); return the report's path. Their texts are made once per run, GPU answer and charts
+    in the folder (the report links the charts there), and kept with the analysis (kvpages.analysis.cache): a report
+    on a folder that did not change writes what the last one made (an answer not kept: made afresh)."""
     folder = analysis.run.path
-    write_table(folder, RATIOS_CSV, RATIO_COLUMNS, analysis.ratios)
-    write_table(folder, SCENARIO_RATIOS_CSV, SCENARIO_RATIO_COLUMNS, [r.row() for r in analysis.scenario_ratios])
-    if analysis.run.ranks is not None:
-        write_table(folder, CONTENTION_CSV, CONTENTION_COLUMNS, list(analysis.contention))
-    ok = analysis.run.ok_rows()
-    noisy = ok[ok["rep_spread"] >= NOISY_SPREAD].sort_values("rep_spread", ascending=False)
-    write_table(folder, NOISY_CSV, NOISY_COLUMNS, noisy[list(NOISY_COLUMNS)].to_dict("records"))
-    path = folder / REPORT_MD
-    if analysis.run.ranks is None:
-        write_atomic(folder / APPENDIX_MD, render_appendix(analysis, gpu))
-    write_recommendations(analysis)
-    write_atomic(path, render(analysis, gpu))
-    return path
+    answer = answer_key(gpu)
+    charts = tuple(sorted(p.name for p in folder.glob("*.png")))
+    made = report_files(analysis, gpu) if answer is None else analysis.run.cached(
+        ("report files", analysis.baseline, answer, charts), lambda: report_files(analysis, gpu))
+    for name, text in made:
+        write_atomic(folder / name, text)
+    return folder / REPORT_MD

@@ -130,10 +130,15 @@ def compress_samples(folder: Path) -> None:
         plain.unlink()
 
 
+def table_text(columns: tuple[str, ...], rows: Sequence[object]) -> str:
+    """`rows` (dataclasses, or dicts with `columns`) as CSV text, as `write_table` writes them."""
+    records = [r if isinstance(r, dict) else dataclasses.asdict(r) for r in rows]  # type: ignore[call-overload]
+    return _csv_text(columns, records)
+
+
 def write_table(path: Path, name: str, columns: tuple[str, ...], rows: Sequence[object]) -> Path:
     """Write `rows` (dataclasses, or dicts with `columns`) as the CSV `name` in the run folder `path`; return its path."""
     out = path / name
-    records = [r if isinstance(r, dict) else dataclasses.asdict(r) for r in rows]  # type: ignore[call-overload]
-    write_atomic(out, _csv_text(columns, records))
+    write_atomic(out, table_text(columns, rows))
     return out
 
