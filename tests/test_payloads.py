@@ -32,7 +32,7 @@ from kvpages.schema.reader import load_run
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = ("--benchmark-only", "--kv-time-budget", "0.002", "-p", "no:cacheprovider", "--kv-device", "cpu",
-        "--kv-breakdown", "off", "--kv-repetitions", "2")
+        "--kv-breakdown", "off", "--kv-repetitions", "2", "--kv-remeasure-budget", "0")  # rounds: test_remeasure.py
 STEP = StepScenario(4, "uniform:100,3000", page_size=16, payloads="hybrid", swa_window=500)
 SCENARIOS = [STEP, RequestScenario(3000, 700, "prefill", page_size=64, payloads="hybrid", swa_window=10),
              RequestScenario(3000, 700, "decode", page_size=64, prefix=33, payloads="swa", swa_window=3000),

@@ -25,7 +25,7 @@ from kvpages.schema.rows import SCENARIOS, scenario_row_id
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO_BENCH = (REPO / "bench" / "test_steps.py").read_text()
 FAST = ("--benchmark-only", "--kv-time-budget", "0.002", "-p", "no:cacheprovider", "--kv-device", "cpu",
-        "--kv-breakdown", "off")
+        "--kv-breakdown", "off", "--kv-remeasure-budget", "0")  # no spare worker: rounds are test_remeasure.py's
 
 
 def test_prefill_chunks_follow_send_kv_chunk():

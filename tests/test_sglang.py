@@ -23,7 +23,7 @@ from kvpages.schema.rows import RATIOS_CSV
 
 BENCH = (Path(__file__).parents[1] / "bench" / "test_d2h.py").read_text()
 FAST = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider", "--kv-device", "cpu",
-        "--kv-breakdown", "off", "--kv-scenarios", "none")
+        "--kv-breakdown", "off", "--kv-scenarios", "none", "--kv-remeasure-budget", "0")  # rounds: test_remeasure.py
 
 OLD = '''from __future__ import annotations
 
