@@ -8,9 +8,9 @@ to any of them is another key, never a stale analysis. Each entry carries the SH
 is read. What a command computes once per run on top of the analysis (its memo, `Run.cached`: the report's findings,
 recommendations and files, pair estimates) is kept with it again when it grew (`Loaded.remember`): each memo key names
 what its value depends on beyond the run (a finding's GPU answer by that run's own key; the report's files the charts in
-the folder too). Entries live in $KVPAGES_CACHE
-(default $XDG_CACHE_HOME/kvpages, else ~/.cache/kvpages), the newest KEEP of them; KVPAGES_CACHE=off keeps none. A
-folder that cannot be written keeps none either (the commands work as without)."""
+the folder too). Entries live in $KVPAGES_CACHE (default $XDG_CACHE_HOME/kvpages, else ~/.cache/kvpages), the newest
+KEEP of them; KVPAGES_CACHE=off keeps none. A folder that cannot be written keeps none either (the commands work as
+without)."""
 
 from __future__ import annotations
 

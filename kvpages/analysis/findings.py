@@ -10,7 +10,7 @@ import pandas as pd
 
 from kvpages.analysis.cite import sig
 from kvpages.analysis.families import ScenarioRatio
-from kvpages.analysis.gpu_answer import GpuAnswer, answer_key
+from kvpages.analysis.gpu_answer import GpuAnswer, on_answer
 from kvpages.analysis.hybrid import hybrid_findings
 from kvpages.analysis.predict import crossover, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis
@@ -267,10 +267,7 @@ def findings(analysis: Analysis, gpu: GpuAnswer | None = None) -> tuple[Finding,
     """The report's findings, in the order a review asks: the merged PR against pre-PR, else each subject; `gpu`: a
     CPU run's GPU answer (kvpages.analysis.gpu_answer). Made once per run, baseline and GPU answer kept in the cache (the
     report and its appendix both cite them; an answer not kept has no key to memoise them under)."""
-    answer = answer_key(gpu)
-    if answer is None:  # an answer without a cache key: nothing to memoise it under
-        return _findings(analysis, gpu)
-    return analysis.run.cached(("findings", analysis.baseline, answer), lambda: _findings(analysis, gpu))
+    return on_answer(analysis.run, ("findings", analysis.baseline), gpu, lambda: _findings(analysis, gpu))
 
 
 def _findings(analysis: Analysis, gpu: GpuAnswer | None) -> tuple[Finding, ...]:

@@ -6,17 +6,20 @@ results folder (the newest CUDA run of the same preset sharing the most of its r
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from kvpages.analysis.cache import Loaded, pickled
 from kvpages.analysis.families import ScenarioRatio
 from kvpages.analysis.ratios import Analysis, analyze
 from kvpages.analysis.wording import short
-from kvpages.schema.reader import RunError, load_run
+from kvpages.schema.reader import Run, RunError, load_run
 from kvpages.schema.rows import META_JSON, RESULTS_CSV, RatioRow
 
 MIN_SHARED = 0.5  # of the CPU run's per-call points: a CUDA run sharing fewer is not its answer
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -85,14 +88,15 @@ def find_gpu_run(cpu: Analysis) -> Path | None:
     return found[-1] if found else None  # run ids begin with their UTC start: the newest sorts last
 
 
-def answer_key(gpu: GpuAnswer | None) -> tuple[str, ...] | None:
-    """What a CPU run's memo keys name of its GPU answer (its findings, its report's files): () for none; None for an
-    answer not kept, which has no key to memoise anything under."""
+def on_answer(run: Run, key: tuple, gpu: GpuAnswer | None, compute: Callable[[], T]) -> T:
+    """`compute()`, once per `key` and GPU answer for the CPU run `run` (its memo: the report's findings and files): the
+    answer named by its cache entry, so another answer in the same folder is answered afresh; an answer not kept has no
+    key to memoise anything under, and is answered afresh each time."""
     if gpu is None:
-        return ()
+        return run.cached((*key, ()), compute)
     if gpu.identity is None:
-        return None
-    return (gpu.run_id, str(gpu.analysis.run.path), gpu.analysis.baseline, gpu.identity)
+        return compute()
+    return run.cached((*key, (gpu.run_id, str(gpu.analysis.run.path), gpu.analysis.baseline, gpu.identity)), compute)
 
 
 def gpu_answer(cpu: Analysis, given: Path | None = None) -> GpuAnswer | None:

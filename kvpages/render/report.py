@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kvpages.analysis.cite import fraction, sig
 from kvpages.analysis.findings import findings
-from kvpages.analysis.gpu_answer import GpuAnswer, answer_key
+from kvpages.analysis.gpu_answer import GpuAnswer, on_answer
 from kvpages.analysis.noise import components_text, efficiency
 from kvpages.analysis.pairs import DISTURBED, FRAGILE
 from kvpages.analysis.ratios import NOISY_SPREAD, Analysis
@@ -276,10 +276,8 @@ def write_report(analysis: Analysis, gpu: GpuAnswer | None = None) -> Path:
     in the folder (the report links the charts there), and kept with the analysis (kvpages.analysis.cache): a report
     on a folder that did not change writes what the last one made (an answer not kept: made afresh)."""
     folder = analysis.run.path
-    answer = answer_key(gpu)
     charts = tuple(sorted(p.name for p in folder.glob("*.png")))
-    made = report_files(analysis, gpu) if answer is None else analysis.run.cached(
-        ("report files", analysis.baseline, answer, charts), lambda: report_files(analysis, gpu))
+    made = on_answer(analysis.run, ("report files", analysis.baseline, charts), gpu, lambda: report_files(analysis, gpu))
     for name, text in made:
         write_atomic(folder / name, text)
     return folder / REPORT_MD
