@@ -7,7 +7,7 @@
 # With a pinned TORCH, pip only picks the torch file (its configuration finds the CPU wheel: `--dry-run --report`,
 # nothing installed) and installs $(UV); uv then installs that file, pip and the rest together, unpacking on every
 # core. Bytecode is written for what kvpages imports, by importing it once (the measuring side and torch beside the
-# analysis side, pytest and matplotlib: 1,300 modules, 4 s of CPU), not for all 10,000 modules (uv's
+# analysis side and its charts with matplotlib, pytest: 1,300 modules, 4 s of CPU), not for all 10,000 modules (uv's
 # --compile-bytecode or compileall: 27 s of CPU); what a test imports besides is written the first time it runs.
 # The venv is made without pip (ensurepip: 4 s) where $(PYTHON)'s own pip can install into it (--python, pip >= 22.3);
 # else ensurepip gives it one. On the 2-core dev box, uv's cache empty each time, alternating (2026-12-05): set-up took
@@ -61,7 +61,7 @@ else
 	  $$pip install -q --no-compile "$(TORCH)" && torch=; } && \
 	$(BIN)/uv pip install --python $(BIN)/python -q $${torch:+"$$torch"} pip -e ".[test]"
 	$(BIN)/python -c 'import kvpages.measure.session' & warm=$$!; \
-	$(BIN)/python -c 'import kvpages.cli, kvpages.plugin, matplotlib.pyplot, pytest_benchmark.plugin' && wait $$warm
+	$(BIN)/python -c 'import kvpages.cli, kvpages.plugin, kvpages.render.plots, pytest_benchmark.plugin' && wait $$warm
 endif
 	touch $(STAMP)
 
