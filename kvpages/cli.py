@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvpages.analysis.cite import CiteError
-from kvpages.analysis.ratios import Analysis, analyze
+from kvpages.analysis.ratios import Analysis
 from kvpages.core.names import CANDIDATE
 from kvpages.core.presets import PRESETS
 from kvpages.render.compare import FORMATS as COMPARE_FORMATS
@@ -90,7 +90,7 @@ def _pickled(path: Path, profile_files: Sequence[Path] = ()) -> Pickled:
     if profiles:
         run = load_run(path)
         record_profiles(run.path if run.path.is_dir() else run.path.parent, profiles)
-    return pickled(path, lambda: analyze(load_run(path)))
+    return pickled(path)
 
 
 def _analysis(path: Path, profile_files: Sequence[Path] = ()) -> Analysis:
@@ -149,6 +149,7 @@ def cmd_cite(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    from kvpages.analysis.cache import Loaded
     from kvpages.analysis.calibrate import calibrate
     from kvpages.core.links import MEMORIES, profile_for
     from kvpages.render.calibrate import calibration_text
@@ -157,12 +158,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     if args.name is not None and not NAME.fullmatch(args.name):
         raise RunError(f"--name {args.name!r}: a profile name is lower-case letters, digits and '_', e.g. h200_lab")
-    runs = [load_run(path) for path in args.run]
+    analyses = [Loaded.of(path).analysis for path in args.run]  # kept between commands
+    runs = [a.run for a in analyses]
     pcie = runs[0].meta.environment.pcie_link if runs[0].meta else None
     built_in = built_in_profiles()
     prior = {m: profile_for(pcie, f"pcie {m}", built_in) or next(p for p in built_in if p.name == f"pcie5_{m}")
              for m in MEMORIES}
-    calibration = calibrate([analyze(run) for run in runs], prior, args.name)
+    calibration = calibrate(analyses, prior, args.name)
     first = runs[0].path
     out = args.out or (first if first.is_dir() else first.parent)
     given = " ".join(str(path) for path in args.run)
@@ -211,11 +213,11 @@ def cmd_noise(args: argparse.Namespace) -> int:
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
-    from kvpages.analysis.fleet import fleet_of, load_runs
+    from kvpages.analysis.fleet import analysed, fleet_of
     from kvpages.render.fleet import checked_out, write_fleet
 
     out = checked_out(args.out)
-    for path in write_fleet(fleet_of(load_runs(args.runs)), out):
+    for path in write_fleet(fleet_of(analysed(args.runs)), out):
         print(path)
     return 0
 

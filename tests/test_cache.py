@@ -13,6 +13,7 @@ import pytest
 from conftest import synthetic_run
 
 from kvpages.analysis import cache
+from kvpages.analysis.ratios import analyze
 from kvpages.cli import main
 
 MEDIANS = {("host_stride", 512, 64): 2.0, ("device_stride", 512, 64): 3.0, ("host_stride", 8192, 64): 8.0,
@@ -96,6 +97,31 @@ def test_a_changed_input_is_analysed_afresh(tmp_path, kept):
     elsewhere = tmp_path / "elsewhere"
     shutil.copytree(run, elsewhere)  # the same files under another path: another run folder to write into
     assert run_cli("report", str(elsewhere))[0] == 0 and (elsewhere / "REPORT.md").is_file() and len(entries(kept)) == 3
+
+
+def test_fleet_reads_the_analyses_kept_and_keeps_those_it_makes(tmp_path, kept, monkeypatch):
+    """kvpages fleet starts from each run folder's kept analysis, as plot and report do: a folder a report analysed
+    is not analysed again, one analysed by no command is analysed and kept, and FLEET.md is what it is without."""
+    made = []
+
+    def counted(run):
+        made.append(run.path)
+        return analyze(run)
+
+    monkeypatch.setattr(cache, "analyze", counted)  # the real analysis, each call counted
+    a = synthetic_run(tmp_path / "a", MEDIANS)
+    b = synthetic_run(tmp_path / "b", MEDIANS, seed=1)
+    meta = json.loads((b / "meta.json").read_text())
+    meta["environment"]["hostname"] = "box-b"
+    (b / "meta.json").write_text(json.dumps(meta))
+    assert run_cli("report", str(a))[0] == 0 and made == [a]
+    assert run_cli("fleet", str(a), str(b), "--out", str(tmp_path / "first"))[0] == 0
+    assert made == [a, b] and {p.name.removesuffix(cache.SUFFIX) for p in entries(kept)} == {cache.key(a), cache.key(b)}
+    assert run_cli("fleet", str(a), str(b), "--out", str(tmp_path / "again"))[0] == 0 and made == [a, b]
+    monkeypatch.setenv(cache.VARIABLE, "off")
+    assert run_cli("fleet", str(a), str(b), "--out", str(tmp_path / "plain"))[0] == 0 and made == [a, b, a, b]
+    texts = {(tmp_path / out / "FLEET.md").read_text() for out in ("first", "again", "plain")}
+    assert len(texts) == 1 and "2 machines, 2 runs" in texts.pop()
 
 
 def test_a_damaged_entry_is_not_read_and_is_replaced(tmp_path, kept):

@@ -137,7 +137,7 @@ def test_a_chart_that_reads_the_raw_samples_is_drawn_here_from_the_whole_analysi
 
     monkeypatch.setattr(plots, "CHARTS", (*plots.CHARTS, ("samples", samples_chart)))
     run = synthetic_run(tmp_path / "run", {("host_stride", 512, 64): 2.0, ("device_stride", 512, 64): 3.0})
-    drawn = draw_run(lambda: pickled(run, lambda: analyze(load_run(run))), ("png",))
+    drawn = draw_run(lambda: pickled(run), ("png",))
     assert (run / "samples_int32_fragmented.txt").read_text() == "20 blocks"  # 2 rows of 10 repetitions
     alone = tmp_path / "alone"
     alone.mkdir()

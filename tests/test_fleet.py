@@ -19,7 +19,7 @@ from conftest import REPO, built_once, kvpages_here, reference_runs, synthetic_r
 
 from kvpages.analysis.cite import sig
 from kvpages.analysis.findings import findings
-from kvpages.analysis.fleet import Fleet, fleet_of, load_runs
+from kvpages.analysis.fleet import Fleet, analysed, fleet_of
 from kvpages.analysis.intervals import levels
 from kvpages.analysis.machines import Machine
 from kvpages.analysis.ratios import analyze
@@ -119,7 +119,7 @@ MACHINES: dict[str, dict[str, str]] = {
 
 @pytest.fixture(scope="module")
 def a_b(folders, tmp_path_factory) -> tuple[Fleet, str]:
-    fleet = fleet_of(load_runs([folders["a"], folders["b"]]))
+    fleet = fleet_of(analysed([folders["a"], folders["b"]]))
     out = tmp_path_factory.mktemp("out")
     write_fleet(fleet, out)
     return fleet, (out / FLEET_MD).read_text()
@@ -200,7 +200,7 @@ def test_the_environments_table_tells_the_machines_apart(a_b):
 
 
 def test_two_runs_of_one_machine_are_one_column_whose_intervals_resample_both_runs(folders):
-    fleet = fleet_of(load_runs([folders["a"], folders["b"], folders["a2"]]))
+    fleet = fleet_of(analysed([folders["a"], folders["b"], folders["a2"]]))
     assert [len(m.runs) for m in fleet.members] == [2, 1]
     pooled = fleet.members[0].analysis
     a, a2 = load_run(folders["a"]), load_run(folders["a2"])
@@ -240,7 +240,7 @@ def test_two_runs_of_one_machine_are_one_column_whose_intervals_resample_both_ru
 
 
 def test_points_one_machine_lacks_are_listed_not_guessed(folders):
-    fleet = fleet_of(load_runs([folders["a"], folders["c"]]))
+    fleet = fleet_of(analysed([folders["a"], folders["c"]]))
     lacking = {ratio_id(*m.key) for m in fleet.missing}
     lengths = sorted(set(pd.read_csv(folders["a"] / "results.csv")["seq_len"]))
     expected = {ratio_id("device_shift", "host_stride", "int32", "fragmented", s, 16) for s in lengths}
@@ -259,7 +259,7 @@ def test_runs_of_different_sweeps_compare_their_shared_points_and_say_so(folders
     meta = json.loads((other / "meta.json").read_text())
     meta.update(preset="quick", options={"--kv-preset": "quick", "--kv-page-sizes": "1,16,64,128", "--kv-device": "cpu"})
     (other / "meta.json").write_text(json.dumps(meta))
-    fleet = fleet_of(load_runs([folders["a"], other]))
+    fleet = fleet_of(analysed([folders["a"], other]))
     assert not fleet.one_sweep and len(fleet.ratios) == ratio_count(folders["a"])
     assert (f"**The runs are of different sweeps** (`{REF_ID}`: preset default; `{REF_ID}`: "
             "preset quick --kv-page-sizes 1,16,64,128)") in render(fleet)
@@ -352,7 +352,7 @@ def test_bad_input_is_one_line_exit_2_before_any_work(folders, tmp_path, case, s
 def test_a_fleet_is_not_a_gate_and_the_chart_covers_every_shared_point(folders, tmp_path):
     fast = machine(tmp_path, "e", run_id="20261208T000000Z-cpu", hostname="box-e")
     slow_down(fast, "device_stride", 0.125)  # e's device_stride 8x as fast (exact in binary): slower becomes faster
-    fleet = fleet_of(load_runs([folders["a"], fast]))
+    fleet = fleet_of(analysed([folders["a"], fast]))
     report = render(fleet)
     assert any(not m.agree for m in fleet.ratios)  # the verdicts differ, and still no gate
     assert "verdicts differ at" in report and "`kvpages compare A B --fail-above PCT` is the gate" in report

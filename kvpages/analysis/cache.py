@@ -1,5 +1,5 @@
 """A run folder's analysis kept between commands (no torch): `kvpages plot` then `kvpages report` (or summary, cite,
-noise) on one folder load and analyse it once.
+noise, fleet, calibrate, and a CPU run's GPU answer) on one folder load and analyse it once.
 
 An entry is the pickled `Analysis` under a key of everything that analysis depends on: the bytes of every file of
 this kvpages package (its code and built-in profiles), the versions of Python, numpy and pandas, the run's path as
@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvpages.analysis.ratios import Analysis
+from kvpages.analysis.ratios import Analysis, analyze
+from kvpages.schema.reader import load_run
 from kvpages.schema.rows import RESULTS_CSV
 
 VARIABLE = "KVPAGES_CACHE"
@@ -107,6 +108,11 @@ class Loaded:
         analysis = loads(found.payload)
         return cls(analysis, found, analysis.run.memo_size)
 
+    @classmethod
+    def of(cls, path: Path) -> Loaded:
+        """`path`'s analysis (`pickled`: the one kept since the folder's last change, else made now), kept."""
+        return cls.kept(pickled(path))
+
     @property
     def entry_name(self) -> str | None:
         """Its entry's name: the key of every input of the analysis; None where it is not kept."""
@@ -124,15 +130,17 @@ class Loaded:
         _write(self.found.entry, payload)
 
 
-def pickled(path: Path, analyse: Callable[[], Analysis]) -> Pickled:
-    """`path`'s analysis pickled: the entry kept under its key, else `analyse()`'s, to be kept."""
+def pickled(path: Path, analyse: Callable[[], Analysis] | None = None) -> Pickled:
+    """`path`'s analysis pickled: the entry kept under its key, else `analyse()`'s (by default `path` loaded and
+    analysed now), to be kept."""
     where = folder()
     name = None if where is None else key(path)
     entry = None if where is None or name is None else where / f"{name}{SUFFIX}"
     found = None if entry is None else _read(entry)
     if found is not None:
         return Pickled(found, lambda: None, entry)
-    payload = pickle.dumps(analyse(), protocol=pickle.HIGHEST_PROTOCOL)
+    made = analyze(load_run(path)) if analyse is None else analyse()
+    payload = pickle.dumps(made, protocol=pickle.HIGHEST_PROTOCOL)
     return Pickled(payload, lambda: None if entry is None else _write(entry, payload), entry)
 
 

@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from kvpages.analysis.cache import Loaded
 from kvpages.analysis.families import ScenarioRatio
 from kvpages.analysis.machines import Machine, machine_of, meta_of, pooled
 from kvpages.analysis.ratios import Analysis, analyze
 from kvpages.core.names import variant_sort_key
 from kvpages.core.options import OPTIONS
 from kvpages.schema.meta import RunMeta
-from kvpages.schema.reader import Run, RunError, load_run, row_key
+from kvpages.schema.reader import Run, RunError, row_key
 from kvpages.schema.rows import RatioRow
 
 POINT_KEY = ("variant", "baseline", "dtype", "layout", "seq_len", "page_size")  # matches a ratio between machines
@@ -85,8 +86,9 @@ def sweep_of(meta: RunMeta) -> str:
     return " ".join([f"preset {meta.preset}", *given])
 
 
-def load_runs(paths: Sequence[Path]) -> list[Run]:
-    """The run folders of a fleet, each checked and read; RunError (one line) for anything that is not one."""
+def analysed(paths: Sequence[Path]) -> list[Analysis]:
+    """The run folders of a fleet, each checked, read and analysed (the analysis kept since the folder's last change
+    where there is one: kvpages.analysis.cache); RunError (one line) for anything that is not one."""
     if len(paths) < 2:
         raise RunError(f"give two or more run folders (runs of one sweep on two or more machines); got {len(paths)}")
     seen: dict[Path, Path] = {}
@@ -96,7 +98,7 @@ def load_runs(paths: Sequence[Path]) -> list[Run]:
         seen[path.resolve()] = path
         if path.exists() and not path.is_dir():
             raise RunError(f"{path}: not a folder; kvpages fleet takes run folders, e.g. results/<run-id>")
-    return [load_run(path) for path in paths]  # a run folder has a meta.json, so each says where it ran
+    return [Loaded.of(path).analysis for path in paths]  # a run folder has a meta.json, so each says where it ran
 
 
 def _timed(run: Run) -> set[tuple]:
@@ -128,20 +130,23 @@ def point_order(key: tuple) -> tuple:
     return (dtype, layout, page_size, variant_sort_key(variant), baseline, seq_len)
 
 
-def fleet_of(runs: Sequence[Run]) -> Fleet:
-    grouped: dict[Machine, list[Run]] = {}
-    for run in runs:
-        grouped.setdefault(machine_of(run), []).append(run)
+def fleet_of(analyses: Sequence[Analysis]) -> Fleet:
+    """The runs' machines side by side: a machine of one run keeps that run's analysis, a machine of several is
+    analysed as their pooled run."""
+    grouped: dict[Machine, list[Analysis]] = {}
+    for analysis in analyses:
+        grouped.setdefault(machine_of(analysis.run), []).append(analysis)
+    runs = [a.run for a in analyses]
     names = ", ".join(str(r.path) for r in runs)
     if len(grouped) < 2:
         (machine,) = grouped
         raise RunError(f"{names}: every run is of one machine ({machine.describe()}); kvpages fleet sets machines side "
                        "by side (`kvpages compare` compares two runs of one)")
-    machines = [pooled(group) for group in grouped.values()]
+    machines = [pooled([a.run for a in group]) for group in grouped.values()]
     if not set.intersection(*(_timed(run) for run in machines)):
         sweeps = "; ".join(f"{r.run_id}: {sweep_of(meta_of(r))}" for r in runs)
         raise RunError(f"{names}: the machines share no timed point ({sweeps}); kvpages fleet compares runs of one sweep")
-    members = [Member(f"M{i}", machine, tuple(group), analyze(run))
+    members = [Member(f"M{i}", machine, tuple(a.run for a in group), group[0] if len(group) == 1 else analyze(run))
                for i, ((machine, group), run) in enumerate(zip(grouped.items(), machines, strict=True), start=1)]
     ratios, missing = _match(members, lambda a: a.ratios, POINT_KEY)
     scenario_ratios, scenario_missing = _match(members, lambda a: a.scenario_ratios, SCENARIO_KEY)

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from kvpages.analysis.cache import Loaded, pickled
+from kvpages.analysis.cache import Loaded
 from kvpages.analysis.families import ScenarioRatio
-from kvpages.analysis.ratios import Analysis, analyze
+from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.wording import short
-from kvpages.schema.reader import Run, RunError, load_run
+from kvpages.schema.reader import Run, RunError
 from kvpages.schema.rows import META_JSON, RESULTS_CSV, RatioRow
 
 MIN_SHARED = 0.5  # of the CPU run's per-call points: a CUDA run sharing fewer is not its answer
@@ -106,7 +106,7 @@ def gpu_answer(cpu: Analysis, given: Path | None = None) -> GpuAnswer | None:
     folder = given or find_gpu_run(cpu)
     if folder is None:
         return None
-    loaded = Loaded.kept(pickled(folder, lambda: analyze(load_run(folder))))  # kept between commands
+    loaded = Loaded.of(folder)  # kept between commands
     if not loaded.analysis.run.link_crossed:
         raise RunError(f"--gpu-run {folder}: a CPU run; give a CUDA run of the same points")
     return GpuAnswer(loaded)
