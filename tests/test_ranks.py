@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import built_once
 
 from kvpages.analysis.contention import paired_ratio
 from kvpages.core.options import BenchOptions
@@ -50,12 +51,17 @@ def _cwd(pid: str) -> Path | None:
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    folder = tmp_path_factory.mktemp("ranks")
-    (folder / "test_steps.py").write_text(STEPS)
-    done = torchrun(folder, *TWO_STEPS, "--kv-step-variants", ",".join(VARIANTS), "--kv-analyze",
-                    "--benchmark-json", "benchmarks.json")
-    return folder, done
+def two_ranks(request: pytest.FixtureRequest) -> tuple[Path, subprocess.CompletedProcess]:
+    """One run of two ranks with its analysis, made once per session (`built_once`), and how torchrun ended."""
+    def build(folder: Path) -> None:
+        (folder / "test_steps.py").write_text(STEPS)
+        done = torchrun(folder, *TWO_STEPS, "--kv-step-variants", ",".join(VARIANTS), "--kv-analyze",
+                        "--benchmark-json", "benchmarks.json")
+        (folder / "torchrun.json").write_text(json.dumps([done.returncode, done.stdout, done.stderr]))
+
+    folder = built_once(request.config, "two-ranks", build)
+    code, out, err = json.loads((folder / "torchrun.json").read_text())
+    return folder, subprocess.CompletedProcess(["torchrun"], code, out, err)
 
 
 def test_two_ranks_write_one_run_folder_with_every_rank_in_meta(two_ranks):
