@@ -192,8 +192,7 @@ def profile_trace(cases: Sequence[CheckCase], device: str, calls: int, passes: i
     """The Chrome trace of `passes` passes over `cases`, `calls` calls of each per pass, each call in a range of
     its own; `sync` (default: the device's synchronize) runs after each range, outside it."""
     import torch
-    from torch.autograd.profiler import profile as legacy_profile
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.autograd.profiler import profile, record_function
 
     from kvpages.measure.timer import synchronizer
 
@@ -204,9 +203,8 @@ def profile_trace(cases: Sequence[CheckCase], device: str, calls: int, passes: i
     cuda = device == "cuda"
     sync = synchronizer(device) if sync is None else sync
     # CPU: the profiler without Kineto (its first session costs ~1.5 s to start; the aten ops are the same);
-    # CUDA: Kineto, for the device's kernels and copies.
-    session = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if cuda else legacy_profile(
-        use_kineto=False)
+    # CUDA: Kineto, for the device's kernels and copies (without torch.profiler's wrapper: crosscheck.profile_cases).
+    session = profile(use_device="cuda", use_kineto=True) if cuda else profile(use_kineto=False)
     sync()
     with session as prof:
         with record_function(WARM_UP_RANGE):

@@ -305,7 +305,7 @@ def answers_of(trace: dict, measured: dict[str, D2HMeasurement]) -> dict[str, Ch
 def profile_cases(cases: Sequence[CheckCase], device: str, trace_out: str | None = None) -> dict[str, CheckAnswer]:
     """Meter every case, then profile one call of each in one session, and judge."""
     import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.autograd.profiler import profile, record_function
 
     from kvpages.measure.targets import measure
 
@@ -316,9 +316,11 @@ def profile_cases(cases: Sequence[CheckCase], device: str, trace_out: str | None
         measured[case.id] = measure(case.target, case.variant, inputs[case.id])
     cuda = device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     sync()
-    with profile(activities=activities) as prof:
+    # Kineto through torch.autograd.profiler.profile, which torch.profiler.profile wraps: the same events and trace, but
+    # the wrapper's start imports torch._inductor (and with it dynamo and sympy: 0.9 s of CPU, more before their
+    # bytecode is written) to read a CUDA-graphs setting that nothing here uses.
+    with profile(use_device="cuda" if cuda else None, use_kineto=True) as prof:
         with record_function(WARM_UP_RANGE):  # a session may lose records at its start: lose them here
             if cuda:
                 torch.arange(8, device="cuda").cpu()
