@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import synthetic_run
+from conftest import built_once, synthetic_run
 
 from kvpages.analysis.findings import findings
 from kvpages.analysis.predict import point_predictions
@@ -155,15 +155,24 @@ def test_source_trees_run_as_variants_beside_the_builtin_ones(pytester, tmp_path
 
 
 @pytest.fixture(scope="module")
-def releases(tmp_path_factory):
-    """0.5.15 and 0.5.16 from the package index, into a cache of this test's own; skipped when it is unreachable."""
-    cache = tmp_path_factory.mktemp("sglang-cache")
-    try:
-        return cache, load_all(("0.5.15", "0.5.16"), cache / "sglang")
-    except ValueError as exc:
-        if "could not fetch" in str(exc):
-            pytest.skip(f"the package index is not reachable: {exc}")
-        raise
+def releases(request: pytest.FixtureRequest):
+    """0.5.15 and 0.5.16 from the package index, into a cache of these tests' own, fetched once per session
+    (`built_once`); skipped when it is unreachable."""
+    def fetch(cache: Path) -> None:
+        try:
+            load_all(RELEASES, cache / "sglang")
+        except ValueError as exc:
+            if "could not fetch" not in str(exc):
+                raise
+            (cache / "unreachable").write_text(str(exc))
+
+    cache = built_once(request.config, "sglang-releases", fetch)
+    if (cache / "unreachable").exists():
+        pytest.skip(f"the package index is not reachable: {(cache / 'unreachable').read_text()}")
+    return cache, load_all(RELEASES, cache / "sglang")  # read from the cache
+
+
+RELEASES = ("0.5.15", "0.5.16")
 
 
 def test_two_real_releases_are_read_by_their_source(releases):
