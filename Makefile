@@ -80,8 +80,8 @@ bench: $(STAMP)
 # The tests run in $(TEST_WORKERS) pytest-xdist workers; gpu_check.sh's rehearsal runs once, in the background from
 # collection on, for every worker (tests/conftest.py: pytest 9 drops the group suffix --dist loadgroup relied on, so
 # each worker rehearsed again). On the 2-core dev box, 243 s of pytest in one process took 157 s so.
-# mypy runs beside them (about 15 s of one core, no cache); its output is printed only when it fails, after the tests,
-# so pytest's summary stays the last line of a pass.
+# mypy runs beside them (about 8 s of one core, no cache: pyproject.toml has it skip what kvpages never imports); its
+# output is printed only when it fails, after the tests, so pytest's summary stays the last line of a pass.
 # On the idle 2-core dev box, back to back (2026-12-05): make test after set-up 156 s at 9a32adc (259 s of CPU with
 # every process it starts), 117 s now (209 s of CPU). What saved it: bytecode written (unexport above: each of the
 # hundreds of Python processes the tests start compiled kvpages again, and each pytest session rewrote the test
