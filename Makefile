@@ -97,6 +97,12 @@ bench: $(STAMP)
 # and 151.5 s in the clone with only that cache removed (mypy at nice 19 beside them: 148.3 s, within the spread).
 # At 259293c (2026-12-05), uv's cache warm: 163.3 s (set-up and ruff 13 s, then 150.4 s: 864 tests); -n 3 instead of 2 was
 # slower (161.4 and 147.9 s against 144.2 and 143.0 s, alternating): the tests' processes keep both cores busy.
+# A fresh clone's `.ci/run`, uv's cache emptied each time, alternating (2026-12-05, the box slowing over the sitting):
+# 3aa3b94 160.0 and 171.2 s (pytest 142.0 and 147.4 s), 321901d 144.3 and 158.2 s (pytest 125.1 and 133.8 s). What
+# saved it: mypy not reading what kvpages never imports (pyproject.toml: 16 -> 8 s of CPU); the cross-check's profiler
+# started without torch.profiler's wrapper, which imported torch._inductor, dynamo and sympy (kvpages.measure.crosscheck);
+# the two-rank run and the SGLang releases made once per session, not once per worker (conftest.built_once); a hung
+# worker stopped at 2 s, not 4 s.
 TEST_WORKERS ?= 2
 TEST_PYTEST := tests/ bench/ --benchmark-disable --kv-preset quick -q -n $(TEST_WORKERS) --dist loadgroup
 
