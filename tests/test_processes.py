@@ -338,7 +338,7 @@ import time
 
 import kvpages.measure.session as session
 
-session.WORKER_START_S = 2.0  # the one worker hangs: the limit decides only how soon it is stopped
+session.WORKER_START_S = 2.0  # every worker hangs: the limit decides only how soon one is stopped
 session.WORKER_PER_TARGET_S = session.WORKER_PER_BLOCK_S = session.WORKER_BUDGET_FACTOR = 0.0
 HANG = "{hang}"
 if HANG == "turn":  # only the turn's limit is under test: start-up keeps a wide one, however loaded the box is

@@ -15,8 +15,8 @@ from kvpages.analysis.ratios import Analysis, analyze
 from kvpages.core.names import variant_sort_key
 from kvpages.core.options import OPTIONS
 from kvpages.schema.meta import RunMeta
-from kvpages.schema.reader import Run, RunError, row_key
-from kvpages.schema.rows import RatioRow
+from kvpages.schema.reader import Run, RunError, load_run, row_key
+from kvpages.schema.rows import RESULTS_CSV, RatioRow
 
 POINT_KEY = ("variant", "baseline", "dtype", "layout", "seq_len", "page_size")  # matches a ratio between machines
 SCENARIO_KEY = ("scenario", "variant", "latency")  # matches a scenario ratio between machines
@@ -88,7 +88,8 @@ def sweep_of(meta: RunMeta) -> str:
 
 def analysed(paths: Sequence[Path]) -> list[Analysis]:
     """The run folders of a fleet, each checked, read and analysed (the analysis kept since the folder's last change
-    where there is one: kvpages.analysis.cache); RunError (one line) for anything that is not one."""
+    where there is one: kvpages.analysis.cache); RunError (one line) for anything that is not one, before any is
+    analysed. A machine of several runs is analysed once more, as their pooled run (`fleet_of`)."""
     if len(paths) < 2:
         raise RunError(f"give two or more run folders (runs of one sweep on two or more machines); got {len(paths)}")
     seen: dict[Path, Path] = {}
@@ -98,6 +99,8 @@ def analysed(paths: Sequence[Path]) -> list[Analysis]:
         seen[path.resolve()] = path
         if path.exists() and not path.is_dir():
             raise RunError(f"{path}: not a folder; kvpages fleet takes run folders, e.g. results/<run-id>")
+        if not (path / RESULTS_CSV).is_file():
+            load_run(path)  # its one line: no such folder, or not a run folder; before any run is analysed
     return [Loaded.of(path).analysis for path in paths]  # a run folder has a meta.json, so each says where it ran
 
 

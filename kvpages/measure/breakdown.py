@@ -25,6 +25,7 @@ from kvpages.measure.crosscheck import (
     cases_of,
     child_request,
     gpu_events,
+    kineto,
     reply_and_exit,
     run_child,
     trace_of,
@@ -203,8 +204,8 @@ def profile_trace(cases: Sequence[CheckCase], device: str, calls: int, passes: i
     cuda = device == "cuda"
     sync = synchronizer(device) if sync is None else sync
     # CPU: the profiler without Kineto (its first session costs ~1.5 s to start; the aten ops are the same);
-    # CUDA: Kineto, for the device's kernels and copies (without torch.profiler's wrapper: crosscheck.profile_cases).
-    session = profile(use_device="cuda", use_kineto=True) if cuda else profile(use_kineto=False)
+    # CUDA: Kineto, for the device's kernels and copies.
+    session = kineto(cuda=True) if cuda else profile(use_kineto=False)
     sync()
     with session as prof:
         with record_function(WARM_UP_RANGE):

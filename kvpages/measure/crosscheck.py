@@ -305,7 +305,7 @@ def answers_of(trace: dict, measured: dict[str, D2HMeasurement]) -> dict[str, Ch
 def profile_cases(cases: Sequence[CheckCase], device: str, trace_out: str | None = None) -> dict[str, CheckAnswer]:
     """Meter every case, then profile one call of each in one session, and judge."""
     import torch
-    from torch.autograd.profiler import profile, record_function
+    from torch.autograd.profiler import record_function
 
     from kvpages.measure.targets import measure
 
@@ -317,10 +317,7 @@ def profile_cases(cases: Sequence[CheckCase], device: str, trace_out: str | None
     cuda = device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     sync()
-    # Kineto through torch.autograd.profiler.profile, which torch.profiler.profile wraps: the same events and trace, but
-    # the wrapper's start imports torch._inductor (and with it dynamo and sympy: 0.9 s of CPU, more before their
-    # bytecode is written) to read a CUDA-graphs setting that nothing here uses.
-    with profile(use_device="cuda" if cuda else None, use_kineto=True) as prof:
+    with kineto(cuda) as prof:
         with record_function(WARM_UP_RANGE):  # a session may lose records at its start: lose them here
             if cuda:
                 torch.arange(8, device="cuda").cpu()
@@ -334,6 +331,23 @@ def profile_cases(cases: Sequence[CheckCase], device: str, trace_out: str | None
         with gzip.open(trace_out, "wt") as f:
             json.dump(trace, f)
     return answers_of(trace, measured)
+
+
+def kineto(cuda: bool):
+    """A Kineto session over the CPU and, with `cuda`, the CUDA device: torch.autograd.profiler.profile, which
+    torch.profiler.profile wraps, asked for the CUDA device as the installed torch's wrapper asks (use_device from
+    torch 2.4, use_cuda before it). The same events and trace, but the wrapper's start imports torch._inductor (and with
+    it dynamo and sympy: 0.9 s of CPU, more before their bytecode is written) to read a CUDA-graphs setting that nothing
+    here uses. A session that records no GPU activity is the caller's NO_GPU_ACTIVITY, as before."""
+    import torch
+    from torch.autograd.profiler import profile
+    from torch.torch_version import TorchVersion
+
+    if not cuda:
+        return profile(use_kineto=True)
+    if TorchVersion(torch.__version__) >= "2.4":  # compared as versions: 2.13 >= 2.4
+        return profile(use_device="cuda", use_kineto=True)
+    return profile(use_cuda=True, use_kineto=True)
 
 
 def trace_of(prof) -> dict:
