@@ -301,7 +301,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.write_line("kvpages: timing disabled or nothing ran; no run folder written")
         return
     started = time.perf_counter()
+    charts = None
     try:
+        if config.getoption("--kv-analyze"):  # `kvpages plot`'s drawing, in a process that warms up meanwhile
+            from kvpages.render.drawing import Beside
+
+            charts = Beside.start()
         from kvpages.analysis.ratios import analyze
         from kvpages.render.summary import summary_text
         from kvpages.schema.reader import load_run
@@ -310,14 +315,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.section("kvpages summary")
         terminalreporter.write_line(summary_text(analysis))
         terminalreporter.write_line(f"run folder: {writer.path} ({writer.meta.end_note})")
-        if config.getoption("--kv-analyze"):
+        if charts is not None:
+            from kvpages.analysis.cache import pickled
             from kvpages.analysis.gpu_answer import gpu_answer
-            from kvpages.render.drawing import plot_beside
             from kvpages.render.report import write_report
 
-            charts = plot_beside(analysis)  # `kvpages plot`, in its own process while the GPU answer is analysed
+            charts.give(analysis)  # drawn while the analysis is kept (a later command on the folder reads it) and
+            pickled(writer.path, lambda: analysis).keep()  # the GPU answer is analysed
             gpu = gpu_answer(analysis)
-            for chart in charts():  # the report links the charts written
+            for chart in charts.wait():  # the report links the charts written
                 terminalreporter.write_line(f"chart: {chart}")
             terminalreporter.write_line(f"report: {write_report(analysis, gpu)} (with ratios.csv)")
         kv.analysed(time.perf_counter() - started)
@@ -330,6 +336,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.write_line(f"kvpages: the run folder {writer.path} is complete, but {exc.name} is not installed, "
                                     f"so there is no summary, chart or report; pip install {' '.join(ANALYSIS_PACKAGES)} "
                                     "(or run `kvpages report` on another machine)")
+    finally:
+        if charts is not None:
+            charts.stop()
 
 
 ANALYSIS_PACKAGES = ("pandas", "matplotlib")

@@ -145,3 +145,81 @@ def test_a_chart_that_reads_the_raw_samples_is_drawn_here_from_the_whole_analysi
     assert [p.name for p in drawn] == [p.name for p in again]
     for chart in again:
         assert chart.read_bytes() == (run / chart.name).read_bytes(), chart.name
+
+
+def two_rows(tmp_path: Path) -> Path:
+    return synthetic_run(tmp_path / "run", {("host_stride", 512, 64): 2.0, ("device_stride", 512, 64): 3.0,
+                                            ("host_stride", 8192, 64): 8.0, ("device_stride", 8192, 64): 4.0})
+
+
+def test_a_sweeps_drawing_process_draws_what_one_process_draws_from_the_analysis_it_is_handed(tmp_path):
+    """`--kv-analyze` (kvpages.render.drawing.Beside): a process started before the analysis exists, handed it
+    without its raw samples, writes the charts one process draws from the whole analysis, byte for byte."""
+    from kvpages.render.drawing import Beside
+
+    run = two_rows(tmp_path)
+    charts = Beside.start()
+    analysis = analyze(load_run(run))
+    charts.give(analysis)
+    drawn = charts.wait()
+    charts.stop()  # nothing left to stop
+    assert charts.child.returncode == 0
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    again = plot_run(analyze(load_run(run)), out_dir=alone)
+    assert [p.name for p in drawn] == [p.name for p in again] and len(again) >= 3
+    for chart in again:
+        assert chart.read_bytes() == (run / chart.name).read_bytes(), chart.name
+
+
+def test_a_sweeps_drawing_process_stopped_before_it_is_handed_anything_draws_nothing(tmp_path):
+    """The session's analysis failed (or was interrupted): the drawing process, still warming up, is stopped and
+    waited for."""
+    from kvpages.render.drawing import Beside
+
+    run = two_rows(tmp_path)
+    before = sorted(p.name for p in run.iterdir())
+    charts = Beside.start()
+    charts.stop()
+    assert charts.child.returncode is not None and charts.give_fd == -1
+    assert sorted(p.name for p in run.iterdir()) == before
+
+
+SAMPLES_CHART = '''
+from pathlib import Path
+from kvpages.render import plots
+
+def samples_chart(analysis, frame, dtype, layout, stem, formats):
+    path = stem.with_suffix(".txt")
+    path.write_text(f"{sum(len(blocks) for blocks in analysis.run.samples.values())} blocks")
+    return [path]
+
+plots.CHARTS = (*plots.CHARTS, ("samples", samples_chart))
+'''
+
+
+def test_a_chart_that_reads_the_raw_samples_in_a_sweeps_drawing_process_is_drawn_here_from_the_whole_analysis(
+        tmp_path, monkeypatch):
+    """Were a chart to read the raw samples the drawing process was not handed, the session draws every chart
+    itself from the whole analysis. The chart is added in both processes: in the drawing one by a sitecustomize."""
+    import importlib.util
+
+    from kvpages.render import plots
+    from kvpages.render.drawing import Beside
+
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "sitecustomize.py").write_text(SAMPLES_CHART)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(extra), os.environ.get("PYTHONPATH", "")]))
+    spec = importlib.util.spec_from_file_location("samples_chart", extra / "sitecustomize.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setattr(plots, "CHARTS", plots.CHARTS)  # put back after the test; the module adds its chart
+    spec.loader.exec_module(module)
+    run = synthetic_run(tmp_path / "run", {("host_stride", 512, 64): 2.0, ("device_stride", 512, 64): 3.0})
+    charts = Beside.start()
+    charts.give(analyze(load_run(run)))
+    drawn = charts.wait()
+    assert charts.child.returncode == 3  # the drawing process's: it read no samples, and said so
+    assert (run / "samples_int32_fragmented.txt").read_text() == "20 blocks"  # 2 rows of 10 repetitions
+    assert "samples_int32_fragmented.txt" in [p.name for p in drawn]

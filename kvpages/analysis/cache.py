@@ -144,11 +144,14 @@ def pickled(path: Path, analyse: Callable[[], Analysis] | None = None) -> Pickle
     return Pickled(payload, lambda: None if entry is None else _write(entry, payload), entry)
 
 
+def light(analysis: Analysis) -> Analysis:
+    """`analysis` without its run's raw samples (`Run.without_samples`): what a drawing process is handed."""
+    return dataclasses.replace(analysis, run=analysis.run.without_samples())
+
+
 def without_samples(payload: bytes) -> bytes:
-    """`payload`'s analysis pickled again without its run's raw samples (`Run.without_samples`)."""
-    analysis = loads(payload)
-    return pickle.dumps(dataclasses.replace(analysis, run=analysis.run.without_samples()),
-                        protocol=pickle.HIGHEST_PROTOCOL)
+    """`payload`'s analysis pickled again without its run's raw samples (`light`)."""
+    return pickle.dumps(light(loads(payload)), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def loads(payload: bytes) -> Analysis:

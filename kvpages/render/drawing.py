@@ -1,5 +1,5 @@
 """How `kvpages plot` draws on two CPUs (no torch; matplotlib only in the processes that draw), and how a finished
-sweep has it draw its charts beside its report (`plot_beside`).
+sweep has it draw its charts beside its analysis and report (`Beside`).
 
 `draw_run`: a child forked first imports matplotlib and warms it (its font, its math-text parser) while this process
 loads and analyses the run, which it then hands over without the raw samples (the charts read the intervals the
@@ -11,9 +11,11 @@ here, one after the other."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -150,29 +152,86 @@ def _draw_given(given: int, formats: tuple[str, ...]) -> list[Path]:
     return side_by_side(lambda: point_charts(analysis, formats), lambda: other_charts(analysis, formats), 2)
 
 
-def plot_beside(analysis: Analysis) -> Callable[[], list[Path]]:
-    """A finished sweep's charts (`--kv-analyze`), drawn by `kvpages plot` in a process of its own while the session
-    goes on (its GPU answer; its report, which links the charts, once they are written); wait for them with the
-    callable returned (their files, as `kvpages plot` printed them). The
-    session's analysis is kept first (kvpages.analysis.cache), so the command reads it instead of analysing again; with
-    the cache off it analyses the folder itself. A failure is raised by the callable, with the command's last line."""
-    import importlib.util
-    import subprocess
+@dataclass
+class Beside:
+    """A finished sweep's charts (`--kv-analyze`), drawn by a process of their own that starts before the session
+    loads and analyses the run: it imports and warms matplotlib meanwhile (`python -m kvpages.render.drawing`), is
+    handed the analysis without its raw samples (`give`), draws it as `kvpages plot` does while the session goes on
+    (its GPU answer; its report, which links the charts, once `wait` has them), and prints the files it wrote. Where a
+    chart reads the raw samples after all, the session draws everything itself, from the whole analysis."""
 
-    from kvpages.analysis.cache import pickled
+    child: subprocess.Popen
+    give_fd: int  # the write end of its stdin (-1 once handed over or closed)
+    formats: tuple[str, ...] = ("png",)
+    analysis: Analysis | None = None
 
-    if importlib.util.find_spec("matplotlib") is None:  # said as the session says a missing pandas
-        raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
-    path = analysis.run.path
-    pickled(path, lambda: analysis).keep()
-    child = subprocess.Popen([sys.executable, "-m", "kvpages", "plot", str(path)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    @classmethod
+    def start(cls, formats: tuple[str, ...] = ("png",)) -> Beside:
+        import importlib.util
 
-    def wait() -> list[Path]:
-        out, err = child.communicate()
-        if child.returncode != 0:
-            last = (err.strip().splitlines() or [f"exit status {child.returncode}"])[-1]
-            raise RuntimeError(f"kvpages plot {path}: {last}")
-        return [Path(line) for line in out.splitlines() if line]
+        if importlib.util.find_spec("matplotlib") is None:  # said as the session says a missing pandas
+            raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+        given, give = os.pipe()
+        try:
+            child = subprocess.Popen([sys.executable, "-m", "kvpages.render.drawing", *formats], stdin=given,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except BaseException:
+            os.close(give)
+            raise
+        finally:
+            os.close(given)
+        return cls(child, give, formats)
 
-    return wait
+    def give(self, analysis: Analysis) -> None:
+        """Hand `analysis` over (without its raw samples: 4 of the reference run's 28 MB); the drawing starts."""
+        from kvpages.analysis.cache import light
+
+        self.analysis = analysis
+        payload = pickle.dumps(light(analysis), protocol=pickle.HIGHEST_PROTOCOL)
+        with os.fdopen(self.give_fd, "wb") as pipe, contextlib.suppress(BrokenPipeError):  # it failed: `wait` says why
+            self.give_fd = -1
+            pipe.write(payload)
+
+    def wait(self) -> list[Path]:
+        """The charts' files, once written. A failure is raised, with the process's last line."""
+        out, err = self.child.communicate()
+        if self.child.returncode == WITHHELD and self.analysis is not None:  # a chart read the raw samples
+            from kvpages.render.plots import plot_run
+
+            return plot_run(self.analysis, self.formats)
+        if self.child.returncode != 0:
+            where = "" if self.analysis is None else f" {self.analysis.run.path}"
+            last = (err.decode(errors="replace").strip().splitlines() or [f"exit status {self.child.returncode}"])[-1]
+            raise RuntimeError(f"kvpages plot{where}: {last}")
+        return [Path(line) for line in out.decode().splitlines() if line]
+
+    def stop(self) -> None:
+        """Stop it where it still runs (the session's analysis failed, or was interrupted): it has drawn nothing."""
+        if self.give_fd >= 0:
+            os.close(self.give_fd)
+            self.give_fd = -1
+        if self.child.returncode is None:  # not waited for
+            self.child.kill()
+            self.child.communicate()
+
+
+WITHHELD = 3
+"""The exit status of `main` where a chart read the raw samples it was not handed."""
+
+
+def main(formats: tuple[str, ...]) -> int:
+    """`python -m kvpages.render.drawing FORMAT...` (`Beside`'s process): an analysis pickled on stdin, drawn (matplotlib
+    warmed while it waits), each file written printed on a line; nothing for nothing on stdin."""
+    from kvpages.schema.reader import SamplesWithheld
+
+    try:
+        drawn = _draw_given(sys.stdin.fileno(), formats)
+    except SamplesWithheld:
+        return WITHHELD
+    for path in drawn:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(tuple(sys.argv[1:])))
