@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 from conftest import REPO, built_once, kvpages_here, reference_runs, synthetic_run
 
+from kvpages.analysis.cache import Loaded
 from kvpages.analysis.cite import sig
 from kvpages.analysis.findings import findings
 from kvpages.analysis.fleet import Fleet, analysed, fleet_of
@@ -178,7 +179,8 @@ def test_findings_and_scenarios_are_each_machines_own(folders, a_b):
     assert rows[0] == ["question", "M1", "M2"]
     page1 = next(r for r in rows if r[0] == "Page size 1: per call and per step")
     for cell, name in zip(page1[1:], ("a", "b"), strict=True):  # a CPU run's prediction, from each machine's own run
-        own = next(f for f in findings(analyze(load_run(folders[name]))) if f.question == "Page size 1: per call and per step")
+        own = next(f for f in findings(Loaded.of(folders[name]).analysis)  # that folder's analysis (kept, or made now)
+                   if f.question == "Page size 1: per call and per step")
         assert own.figure in cell and f"`{own.id}`" in cell
     scenario_ratios = pd.read_csv(folders["b"] / "scenario_ratios.csv")
     blocked = scenario_ratios[scenario_ratios["latency"] == "blocked"].iloc[0]
@@ -212,7 +214,7 @@ def test_two_runs_of_one_machine_are_one_column_whose_intervals_resample_both_ru
     # at each point whose pooled pair left no process out, the pooled ratio is the paired ratio of the two runs'
     # levels side by side, each run's pair aligned on the repetitions both variants timed (a re-measurement round
     # times the baseline again at a target where any variant was not settled, not every variant)
-    compared, a_alone = 0, analyze(a)
+    compared, a_alone = 0, Loaded.of(folders["a"]).analysis  # a's own analysis (kept, or made now)
     for seq_len in sorted(set(a.rows["seq_len"])):
         keys = [(v, "int32", "fragmented", seq_len, 64) for v in ("host_stride", "device_stride")]
         found = pooled.ratio_at("device_stride", "int32", "fragmented", 64, seq_len)
