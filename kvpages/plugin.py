@@ -301,9 +301,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.write_line("kvpages: timing disabled or nothing ran; no run folder written")
         return
     started = time.perf_counter()
-    charts = None
+    charts, analyze_too = None, config.getoption("--kv-analyze")
     try:
-        if config.getoption("--kv-analyze"):  # `kvpages plot`'s drawing, in a process that warms up meanwhile
+        if analyze_too:  # `kvpages plot`'s drawing, in a process that warms up meanwhile
             from kvpages.render.drawing import Beside
 
             charts = Beside.start()
@@ -315,7 +315,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.section("kvpages summary")
         terminalreporter.write_line(summary_text(analysis))
         terminalreporter.write_line(f"run folder: {writer.path} ({writer.meta.end_note})")
-        if charts is not None:
+        if analyze_too:
+            if charts is None:  # pandas is: the summary was made
+                raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
             from kvpages.analysis.cache import pickled
             from kvpages.analysis.gpu_answer import gpu_answer
             from kvpages.render.report import write_report
@@ -333,8 +335,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     except ModuleNotFoundError as exc:
         if exc.name not in ANALYSIS_PACKAGES:
             raise
+        missing = "chart or report" if exc.name == "matplotlib" else "summary, chart or report"  # (summed up above)
         terminalreporter.write_line(f"kvpages: the run folder {writer.path} is complete, but {exc.name} is not installed, "
-                                    f"so there is no summary, chart or report; pip install {' '.join(ANALYSIS_PACKAGES)} "
+                                    f"so there is no {missing}; pip install {' '.join(ANALYSIS_PACKAGES)} "
                                     "(or run `kvpages report` on another machine)")
     finally:
         if charts is not None:

@@ -4,6 +4,7 @@ raised here, as if one process had drawn everything."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -152,37 +153,67 @@ def two_rows(tmp_path: Path) -> Path:
                                             ("host_stride", 8192, 64): 8.0, ("device_stride", 8192, 64): 4.0})
 
 
-def test_a_sweeps_drawing_process_draws_what_one_process_draws_from_the_analysis_it_is_handed(tmp_path):
-    """`--kv-analyze` (kvpages.render.drawing.Beside): a process started before the analysis exists, handed it
-    without its raw samples, writes the charts one process draws from the whole analysis, byte for byte."""
-    from kvpages.render.drawing import Beside
-
-    run = two_rows(tmp_path)
-    charts = Beside.start()
-    analysis = analyze(load_run(run))
-    charts.give(analysis)
-    drawn = charts.wait()
-    charts.stop()  # nothing left to stop
-    assert charts.child.returncode == 0
+def drawn_alone(tmp_path: Path, run: Path) -> list[Path]:
     alone = tmp_path / "alone"
     alone.mkdir()
-    again = plot_run(analyze(load_run(run)), out_dir=alone)
+    return plot_run(analyze(load_run(run)), out_dir=alone)
+
+
+@pytest.fixture
+def beside():
+    """A sweep's drawing process (kvpages.render.drawing.Beside), stopped at the end whatever the test did."""
+    from kvpages.render.drawing import Beside
+
+    started: list[Beside] = []
+
+    def start() -> Beside:
+        charts = Beside.start()
+        assert charts is not None  # matplotlib and pandas are installed here
+        started.append(charts)
+        return charts
+
+    yield start
+    for charts in started:
+        charts.stop()
+
+
+def test_a_sweeps_drawing_process_draws_what_one_process_draws_from_the_analysis_it_is_handed(tmp_path, beside):
+    """`--kv-analyze`: a process started before the analysis exists, handed it without its raw samples, writes the
+    charts one process draws from the whole analysis, byte for byte."""
+    run = two_rows(tmp_path)
+    charts = beside()
+    charts.give(analyze(load_run(run)))
+    drawn = charts.wait()
+    assert charts.child.returncode == 0
+    again = drawn_alone(tmp_path, run)
     assert [p.name for p in drawn] == [p.name for p in again] and len(again) >= 3
     for chart in again:
         assert chart.read_bytes() == (run / chart.name).read_bytes(), chart.name
 
 
-def test_a_sweeps_drawing_process_stopped_before_it_is_handed_anything_draws_nothing(tmp_path):
-    """The session's analysis failed (or was interrupted): the drawing process, still warming up, is stopped and
-    waited for."""
-    from kvpages.render.drawing import Beside
-
+def test_a_sweeps_drawing_process_handed_nothing_is_stopped_and_one_drawing_is_waited_for(tmp_path, beside):
+    """The session's analysis failed (or was interrupted) before it handed anything over: the process, still warming
+    up, is killed. Stopped once handed the analysis (the GPU answer failed, say), it finishes every chart first, so
+    none is left half-written."""
+    waiting = beside()
+    waiting.stop()
+    assert waiting.child.returncode == -signal.SIGKILL and waiting.give_fd == -1 and waiting.out.closed
     run = two_rows(tmp_path)
-    before = sorted(p.name for p in run.iterdir())
-    charts = Beside.start()
-    charts.stop()
-    assert charts.child.returncode is not None and charts.give_fd == -1
-    assert sorted(p.name for p in run.iterdir()) == before
+    drawing = beside()
+    drawing.give(analyze(load_run(run)))
+    drawing.stop()
+    assert drawing.child.returncode == 0
+    for chart in drawn_alone(tmp_path, run):
+        assert chart.read_bytes() == (run / chart.name).read_bytes(), chart.name
+
+
+def test_a_sweeps_drawing_process_that_fails_is_raised_with_its_last_line(tmp_path, beside):
+    run = two_rows(tmp_path)
+    (run / "latency_int32_fragmented.png").mkdir()  # where the first chart goes
+    charts = beside()
+    charts.give(analyze(load_run(run)))
+    with pytest.raises(RuntimeError, match=r"kvpages plot .*run: IsADirectoryError: .*latency_int32_fragmented\.png"):
+        charts.wait()
 
 
 SAMPLES_CHART = '''
@@ -199,27 +230,27 @@ plots.CHARTS = (*plots.CHARTS, ("samples", samples_chart))
 
 
 def test_a_chart_that_reads_the_raw_samples_in_a_sweeps_drawing_process_is_drawn_here_from_the_whole_analysis(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, beside):
     """Were a chart to read the raw samples the drawing process was not handed, the session draws every chart
     itself from the whole analysis. The chart is added in both processes: in the drawing one by a sitecustomize."""
     import importlib.util
 
     from kvpages.render import plots
-    from kvpages.render.drawing import Beside
+    from kvpages.render.drawing import WITHHELD
 
     extra = tmp_path / "extra"
     extra.mkdir()
     (extra / "sitecustomize.py").write_text(SAMPLES_CHART)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(extra), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(extra), *filter(None, [os.environ.get("PYTHONPATH")])]))
     spec = importlib.util.spec_from_file_location("samples_chart", extra / "sitecustomize.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setattr(plots, "CHARTS", plots.CHARTS)  # put back after the test; the module adds its chart
     spec.loader.exec_module(module)
     run = synthetic_run(tmp_path / "run", {("host_stride", 512, 64): 2.0, ("device_stride", 512, 64): 3.0})
-    charts = Beside.start()
+    charts = beside()
     charts.give(analyze(load_run(run)))
     drawn = charts.wait()
-    assert charts.child.returncode == 3  # the drawing process's: it read no samples, and said so
+    assert charts.child.returncode == WITHHELD  # the drawing process's: it read no samples, and said so
     assert (run / "samples_int32_fragmented.txt").read_text() == "20 blocks"  # 2 rows of 10 repetitions
     assert "samples_int32_fragmented.txt" in [p.name for p in drawn]

@@ -121,18 +121,22 @@ def shadow(folder: Path, *modules: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{folder}{os.pathsep}{REPO}", "PYTHON": sys.executable}
 
 
-def test_a_sweep_without_pandas_still_writes_its_run_and_says_what_is_missing(tmp_path):
+@pytest.mark.parametrize("missing, without", [("pandas", "summary, chart or report"), ("matplotlib", "chart or report")])
+def test_a_sweep_without_pandas_or_matplotlib_still_writes_its_run_and_says_what_is_missing(tmp_path, missing, without):
+    """Without matplotlib the summary is still made (pandas is all it needs); nothing is drawn or reported."""
     (tmp_path / "test_d2h.py").write_text(BENCH)
-    env = shadow(tmp_path / "shadow", "pandas")
+    env = shadow(tmp_path / "shadow", missing)
     done = subprocess.run([sys.executable, "-m", "pytest", "test_d2h.py", *FAST, "--kv-device", "cpu",
                            "--kv-seq-lens", "64", "--kv-page-sizes", "4", "--kv-variants", "host_stride",
                            "--kv-repetitions", "1", "--kv-analyze"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:]
     assert "Traceback" not in done.stdout
-    assert "is complete, but pandas is not installed, so there is no summary, chart or report" in done.stdout
+    assert f"is complete, but {missing} is not installed, so there is no {without};" in done.stdout
+    assert ("kvpages summary" in done.stdout) == (missing == "matplotlib")
     [folder] = list((tmp_path / "results").iterdir())
     assert (folder / "results.csv").exists() and sample_file(folder, "samples.csv").exists()
+    assert not list(folder.glob("*.png")) and not (folder / "REPORT.md").exists()
 
 
 # ----------------------------------------------------------------------------- CUDA twins

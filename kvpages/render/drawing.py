@@ -12,6 +12,7 @@ here, one after the other."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pickle
 import signal
@@ -20,7 +21,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from kvpages.core.affinity import usable_cpus as cpus
 
@@ -158,29 +159,39 @@ class Beside:
     loads and analyses the run: it imports and warms matplotlib meanwhile (`python -m kvpages.render.drawing`), is
     handed the analysis without its raw samples (`give`), draws it as `kvpages plot` does while the session goes on
     (its GPU answer; its report, which links the charts, once `wait` has them), and prints the files it wrote. Where a
-    chart reads the raw samples after all, the session draws everything itself, from the whole analysis."""
+    chart reads the raw samples after all, the session draws everything itself, from the whole analysis. What it
+    prints goes to files, never to pipes: nothing reads them while the analysis is handed over, and a child whose
+    start printed more than a pipe holds (PYTHONVERBOSE, say) would wait on its pipe as the session waits on it."""
 
-    child: subprocess.Popen
+    child: subprocess.Popen[bytes]
     give_fd: int  # the write end of its stdin (-1 once handed over or closed)
+    out: IO[bytes]  # what it prints: the files it wrote
+    err: IO[bytes]
     formats: tuple[str, ...] = ("png",)
     analysis: Analysis | None = None
 
     @classmethod
-    def start(cls, formats: tuple[str, ...] = ("png",)) -> Beside:
+    def start(cls, formats: tuple[str, ...] = ("png",)) -> Beside | None:
+        """The process started; None where matplotlib or pandas is not installed (the session says which, where it
+        needs it: a missing matplotlib after the summary, which needs pandas alone)."""
         import importlib.util
+        import tempfile
 
-        if importlib.util.find_spec("matplotlib") is None:  # said as the session says a missing pandas
-            raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+        if any(importlib.util.find_spec(name) is None for name in ("matplotlib", "pandas")):
+            return None
+        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115 (open until `stop`)
         given, give = os.pipe()
         try:
             child = subprocess.Popen([sys.executable, "-m", "kvpages.render.drawing", *formats], stdin=given,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                     stdout=out, stderr=err)
         except BaseException:
+            for opened in (out, err):
+                opened.close()
             os.close(give)
             raise
         finally:
             os.close(given)
-        return cls(child, give, formats)
+        return cls(child, give, out, err, formats)
 
     def give(self, analysis: Analysis) -> None:
         """Hand `analysis` over (without its raw samples: 4 of the reference run's 28 MB); the drawing starts."""
@@ -188,50 +199,81 @@ class Beside:
 
         self.analysis = analysis
         payload = pickle.dumps(light(analysis), protocol=pickle.HIGHEST_PROTOCOL)
-        with os.fdopen(self.give_fd, "wb") as pipe, contextlib.suppress(BrokenPipeError):  # it failed: `wait` says why
+        with contextlib.suppress(BrokenPipeError), os.fdopen(self.give_fd, "wb") as pipe:  # it failed: `wait` says why
             self.give_fd = -1
             pipe.write(payload)
 
     def wait(self) -> list[Path]:
-        """The charts' files, once written. A failure is raised, with the process's last line."""
-        out, err = self.child.communicate()
+        """The charts' files, once written (none where it was handed nothing). A failure is raised, with the
+        process's last line."""
+        self._hand_nothing_more()
+        self.child.wait()
         if self.child.returncode == WITHHELD and self.analysis is not None:  # a chart read the raw samples
             from kvpages.render.plots import plot_run
 
             return plot_run(self.analysis, self.formats)
+        if self.child.returncode == MISSING:  # raised here as the session's own import would raise it
+            name = _said(self.err).strip().splitlines()[-1]
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         if self.child.returncode != 0:
             where = "" if self.analysis is None else f" {self.analysis.run.path}"
-            last = (err.decode(errors="replace").strip().splitlines() or [f"exit status {self.child.returncode}"])[-1]
+            last = (_said(self.err).strip().splitlines() or [f"exit status {self.child.returncode}"])[-1]
             raise RuntimeError(f"kvpages plot{where}: {last}")
-        return [Path(line) for line in out.decode().splitlines() if line]
+        return [Path(line) for line in _said(self.out).splitlines() if line]
 
     def stop(self) -> None:
-        """Stop it where it still runs (the session's analysis failed, or was interrupted): it has drawn nothing."""
+        """Once the session is done with it, or failed or was interrupted: one handed nothing is stopped (it has
+        drawn nothing); one drawing is waited for, so that no chart is left half-written."""
+        drawing = self.analysis is not None
+        self._hand_nothing_more()
+        if self.child.returncode is None:
+            if not drawing:
+                self.child.kill()
+            self.child.wait()
+        for opened in (self.out, self.err):
+            opened.close()
+
+    def _hand_nothing_more(self) -> None:
         if self.give_fd >= 0:
             os.close(self.give_fd)
             self.give_fd = -1
-        if self.child.returncode is None:  # not waited for
-            self.child.kill()
-            self.child.communicate()
+
+
+def _said(printed: IO[bytes]) -> str:
+    printed.seek(0)
+    return printed.read().decode(errors="replace")
 
 
 WITHHELD = 3
-"""The exit status of `main` where a chart read the raw samples it was not handed."""
+"""The exit status of `main` where a chart read the raw samples it was not handed..."""
+MISSING = 4
+"""...and where a module it imports is missing (its name its last line)."""
 
 
 def main(formats: tuple[str, ...]) -> int:
     """`python -m kvpages.render.drawing FORMAT...` (`Beside`'s process): an analysis pickled on stdin, drawn (matplotlib
-    warmed while it waits), each file written printed on a line; nothing for nothing on stdin."""
+    warmed while it waits), each file written printed on a line; nothing for nothing on stdin. It draws without the
+    cyclic collector and freezes what it holds at its exit, as the `kvpages` program does (kvpages.cli.main)."""
     from kvpages.schema.reader import SamplesWithheld
 
+    gc.disable()
     try:
         drawn = _draw_given(sys.stdin.fileno(), formats)
     except SamplesWithheld:
         return WITHHELD
+    except ModuleNotFoundError as exc:
+        if exc.name is None:
+            raise
+        print(exc.name, file=sys.stderr)
+        return MISSING
+    finally:
+        gc.freeze()
     for path in drawn:
         print(path)
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(tuple(sys.argv[1:])))
+if __name__ == "__main__":  # its functions from the module itself, not from this copy of it run as __main__
+    from kvpages.render.drawing import main as drawn_by_the_module
+
+    sys.exit(drawn_by_the_module(tuple(sys.argv[1:])))
