@@ -102,7 +102,8 @@ bench: $(STAMP)
 # saved it: mypy not reading what kvpages never imports (pyproject.toml: 16 -> 8 s of CPU); the cross-check's profiler
 # started without torch.profiler's wrapper, which imported torch._inductor, dynamo and sympy (kvpages.measure.crosscheck);
 # the two-rank run and the SGLang releases made once per session, not once per worker (conftest.built_once); a hung
-# worker stopped at 2 s, not 4 s.
+# worker stopped at 2 s, not 4 s. Later that day (11:00-11:36 UTC, the box faster): 7f5e368 141.8 and 146.3 s,
+# b7ae4dd 143.6 s, 9054f94 145.5, 143.7 and 147.7 s (pytest 124.2-128.9 s; set-up, mostly uv's downloads, 16.6-21.0 s).
 TEST_WORKERS ?= 2
 TEST_PYTEST := tests/ bench/ --benchmark-disable --kv-preset quick -q -n $(TEST_WORKERS) --dist loadgroup
 
