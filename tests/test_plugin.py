@@ -35,6 +35,19 @@ def run_dirs(root: Path) -> list[Path]:
     return sorted(p for p in (root / "results").glob("*") if p.is_dir()) if (root / "results").exists() else []
 
 
+def test_a_run_with_nothing_timed_is_reported_without_charts(bench):
+    """--kv-analyze on a run whose every case was skipped (the pinned variant needs CUDA): the summary and the report
+    say so, nothing is drawn, and the session passes (no chart process failing as `kvpages plot` refuses)."""
+    result = bench.runpytest("--kv-variants", "device_stride_pinned", "--kv-seq-lens", "64", "--kv-page-sizes", "4",
+                             "--kv-scenarios", "none", "--kv-repetitions", "1", "--kv-analyze", *CPU, *FAST)
+    result.assert_outcomes(skipped=1)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["no timed rows", "run folder: *", "report: *REPORT.md (with ratios.csv)"])
+    result.stdout.no_fnmatch_line("chart: *")
+    [folder] = run_dirs(bench.path)
+    assert (folder / "REPORT.md").exists() and not list(folder.glob("*.png"))
+
+
 def test_quick_preset_writes_a_complete_run(bench):
     result = bench.runpytest("--kv-preset", "quick", "--kv-analyze", *CPU, *FAST, "--kv-breakdown", "on")
     n_variants, reps = len(variant_names()), PRESETS["quick"].sweep.repetitions
