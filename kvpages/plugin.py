@@ -6,6 +6,7 @@ so a new variant is benchmarked without touching bench/.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -322,13 +323,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             from kvpages.analysis.gpu_answer import gpu_answer
             from kvpages.render.report import write_report
 
-            charts.give(analysis)  # drawn while the analysis is kept (a later command on the folder reads it) and
-            pickled(writer.path, lambda: analysis).keep()  # the GPU answer is analysed
+            charts.give(analysis)  # drawn while the GPU answer is analysed
             gpu = gpu_answer(analysis)
             for chart in charts.wait():  # the report links the charts written
                 terminalreporter.write_line(f"chart: {chart}")
             terminalreporter.write_line(f"report: {write_report(analysis, gpu)} (with ratios.csv)")
         kv.analysed(time.perf_counter() - started)
+        if analyze_too:  # kept for a later command on the folder, as it stands now (meta.json with those seconds)
+            kept = dataclasses.replace(analysis, run=analysis.run.meta_read_again())
+            pickled(writer.path, lambda: kept).keep()
         timing = writer.meta.timing
         after = f"; then its analysis {timing.analysis_s:.1f} s" if timing and timing.analysis_s else ""
         terminalreporter.write_line(f"kvpages: {writer.meta.efficiency_text()}{after}")

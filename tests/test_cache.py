@@ -199,3 +199,26 @@ def test_a_memo_pickle_cannot_take_leaves_the_entry_as_it_was(tmp_path, kept):
     loaded.analysis.run.cached(("a value it can",), lambda: 1)  # the memo grew beyond the unpicklable one: still not kept
     loaded.remember()
     assert entry.read_bytes() == before
+
+
+def test_a_sweeps_analysis_is_kept_as_its_folder_stands_after_it(pytester, kept, monkeypatch):
+    """--kv-analyze keeps the session's analysis once meta.json holds the analysis's seconds, so that plot and report
+    on the folder afterwards analyse nothing; what they read is what a fresh load gives (meta.json read again)."""
+    from conftest import FAST
+    from test_plugin import BENCH, CPU
+
+    from kvpages.schema.reader import load_run
+
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    result = pytester.runpytest("--kv-seq-lens", "512", "--kv-page-sizes", "64", "--kv-variants",
+                                "host_stride,device_stride", "--kv-scenarios", "none", "--kv-repetitions", "2",
+                                "--kv-analyze", *CPU, *FAST)
+    result.assert_outcomes(passed=4)
+    [folder] = [p for p in (pytester.path / "results").iterdir() if p.is_dir()]
+    made = []
+    monkeypatch.setattr(cache, "analyze", lambda run: made.append(run.path) or analyze(run))
+    assert [p.name.removesuffix(cache.SUFFIX) for p in entries(kept)] == [cache.key(folder)]
+    assert run_cli("plot", str(folder))[0] == 0 and run_cli("report", str(folder))[0] == 0 and made == []
+    found = cache.loads(cache._read(entries(kept)[0]) or b"").run.meta
+    assert found == load_run(folder).meta and found is not None and found.timing is not None
+    assert found.timing.analysis_s is not None and found.timing.analysis_s > 0

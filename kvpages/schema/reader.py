@@ -125,6 +125,11 @@ class Run:
         return dataclasses.replace(self, samples=_Withheld(),
                                    scenario_samples=None if self.scenario_samples is None else _Withheld())
 
+    def meta_read_again(self) -> Run:
+        """This run, its memo shared, with its meta.json read again: what a load of the folder gives after a session
+        added its analysis's seconds to it (`--kv-analyze`), the rest unchanged."""
+        return dataclasses.replace(self, meta=_read_meta(self.path / META_JSON))
+
     @property
     def memo_size(self) -> int:
         """How many values `cached` holds."""
