@@ -312,7 +312,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         from kvpages.render.summary import summary_text
         from kvpages.schema.reader import load_run
 
-        analysis = analyze(load_run(writer.path))
+        analysis = analyze(load_run(_as_named_here(writer.path)))
         terminalreporter.section("kvpages summary")
         terminalreporter.write_line(summary_text(analysis))
         terminalreporter.write_line(f"run folder: {writer.path} ({writer.meta.end_note})")
@@ -331,7 +331,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         kv.analysed(time.perf_counter() - started)
         if analyze_too:  # kept for a later command on the folder, as it stands now (meta.json with those seconds)
             kept = dataclasses.replace(analysis, run=analysis.run.meta_read_again())
-            pickled(writer.path, lambda: kept).keep()
+            pickled(kept.run.path, lambda: kept).keep()
         timing = writer.meta.timing
         after = f"; then its analysis {timing.analysis_s:.1f} s" if timing and timing.analysis_s else ""
         terminalreporter.write_line(f"kvpages: {writer.meta.efficiency_text()}{after}")
@@ -345,6 +345,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     finally:
         if charts is not None:
             charts.stop()
+
+
+def _as_named_here(folder: Path) -> Path:
+    """`folder` relative to the current folder where it lies under it (`results/<run-id>`, as the README's commands name
+    it), else as it is: an analysis is kept under its run's path as given (kvpages.analysis.cache), so the session's
+    is found by `kvpages plot results/<run-id>` run from here. Nothing it writes depends on which (the charts' lines
+    it prints are relative)."""
+    try:
+        return folder.relative_to(Path.cwd())
+    except ValueError:
+        return folder
 
 
 ANALYSIS_PACKAGES = ("pandas", "matplotlib")

@@ -202,8 +202,9 @@ def test_a_memo_pickle_cannot_take_leaves_the_entry_as_it_was(tmp_path, kept):
 
 
 def test_a_sweeps_analysis_is_kept_as_its_folder_stands_after_it(pytester, kept, monkeypatch):
-    """--kv-analyze keeps the session's analysis once meta.json holds the analysis's seconds, so that plot and report
-    on the folder afterwards analyse nothing; what they read is what a fresh load gives (meta.json read again)."""
+    """--kv-analyze keeps the session's analysis once meta.json holds the analysis's seconds, under the folder as the
+    README's commands name it from where the sweep ran (results/<run-id>), so that plot and report on it afterwards
+    analyse nothing; what they read is what a fresh load gives (meta.json read again)."""
     from conftest import FAST
     from test_plugin import BENCH, CPU
 
@@ -214,10 +215,10 @@ def test_a_sweeps_analysis_is_kept_as_its_folder_stands_after_it(pytester, kept,
                                 "host_stride,device_stride", "--kv-scenarios", "none", "--kv-repetitions", "2",
                                 "--kv-analyze", *CPU, *FAST)
     result.assert_outcomes(passed=4)
-    [folder] = [p for p in (pytester.path / "results").iterdir() if p.is_dir()]
+    [folder] = [p.relative_to(pytester.path) for p in (pytester.path / "results").iterdir() if p.is_dir()]
     made = []
     monkeypatch.setattr(cache, "analyze", lambda run: made.append(run.path) or analyze(run))
-    assert [p.name.removesuffix(cache.SUFFIX) for p in entries(kept)] == [cache.key(folder)]
+    assert [p.name.removesuffix(cache.SUFFIX) for p in entries(kept)] == [cache.key(folder)]  # results/<run-id>
     assert run_cli("plot", str(folder))[0] == 0 and run_cli("report", str(folder))[0] == 0 and made == []
     found = cache.loads(cache._read(entries(kept)[0]) or b"").run.meta
     assert found == load_run(folder).meta and found is not None and found.timing is not None
