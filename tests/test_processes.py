@@ -299,9 +299,23 @@ def test_a_case_a_worker_stopped_is_recorded_once_naming_its_process(pytester):
     assert run.meta.completed
 
 
+SLOW_SESSION = '''
+import sys
+import time
+
+
+def pytest_runtest_call(item):
+    if "--kv-worker" not in sys.argv:  # 0.15 s before each of the session's own blocks (untimed): its share lasts
+        time.sleep(0.15)  # seconds, not the tenth of one its 12 short blocks take, so the signal lands in the run
+'''
+"""The session's share made to last: a signal sent once the worker's first blocks are recorded comes before the run's
+end however late the test sees them (a loaded box once let the run finish first)."""
+
+
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_run_keeps_every_finished_block_and_marks_its_rows_partial(pytester, stop):
     pytester.makepyfile(test_kv_sweep=BENCH)
+    pytester.makeconftest(SLOW_SESSION)
     args = [a if a != "4" else "6" for a in TWO]  # 6 repetitions, 3 in the worker, 3 in the session
     timed = [a if a != "0.001" else "1" for a in TIMED]  # blocks long enough to interrupt the worker's share
     session = pytester.popen([sys.executable, "-m", "pytest", *args, *CPU, *timed], stdin=subprocess.DEVNULL)
