@@ -319,7 +319,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         if analyze_too:
             if charts is None:  # pandas is: the summary was made
                 raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
-            from kvpages.analysis.cache import pickled
             from kvpages.analysis.gpu_answer import gpu_answer
             from kvpages.render.report import write_report
 
@@ -330,8 +329,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             terminalreporter.write_line(f"report: {write_report(analysis, gpu)} (with ratios.csv)")
         kv.analysed(time.perf_counter() - started)
         if analyze_too:  # kept for a later command on the folder, as it stands now (meta.json with those seconds)
-            kept = dataclasses.replace(analysis, run=analysis.run.meta_read_again())
-            pickled(kept.run.path, lambda: kept).keep()
+            from kvpages.analysis.cache import keep
+
+            keep(dataclasses.replace(analysis, run=analysis.run.meta_read_again()))
         timing = writer.meta.timing
         after = f"; then its analysis {timing.analysis_s:.1f} s" if timing and timing.analysis_s else ""
         terminalreporter.write_line(f"kvpages: {writer.meta.efficiency_text()}{after}")

@@ -130,18 +130,30 @@ class Loaded:
         _write(self.found.entry, payload)
 
 
+def _entry(path: Path) -> Path | None:
+    """Where `path`'s analysis is kept; None where it is not (the cache off, or too much to hash)."""
+    where = folder()
+    name = None if where is None else key(path)
+    return None if where is None or name is None else where / f"{name}{SUFFIX}"
+
+
 def pickled(path: Path, analyse: Callable[[], Analysis] | None = None) -> Pickled:
     """`path`'s analysis pickled: the entry kept under its key, else `analyse()`'s (by default `path` loaded and
     analysed now), to be kept."""
-    where = folder()
-    name = None if where is None else key(path)
-    entry = None if where is None or name is None else where / f"{name}{SUFFIX}"
+    entry = _entry(path)
     found = None if entry is None else _read(entry)
     if found is not None:
         return Pickled(found, lambda: None, entry)
     made = analyze(load_run(path)) if analyse is None else analyse()
     payload = pickle.dumps(made, protocol=pickle.HIGHEST_PROTOCOL)
     return Pickled(payload, lambda: None if entry is None else _write(entry, payload), entry)
+
+
+def keep(analysis: Analysis) -> None:
+    """Keep `analysis` as its run's (a sweep's own, its folder finished), pickled only where it is kept."""
+    entry = _entry(analysis.run.path)
+    if entry is not None:
+        _write(entry, pickle.dumps(analysis, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def light(analysis: Analysis) -> Analysis:
