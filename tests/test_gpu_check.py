@@ -156,9 +156,10 @@ def test_a_cpu_rehearsal_runs_the_sweeps_then_compare_then_the_tests_and_archive
     assert load_run(tmp_path / "root" / "results" / on.name).meta.crosscheck == "on (own process)"
 
 
-def test_a_failing_step_is_named_at_the_end_and_the_later_steps_still_run(tmp_path):
-    python = tmp_path / "python"  # the real python, but the first sweep fails at once
-    python.write_text(f'#!/bin/sh\ncase " $* " in *" --kv-crosscheck off "*) echo "first sweep: no" >&2; exit 7;; esac\n'
+def test_failing_steps_are_named_at_the_end_and_the_later_steps_still_run(tmp_path):
+    python = tmp_path / "python"  # the real python, but the first sweep and the CUDA tests fail at once
+    python.write_text(f'#!/bin/sh\ncase " $* " in *" --kv-crosscheck off "*) echo "first sweep: no" >&2; exit 7;;\n'
+                      f'  *" -m cuda "*) echo "cuda tests: no" >&2; exit 5;; esac\n'
                       f'exec {shlex.quote(sys.executable)} "$@"\n')
     python.chmod(0o755)
     archive, results = tmp_path / "archive", tmp_path / "results"
@@ -170,8 +171,9 @@ def test_a_failing_step_is_named_at_the_end_and_the_later_steps_still_run(tmp_pa
     assert in_order(log, "== sweep-off (", "first sweep: no\n== sweep-off failed: exit 7\n", "== sweep-on (",
                     f"run folder: {on}", f"== archive: {archive}/runs.tar.gz holds results/{on.name}\n",
                     f"== compare skipped: it needs the run folders of both sweeps (off: none, on: {on})",
-                    "== cuda-tests (")
-    assert log.endswith(f"gpu-check: FAILED 1 of 4 steps: sweep-off (exit 7); log and runs in {archive}\n")
+                    "== cuda-tests (", "cuda tests: no\n== cuda-tests failed: exit 5\n")
+    assert log.endswith(f"gpu-check: FAILED 2 of 4 steps: sweep-off (exit 7), cuda-tests (exit 5); log and runs in "
+                        f"{archive}\n")
     assert {n.split("/")[1] for n in archived(archive / "runs.tar.gz")} == {on.name}
 
 
