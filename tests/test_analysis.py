@@ -220,19 +220,32 @@ def write(path: Path, data: bytes) -> Path:
     return path
 
 
-@pytest.mark.parametrize(
-    "make, words",
-    [
-        (lambda t: t / "missing", "no such file or folder"),
-        (lambda t: (t / "empty").mkdir() or t / "empty", "no results.csv here; not a kvpages run folder"),
-        (lambda t: write(t / "e.csv", b""), "e.csv: empty file"),
-        (lambda t: write(t / "b.csv", b"\x89PNG\r\n\x1a\n\x00\x00"), "b.csv: binary file"),
-        (lambda t: write(t / "c.csv", b"variant,seq_len\nx,1\n"), "c.csv: missing required columns: device, device_name"),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_2(tmp_path, make, words):
-    target = make(tmp_path)
-    for done in cli_each(*([command, str(target)] for command in ("plot", "report", "summary"))):
+BAD_INPUTS = {
+    "missing": (lambda t: t / "missing", "no such file or folder"),
+    "empty folder": (lambda t: (t / "empty").mkdir() or t / "empty", "no results.csv here; not a kvpages run folder"),
+    "empty file": (lambda t: write(t / "e.csv", b""), "e.csv: empty file"),
+    "binary file": (lambda t: write(t / "b.csv", b"\x89PNG\r\n\x1a\n\x00\x00"), "b.csv: binary file"),
+    "columns": (lambda t: write(t / "c.csv", b"variant,seq_len\nx,1\n"), "c.csv: missing required columns: device, device_name"),
+}
+"""Each bad input a command can be given: how it is made in a folder, and what the error says of it."""
+READERS = ("plot", "report", "summary")
+
+
+@pytest.fixture(scope="module")
+def bad_input_errors(tmp_path_factory) -> dict[str, tuple[Path, list[subprocess.CompletedProcess]]]:
+    """Each of READERS on each of BAD_INPUTS: the input, and what each command did, all in one torch-less interpreter
+    (one start-up, not one per input)."""
+    made = {name: make(tmp_path_factory.mktemp("bad")) for name, (make, _) in BAD_INPUTS.items()}
+    done = cli_each(*([command, str(target)] for target in made.values() for command in READERS))
+    return {name: (target, done[i * len(READERS):(i + 1) * len(READERS)]) for i, (name, target) in enumerate(made.items())}
+
+
+@pytest.mark.parametrize("name", BAD_INPUTS)
+def test_bad_input_is_one_line_and_exit_2(bad_input_errors, name):
+    target, results = bad_input_errors[name]
+    words = BAD_INPUTS[name][1]
+    assert [done.args for done in results] == [[command, str(target)] for command in READERS]
+    for done in results:
         assert done.returncode == 2
         assert done.stderr.count("\n") == 1 and words in done.stderr and "Traceback" not in done.stderr
         assert done.stderr.startswith(f"kvpages: error: {target}")
