@@ -104,6 +104,10 @@ bench: $(STAMP)
 # the two-rank run and the SGLang releases made once per session, not once per worker (conftest.built_once); a hung
 # worker stopped at 2 s, not 4 s. Later that day (11:00-11:36 UTC, the box faster): 7f5e368 141.8 and 146.3 s,
 # b7ae4dd 143.6 s, 9054f94 145.5, 143.7 and 147.7 s (pytest 124.2-128.9 s; set-up, mostly uv's downloads, 16.6-21.0 s).
+# Later (12:50-14:04 UTC), ten fresh clones from 2ecb627 to 1ebdc39: 138.8-149.9 s in nine, 154.7 s in the last (set-up
+# 11.8-19.6 s, pytest 122.4-132.5 s, the box slowing: a clone's second run took 118.2-123.9 s). A fresh clone's first
+# run took 15 s more CPU than its second: mypy without its cache about 7 s, the rest bytecode and pytest's rewritten
+# kvpages modules written (the first pytest process 0.9 s more than the next).
 TEST_WORKERS ?= 2
 TEST_PYTEST := tests/ bench/ --benchmark-disable --kv-preset quick -q -n $(TEST_WORKERS) --dist loadgroup
 
