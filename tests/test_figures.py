@@ -30,6 +30,56 @@ def drawing(tmp_path: Path, name: str):
     return draw
 
 
+def two_lengths(tmp_path: Path) -> Path:
+    """A run folder of host_stride and device_stride at two lengths: enough rows for the per-point charts."""
+    return synthetic_run(tmp_path / "run", {("host_stride", 512, 64): 2.0, ("device_stride", 512, 64): 3.0,
+                                            ("host_stride", 8192, 64): 8.0, ("device_stride", 8192, 64): 4.0})
+
+
+def drawn_alone(tmp_path: Path, run: Path) -> list[Path]:
+    """The charts one process draws from `run`'s whole analysis, into a folder of their own."""
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    return plot_run(analyze(load_run(run)), out_dir=alone)
+
+
+def assert_same_charts(drawn: list[Path], run: Path, alone: list[Path]) -> None:
+    """`drawn` (into `run`) are the files `alone` are, in their order, byte for byte."""
+    assert [p.name for p in drawn] == [p.name for p in alone]
+    for chart in alone:
+        assert chart.read_bytes() == (run / chart.name).read_bytes(), chart.name
+
+
+SAMPLES_CHART = '''
+from kvpages.render import plots
+
+def samples_chart(analysis, frame, dtype, layout, stem, formats):
+    path = stem.with_suffix(".txt")
+    path.write_text(f"{sum(len(blocks) for blocks in analysis.run.samples.values())} blocks")
+    return [path]
+
+plots.CHARTS = (*plots.CHARTS, ("samples", samples_chart))
+'''
+"""A chart that reads the raw samples (a text file of their count), added to kvpages' charts where it runs."""
+
+
+def add_samples_chart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """SAMPLES_CHART run in this process (kvpages' charts put back after the test); the folder that holds it as a
+    sitecustomize, for a process started with it on PYTHONPATH."""
+    import importlib.util
+
+    from kvpages.render import plots
+
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "sitecustomize.py").write_text(SAMPLES_CHART)
+    spec = importlib.util.spec_from_file_location("samples_chart", extra / "sitecustomize.py")
+    assert spec is not None and spec.loader is not None
+    monkeypatch.setattr(plots, "CHARTS", plots.CHARTS)  # put back after the test; the module adds its chart
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    return extra
+
+
 @pytest.mark.parametrize("processes", [1, 2])
 def test_the_files_come_back_in_order_whoever_draws_them(tmp_path, processes):
     here, there = drawing(tmp_path, "here.png"), drawing(tmp_path, "there.png")
@@ -62,20 +112,16 @@ def test_an_error_here_wins_and_the_other_process_is_waited_for(tmp_path):
 def test_plot_draws_what_one_process_draws_without_matplotlib_in_its_own(tmp_path):
     """`kvpages plot` (kvpages.render.drawing.draw_run): the charts one process draws from the same analysis, byte for
     byte, while the command's own process imports no matplotlib where others draw."""
-    run = synthetic_run(tmp_path / "run", {("host_stride", 512, 64): 2.0, ("device_stride", 512, 64): 3.0,
-                                           ("host_stride", 8192, 64): 8.0, ("device_stride", 8192, 64): 4.0})
+    run = two_lengths(tmp_path)
     code = ("import sys; from kvpages.cli import main; code = main(['plot', sys.argv[1]]); "
             "print('matplotlib' in sys.modules); sys.exit(code)")
     done = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     *charts, imported = done.stdout.splitlines()
     assert imported == str(not FORKS)
-    alone = tmp_path / "alone"
-    alone.mkdir()
-    again = plot_run(analyze(load_run(run)), out_dir=alone)
-    assert [Path(c).name for c in charts] == [p.name for p in again] and len(again) >= 3
-    for chart in again:
-        assert chart.read_bytes() == (run / chart.name).read_bytes(), chart.name
+    again = drawn_alone(tmp_path, run)
+    assert_same_charts([Path(c) for c in charts], run, again)
+    assert len(again) >= 3
 
 
 @forks
@@ -129,34 +175,12 @@ def test_a_chart_that_reads_the_raw_samples_is_drawn_here_from_the_whole_analysi
     """The drawing process gets the analysis without its raw samples; were a chart to read them, this process draws
     every chart itself from the whole analysis: the same files as one process drawing alone."""
     from kvpages.analysis.cache import pickled
-    from kvpages.render import plots
 
-    def samples_chart(analysis, frame, dtype, layout, stem, formats) -> list[Path]:
-        path = stem.with_suffix(".txt")
-        path.write_text(f"{sum(len(blocks) for blocks in analysis.run.samples.values())} blocks")
-        return [path]
-
-    monkeypatch.setattr(plots, "CHARTS", (*plots.CHARTS, ("samples", samples_chart)))
+    add_samples_chart(tmp_path, monkeypatch)
     run = synthetic_run(tmp_path / "run", {("host_stride", 512, 64): 2.0, ("device_stride", 512, 64): 3.0})
     drawn = draw_run(lambda: pickled(run), ("png",))
     assert (run / "samples_int32_fragmented.txt").read_text() == "20 blocks"  # 2 rows of 10 repetitions
-    alone = tmp_path / "alone"
-    alone.mkdir()
-    again = plot_run(analyze(load_run(run)), out_dir=alone)
-    assert [p.name for p in drawn] == [p.name for p in again]
-    for chart in again:
-        assert chart.read_bytes() == (run / chart.name).read_bytes(), chart.name
-
-
-def two_rows(tmp_path: Path) -> Path:
-    return synthetic_run(tmp_path / "run", {("host_stride", 512, 64): 2.0, ("device_stride", 512, 64): 3.0,
-                                            ("host_stride", 8192, 64): 8.0, ("device_stride", 8192, 64): 4.0})
-
-
-def drawn_alone(tmp_path: Path, run: Path) -> list[Path]:
-    alone = tmp_path / "alone"
-    alone.mkdir()
-    return plot_run(analyze(load_run(run)), out_dir=alone)
+    assert_same_charts(drawn, run, drawn_alone(tmp_path, run))
 
 
 @pytest.fixture
@@ -180,15 +204,14 @@ def beside():
 def test_a_sweeps_drawing_process_draws_what_one_process_draws_from_the_analysis_it_is_handed(tmp_path, beside):
     """`--kv-analyze`: a process started before the analysis exists, handed it without its raw samples, writes the
     charts one process draws from the whole analysis, byte for byte."""
-    run = two_rows(tmp_path)
+    run = two_lengths(tmp_path)
     charts = beside()
     charts.give(analyze(load_run(run)))
     drawn = charts.wait()
     assert charts.child.returncode == 0
     again = drawn_alone(tmp_path, run)
-    assert [p.name for p in drawn] == [p.name for p in again] and len(again) >= 3
-    for chart in again:
-        assert chart.read_bytes() == (run / chart.name).read_bytes(), chart.name
+    assert_same_charts(drawn, run, again)
+    assert len(again) >= 3
 
 
 def test_a_sweeps_drawing_process_handed_nothing_is_stopped_and_one_drawing_is_waited_for(tmp_path, beside):
@@ -198,7 +221,7 @@ def test_a_sweeps_drawing_process_handed_nothing_is_stopped_and_one_drawing_is_w
     waiting = beside()
     waiting.stop()
     assert waiting.child.returncode == -signal.SIGKILL and waiting.give_fd == -1 and waiting.out.closed
-    run = two_rows(tmp_path)
+    run = two_lengths(tmp_path)
     drawing = beside()
     drawing.give(analyze(load_run(run)))
     drawing.stop()
@@ -208,7 +231,7 @@ def test_a_sweeps_drawing_process_handed_nothing_is_stopped_and_one_drawing_is_w
 
 
 def test_a_sweeps_drawing_process_that_fails_is_raised_with_its_last_line(tmp_path, beside):
-    run = two_rows(tmp_path)
+    run = two_lengths(tmp_path)
     (run / "latency_int32_fragmented.png").mkdir()  # where the first chart goes
     charts = beside()
     charts.give(analyze(load_run(run)))
@@ -216,37 +239,14 @@ def test_a_sweeps_drawing_process_that_fails_is_raised_with_its_last_line(tmp_pa
         charts.wait()
 
 
-SAMPLES_CHART = '''
-from pathlib import Path
-from kvpages.render import plots
-
-def samples_chart(analysis, frame, dtype, layout, stem, formats):
-    path = stem.with_suffix(".txt")
-    path.write_text(f"{sum(len(blocks) for blocks in analysis.run.samples.values())} blocks")
-    return [path]
-
-plots.CHARTS = (*plots.CHARTS, ("samples", samples_chart))
-'''
-
-
 def test_a_chart_that_reads_the_raw_samples_in_a_sweeps_drawing_process_is_drawn_here_from_the_whole_analysis(
         tmp_path, monkeypatch, beside):
     """Were a chart to read the raw samples the drawing process was not handed, the session draws every chart
     itself from the whole analysis. The chart is added in both processes: in the drawing one by a sitecustomize."""
-    import importlib.util
-
-    from kvpages.render import plots
     from kvpages.render.drawing import WITHHELD
 
-    extra = tmp_path / "extra"
-    extra.mkdir()
-    (extra / "sitecustomize.py").write_text(SAMPLES_CHART)
+    extra = add_samples_chart(tmp_path, monkeypatch)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(extra), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    spec = importlib.util.spec_from_file_location("samples_chart", extra / "sitecustomize.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setattr(plots, "CHARTS", plots.CHARTS)  # put back after the test; the module adds its chart
-    spec.loader.exec_module(module)
     run = synthetic_run(tmp_path / "run", {("host_stride", 512, 64): 2.0, ("device_stride", 512, 64): 3.0})
     charts = beside()
     charts.give(analyze(load_run(run)))
