@@ -5,10 +5,11 @@
 #   TORCH=system         reuse the torch of $(PYTHON) (e.g. your CUDA build): the venv sees its site-packages;
 #                        with VENV=/path/to/an/existing/venv that has torch, that venv is used as it is
 # With a pinned TORCH, pip only picks the torch file (its configuration finds the CPU wheel: `--dry-run --report`,
-# nothing installed) and installs $(UV); uv then installs that file, pip and the rest together, unpacking on every
-# core. Bytecode is written for what kvpages imports, by importing it once (the measuring side and torch beside the
-# analysis side and its charts with matplotlib, pytest: 1,300 modules, 4 s of CPU), not for all 10,000 modules (uv's
-# --compile-bytecode or compileall: 27 s of CPU); what a test imports besides is written the first time it runs.
+# nothing installed) while it installs $(UV) (the two at once: 1.7 s instead of 3.1 s on the dev box, 2026-12-05);
+# uv then installs that file, pip and the rest together, unpacking on every core. Bytecode is written for what kvpages
+# imports, by importing it once (the measuring side and torch beside the analysis side and its charts with matplotlib,
+# pytest: 1,300 modules, 4 s of CPU), not for all 10,000 modules (uv's --compile-bytecode or compileall: 27 s of CPU);
+# what a test imports besides is written the first time it runs.
 # The venv is made without pip (ensurepip: 4 s) where $(PYTHON)'s own pip can install into it (--python, pip >= 22.3);
 # else ensurepip gives it one. On the 2-core dev box, uv's cache empty each time, alternating (2026-12-05): set-up took
 # 24.8, 30.8 and 34.6 s when pip installed torch, compileall compiled it and uv installed the rest, and 20.6 and 20.9 s
@@ -52,14 +53,16 @@ else
 	test -x $(BIN)/python || $(PYTHON) -m venv --without-pip $(VENV)
 	pip="$(PYTHON) -m pip --python $(BIN)/python"; $$pip --version > /dev/null 2>&1 || \
 		{ $(BIN)/python -m ensurepip > /dev/null && pip="$(BIN)/python -m pip"; } && \
+	report=$(VENV)/.torch-report; \
+	{ $$pip install -q --dry-run --no-deps --ignore-installed --report - "$(TORCH)" > $$report 2> /dev/null & picking=$$!; } && \
 	$$pip install -q --no-compile "$(UV)" && \
-	{ report=$$($$pip install -q --dry-run --no-deps --ignore-installed --report - "$(TORCH)" 2> /dev/null) && \
-	  torch=$$(printf %s "$$report" | $(BIN)/python -c \
-		'import json, sys; got = json.load(sys.stdin)["install"][0]; print(got["metadata"]["name"], "@", got["download_info"]["url"])') && \
+	{ wait $$picking && torch=$$($(BIN)/python -c \
+		'import json, sys; got = json.load(sys.stdin)["install"][0]; print(got["metadata"]["name"], "@", got["download_info"]["url"])' \
+		< $$report) && \
 	  echo "uv installs $$torch (the file pip picked for $(TORCH)), pip and kvpages[test]"; } || \
 	{ echo "pip did not report the file it picks (pip < 22.2, or no such torch): pip installs $(TORCH)"; \
 	  $$pip install -q --no-compile "$(TORCH)" && torch=; } && \
-	$(BIN)/uv pip install --python $(BIN)/python -q $${torch:+"$$torch"} pip -e ".[test]"
+	rm -f $$report && $(BIN)/uv pip install --python $(BIN)/python -q $${torch:+"$$torch"} pip -e ".[test]"
 	$(BIN)/python -c 'import kvpages.measure.session' & warm=$$!; \
 	$(BIN)/python -c 'import kvpages.cli, kvpages.plugin, kvpages.render.plots, pytest_benchmark.plugin' && wait $$warm
 endif

@@ -142,7 +142,7 @@ def fails_on_rank_one(kv_slices, page_size):
 
 @pytest.mark.parametrize("what, action, message", [
     ("raises", "raise RuntimeError('boom on purpose')", "rank 1 of 2: fails_on_rank_one-step-B4*RuntimeError: boom on purpose*"),
-    ("hangs", "time.sleep(120)", "*rank(s) 1 did not arrive within 5 s*"),
+    pytest.param("hangs", "time.sleep(120)", "*rank(s) 1 did not arrive within 5 s*", marks=pytest.mark.waits),
 ])
 def test_a_rank_that_fails_or_hangs_stops_the_run_naming_it(tmp_path, what, action, message):
     (tmp_path / "test_steps.py").write_text(STEPS)
