@@ -54,12 +54,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=NO_CUDA_REASON))
         if "rehearsal" in getattr(item, "fixturenames", ()) and XDIST_RUN is not None:
             start_rehearsal(config)
-    items.sort(key=lambda item: item.get_closest_marker("waits") is None)
-    """The tests that mostly wait for a limit to run out (a hung rank or worker) first: under `pytest -n` their waits
-    fall beside the rehearsal's CPU work, which starts at collection, and not beside another test's wait (a hung
-    rank's 5 s beside a sleeping variant's re-measurement left both cores of the 2-core dev box idle for 4 s). There,
-    three `pytest -n 2` runs each, alternating (2026-12-05): 126.4-130.2 s before, 115.0-120.7 s after; cores idle
-    17.0-17.7 core-seconds before, 10.0-12.3 after (sampled every 0.5 s)."""
+    items.sort(key=lambda item: item.get_closest_marker("early") is None)
+    """The tests marked early first. Under `pytest -n`, the waits of those that mostly wait for a limit to run out (a
+    hung rank or worker) fall beside the rehearsal's CPU work, which starts at collection, and not beside another
+    test's wait (a hung rank's 5 s beside a sleeping variant's re-measurement left both cores of the 2-core dev box
+    idle for 4 s); and what the session shares (`built_once`) is built before the tests that read it are dealt, so
+    that no worker waits for the other to build it. There, three `pytest -n 2` runs each, alternating (2026-12-05),
+    with the three waiting tests first: 126.4-130.2 s before, 115.0-120.7 s after; cores idle 17.0-17.7 core-seconds
+    before, 10.0-12.3 after (sampled every 0.5 s)."""
 
 
 def call_variant(v, kv: torch.Tensor, page_size: int):
@@ -217,7 +219,8 @@ def assert_phases_add_up(meta: RunMeta) -> None:
 def built_once(config: pytest.Config, name: str, build: Callable[[Path], None]) -> Path:
     """A folder `build(folder)` fills once per session: under `pytest -n`, by the first worker to ask, while the others
     wait for it (up to 300 s) and read it too (a module's tests are dealt to both workers, and each would build the
-    module's fixtures again); the tests that read it change nothing in it."""
+    module's fixtures again); the tests that read it change nothing in it. One test of each is marked early, so that it
+    is built before the others are dealt."""
     factory = config._tmp_path_factory  # type: ignore[attr-defined]
     if XDIST_RUN is None:
         folder = factory.mktemp(name)

@@ -156,6 +156,7 @@ def csv_cell(r: pd.Series) -> str:
     return f"{sig(r['ratio'])} [{sig(r['ci_low'])}, {sig(r['ci_high'])}] {r['verdict']}"
 
 
+@pytest.mark.early
 def test_each_single_run_machine_shows_its_own_ratios_csv(folders, a_b):
     fleet, report = a_b
     cells = side_by_side(report)

@@ -368,7 +368,7 @@ def pytest_runtest_call(item):
 '''
 
 
-@pytest.mark.waits
+@pytest.mark.early
 @pytest.mark.parametrize("hang, says", [("start", "was not ready within its limit of 2 s"),
                                         ("turn", "did not finish within its limit of 2 s")])
 def test_a_worker_past_its_limit_is_stopped_and_the_run_fails_naming_it(pytester, hang, says):

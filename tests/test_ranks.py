@@ -64,6 +64,7 @@ def two_ranks(request: pytest.FixtureRequest) -> tuple[Path, subprocess.Complete
     return folder, subprocess.CompletedProcess(["torchrun"], code, out, err)
 
 
+@pytest.mark.early
 def test_two_ranks_write_one_run_folder_with_every_rank_in_meta(two_ranks):
     folder, done = two_ranks
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
@@ -142,7 +143,7 @@ def fails_on_rank_one(kv_slices, page_size):
 
 @pytest.mark.parametrize("what, action, message", [
     ("raises", "raise RuntimeError('boom on purpose')", "rank 1 of 2: fails_on_rank_one-step-B4*RuntimeError: boom on purpose*"),
-    pytest.param("hangs", "time.sleep(120)", "*rank(s) 1 did not arrive within 5 s*", marks=pytest.mark.waits),
+    pytest.param("hangs", "time.sleep(120)", "*rank(s) 1 did not arrive within 5 s*", marks=pytest.mark.early),
 ])
 def test_a_rank_that_fails_or_hangs_stops_the_run_naming_it(tmp_path, what, action, message):
     (tmp_path / "test_steps.py").write_text(STEPS)

@@ -175,6 +175,7 @@ def releases(request: pytest.FixtureRequest):
 RELEASES = ("0.5.15", "0.5.16")
 
 
+@pytest.mark.early
 def test_two_real_releases_are_read_by_their_source(releases):
     _, (old, new) = releases
     assert (old.source.name, old.convention) == ("sglang@0.5.15", "numpy")
