@@ -1,4 +1,7 @@
-"""Shared fixtures: CUDA-marked tests skip with a reason on machines without CUDA."""
+"""Shared fixtures: CUDA-marked tests skip with a reason on machines without CUDA.
+
+torch, numpy and kvpages are imported where they are used, not here: under `pytest -n` the controller, which runs no
+test, imports this module before it starts the workers, and importing them took it 1.6 s (on the 2-core dev box)."""
 
 from __future__ import annotations
 
@@ -6,9 +9,15 @@ import os
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
+
+if TYPE_CHECKING:
+    import torch
+
+    from kvpages.analysis.ratios import Analysis
+    from kvpages.schema.meta import RunMeta
 
 os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} -p no:hypothesispytest".strip()
 """The pytest sessions these tests start as plain subprocesses (gpu_check.sh's sweeps and CUDA tests, torchrun's ranks,
@@ -44,14 +53,14 @@ def analysis_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-NO_CUDA_REASON = f"needs a CUDA device: torch.cuda.is_available() is False (torch {torch.__version__})"
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    no_cuda = f"needs a CUDA device: torch.cuda.is_available() is False (torch {torch.__version__})"
     for item in items:
         if "cuda" in item.keywords and not torch.cuda.is_available():
-            item.add_marker(pytest.mark.skip(reason=NO_CUDA_REASON))
+            item.add_marker(pytest.mark.skip(reason=no_cuda))
         if "rehearsal" in getattr(item, "fixturenames", ()) and XDIST_RUN is not None:
             start_rehearsal(config)
     items.sort(key=lambda item: item.get_closest_marker("early") is None)
@@ -95,16 +104,6 @@ from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import numpy as np  # noqa: E402
-
-from kvpages.analysis.ratios import Analysis, analyze  # noqa: E402
-from kvpages.core.stats import row_statistics  # noqa: E402
-from kvpages.render.report import write_report  # noqa: E402
-from kvpages.schema.meta import PHASES, Environment, ProcessInfo, RunMeta, RunTiming  # noqa: E402
-from kvpages.schema.reader import load_run  # noqa: E402
-from kvpages.schema.rows import POINTS, Row, SampleSet  # noqa: E402
-from kvpages.schema.writer import RunWriter  # noqa: E402
-
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -141,6 +140,10 @@ def reported_reference(tmp_path_factory: pytest.TempPathFactory) -> Reported:
     """A copy of the newest committed sweep, re-analysed from its samples with this code and reported (ratios.csv,
     scenario_ratios.csv, noisy.csv, REPORT.md, APPENDIX.md), once for every test that only reads it; a test that
     changes a run folder copies this one first."""
+    from kvpages.analysis.ratios import analyze
+    from kvpages.render.report import write_report
+    from kvpages.schema.reader import load_run
+
     if not reference_runs():
         pytest.skip("no run committed under results/")
     run = tmp_path_factory.mktemp("reference") / reference_runs()[-1].name
@@ -169,6 +172,13 @@ def synthetic_run(folder: Path, medians_us: dict[tuple[str, int, int], float], s
 
     For testing the analysis only; it never goes into results/.
     """
+    import numpy as np
+
+    from kvpages.core.stats import row_statistics
+    from kvpages.schema.meta import Environment, ProcessInfo, RunMeta, RunTiming
+    from kvpages.schema.rows import POINTS, Row, SampleSet
+    from kvpages.schema.writer import RunWriter
+
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True)
     env = Environment("0", "3", "t", "n", "b", "p", "cpu-model", 2, 2, "cpu", "test-cpu", None, None, None,
@@ -205,6 +215,8 @@ def assert_phases_add_up(meta: RunMeta) -> None:
     """meta.json's phases of a real sweep: none negative, each process's adding up to its wall (they are measured
     apart, so this holds only if none is counted twice), and the processes' and the cross-check's to the session's;
     and some of it timed."""
+    from kvpages.schema.meta import PHASES
+
     timing = meta.timing
     assert timing is not None and meta.processes
     for p in meta.processes:
