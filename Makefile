@@ -110,7 +110,11 @@ bench: $(STAMP)
 # Later (12:50-14:04 UTC), ten fresh clones from 2ecb627 to 1ebdc39: 138.8-149.9 s in nine, 154.7 s in the last (set-up
 # 11.8-19.6 s, pytest 122.4-132.5 s, the box slowing: a clone's second run took 118.2-123.9 s). A fresh clone's first
 # run took 15 s more CPU than its second: mypy without its cache about 7 s, the rest bytecode and pytest's rewritten
-# kvpages modules written (the first pytest process 0.9 s more than the next).
+# kvpages modules written (the first pytest process 0.9 s more than the next). Later (15:32-16:02 UTC, the box slower),
+# five fresh clones each, alternating: 5b07a3c 145.4-147.8 s (set-up 16.0-17.7 s), 1072f6c and 29a82c0 139.4-142.9 s
+# (set-up 11.2-17.3 s): the tests that mostly wait for a limit first, beside the rehearsal (tests/conftest.py), the
+# controller of `pytest -n` starting its workers without importing torch (1.8 s less before the first test), and pip
+# picking the torch file while it installs uv.
 TEST_WORKERS ?= 2
 TEST_PYTEST := tests/ bench/ --benchmark-disable --kv-preset quick -q -n $(TEST_WORKERS) --dist loadgroup
 
