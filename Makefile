@@ -113,7 +113,7 @@ bench: $(STAMP)
 # kvpages modules written (the first pytest process 0.9 s more than the next). Later (15:32-16:02 UTC, the box slower),
 # five fresh clones each, alternating: 5b07a3c 145.4-147.8 s (set-up 16.0-17.7 s), 1072f6c and 29a82c0 139.4-142.9 s
 # (set-up 11.2-17.3 s): the tests that mostly wait for a limit first, beside the rehearsal (tests/conftest.py), the
-# controller of `pytest -n` starting its workers without importing torch (1.8 s less before the first test), and pip
+# controller of `pytest -n` starting its workers without importing torch (its conftest import 1.8 s -> 0.2 s), and pip
 # picking the torch file while it installs uv.
 TEST_WORKERS ?= 2
 TEST_PYTEST := tests/ bench/ --benchmark-disable --kv-preset quick -q -n $(TEST_WORKERS) --dist loadgroup

@@ -73,14 +73,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=no_cuda))
         if "rehearsal" in getattr(item, "fixturenames", ()) and XDIST_RUN is not None:
             start_rehearsal(config)
+    # The tests marked early first. Under `pytest -n`, the waits of those that mostly wait for a limit to run out (a
+    # hung rank or worker) fall beside the rehearsal's CPU work, which starts at collection, and not beside another
+    # test's wait (a hung rank's 5 s beside a sleeping variant's re-measurement left both cores of the 2-core dev box
+    # idle for 4 s); and what the session shares (`built_once`) is built before the tests that read it are dealt, so
+    # that no worker waits for the other to build it. There (2026-12-05, sampled every 0.5 s), a `pytest -n 2` left the
+    # cores idle for 17.0-17.7 core-seconds before (three runs) and 6.1-8.7 with every early test first (five runs);
+    # with the afternoon's other changes, a fresh clone's `make test` went from 145.4-147.8 s to 139.4-142.9 s
+    # (Makefile).
     items.sort(key=lambda item: item.get_closest_marker("early") is None)
-    """The tests marked early first. Under `pytest -n`, the waits of those that mostly wait for a limit to run out (a
-    hung rank or worker) fall beside the rehearsal's CPU work, which starts at collection, and not beside another
-    test's wait (a hung rank's 5 s beside a sleeping variant's re-measurement left both cores of the 2-core dev box
-    idle for 4 s); and what the session shares (`built_once`) is built before the tests that read it are dealt, so
-    that no worker waits for the other to build it. There (2026-12-05, sampled every 0.5 s), a `pytest -n 2` left the
-    cores idle for 17.0-17.7 core-seconds before (three runs) and 6.1-8.7 with every early test first (five runs); with
-    the afternoon's other changes, a fresh clone's `make test` went from 145.4-147.8 s to 139.4-142.9 s (Makefile)."""
 
 
 def call_variant(v, kv: torch.Tensor, page_size: int):
