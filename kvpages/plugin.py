@@ -24,6 +24,7 @@ from kvpages.measure.worklog import (  # torch-free: every pytest session loads 
     WORKER_GO_FLAG,
     WORKER_SPARE_FLAG,
     WorkerLog,
+    exit_at_once,
     exit_without_collecting,
     process_started_at,
     round_path,
@@ -38,6 +39,7 @@ SESSION_KEY = pytest.StashKey["KvSession"]()
 START_KEY = pytest.StashKey[float]()
 LAUNCH_KEY = pytest.StashKey["Launch"]()
 SPARE_KEY = pytest.StashKey[WorkerLog]()
+FINISHED_KEY = pytest.StashKey[pytest.Session]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -287,7 +289,16 @@ def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if SESSION_KEY in config.stash:
+        config.stash[FINISHED_KEY] = session
         config.stash[SESSION_KEY].finish(exitstatus, time.perf_counter() - config.stash[START_KEY])
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A sweep's worker leaves as soon as pytest is done, with pytest's exit status (kvpages.measure.worklog)."""
+    kv, session = config.stash.get(SESSION_KEY, None), config.stash.get(FINISHED_KEY, None)
+    if kv is not None and kv.log is not None and session is not None:
+        exit_at_once(int(session.exitstatus))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

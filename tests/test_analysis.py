@@ -361,6 +361,33 @@ def test_a_finished_runs_sample_files_are_gzip_and_read_back_the_same(tmp_path):
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "samples.csv.gz: not a complete gzip file" in done.stderr
 
 
+def test_the_sample_files_are_compressed_as_they_grow_byte_for_byte_or_from_the_file(tmp_path):
+    """The session compresses each per-round file as its blocks are appended (kvpages.schema.writer.Gzipping): the
+    finished .gz holds what was appended, byte for byte, and no hidden stream is left. A CSV that changed behind the
+    stream (a byte appended by hand) is compressed from the file itself, so the .gz always holds the file."""
+    from kvpages.schema.meta import RunTiming
+    from kvpages.schema.rows import POINTS, SampleSet
+    from kvpages.schema.writer import RunWriter
+
+    source = load_run(synthetic_run(tmp_path / "source", {("host_stride", 512, 1): 2.0}, repetitions=3))
+    for edited in (False, True):
+        folder = tmp_path / f"run-{edited}"
+        folder.mkdir()
+        writer = RunWriter(folder, source.meta)
+        for r, block in enumerate(source.samples[("host_stride", "int32", "fragmented", 512, 1)]):
+            writer.add_samples(POINTS, [SampleSet("host_stride", "int32", "fragmented", 512, 1, r, r, 0,
+                                                  tuple(float(x) for x in block))])
+        plain = folder / "samples.csv"
+        if edited:
+            with open(plain, "a") as f:
+                f.write("\n")
+        appended = plain.read_bytes()
+        writer.finish(True, "all rows recorded", RunTiming(1.0))
+        assert not plain.exists() and sorted(p.name for p in folder.iterdir()) == ["meta.json", "results.csv",
+                                                                                   "samples.csv.gz"]
+        assert gzip.decompress((folder / "samples.csv.gz").read_bytes()) == appended
+
+
 def test_a_cuda_run_prices_pre_prs_copy_once(tmp_path):
     """On a CUDA run pre-PR's time holds its copy: its host work is what its stride adds to the same copy at page size
     1, never its whole time, so a prediction of it is host work + one copy, and one of the merged PR at p=1 is one

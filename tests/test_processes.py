@@ -169,13 +169,15 @@ def test_the_repetitions_per_process_follow_from_the_noise_and_the_costs(tmp_pat
 
 
 def test_a_worker_log_is_read_as_it_grows_and_a_torn_last_line_waits(tmp_path):
+    """Each outcome as it was logged, its samples bit for bit (kvpages.measure.outcome.SERIES); a torn line waits."""
     log, reader = WorkerLog(tmp_path / "process-0.jsonl"), LogReader(tmp_path / "process-0.jsonl")
-    samples = SampleSet("host_stride", "int32", "fragmented", 32, 4, 0, 0, 0, (1.0, 2.0))
+    samples = SampleSet("host_stride", "int32", "fragmented", 32, 4, 0, 0, 0, (1.0, 0.1, 13.061, 5e-324, 1.7976931348623157e308))
     block = BlockOutcome("host_stride-s32-p4-int32-fragmented", POINTS, 0, (samples,), MeterReading(128, 1, "none (cpu)", 1))
     stop = BlockOutcome("device_stride-s32-p4-int32-fragmented", POINTS, 0, status="mismatch", note="wrong output",
                         fail=True)
     log.write(block)
-    assert reader.new_outcomes() == [block]
+    [read] = reader.new_outcomes()
+    assert read == block and [x.hex() for x in read.samples[0].samples_us] == [x.hex() for x in samples.samples_us]
     log.write(stop)
     with open(tmp_path / "process-0.jsonl", "a") as f:
         f.write('{"case_id": "ho')
@@ -344,6 +346,47 @@ def test_an_interrupted_run_keeps_every_finished_block_and_marks_its_rows_partia
         if set(run.processes[key]) == {0}:
             assert not math.isfinite(r.ci_high)
     assert "row(s) are partial" in "\n".join(caveats(analysis))
+
+
+HELD_SESSION = '''
+import sys
+import time
+from pathlib import Path
+
+OWN = []
+
+
+def pytest_runtest_call(item):
+    if "--kv-worker" not in sys.argv:
+        OWN.append(item.nodeid)
+        if len(OWN) == 3:  # two of its own blocks are done, their writes held: the signal may come
+            Path(__file__).with_name("two-own-blocks").write_text("")
+        time.sleep(0.15)  # its share lasts seconds, so the signal lands in it
+'''
+
+
+def test_a_session_stopped_in_its_own_share_writes_the_blocks_it_held(pytester):
+    """With a spare waiting for a round, the session holds back the run folder's writes of its own blocks while it
+    times them (kvpages.measure.recorder.Recorder.hold): an interruption then writes every block it finished."""
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    pytester.makeconftest(HELD_SESSION)
+    args = [a if a != "4" else "6" for a in TWO[:-2]]  # re-measurement on: a spare, so the session holds
+    session = pytester.popen([sys.executable, "-m", "pytest", *args, *CPU, *TIMED], stdin=subprocess.DEVNULL)
+    marker = pytester.path / "two-own-blocks"
+    for _ in range(1200):
+        if marker.exists() or session.poll() is not None:
+            break
+        time.sleep(0.05)
+    assert marker.exists(), "the session ended before its third block"
+    [written] = pytester.path.glob(f"results/*/{SAMPLES_CSV}")
+    before = [line.split(",")[7] for line in written.read_text().splitlines()[1:]]  # the process column
+    session.send_signal(signal.SIGINT)
+    session.communicate(timeout=120)
+    run = load_run(run_dirs(pytester.path)[0])
+    assert before and set(before) == {"0"}  # the worker's blocks, none of the session's yet
+    own = sum(p == 1 for key in run.samples for p in run.processes[key])
+    assert own >= 2 and not run.meta.completed and run.meta.end_note.startswith("interrupted after")
+    assert int(run.rows["repetitions"].sum()) == sum(len(b) for b in run.samples.values())
 
 
 HUNG_WORKER = '''

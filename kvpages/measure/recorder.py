@@ -4,10 +4,11 @@ interrupted run keeps every block it finished (what it writes when: docs/guide.m
 
 from __future__ import annotations
 
+import functools
 import shlex
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -87,10 +88,34 @@ class Recorder:
             self.by_target.setdefault(target, []).append(case)
         self.recorded = 0  # cases with a row written
         self.partial = 0
+        self.held: list[Callable[[], None]] | None = None  # writes held back while this process times (`hold`)
+
+    def hold(self) -> None:
+        """Hold back the run folder's writes of the blocks recorded from now on (their samples, and the rows they
+        complete: the statistics of every repetition) until `release`: this process times its own share next, and
+        they are written while the next process times, as each worker's blocks are written while the next worker
+        times. What is recorded in memory (each case's blocks, status and readings) is not held."""
+        if self.held is None:
+            self.held = []
+
+    def release(self) -> None:
+        """Write what was held, in the order it was recorded (an interruption waits until it is written)."""
+        with deferred_interruption():
+            held, self.held = self.held or [], None
+            for write in held:
+                write()
+
+    def _then(self, write: Callable[[], None]) -> None:
+        if self.held is None:
+            write()
+        else:
+            self.held.append(write)
 
     def record(self, outcome: BlockOutcome) -> None:
         """One block's outcome, from this process or a worker's log; an interruption (SIGINT, SIGTERM) waits until
         it is recorded, so a block is in samples.csv exactly when it is in its row."""
+        if self.held is not None and outcome.process != self.process:  # another process times: write what was held
+            self.release()
         case = self.cases.get(outcome.case_id)
         if case is None or case.status is not None:  # not selected, or already recorded as stopped
             return
@@ -107,7 +132,7 @@ class Recorder:
                 case.blocks += outcome.samples
                 case.repetitions |= {s.repetition for s in outcome.samples}
                 if self.writer is not None:
-                    self.writer.add_samples(outcome.table, outcome.samples)
+                    self._then(functools.partial(self.writer.add_samples, outcome.table, outcome.samples))
             cases = self.by_target[case.target]
             if all(c.status is not None or self._complete(c) for c in cases):
                 self._write(case.target, [c for c in cases if c.status is None], OK)
@@ -125,6 +150,7 @@ class Recorder:
 
     def finish(self) -> None:
         """Write what the run left unwritten: a case interrupted after some of its repetitions is `partial`."""
+        self.release()
         for target, cases in self.by_target.items():  # a re-measured case has its planned repetitions: ok
             self._write(target, [c for c in cases if c.status is None and self._complete(c, planned=True)], OK)
             partial = [c for c in cases if c.status is None and c.blocks]
@@ -135,21 +161,28 @@ class Recorder:
         return len(case.repetitions) >= self.repetitions + (0 if planned else case.extra)
 
     def _write(self, target: Target, cases: list[Case], status: str, note: str | None = None) -> None:
-        rows: list[Row | ScenarioRow | RankRow] = []
+        """The cases' status now; their rows, from what they hold now, written now or when released (`hold`)."""
         again = any(case.written for case in cases)
         self.recorded += sum(not case.written for case in cases)
+        now: list[tuple[str, MeterReading | None, str, list[Samples]]] = []
         for case in cases:
             case.written = True
             case.status = status
             blocks = sorted(case.blocks, key=lambda b: b.repetition) if status in (OK, PARTIAL) else []
-            reading = next(iter(case.readings.values()), None)
             text = case.note if note is None else note
             if status == PARTIAL:
                 text = f"{len(case.repetitions)} of {self.repetitions} repetitions: the run was interrupted"
-            bench, narrowed = target.narrowed(case.variant, self.context.options, self.context.device)
-            repro = shlex.join(self.launcher + (bench, "--benchmark-only") + narrowed.to_args())  # re-runs just this case
-            rows += target.rows(case.variant, self.context, reading, status, text, blocks, repro)
-        if rows and self.writer is not None and again:
-            self.writer.replace_rows(target.table, rows, KEY_COLUMNS if target.table is POINTS else SCENARIO_KEY)
-        elif rows and self.writer is not None:
-            self.writer.add_rows(target.table, rows)
+            now.append((case.variant, next(iter(case.readings.values()), None), text, blocks))
+
+        def write() -> None:
+            rows: list[Row | ScenarioRow | RankRow] = []
+            for variant, reading, text, blocks in now:
+                bench, narrowed = target.narrowed(variant, self.context.options, self.context.device)
+                repro = shlex.join(self.launcher + (bench, "--benchmark-only") + narrowed.to_args())  # re-runs the case
+                rows += target.rows(variant, self.context, reading, status, text, blocks, repro)
+            if rows and self.writer is not None and again:
+                self.writer.replace_rows(target.table, rows, KEY_COLUMNS if target.table is POINTS else SCENARIO_KEY)
+            elif rows and self.writer is not None:
+                self.writer.add_rows(target.table, rows)
+
+        self._then(write)

@@ -85,8 +85,9 @@ def needs(recorder: Recorder, baselines: tuple[str, str], planned: int, factor: 
         base = timed.get(baselines[0 if point else 1])
         if base is None:
             continue
+        levels = {variant: levels_of(case) for variant, case in timed.items()}  # the baseline's once, for every pair
         for case in timed.values():
-            logs = None if case is base else paired(levels_of(base), levels_of(case))
+            logs = None if case is base else paired(levels[base.variant], levels[case.variant])
             if logs is not None:
                 families[point].append((target, base.variant, case.variant, logs))
     found: dict[Target, tuple[list[str], float]] = {}
