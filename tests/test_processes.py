@@ -348,6 +348,34 @@ def test_an_interrupted_run_keeps_every_finished_block_and_marks_its_rows_partia
     assert "row(s) are partial" in "\n".join(caveats(analysis))
 
 
+SIGNAL_AS_TURN_ENDS = '''
+import kvpages.measure.workers as workers
+
+run = workers.Worker.run
+
+
+def run_then_signal(self, *args, **kwargs):
+    run(self, *args, **kwargs)
+    raise KeyboardInterrupt("signal SIGINT")  # as a signal landing just as the worker's turn ended
+
+
+workers.Worker.run = run_then_signal
+'''
+
+
+def test_a_signal_as_a_workers_turn_ends_keeps_that_worker_in_the_run(pytester):
+    """A signal landing as a worker's turn ends interrupts the run with that worker recorded in meta.json's
+    processes: its blocks are a cut-short two-process run's (no interval from one process), not a one-process run's."""
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    pytester.makeconftest(SIGNAL_AS_TURN_ENDS)
+    result = pytester.runpytest_subprocess(*TWO, *CPU, *TIMED, timeout=100)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    run = load_run(run_dirs(pytester.path)[0])
+    assert [(p.index, p.role) for p in run.meta.processes] == [(0, "worker"), (1, "session")]
+    assert not run.meta.completed and {p for key in run.samples for p in run.processes[key]} == {0}
+    assert all(not math.isfinite(r.ci_high) for r in analyze(run).ratios)
+
+
 HELD_SESSION = '''
 import sys
 import time
