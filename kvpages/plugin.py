@@ -289,13 +289,21 @@ def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if SESSION_KEY in config.stash:
-        config.stash[FINISHED_KEY] = session
         config.stash[SESSION_KEY].finish(exitstatus, time.perf_counter() - config.stash[START_KEY])
+
+
+@pytest.hookimpl(specname="pytest_sessionfinish", wrapper=True, tryfirst=True)
+def pytest_sessionfinish_cleanly(session: pytest.Session, exitstatus: int):  # pytest takes only pytest_* names
+    """pytest's end ran without an error (every plugin's, the terminal summary's): a worker may leave at once."""
+    result = yield
+    session.config.stash[FINISHED_KEY] = session
+    return result
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """A sweep's worker leaves as soon as pytest is done, with pytest's exit status (kvpages.measure.worklog)."""
+    """A sweep's worker leaves as soon as pytest is done, with pytest's exit status (kvpages.measure.worklog); after an
+    error in pytest's end it leaves as pytest does, with its traceback and status."""
     kv, session = config.stash.get(SESSION_KEY, None), config.stash.get(FINISHED_KEY, None)
     if kv is not None and kv.log is not None and session is not None:
         exit_at_once(int(session.exitstatus))

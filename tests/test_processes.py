@@ -29,7 +29,7 @@ from kvpages.measure.worklog import BlocksSpent, LogReader, WorkerEnd, WorkerLog
 from kvpages.render.report import caveats
 from kvpages.schema.meta import ProcessInfo
 from kvpages.schema.reader import load_run
-from kvpages.schema.rows import PARTIAL, POINTS, SAMPLES_CSV, SampleSet
+from kvpages.schema.rows import PARTIAL, POINTS, RESULTS_CSV, SAMPLES_CSV, SampleSet
 
 # --------------------------------------------------------------------------------------------- the schedule
 
@@ -387,33 +387,36 @@ OWN = []
 def pytest_runtest_call(item):
     if "--kv-worker" not in sys.argv:
         OWN.append(item.nodeid)
-        if len(OWN) == 3:  # two of its own blocks are done, their writes held: the signal may come
-            Path(__file__).with_name("two-own-blocks").write_text("")
+        if len(OWN) == 10:  # 9 of its 12 blocks are done, so at least one case is complete: its row is held
+            Path(__file__).with_name("nine-own-blocks").write_text("")
         time.sleep(0.15)  # its share lasts seconds, so the signal lands in it
 '''
 
 
-def test_a_session_stopped_in_its_own_share_writes_the_blocks_it_held(pytester):
-    """With a spare waiting for a round, the session holds back the run folder's writes of its own blocks while it
-    times them (kvpages.measure.recorder.Recorder.hold): an interruption then writes every block it finished."""
+def test_a_session_stopped_in_its_own_share_writes_the_rows_it_held(pytester):
+    """With a spare waiting for a round, the session holds back the rows its own blocks complete while it times them
+    (kvpages.measure.recorder.Recorder.hold), and appends their samples as they end: an interruption then writes
+    every row it held, and the rest as partial."""
     pytester.makepyfile(test_kv_sweep=BENCH)
     pytester.makeconftest(HELD_SESSION)
     args = [a if a != "4" else "6" for a in TWO[:-2]]  # re-measurement on: a spare, so the session holds
     session = pytester.popen([sys.executable, "-m", "pytest", *args, *CPU, *TIMED], stdin=subprocess.DEVNULL)
-    marker = pytester.path / "two-own-blocks"
+    marker = pytester.path / "nine-own-blocks"
     for _ in range(1200):
         if marker.exists() or session.poll() is not None:
             break
         time.sleep(0.05)
-    assert marker.exists(), "the session ended before its third block"
+    assert marker.exists(), "the session ended before its tenth block"
     [written] = pytester.path.glob(f"results/*/{SAMPLES_CSV}")
-    before = [line.split(",")[7] for line in written.read_text().splitlines()[1:]]  # the process column
+    processes = [line.split(",")[7] for line in written.read_text().splitlines()[1:]]  # the process column
+    rows_then = (written.parent / RESULTS_CSV).read_text().splitlines()[1:]
     session.send_signal(signal.SIGINT)
     session.communicate(timeout=120)
+    assert processes.count("1") >= 9 and rows_then == []  # its samples on disk, the rows they completed held
     run = load_run(run_dirs(pytester.path)[0])
-    assert before and set(before) == {"0"}  # the worker's blocks, none of the session's yet
-    own = sum(p == 1 for key in run.samples for p in run.processes[key])
-    assert own >= 2 and not run.meta.completed and run.meta.end_note.startswith("interrupted after")
+    done = run.rows[run.rows["status"] == "ok"]
+    assert len(done) >= 1 and (done["repetitions"] == 6).all()  # the held rows, written
+    assert not run.meta.completed and run.meta.end_note.startswith("interrupted after")
     assert int(run.rows["repetitions"].sum()) == sum(len(b) for b in run.samples.values())
 
 

@@ -91,19 +91,22 @@ class Recorder:
         self.held: list[Callable[[], None]] | None = None  # writes held back while this process times (`hold`)
 
     def hold(self) -> None:
-        """Hold back the run folder's writes of the blocks recorded from now on (their samples, and the rows they
-        complete: the statistics of every repetition) until `release`: this process times its own share next, and
-        they are written while the next process times, as each worker's blocks are written while the next worker
-        times. What is recorded in memory (each case's blocks, status and readings) is not held."""
+        """Hold back the rows that blocks recorded from now on complete (the statistics of every repetition, the
+        costly part of recording), and the compression of their samples, until `release`: this process times its own
+        share next, the last planned, so each of its blocks completes a case. Its samples are still appended as each
+        block ends (a process killed meanwhile keeps them); its rows follow once another process times
+        (kvpages.measure.session) or at the end. What is recorded in memory (each case's blocks, status and readings)
+        is not held."""
         if self.held is None:
             self.held = []
 
     def release(self) -> None:
-        """Write what was held, in the order it was recorded (an interruption waits until it is written)."""
+        """Do the held writes, in the order they were recorded (an interruption waits until they are done; a write
+        that fails leaves the later ones held)."""
         with deferred_interruption():
-            held, self.held = self.held or [], None
-            for write in held:
-                write()
+            while self.held:
+                self.held.pop(0)()
+            self.held = None
 
     def _then(self, write: Callable[[], None]) -> None:
         if self.held is None:
@@ -131,8 +134,9 @@ class Recorder:
                 case.note = outcome.note or case.note
                 case.blocks += outcome.samples
                 case.repetitions |= {s.repetition for s in outcome.samples}
-                if self.writer is not None:
-                    self._then(functools.partial(self.writer.add_samples, outcome.table, outcome.samples))
+                if self.writer is not None:  # on disk now; compressed now, or once released (`hold`)
+                    data = self.writer.add_samples(outcome.table, outcome.samples, compress=False)
+                    self._then(functools.partial(self.writer.compress, outcome.table, data))
             cases = self.by_target[case.target]
             if all(c.status is not None or self._complete(c) for c in cases):
                 self._write(case.target, [c for c in cases if c.status is None], OK)
@@ -149,13 +153,15 @@ class Recorder:
         return {case_id: case.readings[0] for case_id, case in self.cases.items() if 0 in case.readings}
 
     def finish(self) -> None:
-        """Write what the run left unwritten: a case interrupted after some of its repetitions is `partial`."""
-        self.release()
-        for target, cases in self.by_target.items():  # a re-measured case has its planned repetitions: ok
-            self._write(target, [c for c in cases if c.status is None and self._complete(c, planned=True)], OK)
-            partial = [c for c in cases if c.status is None and c.blocks]
-            self.partial += len(partial)
-            self._write(target, partial, PARTIAL)
+        """Write what the run left unwritten: a case interrupted after some of its repetitions is `partial` (a
+        second interruption waits until it is written)."""
+        with deferred_interruption():
+            self.release()
+            for target, cases in self.by_target.items():  # a re-measured case has its planned repetitions: ok
+                self._write(target, [c for c in cases if c.status is None and self._complete(c, planned=True)], OK)
+                partial = [c for c in cases if c.status is None and c.blocks]
+                self.partial += len(partial)
+                self._write(target, partial, PARTIAL)
 
     def _complete(self, case: Case, planned: bool = False) -> bool:
         return len(case.repetitions) >= self.repetitions + (0 if planned else case.extra)

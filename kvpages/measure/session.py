@@ -268,7 +268,7 @@ class KvSession:
         spare = self.options.remeasure_fraction > 0 and self.context.group is None  # a first round without a start
         run_workers(command, WORKER_START_S, limits, self.recorder, say, self.workers, spare=spare)
         self.runner.first_readings = self.recorder.first_readings()  # this process is a later one too
-        if self.workers.spare is not None:  # its own blocks are written while the spare times its round (or at the end)
+        if self.workers.spare is not None:  # its own rows are written beside the spare's round (or at the end)
             self.recorder.hold()
         self.pinned.pin()  # its own share next (the workers it started are free: they pinned themselves)
 

@@ -185,7 +185,9 @@ def wait_exit(child: subprocess.Popen, timeout_s: float) -> None:
             child.wait(timeout=timeout_s)
         return
     try:
-        select.select([pidfd], [], [], timeout_s)
+        waiting = select.poll()
+        waiting.register(pidfd, select.POLLIN)
+        waiting.poll(timeout_s * 1000)
     finally:
         os.close(pidfd)
 

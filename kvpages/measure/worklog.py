@@ -7,6 +7,7 @@ its start and exit. No torch import: the plugin imports this at every pytest sta
 from __future__ import annotations
 
 import atexit
+import ctypes
 import dataclasses
 import gc
 import json
@@ -62,6 +63,8 @@ def exit_at_once(status: int) -> NoReturn:
     for stream in filter(None, (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)):
         with suppress(Exception):  # closed or detached: nothing of it is left to write
             stream.flush()
+    with suppress(Exception):  # C's stdio buffers too (libtorch's std::cout goes through them)
+        ctypes.CDLL(None).fflush(None)
     os._exit(status)
 
 

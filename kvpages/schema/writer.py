@@ -82,8 +82,16 @@ class RunWriter:
         self._append(RESULTS_CSV, POINTS.columns, [])  # a run without points has no rows
         self.write_meta()
 
-    def add_samples(self, table: Table, samples: Sequence[Samples]) -> None:
+    def add_samples(self, table: Table, samples: Sequence[Samples], compress: bool = True) -> bytes:
+        """Append `samples`; return what was appended, compressed now or, with `compress=False`, by `compress` later
+        (in the order appended)."""
         data = self._append(table.samples_csv, table.sample_columns, [sample_record(s) for s in samples])
+        if compress:
+            self.compress(table, data)
+        return data
+
+    def compress(self, table: Table, data: bytes) -> None:
+        """Feed what `add_samples` appended to the file's gzip stream (`Gzipping`)."""
         self._gzipping.setdefault(table.samples_csv, Gzipping()).add(data)
 
     def add_rows(self, table: Table, rows: Sequence[Row | ScenarioRow | RankRow]) -> None:
@@ -133,12 +141,13 @@ falls."""
 @dataclass
 class Gzipping:
     """A per-round file's gzip stream (COMPRESS_LEVEL), compressed as its blocks are appended and kept in memory (a
-    quarter of the file) until the run ends: the session compresses a worker's blocks while the next worker times, as
-    it writes them, instead of the whole file once the last process is done (0.24 s of the session's end in `make
-    bench`'s sweep, 2026-12-05). One stream from first byte to last: the same compressed bytes as compressing the
-    finished file. A run killed first leaves only its CSV, as before."""
+    quarter of the file) until the run ends: the session compresses a worker's blocks as it writes them, during the
+    worker's turn, instead of the whole file once the last process is done (0.24 s of the session's end in `make
+    bench`'s sweep, 2026-12-05). One stream from first byte to last: the same deflate data as compressing the
+    finished file (only the gzip header's OS byte differs). A run killed first leaves only its CSV, as before."""
 
     fed: int = 0  # the bytes compressed so far
+    crc: int = 0  # their CRC-32
     chunks: list[bytes] = field(default_factory=list)
     _stream: Any = field(default_factory=lambda: zlib.compressobj(COMPRESS_LEVEL, zlib.DEFLATED, GZIP_WBITS))
 
@@ -147,10 +156,12 @@ class Gzipping:
         if out:
             self.chunks.append(out)
         self.fed += len(data)
+        self.crc = zlib.crc32(data, self.crc)
 
     def end(self, plain: Path, tmp: Path) -> bool:
-        """Into plain's .gz (through `tmp`) if the stream holds every byte of `plain`; else False (compress the file)."""
-        if plain.stat().st_size != self.fed:
+        """Into plain's .gz (through `tmp`) if the stream holds `plain` as it is (its size and CRC-32); else False:
+        compress the file."""
+        if plain.stat().st_size != self.fed or zlib.crc32(plain.read_bytes()) != self.crc:
             return False
         with open(tmp, "wb") as f:
             f.writelines([*self.chunks, self._stream.flush()])
