@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -314,6 +315,13 @@ def pytest_runtest_call(item):
 end however late the test sees them (a loaded box once let the run finish first)."""
 
 
+def wait_while_running(session: subprocess.Popen, done: Callable[[], bool], limit_s: float = 60.0) -> None:
+    """Until `done()`, the session's end, or `limit_s`, looking every 0.05 s: when to send a signal into a run."""
+    deadline = time.monotonic() + limit_s
+    while not done() and session.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_run_keeps_every_finished_block_and_marks_its_rows_partial(pytester, stop):
     pytester.makepyfile(test_kv_sweep=BENCH)
@@ -321,13 +329,12 @@ def test_an_interrupted_run_keeps_every_finished_block_and_marks_its_rows_partia
     args = [a if a != "4" else "6" for a in TWO]  # 6 repetitions, 3 in the worker, 3 in the session
     timed = [a if a != "0.001" else "1" for a in TIMED]  # blocks long enough to interrupt the worker's share
     session = pytester.popen([sys.executable, "-m", "pytest", *args, *CPU, *timed], stdin=subprocess.DEVNULL)
-    seen = 0
-    for _ in range(1200):  # until the first blocks are written (the worker's), or the session ends
+    def blocks_written() -> int:
         samples = list(pytester.path.glob(f"results/*/{SAMPLES_CSV}"))
-        seen = len(samples[0].read_text().splitlines()) - 1 if samples else 0
-        if seen >= 2 or session.poll() is not None:
-            break
-        time.sleep(0.05)
+        return len(samples[0].read_text().splitlines()) - 1 if samples else 0
+
+    wait_while_running(session, lambda: blocks_written() >= 2)  # the first blocks written (the worker's)
+    seen = blocks_written()
     session.send_signal(stop)
     session.communicate(timeout=120)
     assert seen >= 2, "no block was written before the session ended"
@@ -402,10 +409,7 @@ def test_a_session_stopped_in_its_own_share_writes_the_rows_it_held(pytester):
     args = [a if a != "4" else "6" for a in TWO[:-2]]  # re-measurement on: a spare, so the session holds
     session = pytester.popen([sys.executable, "-m", "pytest", *args, *CPU, *TIMED], stdin=subprocess.DEVNULL)
     marker = pytester.path / "nine-own-blocks"
-    for _ in range(1200):
-        if marker.exists() or session.poll() is not None:
-            break
-        time.sleep(0.05)
+    wait_while_running(session, marker.exists)
     assert marker.exists(), "the session ended before its tenth block"
     [written] = pytester.path.glob(f"results/*/{SAMPLES_CSV}")
     processes = [line.split(",")[7] for line in written.read_text().splitlines()[1:]]  # the process column

@@ -91,8 +91,8 @@ def test_a_disturbed_process_is_re_measured_and_does_not_move_the_ratio(pytester
     assert record.spare and (record.rounds > 1 or record.spent_s < first.wall_s - first.startup_s + 0.5)
     assert (run.rows["repetitions"] == 3 + record.rounds).all() and run.meta.completed
     assert run.processes[KEY][:3] == (0, 1, 2) and set(run.processes[KEY][3:]) == set(range(3, 3 + record.rounds))
-    written = list(pd.read_csv(sample_file(run.path, "samples.csv"))["process"])  # the session's held blocks, then the
-    assert written == sorted(written)  # rounds': in the order they were timed (kvpages.measure.recorder.Recorder.hold)
+    written = list(pd.read_csv(sample_file(run.path, "samples.csv"))["process"])  # the session's blocks, then the
+    assert written == sorted(written)  # rounds': in the order timed, its held rows and compression notwithstanding
     medians = np.array([np.median(b) for b in run.samples[KEY]])
     assert medians[0] > 2 * np.median(medians[1:])  # the disturbance was there, large and obvious
     analysis = analyze(run)

@@ -47,7 +47,7 @@ class BlockOutcome:
 
     def to_json(self) -> str:
         """One JSON line; each series of samples as its float64 bytes in base64 (`SERIES`): a block's 1,000-2,000
-        floats as JSON numbers took 0.25 ms to write in the worker's turn, as bytes 0.08 ms."""
+        floats as JSON numbers took 0.25 ms to write in the worker's turn, as bytes 0.07 ms."""
         reading = None if self.reading is None else dataclasses.asdict(self.reading)
         samples = [{f.name: _packed(getattr(s, f.name)) for f in dataclasses.fields(s)} for s in self.samples]
         return json.dumps({**vars(self), "table": self.table.rows_csv, "reading": reading, "samples": samples})

@@ -116,7 +116,8 @@ class Recorder:
 
     def record(self, outcome: BlockOutcome) -> None:
         """One block's outcome, from this process or a worker's log; an interruption (SIGINT, SIGTERM) waits until
-        it is recorded, so a block is in samples.csv exactly when it is in its row."""
+        it is recorded, so once its case's rows are written (held ones at `release`) a block is in samples.csv
+        exactly when it is in its row."""
         if self.held is not None and outcome.process != self.process:  # another process times: write what was held
             self.release()
         case = self.cases.get(outcome.case_id)

@@ -158,14 +158,12 @@ class Gzipping:
         self.fed += len(data)
         self.crc = zlib.crc32(data, self.crc)
 
-    def end(self, plain: Path, tmp: Path) -> bool:
-        """Into plain's .gz (through `tmp`) if the stream holds `plain` as it is (its size and CRC-32); else False:
-        compress the file."""
+    def end(self, plain: Path, out: Path) -> bool:
+        """Into `out` if the stream holds `plain` as it is (its size and CRC-32); else False: compress the file."""
         if plain.stat().st_size != self.fed or zlib.crc32(plain.read_bytes()) != self.crc:
             return False
-        with open(tmp, "wb") as f:
+        with open(out, "wb") as f:
             f.writelines([*self.chunks, self._stream.flush()])
-        os.replace(tmp, plain.with_name(f"{plain.name}.gz"))
         return True
 
 
@@ -176,15 +174,15 @@ def compress_samples(folder: Path, gzipping: Mapping[str, Gzipping] | None = Non
     appears whole (renamed into place), then the CSV goes; a reader takes either."""
     for name in SAMPLE_FILES:
         plain = folder / name
-        tmp = folder / f".{name}.gz.tmp"
         if not plain.is_file():
             continue
+        tmp = folder / f".{name}.gz.tmp"
         stream = (gzipping or {}).get(name)
         if stream is None or not stream.end(plain, tmp):
             with open(plain, "rb") as src, open(tmp, "wb") as raw, \
                     gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=COMPRESS_LEVEL, mtime=0) as out:
                 shutil.copyfileobj(src, out)
-            os.replace(tmp, folder / f"{name}.gz")
+        os.replace(tmp, folder / f"{name}.gz")
         plain.unlink()
 
 
