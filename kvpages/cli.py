@@ -1,5 +1,7 @@
 """The `kvpages` command: list, report on, compare and set side by side the variants, options and runs.
-Only `list` imports torch (the variant registry); each command imports what it uses. User errors: one line, exit 2.
+Only `list` imports torch (the variant registry); each command imports what it uses, and the program imports neither
+numpy nor pandas before a command needs them (a kept report needs neither, kvpages.render.kept; `kvpages plot` starts
+its drawing process first, kvpages.render.drawing). User errors: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -8,21 +10,42 @@ import argparse
 import dataclasses
 import gc
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvpages.analysis.cite import CiteError
-from kvpages.analysis.ratios import Analysis
+from kvpages.core.checks import UserError
 from kvpages.core.names import CANDIDATE
-from kvpages.core.presets import PRESETS
-from kvpages.render.compare import FORMATS as COMPARE_FORMATS
-from kvpages.render.compare import Compared
-from kvpages.schema.profiles import ProfileError
-from kvpages.schema.reader import RunError, load_run
 
 if TYPE_CHECKING:
     from kvpages.analysis.cache import Loaded, Pickled
+    from kvpages.analysis.ratios import Analysis
+
+
+class _Names:
+    """The names of a table (the presets, compare's formats), read from it only where argparse needs them: a value
+    given, an error or --help (the presets' module imports numpy)."""
+
+    def __init__(self, table: Callable[[], Sequence[str]]):
+        self._table = table
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._table()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+
+def _presets() -> tuple[str, ...]:
+    from kvpages.core.presets import PRESETS
+
+    return tuple(PRESETS)
+
+
+def _compare_formats() -> tuple[str, ...]:
+    from kvpages.render.compare import FORMATS
+
+    return tuple(FORMATS)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,6 +72,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_scenarios(args: argparse.Namespace) -> int:
+    from kvpages.core.presets import PRESETS
     from kvpages.core.scenarios import LENGTHS, describe
 
     print(f"scenarios of preset {args.preset!r} (kvpages/core/presets.py); step lengths: " + "; ".join(LENGTHS.values()))
@@ -74,7 +98,7 @@ def cmd_options(args: argparse.Namespace) -> int:
         try:
             text = with_options_table(page.read_text(), str(page))
         except ValueError as exc:
-            raise RunError(str(exc)) from exc
+            raise UserError(str(exc)) from exc
         page.write_text(text)
         print(f"written: the options table in {page}")
     return 0
@@ -88,6 +112,8 @@ def _pickled(path: Path, profile_files: Sequence[Path] = ()) -> Pickled:
 
     profiles = tuple(read_profile(f) for f in profile_files)
     if profiles:
+        from kvpages.schema.reader import load_run
+
         run = load_run(path)
         record_profiles(run.path if run.path.is_dir() else run.path.parent, profiles)
     return pickled(path)
@@ -107,6 +133,7 @@ def _loaded(path: Path, profile_files: Sequence[Path] = ()) -> Loaded:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from kvpages.render.drawing import draw_run
+    from kvpages.schema.reader import RunError
 
     formats = ("png", "svg") if args.svg else ("png",)
     charts = draw_run(lambda: _pickled(args.run, args.link_profile), formats)
@@ -118,15 +145,24 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from kvpages.analysis.gpu_answer import gpu_answer
-    from kvpages.render.report import write_report
+    from kvpages.render.kept import KeptReport, write_files
 
-    loaded = _loaded(args.run, args.link_profile)
-    gpu = gpu_answer(loaded.analysis, args.gpu_run)
-    path = write_report(loaded.analysis, gpu)
-    for made in (loaded,) if gpu is None else (loaded, gpu.loaded):  # its findings, recommendations and estimates
-        made.remember()
-    print(path.read_text(), end="")  # rendered once
+    kept = None if args.link_profile else KeptReport.of(args.run, args.gpu_run)
+    files = None if kept is None else kept.files()
+    folder, fresh = args.run, files is None
+    if files is None:  # nothing kept: the analysis loaded (or made), its report made (or read from its memo)
+        from kvpages.analysis.gpu_answer import gpu_answer
+        from kvpages.render.report import made_report
+
+        loaded = _loaded(args.run, args.link_profile)
+        gpu = gpu_answer(loaded.analysis, args.gpu_run)
+        files, folder = made_report(loaded.analysis, gpu), loaded.analysis.run.path
+        for made in (loaded,) if gpu is None else (loaded, gpu.loaded):  # its findings, recommendations and estimates
+            made.remember()
+    path = write_files(folder, files)
+    if fresh and kept is not None:  # for the next report on the folder, once these are written
+        kept.keep(files)
+    print(files[-1][1], end="")  # REPORT.md, rendered once
     print(f"written: {path} and {path.parent / 'ratios.csv'}", file=sys.stderr)
     return 0
 
@@ -142,7 +178,7 @@ def cmd_cite(args: argparse.Namespace) -> int:
     from kvpages.analysis.citations import all_ids, cite
 
     if args.id is None and not args.list:
-        raise RunError(f"give a row id to cite; `kvpages cite {args.run} --list` lists them")
+        raise UserError(f"give a row id to cite; `kvpages cite {args.run} --list` lists them")
     analysis = _analysis(args.run)
     print("\n".join(all_ids(analysis)) if args.list else cite(analysis, args.id))
     return 0
@@ -154,10 +190,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from kvpages.core.links import MEMORIES, profile_for
     from kvpages.render.calibrate import calibration_text
     from kvpages.schema.profiles import NAME, built_in_profiles, profile_text, read_profile
-    from kvpages.schema.writer import write_atomic
+    from kvpages.schema.store import write_atomic
 
     if args.name is not None and not NAME.fullmatch(args.name):
-        raise RunError(f"--name {args.name!r}: a profile name is lower-case letters, digits and '_', e.g. h200_lab")
+        raise UserError(f"--name {args.name!r}: a profile name is lower-case letters, digits and '_', e.g. h200_lab")
     analyses = [Loaded.of(path).analysis for path in args.run]  # kept between commands
     runs = [a.run for a in analyses]
     pcie = runs[0].meta.environment.pcie_link if runs[0].meta else None
@@ -175,7 +211,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                                      f"or a sweep's --kv-link-profile.\nPrior (terms the runs cannot separate or a "
                                      f"link cannot reach): {prior[profile.memory].name}.")
         if path.exists() and dataclasses.replace(read_profile(path), origin=profile.origin, sha256="") != profile:
-            raise RunError(f"{path}: exists with other terms; remove it or pass --out to write elsewhere")
+            raise UserError(f"{path}: exists with other terms; remove it or pass --out to write elsewhere")
         written.append((path, text))
     print(calibration_text(calibration))
     out.mkdir(parents=True, exist_ok=True)
@@ -187,16 +223,18 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _check_pct(flag: str, value: float | None) -> None:
     if value is not None and not value >= 0:
-        raise RunError(f"{flag}: {value} must be a percentage >= 0")
+        raise UserError(f"{flag}: {value} must be a percentage >= 0")
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from kvpages.analysis.compare import compare_runs
+    from kvpages.render.compare import FORMATS, Compared
+    from kvpages.schema.reader import load_run
 
     _check_pct("--fail-above", args.fail_above)
     a, b = load_run(args.a), load_run(args.b)
     compared = Compared(a, b, compare_runs(a, b), args.fail_above)
-    print(COMPARE_FORMATS[args.format](compared))
+    print(FORMATS[args.format or next(iter(FORMATS))](compared))
     if compared.regressions:
         print(compared.gate_line(), file=sys.stderr)
         return 1
@@ -238,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print them as a markdown table; with PAGE, rewrite the table between its markers in PAGE "
                         "(docs/guide.md)")
     p = command(cmd_scenarios, "print the calls each whole-request and step scenario of a preset makes")
-    p.add_argument("--preset", default="default", choices=tuple(PRESETS), help="the preset (default: default)")
+    p.add_argument("--preset", default="default", choices=_Names(_presets), metavar="NAME",
+                   help="the preset: %(choices)s (default: default)")
     p.add_argument("-v", "--verbose", action="store_true", help="list every call")
     for func, text in (
         (cmd_plot, "regenerate the charts of a run folder (or results CSV) into that folder"),
@@ -269,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-above", type=float, metavar="PCT",
                    help="exit 1 if any variant's ratio to the baseline is worse in B by more than PCT percent "
                         "beyond noise")
-    p.add_argument("--format", default=next(iter(COMPARE_FORMATS)), choices=tuple(COMPARE_FORMATS),
+    p.add_argument("--format", choices=_Names(_compare_formats), metavar="FORMAT",
                    help="text (default), markdown (a table for a pull-request comment) or json (a document for CI)")
     p = command(cmd_noise, "A/A figures of two runs of the same code: do their intervals hold each other?")
     p.add_argument("a", type=Path, help="first run folder")
@@ -297,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (RunError, CiteError, OSError, ProfileError) as exc:  # OSError: e.g. a run folder we may not write charts into
+    except (UserError, OSError) as exc:  # OSError: e.g. a run folder we may not write charts into
         print(f"kvpages: error: {exc}", file=sys.stderr)
         return 2
     finally:

@@ -46,7 +46,7 @@ def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pyte
 def analysis_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The analyses the tests' commands keep (kvpages.analysis.cache) go to a folder of the session's, never to the
     user's cache; the commands the tests start as subprocesses inherit it."""
-    from kvpages.analysis.cache import VARIABLE
+    from kvpages.schema.store import VARIABLE
 
     folder = tmp_path_factory.mktemp("analysis-cache")
     os.environ[VARIABLE] = str(folder)

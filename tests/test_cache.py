@@ -7,6 +7,8 @@ import contextlib
 import io
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from conftest import synthetic_run
 from kvpages.analysis import cache
 from kvpages.analysis.ratios import analyze
 from kvpages.cli import main
+from kvpages.schema import store
 
 MEDIANS = {("host_stride", 512, 64): 2.0, ("device_stride", 512, 64): 3.0, ("host_stride", 8192, 64): 8.0,
            ("device_stride", 8192, 64): 4.0}
@@ -31,7 +34,7 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
 def kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty folder the analyses are kept in."""
     folder = tmp_path / "cache"
-    monkeypatch.setenv(cache.VARIABLE, str(folder))
+    monkeypatch.setenv(store.VARIABLE, str(folder))
     return folder
 
 
@@ -44,11 +47,11 @@ def test_plot_then_report_analyse_once_and_write_what_they_would_without(tmp_pat
     plain = tmp_path / "plain"
     shutil.copytree(run, plain)
     assert run_cli("plot", str(run))[0] == 0
-    assert len(entries(kept)) == 1 and cache.key(run) is not None
-    before = cache.key(run)
+    assert len(entries(kept)) == 1 and store.key(run) is not None
+    before = store.key(run)
     reported = run_cli("report", str(run))
-    assert cache.key(run) == before and len(entries(kept)) == 1  # the charts and the report are not its inputs
-    monkeypatch.setenv(cache.VARIABLE, "off")
+    assert store.key(run) == before and len(entries(kept)) == 1  # the charts and the report are not its inputs
+    monkeypatch.setenv(store.VARIABLE, "off")
     for chart in run.glob("*.png"):  # the report lists the charts
         shutil.copy(chart, plain / chart.name)
     assert run_cli("report", str(plain))[1] == reported[1] and reported[0] == 0
@@ -66,7 +69,7 @@ def test_a_kept_report_is_written_again_for_the_charts_the_folder_holds_then(tmp
     bare = run_cli("report", str(run))
     assert bare[0] == 0 and "![" not in bare[1]
     (entry,) = entries(kept)
-    memo = cache.loads(cache._read(entry) or b"").run._cache  # the memo kept with the analysis
+    memo = cache.loads(store.read_entry(entry) or b"").run._cache  # the memo kept with the analysis
     (files,) = [value for key, value in memo.items() if key[0] == "report files"]
     assert [name for name, _ in files][-1] == REPORT_MD
     assert all((run / name).read_text() == text for name, text in files)
@@ -79,7 +82,7 @@ def test_a_kept_report_is_written_again_for_the_charts_the_folder_holds_then(tmp
     (run / charts[0]).unlink()
     without_one = run_cli("report", str(run))
     assert f"]({charts[0]})" not in without_one[1] and f"]({charts[1]})" in without_one[1]
-    monkeypatch.setenv(cache.VARIABLE, "off")  # each as a report with nothing kept writes it
+    monkeypatch.setenv(store.VARIABLE, "off")  # each as a report with nothing kept writes it
     assert run_cli("report", str(run)) == without_one
     for chart in charts[1:]:
         (run / chart).unlink()
@@ -116,9 +119,9 @@ def test_fleet_reads_the_analyses_kept_and_keeps_those_it_makes(tmp_path, kept, 
     (b / "meta.json").write_text(json.dumps(meta))
     assert run_cli("report", str(a))[0] == 0 and made == [a]
     assert run_cli("fleet", str(a), str(b), "--out", str(tmp_path / "first"))[0] == 0
-    assert made == [a, b] and {p.name.removesuffix(cache.SUFFIX) for p in entries(kept)} == {cache.key(a), cache.key(b)}
+    assert made == [a, b] and {p.name.removesuffix(cache.SUFFIX) for p in entries(kept)} == {store.key(a), store.key(b)}
     assert run_cli("fleet", str(a), str(b), "--out", str(tmp_path / "again"))[0] == 0 and made == [a, b]
-    monkeypatch.setenv(cache.VARIABLE, "off")
+    monkeypatch.setenv(store.VARIABLE, "off")
     assert run_cli("fleet", str(a), str(b), "--out", str(tmp_path / "plain"))[0] == 0 and made == [a, b, a, b]
     texts = {(tmp_path / out / "FLEET.md").read_text() for out in ("first", "again", "plain")}
     assert len(texts) == 1 and "2 machines, 2 runs" in texts.pop()
@@ -137,13 +140,13 @@ def test_a_damaged_entry_is_not_read_and_is_replaced(tmp_path, kept):
 
 
 def test_only_the_newest_entries_stay_and_off_keeps_none(tmp_path, kept, monkeypatch):
-    monkeypatch.setattr(cache, "KEEP", 2)
+    monkeypatch.setattr(store, "KEEP", 2)
     runs = [synthetic_run(tmp_path / f"run{i}", MEDIANS, seed=i) for i in range(3)]
     for run in runs:
         run_cli("summary", str(run))
     assert len(entries(kept)) == 2
-    assert {p.name.removesuffix(cache.SUFFIX) for p in entries(kept)} == {cache.key(r) for r in runs[1:]}
-    monkeypatch.setenv(cache.VARIABLE, "off")
+    assert {p.name.removesuffix(cache.SUFFIX) for p in entries(kept)} == {store.key(r) for r in runs[1:]}
+    monkeypatch.setenv(store.VARIABLE, "off")
     shutil.rmtree(kept)
     assert run_cli("summary", str(runs[0]))[0] == 0 and not kept.exists()
 
@@ -151,7 +154,7 @@ def test_only_the_newest_entries_stay_and_off_keeps_none(tmp_path, kept, monkeyp
 def test_a_folder_that_cannot_be_written_keeps_nothing_and_the_command_works(tmp_path, monkeypatch):
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
-    monkeypatch.setenv(cache.VARIABLE, str(blocked / "cache"))
+    monkeypatch.setenv(store.VARIABLE, str(blocked / "cache"))
     run = synthetic_run(tmp_path / "run", MEDIANS)
     code, out, _ = run_cli("summary", str(run))
     assert code == 0 and "page_size=64" in out
@@ -172,7 +175,7 @@ def test_a_report_keeps_what_it_made_and_another_gpu_answer_in_its_place_is_answ
     first_id = json.loads((gpu / "meta.json").read_text())["run_id"]
     first = run_cli("report", str(cpu), "--gpu-run", str(gpu))
     assert first[0] == 0 and "Measured on NVIDIA H200" in first[1]
-    made = cache.loads(cache._read(kept / f"{cache.key(cpu)}{cache.SUFFIX}") or b"")
+    made = cache.loads(store.read_entry(kept / f"{store.key(cpu)}{cache.SUFFIX}") or b"")
     assert {"findings", "report files"} <= {key[0] for key in made.run._cache}  # what the report made, kept
     assert run_cli("report", str(cpu), "--gpu-run", str(gpu)) == first
     shutil.rmtree(gpu)
@@ -180,7 +183,7 @@ def test_a_report_keeps_what_it_made_and_another_gpu_answer_in_its_place_is_answ
     meta = json.loads((gpu / "meta.json").read_text())
     (gpu / "meta.json").write_text(json.dumps({**meta, "run_id": first_id}, indent=1))  # and the same run id
     other = run_cli("report", str(cpu), "--gpu-run", str(gpu))
-    monkeypatch.setenv(cache.VARIABLE, "off")
+    monkeypatch.setenv(store.VARIABLE, "off")
     assert other == run_cli("report", str(cpu), "--gpu-run", str(gpu)) != first
 
 
@@ -188,7 +191,7 @@ def test_a_memo_pickle_cannot_take_leaves_the_entry_as_it_was(tmp_path, kept):
     run = synthetic_run(tmp_path / "run", MEDIANS)
     assert run_cli("report", str(run))[0] == 0
     (entry,) = entries(kept)
-    loaded = cache.Loaded.kept(cache.Pickled(cache._read(entry) or b"", lambda: None, entry))
+    loaded = cache.Loaded.kept(cache.Pickled(store.read_entry(entry) or b"", lambda: None, entry))
     before = entry.read_bytes()
     loaded.analysis.run.cached(("a value pickle cannot take",), lambda: lambda: None)
     loaded.remember()
@@ -215,8 +218,62 @@ def test_a_sweeps_analysis_is_kept_as_its_folder_stands_after_it(pytester, kept,
     [folder] = [p.relative_to(pytester.path) for p in (pytester.path / "results").iterdir() if p.is_dir()]
     made = []
     monkeypatch.setattr(cache, "analyze", lambda run: made.append(run.path) or analyze(run))
-    assert [p.name.removesuffix(cache.SUFFIX) for p in entries(kept)] == [cache.key(folder)]  # results/<run-id>
+    assert [p.name.removesuffix(cache.SUFFIX) for p in entries(kept)] == [store.key(folder)]  # results/<run-id>
     assert run_cli("plot", str(folder))[0] == 0 and run_cli("report", str(folder))[0] == 0 and made == []
-    found = cache.loads(cache._read(entries(kept)[0]) or b"").run.meta
+    found = cache.loads(store.read_entry(entries(kept)[0]) or b"").run.meta
     assert found == load_run(folder).meta and found is not None and found.timing is not None
     assert found.timing.analysis_s is not None and found.timing.analysis_s > 0
+
+
+def test_a_kept_report_is_written_again_without_numpy_or_pandas(tmp_path, kept):
+    """The second report on a folder that did not change writes every file the first wrote, byte for byte, and prints
+    the same, in a process that imports neither numpy nor pandas (kvpages.render.kept); a damaged entry is made
+    afresh, and kept again."""
+    from kvpages.render.kept import SUFFIX
+
+    run = synthetic_run(tmp_path / "run", MEDIANS)
+    first = run_cli("report", str(run))
+    written = {p.name: p.read_bytes() for p in run.iterdir()}
+    (entry,) = kept.glob(f"*{SUFFIX}")
+    for name in ("REPORT.md", "APPENDIX.md", "ratios.csv"):
+        (run / name).unlink()
+    program = ("import sys\nfrom kvpages.cli import main\ncode = main(sys.argv[1:])\n"
+               "print(code, [m for m in ('numpy', 'pandas', 'matplotlib') if m in sys.modules], file=sys.stderr)")
+    again = subprocess.run([sys.executable, "-c", program, "report", str(run)], capture_output=True, text=True, check=True)
+    assert again.stdout == first[1] and again.stderr.splitlines()[-1] == "0 []"
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == written
+    damaged = bytearray(entry.read_bytes())
+    damaged[-1] ^= 1
+    entry.write_bytes(bytes(damaged))
+    assert run_cli("report", str(run)) == first and entry.read_bytes() not in (bytes(damaged), b"")
+
+
+def test_a_kept_reports_key_names_its_gpu_answer_and_the_charts(tmp_path, kept):
+    """A kept report is found under the run's inputs, its GPU answer's (given, else the CUDA run of the same preset and
+    points beside it, kvpages.schema.beside) and the charts in the folder: a CUDA run appearing beside it, a change to
+    that run, a chart drawn, or an answer given make another key; a CUDA run's own report has no answer."""
+    from kvpages.render.kept import KeptReport
+    from kvpages.schema.beside import gpu_run_beside
+
+    results = tmp_path / "results"
+    cpu = synthetic_run(results / "20261204T000000Z-cpu", MEDIANS)
+    alone = KeptReport.of(cpu, None)
+    assert alone is not None and gpu_run_beside(cpu) is None
+    gpu = results / "20261204T010000Z-cuda"
+    shutil.copytree(cpu, gpu)
+    meta = json.loads((gpu / "meta.json").read_text())
+    (gpu / "meta.json").write_text(json.dumps({**meta, "environment": {**meta["environment"], "device": "cuda"}}))
+    assert gpu_run_beside(cpu) == gpu and gpu_run_beside(gpu) is None
+    beside = KeptReport.of(cpu, None)
+    assert beside is not None and beside != alone and KeptReport.of(cpu, gpu) == beside
+    (gpu / "meta.json").write_text(json.dumps({**meta, "environment": {**meta["environment"], "device": "cuda"},
+                                               "run_id": "changed"}))
+    changed = KeptReport.of(cpu, None)
+    assert changed is not None and changed not in (alone, beside)
+    (gpu / "meta.json").write_text(json.dumps({**meta, "environment": {**meta["environment"], "device": "cuda"},
+                                               "preset": "another"}))
+    assert KeptReport.of(cpu, None) == alone  # another preset's CUDA run is not its answer
+    (cpu / "latency_int32_fragmented.png").write_bytes(b"a chart")
+    assert KeptReport.of(cpu, None) not in (alone, beside, changed, None)
+    assert KeptReport.of(cpu, tmp_path / "no-such-run") is None  # not kept: the report says what is wrong
+    assert KeptReport.of(cpu / "results.csv", None) is None

@@ -201,11 +201,14 @@ def test_the_shipped_h200_profiles_are_what_calibrate_fits_from_the_committed_h2
             numbers = [x for x in (theirs.value, theirs.low, theirs.high) if x is not None]
             assert [x for x in (mine.value, mine.low, mine.high) if x is not None] == pytest.approx(numbers, rel=1e-6)
         assert ship.us("bandwidth_gb_s") <= 63.0 and ship.fitted_from == tuple(m.name for m in MEASURED)
-    # the machine-to-machine spread is in the intervals: each run's own launch lies inside the pooled interval
+    # the machine-to-machine spread is in the intervals: each run's own launch lies inside the pooled interval (its
+    # bound is one run's own value, shipped as computed on another CPU: the last bits of a sum differ between CPU
+    # models, 14.293742131066072 shipped and ...066 on an AMD EPYC, so the bounds hold to the 1e-6 the terms match to)
     pooled = shipped["h200_measured_pageable"].term("launch_us")
     for run in MEASURED:
         own = calibrate(analyze(load_run(run)), prior()).profiles[0].term("launch_us")
-        assert pooled.low is not None and pooled.high is not None and pooled.low <= own.value <= pooled.high, run.name
+        assert pooled.low is not None and pooled.high is not None, run.name
+        assert pooled.low * (1 - 1e-6) <= own.value <= pooled.high * (1 + 1e-6), run.name
 
 
 def test_a_bandwidth_beyond_the_link_is_refused_in_one_line_and_keeps_the_prior(tmp_path, monkeypatch):

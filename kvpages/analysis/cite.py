@@ -7,6 +7,7 @@ import itertools
 import math
 import shlex
 
+from kvpages.core.checks import UserError
 from kvpages.core.options import OPTIONS, BenchOptions
 from kvpages.core.stats import Interval
 from kvpages.schema.meta import Environment
@@ -17,7 +18,7 @@ VARIANTS_FLAG, STEP_VARIANTS_FLAG = "--kv-variants", "--kv-step-variants"
 _FLAGS = {o.flag for o in OPTIONS}
 
 
-class CiteError(ValueError):
+class CiteError(UserError):
     """An id that is not a row of the run; the message says how to list the valid ones."""
 
 

@@ -5,7 +5,6 @@ results folder (the newest CUDA run of the same preset sharing the most of its r
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +14,10 @@ from kvpages.analysis.cache import Loaded
 from kvpages.analysis.families import ScenarioRatio
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.wording import short
+from kvpages.schema.beside import gpu_run_beside
 from kvpages.schema.reader import Run, RunError
-from kvpages.schema.rows import META_JSON, RESULTS_CSV, RatioRow
+from kvpages.schema.rows import RatioRow
 
-MIN_SHARED = 0.5  # of the CPU run's per-call points: a CUDA run sharing fewer is not its answer
 T = TypeVar("T")
 
 
@@ -61,31 +60,9 @@ class GpuAnswer:
         return "" if found is None else f" Measured on {self.machine}: {short(found)} (run {self.run_id})."
 
 
-def _points(folder: Path) -> set[tuple[str, ...]]:
-    """A run folder's (dtype, layout, seq_len, page_size) points, read from its results.csv's header and rows."""
-    lines = (folder / RESULTS_CSV).read_text().splitlines()
-    header = lines[0].split(",")
-    at = [header.index(c) for c in ("dtype", "layout", "seq_len", "page_size")]
-    return {tuple(line.split(",")[i] for i in at) for line in lines[1:] if line}
-
-
 def find_gpu_run(cpu: Analysis) -> Path | None:
-    """The newest CUDA run beside `cpu`'s folder of the same preset that shares at least MIN_SHARED of its points."""
-    run = cpu.run
-    if run.link_crossed or run.meta is None or not run.path.is_dir():
-        return None
-    mine = _points(run.path)
-    found = []
-    for folder in sorted(run.path.parent.iterdir()):
-        meta = folder / META_JSON
-        if folder == run.path or not meta.is_file() or not (folder / RESULTS_CSV).is_file():
-            continue
-        data = json.loads(meta.read_text())
-        if data.get("environment", {}).get("device") != "cuda" or data.get("preset") != run.meta.preset:
-            continue
-        if len(mine & _points(folder)) >= MIN_SHARED * len(mine):
-            found.append(folder)
-    return found[-1] if found else None  # run ids begin with their UTC start: the newest sorts last
+    """The newest CUDA run beside `cpu`'s folder of the same preset and points (kvpages.schema.beside)."""
+    return None if cpu.run.link_crossed or cpu.run.meta is None else gpu_run_beside(cpu.run.path)
 
 
 def on_answer(run: Run, key: tuple, gpu: GpuAnswer | None, compute: Callable[[], T]) -> T:

@@ -6,6 +6,11 @@ import numbers
 from collections.abc import Iterable, Sequence
 
 
+class UserError(ValueError):
+    """Bad input of a user's (a run folder, a link profile, a row id, an option's value): the message names it and
+    what is valid, and the `kvpages` program prints it in one line and exits 2 (kvpages.cli.main)."""
+
+
 def check_positive(name: str, value: object) -> int:
     """Return `value` if it is an integer >= 1 (a page size, a length, a count), else raise TypeError/ValueError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

@@ -17,7 +17,7 @@ from kvpages.render.fleet_chart import CHART_CAPTION, CHART_PNG, plot_fleet
 from kvpages.render.text import NAMES, coverage, interval_cell, markdown_page, table
 from kvpages.schema.reader import RunError
 from kvpages.schema.rows import RATIOS_CSV, SCENARIO_RATIOS_CSV, RatioRow, ratio_id, scenario_row_id
-from kvpages.schema.writer import write_atomic
+from kvpages.schema.store import write_atomic
 
 FLEET_MD = "FLEET.md"
 ENVIRONMENT: tuple[tuple[str, str], ...] = (

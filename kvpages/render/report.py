@@ -20,6 +20,7 @@ from kvpages.render.breakdown import breakdown_section, breakdown_summary, floor
 from kvpages.render.captions import caption
 from kvpages.render.evidence import crossover_table, model_section, per_call_table, predictions_section, scenario_table
 from kvpages.render.hybrid import hybrid_table
+from kvpages.render.kept import REPORT_MD, Files, charts_in, write_files
 from kvpages.render.ranks import render_ranks
 from kvpages.render.recommend import RECOMMENDATIONS_CSV, recommendations_text, what_to_do
 from kvpages.render.stability import left_out_section, remeasure_paragraph, stability_paragraph
@@ -27,9 +28,8 @@ from kvpages.render.text import NAMES, ci_text, count, coverage, markdown_page, 
 from kvpages.schema.ranks import CONTENTION_COLUMNS, CONTENTION_CSV
 from kvpages.schema.reader import Run
 from kvpages.schema.rows import NOISY_CSV, PARTIAL, RATIO_COLUMNS, RATIOS_CSV, SCENARIO_RATIO_COLUMNS, SCENARIO_RATIOS_CSV
-from kvpages.schema.writer import table_text, write_atomic
+from kvpages.schema.writer import table_text
 
-REPORT_MD = "REPORT.md"
 APPENDIX_MD = "APPENDIX.md"
 STABILITY_SAID = {FRAGILE: "; **fragile**: another verdict without one of its processes (see Method)",
                   DISTURBED: "; **disturbed**: more than a minority of its processes stand apart (see Method)"}
@@ -251,7 +251,7 @@ def render_appendix(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
     ])
 
 
-def report_files(analysis: Analysis, gpu: GpuAnswer | None = None) -> tuple[tuple[str, str], ...]:
+def report_files(analysis: Analysis, gpu: GpuAnswer | None = None) -> Files:
     """Every file `write_report` writes, as (name, text), REPORT.md last."""
     run = analysis.run
     files = [(RATIOS_CSV, table_text(RATIO_COLUMNS, analysis.ratios)),
@@ -269,15 +269,16 @@ def report_files(analysis: Analysis, gpu: GpuAnswer | None = None) -> tuple[tupl
     return (*files, (REPORT_MD, render(analysis, gpu)))
 
 
+def made_report(analysis: Analysis, gpu: GpuAnswer | None = None) -> Files:
+    """`report_files`, made once per run, GPU answer and charts in the folder (the report links the charts there), and
+    kept with the analysis (kvpages.analysis.cache): a report on a folder that did not change writes what the last one
+    made (an answer not kept: made afresh)."""
+    charts = charts_in(analysis.run.path)
+    return on_answer(analysis.run, ("report files", analysis.baseline, charts), gpu, lambda: report_files(analysis, gpu))
+
+
 def write_report(analysis: Analysis, gpu: GpuAnswer | None = None) -> Path:
     """Write ratios.csv, scenario_ratios.csv, recommendations.csv, noisy.csv, APPENDIX.md and REPORT.md into the run
     folder (a multi-rank run: contention.csv, and no appendix; `gpu`: a CPU run's GPU answer,
-    kvpages.analysis.gpu_answer); return the report's path. Their texts are made once per run, GPU answer and charts
-    in the folder (the report links the charts there), and kept with the analysis (kvpages.analysis.cache): a report
-    on a folder that did not change writes what the last one made (an answer not kept: made afresh)."""
-    folder = analysis.run.path
-    charts = tuple(sorted(p.name for p in folder.glob("*.png")))
-    made = on_answer(analysis.run, ("report files", analysis.baseline, charts), gpu, lambda: report_files(analysis, gpu))
-    for name, text in made:
-        write_atomic(folder / name, text)
-    return folder / REPORT_MD
+    kvpages.analysis.gpu_answer), as `made_report` made them; return the report's path."""
+    return write_files(analysis.run.path, made_report(analysis, gpu))

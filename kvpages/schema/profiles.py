@@ -27,9 +27,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from kvpages.core.checks import UserError
 from kvpages.core.links import MEMORIES, PREDICTION_PROFILES, TERM_KEYS, LinkProfile, Term
 from kvpages.schema.rows import META_JSON
-from kvpages.schema.writer import write_atomic
+from kvpages.schema.store import write_atomic
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -43,7 +44,7 @@ OPTIONAL = ("fitted_from",)
 TERM_FIELDS = ("value", "source", "low", "high")
 
 
-class ProfileError(ValueError):
+class ProfileError(UserError):
     """A profile file that cannot be used: the message names the file and the key, in one line."""
 
 

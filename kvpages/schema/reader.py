@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from kvpages.core.checks import UserError
 from kvpages.core.names import BASELINE
 from kvpages.schema.decimals import read_cell, read_series
 from kvpages.schema.meta import Environment, ProcessInfo, RankInfo, RanksMeta, Remeasurement, RunMeta, RunTiming
@@ -43,7 +44,7 @@ ScenarioSamples = dict[tuple, dict[str, list[np.ndarray]]]
 MEDIAN_RTOL = 1e-9  # load_run refuses a folder where a timed row's median and its samples' differ by more (relative)
 
 
-class RunError(ValueError):
+class RunError(UserError):
     """A run folder or file that cannot be read; the message names the file and what is wrong."""
 
 

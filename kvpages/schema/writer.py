@@ -31,6 +31,7 @@ from kvpages.schema.rows import (
     Table,
     sample_record,
 )
+from kvpages.schema.store import write_atomic
 
 
 def utc_now() -> str:
@@ -50,15 +51,6 @@ def create_run_dir(results_dir: Path, device_label: str) -> Path:
             continue
         return path
     raise FileExistsError(f"{results_dir}: too many runs named {stem}-*")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` beside `path`, then rename it over `path`: a reader, or a run interrupted at any point, sees the
-    old file or the new one (no fsync: this guards against crashes, not power loss)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _csv_text(columns: tuple[str, ...], records: list[dict[str, object]], header: bool = True) -> str:
