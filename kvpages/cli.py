@@ -1,7 +1,7 @@
 """The `kvpages` command: list, report on, compare and set side by side the variants, options and runs.
 Only `list` imports torch (the variant registry); each command imports what it uses, and the program imports neither
-numpy nor pandas before a command needs them (a kept report needs neither, kvpages.render.kept; `kvpages plot` starts
-its drawing process first, kvpages.render.drawing). User errors: one line, exit 2.
+numpy nor pandas before a command needs them (a kept report needs neither: kvpages.render.kept). User errors: one line,
+exit 2.
 """
 
 from __future__ import annotations
