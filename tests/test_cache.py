@@ -273,6 +273,8 @@ def test_a_kept_reports_key_names_its_gpu_answer_and_the_charts(tmp_path, kept):
     (gpu / "meta.json").write_text(json.dumps({**meta, "environment": {**meta["environment"], "device": "cuda"},
                                                "preset": "another"}))
     assert KeptReport.of(cpu, None) == alone  # another preset's CUDA run is not its answer
+    (gpu / "meta.json").write_text("{ cut off")
+    assert gpu_run_beside(cpu) is None and KeptReport.of(cpu, None) == alone  # nor is a folder whose meta.json is no JSON
     (cpu / "latency_int32_fragmented.png").write_bytes(b"a chart")
     assert KeptReport.of(cpu, None) not in (alone, beside, changed, None)
     assert KeptReport.of(cpu, tmp_path / "no-such-run") is None  # not kept: the report says what is wrong

@@ -12,32 +12,46 @@ MIN_SHARED = 0.5  # of the CPU run's per-call points: a CUDA run sharing fewer i
 
 
 def _points(folder: Path) -> set[tuple[str, ...]]:
-    """A run folder's (dtype, layout, seq_len, page_size) points, read from its results.csv's header and rows."""
-    lines = (folder / RESULTS_CSV).read_text().splitlines()
+    """A run folder's (dtype, layout, seq_len, page_size) points, read from its results.csv's header and rows (none
+    where it has no such header)."""
+    lines = (folder / RESULTS_CSV).read_text().splitlines() or [""]
     header = lines[0].split(",")
-    at = [header.index(c) for c in ("dtype", "layout", "seq_len", "page_size")]
-    return {tuple(line.split(",")[i] for i in at) for line in lines[1:] if line}
+    columns = ("dtype", "layout", "seq_len", "page_size")
+    if not set(columns) <= set(header):
+        return set()
+    at = [header.index(c) for c in columns]
+    return {tuple(line.split(",")[i] for i in at) for line in lines[1:] if line.count(",") >= max(at)}
 
 
 def _meta(folder: Path) -> dict | None:
-    """A run folder's meta.json, read; None where it has none (or no results.csv: not a run folder)."""
+    """A run folder's meta.json, read; None where it has none, or one that is no JSON object (a folder beside a run
+    is no answer to it; a run's own is judged by its report), or no results.csv (not a run folder)."""
     meta = folder / META_JSON
     if not meta.is_file() or not (folder / RESULTS_CSV).is_file():
         return None
-    return json.loads(meta.read_text())
+    try:
+        data = json.loads(meta.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _device(meta: dict) -> object:
+    environment = meta.get("environment")
+    return environment.get("device") if isinstance(environment, dict) else None
 
 
 def gpu_run_beside(run: Path) -> Path | None:
     """The newest CUDA run beside the run folder `run` of its preset that shares at least MIN_SHARED of its points;
     None for a CUDA run or a folder without meta.json."""
     mine = _meta(run) if run.is_dir() else None
-    if mine is None or mine.get("environment", {}).get("device") == "cuda":
+    if mine is None or _device(mine) == "cuda":
         return None
     points = _points(run)
     found = []
     for folder in sorted(run.parent.iterdir()):
         data = None if folder == run else _meta(folder)
-        if data is None or data.get("environment", {}).get("device") != "cuda" or data.get("preset") != mine.get("preset"):
+        if data is None or _device(data) != "cuda" or data.get("preset") != mine.get("preset"):
             continue
         if len(points & _points(folder)) >= MIN_SHARED * len(points):
             found.append(folder)
