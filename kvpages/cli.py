@@ -149,19 +149,20 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     kept = None if args.link_profile else KeptReport.of(args.run, args.gpu_run)
     files = None if kept is None else kept.files()
-    folder, fresh = args.run, files is None
-    if files is None:  # nothing kept: the analysis loaded (or made), its report made (or read from its memo)
+    if files is not None:
+        path = write_files(args.run, files)
+    else:  # nothing kept: the analysis loaded (or made), its report made (or read from its memo)
         from kvpages.analysis.gpu_answer import gpu_answer
         from kvpages.render.report import made_report
 
         loaded = _loaded(args.run, args.link_profile)
         gpu = gpu_answer(loaded.analysis, args.gpu_run)
-        files, folder = made_report(loaded.analysis, gpu), loaded.analysis.run.path
+        files = made_report(loaded.analysis, gpu)
         for made in (loaded,) if gpu is None else (loaded, gpu.loaded):  # its findings, recommendations and estimates
             made.remember()
-    path = write_files(folder, files)
-    if fresh and kept is not None:  # for the next report on the folder, once these are written
-        kept.keep(files)
+        path = write_files(loaded.analysis.run.path, files)
+        if kept is not None:  # for the next report on the folder, once these are written
+            kept.keep(files)
     print(files[-1][1], end="")  # REPORT.md, rendered once
     print(f"written: {path} and {path.parent / 'ratios.csv'}", file=sys.stderr)
     return 0

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kvpages.analysis.ratios import Analysis, analyze
 from kvpages.schema.reader import load_run
-from kvpages.schema.store import folder, kept_at, key, read_entry, write_entry
+from kvpages.schema.store import kept_at, key, read_entry, write_entry
 
 SUFFIX = ".analysis"
 
@@ -73,7 +73,7 @@ class Loaded:
 
 def _entry(path: Path) -> Path | None:
     """Where `path`'s analysis is kept; None where it is not (the cache off, or too much to hash)."""
-    return None if folder() is None else kept_at(key(path), SUFFIX)
+    return kept_at(lambda: key(path), SUFFIX)
 
 
 def pickled(path: Path, analyse: Callable[[], Analysis] | None = None) -> Pickled:

@@ -62,7 +62,7 @@ class GpuAnswer:
 
 def find_gpu_run(cpu: Analysis) -> Path | None:
     """The newest CUDA run beside `cpu`'s folder of the same preset and points (kvpages.schema.beside)."""
-    return None if cpu.run.link_crossed or cpu.run.meta is None else gpu_run_beside(cpu.run.path)
+    return None if cpu.run.link_crossed else gpu_run_beside(cpu.run.path)
 
 
 def on_answer(run: Run, key: tuple, gpu: GpuAnswer | None, compute: Callable[[], T]) -> T:

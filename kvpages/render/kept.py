@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvpages.schema.beside import gpu_run_beside
-from kvpages.schema.store import folder, key, read_entry, write_atomic, write_entry
+from kvpages.schema.store import kept_at, key, read_entry, write_atomic, write_entry
 
 SUFFIX = ".report"
 REPORT_MD = "REPORT.md"
@@ -33,6 +33,14 @@ def write_files(run: Path, files: Files) -> Path:
     return run / REPORT_MD
 
 
+def _name(run: Path, answer: Path | None) -> str | None:
+    """The entry's name: the keys of the run and its GPU answer, and the charts in the folder (None: a run not kept)."""
+    mine, theirs = key(run), "" if answer is None else key(answer)
+    if mine is None or theirs is None:
+        return None
+    return hashlib.sha256("\0".join((mine, theirs, *charts_in(run))).encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class KeptReport:
     """Where the report on a run folder with one GPU answer is kept."""
@@ -44,15 +52,8 @@ class KeptReport:
         """The entry of the report on the run folder `run` (as given) with the GPU answer `gpu`, else the one a report
         finds beside it (kvpages.schema.beside; a CUDA run's report has none); None where none is kept: the cache
         off, `run` not a folder, or a run with no key (kvpages.schema.store.key)."""
-        where = folder()
-        if where is None or not run.is_dir():
-            return None
-        answer = gpu or gpu_run_beside(run)
-        mine, theirs = key(run), "" if answer is None else key(answer)
-        if mine is None or theirs is None:
-            return None
-        name = hashlib.sha256("\0".join((mine, theirs, *charts_in(run))).encode()).hexdigest()
-        return cls(where / f"{name}{SUFFIX}")
+        entry = kept_at(lambda: _name(run, gpu or gpu_run_beside(run)), SUFFIX) if run.is_dir() else None
+        return None if entry is None else cls(entry)
 
     def files(self) -> Files | None:
         """The files kept; None for none (or an entry cut off or altered)."""

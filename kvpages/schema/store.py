@@ -17,6 +17,7 @@ import importlib.util
 import os
 import platform
 import sys
+from collections.abc import Callable
 from fnmatch import fnmatch
 from functools import cache
 from pathlib import Path
@@ -98,10 +99,12 @@ def key(path: Path) -> str | None:
     return digest.hexdigest()
 
 
-def kept_at(name: str | None, suffix: str) -> Path | None:
-    """Where the entry `name` of this kind is kept; None where none is (the cache off, or no key)."""
+def kept_at(name: Callable[[], str | None], suffix: str) -> Path | None:
+    """Where the entry named `name()` of this kind is kept; None where none is: the cache off (`name` is not called:
+    a key hashes a run's files), or no name."""
     where = folder()
-    return None if where is None or name is None else where / f"{name}{suffix}"
+    found = None if where is None else name()
+    return None if where is None or found is None else where / f"{found}{suffix}"
 
 
 def read_entry(kept: Path) -> bytes | None:
