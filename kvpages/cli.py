@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -326,6 +327,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _no_reader() -> bool:
+    """Whether what this program prints has no reader any more (`kvpages scenarios | head`, once head is done): then it
+    stops quietly, as a pipe's writer does, and prints nothing else (stdout points at os.devnull, so that Python's
+    flush at exit raises nothing either); False for a pipe of its own that broke (a drawing process that died)."""
+    import select
+
+    try:
+        out = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):  # stdout replaced by an object without a file (a test's capture)
+        return False
+    if not hasattr(select, "poll"):  # Windows: said as an error
+        return False
+    polled = select.poll()
+    polled.register(out, select.POLLOUT)
+    if not any(events & select.POLLERR for _, events in polled.poll(0)):  # a pipe's write end, its reader gone
+        return False
+    os.dup2(os.open(os.devnull, os.O_WRONLY), out)
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The `kvpages` program (`argv` None: the console script and `python -m kvpages`), or a command run in-process
     with `argv`, which keeps its collector. The program runs without the cyclic collector (matplotlib's figures are
@@ -337,6 +358,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError as exc:
+        if _no_reader():
+            return 1
+        print(f"kvpages: error: {exc}", file=sys.stderr)
+        return 2
     except (UserError, OSError) as exc:  # OSError: e.g. a run folder we may not write charts into
         print(f"kvpages: error: {exc}", file=sys.stderr)
         return 2

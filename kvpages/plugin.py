@@ -339,18 +339,23 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             if charts is None:  # pandas is: the summary was made
                 raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
             from kvpages.analysis.gpu_answer import gpu_answer
-            from kvpages.render.report import write_report
+            from kvpages.render.kept import write_files
+            from kvpages.render.report import made_report
 
             charts.give(analysis)  # drawn while the GPU answer is analysed
             gpu = gpu_answer(analysis)
             for chart in charts.wait():  # the report links the charts written
                 terminalreporter.write_line(f"chart: {chart}")
-            terminalreporter.write_line(f"report: {write_report(analysis, gpu)} (with ratios.csv)")
+            report = made_report(analysis, gpu)
+            terminalreporter.write_line(f"report: {write_files(analysis.run.path, report)} (with ratios.csv)")
         kv.analysed(time.perf_counter() - started)
-        if analyze_too:  # kept for a later command on the folder, as it stands now (meta.json with those seconds)
+        if analyze_too:  # kept for later commands on the folder as it stands now (meta.json with those seconds)
             from kvpages.analysis.cache import keep
+            from kvpages.render.kept import KeptReport
 
             keep(dataclasses.replace(analysis, run=analysis.run.meta_read_again()))
+            if (kept := KeptReport.of(analysis.run.path, None)) is not None:  # its GPU answer: the one found beside it
+                kept.keep(report)
         timing = writer.meta.timing
         after = f"; then its analysis {timing.analysis_s:.1f} s" if timing and timing.analysis_s else ""
         terminalreporter.write_line(f"kvpages: {writer.meta.efficiency_text()}{after}")

@@ -263,6 +263,27 @@ def test_nothing_to_plot_and_an_unwritable_folder_are_one_line_errors(tmp_path, 
     assert unwritable.returncode == 2 and unwritable.stderr.count("\n") == 1 and "Traceback" not in unwritable.stderr
 
 
+def test_a_reader_that_leaves_stops_the_program_quietly_and_another_broken_pipe_is_an_error(monkeypatch, capsys):
+    """`kvpages scenarios | head -1`: once the reader is gone, the program stops with exit status 1 and prints nothing
+    (it said "kvpages: error: [Errno 32] Broken pipe"); a pipe of its own that breaks is still a one-line error."""
+    import os
+
+    from kvpages import cli
+
+    read, write_end = os.pipe()
+    os.close(read)  # the reader left before the first line
+    with os.fdopen(write_end, "wb") as out:
+        done = subprocess.run([sys.executable, "-m", "kvpages", "scenarios", "-v"], stdout=out, stderr=subprocess.PIPE,
+                              text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (1, "")
+
+    def cmd_list(args) -> int:  # as when a drawing process it writes to has died
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "cmd_list", cmd_list)
+    assert main(["list"]) == 2 and capsys.readouterr().err == "kvpages: error: [Errno 32] Broken pipe\n"
+
+
 def test_incompatible_schema_version_and_nothing_in_common(tmp_path, crossing_run):
     meta = json.loads((crossing_run / "meta.json").read_text())
     meta["schema_version"] = 99

@@ -204,11 +204,17 @@ def test_a_memo_pickle_cannot_take_leaves_the_entry_as_it_was(tmp_path, kept):
 def test_a_sweeps_analysis_is_kept_as_its_folder_stands_after_it(pytester, kept, monkeypatch):
     """--kv-analyze keeps the session's analysis once meta.json holds the analysis's seconds, under the folder as the
     README's commands name it from where the sweep ran (results/<run-id>), so that plot and report on it afterwards
-    analyse nothing; what they read is what a fresh load gives (meta.json read again)."""
+    analyse nothing; what they read is what a fresh load gives (meta.json read again). It keeps the report it wrote
+    too: the next report writes those files again, byte for byte, without making them, and they are what a report
+    with nothing kept writes."""
     from conftest import FAST
     from test_plugin import BENCH, CPU
 
+    from kvpages.render import report
     from kvpages.schema.reader import load_run
+
+    def texts(run: Path) -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in run.iterdir() if p.suffix != ".png"}
 
     pytester.makepyfile(test_kv_sweep=BENCH)
     result = pytester.runpytest("--kv-seq-lens", "512", "--kv-page-sizes", "64", "--kv-variants",
@@ -216,13 +222,21 @@ def test_a_sweeps_analysis_is_kept_as_its_folder_stands_after_it(pytester, kept,
                                 "--kv-analyze", *CPU, *FAST)
     result.assert_outcomes(passed=4)
     [folder] = [p.relative_to(pytester.path) for p in (pytester.path / "results").iterdir() if p.is_dir()]
-    made = []
+    written, made, make = texts(folder), [], report.made_report
     monkeypatch.setattr(cache, "analyze", lambda run: made.append(run.path) or analyze(run))
+    monkeypatch.setattr(report, "made_report", lambda *given: pytest.fail("the sweep's report was not kept"))
     assert [p.name.removesuffix(cache.SUFFIX) for p in entries(kept)] == [store.key(folder)]  # results/<run-id>
-    assert run_cli("plot", str(folder))[0] == 0 and run_cli("report", str(folder))[0] == 0 and made == []
+    for name in ("REPORT.md", "APPENDIX.md", "ratios.csv"):
+        (folder / name).unlink()
+    code, printed, _ = run_cli("report", str(folder))
+    assert code == 0 and printed.encode() == written["REPORT.md"] and texts(folder) == written
+    assert run_cli("plot", str(folder))[0] == 0 and run_cli("report", str(folder))[1] == printed and made == []
     found = cache.loads(store.read_entry(entries(kept)[0]) or b"").run.meta
     assert found == load_run(folder).meta and found is not None and found.timing is not None
     assert found.timing.analysis_s is not None and found.timing.analysis_s > 0
+    monkeypatch.setattr(report, "made_report", make)
+    monkeypatch.setenv(store.VARIABLE, "off")
+    assert run_cli("report", str(folder))[1] == printed and texts(folder) == written and made == [folder]
 
 
 def test_a_kept_report_is_written_again_without_numpy_or_pandas(tmp_path, kept):
