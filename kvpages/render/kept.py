@@ -3,7 +3,9 @@ did not change writes what the last one made without importing the analysis side
 reference run's report: 0.95 -> 0.2 s on the dev box, most of it pandas' import and the analyses' unpickling).
 
 The entry (kvpages.schema.store) is every file the report writes, as (name, text), under a key of the run's inputs,
-its GPU answer's inputs and the charts the folder holds (the report links them): any change is another key."""
+its GPU answer's inputs and the charts the folder holds (the report links them): any change is another key. `kvpages
+report` keeps what it made; so does a sweep with --kv-analyze (kvpages.plugin), once its meta.json is final, so that the
+first report after `make bench` writes what the sweep wrote."""
 
 from __future__ import annotations
 
