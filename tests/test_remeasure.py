@@ -63,8 +63,8 @@ POINT = "s8192-p64-int32-fragmented"
 KEY = ("slow_host", "int32", "fragmented", 8192, 64)
 
 
-def sweep(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *args: str):
-    pytester.makeconftest(SLEEPERS)
+def sweep(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *args: str, conftest: str = SLEEPERS):
+    pytester.makeconftest(conftest)
     pytester.makepyfile(test_kv_sweep=BENCH)
     monkeypatch.setenv("KVPAGES_TEST_DISTURB", DISTURBED_PROCESS)  # the workers inherit it
     result = pytester.runpytest_subprocess(*SWEEP, *CPU, *args, timeout=200)
@@ -103,6 +103,36 @@ def test_a_disturbed_process_is_re_measured_and_does_not_move_the_ratio(pytester
     for variant, time in ((ratio.variant, ratio.variant_median_us), (ratio.baseline, ratio.baseline_median_us)):
         band = analysis.time_band(variant, "int32", "fragmented", 64, 8192)  # a chart's marker is the table's time
         assert band is not None and band.ratio == pytest.approx(time, rel=1e-12) and band.ci_low <= band.ratio <= band.ci_high
+
+
+ROUND_CUT_SHORT = SLEEPERS + '''
+
+import kvpages.measure.workers as workers
+
+run = workers.Worker.run
+
+
+def run_then_signal(self, *args, **kwargs):
+    run(self, *args, **kwargs)
+    if self.process >= 3:  # a re-measurement round's worker (the 3 planned processes are 0-2)
+        raise KeyboardInterrupt("signal SIGINT")  # as a signal landing just as the round ended
+
+
+workers.Worker.run = run_then_signal
+'''
+
+
+def test_a_round_a_signal_cuts_short_is_in_meta_json_with_the_blocks_it_recorded(pytester, monkeypatch):
+    """A signal landing in a re-measurement round interrupts the run with that round's worker in meta.json's
+    processes (role remeasure) and counted in the record's rounds: every process whose blocks samples.csv holds is
+    there (before, the round's worker was left out)."""
+    result, run = sweep(pytester, monkeypatch, "--kv-remeasure-budget", "10", conftest=ROUND_CUT_SHORT)
+    assert result.ret == pytest.ExitCode.INTERRUPTED and run.meta is not None and not run.meta.completed
+    assert [(p.index, p.role) for p in run.meta.processes] == [(0, "worker"), (1, "worker"), (2, "session"),
+                                                               (3, "remeasure")]
+    assert run.meta.remeasure.note == "interrupted during a round" and run.meta.remeasure.rounds == 1
+    recorded = set(pd.read_csv(sample_file(run.path, "samples.csv"))["process"])
+    assert 3 in recorded and recorded <= {p.index for p in run.meta.processes}
 
 
 def test_a_budget_of_0_runs_the_plan_and_nothing_more(pytester, monkeypatch):
@@ -219,10 +249,11 @@ def test_a_round_after_the_spare_runs_only_when_it_times_more_than_a_fresh_start
                                expect_more=lambda cases: None)
     done = []
 
-    def run_round(round_):
+    def run_round(round_, rounds):
         done.append(round_)
         info = SimpleNamespace(timed_s=2 * block_s, wall_s=2 * block_s + 0.1)
-        return SimpleNamespace(spare=len(done) == 1, charged_s=info.wall_s, info=lambda: info)
+        rounds.append(SimpleNamespace(spare=len(done) == 1, charged_s=info.wall_s, info=lambda: info))
+        return rounds[-1]
 
     r = remeasure.Remeasurer(recorder, ("a", "a"), 3, 3, 0, DEFAULT_FACTOR, 1.0, 6.0, lambda t: 0.0, 0.1, 1.5)
     record = r.run(run_round, lambda line: None)

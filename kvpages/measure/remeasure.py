@@ -103,7 +103,9 @@ def needs(recorder: Recorder, baselines: tuple[str, str], planned: int, factor: 
 
 @dataclass
 class Remeasurer:
-    """The re-measurement of one run: `run_round(round) -> Worker` starts, times and records one round's process."""
+    """The re-measurement of one run: `run_round(round, workers) -> Worker` starts, times and records one round's
+    process, added to `workers` once its turn has begun (so that meta.json's processes hold a round a signal cut
+    short, whose blocks may be recorded)."""
 
     recorder: Recorder
     baselines: tuple[str, str]  # the points' and the scenarios' baseline
@@ -138,7 +140,7 @@ class Remeasurer:
                 cost += more
         return chosen
 
-    def run(self, run_round: Callable[[Round], Worker], say: Callable[[str], None]) -> Remeasurement:
+    def run(self, run_round: Callable[[Round, list[Worker]], Worker], say: Callable[[str], None]) -> Remeasurement:
         """Rounds until every pair is settled or no target fits what is left of the budget; `record` holds what was
         done so far (an interruption leaves it there)."""
         found = needs(self.recorder, self.baselines, self.planned_processes, self.factor)
@@ -174,8 +176,12 @@ class Remeasurer:
             say(f"kvpages: re-measuring {len(chosen)} target(s) with a disturbed pair in a fresh process, round "
                 f"{k + 1}{left}")
             self.recorder.expect_more(cases)
-            worker = run_round(Round(self.planned_processes + k, self.repetitions + k, self.first_order + blocks, cases))
-            self.workers.append(worker)
+            try:
+                worker = run_round(Round(self.planned_processes + k, self.repetitions + k, self.first_order + blocks,
+                                         cases), self.workers)
+            except BaseException:  # a round cut short is counted where its worker is in meta.json's processes
+                self.record = record("interrupted during a round")
+                raise
             info = worker.info()
             spent, timed = spent + worker.charged_s, timed + (info.timed_s or 0.0)
             # the next round's: a fresh worker's, start-up and all (the spare's started beside the planned workers)

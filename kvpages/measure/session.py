@@ -155,12 +155,12 @@ def own_process(index: int, phase: Phases, workers: Workers, started_at: float, 
 
 
 def run_round(command: WorkerCommand, plan: SweepPlan, recorder: Recorder, say: Callable[[str], None], workers: Workers,
-              round_: Round) -> Worker:
-    """One re-measurement round: its blocks handed to a fresh worker process, timed and recorded."""
+              round_: Round, rounds: list[Worker]) -> Worker:
+    """One re-measurement round: its blocks handed to a fresh worker process, timed and recorded (added to `rounds`)."""
     round_.write(command.folder)
     own = sum(plan.round_blocks(round_), ())
     return run_alone(command, round_.process, WORKER_START_S, limit_s(own, plan.options, plan.repetitions), recorder,
-                     say, workers)
+                     say, workers, rounds)
 
 
 def round_overhead_s(planned: Sequence[ProcessInfo], spare: bool = False) -> float:

@@ -268,17 +268,17 @@ def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence
 
 
 def run_alone(command: WorkerCommand, process: int, start_limit_s: float, limit_s: float, recorder: Recorder,
-              say: Callable[[str], None], workers: Workers) -> Worker:
+              say: Callable[[str], None], workers: Workers, rounds: list[Worker]) -> Worker:
     """One more worker after the planned ones (a re-measurement round: kvpages.measure.remeasure): the spare, if it
     waits for its round as `process`, else one started alone; then timed at once; it fails or interrupts the run as a
-    planned worker does. Not added to `workers.runs`."""
+    planned worker does. Added to `rounds` once its turn has begun, as a planned one to `workers.runs`."""
     w = workers.take_spare() if workers.spare is not None and workers.spare.process == process else None
     if w is None:
         w = launch(command, process, process + 1)
     try:
         if not w.spare:
             wait_ready([w], start_limit_s)
-        _turn(w, limit_s, command, recorder, say, workers, runs=[])
+        _turn(w, limit_s, command, recorder, say, workers, runs=rounds)
     finally:
         _close([w])
     return w
