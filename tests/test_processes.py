@@ -355,7 +355,9 @@ def test_an_interrupted_run_keeps_every_finished_block_and_marks_its_rows_partia
     assert "row(s) are partial" in "\n".join(caveats(analysis))
 
 
-SIGNAL_AS_TURN_ENDS = '''
+def signal_as_turn_ends(first: int = 0) -> str:
+    """A conftest in which a SIGINT lands just as the turn of a worker of process index `first` or later ends."""
+    return f'''
 import kvpages.measure.workers as workers
 
 run = workers.Worker.run
@@ -363,7 +365,8 @@ run = workers.Worker.run
 
 def run_then_signal(self, *args, **kwargs):
     run(self, *args, **kwargs)
-    raise KeyboardInterrupt("signal SIGINT")  # as a signal landing just as the worker's turn ended
+    if self.process >= {first}:
+        raise KeyboardInterrupt("signal SIGINT")  # as a signal landing just as the worker's turn ended
 
 
 workers.Worker.run = run_then_signal
@@ -374,7 +377,7 @@ def test_a_signal_as_a_workers_turn_ends_keeps_that_worker_in_the_run(pytester):
     """A signal landing as a worker's turn ends interrupts the run with that worker recorded in meta.json's
     processes: its blocks are a cut-short two-process run's (no interval from one process), not a one-process run's."""
     pytester.makepyfile(test_kv_sweep=BENCH)
-    pytester.makeconftest(SIGNAL_AS_TURN_ENDS)
+    pytester.makeconftest(signal_as_turn_ends())
     result = pytester.runpytest_subprocess(*TWO, *CPU, *TIMED, timeout=100)
     assert result.ret == pytest.ExitCode.INTERRUPTED
     run = load_run(run_dirs(pytester.path)[0])

@@ -13,6 +13,7 @@ from conftest import synthetic_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_plugin import BENCH, CPU, run_dirs
+from test_processes import signal_as_turn_ends
 
 from kvpages.analysis.findings import findings
 from kvpages.analysis.pairs import DISTURBED, STABLE
@@ -105,28 +106,12 @@ def test_a_disturbed_process_is_re_measured_and_does_not_move_the_ratio(pytester
         assert band is not None and band.ratio == pytest.approx(time, rel=1e-12) and band.ci_low <= band.ratio <= band.ci_high
 
 
-ROUND_CUT_SHORT = SLEEPERS + '''
-
-import kvpages.measure.workers as workers
-
-run = workers.Worker.run
-
-
-def run_then_signal(self, *args, **kwargs):
-    run(self, *args, **kwargs)
-    if self.process >= 3:  # a re-measurement round's worker (the 3 planned processes are 0-2)
-        raise KeyboardInterrupt("signal SIGINT")  # as a signal landing just as the round ended
-
-
-workers.Worker.run = run_then_signal
-'''
-
-
 def test_a_round_a_signal_cuts_short_is_in_meta_json_with_the_blocks_it_recorded(pytester, monkeypatch):
     """A signal landing in a re-measurement round interrupts the run with that round's worker in meta.json's
     processes (role remeasure) and counted in the record's rounds: every process whose blocks samples.csv holds is
     there (before, the round's worker was left out)."""
-    result, run = sweep(pytester, monkeypatch, "--kv-remeasure-budget", "10", conftest=ROUND_CUT_SHORT)
+    round_cut_short = SLEEPERS + signal_as_turn_ends(3)  # the 3 planned processes are 0-2: the round's worker is 3
+    result, run = sweep(pytester, monkeypatch, "--kv-remeasure-budget", "10", conftest=round_cut_short)
     assert result.ret == pytest.ExitCode.INTERRUPTED and run.meta is not None and not run.meta.completed
     assert [(p.index, p.role) for p in run.meta.processes] == [(0, "worker"), (1, "worker"), (2, "session"),
                                                                (3, "remeasure")]
