@@ -42,6 +42,11 @@ def entries(folder: Path) -> list[Path]:
     return sorted(folder.glob(f"*{cache.SUFFIX}"))
 
 
+def contents(run: Path, charts: bool = True) -> dict[str, bytes]:
+    """Every file of a run folder, by name (with `charts` False, the PNGs left out)."""
+    return {p.name: p.read_bytes() for p in run.iterdir() if charts or p.suffix != ".png"}
+
+
 def test_plot_then_report_analyse_once_and_write_what_they_would_without(tmp_path, kept, monkeypatch):
     run = synthetic_run(tmp_path / "run", MEDIANS)
     plain = tmp_path / "plain"
@@ -213,30 +218,27 @@ def test_a_sweeps_analysis_is_kept_as_its_folder_stands_after_it(pytester, kept,
     from kvpages.render import report
     from kvpages.schema.reader import load_run
 
-    def texts(run: Path) -> dict[str, bytes]:
-        return {p.name: p.read_bytes() for p in run.iterdir() if p.suffix != ".png"}
-
     pytester.makepyfile(test_kv_sweep=BENCH)
     result = pytester.runpytest("--kv-seq-lens", "512", "--kv-page-sizes", "64", "--kv-variants",
                                 "host_stride,device_stride", "--kv-scenarios", "none", "--kv-repetitions", "2",
                                 "--kv-analyze", *CPU, *FAST)
     result.assert_outcomes(passed=4)
     [folder] = [p.relative_to(pytester.path) for p in (pytester.path / "results").iterdir() if p.is_dir()]
-    written, made, make = texts(folder), [], report.made_report
+    written, made, make = contents(folder, charts=False), [], report.made_report
     monkeypatch.setattr(cache, "analyze", lambda run: made.append(run.path) or analyze(run))
     monkeypatch.setattr(report, "made_report", lambda *given: pytest.fail("the sweep's report was not kept"))
     assert [p.name.removesuffix(cache.SUFFIX) for p in entries(kept)] == [store.key(folder)]  # results/<run-id>
     for name in ("REPORT.md", "APPENDIX.md", "ratios.csv"):
         (folder / name).unlink()
     code, printed, _ = run_cli("report", str(folder))
-    assert code == 0 and printed.encode() == written["REPORT.md"] and texts(folder) == written
+    assert code == 0 and printed.encode() == written["REPORT.md"] and contents(folder, charts=False) == written
     assert run_cli("plot", str(folder))[0] == 0 and run_cli("report", str(folder))[1] == printed and made == []
     found = cache.loads(store.read_entry(entries(kept)[0]) or b"").run.meta
     assert found == load_run(folder).meta and found is not None and found.timing is not None
     assert found.timing.analysis_s is not None and found.timing.analysis_s > 0
     monkeypatch.setattr(report, "made_report", make)
     monkeypatch.setenv(store.VARIABLE, "off")
-    assert run_cli("report", str(folder))[1] == printed and texts(folder) == written and made == [folder]
+    assert run_cli("report", str(folder))[1] == printed and contents(folder, charts=False) == written and made == [folder]
 
 
 def test_a_kept_report_is_written_again_without_numpy_or_pandas(tmp_path, kept):
@@ -247,7 +249,7 @@ def test_a_kept_report_is_written_again_without_numpy_or_pandas(tmp_path, kept):
 
     run = synthetic_run(tmp_path / "run", MEDIANS)
     first = run_cli("report", str(run))
-    written = {p.name: p.read_bytes() for p in run.iterdir()}
+    written = contents(run)
     (entry,) = kept.glob(f"*{SUFFIX}")
     for name in ("REPORT.md", "APPENDIX.md", "ratios.csv"):
         (run / name).unlink()
@@ -255,7 +257,7 @@ def test_a_kept_report_is_written_again_without_numpy_or_pandas(tmp_path, kept):
                "print(code, [m for m in ('numpy', 'pandas', 'matplotlib') if m in sys.modules], file=sys.stderr)")
     again = subprocess.run([sys.executable, "-c", program, "report", str(run)], capture_output=True, text=True, check=True)
     assert again.stdout == first[1] and again.stderr.splitlines()[-1] == "0 []"
-    assert {p.name: p.read_bytes() for p in run.iterdir()} == written
+    assert contents(run) == written
     damaged = bytearray(entry.read_bytes())
     damaged[-1] ^= 1
     entry.write_bytes(bytes(damaged))
