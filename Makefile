@@ -115,6 +115,9 @@ bench: $(STAMP)
 # (set-up 11.2-17.3 s): the tests that mostly wait for a limit first, beside the rehearsal (tests/conftest.py), the
 # controller of `pytest -n` starting its workers without importing torch (its conftest import 1.8 s -> 0.2 s), and pip
 # picking the torch file while it installs uv.
+# On a 2-core box about twice as slow (2026-12-05, 22:34-22:57 UTC), fresh clones' .ci/run alternating, uv's cache
+# warm: 4ce4a84, which issue 40 gives as 168 s, 354.2 and 353.9 s (set-up 74 s, then pytest 280 s: 636 passed);
+# 1c08f4e 299.6 and 308.8 s (set-up 17 s, then pytest 282.7 and 291.3 s: 888 passed), 0.85-0.87 of 4ce4a84's.
 TEST_WORKERS ?= 2
 TEST_PYTEST := tests/ bench/ --benchmark-disable --kv-preset quick -q -n $(TEST_WORKERS) --dist loadgroup
 
