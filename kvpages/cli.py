@@ -343,7 +343,9 @@ def _no_reader() -> bool:
     polled.register(out, select.POLLOUT)
     if not any(events & select.POLLERR for _, events in polled.poll(0)):  # a pipe's write end, its reader gone
         return False
-    os.dup2(os.open(os.devnull, os.O_WRONLY), out)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, out)
+    os.close(null)
     return True
 
 
@@ -358,12 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except BrokenPipeError as exc:
-        if _no_reader():
-            return 1
-        print(f"kvpages: error: {exc}", file=sys.stderr)
-        return 2
     except (UserError, OSError) as exc:  # OSError: e.g. a run folder we may not write charts into
+        if isinstance(exc, BrokenPipeError) and _no_reader():
+            return 1
         print(f"kvpages: error: {exc}", file=sys.stderr)
         return 2
     finally:
