@@ -74,8 +74,11 @@ endif
 # logger, torch's ~40, around each phase of a process's ~600 tests: ~0.4 s a process; --log-* options are then
 # unknown); -p no:unraisableexception: no two full garbage collections at the end of the session (~0.3 s);
 # -p no:xdist -p no:xdist.looponfail: pytest-xdist (installed for make test) and its execnet import (~0.1 s a process).
+# --assert=plain: no assertion rewriting (bench/ asserts nothing; kvpages' own asserts are invariants). Its import hook
+# looks up every module imported after pytest starts, torch's ~1,100 among them, twice (its own search, then Python's):
+# a worker's start-up 3.81 -> 3.44 s of CPU (`pytest bench/ --collect-only`, six runs each, 2026-12-06).
 # The worker processes leave out the same (kvpages/measure/workers.py).
-BENCH_PYTEST := -q --benchmark-quiet -p no:hypothesispytest -p no:logging -p no:unraisableexception -p no:xdist -p no:xdist.looponfail
+BENCH_PYTEST := -q --benchmark-quiet --assert=plain -p no:hypothesispytest -p no:logging -p no:unraisableexception -p no:xdist -p no:xdist.looponfail
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest bench/ --benchmark-only --kv-preset $(PRESET) --kv-analyze $(BENCH_PYTEST) $(PYTEST_ARGS)

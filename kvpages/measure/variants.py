@@ -217,9 +217,9 @@ def check_kv_indices(kv_indices: object) -> torch.Tensor:
 
 
 def reference_page_indices(kv_indices: torch.Tensor, page_size: int) -> np.ndarray:
-    """The definition every variant must match: `kv[::page_size] // page_size` on a host copy."""
-    host = np.array(kv_indices.detach().cpu().numpy(), copy=True)
-    return host[::page_size] // page_size
+    """The definition every variant must match: `kv[::page_size] // page_size` on the host (a new array: the division
+    writes its own)."""
+    return kv_indices.detach().cpu().numpy()[::page_size] // page_size
 
 
 # --------------------------------------------------------------------------------------

@@ -30,8 +30,8 @@ WORKER_FLAG = "--kv-worker"
 WORKER_DIR_FLAG = "--kv-worker-dir"
 WORKER_GO_FLAG = "--kv-worker-go"
 WORKER_SPARE_FLAG = "--kv-worker-spare"
-LEAN_PYTEST = ("-q", "--benchmark-quiet", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:logging",
-               "-p", "no:unraisableexception", "-p", "no:xdist", "-p", "no:xdist.looponfail")
+LEAN_PYTEST = ("-q", "--benchmark-quiet", "--assert=plain", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+               "-p", "no:logging", "-p", "no:unraisableexception", "-p", "no:xdist", "-p", "no:xdist.looponfail")
 """A worker's pytest: quiet (the session reports the run), no cache, and without the plugins the Makefile's
 BENCH_PYTEST leaves out (it says what each costs)."""
 
