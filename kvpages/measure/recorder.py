@@ -12,10 +12,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kvpages.core.names import case_id
+from kvpages.core.stats import block_medians
 from kvpages.measure.outcome import BlockOutcome, MeterReading
 from kvpages.measure.targets import Context, Target
-from kvpages.schema.rows import KEY_COLUMNS, OK, PARTIAL, POINTS, SCENARIO_KEY, RankRow, Row, Samples, ScenarioRow
+from kvpages.schema.rows import KEY_COLUMNS, OK, PARTIAL, POINTS, SCENARIO_KEY, RankRow, Row, Samples, ScenarioRow, timed_us
 from kvpages.schema.writer import RunWriter
 
 
@@ -27,6 +30,9 @@ class Case:
     target: Target
     variant: str
     blocks: list[Samples] = field(default_factory=list)
+    medians_us: list[float] = field(default_factory=list)
+    """Each block's median timed round, taken as it is recorded (during its process's turn), so the re-measurement's
+    first look, between the last planned block and the spare's turn, does not convert every block again."""
     repetitions: set[int] = field(default_factory=set)
     readings: dict[int, MeterReading] = field(default_factory=dict)
     note: str = ""
@@ -134,6 +140,7 @@ class Recorder:
             else:
                 case.note = outcome.note or case.note
                 case.blocks += outcome.samples
+                case.medians_us += block_medians([np.asarray(timed_us(s)) for s in outcome.samples]).tolist()
                 case.repetitions |= {s.repetition for s in outcome.samples}
                 if self.writer is not None:  # on disk now; compressed now, or once released (`hold`)
                     data = self.writer.add_samples(outcome.table, outcome.samples, compress=False)
