@@ -75,8 +75,8 @@ endif
 # unknown); -p no:unraisableexception: no two full garbage collections at the end of the session (~0.3 s);
 # -p no:xdist -p no:xdist.looponfail: pytest-xdist (installed for make test) and its execnet import (~0.1 s a process).
 # --assert=plain: no assertion rewriting (bench/ asserts nothing; kvpages' own asserts are invariants). Its import hook
-# looks up every module imported after pytest starts, torch's ~1,100 among them, twice (its own search, then Python's):
-# a worker's start-up 3.81 -> 3.44 s of CPU (`pytest bench/ --collect-only`, six runs each, 2026-12-06).
+# is asked first about every module imported after pytest starts, torch's ~1,100 among them: a worker's start-up
+# 3.81 -> 3.44 s of CPU (`pytest bench/ --collect-only`, six runs each, alternating, 2026-12-06).
 # The worker processes leave out the same (kvpages/measure/workers.py).
 BENCH_PYTEST := -q --benchmark-quiet --assert=plain -p no:hypothesispytest -p no:logging -p no:unraisableexception -p no:xdist -p no:xdist.looponfail
 
