@@ -73,11 +73,9 @@ def host_pages(workload: Workload) -> tuple[StepExtra, ...]:
     """The `host_pages` extra: a host mirror of the pool's page table (`table[row, page]`), filled from the pool
     once, and per input set where each slice's pages lie in it and the upkeep D2H due before a call."""
     p = workload.page_size
-    if workload.pool.device.type == "cpu":  # numpy divides by a constant without torch's per-element floor: p = 1 is
-        tokens = workload.pool.numpy()[:, ::p]  # a copy (the default grid: 0.38-0.40 -> 0.20-0.24 s a process)
-        table = np.ascontiguousarray(tokens // p if p > 1 else tokens.copy())
-    else:
-        table = np.ascontiguousarray((workload.pool[:, ::p] // p).cpu().numpy())
+    # divided on the host, as reference_page_indices does, into a new array (also at p = 1): numpy divides by a
+    # constant without torch's per-element floor (the CPU default grid's tables: 0.38-0.40 -> 0.20-0.24 s a process)
+    table = np.ascontiguousarray(workload.pool[:, ::p].cpu().numpy() // p)
     out = []
     for calls in workload.calls:
         first_row = min(c.row for c in calls)
