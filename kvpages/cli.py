@@ -1,7 +1,7 @@
 """The `kvpages` command: list, report on, compare and set side by side the variants, options and runs.
 Only `list` imports torch (the variant registry); each command imports what it uses, and the program imports neither
-numpy nor pandas before a command needs them (a kept report needs neither: kvpages.render.kept). User errors: one line,
-exit 2.
+numpy nor pandas before a command needs them (a kept report or kept charts need neither: kvpages.render.kept). User
+errors: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -133,13 +133,20 @@ def _loaded(path: Path, profile_files: Sequence[Path] = ()) -> Loaded:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from kvpages.render.drawing import draw_run
-    from kvpages.schema.reader import RunError
+    from kvpages.render.kept import KeptCharts
 
     formats = ("png", "svg") if args.svg else ("png",)
-    charts = draw_run(lambda: _pickled(args.run, args.link_profile), formats)
-    if not charts:
-        raise RunError(f"{args.run}: no timed rows (status ok), so there is nothing to plot")
+    kept = None if args.link_profile else KeptCharts.of(args.run, formats)
+    charts = None if kept is None else kept.charts()
+    if charts is None:  # none kept, or a chart changed since: every chart drawn (the analysis loaded or made)
+        from kvpages.render.drawing import draw_run
+        from kvpages.schema.reader import RunError
+
+        charts = draw_run(lambda: _pickled(args.run, args.link_profile), formats)
+        if not charts:
+            raise RunError(f"{args.run}: no timed rows (status ok), so there is nothing to plot")
+        if kept is not None:  # for the next plot on the folder, as these charts stand now
+            kept.keep(charts)
     for path in charts:
         print(path)
     return 0
@@ -282,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the preset: %(choices)s (default: default)")
     p.add_argument("-v", "--verbose", action="store_true", help="list every call")
     for func, text in (
-        (cmd_plot, "regenerate the charts of a run folder (or results CSV) into that folder"),
+        (cmd_plot, "regenerate the charts of a run folder (or results CSV) into that folder; where the folder and its "
+                   "charts are as the last plot left them, nothing is drawn (KVPAGES_CACHE=off draws them anyway)"),
         (cmd_report, "write REPORT.md into a run folder and print it"),
         (cmd_summary, "print bytes and median latency per page size at a few sequence lengths"),
     ):

@@ -344,18 +344,21 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
             charts.give(analysis)  # drawn while the GPU answer is analysed
             gpu = gpu_answer(analysis)
-            for chart in charts.wait():  # the report links the charts written
+            drawn, formats = charts.wait(), charts.formats
+            for chart in drawn:  # the report links the charts written
                 terminalreporter.write_line(f"chart: {chart}")
             report = made_report(analysis, gpu)
             terminalreporter.write_line(f"report: {write_files(analysis.run.path, report)} (with ratios.csv)")
         kv.analysed(time.perf_counter() - started)
         if analyze_too:  # kept for later commands on the folder as it stands now (meta.json with those seconds)
             from kvpages.analysis.cache import keep
-            from kvpages.render.kept import KeptReport
+            from kvpages.render.kept import KeptCharts, KeptReport
 
             keep(dataclasses.replace(analysis, run=analysis.run.meta_read_again()))
             if (kept := KeptReport.of(analysis.run.path, None)) is not None:  # its GPU answer: the one found beside it
                 kept.keep(report)
+            if (kept_charts := KeptCharts.of(analysis.run.path, formats)) is not None:
+                kept_charts.keep(drawn)
         timing = writer.meta.timing
         after = f"; then its analysis {timing.analysis_s:.1f} s" if timing and timing.analysis_s else ""
         terminalreporter.write_line(f"kvpages: {writer.meta.efficiency_text()}{after}")

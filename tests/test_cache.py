@@ -232,13 +232,19 @@ def test_a_sweeps_analysis_is_kept_as_its_folder_stands_after_it(pytester, kept,
         (folder / name).unlink()
     code, printed, _ = run_cli("report", str(folder))
     assert code == 0 and printed.encode() == written["REPORT.md"] and contents(folder, charts=False) == written
-    assert run_cli("plot", str(folder))[0] == 0 and run_cli("report", str(folder))[1] == printed and made == []
+    charts = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.glob("*.png"))}
+    plotted = run_cli("plot", str(folder))
+    assert plotted[0] == 0 and sorted(plotted[1].split()) == [str(p) for p in charts]  # the sweep's charts, kept: none drawn
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.glob("*.png")} == charts
+    assert run_cli("report", str(folder))[1] == printed and made == []
     found = cache.loads(store.read_entry(entries(kept)[0]) or b"").run.meta
     assert found == load_run(folder).meta and found is not None and found.timing is not None
     assert found.timing.analysis_s is not None and found.timing.analysis_s > 0
     monkeypatch.setattr(report, "made_report", make)
     monkeypatch.setenv(store.VARIABLE, "off")
     assert run_cli("report", str(folder))[1] == printed and contents(folder, charts=False) == written and made == [folder]
+    assert run_cli("plot", str(folder)) == plotted  # drawn afresh: what the sweep drew, byte for byte
+    assert {p: p.read_bytes() for p in folder.glob("*.png")} == {p: b for p, (b, _) in charts.items()}
 
 
 def test_a_kept_report_is_written_again_without_numpy_or_pandas(tmp_path, kept):
@@ -295,3 +301,64 @@ def test_a_kept_reports_key_names_its_gpu_answer_and_the_charts(tmp_path, kept):
     assert KeptReport.of(cpu, None) not in (alone, beside, changed, None)
     assert KeptReport.of(cpu, tmp_path / "no-such-run") is None  # not kept: the report says what is wrong
     assert KeptReport.of(cpu / "results.csv", None) is None
+
+
+def test_a_plot_on_the_charts_it_drew_writes_nothing_and_a_changed_chart_draws_all_again(tmp_path, kept, monkeypatch):
+    """The second plot on a folder that did not change prints the same and writes nothing, in a process that imports
+    neither numpy, pandas nor matplotlib; a chart removed or changed meanwhile has every chart drawn again, each the
+    bytes a plot with nothing kept draws."""
+    from kvpages.render.kept import CHARTS_SUFFIX
+
+    run = synthetic_run(tmp_path / "run", MEDIANS)
+    first = run_cli("plot", str(run))
+    drawn = {p: p.read_bytes() for p in run.glob("*.png")}
+    assert first[0] == 0 and sorted(first[1].split()) == sorted(map(str, drawn))
+    assert len(list(kept.glob(f"*{CHARTS_SUFFIX}"))) == 1
+    stamps = {p: p.stat().st_mtime_ns for p in drawn}
+    program = ("import sys\nfrom kvpages.cli import main\ncode = main(sys.argv[1:])\n"
+               "print(code, [m for m in ('numpy', 'pandas', 'matplotlib') if m in sys.modules], file=sys.stderr)")
+    again = subprocess.run([sys.executable, "-c", program, "plot", str(run)], capture_output=True, text=True, check=True)
+    assert again.stdout == first[1] and again.stderr.splitlines()[-1] == "0 []"
+    assert {p: p.stat().st_mtime_ns for p in run.glob("*.png")} == stamps
+    removed, changed = sorted(drawn)[:2]
+    removed.unlink()
+    assert run_cli("plot", str(run)) == first and {p: p.read_bytes() for p in run.glob("*.png")} == drawn
+    changed.write_bytes(b"a chart edited by hand")
+    assert run_cli("plot", str(run)) == first and {p: p.read_bytes() for p in run.glob("*.png")} == drawn
+    assert all(p.stat().st_mtime_ns != stamps[p] for p in drawn)  # drawn again, each of them
+    monkeypatch.setenv(store.VARIABLE, "off")
+    assert run_cli("plot", str(run)) == first and {p: p.read_bytes() for p in run.glob("*.png")} == drawn
+
+
+def test_kept_charts_are_keyed_by_the_run_the_formats_and_every_matplotlibrc(tmp_path, kept, monkeypatch):
+    """Another input, another format or a matplotlibrc a drawing would read (the current folder's, $MATPLOTLIBRC's,
+    the configuration folder's) names another entry; a file that is no run folder keeps none."""
+    from kvpages.render.kept import KeptCharts
+
+    run = synthetic_run(tmp_path / "run", MEDIANS)
+    config = tmp_path / "config"
+    monkeypatch.setenv("MPLCONFIGDIR", str(config))
+    monkeypatch.delenv("MATPLOTLIBRC", raising=False)
+    monkeypatch.chdir(tmp_path)
+    png = KeptCharts.of(run, ("png",))
+    assert png is not None and png == KeptCharts.of(run, ("png",))
+    names = {png, KeptCharts.of(run, ("png", "svg"))}
+    (tmp_path / "matplotlibrc").write_text("font.size: 14\n")
+    names.add(KeptCharts.of(run, ("png",)))
+    (tmp_path / "matplotlibrc").unlink()
+    config.mkdir()
+    (config / "matplotlibrc").write_text("font.size: 14\n")
+    names.add(KeptCharts.of(run, ("png",)))
+    (config / "matplotlibrc").write_text("font.size: 15\n")
+    names.add(KeptCharts.of(run, ("png",)))
+    (config / "matplotlibrc").unlink()
+    (tmp_path / "rc").write_text("lines.linewidth: 3\n")
+    monkeypatch.setenv("MATPLOTLIBRC", str(tmp_path / "rc"))
+    names.add(KeptCharts.of(run, ("png",)))
+    monkeypatch.delenv("MATPLOTLIBRC")
+    assert KeptCharts.of(run, ("png",)) == png
+    meta = json.loads((run / "meta.json").read_text())
+    (run / "meta.json").write_text(json.dumps({**meta, "run_id": "changed"}))
+    names.add(KeptCharts.of(run, ("png",)))
+    assert len(names) == 7 and None not in names
+    assert KeptCharts.of(run / "results.csv", ("png",)) is None and KeptCharts.of(tmp_path / "no-such-run", ("png",)) is None
