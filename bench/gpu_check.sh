@@ -173,7 +173,8 @@ sweep() {  # name, --kv-crosscheck mode, what it is[, more options]: a quick swe
     echo "== $what"
     SWEEP_BEFORE=$(list_runs)
     run_step "$name" "$SWEEP_S" "$PYTHON" -m pytest bench/ --benchmark-only --kv-preset quick --kv-device "$DEVICE" \
-        --kv-seq-lens "$SEQ_LENS" --kv-crosscheck "$mode" --kv-analyze -q -p no:cacheprovider "$@" "${args[@]}"
+        --kv-seq-lens "$SEQ_LENS" --kv-crosscheck "$mode" --kv-analyze -q --benchmark-quiet -p no:cacheprovider \
+        "$@" "${args[@]}"
     rc=$?
     collect_runs
     if [[ -z $SWEEP_RUN ]] && ((rc == 0)); then
@@ -270,7 +271,7 @@ if [[ $DEVICE == cuda ]]; then
             echo "== ranks-$n: the quick preset's steps on $n ranks at once (torchrun, one GPU each)"
             run_step "ranks-$n" "$SWEEP_S" "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$n" \
                 -m pytest bench/test_steps.py --benchmark-only --kv-preset quick --kv-device cuda --kv-analyze -q \
-                -p no:cacheprovider "${args[@]}"
+                --benchmark-quiet -p no:cacheprovider "${args[@]}"
             collect_runs
             pack
         done
