@@ -89,9 +89,10 @@ def _rc_files() -> tuple[Path, ...]:
             home = Path.home()
         except RuntimeError:  # no home folder: matplotlib reads none there either
             home = None
-        xdg = env.get("XDG_CONFIG_HOME") or (home and home / ".config")
-        found += [Path(where) / "matplotlib" / "matplotlibrc" for where in (xdg,) if where]
-        found += [home / ".matplotlib" / "matplotlibrc"] if home else []
+        if xdg := env.get("XDG_CONFIG_HOME") or (home and home / ".config"):
+            found.append(Path(xdg) / "matplotlib" / "matplotlibrc")
+        if home:
+            found.append(home / ".matplotlib" / "matplotlibrc")
     return tuple(p for p in found if p.is_file())
 
 
