@@ -236,12 +236,12 @@ def _check_pct(flag: str, value: float | None) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from kvpages.analysis.cache import kept_run
     from kvpages.analysis.compare import compare_runs
     from kvpages.render.compare import FORMATS, Compared
-    from kvpages.schema.reader import load_run
 
     _check_pct("--fail-above", args.fail_above)
-    a, b = load_run(args.a), load_run(args.b)
+    a, b = kept_run(args.a), kept_run(args.b)  # each as its kept analysis holds it, else read now
     compared = Compared(a, b, compare_runs(a, b), args.fail_above)
     print(FORMATS[args.format or next(iter(FORMATS))](compared))
     if compared.regressions:

@@ -18,6 +18,7 @@ from kvpages.analysis import cache
 from kvpages.analysis.ratios import analyze
 from kvpages.cli import main
 from kvpages.schema import store
+from kvpages.schema.reader import load_run
 
 MEDIANS = {("host_stride", 512, 64): 2.0, ("device_stride", 512, 64): 3.0, ("host_stride", 8192, 64): 8.0,
            ("device_stride", 8192, 64): 4.0}
@@ -130,6 +131,26 @@ def test_fleet_reads_the_analyses_kept_and_keeps_those_it_makes(tmp_path, kept, 
     assert run_cli("fleet", str(a), str(b), "--out", str(tmp_path / "plain"))[0] == 0 and made == [a, b, a, b]
     texts = {(tmp_path / out / "FLEET.md").read_text() for out in ("first", "again", "plain")}
     assert len(texts) == 1 and "2 machines, 2 runs" in texts.pop()
+
+
+def test_compare_reads_the_runs_kept_and_prints_what_it_prints_without(tmp_path, kept, monkeypatch):
+    """kvpages compare reads each run as its kept analysis holds it where one is kept (its CSVs not parsed again) and
+    keeps nothing itself: the same output with both runs read now, one kept, or the cache off."""
+    read = []
+
+    def counted(path):
+        read.append(Path(path))
+        return load_run(path)
+
+    monkeypatch.setattr(cache, "load_run", counted)  # the real reading, each call counted
+    a = synthetic_run(tmp_path / "a", MEDIANS)
+    b = synthetic_run(tmp_path / "b", MEDIANS, seed=1)
+    plain = run_cli("compare", str(a), str(b), "--format", "markdown")
+    assert "| " in plain[1] and read == [a, b] and not entries(kept)
+    assert run_cli("report", str(a))[0] == 0 and read == [a, b, a] and len(entries(kept)) == 1
+    assert run_cli("compare", str(a), str(b), "--format", "markdown") == plain and read == [a, b, a, b]
+    monkeypatch.setenv(store.VARIABLE, "off")
+    assert run_cli("compare", str(a), str(b), "--format", "markdown") == plain and read == [a, b, a, b, a, b]
 
 
 def test_a_damaged_entry_is_not_read_and_is_replaced(tmp_path, kept):

@@ -1,5 +1,6 @@
 """A run folder's analysis kept between commands (no torch): `kvpages plot` then `kvpages report` (or summary, cite,
-noise, fleet, calibrate, and a CPU run's GPU answer) on one folder load and analyse it once.
+noise, fleet, calibrate, and a CPU run's GPU answer) on one folder load and analyse it once; `kvpages compare` reads
+the run from there (`kept_run`).
 
 An entry (kvpages.schema.store) is the pickled `Analysis` under the key of the run folder (`key`: everything that
 analysis depends on, so that any change is another key, never a stale analysis), its SHA-256 checked before it is
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvpages.analysis.ratios import Analysis, analyze
-from kvpages.schema.reader import load_run
+from kvpages.schema.reader import Run, load_run
 from kvpages.schema.store import kept_at, key, read_entry, write_entry
 
 SUFFIX = ".analysis"
@@ -86,6 +87,14 @@ def pickled(path: Path, analyse: Callable[[], Analysis] | None = None) -> Pickle
     made = analyze(load_run(path)) if analyse is None else analyse()
     payload = pickle.dumps(made, protocol=pickle.HIGHEST_PROTOCOL)
     return Pickled(payload, lambda: None if entry is None else write_entry(entry, payload), entry)
+
+
+def kept_run(path: Path) -> Run:
+    """`path`'s run as its kept analysis holds it, where one is kept (no CSV parsed again); else loaded now, and nothing
+    analysed or kept (`kvpages compare` reads the runs, not their analyses)."""
+    entry = _entry(path)
+    found = None if entry is None else read_entry(entry)
+    return load_run(path) if found is None else loads(found).run
 
 
 def keep(analysis: Analysis) -> None:
