@@ -77,11 +77,16 @@ def _entry(path: Path) -> Path | None:
     return kept_at(lambda: key(path), SUFFIX)
 
 
+def _read(path: Path) -> tuple[Path | None, bytes | None]:
+    """Where `path`'s analysis is kept (None: not kept) and the pickle found there (None: none, or one damaged)."""
+    entry = _entry(path)
+    return entry, None if entry is None else read_entry(entry)
+
+
 def pickled(path: Path, analyse: Callable[[], Analysis] | None = None) -> Pickled:
     """`path`'s analysis pickled: the entry kept under its key, else `analyse()`'s (by default `path` loaded and
     analysed now), to be kept."""
-    entry = _entry(path)
-    found = None if entry is None else read_entry(entry)
+    entry, found = _read(path)
     if found is not None:
         return Pickled(found, lambda: None, entry)
     made = analyze(load_run(path)) if analyse is None else analyse()
@@ -92,8 +97,7 @@ def pickled(path: Path, analyse: Callable[[], Analysis] | None = None) -> Pickle
 def kept_run(path: Path) -> Run:
     """`path`'s run as its kept analysis holds it, where one is kept (no CSV parsed again); else loaded now, and nothing
     analysed or kept (`kvpages compare` reads the runs, not their analyses)."""
-    entry = _entry(path)
-    found = None if entry is None else read_entry(entry)
+    found = _read(path)[1]
     return load_run(path) if found is None else loads(found).run
 
 
