@@ -17,9 +17,11 @@ from conftest import synthetic_run
 from kvpages.analysis import cache
 from kvpages.analysis.ratios import analyze
 from kvpages.cli import main
+from kvpages.render.drawing import forks
 from kvpages.schema import store
 from kvpages.schema.reader import load_run
 
+FORKS = forks()
 MEDIANS = {("host_stride", 512, 64): 2.0, ("device_stride", 512, 64): 3.0, ("host_stride", 8192, 64): 8.0,
            ("device_stride", 8192, 64): 4.0}
 
@@ -211,6 +213,37 @@ def test_a_report_keeps_what_it_made_and_another_gpu_answer_in_its_place_is_answ
     other = run_cli("report", str(cpu), "--gpu-run", str(gpu))
     monkeypatch.setenv(store.VARIABLE, "off")
     assert other == run_cli("report", str(cpu), "--gpu-run", str(gpu)) != first
+
+
+@pytest.mark.skipif(not FORKS, reason="kvpages plot analyses the GPU answer beside its drawing on Linux with two CPUs")
+def test_plot_keeps_the_gpu_answer_beside_the_run_and_its_report_analyses_nothing(tmp_path, kept, monkeypatch):
+    """A CPU run of the quick preset's points beside a committed quick H200 run: `kvpages plot` analyses and keeps that
+    answer too, so the report after it analyses no run and writes what it writes with nothing kept."""
+    from conftest import REPO
+
+    gpu = REPO / "results" / "20261204T184229Z-cuda-nvidia-h200"
+    if not gpu.is_dir():
+        pytest.skip(f"{gpu.name} is not committed under results/")
+    cpu = synthetic_run(tmp_path / "results" / "cpu", MEDIANS)
+    meta = json.loads((cpu / "meta.json").read_text())
+    (cpu / "meta.json").write_text(json.dumps({**meta, "preset": json.loads((gpu / "meta.json").read_text())["preset"]}))
+    shutil.copytree(gpu, tmp_path / "results" / gpu.name)
+    plain = tmp_path / "plain" / "results"
+    shutil.copytree(tmp_path / "results", plain)
+    assert run_cli("plot", str(cpu))[0] == 0
+    assert (kept / f"{store.key(tmp_path / 'results' / gpu.name)}{cache.SUFFIX}").is_file()
+    analysed: list[Path] = []
+    monkeypatch.setattr(cache, "analyze", lambda run, *a: analysed.append(run.path) or analyze(run, *a))
+    reported = run_cli("report", str(cpu))
+    assert reported[0] == 0 and f"measured on NVIDIA H200, run {gpu.name}" in (cpu / "REPORT.md").read_text()
+    assert analysed == []
+    monkeypatch.setenv(store.VARIABLE, "off")
+    for chart in cpu.glob("*.png"):  # the report lists the charts
+        shutil.copy(chart, plain / "cpu" / chart.name)
+    assert run_cli("report", str(plain / "cpu"))[1] == reported[1].replace(str(tmp_path / "results"), str(plain))
+    for name in ("REPORT.md", "APPENDIX.md", "ratios.csv"):
+        assert (cpu / name).read_bytes() == (plain / "cpu" / name).read_bytes(), name
+    assert analysed == [plain / "cpu", plain / gpu.name]
 
 
 def test_a_memo_pickle_cannot_take_leaves_the_entry_as_it_was(tmp_path, kept):

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,26 @@ def test_an_analysis_that_fails_is_raised_here_after_the_drawing_process_left(tm
     with pytest.raises(RunError, match="not a kvpages run folder"):
         draw_run(fails, ("png",))
     assert not list(tmp_path.iterdir())
+
+
+@forks
+def test_what_runs_meanwhile_runs_at_the_lowest_priority_in_a_process_of_its_own_and_is_waited_for(tmp_path):
+    """`draw_run`'s `meanwhile` (what `kvpages plot` keeps for the report): done in another process at niceness 19,
+    finished before draw_run returns, also when the analysis fails; what it raises is not raised here."""
+    said = tmp_path / "meanwhile.txt"
+
+    def meanwhile() -> None:
+        time.sleep(0.3)  # still going when the analysis has failed
+        said.write_text(f"{os.getpid()} {os.nice(0)}")
+        raise ValueError("not raised here")
+
+    def fails() -> Pickled:
+        raise RunError("the analysis failed")
+
+    with pytest.raises(RunError, match="the analysis failed"):
+        draw_run(fails, ("png",), meanwhile)
+    pid, niceness = said.read_text().split()
+    assert int(pid) != os.getpid() and int(niceness) == 19
 
 
 @pytest.mark.parametrize("suffix", [".png", ".svg"])

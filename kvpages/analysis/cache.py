@@ -1,6 +1,6 @@
 """A run folder's analysis kept between commands (no torch): `kvpages plot` then `kvpages report` (or summary, cite,
-noise, fleet, calibrate, and a CPU run's GPU answer) on one folder load and analyse it once; `kvpages compare` reads
-the run from there (`kept_run`).
+noise, fleet, calibrate, and a CPU run's GPU answer, which `kvpages plot` makes ahead of the report: `keep_ahead`)
+on one folder load and analyse it once; `kvpages compare` reads the run from there (`kept_run`).
 
 An entry (kvpages.schema.store) is the pickled `Analysis` under the key of the run folder (`key`: everything that
 analysis depends on, so that any change is another key, never a stale analysis), its SHA-256 checked before it is
@@ -99,6 +99,13 @@ def kept_run(path: Path) -> Run:
     analysed or kept (`kvpages compare` reads the runs, not their analyses)."""
     found = _read(path)[1]
     return load_run(path) if found is None else loads(found).run
+
+
+def keep_ahead(path: Path) -> None:
+    """Make and keep `path`'s analysis for a command yet to come, where one would be kept and none is yet."""
+    entry = _entry(path)
+    if entry is not None and not entry.is_file():
+        write_entry(entry, pickle.dumps(analyze(load_run(path)), protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def keep(analysis: Analysis) -> None:

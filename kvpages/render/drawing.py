@@ -6,6 +6,8 @@ loads and analyses the run, which it then hands over without the raw samples (th
 analysis made; a chart that reads samples makes this process draw everything itself); the child draws the charts,
 half of them in a process of its own (`side_by_side`), and hands back the files written. This process imports no
 matplotlib but in that case: its import (a quarter of a second) and the warm-up are off the path to the first chart.
+A third child, at the lowest priority, makes what a later command will read (`kvpages plot`: the run's GPU answer,
+analysed and kept for its report) on the CPU time these leave.
 Elsewhere (one CPU; macOS, where fork is unsafe with some system libraries; Windows, which has none) everything runs
 here, one after the other."""
 
@@ -46,7 +48,7 @@ class _Child:
     reply: int
 
     @classmethod
-    def start(cls, work: Drawing, close: tuple[int, ...] = ()) -> _Child:
+    def start(cls, work: Callable[[], object], close: tuple[int, ...] = ()) -> _Child:
         """Fork a child that closes `close` (the other ends of this process's pipes), does `work`, sends back what it
         returned or raised, and leaves without any exit handler."""
         read, write = os.pipe()
@@ -100,10 +102,15 @@ def side_by_side(here: Drawing, there: Drawing, processes: int = 1) -> list[Path
     return mine + _returned(theirs)
 
 
-def draw_run(analysed: Callable[[], Pickled], formats: tuple[str, ...]) -> list[Path]:
+def draw_run(analysed: Callable[[], Pickled], formats: tuple[str, ...],
+             meanwhile: Callable[[], object] | None = None) -> list[Path]:
     """Every chart of the run whose pickled analysis `analysed()` gives (kvpages.render.plots.plot_run), drawn as the
     module says, the analysis kept (`Pickled.keep`) while the child draws; an exception of `analysed()` is raised
-    here, once the child (still warming matplotlib: it writes nothing before it has the analysis) has been stopped."""
+    here, once the child (still warming matplotlib: it writes nothing before it has the analysis) has been stopped.
+    With `forks()`, `meanwhile()` (what a later command will read: `kvpages plot` keeps the run's GPU answer for the
+    report) runs from the start in a child of its own at the lowest priority, on the CPU time the others leave: the
+    drawing child's while it waits for the analysis, and the ends of the drawing. It is waited for (never stopped
+    halfway: it may be writing), and what it returns or raises is ignored. Elsewhere it is not run."""
     if not forks():
         from kvpages.analysis.cache import loads
         from kvpages.render.plots import plot_run
@@ -114,6 +121,7 @@ def draw_run(analysed: Callable[[], Pickled], formats: tuple[str, ...]) -> list[
     from kvpages.analysis.cache import loads, without_samples
     from kvpages.schema.reader import SamplesWithheld
 
+    aside = None if meanwhile is None else _Child.start(lambda: _lowest(meanwhile))  # first: it holds no pipe below
     given, give = os.pipe()
     child = _Child.start(lambda: _draw_given(given, formats), close=(give,))
     os.close(given)
@@ -129,12 +137,19 @@ def draw_run(analysed: Callable[[], Pickled], formats: tuple[str, ...]) -> list[
             os.close(give)
             os.kill(child.pid, signal.SIGKILL)
         drawn = child.wait()
+        if aside is not None:
+            aside.wait()
     done, value = drawn
     if not done and isinstance(value, SamplesWithheld):  # a chart read the raw samples after all: drawn here, whole
         from kvpages.render.plots import plot_run
 
         return plot_run(loads(found.payload), formats)
     return _returned(drawn)
+
+
+def _lowest(work: Callable[[], object]) -> object:
+    os.nice(19)
+    return work()
 
 
 def _draw_given(given: int, formats: tuple[str, ...]) -> list[Path]:
