@@ -6,8 +6,8 @@ loads and analyses the run, which it then hands over without the raw samples (th
 analysis made; a chart that reads samples makes this process draw everything itself); the child draws the charts,
 half of them in a process of its own (`side_by_side`), and hands back the files written. This process imports no
 matplotlib but in that case: its import (a quarter of a second) and the warm-up are off the path to the first chart.
-A third child, at the lowest priority, makes what a later command will read (`kvpages plot`: the run's GPU answer,
-analysed and kept for its report) on the CPU time these leave.
+A third child makes what a later command will read (`kvpages plot`: the run's GPU answer, analysed and kept for its
+report), mostly on the CPU the drawing child leaves idle while it waits for the analysis.
 Elsewhere (one CPU; macOS, where fork is unsafe with some system libraries; Windows, which has none) everything runs
 here, one after the other."""
 
@@ -108,9 +108,10 @@ def draw_run(analysed: Callable[[], Pickled], formats: tuple[str, ...],
     module says, the analysis kept (`Pickled.keep`) while the child draws; an exception of `analysed()` is raised
     here, once the child (still warming matplotlib: it writes nothing before it has the analysis) has been stopped.
     With `forks()`, `meanwhile()` (what a later command will read: `kvpages plot` keeps the run's GPU answer for the
-    report) runs from the start in a child of its own at the lowest priority, on the CPU time the others leave: the
-    drawing child's while it waits for the analysis, and the ends of the drawing. It is waited for (never stopped
-    halfway: it may be writing), and what it returns or raises is ignored. Elsewhere it is not run."""
+    report) runs from the start in a child of its own, mostly on the CPU the drawing child leaves idle while it waits
+    for the analysis. It is waited for (never stopped halfway: it may be writing), and what it returns or raises is
+    ignored; elsewhere it is not run. It runs at the others' priority: at the lowest (niceness 19) it would cost them
+    less on an idle box, but on a busy one it would get almost no CPU, and the command would wait minutes for it."""
     if not forks():
         from kvpages.analysis.cache import loads
         from kvpages.render.plots import plot_run
@@ -121,7 +122,7 @@ def draw_run(analysed: Callable[[], Pickled], formats: tuple[str, ...],
     from kvpages.analysis.cache import loads, without_samples
     from kvpages.schema.reader import SamplesWithheld
 
-    aside = None if meanwhile is None else _Child.start(lambda: _lowest(meanwhile))  # first: it holds no pipe below
+    aside = None if meanwhile is None else _Child.start(meanwhile)  # first: it holds none of the pipes below
     given, give = os.pipe()
     child = _Child.start(lambda: _draw_given(given, formats), close=(give,))
     os.close(given)
@@ -145,11 +146,6 @@ def draw_run(analysed: Callable[[], Pickled], formats: tuple[str, ...],
 
         return plot_run(loads(found.payload), formats)
     return _returned(drawn)
-
-
-def _lowest(work: Callable[[], object]) -> object:
-    os.nice(19)
-    return work()
 
 
 def _draw_given(given: int, formats: tuple[str, ...]) -> list[Path]:
