@@ -167,6 +167,18 @@ def test_a_damaged_entry_is_not_read_and_is_replaced(tmp_path, kept):
     assert run_cli("summary", str(run)) == first
 
 
+def test_an_entry_interrupted_before_its_rename_is_not_left_half_written(tmp_path, monkeypatch):
+    """A command stopped (Ctrl-C, or `kvpages plot` stopping its GPU-answer process) between writing an entry's
+    partial file and renaming it over the entry: the interruption is raised and no file is left."""
+    def interrupted(src: object, dst: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        store.write_entry(tmp_path / "cache" / f"key{cache.SUFFIX}", b"payload")
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
 def test_only_the_newest_entries_stay_and_off_keeps_none(tmp_path, kept, monkeypatch):
     monkeypatch.setattr(store, "KEEP", 2)
     runs = [synthetic_run(tmp_path / f"run{i}", MEDIANS, seed=i) for i in range(3)]

@@ -136,10 +136,9 @@ def test_an_analysis_that_fails_is_raised_here_after_the_drawing_process_left(tm
 
 
 @forks
-def test_what_runs_meanwhile_runs_in_a_process_of_its_own_and_is_waited_for(tmp_path):
-    """`draw_run`'s `meanwhile` (what `kvpages plot` keeps for the report): done in another process at this one's
-    priority (at a lower one, a busy box would make the command wait minutes for it), finished before draw_run
-    returns, also when the analysis fails; what it raises is not raised here."""
+def test_what_runs_meanwhile_runs_at_the_lowest_priority_in_a_process_of_its_own_and_is_waited_for(tmp_path):
+    """`draw_run`'s `meanwhile` (what `kvpages plot` keeps for the report): done in another process at niceness 19,
+    finished before draw_run returns, also when the analysis fails; what it raises is not raised here."""
     said = tmp_path / "meanwhile.txt"
 
     def meanwhile() -> None:
@@ -153,7 +152,33 @@ def test_what_runs_meanwhile_runs_in_a_process_of_its_own_and_is_waited_for(tmp_
     with pytest.raises(RunError, match="the analysis failed"):
         draw_run(fails, ("png",), meanwhile)
     pid, niceness = said.read_text().split()
-    assert int(pid) != os.getpid() and int(niceness) == os.nice(0)
+    assert int(pid) != os.getpid() and int(niceness) == 19
+
+
+@forks
+def test_what_runs_meanwhile_is_stopped_soon_after_the_charts(tmp_path, monkeypatch):
+    """On a busy box the lowest priority gets almost no CPU: `draw_run` stops what runs meanwhile ASIDE_GRACE_S after
+    the charts are done (here: after the analysis failed), and it has left when draw_run returns."""
+    from kvpages.render import drawing
+
+    monkeypatch.setattr(drawing, "ASIDE_GRACE_S", 0.2)
+    started, done = tmp_path / "started", tmp_path / "done"
+
+    def meanwhile() -> None:
+        started.write_text(str(os.getpid()))
+        time.sleep(60)
+        done.touch()
+
+    def fails() -> Pickled:
+        time.sleep(0.3)  # it has started
+        raise RunError("the analysis failed")
+
+    began = time.monotonic()
+    with pytest.raises(RunError, match="the analysis failed"):
+        draw_run(fails, ("png",), meanwhile)
+    assert time.monotonic() - began < 10 and not done.exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(started.read_text()), 0)
 
 
 @pytest.mark.parametrize("suffix", [".png", ".svg"])

@@ -6,8 +6,8 @@ loads and analyses the run, which it then hands over without the raw samples (th
 analysis made; a chart that reads samples makes this process draw everything itself); the child draws the charts,
 half of them in a process of its own (`side_by_side`), and hands back the files written. This process imports no
 matplotlib but in that case: its import (a quarter of a second) and the warm-up are off the path to the first chart.
-A third child makes what a later command will read (`kvpages plot`: the run's GPU answer, analysed and kept for its
-report), mostly on the CPU the drawing child leaves idle while it waits for the analysis.
+A third child, at the lowest priority, makes what a later command will read (`kvpages plot`: the run's GPU answer,
+analysed and kept for its report) on the CPU time these leave, and is stopped if it is not done soon after them.
 Elsewhere (one CPU; macOS, where fork is unsafe with some system libraries; Windows, which has none) everything runs
 here, one after the other."""
 
@@ -17,6 +17,7 @@ import contextlib
 import gc
 import os
 import pickle
+import select
 import signal
 import subprocess
 import sys
@@ -78,6 +79,13 @@ class _Child:
         os.waitpid(self.pid, 0)
         return pickle.loads(payload) if payload else (False, RuntimeError("the chart process died"))
 
+    def wait_or_stop(self, limit_s: float) -> None:
+        """Wait for the child up to `limit_s` seconds, then stop it (SIGTERM) and wait for it to leave; what it sent
+        back is dropped."""
+        if not select.select([self.reply], [], [], limit_s)[0]:  # it sends its result as it leaves
+            os.kill(self.pid, signal.SIGTERM)
+        self.wait()
+
 
 def _returned(outcome: tuple[bool, Any]) -> list[Path]:
     """What a child's work returned, or its exception raised here."""
@@ -108,10 +116,10 @@ def draw_run(analysed: Callable[[], Pickled], formats: tuple[str, ...],
     module says, the analysis kept (`Pickled.keep`) while the child draws; an exception of `analysed()` is raised
     here, once the child (still warming matplotlib: it writes nothing before it has the analysis) has been stopped.
     With `forks()`, `meanwhile()` (what a later command will read: `kvpages plot` keeps the run's GPU answer for the
-    report) runs from the start in a child of its own, mostly on the CPU the drawing child leaves idle while it waits
-    for the analysis. It is waited for (never stopped halfway: it may be writing), and what it returns or raises is
-    ignored; elsewhere it is not run. It runs at the others' priority: at the lowest (niceness 19) it would cost them
-    less on an idle box, but on a busy one it would get almost no CPU, and the command would wait minutes for it."""
+    report) runs from the start in a child of its own at the lowest priority (`_aside`), on the CPU time the others
+    leave: the drawing child's while it waits for the analysis, and the ends of the drawing. Once the charts are
+    drawn, it is waited for up to ASIDE_GRACE_S, then stopped (on a busy box it gets almost no CPU); what it returns
+    or raises is ignored. Elsewhere it is not run."""
     if not forks():
         from kvpages.analysis.cache import loads
         from kvpages.render.plots import plot_run
@@ -122,7 +130,7 @@ def draw_run(analysed: Callable[[], Pickled], formats: tuple[str, ...],
     from kvpages.analysis.cache import loads, without_samples
     from kvpages.schema.reader import SamplesWithheld
 
-    aside = None if meanwhile is None else _Child.start(meanwhile)  # first: it holds none of the pipes below
+    aside = None if meanwhile is None else _Child.start(lambda: _aside(meanwhile))  # first: it holds no pipe below
     given, give = os.pipe()
     child = _Child.start(lambda: _draw_given(given, formats), close=(give,))
     os.close(given)
@@ -139,13 +147,30 @@ def draw_run(analysed: Callable[[], Pickled], formats: tuple[str, ...],
             os.kill(child.pid, signal.SIGKILL)
         drawn = child.wait()
         if aside is not None:
-            aside.wait()
+            aside.wait_or_stop(ASIDE_GRACE_S)
     done, value = drawn
     if not done and isinstance(value, SamplesWithheld):  # a chart read the raw samples after all: drawn here, whole
         from kvpages.render.plots import plot_run
 
         return plot_run(loads(found.payload), formats)
     return _returned(drawn)
+
+
+ASIDE_GRACE_S = 1.0
+"""How long `draw_run` waits for what runs meanwhile once the charts are drawn; then the later command makes what it
+would have kept."""
+
+
+def _aside(work: Callable[[], object]) -> object:
+    """`work()` at niceness 19; stopped by SIGTERM as by Ctrl-C (SystemExit): a cache entry it was writing is removed,
+    never left half-written (kvpages.schema.store.write_entry)."""
+    os.nice(19)
+    signal.signal(signal.SIGTERM, _exit_on)
+    return work()
+
+
+def _exit_on(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _draw_given(given: int, formats: tuple[str, ...]) -> list[Path]:

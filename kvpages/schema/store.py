@@ -128,6 +128,8 @@ def write_entry(kept: Path, payload: bytes) -> None:
         newest = sorted(kept.parent.glob(f"*{kept.suffix}"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
         for old in newest[KEEP:]:
             old.unlink(missing_ok=True)
-    except OSError:  # a folder that cannot be written (or an entry another command removed meanwhile): not kept
-        with contextlib.suppress(OSError):  # the partial file, where there is one
-            tmp.unlink()
+    except BaseException as exc:  # a folder that cannot be written (or an entry another command removed meanwhile):
+        with contextlib.suppress(OSError):  # not kept; interrupted (Ctrl-C, a process stopped): raised. Either way the
+            tmp.unlink()  # partial file is removed, where there is one
+        if not isinstance(exc, OSError):
+            raise
