@@ -139,11 +139,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
     kept = None if args.link_profile else KeptCharts.of(args.run, formats)
     charts = None if kept is None else kept.charts()
     if charts is None:  # none kept, or a chart changed since: every chart drawn (the analysis loaded or made)
-        from kvpages.analysis.gpu_answer import keep_answer
+        from kvpages.analysis.gpu_answer import answer_ahead
         from kvpages.render.drawing import draw_run
         from kvpages.schema.reader import RunError
 
-        charts = draw_run(lambda: _pickled(args.run, args.link_profile), formats, lambda: keep_answer(args.run))
+        charts = draw_run(lambda: _pickled(args.run, args.link_profile), formats, lambda: answer_ahead(args.run))
         if not charts:
             raise RunError(f"{args.run}: no timed rows (status ok), so there is nothing to plot")
         if kept is not None:  # for the next plot on the folder, as these charts stand now

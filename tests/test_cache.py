@@ -168,8 +168,8 @@ def test_a_damaged_entry_is_not_read_and_is_replaced(tmp_path, kept):
 
 
 def test_an_entry_interrupted_before_its_rename_is_not_left_half_written(tmp_path, monkeypatch):
-    """A command stopped (Ctrl-C, or `kvpages plot` stopping its GPU-answer process) between writing an entry's
-    partial file and renaming it over the entry: the interruption is raised and no file is left."""
+    """A command stopped (Ctrl-C) between writing an entry's partial file and renaming it over the entry: the
+    interruption is raised and no file is left."""
     def interrupted(src: object, dst: object) -> None:
         raise KeyboardInterrupt
 
@@ -232,6 +232,10 @@ def test_plot_keeps_the_gpu_answer_beside_the_run_and_its_report_analyses_nothin
     """A CPU run of the quick preset's points beside a committed quick H200 run: `kvpages plot` analyses and keeps that
     answer too, so the report after it analyses no run and writes what it writes with nothing kept."""
     from conftest import REPO
+
+    from kvpages.render import drawing
+
+    monkeypatch.setattr(drawing, "ASIDE_GRACE_S", 120)  # the answer made at the lowest priority, however loaded the box
 
     gpu = REPO / "results" / "20261204T184229Z-cuda-nvidia-h200"
     if not gpu.is_dir():

@@ -3,11 +3,13 @@ raised here, as if one process had drawn everything."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -135,48 +137,67 @@ def test_an_analysis_that_fails_is_raised_here_after_the_drawing_process_left(tm
     assert not list(tmp_path.iterdir())
 
 
-@forks
-def test_what_runs_meanwhile_runs_at_the_lowest_priority_in_a_process_of_its_own_and_is_waited_for(tmp_path):
-    """`draw_run`'s `meanwhile` (what `kvpages plot` keeps for the report): done in another process at niceness 19,
-    finished before draw_run returns, also when the analysis fails; what it raises is not raised here."""
-    said = tmp_path / "meanwhile.txt"
+class Refused(Exception):
+    """An exception that pickles but does not unpickle (its argument is keyword-only)."""
 
-    def meanwhile() -> None:
-        time.sleep(0.3)  # still going when the analysis has failed
-        said.write_text(f"{os.getpid()} {os.nice(0)}")
-        raise ValueError("not raised here")
+    def __init__(self, *, why: str) -> None:
+        super().__init__(why)
 
+
+def fails_once(started: Path | None = None) -> Callable[[], Pickled]:
+    """An analysis that fails (after `started` exists, where given: what runs meanwhile has begun)."""
     def fails() -> Pickled:
+        deadline = time.monotonic() + 60
+        while started is not None and not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         raise RunError("the analysis failed")
+    return fails
+
+
+@forks
+@pytest.mark.parametrize("outcome", ["made", "raised", "refused"])
+def test_what_is_made_meanwhile_at_the_lowest_priority_is_kept_here_and_its_error_dropped(tmp_path, monkeypatch,
+                                                                                            outcome):
+    """`draw_run`'s `meanwhile` (`kvpages plot`: its GPU answer's analysis, for the report): made in another process
+    at niceness 19, then kept by this one (`Pickled.keep`), also when the analysis fails; what it raises, even an
+    exception that does not unpickle, is not raised here."""
+    from kvpages.render import drawing
+
+    monkeypatch.setattr(drawing, "ASIDE_GRACE_S", 60)  # however loaded the box
+    kept = tmp_path / "kept.txt"
+
+    def meanwhile() -> Pickled:
+        made = f"{os.getpid()} {os.nice(0)}"
+        if outcome != "made":
+            raise ValueError(made) if outcome == "raised" else Refused(why=made)
+        return Pickled(made.encode(), functools.partial(Path.write_text, kept, made))
 
     with pytest.raises(RunError, match="the analysis failed"):
-        draw_run(fails, ("png",), meanwhile)
-    pid, niceness = said.read_text().split()
-    assert int(pid) != os.getpid() and int(niceness) == 19
+        draw_run(fails_once(), ("png",), meanwhile)
+    if outcome == "made":
+        pid, niceness = kept.read_text().split()
+        assert int(pid) != os.getpid() and int(niceness) == 19
+    assert kept.exists() == (outcome == "made")
 
 
 @forks
-def test_what_runs_meanwhile_is_stopped_soon_after_the_charts(tmp_path, monkeypatch):
-    """On a busy box the lowest priority gets almost no CPU: `draw_run` stops what runs meanwhile ASIDE_GRACE_S after
-    the charts are done (here: after the analysis failed), and it has left when draw_run returns."""
+def test_what_is_not_made_soon_after_the_rest_is_killed_and_nothing_kept(tmp_path, monkeypatch):
+    """On a busy box the lowest priority gets almost no CPU: `draw_run` kills what it makes meanwhile ASIDE_GRACE_S
+    after the rest is done (here: the analysis failed), keeps nothing of it, and returns with it gone."""
     from kvpages.render import drawing
 
     monkeypatch.setattr(drawing, "ASIDE_GRACE_S", 0.2)
-    started, done = tmp_path / "started", tmp_path / "done"
+    started, kept = tmp_path / "started", tmp_path / "kept.txt"
 
-    def meanwhile() -> None:
+    def meanwhile() -> Pickled:
         started.write_text(str(os.getpid()))
         time.sleep(60)
-        done.touch()
-
-    def fails() -> Pickled:
-        time.sleep(0.3)  # it has started
-        raise RunError("the analysis failed")
+        return Pickled(b"", functools.partial(Path.write_text, kept, "late"))
 
     began = time.monotonic()
     with pytest.raises(RunError, match="the analysis failed"):
-        draw_run(fails, ("png",), meanwhile)
-    assert time.monotonic() - began < 10 and not done.exists()
+        draw_run(fails_once(started), ("png",), meanwhile)
+    assert time.monotonic() - began < 30 and not kept.exists()
     with pytest.raises(ProcessLookupError):
         os.kill(int(started.read_text()), 0)
 

@@ -1,5 +1,5 @@
 """A run folder's analysis kept between commands (no torch): `kvpages plot` then `kvpages report` (or summary, cite,
-noise, fleet, calibrate, and a CPU run's GPU answer, which `kvpages plot` makes ahead of the report: `keep_ahead`)
+noise, fleet, calibrate, and a CPU run's GPU answer, which `kvpages plot` makes ahead of the report: `made_ahead`)
 on one folder load and analyse it once; `kvpages compare` reads the run from there (`kept_run`).
 
 An entry (kvpages.schema.store) is the pickled `Analysis` under the key of the run folder (`key`: everything that
@@ -12,6 +12,7 @@ the folder too)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,11 +102,14 @@ def kept_run(path: Path) -> Run:
     return load_run(path) if found is None else loads(found).run
 
 
-def keep_ahead(path: Path) -> None:
-    """Make and keep `path`'s analysis for a command yet to come, where one would be kept and none is yet."""
+def made_ahead(path: Path) -> Pickled | None:
+    """`path`'s analysis made for a command yet to come, and what keeps it (it pickles: made in one process, kept in
+    another); None where one would not be kept, or is kept already."""
     entry = _entry(path)
-    if entry is not None and not entry.is_file():
-        write_entry(entry, pickle.dumps(analyze(load_run(path)), protocol=pickle.HIGHEST_PROTOCOL))
+    if entry is None or entry.is_file():
+        return None
+    payload = pickle.dumps(analyze(load_run(path)), protocol=pickle.HIGHEST_PROTOCOL)
+    return Pickled(payload, functools.partial(write_entry, entry, payload), entry)
 
 
 def keep(analysis: Analysis) -> None:

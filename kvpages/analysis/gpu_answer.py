@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from kvpages.analysis.cache import Loaded, keep_ahead
+from kvpages.analysis.cache import Loaded, Pickled, made_ahead
 from kvpages.analysis.families import ScenarioRatio
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.wording import short
@@ -65,12 +65,12 @@ def find_gpu_run(cpu: Analysis) -> Path | None:
     return None if cpu.run.link_crossed else gpu_run_beside(cpu.run.path)
 
 
-def keep_answer(run: Path) -> None:
-    """The GPU answer beside the run folder `run` (`gpu_run_beside`) analysed and kept ahead of its report: `kvpages
-    plot` has this done beside its own work (kvpages.render.drawing.draw_run), and the report says what went wrong."""
+def answer_ahead(run: Path) -> Pickled | None:
+    """The analysis of the GPU answer beside the run folder `run` (`gpu_run_beside`), made ahead of its report, which
+    reads it kept (`made_ahead`; `kvpages plot` has it made beside its own work: kvpages.render.drawing.draw_run);
+    None where there is none, or nothing to make. What goes wrong is raised: the report says it."""
     folder = gpu_run_beside(run) if run.is_dir() else None
-    if folder is not None:
-        keep_ahead(folder)
+    return None if folder is None else made_ahead(folder)
 
 
 def on_answer(run: Run, key: tuple, gpu: GpuAnswer | None, compute: Callable[[], T]) -> T:

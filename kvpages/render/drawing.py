@@ -6,10 +6,10 @@ loads and analyses the run, which it then hands over without the raw samples (th
 analysis made; a chart that reads samples makes this process draw everything itself); the child draws the charts,
 half of them in a process of its own (`side_by_side`), and hands back the files written. This process imports no
 matplotlib but in that case: its import (a quarter of a second) and the warm-up are off the path to the first chart.
-A third child, at the lowest priority, makes what a later command will read (`kvpages plot`: the run's GPU answer,
-analysed and kept for its report) on the CPU time these leave, and is stopped if it is not done soon after them.
-Elsewhere (one CPU; macOS, where fork is unsafe with some system libraries; Windows, which has none) everything runs
-here, one after the other."""
+A third child, at the lowest priority, makes an analysis a later command will read (`kvpages plot`: the run's GPU
+answer, for its report) on the CPU time these leave, and hands it back to be kept here; one not done soon after them
+is killed. Elsewhere (one CPU; macOS, where fork is unsafe with some system libraries; Windows, which has none) the
+charts are drawn here, one after the other, and nothing is made for a later command."""
 
 from __future__ import annotations
 
@@ -79,12 +79,19 @@ class _Child:
         os.waitpid(self.pid, 0)
         return pickle.loads(payload) if payload else (False, RuntimeError("the chart process died"))
 
-    def wait_or_stop(self, limit_s: float) -> None:
-        """Wait for the child up to `limit_s` seconds, then stop it (SIGTERM) and wait for it to leave; what it sent
-        back is dropped."""
+    def within(self, limit_s: float) -> Any:
+        """What the child's work returned, where it is done within `limit_s` seconds; else (not done, failed, or what
+        it sent cannot be read back) None, the child killed or gone."""
         if not select.select([self.reply], [], [], limit_s)[0]:  # it sends its result as it leaves
-            os.kill(self.pid, signal.SIGTERM)
-        self.wait()
+            os.kill(self.pid, signal.SIGKILL)
+            os.close(self.reply)  # nothing read: it may have been half sent
+            os.waitpid(self.pid, 0)
+            return None
+        try:
+            done, value = self.wait()
+        except Exception:  # an exception that pickles but does not unpickle
+            return None
+        return value if done else None
 
 
 def _returned(outcome: tuple[bool, Any]) -> list[Path]:
@@ -111,15 +118,15 @@ def side_by_side(here: Drawing, there: Drawing, processes: int = 1) -> list[Path
 
 
 def draw_run(analysed: Callable[[], Pickled], formats: tuple[str, ...],
-             meanwhile: Callable[[], object] | None = None) -> list[Path]:
+             meanwhile: Callable[[], Pickled | None] | None = None) -> list[Path]:
     """Every chart of the run whose pickled analysis `analysed()` gives (kvpages.render.plots.plot_run), drawn as the
     module says, the analysis kept (`Pickled.keep`) while the child draws; an exception of `analysed()` is raised
     here, once the child (still warming matplotlib: it writes nothing before it has the analysis) has been stopped.
-    With `forks()`, `meanwhile()` (what a later command will read: `kvpages plot` keeps the run's GPU answer for the
-    report) runs from the start in a child of its own at the lowest priority (`_aside`), on the CPU time the others
-    leave: the drawing child's while it waits for the analysis, and the ends of the drawing. Once the charts are
-    drawn, it is waited for up to ASIDE_GRACE_S, then stopped (on a busy box it gets almost no CPU); what it returns
-    or raises is ignored. Elsewhere it is not run."""
+    With `forks()`, `meanwhile()` (an analysis a later command will read: `kvpages plot`'s, the run's GPU answer for
+    its report) is made from the start in a child of its own at the lowest priority (`_lowest`), on the CPU time the
+    others leave: the drawing child's while it waits for the analysis, and the ends of the drawing. It is kept here,
+    where it is done within ASIDE_GRACE_S of the rest (the charts drawn, or the analysis failed); else the child is
+    killed (on a busy box it gets almost no CPU), having written nothing. Elsewhere it is not made."""
     if not forks():
         from kvpages.analysis.cache import loads
         from kvpages.render.plots import plot_run
@@ -127,10 +134,34 @@ def draw_run(analysed: Callable[[], Pickled], formats: tuple[str, ...],
         found = analysed()
         found.keep()
         return plot_run(loads(found.payload), formats)
+    aside = None if meanwhile is None else _Child.start(lambda: _lowest(meanwhile))  # first: it holds no pipe below
+    try:
+        return _draw_here_and_there(analysed, formats)
+    finally:
+        ahead = None if aside is None else aside.within(ASIDE_GRACE_S)
+        if ahead is not None:
+            ahead.keep()
+
+
+ASIDE_GRACE_S = 1.0
+"""How long `draw_run` waits for what it makes meanwhile once the rest is done; then a later command makes it."""
+
+
+def _lowest(work: Callable[[], Pickled | None]) -> Pickled | None:
+    """`work()` at niceness 19, printing nothing (it may outlive a `kvpages plot` killed meanwhile: its output would
+    keep a caller's pipe open)."""
+    os.nice(19)
+    quiet = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(quiet, fd)
+    return work()
+
+
+def _draw_here_and_there(analysed: Callable[[], Pickled], formats: tuple[str, ...]) -> list[Path]:
+    """`draw_run`'s charts on two CPUs (the module's doc)."""
     from kvpages.analysis.cache import loads, without_samples
     from kvpages.schema.reader import SamplesWithheld
 
-    aside = None if meanwhile is None else _Child.start(lambda: _aside(meanwhile))  # first: it holds no pipe below
     given, give = os.pipe()
     child = _Child.start(lambda: _draw_given(given, formats), close=(give,))
     os.close(given)
@@ -146,31 +177,12 @@ def draw_run(analysed: Callable[[], Pickled], formats: tuple[str, ...],
             os.close(give)
             os.kill(child.pid, signal.SIGKILL)
         drawn = child.wait()
-        if aside is not None:
-            aside.wait_or_stop(ASIDE_GRACE_S)
     done, value = drawn
     if not done and isinstance(value, SamplesWithheld):  # a chart read the raw samples after all: drawn here, whole
         from kvpages.render.plots import plot_run
 
         return plot_run(loads(found.payload), formats)
     return _returned(drawn)
-
-
-ASIDE_GRACE_S = 1.0
-"""How long `draw_run` waits for what runs meanwhile once the charts are drawn; then the later command makes what it
-would have kept."""
-
-
-def _aside(work: Callable[[], object]) -> object:
-    """`work()` at niceness 19; stopped by SIGTERM as by Ctrl-C (SystemExit): a cache entry it was writing is removed,
-    never left half-written (kvpages.schema.store.write_entry)."""
-    os.nice(19)
-    signal.signal(signal.SIGTERM, _exit_on)
-    return work()
-
-
-def _exit_on(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
 
 
 def _draw_given(given: int, formats: tuple[str, ...]) -> list[Path]:
