@@ -128,8 +128,9 @@ def write_entry(kept: Path, payload: bytes) -> None:
         newest = sorted(kept.parent.glob(f"*{kept.suffix}"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
         for old in newest[KEEP:]:
             old.unlink(missing_ok=True)
-    except BaseException as exc:  # a folder that cannot be written (or an entry another command removed meanwhile):
-        with contextlib.suppress(OSError):  # not kept; interrupted (Ctrl-C, a process stopped): raised. Either way the
-            tmp.unlink()  # partial file is removed, where there is one
+    except BaseException as exc:  # OSError: a folder that cannot be written (or an entry another command removed
+        # meanwhile), not kept; anything else (Ctrl-C) raised. Either way the partial file goes, where there is one.
+        with contextlib.suppress(OSError):
+            tmp.unlink()
         if not isinstance(exc, OSError):
             raise
