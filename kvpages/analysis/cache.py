@@ -90,9 +90,20 @@ def pickled(path: Path, analyse: Callable[[], Analysis] | None = None) -> Pickle
     entry, found = _read(path)
     if found is not None:
         return Pickled(found, lambda: None, entry)
+    return _made(path, entry, analyse)
+
+
+def _made(path: Path, entry: Path | None, analyse: Callable[[], Analysis] | None = None) -> Pickled:
+    """`analyse()`'s analysis (by default `path` loaded and analysed now), pickled, to be kept in `entry` (None: not
+    kept); what keeps it pickles too (`made_ahead`: made in one process, kept in another)."""
     made = analyze(load_run(path)) if analyse is None else analyse()
     payload = pickle.dumps(made, protocol=pickle.HIGHEST_PROTOCOL)
-    return Pickled(payload, lambda: None if entry is None else write_entry(entry, payload), entry)
+    return Pickled(payload, functools.partial(_keep_in, entry, payload), entry)
+
+
+def _keep_in(entry: Path | None, payload: bytes) -> None:
+    if entry is not None:
+        write_entry(entry, payload)
 
 
 def kept_run(path: Path) -> Run:
@@ -103,13 +114,10 @@ def kept_run(path: Path) -> Run:
 
 
 def made_ahead(path: Path) -> Pickled | None:
-    """`path`'s analysis made for a command yet to come, and what keeps it (it pickles: made in one process, kept in
-    another); None where one would not be kept, or is kept already."""
+    """`path`'s analysis made for a command yet to come, and what keeps it; None where one would not be kept, or is
+    kept already."""
     entry = _entry(path)
-    if entry is None or entry.is_file():
-        return None
-    payload = pickle.dumps(analyze(load_run(path)), protocol=pickle.HIGHEST_PROTOCOL)
-    return Pickled(payload, functools.partial(write_entry, entry, payload), entry)
+    return None if entry is None or entry.is_file() else _made(path, entry)
 
 
 def keep(analysis: Analysis) -> None:

@@ -69,7 +69,7 @@ def answer_ahead(run: Path) -> Pickled | None:
     """The analysis of the GPU answer beside the run folder `run` (`gpu_run_beside`), made ahead of its report, which
     reads it kept (`made_ahead`; `kvpages plot` has it made beside its own work: kvpages.render.drawing.draw_run);
     None where there is none, or nothing to make. What goes wrong is raised: the report says it."""
-    folder = gpu_run_beside(run) if run.is_dir() else None
+    folder = gpu_run_beside(run)  # None for a results CSV, as for a CUDA run
     return None if folder is None else made_ahead(folder)
 
 
