@@ -152,29 +152,39 @@ def test_noise_states_both_levels_and_whether_the_box_is_fit(tmp_path):
     assert text.splitlines()[-1].startswith("fit for comparisons: ")
 
 
-def test_noise_names_a_shift_of_the_whole_run_and_what_the_pair_would_be_without_it(tmp_path):
-    """B's device_stride 6% slower in every process (what the box's state over minutes does to a whole run): the pair
-    misses its targets, the shift is measured (all 6 points up), and without it the intervals would meet theirs; a
-    pair of runs of the same code says nothing of the kind."""
+def test_noise_names_a_shift_of_the_whole_runs_ratios_and_what_the_intervals_would_be_without_it(tmp_path):
+    """B's device_stride 6% slower in every process (what the box's state over minutes can do to a whole run): the
+    pair misses its targets, the shift is measured (all 6 points up), and without it the intervals would meet theirs;
+    the pair the other way round says the same of -6%; a pair of runs of the same code says nothing of the kind."""
     kw = dict(processes=6, repetitions=12, process_spread=0.005, rep_spread=0.005)
     a = analyze(load_run(synthetic_run(tmp_path / "a", MEDIANS, seed=1, **kw)))
     b = analyze(load_run(synthetic_run(tmp_path / "b", MEDIANS, seed=2, own_shifts={"device_stride": (1.06,) * 6},
                                        **kw)))
-    figures = aa_figures(a, b, "device_stride", 10)
-    shift = figures.run_shift
-    assert shift.factor == pytest.approx(1.06, rel=0.01) and (shift.points, shift.up, shift.down) == (6, 6, 0)
-    assert shift.sign_p() == pytest.approx(2 / 2**6)  # six of six the same way
-    assert figures.a_in_b == 0 and shift.a_in_b >= 5 and shift.b_in_a >= 5 and shift.overlap == 6
-    text = figures.text()
-    moved = f"{shift.factor - 1:+.1%}"  # 6% give or take the runs' own noise
-    assert f"shift of the whole run: B's ratios sit at a median of {moved} from A's, 6 of 6 points up and 0 down" in text
-    fit = text.splitlines()[-1]
-    assert fit.startswith("fit for comparisons: NO:")
-    assert f"without the shift of the whole run ({moved}, sign test p = 0.031) the intervals would overlap at 100%" in fit
-    assert f"a difference of about {moved[1:]} between two runs is the box's, not the code's" in fit
+    for first, second, sign in ((a, b, 1), (b, a, -1)):
+        figures = aa_figures(first, second, "device_stride", 10)
+        shift = figures.run_shift
+        assert shift.factor ** sign == pytest.approx(1.06, rel=0.01)
+        assert (shift.held.points, shift.up, shift.down) == ((6, 6, 0) if sign > 0 else (6, 0, 6))
+        assert shift.sign_p() == pytest.approx(2 / 2**6)  # six of six the same way
+        assert figures.held.a_in_b == figures.held.b_in_a == 0 and not figures.held.meets_targets()
+        assert shift.held.a_in_b >= 5 and shift.held.b_in_a >= 5 and shift.held.overlap == 6
+        text = figures.text()
+        moved = f"{shift.factor - 1:+.1%}"  # 6% give or take the runs' own noise
+        assert moved.startswith("+" if sign > 0 else "-")
+        assert (f"shift of the whole run's ratios: B's sit at a median of {moved} from A's, "
+                f"{shift.up} of 6 points up and {shift.down} down (sign test p = 0.031)") in text
+        fit = text.splitlines()[-1]
+        assert fit.startswith("fit for comparisons: NO:")
+        assert (f"without the shift of the whole run's ratios ({moved}, sign test p = 0.031) the intervals would "
+                f"overlap at 100%") in fit
+        assert f"a difference of about {moved[1:]} between two runs may be the box's, not the code's" in fit
     same = aa_figures(a, analyze(load_run(synthetic_run(tmp_path / "c", MEDIANS, seed=3, **kw))), "device_stride", 10)
-    assert same.run_shift.sign_p() > 0.05 and "without the shift" not in same.text()
+    assert same.held.meets_targets() and not same.run_shift.explains(same.held)
+    assert "without the shift" not in same.text()
+    shift = same.run_shift
     assert dataclasses.replace(shift, up=3, down=3).sign_p() == 1.0
+    assert dataclasses.replace(shift, up=0, down=0).sign_p() == 1.0  # every point a tie, or none
+    assert dataclasses.replace(shift, up=3, down=11).sign_p() == pytest.approx(0.0574, abs=1e-4)  # the binomial's
 
 
 def test_the_repetitions_per_process_follow_from_the_noise_and_the_costs(tmp_path):

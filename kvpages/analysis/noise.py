@@ -4,7 +4,6 @@ docs/method.md, "Noise"."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +21,46 @@ standard errors: P(|Z| < 1.96 / sqrt(2))) and overlap 99.4%."""
 TARGETS = {"overlap": 0.95, "coverage": 0.75, "false_verdicts": 0.10, "width": 0.10}  # for a box fit for comparisons
 
 
+SHIFT_P = 0.05
+"""The sign test's p-value below which the shift of a whole run's ratios is taken as more than its points' scatter."""
+
+Pairs = list[tuple[RatioRow, RatioRow]]
+"""A variant's ratio rows in runs A and B, paired point by point."""
+
+
+@dataclass(frozen=True)
+class Held:
+    """How the ratios and intervals of two runs hold each other over their common points, A's taken `factor` times
+    (1: as they are): the intervals that overlap, A's ratio inside B's interval, B's inside A's."""
+
+    points: int
+    overlap: int
+    a_in_b: int
+    b_in_a: int
+
+    @classmethod
+    def of(cls, pairs: Pairs, factor: float = 1.0) -> Held:
+        return cls(len(pairs),
+                   overlap=sum(ra.ci_low * factor <= rb.ci_high and rb.ci_low <= ra.ci_high * factor
+                               for ra, rb in pairs),
+                   a_in_b=sum(rb.ci_low <= ra.ratio * factor <= rb.ci_high for ra, rb in pairs),
+                   b_in_a=sum(ra.ci_low * factor <= rb.ratio <= ra.ci_high * factor for ra, rb in pairs))
+
+    def overlapping(self) -> float:
+        return self.overlap / max(self.points, 1)
+
+    def coverage(self) -> float:
+        """The smaller of the two directions' shares of points."""
+        return min(self.a_in_b, self.b_in_a) / max(self.points, 1)
+
+    def meets_targets(self) -> bool:
+        """Whether the intervals meet TARGETS' overlap and coverage."""
+        return self.overlapping() >= TARGETS["overlap"] and self.coverage() >= TARGETS["coverage"]
+
+    def frac(self, k: int) -> str:
+        return f"{k}/{self.points} ({k / self.points:.0%})" if self.points else "0/0"
+
+
 @dataclass(frozen=True)
 class AAFigures:
     """The A/A figures of `variant` against A's baseline between runs A and B (their analyses `a` and `b`)."""
@@ -29,10 +68,7 @@ class AAFigures:
     a: Analysis
     b: Analysis
     variant: str
-    points: int
-    overlap: int
-    a_in_b: int
-    b_in_a: int
+    held: Held
     moved_10pct: int
     median_width_a: float  # median over points of the CI's width divided by the ratio
     median_width_b: float
@@ -44,34 +80,27 @@ class AAFigures:
     run_shift: RunShift
 
     def text(self) -> str:
-        n = self.points
-
-        def frac(k: int) -> str:
-            return f"{k}/{n} ({k / n:.0%})" if n else "0/0"
-
+        held, shift, frac = self.held, self.run_shift, self.held.frac
         runs = (("A", self.a), ("B", self.b))
-        overlap, coverage = self.overlap / max(n, 1), min(self.a_in_b, self.b_in_a) / max(n, 1)
         false = (self.slower + self.faster) / max(self.relative_points, 1)
-        fit = fits(overlap, coverage, false)
-        fit_line = (f"fit for comparisons: {'yes' if fit else 'NO'}: intervals overlap at {overlap:.0%} of points "
-                    f"(calibrated {CALIBRATED['overlap']:.1%}, needs >= {TARGETS['overlap']:.0%}), hold the other run's "
-                    f"ratio at {coverage:.0%} (calibrated {CALIBRATED['coverage']:.0%}, needs >= {TARGETS['coverage']:.0%}), "
-                    f"false verdicts {false:.0%} (calibrated {CALIBRATED['false_verdicts']:.0%}, needs <= "
-                    f"{TARGETS['false_verdicts']:.0%}); the intervals are {self.median_width_a:.0%} wide (median), so "
-                    "smaller differences are not resolved here")
-        shift = self.run_shift
-        if not fit and shift.sign_p() < 0.05 and shift.overlap / max(n, 1) >= TARGETS["overlap"] and \
-                shift.coverage() >= TARGETS["coverage"]:
-            fit_line += (f"; without the shift of the whole run ({shift.percent()}, sign test p = {shift.sign_p():.2g}) "
-                         f"the intervals would overlap at {shift.overlap / max(n, 1):.0%} and hold the other run's ratio "
-                         f"at {shift.coverage():.0%}: each run's intervals cover its own processes, not what moves a "
-                         f"whole run on this box over minutes, so a difference of about {abs(shift.factor - 1):.1%} "
-                         "between two runs is the box's, not the code's")
+        fit = held.meets_targets() and false <= TARGETS["false_verdicts"]
+        fit_line = (f"fit for comparisons: {'yes' if fit else 'NO'}: intervals overlap at {held.overlapping():.0%} of "
+                    f"points (calibrated {CALIBRATED['overlap']:.1%}, needs >= {TARGETS['overlap']:.0%}), hold the "
+                    f"other run's ratio at {held.coverage():.0%} (calibrated {CALIBRATED['coverage']:.0%}, needs >= "
+                    f"{TARGETS['coverage']:.0%}), false verdicts {false:.0%} (calibrated "
+                    f"{CALIBRATED['false_verdicts']:.0%}, needs <= {TARGETS['false_verdicts']:.0%}); the intervals are "
+                    f"{self.median_width_a:.0%} wide (median), so smaller differences are not resolved here")
+        if shift.explains(held):
+            fit_line += (f"; without the shift of the whole run's ratios ({shift.percent()}, sign test p = "
+                         f"{shift.sign_p():.2g}) the intervals would overlap at {shift.held.overlapping():.0%} and hold "
+                         f"the other run's ratio at {shift.held.coverage():.0%}: each run's intervals cover its own "
+                         "processes, not what moves a whole run's ratios on this box over minutes, so a difference of "
+                         f"about {abs(shift.factor - 1):.1%} between two runs may be the box's, not the code's")
         lines = [
             f"A/A noise check of {self.variant}/{self.a.baseline}: A = {self.a.run.run_id}, B = {self.b.run.run_id}",
-            f"points with the ratio in both runs: {n}",
-            f"intervals overlap: {frac(self.overlap)} (target >= {TARGETS['overlap']:.0%})",
-            f"A's ratio inside B's CI: {frac(self.a_in_b)}; B's ratio inside A's CI: {frac(self.b_in_a)} "
+            f"points with the ratio in both runs: {held.points}",
+            f"intervals overlap: {frac(held.overlap)} (target >= {TARGETS['overlap']:.0%})",
+            f"A's ratio inside B's CI: {frac(held.a_in_b)}; B's ratio inside A's CI: {frac(held.b_in_a)} "
             f"(target >= {TARGETS['coverage']:.0%} each; calibrated ~{CALIBRATED['coverage']:.0%})",
             f"median CI width / ratio: A {self.median_width_a:.1%}, B {self.median_width_b:.1%} "
             f"(target <= {TARGETS['width']:.0%})",
@@ -82,7 +111,7 @@ class AAFigures:
             f"{self.relative_points} points; "
             f"--fail-above {self.fail_above_pct:g}: {'FAIL' if self.regressions else 'OK'} "
             f"({self.regressions} point(s) beyond it)",
-            shift.text(frac),
+            shift.text(),
         ]
         lines += [f"noise floor {name}: {components_text(run.noise)}" for name, run in runs]
         lines += [f"{name}: {timed}" for name, run in runs if (timed := efficiency(run))]
@@ -92,52 +121,43 @@ class AAFigures:
 
 @dataclass(frozen=True)
 class RunShift:
-    """What moves every point of run B from run A at once (the box's state over minutes, which no process of one run
-    samples): the median over points of B's ratio over A's, how many points moved up and down, and, once that shift is
-    taken out (A's ratio and interval times `factor`, B's divided by it), each run's ratio inside the other's interval
-    and the intervals that overlap."""
+    """What moves the ratios of every point of run B from run A's at once (the box's state over minutes, which no
+    process of one run samples): `factor`, the median over points of B's ratio over A's (those both finite and
+    positive), how many points moved up and down, and how the intervals hold each other with A's taken `factor`
+    times (`held`)."""
 
     factor: float
-    points: int
     up: int
     down: int
-    a_in_b: int
-    b_in_a: int
-    overlap: int
+    held: Held
 
     def percent(self) -> str:
         return f"{self.factor - 1:+.1%}"
 
     def sign_p(self) -> float:
-        """Two-sided sign test of 'a point is as likely to move up as down' (ties left out)."""
+        """Two-sided sign test of 'a point is as likely to move up as down' (ties left out), the points taken as
+        independent (they share their runs' processes, so this p is if anything too small)."""
         n, k = self.up + self.down, min(self.up, self.down)
         return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
 
-    def coverage(self) -> float:
-        return min(self.a_in_b, self.b_in_a) / max(self.points, 1)
+    def explains(self, held: Held) -> bool:
+        """Whether the intervals `held` as they are miss their targets only by this shift: it is more than the
+        points' scatter (p < SHIFT_P), and taken out, they meet them."""
+        return not held.meets_targets() and self.sign_p() < SHIFT_P and self.held.meets_targets()
 
-    def text(self, frac: Callable[[int], str]) -> str:
-        return (f"shift of the whole run: B's ratios sit at a median of {self.percent()} from A's, {self.up} of "
-                f"{self.points} points up and {self.down} down (sign test p = {self.sign_p():.2g}); taken out, the "
-                f"intervals overlap at {frac(self.overlap)}, A's ratio is inside B's CI at {frac(self.a_in_b)} and "
-                f"B's inside A's at {frac(self.b_in_a)}")
+    def text(self) -> str:
+        frac = self.held.frac
+        return (f"shift of the whole run's ratios: B's sit at a median of {self.percent()} from A's, {self.up} of "
+                f"{self.held.points} points up and {self.down} down (sign test p = {self.sign_p():.2g}); taken out, "
+                f"the intervals overlap at {frac(self.held.overlap)}, A's ratio is inside B's CI at "
+                f"{frac(self.held.a_in_b)} and B's inside A's at {frac(self.held.b_in_a)}")
 
-
-def run_shift(pairs: list[tuple[RatioRow, RatioRow]]) -> RunShift:
-    """The `RunShift` of ratio rows paired point by point (A's, B's)."""
-    moved = np.array([rb.ratio / ra.ratio for ra, rb in pairs])
-    factor = float(np.exp(np.median(np.log(moved)))) if pairs else 1.0
-    return RunShift(factor, len(pairs), int(np.sum(moved > 1)), int(np.sum(moved < 1)),
-                    a_in_b=sum(rb.ci_low <= ra.ratio * factor <= rb.ci_high for ra, rb in pairs),
-                    b_in_a=sum(ra.ci_low <= rb.ratio / factor <= ra.ci_high for ra, rb in pairs),
-                    overlap=sum(ra.ci_low * factor <= rb.ci_high and rb.ci_low <= ra.ci_high * factor
-                                for ra, rb in pairs))
-
-
-def fits(overlap: float, coverage: float, false_verdicts: float) -> bool:
-    """Whether a pair's figures (fractions of points) meet TARGETS: a box fit for comparisons."""
-    return (overlap >= TARGETS["overlap"] and coverage >= TARGETS["coverage"]
-            and false_verdicts <= TARGETS["false_verdicts"])
+    @classmethod
+    def of(cls, pairs: Pairs) -> RunShift:
+        moved = [rb.ratio / ra.ratio for ra, rb in pairs if ra.ratio > 0 and math.isfinite(rb.ratio / ra.ratio)]
+        median = finite_median([math.log(m) for m in moved if m > 0])
+        factor = 1.0 if math.isnan(median) else math.exp(median)
+        return cls(factor, sum(m > 1 for m in moved), sum(m < 1 for m in moved), Held.of(pairs, factor))
 
 
 def components_text(noise: NoiseFloor) -> str:
@@ -159,10 +179,7 @@ def aa_figures(a: Analysis, b: Analysis, variant: str, fail_above_pct: float) ->
     pairs = [(a_ratios[k], b_ratios[k]) for k in sorted(set(a_ratios) & set(b_ratios))]
     comparison = compare_runs(a.run, b.run, a.baseline)
     return AAFigures(
-        a=a, b=b, variant=variant, points=len(pairs),
-        overlap=sum(ra.ci_low <= rb.ci_high and rb.ci_low <= ra.ci_high for ra, rb in pairs),
-        a_in_b=sum(rb.ci_low <= ra.ratio <= rb.ci_high for ra, rb in pairs),
-        b_in_a=sum(ra.ci_low <= rb.ratio <= ra.ci_high for ra, rb in pairs),
+        a=a, b=b, variant=variant, held=Held.of(pairs),
         moved_10pct=sum(abs(rb.ratio / ra.ratio - 1) > 0.10 for ra, rb in pairs),
         median_width_a=finite_median([(ra.ci_high - ra.ci_low) / ra.ratio for ra, _ in pairs]),
         median_width_b=finite_median([(rb.ci_high - rb.ci_low) / rb.ratio for _, rb in pairs]),
@@ -171,7 +188,7 @@ def aa_figures(a: Analysis, b: Analysis, variant: str, fail_above_pct: float) ->
         slower=comparison.relative.counts()[SLOWER],
         faster=comparison.relative.counts()[FASTER],
         relative_points=len(comparison.relative.points),
-        run_shift=run_shift(pairs),
+        run_shift=RunShift.of(pairs),
     )
 
 
