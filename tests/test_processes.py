@@ -18,7 +18,7 @@ from test_analysis import covers
 from test_plugin import BENCH, CPU, run_dirs
 
 from kvpages.analysis.compare import compare_runs
-from kvpages.analysis.noise import aa_figures, allocation_text
+from kvpages.analysis.noise import CALIBRATED, TARGETS, WIDTHS_CAP, Held, aa_figures, allocation_text, calibrated
 from kvpages.analysis.ratios import NoiseFloor, analyze
 from kvpages.core.estimator import mean_estimate
 from kvpages.core.presets import PRESETS
@@ -175,8 +175,8 @@ def test_noise_names_a_shift_of_the_whole_runs_ratios_and_what_the_intervals_wou
                 f"{shift.up} of 6 points up and {shift.down} down (sign test p = 0.031)") in text
         fit = text.splitlines()[-1]
         assert fit.startswith("fit for comparisons: NO:")
-        assert (f"without the shift of the whole run's ratios ({moved}, sign test p = 0.031) the intervals would "
-                f"overlap at 100%") in fit
+        assert (f"without the shift of the whole run's ratios ({moved}, sign test p = 0.031), intervals overlap at "
+                f"100% of points") in fit
         assert f"a difference of about {moved[1:]} between two runs may be the box's, not the code's" in fit
     same = aa_figures(a, analyze(load_run(synthetic_run(tmp_path / "c", MEDIANS, seed=3, **kw))), "device_stride", 10)
     assert same.held.meets_targets() and not same.run_shift.explains(same.held)
@@ -185,6 +185,54 @@ def test_noise_names_a_shift_of_the_whole_runs_ratios_and_what_the_intervals_wou
     assert dataclasses.replace(shift, up=3, down=3).sign_p() == 1.0
     assert dataclasses.replace(shift, up=0, down=0).sign_p() == 1.0  # every point a tie, or none
     assert dataclasses.replace(shift, up=3, down=11).sign_p() == pytest.approx(0.0574, abs=1e-4)  # the binomial's
+
+
+def test_noise_asks_of_each_direction_what_calibrated_intervals_of_these_widths_hold(tmp_path):
+    """A's processes spread 1%, B's 6%: B's intervals are several times as wide, so even calibrated ones hold A's ratio
+    almost always and A's narrow ones hold B's far less often. The pair is judged against what intervals of these
+    widths hold (one ratio of widths for the run, at most WIDTHS_CAP), not against equal widths' 75%; equal widths
+    ask for 75% and 95% exactly, and a narrow run whose intervals hold too little still fails."""
+    def within(x: float) -> float:  # P(|Z| < x)
+        return math.erf(x / math.sqrt(2))
+
+    z = 1.959963984540054
+    assert calibrated(2.0, 1.0) == pytest.approx((within(z * 3 / math.sqrt(5)), within(z / math.sqrt(5)),
+                                                  within(z * 2 / math.sqrt(5))), rel=1e-9)
+    assert (CALIBRATED["overlap"], CALIBRATED["coverage"]) == pytest.approx((within(z * math.sqrt(2)),
+                                                                             within(z / math.sqrt(2))), rel=1e-9)
+
+    kw = dict(processes=6, repetitions=12, rep_spread=0.01)
+    a = analyze(load_run(synthetic_run(tmp_path / "a", MEDIANS, seed=1, process_spread=0.01, **kw)))
+    b = analyze(load_run(synthetic_run(tmp_path / "b", MEDIANS, seed=11, process_spread=0.06, **kw)))
+    figures = aa_figures(a, b, "device_stride", 10)
+    held = figures.held
+    assert figures.median_width_b > 3 * figures.median_width_a and held.widths == 1 / WIDTHS_CAP  # the cap
+    (e_overlap, e_a, e_b), (n_overlap, n_a, n_b) = held.expected, held.needs()
+    assert (e_overlap, e_a, e_b) == calibrated(1.0, WIDTHS_CAP)
+    assert n_a == pytest.approx(TARGETS["coverage"] - (CALIBRATED["coverage"] - e_a))
+    assert n_a > TARGETS["coverage"]
+    assert e_b < 0.5 < CALIBRATED["coverage"] < e_a and e_overlap < CALIBRATED["overlap"]
+    assert n_b == pytest.approx(TARGETS["coverage"] - (CALIBRATED["coverage"] - e_b))
+    assert n_overlap == pytest.approx(TARGETS["overlap"] - (CALIBRATED["overlap"] - e_overlap))
+    assert n_overlap < TARGETS["overlap"]
+    overlap, a_in_b, b_in_a = held.shares()
+    assert overlap == a_in_b == 1 and n_b <= b_in_a < TARGETS["coverage"]  # equal widths' 75% would say NO
+    assert held.meets_targets() and not dataclasses.replace(held, widths=1.0).meets_targets()
+    fit = figures.text().splitlines()[-1]
+    assert fit.startswith(f"fit for comparisons: yes: {held.held_text()}, false verdicts 0%")
+    assert "calibrated at these widths, A's 0.33x B's (the most it is taken as): " in fit
+    assert f"the intervals are {figures.median_width_a:.0%} (A) and {figures.median_width_b:.0%} (B) wide" in fit
+    too_narrow = dataclasses.replace(held, b_in_a=max(round(n_b * held.points) - 1, 0))  # A's hold too few of B's
+    assert not too_narrow.meets_targets()
+    assert not dataclasses.replace(held, overlap=held.points - 1).meets_targets()  # 83% overlapping, 94% asked
+
+    itself = Held.of([(r, r) for r in a.ratios_of("device_stride")])  # equal widths: what was always asked
+    assert itself.widths == 1.0 and itself.needs() == (TARGETS["overlap"], TARGETS["coverage"], TARGETS["coverage"])
+    assert "(calibrated at equal widths: 99.4%, needs >= 95.0%)" in itself.held_text()
+    wider = [(dataclasses.replace(r, ci_low=r.ratio * 0.5, ci_high=r.ratio * 2.0), r) for r in a.ratios_of("device_stride")]
+    assert Held.of(wider).widths == WIDTHS_CAP  # far wider than 3x is taken as 3x
+    unknown = [(dataclasses.replace(r, ci_low=math.nan, ci_high=math.inf), r) for r in a.ratios_of("device_stride")]
+    assert Held.of(unknown).widths == 1.0 and Held.of([]).needs() == Held(0, 0, 0, 0).needs()
 
 
 def test_the_repetitions_per_process_follow_from_the_noise_and_the_costs(tmp_path):

@@ -5,20 +5,44 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
 from kvpages.analysis.compare import compare_runs
 from kvpages.analysis.ratios import Analysis, NoiseFloor
 from kvpages.analysis.verdicts import FASTER, SLOWER
-from kvpages.core.stats import finite_median
+from kvpages.core.stats import CONFIDENCE, finite_median, two_sided_z
 from kvpages.schema.meta import RunMeta
 from kvpages.schema.rows import RatioRow
 
-CALIBRATED = {"overlap": 0.994, "coverage": 0.834, "false_verdicts": 0.0}
-"""Calibrated 95% intervals hold the other run's estimate 83% of the time (two independent estimates with equal
-standard errors: P(|Z| < 1.96 / sqrt(2))) and overlap 99.4%."""
+Shares = tuple[float, float, float]
+"""Shares of points: the intervals that overlap, A's ratio inside B's interval, B's inside A's."""
+
+
+def calibrated(se_a: float, se_b: float) -> Shares:
+    """What calibrated intervals of two independent estimates of one ratio hold, with log standard errors `se_a`
+    (run A's) and `se_b` (any scale: only their ratio counts): the probabilities that they overlap, that A's ratio
+    lies inside B's interval, and B's inside A's. The difference of the two log ratios has a standard deviation of
+    hypot(se_a, se_b); the narrower interval holds the other's ratio less often (equal widths: 99.4%, 83.4%, 83.4%)."""
+    both, z = math.hypot(se_a, se_b), two_sided_z(CONFIDENCE)
+
+    def within(reach: float) -> float:  # P(|difference| < z * reach)
+        return 2 * NormalDist().cdf(z * reach / both) - 1
+
+    return within(se_a + se_b), within(se_b), within(se_a)
+
+
+EQUAL = calibrated(1.0, 1.0)
+CALIBRATED = {"overlap": EQUAL[0], "coverage": EQUAL[1], "false_verdicts": 0.0}
+"""Calibrated 95% intervals of equal widths hold the other run's estimate 83% of the time (P(|Z| < 1.96 / sqrt(2)))
+and overlap 99.4%; `calibrated` gives what they hold where the widths differ."""
 TARGETS = {"overlap": 0.95, "coverage": 0.75, "false_verdicts": 0.10, "width": 0.10}  # for a box fit for comparisons
+"""For intervals of equal widths; where one run's are wider, the overlap and coverage asked for are as far below what
+calibrated intervals of those widths hold (`Held.needs`)."""
+WIDTHS_CAP = 3.0
+"""The most times one run's intervals are taken as wider than the other's (`width_ratio`): beyond it, what the
+narrower run's intervals would be asked to hold is too little to tell them from intervals too narrow."""
 
 
 SHIFT_P = 0.05
@@ -28,15 +52,31 @@ Pairs = list[tuple[RatioRow, RatioRow]]
 """A variant's ratio rows in runs A and B, paired point by point."""
 
 
+def width_ratio(pairs: Pairs) -> float:
+    """How many times as wide A's intervals are as B's on the log scale: the median over points of the ratio of their
+    log widths (points where both are finite and positive; 1 for none), within 1/WIDTHS_CAP and WIDTHS_CAP. One figure
+    for the run, as the runs' spreads are: each point's width is itself an estimate, and calibrated shares averaged
+    over the points' noisy ratios would ask for less than equal widths do where the runs are equally noisy."""
+    def log_width(row: RatioRow) -> float:
+        width = math.log(row.ci_high / row.ci_low) if row.ci_low > 0 else math.nan
+        return width if math.isfinite(width) and width > 0 else math.nan
+
+    logs = [math.log(wa / wb) for ra, rb in pairs if math.isfinite(wa := log_width(ra)) and math.isfinite(wb := log_width(rb))]
+    ratio = math.exp(finite_median(logs)) if logs else 1.0
+    return min(max(ratio, 1 / WIDTHS_CAP), WIDTHS_CAP)
+
+
 @dataclass(frozen=True)
 class Held:
     """How the ratios and intervals of two runs hold each other over their common points, A's taken `factor` times
-    (1: as they are): the intervals that overlap, A's ratio inside B's interval, B's inside A's."""
+    (1: as they are): the intervals that overlap, A's ratio inside B's interval, B's inside A's; and how many times as
+    wide A's intervals are as B's (`width_ratio`; a factor leaves it as it is)."""
 
     points: int
     overlap: int
     a_in_b: int
     b_in_a: int
+    widths: float = 1.0
 
     @classmethod
     def of(cls, pairs: Pairs, factor: float = 1.0) -> Held:
@@ -44,18 +84,43 @@ class Held:
                    overlap=sum(ra.ci_low * factor <= rb.ci_high and rb.ci_low <= ra.ci_high * factor
                                for ra, rb in pairs),
                    a_in_b=sum(rb.ci_low <= ra.ratio * factor <= rb.ci_high for ra, rb in pairs),
-                   b_in_a=sum(ra.ci_low * factor <= rb.ratio <= ra.ci_high * factor for ra, rb in pairs))
+                   b_in_a=sum(ra.ci_low * factor <= rb.ratio <= ra.ci_high * factor for ra, rb in pairs),
+                   widths=width_ratio(pairs))
 
-    def overlapping(self) -> float:
-        return self.overlap / max(self.points, 1)
+    @property
+    def expected(self) -> Shares:
+        """What calibrated intervals of these widths hold (`calibrated`)."""
+        return calibrated(self.widths, 1.0)
 
-    def coverage(self) -> float:
-        """The smaller of the two directions' shares of points."""
-        return min(self.a_in_b, self.b_in_a) / max(self.points, 1)
+    def shares(self) -> Shares:
+        """The shares of points held: overlapping, A's ratio inside B's interval, B's inside A's."""
+        n = max(self.points, 1)
+        return self.overlap / n, self.a_in_b / n, self.b_in_a / n
+
+    def needs(self) -> Shares:
+        """The shares of points the targets ask for: TARGETS' for equal widths, and as far below `expected` as TARGETS
+        are below CALIBRATED where one run's intervals are wider."""
+        overlap, a_in_b, b_in_a = self.expected
+        return (TARGETS["overlap"] - (CALIBRATED["overlap"] - overlap),
+                TARGETS["coverage"] - (CALIBRATED["coverage"] - a_in_b),
+                TARGETS["coverage"] - (CALIBRATED["coverage"] - b_in_a))
 
     def meets_targets(self) -> bool:
-        """Whether the intervals meet TARGETS' overlap and coverage."""
-        return self.overlapping() >= TARGETS["overlap"] and self.coverage() >= TARGETS["coverage"]
+        """Whether the intervals overlap and hold each other's ratios as often as `needs` asks."""
+        return all(held >= need for held, need in zip(self.shares(), self.needs(), strict=True))
+
+    def widths_text(self) -> str:
+        if self.widths == 1.0:
+            return "equal widths"
+        capped = " (the most it is taken as)" if max(self.widths, 1 / self.widths) >= WIDTHS_CAP else ""
+        return f"these widths, A's {self.widths:.2g}x B's{capped}"
+
+    def held_text(self) -> str:
+        """The shares held beside what calibrated intervals of these widths hold and what is asked, for a verdict."""
+        (overlap, a_in_b, b_in_a), (e_o, e_a, e_b), (n_o, n_a, n_b) = self.shares(), self.expected, self.needs()
+        return (f"intervals overlap at {overlap:.0%} of points (calibrated at {self.widths_text()}: {e_o:.1%}, needs >= "
+                f"{n_o:.1%}), A's ratio inside B's CI at {a_in_b:.0%} and B's inside A's at {b_in_a:.0%} (calibrated "
+                f"{e_a:.0%} and {e_b:.0%}, needs >= {n_a:.0%} and {n_b:.0%})")
 
     def frac(self, k: int) -> str:
         return f"{k}/{self.points} ({k / self.points:.0%})" if self.points else "0/0"
@@ -84,24 +149,24 @@ class AAFigures:
         runs = (("A", self.a), ("B", self.b))
         false = (self.slower + self.faster) / max(self.relative_points, 1)
         fit = held.meets_targets() and false <= TARGETS["false_verdicts"]
-        fit_line = (f"fit for comparisons: {'yes' if fit else 'NO'}: intervals overlap at {held.overlapping():.0%} of "
-                    f"points (calibrated {CALIBRATED['overlap']:.1%}, needs >= {TARGETS['overlap']:.0%}), hold the "
-                    f"other run's ratio at {held.coverage():.0%} (calibrated {CALIBRATED['coverage']:.0%}, needs >= "
-                    f"{TARGETS['coverage']:.0%}), false verdicts {false:.0%} (calibrated "
-                    f"{CALIBRATED['false_verdicts']:.0%}, needs <= {TARGETS['false_verdicts']:.0%}); the intervals are "
-                    f"{self.median_width_a:.0%} wide (median), so smaller differences are not resolved here")
+        (e_overlap, e_a, e_b), (n_overlap, n_a, n_b) = held.expected, held.needs()
+        fit_line = (f"fit for comparisons: {'yes' if fit else 'NO'}: {held.held_text()}, false verdicts {false:.0%} "
+                    f"(calibrated {CALIBRATED['false_verdicts']:.0%}, needs <= {TARGETS['false_verdicts']:.0%}); the "
+                    f"intervals are {self.median_width_a:.0%} (A) and {self.median_width_b:.0%} (B) wide (median), so "
+                    "smaller differences are not resolved here")
         if shift.explains(held):
             fit_line += (f"; without the shift of the whole run's ratios ({shift.percent()}, sign test p = "
-                         f"{shift.sign_p():.2g}) the intervals would overlap at {shift.held.overlapping():.0%} and hold "
-                         f"the other run's ratio at {shift.held.coverage():.0%}: each run's intervals cover its own "
+                         f"{shift.sign_p():.2g}), {shift.held.held_text()}: each run's intervals cover its own "
                          "processes, not what moves a whole run's ratios on this box over minutes, so a difference of "
                          f"about {abs(shift.factor - 1):.1%} between two runs may be the box's, not the code's")
         lines = [
             f"A/A noise check of {self.variant}/{self.a.baseline}: A = {self.a.run.run_id}, B = {self.b.run.run_id}",
             f"points with the ratio in both runs: {held.points}",
-            f"intervals overlap: {frac(held.overlap)} (target >= {TARGETS['overlap']:.0%})",
-            f"A's ratio inside B's CI: {frac(held.a_in_b)}; B's ratio inside A's CI: {frac(held.b_in_a)} "
-            f"(target >= {TARGETS['coverage']:.0%} each; calibrated ~{CALIBRATED['coverage']:.0%})",
+            f"intervals overlap: {frac(held.overlap)} (calibrated at {held.widths_text()}: {e_overlap:.1%}; target >= "
+            f"{n_overlap:.1%})",
+            f"A's ratio inside B's CI: {frac(held.a_in_b)}; B's ratio inside A's CI: {frac(held.b_in_a)} (calibrated at "
+            f"{held.widths_text()}: {e_a:.0%} and {e_b:.0%}, {CALIBRATED['coverage']:.0%} each at equal widths; target "
+            f">= {n_a:.0%} and {n_b:.0%})",
             f"median CI width / ratio: A {self.median_width_a:.1%}, B {self.median_width_b:.1%} "
             f"(target <= {TARGETS['width']:.0%})",
             f"ratio moved by more than 10%: {frac(self.moved_10pct)}",

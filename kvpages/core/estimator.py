@@ -23,6 +23,7 @@ from kvpages.core.stats import (
     leave_one_out_means,
     percentiles,
     resampled_means,
+    two_sided_z,
     unknown,
 )
 
@@ -63,7 +64,7 @@ def _widened(center: float, lo: float, hi: float, units: tuple[str, int], confid
 @functools.lru_cache(maxsize=256)
 def _widening(n: int, confidence: float) -> float:
     """sqrt(n / (n - 1)) x t_(n-1) / z (`_percentiles`)."""
-    return math.sqrt(n / (n - 1)) * t_quantile(0.5 + confidence / 2, n - 1) / NormalDist().inv_cdf(0.5 + confidence / 2)
+    return math.sqrt(n / (n - 1)) * t_quantile(0.5 + confidence / 2, n - 1) / two_sided_z(confidence)
 
 
 def t_quantile(p: float, df: int) -> float:

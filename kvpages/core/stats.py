@@ -10,11 +10,17 @@ import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Protocol
 
 import numpy as np
 
 CONFIDENCE = 0.95
+
+
+def two_sided_z(confidence: float) -> float:
+    """The standard normal quantile a two-sided interval of `confidence` reaches (1.96 for 0.95)."""
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
 
 
 @dataclass(frozen=True)
