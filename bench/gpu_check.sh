@@ -283,9 +283,11 @@ else
 fi
 
 # ----------------------------------------------------------------------------- 6. the CUDA-marked tests
-echo "== CUDA-marked tests (variants, inputs, meter vs profiler, sweep twins, busy queue, a hybrid model's strategies)"
+# every test file that holds a CUDA-marked test (tests/test_gpu_check.py checks the list)
+echo "== CUDA-marked tests (variants, inputs, meter, host mirror, syncs, meter vs profiler, sweep twins, busy queue, a hybrid model's strategies, ranks)"
 run_step cuda-tests "$TESTS_S" "$PYTHON" -m pytest tests/test_variants.py tests/test_inputs.py tests/test_meter.py \
-    tests/test_plugin.py tests/test_gpu_path.py tests/test_scenarios.py tests/test_payloads.py tests/test_ranks.py -m cuda -q \
+    tests/test_mirror.py tests/test_syncs.py tests/test_crosscheck.py tests/test_gpu_path.py tests/test_scenarios.py \
+    tests/test_payloads.py tests/test_ranks.py -m cuda -q \
     -p no:cacheprovider --deselect tests/test_gpu_path.py::test_cuda_quick_sweep_writes_a_complete_run
 
 pack

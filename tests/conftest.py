@@ -43,6 +43,15 @@ def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pyte
 
 
 @pytest.fixture(scope="session", autouse=True)
+def pandas_imported() -> None:
+    """pandas imported before any test, so that pytester's snapshot of sys.modules holds it. Else a session run in
+    this process (`pytester.runpytest`) that imports it first leaves, once pytester drops the modules it imported,
+    its compiled parser holding the old StringDtype, and every later `read_csv(dtype=str)` here fails ("the dtype
+    str is not supported for parsing": `pytest tests/test_breakdown.py` alone did so)."""
+    import pandas  # noqa: F401
+
+
+@pytest.fixture(scope="session", autouse=True)
 def analysis_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The analyses the tests' commands keep (kvpages.analysis.cache) go to a folder of the session's, never to the
     user's cache; the commands the tests start as subprocesses inherit it."""

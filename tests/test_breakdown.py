@@ -3,6 +3,7 @@ writes breakdown.csv, its chart and its report section (or notes in meta.json wh
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from kvpages.measure.breakdown import (
     BreakdownError,
     breakdown_rows,
     chosen_points,
+    host_waits,
     profile_trace,
     run_breakdown,
     self_times,
@@ -26,6 +28,8 @@ from kvpages.schema.breakdown import BREAKDOWN_CSV, CALLS, PASSES, read_breakdow
 BENCH = (Path(__file__).parents[1] / "bench" / "test_d2h.py").read_text()
 SMALL = ("--benchmark-only", "--kv-time-budget", "0.001", "-p", "no:cacheprovider", "--kv-device", "cpu",
          "--kv-scenarios", "none", "--kv-repetitions", "1", "--kv-passes", "1", "--kv-analyze")
+H200 = Path(__file__).parents[1] / "results" / "20261204T181656Z-cuda-nvidia-h200"
+"""The first H200 run (real CUDA data: its cross-check's trace)."""
 META = {"variant": "v", "dtype": "int32", "layout": "fragmented", "seq_len": 512, "page_size": 16}
 
 
@@ -58,21 +62,47 @@ def test_a_cpu_row_is_the_median_call_split_into_aten_and_host():
     assert sum(v for _, v in stack(row)) == pytest.approx(row.wall_us)
 
 
-def test_a_cuda_row_splits_the_wait_by_the_device_work_it_waited_for():
+@pytest.mark.parametrize(("memory", "sync", "launch", "wait", "other_wait"), [
+    ("Pageable", "cudaStreamSynchronize", 4.0, 23.0, 7.0),  # the copy call waits until the copy is done (CUDA stages it)
+    ("Pinned", "cudaEventSynchronize", 7.0, 20.0, 4.0),  # device_stride_pinned: the copy call only queues it
+])
+def test_a_cuda_row_splits_the_wait_by_the_device_work_it_waited_for(memory, sync, launch, wait, other_wait):
     def inner(t):
         return [x("cudaLaunchKernel", t + 1, 4, "cuda_runtime", correlation=1),
                 x("cudaMemcpyAsync", t + 6, 3, "cuda_runtime", correlation=2),
-                x("cudaStreamSynchronize", t + 10, 20, "cuda_runtime", correlation=3),
+                x(sync, t + 10, 20, "cuda_runtime", correlation=3),
                 x("floor_divide_kernel", t + 5, 6, "kernel", correlation=1),
-                x("Memcpy DtoH (Device -> Pageable)", t + 12, 10, "gpu_memcpy", correlation=2, bytes=2048)]
+                x(f"Memcpy DtoH (Device -> {memory})", t + 12, 10, "gpu_memcpy", correlation=2, bytes=2048)]
 
     [row] = breakdown_rows({"traceEvents": calls("c", [40.0], inner)}, {"c": META}, "cuda", 1)
-    assert (row.launch_us, row.wait_us, row.host_us) == (4.0, 23.0, 13.0)
+    assert (row.launch_us, row.wait_us, row.host_us) == (launch, wait, 13.0)
     assert (row.kernel_us, row.memcpy_us, row.memcpy_bytes, row.memcpy_direction) == (6.0, 10.0, 2048, "DtoH")
     parts = dict(stack(row))
-    assert parts["GPU kernels (waited for)"] == pytest.approx(6.0) and parts["other wait (synchronize, queue)"] == 7.0
+    assert parts["GPU kernels (waited for)"] == pytest.approx(6.0)
+    assert parts["other wait (synchronize, queue)"] == pytest.approx(other_wait)
     assert sum(parts.values()) == pytest.approx(row.wall_us)
     assert sum(s for _, s in shares(row)) == pytest.approx(1.0)
+
+
+def test_the_host_waits_in_a_synchronize_and_a_copy_that_is_synchronous_for_it():
+    gpu = {2: {"name": "Memcpy DtoH (Device -> Pinned)"}, 3: {"name": "Memcpy DtoH (Device -> Pageable)"},
+           4: {"name": "Memcpy DtoD (Device -> Device)"}}
+    copies = [{"name": "cudaMemcpyAsync", "args": {"correlation": c}} for c in (2, 3, 4, 5)]  # 5: its record lost
+    assert [host_waits(c, gpu) for c in copies] == [False, True, False, True]
+    assert host_waits({"name": "cudaMemcpy", "args": {"correlation": 2}}, gpu)  # synchronous whatever the memory
+    assert host_waits({"name": "cudaEventSynchronize", "args": {}}, gpu)
+    assert not host_waits({"name": "cudaLaunchKernel", "args": {"correlation": 1}}, gpu)
+
+
+@pytest.mark.skipif(not (H200 / "crosscheck_trace.json.gz").is_file(), reason=f"{H200.name} is not committed here")
+def test_on_the_h200_every_copy_into_pinned_memory_queues_and_every_copy_into_pageable_memory_waits():
+    with gzip.open(H200 / "crosscheck_trace.json.gz", "rt") as f:  # its cross-check's trace: real CUDA records
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    records = {e["args"]["correlation"]: e for e in events if e.get("cat") == "gpu_memcpy"}
+    copies = [e for e in events if e.get("cat") == "cuda_runtime" and e["name"] == "cudaMemcpyAsync"
+              and records.get(e["args"].get("correlation"), {}).get("name", "").startswith("Memcpy DtoH")]
+    assert {"Pinned" in records[e["args"]["correlation"]]["name"] for e in copies} == {True, False}
+    assert all(host_waits(e, records) == ("Pageable" in records[e["args"]["correlation"]]["name"]) for e in copies)
 
 
 def test_a_cuda_profile_without_gpu_activity_fails_instead_of_giving_zeros():

@@ -83,10 +83,10 @@ def test_gpu_check_without_cuda_still_leaves_its_log_in_the_archive(tmp_path):
 def test_the_cuda_tests_gpu_check_collects_need_no_hypothesis(tmp_path, rehearsal: Rehearsal):
     env = shadow(tmp_path, "hypothesis")
     no_plugin = ("-p", "no:hypothesispytest")  # without hypothesis installed, its pytest plugin is not registered
-    script = SCRIPT.read_text()
-    names = ("test_variants.py", "test_inputs.py", "test_meter.py", "test_plugin.py", "test_gpu_path.py",
-             "test_scenarios.py")
-    assert all(f"tests/{name}" in script for name in names)
+    step = SCRIPT.read_text().split("run_step cuda-tests", 1)[1].split(" -m cuda", 1)[0]
+    marked = {p.name for p in (REPO / "tests").glob("test_*.py")  # a CUDA-marked test, or one run on devices()
+              if p.name != Path(__file__).name and ("pytest.mark.cuda" in (text := p.read_text()) or "devices()" in text)}
+    assert set(re.findall(r"tests/(test_\w+\.py)", step)) == marked >= {"test_variants.py", "test_syncs.py"}
     log = (rehearsal.archive / "gpu_check.log").read_text()  # the rehearsal ran its step where hypothesis is missing
     assert "== cuda-tests (" in log and "== cuda-tests failed" not in log and re.search(r"\n\d+ skipped, ", log), log[-3000:]
     properties = subprocess.run([sys.executable, "-m", "pytest", str(REPO / "tests" / "test_properties.py"), "-q",

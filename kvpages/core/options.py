@@ -151,8 +151,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kv-baseline", "baseline", f"the variant every ratio, verdict, finding, chart and `kvpages compare` is "
            f"against, e.g. sglang@0.5.23 (default {BASELINE}; a registered variant, see `kvpages list`)",
            lambda f, t: t.strip()),  # checked against the registered variants by the plugin, after --kv-sglang
-    Option("--kv-breakdown", "breakdown", "where the time goes: three profiled passes over a few points, in its own "
-           "process after the timing: on, off (default: on)", _choice(BREAKDOWN_MODES, "breakdown mode")),
+    Option("--kv-breakdown", "breakdown", "where the time goes: after the timing, a few profiled calls of each variant "
+           "at three lengths per page size (on CUDA in a process of its own): on, off (default: on)",
+           _choice(BREAKDOWN_MODES, "breakdown mode")),
     Option("--kv-bandwidth-probe", "bandwidth_probe", "after the timed blocks, copies of 4-64 MiB to pageable and "
            "pinned memory that fix a D2H bandwidth for `kvpages calibrate` (bandwidth.csv): "
            f"{', '.join(PROBE_MODES)} (default: auto = on for CUDA runs; on a CPU run it copies host to host)",

@@ -86,8 +86,10 @@ def timeout_for(cases: int) -> float:
 
 
 def child_request(cases: Sequence[CheckCase]) -> dict:
-    """What a child process needs to rebuild `cases`: the modules of variants registered outside kvpages (a
-    conftest, a plugin), the SGLang sources registered by --kv-sglang, and each case's variant and target."""
+    """What a child process needs to rebuild `cases` and run them as the sweep does: the modules of variants
+    registered outside kvpages (a conftest, a plugin), the SGLang sources registered by --kv-sglang, the sweep's
+    `adaptive` threshold (--kv-adaptive-threshold), and each case's variant and target."""
+    from kvpages.core import adaptive
     from kvpages.measure.sglang import loaded_sources
     from kvpages.measure.steps import get_step_variant
     from kvpages.measure.targets import PointTarget
@@ -96,7 +98,7 @@ def child_request(cases: Sequence[CheckCase]) -> dict:
     modules = {get_variant(c.variant).fn.__module__ if isinstance(c.target, PointTarget)
                else get_step_variant(c.variant).module for c in cases}
     modules -= {"kvpages.measure.variants", "kvpages.measure.steps", "kvpages.measure.sglang"}
-    return {"modules": sorted(modules), "sglang": loaded_sources(),
+    return {"modules": sorted(modules), "sglang": loaded_sources(), "adaptive_threshold": adaptive.threshold(),
             "cases": [{"variant": c.variant, "target": c.target.as_json()} for c in cases]}
 
 
@@ -104,12 +106,14 @@ def cases_of(request: dict) -> list[CheckCase]:
     """The child's side of `child_request`."""
     import importlib
 
+    from kvpages.core import adaptive
     from kvpages.measure.sglang import register_sources
     from kvpages.measure.targets import target_from_json
 
     for name in request["modules"]:
         importlib.import_module(name)
     register_sources(request.get("sglang", []))
+    adaptive.use_threshold(int(request.get("adaptive_threshold", adaptive.DEFAULT_THRESHOLD)))  # before any call
     return [CheckCase(item["variant"], target_from_json(item["target"])) for item in request["cases"]]
 
 

@@ -121,8 +121,9 @@ def breakdown_section(analysis: Analysis) -> str:
              + ([sig(r.kernel_us or 0), sig(r.memcpy_us or 0), r.memcpy_bytes or 0, r.memcpy_direction or "-"]
                 if cuda else [])
              for r in rows]
-    what = ("On CUDA the wall time splits into the host's wait in copy and synchronize calls (with the GPU kernels' "
-            "and copies' share of it), other CUDA API calls (launches), and host time outside them: Python, numpy "
+    what = ("On CUDA the wall time splits into the host's wait in synchronize calls and in copies to pageable memory "
+            "(with the GPU kernels' and copies' share of it), the CUDA API calls that only queue work (launches, "
+            "an asynchronous copy into pinned memory), and host time outside them: Python, numpy "
             "(host_stride's stride and divide on the host), dispatch." if cuda else
             "On this CPU run the wall time splits into the self time of aten copies, of every other aten op "
             "(slicing views, divide, shift), and host time outside aten: Python and numpy (host_stride's stride "

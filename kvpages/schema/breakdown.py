@@ -31,8 +31,8 @@ class BreakdownRow:
     host_us: float  # CPU: outside every aten op (Python, numpy); CUDA: outside the CUDA API calls (and dispatch)
     aten_copy_us: float | None  # CPU: self time of the aten copy ops (copy_, _to_copy, to, clone)
     aten_ops_us: float | None  # CPU: self time of every other aten op (slicing views, divide, shift, cat, ...)
-    launch_us: float | None  # CUDA: the API calls other than copies and synchronizes (launches, allocations, events)
-    wait_us: float | None  # CUDA: copy and synchronize calls (cudaMemcpy*, *Synchronize): the host waits there
+    launch_us: float | None  # CUDA: the API calls that only queue work (launches, allocations, events, async pinned copies)
+    wait_us: float | None  # CUDA: the calls the host waits in (*Synchronize, pageable copies: measure.breakdown.host_waits)
     kernel_us: float | None
     memcpy_us: float | None
     memcpy_bytes: int | None
