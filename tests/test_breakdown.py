@@ -146,12 +146,21 @@ def test_three_lengths_per_page_size():
 
 
 def test_the_profiling_process_for_real(tmp_path):
-    cases = [CheckCase(v, PointTarget(Point(4096, 16))) for v in ("host_stride", "device_stride", "host_mirror")]
-    rows = run_breakdown(cases, "cpu")
+    from kvpages.core import adaptive
+
+    variants = ("host_stride", "device_stride", "host_mirror", "adaptive")
+    cases = [CheckCase(v, PointTarget(Point(4096, 16))) for v in variants]
+    before = adaptive.threshold()
+    adaptive.use_threshold(4096)  # as the session does for --kv-adaptive-threshold 4096 (the default: 32768)
+    try:
+        rows = run_breakdown(cases, "cpu")
+    finally:
+        adaptive.use_threshold(before)
     assert [r.id for r in rows] == [c.id for c in cases]
     by = {r.variant: r for r in rows}
     assert by["host_mirror"].aten_copy_us == 0 and by["host_mirror"].aten_ops_us == 0
-    assert "aten::floor_divide" in by["device_stride"].top_ops
+    assert "aten::floor_divide" in by["device_stride"].top_ops and "aten::floor_divide" not in by["host_stride"].top_ops
+    assert "aten::floor_divide" in by["adaptive"].top_ops  # the child divides on the device from the sweep's threshold
     write_breakdown(tmp_path, rows)
     assert read_breakdown(tmp_path) == tuple(rows)
 

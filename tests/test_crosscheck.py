@@ -27,7 +27,6 @@ from kvpages.measure.crosscheck import (
     TraceError,
     answers_of,
     case_profiles,
-    child_request,
     judge,
     representative,
     run_child,
@@ -171,37 +170,6 @@ def test_one_session_answers_for_every_case_and_records_its_trace(tmp_path):
         trace = json.load(f)  # recorded by torch's profiler in the child: one range per case, in one session
     assert set(case_profiles(trace)) == {c.id for c in cases}
     assert sum(e.get("name") == WARM_UP_RANGE for e in trace["traceEvents"]) == 1
-
-
-REBUILT = """
-import json, sys
-from kvpages.measure.crosscheck import case_inputs, cases_of
-from kvpages.measure.targets import measure
-cases = cases_of(json.load(sys.stdin))
-inputs = case_inputs(cases, "cpu")
-print(json.dumps({c.id: measure(c.target, c.variant, inputs[c.id]).d2h_bytes for c in cases}))
-"""
-"""A child of the cross-check or the breakdown, as far as it rebuilds the cases: the bytes each hands to the host."""
-
-
-def test_a_child_runs_adaptive_at_the_sweeps_threshold_not_the_default():
-    from kvpages.core import adaptive
-    from kvpages.measure.targets import measure
-
-    cases = [CheckCase("adaptive", PointTarget(Point(n, 64))) for n in (4096, 8192)]
-    before = adaptive.threshold()
-    adaptive.use_threshold(8192)  # as the session does for --kv-adaptive-threshold 8192 (the default: 32768)
-    try:
-        request = child_request(cases)
-        here = {c.id: measure(c.target, c.variant, c.target.build("cpu", rotation=1).inputs[0]).d2h_bytes
-                for c in cases}
-    finally:
-        adaptive.use_threshold(before)
-    done = subprocess.run([sys.executable, "-c", REBUILT], input=json.dumps(request), capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.splitlines()[-1]) == here
-    assert here[cases[0].id] == 4096 * 4 and here[cases[1].id] == 8192 // 64 * 4  # host stride below it, device from it
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where a CUDA point cannot be built")
