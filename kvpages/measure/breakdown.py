@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from kvpages.core.names import case_id
 from kvpages.measure.crosscheck import (
+    COPY_CALLS,
     MEMCPY_CATEGORIES,
     NO_GPU_ACTIVITY,
     RANGE_PREFIX,
@@ -145,7 +146,7 @@ def host_waits(call: dict, gpu: dict[int, dict]) -> bool:
     name = str(call["name"])
     if "Synchronize" in name:
         return True
-    if "emcpy" not in name:
+    if not name.startswith(COPY_CALLS):
         return False
     record = gpu.get(int(call.get("args", {}).get("correlation", -1)))
     return "Async" not in name or record is None or "Pageable" in str(record.get("name", ""))

@@ -44,6 +44,8 @@ MEMCPY_CATEGORIES = ("gpu_memcpy", "Memcpy")
 """Chrome-trace categories of GPU memcpy records: current Kineto, and older Kineto."""
 RUNTIME_CATEGORIES = ("cuda_runtime", "Runtime", "cuda_driver")
 """Chrome-trace categories of the CPU-side CUDA API calls."""
+COPY_CALLS = ("cudaMemcpy", "cuMemcpy")
+"""How the names of the CUDA API's copy calls begin (runtime and driver; Async and 2D ones among them)."""
 
 NO_GPU_ACTIVITY = ("the profiler saw no GPU activity at all (CUPTI may be missing, or held by another tool such as "
                    "nsys or ncu)")
@@ -254,7 +256,7 @@ def case_profiles(trace: dict) -> dict[str, CaseProfile]:
     ranges = [e for e in events if str(e.get("name", "")).startswith(RANGE_PREFIX) and e.get("ph") == "X"
               and e.get("cat") != "gpu_user_annotation" and e["name"] != WARM_UP_RANGE]
     calls = [e for e in events if e.get("cat") in RUNTIME_CATEGORIES
-             and str(e.get("name", "")).startswith(("cudaMemcpy", "cuMemcpy"))]
+             and str(e.get("name", "")).startswith(COPY_CALLS)]
     syncs = [float(e["ts"]) for e in events if e.get("cat") in RUNTIME_CATEGORIES
              and str(e.get("name", "")).startswith("cuda") and str(e.get("name", "")).endswith("Synchronize")]
     by_correlation = {int(e["args"]["correlation"]): e for e in events
