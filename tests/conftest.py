@@ -23,7 +23,7 @@ os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} -p no:hy
 """The pytest sessions these tests start as plain subprocesses (gpu_check.sh's sweeps and CUDA tests, torchrun's ranks,
 an interrupted sweep) hold no property tests: without hypothesis's plugin each costs about 1.1 s of CPU less (0.7
 against 1.8 s for a one-test session on the dev box). pytester removes PYTEST_ADDOPTS: its sessions get the option
-from the fixture below."""
+from the fixture below; `pytest_configure` adds the rest of the lean flags where tests run."""
 
 
 XDIST_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # one id per `pytest -n` session, the same in each of its workers
@@ -33,12 +33,28 @@ for _name in [n for n in os.environ if n.startswith("PYTEST_XDIST_")]:
 PYTEST_XDIST_WORKER in their environment, pytest-benchmark would turn --benchmark-only into a usage error."""
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """In a process that runs tests (not the controller of `pytest -n`, whose workers read PYTEST_ADDOPTS as they
+    start), the pytest sessions started from here on run lean, as a sweep's workers do (LEAN_PLUGINS): without
+    assertion rewriting, the cache, logging's capture and xdist, a sweep's session took 3.3 s of CPU instead of 3.6 s
+    on the dev box (`pytest bench/test_d2h.py` as the tests run it, four runs each, alternating, 2026-12-06). Their
+    outcomes and kvpages's own output are the same: bench/ asserts nothing."""
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+        os.environ["PYTEST_ADDOPTS"] = " ".join(_lean_addopts(os.environ.get("PYTEST_ADDOPTS", "")))
+
+
+def _lean_addopts(addopts: str) -> list[str]:
+    from kvpages.measure.worklog import LEAN_PLUGINS
+
+    return [*addopts.split(), *LEAN_PLUGINS]
+
+
 @pytest.fixture
 def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    """pytester, whose sessions (in this process or in a subprocess) run without hypothesis's plugin too: with it,
-    each costs about 1 s of CPU more, in this process as in a subprocess (a one-test session in this process: about
-    20 times the CPU without it, on the dev box)."""
-    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:hypothesispytest")
+    """pytester, whose sessions (in this process or in a subprocess) run lean too (`pytest_configure`). hypothesis's
+    plugin alone cost each about 1 s of CPU, in this process as in a subprocess (a one-test session in this process
+    took about 20 times the CPU with it as without, on the dev box)."""
+    monkeypatch.setenv("PYTEST_ADDOPTS", " ".join(_lean_addopts("")))
     return pytester
 
 

@@ -30,10 +30,13 @@ WORKER_FLAG = "--kv-worker"
 WORKER_DIR_FLAG = "--kv-worker-dir"
 WORKER_GO_FLAG = "--kv-worker-go"
 WORKER_SPARE_FLAG = "--kv-worker-spare"
-LEAN_PYTEST = ("-q", "--benchmark-quiet", "--assert=plain", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
-               "-p", "no:logging", "-p", "no:unraisableexception", "-p", "no:xdist", "-p", "no:xdist.looponfail")
-"""A worker's pytest: quiet (the session reports the run), no cache, and without the plugins the Makefile's
-BENCH_PYTEST leaves out (it says what each costs)."""
+LEAN_PLUGINS = ("--assert=plain", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:logging", "-p",
+                "no:unraisableexception", "-p", "no:xdist", "-p", "no:xdist.looponfail")
+"""pytest without what a kvpages sweep never uses: assertion rewriting (bench/ asserts nothing), the cache, and the
+plugins the Makefile's BENCH_PYTEST leaves out (it says what each costs). The pytest sessions the tests start run so
+too (tests/conftest.py)."""
+LEAN_PYTEST = ("-q", "--benchmark-quiet", *LEAN_PLUGINS)
+"""A worker's pytest: quiet (the session reports the run) and lean (LEAN_PLUGINS)."""
 
 
 def process_started_at() -> float:
