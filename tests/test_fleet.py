@@ -23,7 +23,6 @@ from kvpages.analysis.findings import findings
 from kvpages.analysis.fleet import Fleet, analysed, fleet_of
 from kvpages.analysis.intervals import levels
 from kvpages.analysis.machines import Machine
-from kvpages.analysis.ratios import analyze
 from kvpages.core.estimator import paired_ratio
 from kvpages.core.stats import Levels, aligned
 from kvpages.render.fleet import FLEET_MD, render, write_fleet
@@ -63,7 +62,8 @@ def rewrite(path: Path, change) -> None:
 
 
 def slow_down(folder: Path, variant: str, factor: float) -> None:
-    """Every timed sample of `variant` `factor` times as long (results.csv's times with it), then re-reported."""
+    """Every timed sample of `variant` `factor` times as long (results.csv's times with it), then re-reported from an
+    analysis kept for the folder as it now stands (the fleet's `analysed` reads it, instead of analysing it again)."""
     def samples(frame: pd.DataFrame) -> pd.DataFrame:
         mask = frame["variant"] == variant
         frame.loc[mask, "samples_us"] = [" ".join(repr(float(x) * factor) for x in s.split())
@@ -78,7 +78,7 @@ def slow_down(folder: Path, variant: str, factor: float) -> None:
 
     rewrite(folder / "samples.csv", samples)
     rewrite(folder / "results.csv", results)
-    write_report(analyze(load_run(folder)))
+    write_report(Loaded.of(folder).analysis)
 
 
 def drop(folder: Path, variant: str, page_size: int, scenario: str) -> None:
