@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make gpu-check: on a CUDA machine, its own python and torch (no pip, no network), within GPU_CHECK_TOTAL_S = 280 s
-# (92-125 s on one H200, measured 2026-12-04). Steps, results first, each under `timeout` cut to what
+# (92-125 s on one H200, measured 2026-12-04, before L=131072, the bandwidth probe and four more test files; the line
+# before the last gives each step's seconds against its limit). Steps, results first, each under `timeout` cut to what
 # is left of the budget; a failure does not stop the others, and the last line names every one:
 #   1. preflight: the packages the steps need and a CUDA device (one line naming what is missing);
 #   2. a `quick` sweep, its lengths extended to L=131072 (GPU_CHECK_SEQ_LENS: the H200's measured crossover, L=32768, and
@@ -99,6 +100,7 @@ echo "== gpu_check.sh --device $DEVICE${ARCHIVE:+ --archive $ARCHIVE}${*:+ -- $*
 DEADLINE=$((SECONDS + TOTAL_S))
 FAILED=()       # "name (why)" of every failed step
 STEPS=0         # steps run
+TOOK=()         # "name N s" of every step run, for the time each took against its limit
 RUNS=()         # the run folders this invocation made, by name, in $RESULTS
 STEP_PID=''     # the running step's timeout process, and its name
 STEP_NAME=''
@@ -120,7 +122,7 @@ bounded() {  # limit in seconds, command...: run it under timeout, in the backgr
 }
 
 run_step() {  # name, limit in seconds, command...: a step, cut to what is left of the budget; returns its status
-    local name=$1 limit=$2 left rc
+    local name=$1 limit=$2 left rc started=$SECONDS
     shift 2
     STEPS=$((STEPS + 1))
     left=$((DEADLINE - SECONDS - KILL_AFTER))
@@ -133,6 +135,7 @@ run_step() {  # name, limit in seconds, command...: a step, cut to what is left 
     STEP_NAME=$name
     bounded "$limit" "$@"
     rc=$?
+    TOOK+=("$name $((SECONDS - started)) of $limit s")
     case $rc in
         0) ;;
         124|137) fail "$name" "exit $rc: timed out after $limit s" ;;
@@ -183,8 +186,12 @@ sweep() {  # name, --kv-crosscheck mode, what it is[, more options]: a quick swe
     pack
 }
 
-summarize() {  # the last line: which steps failed, or that all passed; returns 1 if any failed
-    local where=${ARCHIVE:+; log and runs in $ARCHIVE}
+summarize() {  # each step's time against its limit, then the last line: what failed, or all passed (1 if any failed)
+    local where=${ARCHIVE:+; log and runs in $ARCHIVE} took
+    if ((${#TOOK[@]})); then
+        printf -v took '%s, ' "${TOOK[@]}"
+        echo "== took: ${took%, }; $SECONDS of GPU_CHECK_TOTAL_S=$TOTAL_S s in all"
+    fi
     if ((${#FAILED[@]})); then
         local listed
         printf -v listed '%s, ' "${FAILED[@]}"

@@ -144,7 +144,13 @@ def test_a_cpu_rehearsal_runs_the_sweeps_then_compare_then_the_tests_and_archive
                     f"holds results/{off.name} results/{on.name}\n")
     assert re.search(r"\n\d+ skipped, \d+ deselected", log)  # the CUDA tests, collected and skipped on the CPU
     assert (off / "scenario_steps.png").exists() and not (off / "scenario_busy.png").exists()  # busy rows: skipped
-    assert log.endswith(f"gpu-check: all 5 steps passed; log and runs in {archive}\n")
+    *_, took, last = log.splitlines()
+    assert last == f"gpu-check: all 5 steps passed; log and runs in {archive}"
+    steps = re.fullmatch(r"== took: (.*); (\d+) of GPU_CHECK_TOTAL_S=280 s in all", took)
+    assert steps is not None, took
+    seconds = [re.fullmatch(r"([\w-]+) (\d+) of (\d+) s", step).groups() for step in steps[1].split(", ")]
+    assert [name for name, *_ in seconds] == ["sweep-off", "sweep-on", "compare", "cuda-tests"]  # the steps run
+    assert all(int(s) <= int(limit) for _, s, limit in seconds) and sum(int(s) for _, s, _ in seconds) <= int(steps[2])
     assert sorted(p.name for p in archive.iterdir()) == ["gpu_check.log", "runs.tar.gz"]
     names = archived(archive / "runs.tar.gz")
     assert all(n.startswith("results/") for n in names)
