@@ -10,7 +10,8 @@
 #   3. the profiler preflight: a tiny CUDA profile in a child process must see the device-to-host copy;
 #   4. the same sweep, cross-check on, in 2 processes (skipped, saying why, if 3 failed);
 #   5. `kvpages compare` of the two runs; with 2+ GPUs, the quick steps on 2, 4, 8 ranks (up to the GPU count; a run each);
-#   6. the CUDA-marked tests, less the in-process quick sweep that steps 2 and 4 cover.
+#   6. the CUDA-marked tests; the one that checks a quick sweep's run folder whole checks step 4's instead of sweeping
+#      again (left out where step 4 made none).
 #
 # Usage: bash bench/gpu_check.sh [--archive DIR] [--device cuda|cpu] [--] [pytest options for both sweeps]
 #   --archive DIR   tee all output into DIR/gpu_check.log (DIR, relative to the current folder, is created and
@@ -292,10 +293,18 @@ fi
 # ----------------------------------------------------------------------------- 6. the CUDA-marked tests
 # every test file that holds a CUDA-marked test (tests/test_gpu_check.py checks the list)
 echo "== CUDA-marked tests (variants, inputs, meter, host mirror, syncs, meter vs profiler, sweep twins, busy queue, a hybrid model's strategies, ranks)"
+complete=tests/test_gpu_path.py::test_cuda_quick_sweep_writes_a_complete_run  # a quick sweep's run folder, checked whole
+if [[ -n $ON_RUN ]]; then  # step 4's, cross-checked
+    export KVPAGES_GPU_CHECK_RUN=$(cd "$ON_RUN" && pwd)
+    echo "== cuda-tests: $complete checks $ON_RUN, step 4's run, instead of sweeping again"
+    skip=()
+else
+    echo "== cuda-tests: $complete not run: step 4 made no run folder"
+    skip=(--deselect "$complete")
+fi
 run_step cuda-tests "$TESTS_S" "$PYTHON" -m pytest tests/test_variants.py tests/test_inputs.py tests/test_meter.py \
     tests/test_mirror.py tests/test_syncs.py tests/test_crosscheck.py tests/test_gpu_path.py tests/test_scenarios.py \
-    tests/test_payloads.py tests/test_ranks.py -m cuda -q \
-    -p no:cacheprovider --deselect tests/test_gpu_path.py::test_cuda_quick_sweep_writes_a_complete_run
+    tests/test_payloads.py tests/test_ranks.py -m cuda -q -p no:cacheprovider "${skip[@]}"
 
 pack
 summarize

@@ -323,6 +323,9 @@ def kvpages_here(*args: object, cwd: Path | None = None) -> subprocess.Completed
 # ----------------------------------------------------------------------------- bench/gpu_check.sh
 
 SCRIPT = REPO / "bench" / "gpu_check.sh"
+GPU_CHECK_RUN = "KVPAGES_GPU_CHECK_RUN"
+"""Set by bench/gpu_check.sh's CUDA tests to the absolute path of its cross-checked quick sweep's run folder (its step
+4), which tests/test_gpu_path.py's complete-run test checks instead of sweeping again."""
 REHEARSAL = ("--device", "cpu", "--kv-time-budget", "0.002")
 """A CPU rehearsal of the script's steps, each sweep timing its points and scenarios briefly."""
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REHEARSAL, REPO, SCRIPT, Rehearsal, gpu_check, script_env, shadow
+from conftest import GPU_CHECK_RUN, REHEARSAL, REPO, SCRIPT, Rehearsal, gpu_check, script_env, shadow
 
 from kvpages.analysis.ratios import analyze
 from kvpages.render.plots import _busy_reference, plot_run
@@ -140,9 +140,12 @@ def test_a_cpu_rehearsal_runs_the_sweeps_then_compare_then_the_tests_and_archive
                     f"== archive: {archive}/runs.tar.gz holds results/{off.name}\n",
                     "== profiler: not checked in a CPU rehearsal", "== sweep-on (", "--kv-crosscheck on",
                     f"run folder: {on}", f"holds results/{off.name} results/{on.name}\n",
-                    "== compare (", f"A = {off.name}", f"B = {on.name}", "== cuda-tests (", " -m cuda ",
+                    "== compare (", f"A = {off.name}", f"B = {on.name}",
+                    f"::test_cuda_quick_sweep_writes_a_complete_run checks {results}/{on.name}, step 4's run, instead",
+                    "\n== cuda-tests (", " -m cuda ",
                     f"holds results/{off.name} results/{on.name}\n")
     assert re.search(r"\n\d+ skipped, \d+ deselected", log)  # the CUDA tests, collected and skipped on the CPU
+    assert f"export {GPU_CHECK_RUN}=" in SCRIPT.read_text()  # the name the complete-run test reads
     assert (off / "scenario_steps.png").exists() and not (off / "scenario_busy.png").exists()  # busy rows: skipped
     *_, took, last = log.splitlines()
     assert last == f"gpu-check: all 5 steps passed; log and runs in {archive}"
