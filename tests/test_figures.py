@@ -223,6 +223,20 @@ def test_a_chart_is_drawn_unhinted_and_leaves_the_callers_rcparams_as_they_were(
     assert dict(matplotlib.rcParams) == before
 
 
+def test_log_axes_label_powers_of_ten_in_plain_text_and_no_chart_holds_math_text(tmp_path):
+    from kvpages.render.figures import power_label
+
+    assert [power_label(v) for v in (1, 1000, 1e6, 0.01, 2000, 0.5)] == ["10⁰", "10³", "10⁶", "10⁻²", "2000", "0.5"]
+    medians = {(v, s, p): 2.0 + s / 1000 for v in ("host_stride", "device_stride") for s in (512, 65536) for p in (1, 64)}
+    run = synthetic_run(tmp_path / "run", medians, repetitions=4)
+    drawn = plot_run(analyze(load_run(run)), ("svg",))  # matplotlib's SVG names each text it draws in a comment
+    texts = {path.name: path.read_text() for path in drawn}
+    assert "latency_int32_fragmented.svg" in texts and "bytes_int32_fragmented.svg" in texts
+    assert not any("mathdefault" in text or "<!-- $" in text for text in texts.values())
+    for name in ("latency_int32_fragmented.svg", "bytes_int32_fragmented.svg"):  # seq_len from 512 to 65536
+        assert "<!-- 10³ -->" in texts[name] and "<!-- 10⁴ -->" in texts[name], name
+
+
 def test_a_run_without_its_samples_keeps_its_memo_and_refuses_a_read_of_them(tmp_path):
     import pickle
 

@@ -1,7 +1,7 @@
 """How `kvpages plot` draws on two CPUs (no torch; matplotlib only in the processes that draw), and how a finished
 sweep has it draw its charts beside its analysis and report (`Beside`).
 
-`draw_run`: a child forked first imports matplotlib and warms it (its font, its math-text parser) while this process
+`draw_run`: a child forked first imports matplotlib and warms it (its font) while this process
 loads and analyses the run, which it then hands over without the raw samples (the charts read the intervals the
 analysis made; a chart that reads samples makes this process draw everything itself); the child draws the charts,
 half of them in a process of its own (`side_by_side`), and hands back the files written. This process imports no

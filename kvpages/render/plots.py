@@ -25,7 +25,7 @@ from kvpages.core.stats import Interval
 from kvpages.core.sweep import ITEMSIZE
 from kvpages.render.breakdown import plot_breakdown
 from kvpages.render.captions import time_label
-from kvpages.render.figures import log_y, new_figure, save, set_title
+from kvpages.render.figures import log_x, log_y, new_figure, powers, save, set_title
 from kvpages.render.ranks import plot_contention
 from kvpages.render.style import legend_label, style
 from kvpages.render.text import coverage
@@ -85,7 +85,7 @@ def _own(ax, lines: dict[tuple, list[Record]], panel: tuple, variants: list[str]
 
 def _log_axes(ax) -> None:
     """Log-log axes with plain tick numbers and no minor ticks on x."""
-    ax.set_xscale("log")
+    log_x(ax)
     ax.xaxis.minorticks_off()
     log_y(ax)
     ax.grid(True, which="both", alpha=0.3)
@@ -130,7 +130,10 @@ def plot_bytes(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, f
                         transform=ax.get_xaxis_transform(), label=f"{v}: 0 bytes (on the axis floor)")
         ax.plot(seq, np.ceil(seq / page_size) * ITEMSIZE[dtype], color="black", ls="--", lw=1, zorder=5,
                 label="ideal ceil(seq_len/page_size)*itemsize")
-        ax.set(xscale="log", yscale="log", xlabel="seq_len (tokens)", ylabel="metered D2H bytes per call")
+        log_x(ax)
+        ax.set_yscale("log")
+        powers(ax.yaxis)
+        ax.set(xlabel="seq_len (tokens)", ylabel="metered D2H bytes per call")
         set_title(ax, f"page_size={page_size}")
         ax.minorticks_off()
         ax.grid(True, which="major", alpha=0.3)
