@@ -126,3 +126,15 @@ def test_block_medians_are_np_median_bit_for_bit():
         expected = np.array([np.median(b) for b in blocks])
         found = block_medians(blocks)
     assert found.dtype == np.float64 and np.array_equal(found.view(np.int64), expected.view(np.int64))
+
+
+def test_levels_of_the_same_processes_share_their_owners_which_are_np_uniques_and_read_only():
+    processes = np.array([3, 1, 3, 0, 1, 3])
+    a, b = Levels(np.arange(6.0), processes), Levels(np.ones(6), processes.copy())
+    ids, owner = np.unique(processes, return_inverse=True)
+    for levels in (a, b):
+        assert [x.tolist() for x in levels._owners] == [ids.tolist(), owner.tolist(), [1, 2, 3]]
+        assert not any(x.flags.writeable for x in levels._owners)
+    assert all(x is y for x, y in zip(a._owners, b._owners, strict=True))  # computed once
+    assert a.process_means()[1].tolist() == [3.0, 2.5, 7 / 3]  # processes 0, 1 and 3: values 3; 1, 4; 0, 2, 5
+    assert Levels(a.values, processes.astype(np.int32))._owners[0].dtype == np.int32  # another dtype, another entry

@@ -13,7 +13,7 @@ from kvpages.analysis.intervals import levels, paired_logs
 from kvpages.analysis.verdicts import FASTER, SLOWER, judge
 from kvpages.core.estimator import Paired, kept_mean, kept_ratio, leave_one_out
 from kvpages.core.stability import DEFAULT_FACTOR, Disturbance, Shift, disturbance, run_spread
-from kvpages.core.stats import Interval, Levels, aligned, unknown
+from kvpages.core.stats import Interval, Levels, aligned, median, unknown
 from kvpages.schema.reader import Run
 
 STABLE, FRAGILE, DISTURBED = "stable", "fragile", "disturbed"
@@ -102,6 +102,6 @@ def fragile_without(pair: PairEstimate, verdict: str, min_effect: float, p_cut: 
     logs = Levels(other.values - base.values, base.processes)
     for process, interval, p_value in leave_one_out(logs):
         if judge(interval, min_effect, p_value <= p_cut) != verdict:
-            rest = np.median(logs.values[logs.processes != process])
+            rest = median(logs.values[logs.processes != process])
             return Shift(process, float(np.exp(logs.values[logs.processes == process].mean() - rest)))
     return None

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvpages.core.stats import Levels, finite_median
+from kvpages.core.stats import Levels, finite_median, median
 
 DEFAULT_FACTOR = 1.5  # --kv-disturb-factor: a process this far from the others (either way) is always disturbed
 DEFAULT_REMEASURE_BUDGET = 0.25  # --kv-remeasure-budget: of the sweep's planned timed seconds (0: off)
@@ -42,7 +42,7 @@ def robust_spread(levels: Levels) -> float:
     _, means = levels.process_means()
     if means.size < MIN_PROCESSES:
         return math.nan
-    return MAD_TO_SD * float(np.median(np.abs(means - np.median(means))))
+    return MAD_TO_SD * median(np.abs(means - median(means)))
 
 
 def run_spread(pairs: Iterable[Levels]) -> float:
@@ -101,7 +101,7 @@ def disturbance(levels: Levels, spread: float, factor: float = DEFAULT_FACTOR) -
     own = robust_spread(levels)
     scale = max(s for s in (spread, own, 0.0) if math.isfinite(s))
     cut = min(max(DISTURB_SDS * scale, MIN_SHIFT), math.log(factor))
-    shifts = means - np.median(means)  # the median of every process: with 3, the middle one, never a mean with the apart
+    shifts = means - median(means)  # the median of every process: with 3, the middle one, never a mean with the apart
     apart = [Shift(int(p), math.exp(float(d))) for p, d in zip(ids, shifts, strict=True) if abs(d) > cut]
     apart.sort(key=lambda s: -abs(math.log(s.factor)))
     minority = (ids.size - 1) // 2

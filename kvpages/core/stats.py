@@ -46,10 +46,10 @@ def unknown(ratio: float, n: int) -> Interval:
 
 
 def block_medians(blocks: list[np.ndarray]) -> np.ndarray:
-    return np.array([_median(b) for b in blocks])
+    return np.array([median(b) for b in blocks])
 
 
-def _median(block: np.ndarray) -> float:
+def median(block: np.ndarray) -> float:
     """np.median(block), bit for bit (the middle value, or the two middle ones' sum over 2, as it computes them), from
     one partition without its generic machinery (the analysis takes thousands of block medians); an empty block or one
     holding nan takes np.median itself."""
@@ -110,9 +110,9 @@ class Levels:
 
     @functools.cached_property
     def _owners(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(process ids, each value's index among them, values per process)."""
-        ids, owner = np.unique(self.processes, return_inverse=True)
-        return ids, owner, np.bincount(owner)
+        """(process ids, each value's index among them, values per process): read-only, shared by every `Levels` of
+        the same process ids (`_owners_of`)."""
+        return _owners_of(self.processes.tobytes(), self.processes.dtype.str)
 
     @functools.cached_property
     def bootstrap_means(self) -> np.ndarray:
@@ -131,6 +131,17 @@ class Levels:
         per_process = len(sizes) / float(np.sum(1 / sizes))  # harmonic mean: repetitions per process
         explained = within_var / per_process if within_df else 0.0
         return Components(math.sqrt(max(0.0, mean_var - explained)), within)
+
+
+@functools.lru_cache(maxsize=4096)
+def _owners_of(processes: bytes, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`Levels._owners` of the process ids `processes` (an array's bytes) once: a run's pairs share a few layouts of
+    processes, and the analysis asks thousands of them (`np.unique` was a tenth of the reference run's analysis)."""
+    ids, owner = np.unique(np.frombuffer(processes, dtype=dtype), return_inverse=True)
+    owners = (ids, owner.reshape(-1), np.bincount(owner.reshape(-1)))
+    for array in owners:
+        array.flags.writeable = False
+    return owners
 
 
 def aligned(baseline: Levels, variant: Levels) -> tuple[Levels, Levels] | None:
