@@ -123,7 +123,9 @@ bench: $(STAMP)
 # 1c08f4e 299.6 and 308.8 s (set-up 17 s, then pytest 282.7 and 291.3 s: 888 passed), 0.85-0.87 of 4ce4a84's.
 # The same box on a faster day (2026-12-06, 16:04-16:19 UTC, fresh clones, KVPAGES_CACHE empty, 4ce4a84 and 6164b2f
 # alternating ABBA): 4ce4a84 239.8 and 226.9 s (pytest 193.0 and 181.3 s: 636 passed), 6164b2f 201.5 and 192.7 s
-# (pytest 187.7 and 180.6 s: 902 passed), 0.840 and 0.849 of 4ce4a84's: 141-143 s scaled by its 168 s.
+# (pytest 187.7 and 180.6 s: 902 passed), 0.840 and 0.849 of 4ce4a84's: 141-143 s scaled by its 168 s. Later that
+# day (17:37-17:51 UTC, ABBA): 9102dff 187.7 and 192.9 s (905 passed), 4ce4a84 226.3 and 222.9 s: 0.830 and 0.866,
+# 139-145 s scaled.
 TEST_WORKERS ?= 2
 TEST_PYTEST := tests/ bench/ --benchmark-disable --kv-preset quick -q -n $(TEST_WORKERS) --dist loadgroup
 
