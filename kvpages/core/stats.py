@@ -138,7 +138,7 @@ def _owners_of(processes: bytes, dtype: str) -> tuple[np.ndarray, np.ndarray, np
     """`Levels._owners` of the process ids `processes` (an array's bytes) once: a run's pairs share a few layouts of
     processes, and the analysis asks thousands of them (`np.unique` was a tenth of the reference run's analysis)."""
     ids, owner = np.unique(np.frombuffer(processes, dtype=dtype), return_inverse=True)
-    owners = (ids, owner.reshape(-1), np.bincount(owner.reshape(-1)))
+    owners = (ids, owner, np.bincount(owner))
     for array in owners:
         array.flags.writeable = False
     return owners
