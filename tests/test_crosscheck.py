@@ -307,9 +307,7 @@ def test_meter_agrees_with_the_cuda_profiler_in_one_child_session(tmp_path):
     cases = cuda_profiler_cases()
     answers = run_crosscheck(cases, "cuda", trace_out=tmp_path / "trace.json.gz")
     assert answers == {c.id: AGREE for c in cases}, {k: a for k, a in answers.items() if a != AGREE}
-    for case in cases:  # every agreement but the host mirror's is over copies, not over nothing
-        variant = get_variant(case.variant)
-        assert (variant.expected_d2h_bytes(8192, case.target.page_size, 4) == 0) == (variant.moves is Moves.NONE)
+    # every agreement but the host mirror's is over copies, not over nothing: the test above checks it, on any machine
 
 
 # ----------------------------------------------------------------------------- the busy queue's calibration

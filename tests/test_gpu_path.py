@@ -17,7 +17,9 @@ import pytest
 import torch
 from conftest import FAST, GPU_CHECK_RUN, REPO
 
+from kvpages.core.sweep import Point
 from kvpages.measure import environment
+from kvpages.measure.breakdown import chosen_points
 from kvpages.measure.timer import warm_up
 from kvpages.schema.breakdown import read_breakdown
 from kvpages.schema.reader import load_run, sample_file
@@ -178,10 +180,15 @@ def test_cuda_quick_sweep_writes_a_complete_run(request):
     floor = run.ok_rows()[run.ok_rows()["variant"] == "host_mirror"]
     assert (floor["d2h_bytes"] == 0).all() and (floor["d2h_transfers"] == 0).all()
     assert run.meta.breakdown.startswith("breakdown.csv: "), run.meta.breakdown
+    timed = run.ok_rows()
+    points = [Point(int(r.seq_len), int(r.page_size), str(r.dtype), "cuda", str(r.layout))
+              for r in timed.drop_duplicates(["dtype", "layout", "seq_len", "page_size"]).itertuples()]
+    at = timed[(timed["seq_len"] == 8192) & (timed["page_size"] == 64)]
+    if Point(8192, 64, device="cuda") not in chosen_points(points) or not \
+            {"device_stride", "host_stride", "host_mirror"} <= set(at["variant"]):  # only in a folder gpu-check gave
+        pytest.skip(f"{folder}: its breakdown holds no L=8192, p=64 of device_stride, host_stride and host_mirror "
+                    "(a sweep with GPU_CHECK_SEQ_LENS or options that left them out)")
     rows = {r.variant: r for r in read_breakdown(folder) if (r.seq_len, r.page_size) == (8192, 64)}
-    if not {"device_stride", "host_stride", "host_mirror"} <= rows.keys():  # only in a folder gpu-check gave
-        pytest.skip(f"{folder}: no breakdown of device_stride, host_stride and host_mirror at L=8192, p=64 (a sweep "
-                    "with GPU_CHECK_SEQ_LENS or options that left them out)")
     assert rows["device_stride"].memcpy_direction == "DtoH" and rows["device_stride"].memcpy_bytes == 128 * 4
     assert rows["device_stride"].kernel_us > 0 and rows["host_stride"].memcpy_bytes == 8192 * 4
     assert rows["host_mirror"].memcpy_bytes == 0 and rows["host_mirror"].kernel_us == 0
