@@ -31,8 +31,10 @@ from kvpages.measure.crosscheck import (
     representative,
     run_child,
     run_crosscheck,
+    sync_call,
     timeout_for,
 )
+from kvpages.measure.breakdown import host_waits
 from kvpages.measure.meter import D2HMeasurement, Transfer
 from kvpages.measure.targets import PointTarget, ScenarioTarget
 from kvpages.measure.variants import Moves, get_variant, variant_names
@@ -138,6 +140,18 @@ def test_host_syncs_are_checked_against_the_profilers_synchronize_calls_less_the
     answer = answers_of(trace, {"c": metered(512)})["c"]
     assert answer.outcome == "mismatch" and "the meter counted 0 host syncs (+0 in a transfer thread's wait)" in answer.detail
     assert case_profiles(cuda_session_trace())[CASES[0]].syncs is None  # no synchronize records at all: unchecked
+
+
+def test_the_drivers_and_per_thread_synchronizes_count_as_the_runtimes_do():
+    """One definition of a synchronizing call (`sync_call`) for the cross-check's count and the breakdown's waits."""
+    driver = [{**e, "cat": "cuda_driver"} for e in _sync(20, "cuStreamSynchronize")]
+    trace = {"traceEvents": _range(RANGE_PREFIX + "c", 0, 100) + _copy(5, 1, PAGEABLE, 512) + driver
+             + _sync(40, "cudaStreamSynchronize_ptsz") + _sync(60, "cudaLaunchKernel") + _sync(90, "cudaDeviceSynchronize")}
+    assert case_profiles(trace)["c"].syncs == 2  # the driver's and the per-thread one; not the launch, nor the closing one
+    assert [sync_call(n) for n in ("cuStreamSynchronize", "cudaEventSynchronize", "cuCtxSynchronize",
+                                   "cudaStreamSynchronize_ptsz")] == [True] * 4
+    assert not any(sync_call(n) for n in ("cudaMemcpyAsync", "cudaLaunchKernel", "cudaEventRecord", "Synchronize"))
+    assert all(host_waits({"name": n, "args": {}}, {}) for n in ("cuStreamSynchronize", "cudaStreamSynchronize_ptsz"))
 
 
 def test_no_gpu_activity_at_all_makes_the_crosscheck_unavailable_not_a_mismatch():

@@ -29,6 +29,7 @@ from kvpages.measure.crosscheck import (
     kineto,
     reply_and_exit,
     run_child,
+    sync_call,
     trace_of,
 )
 from kvpages.schema.breakdown import CALLS, PASSES, BreakdownRow, write_breakdown
@@ -144,7 +145,7 @@ def host_waits(call: dict, gpu: dict[int, dict]) -> bool:
     took 6.9 µs against 14.7 µs into pageable memory (medians, results/20261204T181656Z-cuda-nvidia-h200's
     cross-check trace). A copy whose GPU record was lost counts as a wait."""
     name = str(call["name"])
-    if "Synchronize" in name:
+    if sync_call(name):
         return True
     if not name.startswith(COPY_CALLS):
         return False

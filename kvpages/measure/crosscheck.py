@@ -47,6 +47,14 @@ RUNTIME_CATEGORIES = ("cuda_runtime", "Runtime", "cuda_driver")
 COPY_CALLS = ("cudaMemcpy", "cuMemcpy")
 """How the names of the CUDA API's copy calls begin (runtime and driver; Async and 2D ones among them)."""
 
+
+def sync_call(name: str) -> bool:
+    """Whether a CUDA API call of this name synchronizes, the host waiting in it: the runtime's and the driver's
+    stream, event, device and context synchronizes (cudaStreamSynchronize, cuEventSynchronize, ..., per-thread ones
+    among them). The cross-check counts them, the breakdown counts the host's time in them."""
+    return name.startswith("cu") and "Synchronize" in name
+
+
 NO_GPU_ACTIVITY = ("the profiler saw no GPU activity at all (CUPTI may be missing, or held by another tool such as "
                    "nsys or ncu)")
 """Why a CUDA profile is unusable; the cross-check and the breakdown each say what it costs them."""
@@ -228,8 +236,8 @@ class CaseProfile:
     copy_calls: int
     lost: int
     syncs: int | None = None
-    """Its `cuda*Synchronize` calls but the range's closing one; None when it holds none at all (no CUDA runtime
-    records: unchecked)."""
+    """Its cu*Synchronize calls (`sync_call`) but the range's closing one; None when it holds none at all (no CUDA
+    runtime records: unchecked)."""
 
 
 class TraceError(ValueError):
@@ -257,8 +265,7 @@ def case_profiles(trace: dict) -> dict[str, CaseProfile]:
               and e.get("cat") != "gpu_user_annotation" and e["name"] != WARM_UP_RANGE]
     calls = [e for e in events if e.get("cat") in RUNTIME_CATEGORIES
              and str(e.get("name", "")).startswith(COPY_CALLS)]
-    syncs = [float(e["ts"]) for e in events if e.get("cat") in RUNTIME_CATEGORIES
-             and str(e.get("name", "")).startswith("cuda") and str(e.get("name", "")).endswith("Synchronize")]
+    syncs = [float(e["ts"]) for e in events if e.get("cat") in RUNTIME_CATEGORIES and sync_call(str(e.get("name", "")))]
     by_correlation = {int(e["args"]["correlation"]): e for e in events
                       if e.get("cat") in MEMCPY_CATEGORIES and "correlation" in e.get("args", {})}
     out = {}
@@ -293,7 +300,7 @@ def judge(measured: D2HMeasurement, seen: CaseProfile) -> CheckAnswer:
                            f"{len(profiled)} 'Memcpy DtoH' copies {profiled}")
     if seen.syncs is not None and seen.syncs != measured.host_syncs + measured.transfer_syncs:
         return CheckAnswer("mismatch", f"the meter counted {measured.host_syncs} host syncs (+{measured.transfer_syncs} "
-                                       f"in a transfer thread's wait), the CUDA profiler {seen.syncs} cuda*Synchronize calls")
+                                       f"in a transfer thread's wait), the CUDA profiler {seen.syncs} cu*Synchronize calls")
     return AGREE
 
 

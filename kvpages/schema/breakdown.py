@@ -32,7 +32,7 @@ class BreakdownRow:
     aten_copy_us: float | None  # CPU: self time of the aten copy ops (copy_, _to_copy, to, clone)
     aten_ops_us: float | None  # CPU: self time of every other aten op (slicing views, divide, shift, cat, ...)
     launch_us: float | None  # CUDA: the API calls that only queue work (launches, allocations, events, async pinned copies)
-    wait_us: float | None  # CUDA: the calls the host waits in (*Synchronize, pageable copies: measure.breakdown.host_waits)
+    wait_us: float | None  # CUDA: the calls the host waits in (cu*Synchronize, pageable copies: measure.breakdown.host_waits)
     kernel_us: float | None
     memcpy_us: float | None
     memcpy_bytes: int | None
