@@ -14,6 +14,7 @@ from conftest import FAST, REPO, assert_phases_add_up
 
 from kvpages.core.scenarios import StepScenario
 from kvpages.core.sweep import Point
+from kvpages.measure.breakdown import host_waits
 from kvpages.measure.busy import PROBE_CYCLES, cycles_for
 from kvpages.measure.crosscheck import (
     AGREE,
@@ -34,7 +35,6 @@ from kvpages.measure.crosscheck import (
     sync_call,
     timeout_for,
 )
-from kvpages.measure.breakdown import host_waits
 from kvpages.measure.meter import D2HMeasurement, Transfer
 from kvpages.measure.targets import PointTarget, ScenarioTarget
 from kvpages.measure.variants import Moves, get_variant, variant_names
