@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +17,7 @@ import pytest
 from kvpages.core.affinity import CPU_CHOICES, chosen
 from kvpages.core.capacity import check_fits, host_available_bytes
 from kvpages.core.options import OPTIONS, BenchOptions
+from kvpages.measure.spawn import STARTED_KEY, start_early, worker_command
 from kvpages.measure.worklog import (  # torch-free: every pytest session loads this plugin, a sweep or not
     WORKER_DIR_FLAG,
     WORKER_FLAG,
@@ -38,8 +38,8 @@ OPTIONS_KEY = pytest.StashKey[BenchOptions]()
 SESSION_KEY = pytest.StashKey["KvSession"]()
 START_KEY = pytest.StashKey[float]()
 LAUNCH_KEY = pytest.StashKey["Launch"]()
-SPARE_KEY = pytest.StashKey[WorkerLog]()
 FINISHED_KEY = pytest.StashKey[pytest.Session]()
+SPARE_KEY = pytest.StashKey[WorkerLog]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -103,23 +103,31 @@ def pytest_configure(config: pytest.Config) -> None:
     if "WORLD_SIZE" in os.environ:  # started by torchrun: one pytest session per rank (kvpages.measure.ranks)
         options = _ranked(config, options)
     worker, worker_dir = config.getoption(WORKER_FLAG), config.getoption(WORKER_DIR_FLAG)
-    if config.getoption(WORKER_SPARE_FLAG) and worker is not None and worker_dir is not None:
-        _wait_as_spare(config, options, worker, Path(worker_dir))
+    spare = bool(config.getoption(WORKER_SPARE_FLAG)) and worker is not None and worker_dir is not None
+    if spare:  # its round's file is written when it is released
+        _wait_before_collecting(config, options, worker, Path(worker_dir))
     a_round = worker is not None and worker_dir is not None and round_path(Path(worker_dir), worker).exists()
     if worker is not None and not a_round and (worker_dir is None or not 0 <= worker < options.sweep.processes - 1):
         raise pytest.UsageError(f"{WORKER_FLAG} {worker}: internal option; the session starts processes "
                                 f"0..{options.sweep.processes - 2} itself, each with {WORKER_DIR_FLAG}")
+    if not spare and worker_dir is not None and config.getoption(WORKER_GO_FLAG) is not None:
+        _wait_before_collecting(config, options, worker, Path(worker_dir))
     config.stash[OPTIONS_KEY] = options
 
 
-def _wait_as_spare(config: pytest.Config, options: BenchOptions, worker: int, folder: Path) -> None:
-    """A spare worker (kvpages.measure.workers): import what timing needs (and start CUDA, where asked for), say it is
-    ready, and wait for its round before collecting, for its blocks are that round's; exit quietly if none comes."""
+def _wait_before_collecting(config: pytest.Config, options: BenchOptions, worker: int, folder: Path) -> None:
+    """A worker (kvpages.measure.workers) imports what timing needs, then waits before it collects: a spare, its CUDA
+    started (where asked for) and its ready said, for its round, whose blocks it collects; any other until its session
+    has written the cases it selected (kvpages.measure.worklog.COLLECT). Either exits quietly if its pipe closes first."""
     import torch
 
     import kvpages.measure.session  # noqa: F401 (the measuring side's imports, before the wait)
-    from kvpages.measure.worklog import log_path
+    from kvpages.measure.worklog import log_path, wait_to_collect
 
+    if not config.getoption(WORKER_SPARE_FLAG):
+        if not wait_to_collect(config.getoption(WORKER_GO_FLAG)):
+            pytest.exit("kvpages: worker not needed", pytest.ExitCode.OK)
+        return
     if options.device_choice != "cpu" and torch.cuda.is_available():
         torch.empty(1, device="cuda")  # its CUDA context, started while it waits as the planned workers' are
     log = WorkerLog(log_path(folder, worker), config.getoption(WORKER_GO_FLAG))
@@ -171,6 +179,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def kv_session(config: pytest.Config) -> KvSession:
     """The session's `KvSession`, created (and torch imported) on first use."""
     if SESSION_KEY not in config.stash:
+        start_early(config, config.stash[OPTIONS_KEY])  # its workers' start-ups beside its own
         from kvpages.measure.session import KvSession
 
         worker_dir = config.getoption(WORKER_DIR_FLAG)
@@ -239,32 +248,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtestloop(session: pytest.Session):
     """With --kv-processes >= 2: the earlier processes' shares run first, in fresh pytest workers, one after another."""
     config = session.config
-    kv = config.stash.get(SESSION_KEY, None)
+    kv, started = config.stash.get(SESSION_KEY, None), config.stash.get(STARTED_KEY, None)
     if kv is None or kv.processes <= 1 or kv.recorder is None or config.option.collectonly or session.testsfailed:
+        if started is not None:  # none needed after all
+            started.stop()
         return (yield)
-    import tempfile
+    from kvpages.measure.workers import WorkerFailed
 
-    from kvpages.measure.workers import WorkerCommand, WorkerFailed
-
-    try:  # RAM-backed /dev/shm when it has 2 GiB free: the input pools are written there once, read by every process
-        parent = "/dev/shm" if shutil.disk_usage("/dev/shm").free >= 2 << 30 else None
-    except OSError:
-        parent = None
-    folder = Path(tempfile.mkdtemp(prefix="kvpages-workers-", dir=parent))
-    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
-    option = config.option
-    command = WorkerCommand(
-        paths=tuple(str(arg).split("[", 1)[0] for arg in config.args),
-        kv_args=kv.options.replace(crosscheck="off", results_dir=None, link_profiles=None).to_args(),  # meta: the session
-        timed_as=("--benchmark-timer", option.benchmark_timer) + (
-            ("--benchmark-disable-gc",) if option.benchmark_disable_gc else ()),
-        rootdir=str(config.rootpath), cwd=config.invocation_params.dir, folder=folder,
-        json_out=bool(option.benchmark_json or option.benchmark_save or option.benchmark_autosave),
-    )
+    command = started.command if started is not None else worker_command(config, kv.options)
     reporter = config.pluginmanager.get_plugin("terminalreporter")  # None under -p no:terminal
     say = reporter.write_line if reporter is not None else lambda line: None
     try:
-        kv.run_workers(command, say)
+        kv.run_workers(command, say, started)
     except WorkerFailed as exc:
         pytest.exit(str(exc), returncode=pytest.ExitCode.INTERNAL_ERROR)
     result = yield

@@ -16,6 +16,7 @@ import pytest
 from conftest import assert_phases_add_up, synthetic_run
 from test_analysis import covers
 from test_plugin import BENCH, CPU, run_dirs
+from test_ranks import left_behind
 
 from kvpages.analysis.compare import compare_runs
 from kvpages.analysis.noise import CALIBRATED, TARGETS, WIDTHS_CAP, Held, aa_figures, allocation_text, calibrated
@@ -339,7 +340,8 @@ def test_workers_start_together_and_time_one_at_a_time_on_process_0s_readings(py
     pytester.makepyfile(test_kv_sweep=BENCH)
     result = pytester.runpytest_subprocess(*THREE, *CPU, *TIMED)
     result.assert_outcomes(passed=4)
-    result.stdout.fnmatch_lines(["kvpages: 2 worker processes started together, all ready in *"])  # no spare: budget 0
+    result.stdout.fnmatch_lines(["kvpages: 2 worker processes started together with this session's collection, "
+                                 "all ready in *"])  # no spare: budget 0
     first, second, session = (_when(pytester, who) for who in ("0", "1", "session"))
     assert second["started"] < first["first"]  # both started before either timed
     assert first["ended"] <= second["first"] and second["ended"] <= session["first"]  # never two at once
@@ -350,6 +352,41 @@ def test_workers_start_together_and_time_one_at_a_time_on_process_0s_readings(py
     assert [p.role for p in meta.processes][3:] == ["remeasure"] * meta.remeasure.rounds
     assert meta.timing is not None and meta.timing.startup_overlap_s > 0  # their start-ups overlapped
     assert_phases_add_up(meta)
+
+
+CHILDREN = """
+import os
+import sys
+from pathlib import Path
+
+
+def pytest_collection_finish(session):
+    if "--kv-worker" not in sys.argv:  # the session, its collection done: which processes has it started?
+        pid = os.getpid()
+        Path(__file__).with_name("children.txt").write_text(Path(f"/proc/{pid}/task/{pid}/children").read_text())
+"""
+
+
+@pytest.mark.parametrize("more, ends", [((), "passed=4"), (("-k", "no_such_case"), "deselected=4"),
+                                        (("--kv-dtypes", "int64", "--kv-seq-lens", "100000000000"), "usage error")])
+def test_workers_start_before_the_session_collects_and_none_outlives_it(pytester, more, ends):
+    """A CPU sweep's workers (and its spare) start as its session starts to collect, so their start-ups run beside
+    the session's; where it then needs none (nothing selected, a sweep refused before anything runs) they are stopped:
+    no process of the sweep is left, and no run folder."""
+    pytester.makeconftest(CHILDREN)
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    args = [a if a != "0" else "0.5" for a in THREE]  # a re-measurement budget: a spare starts too
+    result = pytester.runpytest_subprocess(*args, *CPU, *TIMED, *more, timeout=100)
+    if ends == "usage error":  # refused in the session's collection, after the workers started
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines(["*--kv-seq-lens: seq_len 100000000000 at page_size 1 (int64) needs about*"])
+        assert "Traceback" not in result.stderr.str()
+    else:
+        result.assert_outcomes(**{ends.split("=")[0]: int(ends.split("=")[1])})
+        assert len((pytester.path / "children.txt").read_text().split()) == 3  # two planned workers and the spare
+    if ends != "passed=4":
+        assert run_dirs(pytester.path) == []
+    assert left_behind(pytester.path) == []
 
 
 def test_when_a_worker_fails_the_ones_still_waiting_exit_without_timing(pytester):

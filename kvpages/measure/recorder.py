@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import functools
 import shlex
-import signal
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +14,7 @@ import numpy as np
 from kvpages.core.names import case_id
 from kvpages.core.stats import block_medians
 from kvpages.measure.outcome import BlockOutcome, MeterReading
+from kvpages.measure.signals import deferred_interruption
 from kvpages.measure.targets import Context, Target
 from kvpages.schema.rows import KEY_COLUMNS, OK, PARTIAL, POINTS, SCENARIO_KEY, RankRow, Row, Samples, ScenarioRow, timed_us
 from kvpages.schema.writer import RunWriter
@@ -40,43 +38,6 @@ class Case:
     failure: str | None = None
     extra: int = 0  # repetitions beyond the plan's, for the re-measurement of an unstable point
     written: bool = False  # its row is in the run folder (a re-measured case's is then replaced)
-
-
-@dataclass
-class _Held:
-    depth: int = 0
-    pending: str | None = None  # an interruption that arrived while held, delivered when the outermost hold ends
-
-
-_HELD = _Held()
-
-
-def interrupt(signum: int, frame: object) -> None:
-    """The session's SIGINT and SIGTERM handler: a KeyboardInterrupt, or, while a block is being recorded
-    (`deferred_interruption`), one held until it is. Blocking the signals alone would not do: one the C handler
-    caught just before is still run by Python at the next bytecode, inside the held region."""
-    message = f"signal {signal.Signals(signum).name}"
-    if _HELD.depth:
-        _HELD.pending = message
-        return
-    raise KeyboardInterrupt(message)
-
-
-@contextmanager
-def deferred_interruption() -> Iterator[None]:
-    """SIGINT and SIGTERM held back meanwhile (in the main thread, where Python runs its signal handlers): one that
-    arrives is delivered at the end, as a KeyboardInterrupt."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    _HELD.depth += 1
-    try:
-        yield
-    finally:
-        _HELD.depth -= 1
-    if _HELD.depth == 0 and _HELD.pending is not None:
-        message, _HELD.pending = _HELD.pending, None
-        raise KeyboardInterrupt(message)
 
 
 class Recorder:

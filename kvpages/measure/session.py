@@ -31,14 +31,15 @@ from kvpages.measure import environment, pinning, probe
 from kvpages.measure.group import Group, Launch
 from kvpages.measure.inputs import PoolCache
 from kvpages.measure.ranks import RankTarget
-from kvpages.measure.recorder import Recorder, deferred_interruption, interrupt
+from kvpages.measure.recorder import Recorder
 from kvpages.measure.remeasure import Remeasurer, Round, off
 from kvpages.measure.runner import Crosscheck, Phases, Runner
 from kvpages.measure.schedule import Block, in_run_order, plan, plan_scenarios
+from kvpages.measure.signals import deferred_interruption, interrupt
 from kvpages.measure.steps import get_step_variant, step_variant_names
 from kvpages.measure.targets import Context, PointTarget, ScenarioTarget, Target
 from kvpages.measure.variants import variant_names
-from kvpages.measure.workers import Worker, WorkerCommand, Workers, run_alone, run_workers
+from kvpages.measure.workers import Started, Worker, WorkerCommand, Workers, run_alone, run_workers
 from kvpages.measure.worklog import WorkerEnd, WorkerLog, log_path, read_readings, write_cases
 from kvpages.schema.meta import ProcessInfo, Remeasurement, RunMeta, RunTiming
 from kvpages.schema.profiles import read_profile
@@ -259,14 +260,15 @@ class KvSession:
         if self.processes <= 1:  # no workers to start first: this process times from its first block
             self.pinned.pin()
 
-    def run_workers(self, command: WorkerCommand, say: Callable[[str], None]) -> None:
-        """Time the earlier processes' shares in workers; the recorder takes each outcome a worker logs as it comes."""
+    def run_workers(self, command: WorkerCommand, say: Callable[[str], None], started: Started | None = None) -> None:
+        """Time the earlier processes' shares in workers (those `started` before, else now); the recorder takes each
+        outcome a worker logs as it comes."""
         assert self.recorder is not None, "workers run in a session that records"
         write_cases(command.folder, list(self.recorder.cases))
         self.runner.pool_cache = PoolCache(command.folder)
         limits = [self.plan.worker_limit_s(process, frozenset(self.recorder.cases)) for process in range(self.processes - 1)]
         spare = self.options.remeasure_fraction > 0 and self.context.group is None  # a first round without a start
-        run_workers(command, WORKER_START_S, limits, self.recorder, say, self.workers, spare=spare)
+        run_workers(command, WORKER_START_S, limits, self.recorder, say, self.workers, spare=spare, started=started)
         self.runner.first_readings = self.recorder.first_readings()  # this process is a later one too
         if self.workers.spare is not None:  # its own rows are written beside the spare's round (or at the end)
             self.recorder.hold()

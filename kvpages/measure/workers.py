@@ -22,10 +22,12 @@ from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvpages.measure.outcome import BlockOutcome
-from kvpages.measure.recorder import Recorder, deferred_interruption
+from kvpages.measure.signals import deferred_interruption
 from kvpages.measure.worklog import (
+    COLLECT,
     LEAN_PYTEST,
     WORKER_DIR_FLAG,
     WORKER_FLAG,
@@ -37,6 +39,9 @@ from kvpages.measure.worklog import (
     write_readings,
 )
 from kvpages.schema.meta import ProcessInfo
+
+if TYPE_CHECKING:
+    from kvpages.measure.recorder import Recorder
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,7 @@ class Worker:
     interrupted: bool = False  # the session or the worker was interrupted (SIGINT, SIGTERM) before the worker's end
     timed_out: bool = False
     spare: bool = False  # started beside the planned workers for a round not yet known (its start-up behind it)
+    collected: bool = False  # told to collect (a planned worker waits for that before it collects: `collect`)
 
     @property
     def ready_s(self) -> float:
@@ -104,6 +110,12 @@ class Worker:
         tail = "\n".join(self.output.read_text(errors="replace").splitlines()[-15:])
         return WorkerFailed(f"kvpages: worker process {self.process} of {self.total} {what}; the last lines it "
                             f"printed:\n{tail}")
+
+    def collect(self) -> None:
+        """Let a planned worker collect: the session has written the cases it selected (kvpages.measure.worklog)."""
+        assert self.go_fd is not None and not self.spare
+        os.write(self.go_fd, COLLECT)
+        self.collected = True
 
     def dismiss(self) -> None:
         """Close its pipe: a worker still waiting exits."""
@@ -200,7 +212,8 @@ def wait_or_kill(child: subprocess.Popen, timeout_s: float) -> None:
         child.wait()
 
 
-def launch(command: WorkerCommand, process: int, total: int, spare: bool = False) -> Worker:
+def launch(command: WorkerCommand, process: int, total: int, spare: bool = False, collect: bool = True) -> Worker:
+    """Worker `process` started; a planned one told to `collect` at once (else by `Worker.collect`, later)."""
     read_fd, write_fd = os.pipe()
     output = command.folder / f"process-{process}.out"
     try:
@@ -212,8 +225,45 @@ def launch(command: WorkerCommand, process: int, total: int, spare: bool = False
         raise
     finally:
         os.close(read_fd)
-    return Worker(process, total, child, write_fd, output, LogReader(log_path(command.folder, process)), time.time(),
-                  spare=spare)
+    worker = Worker(process, total, child, write_fd, output, LogReader(log_path(command.folder, process)), time.time(),
+                    spare=spare)
+    if collect and not spare:
+        worker.collect()
+    return worker
+
+
+@dataclass
+class Started:
+    """A sweep session's workers started before it imports torch and collects (kvpages.plugin), where no cross-check
+    child is to run meanwhile: their start-ups fill the cores while the session's own runs (alone before: 1.92-1.96 s
+    of a two-process sweep on the 2-core dev box, against a lone worker's 1.76-1.89 s to ready). Each planned one
+    imports, then waits to collect until `run_workers` has written the session's cases; the spare as ever."""
+
+    command: WorkerCommand
+    planned: list[Worker]
+    spare: Worker | None
+
+    @classmethod
+    def of(cls, command: WorkerCommand, processes: int, spare: bool) -> Started:
+        started = cls(command, [], None)
+        try:
+            for process in range(processes - 1):
+                started.planned.append(launch(command, process, processes, collect=False))
+            if spare:
+                started.spare = launch(command, processes, processes + 1, spare=True)
+        except BaseException:
+            started.stop()
+            raise
+        return started
+
+    def stop(self) -> None:
+        """Those the session never used (no cases to time, an error first) killed, and waited for."""
+        unused = [w for w in [*self.planned, self.spare] if w is not None and w.go_fd is not None and not w.collected]
+        for w in unused:
+            w.dismiss()
+            w.child.kill()
+        for w in unused:
+            w.child.wait()
 
 
 def wait_ready(started: Sequence[Worker], limit_s: float) -> float:
@@ -239,23 +289,32 @@ def wait_ready(started: Sequence[Worker], limit_s: float) -> float:
 
 
 def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence[float], recorder: Recorder,
-                say: Callable[[str], None], workers: Workers, spare: bool = False) -> None:
+                say: Callable[[str], None], workers: Workers, spare: bool = False, started: Started | None = None) -> None:
     """Run the earlier processes' shares: every worker started at once (and a `spare` for a first re-measurement
     round, kept in `workers.spare`), ready within `start_limit_s`, then one after another (worker K within
     `limits_s[K]`), the later ones on worker 0's meter readings. An interrupted worker interrupts the session, one
     that did not run to its end fails the run (WorkerFailed); either way the workers still waiting exit (their pipes
-    closed), or are killed after STOP_WAIT_S."""
+    closed), or are killed after STOP_WAIT_S. Workers `started` before (`Started`, with their spare) are told to
+    collect instead."""
     total = len(limits_s) + 1
-    started: list[Worker] = []
+    planned: list[Worker] = [] if started is None else started.planned
     try:
-        for process in range(total - 1):
-            started.append(launch(command, process, total))
-        if spare:
-            workers.spare = launch(command, total, total + 1, spare=True)
-        workers.startup_s = wait_ready(started + ([workers.spare] if workers.spare else []), start_limit_s)
-        count = f"{len(started)} worker process" + ("es" if len(started) > 1 else "")
-        say(f"kvpages: {count}{' and a spare' if spare else ''} started together, all ready in {workers.startup_s:.1f} s")
-        for w, limit in zip(started, limits_s, strict=True):
+        if started is not None:
+            assert len(planned) == total - 1, f"{len(planned)} workers started for {total} processes"
+            workers.spare = started.spare
+            for w in planned:
+                w.collect()
+        else:
+            for process in range(total - 1):
+                planned.append(launch(command, process, total))
+            if spare:
+                workers.spare = launch(command, total, total + 1, spare=True)
+        workers.startup_s = wait_ready(planned + ([workers.spare] if workers.spare else []), start_limit_s)
+        count = f"{len(planned)} worker process" + ("es" if len(planned) > 1 else "")
+        beside = " with this session's collection" if started is not None else ""
+        say(f"kvpages: {count}{' and a spare' if workers.spare else ''} started together{beside}, all ready in "
+            f"{workers.startup_s:.1f} s")
+        for w, limit in zip(planned, limits_s, strict=True):
             _turn(w, limit, command, recorder, say, workers)
             if w.process == 0:
                 write_readings(command.folder, recorder.first_readings())
@@ -263,7 +322,7 @@ def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence
         workers.dismiss_spare()
         raise
     finally:
-        _close(started)
+        _close(planned)
     say(f"kvpages: process {total} of {total} (pid {os.getpid()}, this session) times its share now")
 
 

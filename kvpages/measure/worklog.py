@@ -179,6 +179,17 @@ def json_path(folder: Path, process: int) -> Path:
     return folder / f"process-{process}.json"
 
 
+COLLECT = b"c"
+"""What a session writes on a planned worker's pipe once it has written the cases it selected (`write_cases`): the
+worker, started before (kvpages.measure.workers.Started) and waiting in its configuration, collects them."""
+
+
+def wait_to_collect(go_fd: int) -> bool:
+    """A planned worker's wait before it collects (its imports behind it): True once the session says `COLLECT`;
+    False if the pipe closed first (the session ended, or needed no workers)."""
+    return os.read(go_fd, 1) == COLLECT
+
+
 def read_cases(folder: Path) -> frozenset[str]:
     return frozenset(json.loads((folder / CASES_JSON).read_text()))
 
