@@ -103,31 +103,23 @@ def pytest_configure(config: pytest.Config) -> None:
     if "WORLD_SIZE" in os.environ:  # started by torchrun: one pytest session per rank (kvpages.measure.ranks)
         options = _ranked(config, options)
     worker, worker_dir = config.getoption(WORKER_FLAG), config.getoption(WORKER_DIR_FLAG)
-    spare = bool(config.getoption(WORKER_SPARE_FLAG)) and worker is not None and worker_dir is not None
-    if spare:  # its round's file is written when it is released
-        _wait_before_collecting(config, options, worker, Path(worker_dir))
+    if config.getoption(WORKER_SPARE_FLAG) and worker is not None and worker_dir is not None:
+        _wait_as_spare(config, options, worker, Path(worker_dir))
     a_round = worker is not None and worker_dir is not None and round_path(Path(worker_dir), worker).exists()
     if worker is not None and not a_round and (worker_dir is None or not 0 <= worker < options.sweep.processes - 1):
         raise pytest.UsageError(f"{WORKER_FLAG} {worker}: internal option; the session starts processes "
                                 f"0..{options.sweep.processes - 2} itself, each with {WORKER_DIR_FLAG}")
-    if not spare and worker_dir is not None and config.getoption(WORKER_GO_FLAG) is not None:
-        _wait_before_collecting(config, options, worker, Path(worker_dir))
     config.stash[OPTIONS_KEY] = options
 
 
-def _wait_before_collecting(config: pytest.Config, options: BenchOptions, worker: int, folder: Path) -> None:
-    """A worker (kvpages.measure.workers) imports what timing needs, then waits before it collects: a spare, its CUDA
-    started (where asked for) and its ready said, for its round, whose blocks it collects; any other until its session
-    has written the cases it selected (kvpages.measure.worklog.COLLECT). Either exits quietly if its pipe closes first."""
+def _wait_as_spare(config: pytest.Config, options: BenchOptions, worker: int, folder: Path) -> None:
+    """A spare worker (kvpages.measure.workers): import what timing needs (and start CUDA, where asked for), say it is
+    ready, and wait for its round before collecting, for its blocks are that round's; exit quietly if none comes."""
     import torch
 
     import kvpages.measure.session  # noqa: F401 (the measuring side's imports, before the wait)
-    from kvpages.measure.worklog import log_path, wait_to_collect
+    from kvpages.measure.worklog import log_path
 
-    if not config.getoption(WORKER_SPARE_FLAG):
-        if not wait_to_collect(config.getoption(WORKER_GO_FLAG)):
-            pytest.exit("kvpages: worker not needed", pytest.ExitCode.OK)
-        return
     if options.device_choice != "cpu" and torch.cuda.is_available():
         torch.empty(1, device="cuda")  # its CUDA context, started while it waits as the planned workers' are
     log = WorkerLog(log_path(folder, worker), config.getoption(WORKER_GO_FLAG))
@@ -228,12 +220,17 @@ def _block_of(item: pytest.Item):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In a worker, keep only the cases the session selected (its -k, -m or node ids); after the first, only those that
-    can run on the device (process 0 records the others as skipped)."""
+    """In a worker, keep only the cases the session selected (its -k, -m or node ids: its cases file, once it says
+    so, kvpages.measure.worklog.COLLECT); after the first, only those that can run on the device (process 0 records
+    the others as skipped)."""
     folder = config.getoption(WORKER_DIR_FLAG)
     if folder is None or config.getoption(WORKER_FLAG) is None or SESSION_KEY not in config.stash:
         return
-    from kvpages.measure.worklog import read_cases
+    from kvpages.measure.worklog import read_cases, wait_to_collect
+
+    go = config.getoption(WORKER_GO_FLAG)
+    if go is not None and SPARE_KEY not in config.stash and not wait_to_collect(go):  # (a spare's round is its cases)
+        pytest.exit("kvpages: worker not needed", pytest.ExitCode.OK)
 
     cases, kv = read_cases(Path(folder)), config.stash[SESSION_KEY]
     keep = [item for item in items if (block := _block_of(item)) is not None and block.case_id in cases

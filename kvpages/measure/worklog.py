@@ -180,13 +180,13 @@ def json_path(folder: Path, process: int) -> Path:
 
 
 COLLECT = b"c"
-"""What a session writes on a planned worker's pipe once it has written the cases it selected (`write_cases`): the
-worker, started before (kvpages.measure.workers.Started) and waiting in its configuration, collects them."""
+"""What a session writes on a worker's pipe once it has written the cases it selected (`write_cases`): the worker,
+started before (kvpages.measure.workers.Started), has imported and collected its blocks meanwhile and keeps those."""
 
 
 def wait_to_collect(go_fd: int) -> bool:
-    """A planned worker's wait before it collects (its imports behind it): True once the session says `COLLECT`;
-    False if the pipe closed first (the session ended, or needed no workers)."""
+    """A worker's wait, its imports and collection behind it, for the session's cases: True once the session says
+    `COLLECT`; False if the pipe closed first (the session ended, or needed no workers)."""
     return os.read(go_fd, 1) == COLLECT
 
 
