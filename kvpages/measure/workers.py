@@ -1,12 +1,14 @@
 """Fresh processes for a sweep's repetitions: pyperf's idea, with pytest as the runner (docs/guide.md#processes).
 
-The session starts its P - 1 workers together (`WorkerCommand.argv`); each imports, collects, says it is ready in
-its log (kvpages.measure.worklog) and waits on its pipe, so their start-ups overlap on the cores instead of adding up.
+The session starts its P - 1 workers together (`WorkerCommand.argv`), on the CPU as it starts to collect (`Started`);
+each imports and collects, waits for the session's cases, says it is ready in its log (kvpages.measure.worklog) and
+waits on its pipe, so their start-ups overlap on the cores, and with the session's, instead of adding up.
 Then they time one at a time, never two at once, and the session's recorder reads each log as it is written. Beside
 them the session can start a *spare*: a worker that imports and says it is ready before it collects, because its
 blocks are a re-measurement round's, known only after the planned ones; it collects that round when it is given one,
-and exits unused when none is needed, so a round costs its own work and not a process start. It imports torch (the
-recorder's targets); what the plugin needs of the protocol at every pytest start is in kvpages.measure.worklog.
+and exits unused when none is needed, so a round costs its own work and not a process start. No torch at import (the
+plugin starts workers before the session imports it); what the plugin needs of the protocol at every pytest start is
+in kvpages.measure.worklog.
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ class Worker:
                             f"printed:\n{tail}")
 
     def collect(self) -> None:
-        """Let a planned worker collect: the session has written the cases it selected (kvpages.measure.worklog)."""
+        """Tell a planned worker the session has written the cases it selected (kvpages.measure.worklog.COLLECT)."""
         assert self.go_fd is not None and not self.spare
         os.write(self.go_fd, COLLECT)
         self.collected = True
@@ -213,7 +215,7 @@ def wait_or_kill(child: subprocess.Popen, timeout_s: float) -> None:
 
 
 def launch(command: WorkerCommand, process: int, total: int, spare: bool = False, collect: bool = True) -> Worker:
-    """Worker `process` started; a planned one told to `collect` at once (else by `Worker.collect`, later)."""
+    """Worker `process` started; a planned one told of the cases at once (`collect=False`: by `Worker.collect`, later)."""
     read_fd, write_fd = os.pipe()
     output = command.folder / f"process-{process}.out"
     try:
@@ -234,10 +236,11 @@ def launch(command: WorkerCommand, process: int, total: int, spare: bool = False
 
 @dataclass
 class Started:
-    """A sweep session's workers started before it imports torch and collects (kvpages.plugin), where no cross-check
-    child is to run meanwhile: their start-ups fill the cores while the session's own runs (alone before: 1.92-1.96 s
-    of a two-process sweep on the 2-core dev box, against a lone worker's 1.76-1.89 s to ready). Each planned one
-    imports, then waits to collect until `run_workers` has written the session's cases; the spare as ever."""
+    """A sweep session's workers started before it imports torch and collects (kvpages.measure.spawn), where no
+    cross-check child is to run meanwhile: their start-ups (imports, collection) run beside the session's own, which
+    ran alone before them (1.9 s of a two-process sweep on the 2-core dev box). Each planned one then waits for the
+    session's cases (`collect`, in `run_workers`) before it keeps those of its blocks; the spare waits as ever.
+    `make bench`'s start-up 7.38-7.83 -> 6.90-7.20 s there, three runs each, alternating (docs/method.md)."""
 
     command: WorkerCommand
     planned: list[Worker]
