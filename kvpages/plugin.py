@@ -17,7 +17,7 @@ import pytest
 from kvpages.core.affinity import CPU_CHOICES, chosen
 from kvpages.core.capacity import check_fits, host_available_bytes
 from kvpages.core.options import OPTIONS, BenchOptions
-from kvpages.measure.spawn import STARTED_KEY, start_early, worker_command
+from kvpages.measure.spawn import FREE_HOST_KEY, STARTED_KEY, start_early, worker_command
 from kvpages.measure.worklog import (  # torch-free: every pytest session loads this plugin, a sweep or not
     WORKER_DIR_FLAG,
     WORKER_FLAG,
@@ -155,7 +155,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     kv = config.stash[SESSION_KEY]
     if config.getoption(WORKER_FLAG) is None:  # a worker's sweep was checked by its session, before any worker ran
-        free: dict[str, int | None] = {"host": host_available_bytes()}  # (a round's session holds its own memory)
+        free: dict[str, int | None] = {  # (a round's session holds its own memory); before any worker started
+            "host": config.stash[FREE_HOST_KEY] if FREE_HOST_KEY in config.stash else host_available_bytes()}
         if kv.device == "cuda":
             import torch
 
@@ -184,6 +185,10 @@ def kv_session(config: pytest.Config) -> KvSession:
             released=config.stash.get(SPARE_KEY, None),
         )
         exit_without_collecting()  # a process of the sweep (torch imported) exits without the last GC passes
+        kv, started = config.stash[SESSION_KEY], config.stash.get(STARTED_KEY, None)
+        if started is not None and (kv.device != "cpu" or kv.crosscheck_on):  # not what start_early took it for
+            started.stop()
+            del config.stash[STARTED_KEY]
     return config.stash[SESSION_KEY]
 
 
@@ -228,11 +233,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     from kvpages.measure.worklog import read_cases, wait_to_collect
 
-    go = config.getoption(WORKER_GO_FLAG)
-    if go is not None and SPARE_KEY not in config.stash and not wait_to_collect(go):  # (a spare's round is its cases)
-        pytest.exit("kvpages: worker not needed", pytest.ExitCode.OK)
+    go, kv, waiting = config.getoption(WORKER_GO_FLAG), config.stash[SESSION_KEY], time.perf_counter()
+    if go is not None and SPARE_KEY not in config.stash:  # (a spare's round is its cases)
+        if not wait_to_collect(go):
+            pytest.exit("kvpages: worker not needed", pytest.ExitCode.OK)
+        if kv.log is not None:
+            kv.log.waited_s = time.perf_counter() - waiting
 
-    cases, kv = read_cases(Path(folder)), config.stash[SESSION_KEY]
+    cases = read_cases(Path(folder))
     keep = [item for item in items if (block := _block_of(item)) is not None and block.case_id in cases
             and (kv.process == 0 or block.target.unavailable_reason(block.variant, kv.device) is None)]
     if len(keep) < len(items):

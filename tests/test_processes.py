@@ -362,8 +362,15 @@ from pathlib import Path
 
 def pytest_collection_finish(session):
     if "--kv-worker" not in sys.argv:  # the session, its collection done: which processes has it started?
-        pid = os.getpid()
-        Path(__file__).with_name("children.txt").write_text(Path(f"/proc/{pid}/task/{pid}/children").read_text())
+        children = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == os.getpid()]
+        Path(__file__).with_name("children.txt").write_text(" ".join(children))
+
+
+def _parent(process: Path) -> int | None:
+    try:
+        return int((process / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 """
 
 
@@ -383,9 +390,19 @@ def test_workers_start_before_the_session_collects_and_none_outlives_it(pytester
         assert "Traceback" not in result.stderr.str()
     else:
         result.assert_outcomes(**{ends.split("=")[0]: int(ends.split("=")[1])})
-        assert len((pytester.path / "children.txt").read_text().split()) == 3  # two planned workers and the spare
+    assert len((pytester.path / "children.txt").read_text().split()) == 3  # two planned workers and the spare
     if ends != "passed=4":
         assert run_dirs(pytester.path) == []
+    assert left_behind(pytester.path) == []
+
+
+def test_a_worker_started_early_that_exits_before_it_is_ready_fails_the_run_naming_it(pytester):
+    pytester.makeconftest("import os\nimport sys\n\nif '--kv-worker' in sys.argv:\n    os._exit(3)\n")
+    pytester.makepyfile(test_kv_sweep=BENCH)
+    result = pytester.runpytest_subprocess(*THREE, *CPU, *TIMED, timeout=100)
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
+    result.stdout.fnmatch_lines(["*kvpages: worker process 0 of 3 exited with status 3 before it was ready*"])
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
     assert left_behind(pytester.path) == []
 
 

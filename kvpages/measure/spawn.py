@@ -7,16 +7,22 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
 
+from kvpages.core.capacity import host_available_bytes
 from kvpages.core.options import BenchOptions, crosscheck_enabled
+from kvpages.measure.signals import interrupt
 from kvpages.measure.workers import Started, WorkerCommand
 from kvpages.measure.worklog import WORKER_FLAG
 
 STARTED_KEY = pytest.StashKey[Started]()
+FREE_HOST_KEY = pytest.StashKey["int | None"]()
+"""The free host memory the session read before it started its workers early (`start_early`)."""
 
 
 def worker_command(config: pytest.Config, options: BenchOptions) -> WorkerCommand:
@@ -40,17 +46,24 @@ def worker_command(config: pytest.Config, options: BenchOptions) -> WorkerComman
 
 def start_early(config: pytest.Config, options: BenchOptions) -> None:
     """A timed sweep of several processes on one rank, with no cross-check child to run: its workers started now,
-    before the session imports torch and collects (kvpages.measure.workers.Started). Where the device is not known to
-    be the CPU without torch (a torch that is not a +cpu build, say), they start after the collection as before."""
+    before the session imports torch and collects (kvpages.measure.workers.Started), once; the free host memory read
+    first, for the check that refuses a sweep that does not fit (`FREE_HOST_KEY`), and SIGTERM from now on a
+    KeyboardInterrupt, so that pytest's end stops them. Where the device is not known to be the CPU without torch (a
+    torch that is not a +cpu build, say), they start after the collection as before."""
+    o = config.option
+    if (STARTED_KEY in config.stash or config.getoption(WORKER_FLAG) is not None or o.collectonly or o.showfixtures
+            or o.show_fixtures_per_test or config.getoption("benchmark_disable", False) or options.sweep.processes <= 1
+            or "WORLD_SIZE" in os.environ or crosscheck_enabled(options.crosscheck_mode, "cpu")):
+        return
     try:
         cpu_build = importlib.metadata.version("torch").endswith("+cpu")
     except importlib.metadata.PackageNotFoundError:
         cpu_build = False
-    cpu = options.device_choice == "cpu" or (options.device_choice == "auto" and cpu_build)
-    if (config.getoption(WORKER_FLAG) is not None or config.option.collectonly or not cpu or "WORLD_SIZE" in os.environ
-            or config.getoption("benchmark_disable", False) or options.sweep.processes <= 1
-            or crosscheck_enabled(options.crosscheck_mode, "cpu")):
+    if not (options.device_choice == "cpu" or (options.device_choice == "auto" and cpu_build)):
         return
+    config.stash[FREE_HOST_KEY] = host_available_bytes()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
     started = Started.of(worker_command(config, options), options.sweep.processes, options.remeasure_fraction > 0)
     config.stash[STARTED_KEY] = started
     config.add_cleanup(started.stop)

@@ -94,8 +94,9 @@ class Worker:
 
     @property
     def ready_s(self) -> float:
-        """From its launch until it was ready (its start-up, beside the other workers')."""
-        return (self.log.ready_at or self.launched_at) - self.launched_at
+        """From its launch until it was ready (its start-up, beside the other workers'), less its wait for the
+        session's cases (a worker started before the session had collected: `Started`)."""
+        return (self.log.ready_at or self.launched_at) - self.launched_at - self.log.waited_s
 
     @property
     def wall_s(self) -> float:
@@ -116,7 +117,8 @@ class Worker:
     def collect(self) -> None:
         """Tell a planned worker the session has written the cases it selected (kvpages.measure.worklog.COLLECT)."""
         assert self.go_fd is not None and not self.spare
-        os.write(self.go_fd, COLLECT)
+        with suppress(BrokenPipeError):  # it has exited: `wait_ready` says so, with what it printed
+            os.write(self.go_fd, COLLECT)
         self.collected = True
 
     def dismiss(self) -> None:

@@ -111,6 +111,7 @@ class WorkerLog:
         self._file = open(path, "a")  # noqa: SIM115 (open for the worker's whole session)
         self.go_fd = go_fd  # the pipe it waits on for its turn (None: it does not wait)
         self.released_at: float | None = None  # time.time() when its turn came
+        self.waited_s = 0.0  # how long it waited for its session's cases (`wait_to_collect`): not its start-up
 
     def write(self, outcome: BlockOutcome) -> None:
         self._file.write(outcome.to_json() + "\n")
@@ -122,7 +123,7 @@ class WorkerLog:
         Once released, it does not wait again."""
         if self.go_fd is None or self.released_at is not None:
             return True
-        self._file.write(json.dumps({"ready": time.time()}) + "\n")
+        self._file.write(json.dumps({"ready": time.time(), "waited": self.waited_s}) + "\n")
         self._file.flush()
         try:
             go = os.read(self.go_fd, 1)
@@ -144,6 +145,7 @@ class LogReader:
         self.path = path
         self.offset = 0
         self.ready_at: float | None = None  # time.time() when it said it was ready (its ready line)
+        self.waited_s = 0.0  # of its start-up, its wait for the session's cases (its ready line)
         self.end: WorkerEnd | None = None
 
     def new_outcomes(self) -> list[BlockOutcome]:
@@ -158,7 +160,7 @@ class LogReader:
         for line in complete.decode().splitlines():
             data = json.loads(line)
             if "ready" in data:
-                self.ready_at = data["ready"]
+                self.ready_at, self.waited_s = data["ready"], data.get("waited", 0.0)
             elif "end" in data:
                 self.end = WorkerEnd.from_json(data["end"])
             else:
