@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,9 +38,11 @@ def torchrun(folder: Path, *args: str, ranks: int = 2, timeout: float = 240) -> 
 
 
 def left_behind(folder: Path) -> list[str]:
-    """Processes still running from `folder` (their command line names it, or their working directory is it)."""
+    """Processes still running from `folder` (their command line names it, or their working directory is it), this one
+    aside (pytester runs a test in the folder it makes)."""
     found = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
-    pids = [line.split()[0] for line in found[1:] if "torch.distributed.run" in line or "pytest" in line]
+    pids = [line.split()[0] for line in found[1:] if ("torch.distributed.run" in line or "pytest" in line)
+            and line.split()[0] != str(os.getpid())]
     return [pid for pid in pids if Path(f"/proc/{pid}/cwd").exists() and _cwd(pid) == folder]
 
 
