@@ -299,24 +299,21 @@ def run_workers(command: WorkerCommand, start_limit_s: float, limits_s: Sequence
     round, kept in `workers.spare`), ready within `start_limit_s`, then one after another (worker K within
     `limits_s[K]`), the later ones on worker 0's meter readings. An interrupted worker interrupts the session, one
     that did not run to its end fails the run (WorkerFailed); either way the workers still waiting exit (their pipes
-    closed), or are killed after STOP_WAIT_S. Workers `started` before (`Started`, with their spare) are told to
-    collect instead."""
+    closed), or are killed after STOP_WAIT_S. Workers `started` before (`Started`, with their spare) are used instead
+    of starting them now; either way each is told of the cases (`Worker.collect`) once they are written."""
     total = len(limits_s) + 1
-    planned: list[Worker] = [] if started is None else started.planned
+    beside = "" if started is None else " with this session's collection"
+    planned: list[Worker] = []
     try:
-        if started is not None:
-            assert len(planned) == total - 1, f"{len(planned)} workers started for {total} processes"
-            workers.spare = started.spare
-            for w in planned:
-                w.collect()
-        else:
-            for process in range(total - 1):
-                planned.append(launch(command, process, total))
-            if spare:
-                workers.spare = launch(command, total, total + 1, spare=True)
+        if started is None:
+            started = Started.of(command, total, spare)
+        planned = started.planned
+        assert len(planned) == total - 1, f"{len(planned)} workers started for {total} processes"
+        workers.spare = started.spare
+        for w in planned:
+            w.collect()
         workers.startup_s = wait_ready(planned + ([workers.spare] if workers.spare else []), start_limit_s)
         count = f"{len(planned)} worker process" + ("es" if len(planned) > 1 else "")
-        beside = " with this session's collection" if started is not None else ""
         say(f"kvpages: {count}{' and a spare' if workers.spare else ''} started together{beside}, all ready in "
             f"{workers.startup_s:.1f} s")
         for w, limit in zip(planned, limits_s, strict=True):
