@@ -39,7 +39,7 @@ from kvpages.measure.signals import deferred_interruption, interrupt
 from kvpages.measure.steps import get_step_variant, step_variant_names
 from kvpages.measure.targets import Context, PointTarget, ScenarioTarget, Target
 from kvpages.measure.variants import variant_names
-from kvpages.measure.workers import Started, Worker, WorkerCommand, Workers, run_alone, run_workers
+from kvpages.measure.workers import Started, Worker, WorkerCommand, Workers, run_alone, run_workers, wants_spare
 from kvpages.measure.worklog import WorkerEnd, WorkerLog, log_path, read_readings, write_cases
 from kvpages.schema.meta import ProcessInfo, Remeasurement, RunMeta, RunTiming
 from kvpages.schema.profiles import read_profile
@@ -267,7 +267,7 @@ class KvSession:
         write_cases(command.folder, list(self.recorder.cases))
         self.runner.pool_cache = PoolCache(command.folder)
         limits = [self.plan.worker_limit_s(process, frozenset(self.recorder.cases)) for process in range(self.processes - 1)]
-        spare = self.options.remeasure_fraction > 0 and self.context.group is None  # a first round without a start
+        spare = wants_spare(self.options.remeasure_fraction, multi_rank=self.context.group is not None)
         run_workers(command, WORKER_START_S, limits, self.recorder, say, self.workers, spare=spare, started=started)
         self.runner.first_readings = self.recorder.first_readings()  # this process is a later one too
         if self.workers.spare is not None:  # its own rows are written beside the spare's round (or at the end)

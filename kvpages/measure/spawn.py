@@ -17,7 +17,7 @@ import pytest
 from kvpages.core.capacity import host_available_bytes
 from kvpages.core.options import BenchOptions, crosscheck_enabled
 from kvpages.measure.signals import interrupt
-from kvpages.measure.workers import Started, WorkerCommand
+from kvpages.measure.workers import Started, WorkerCommand, wants_spare
 from kvpages.measure.worklog import WORKER_FLAG
 
 STARTED_KEY = pytest.StashKey[Started]()
@@ -64,6 +64,7 @@ def start_early(config: pytest.Config, options: BenchOptions) -> None:
     config.stash[FREE_HOST_KEY] = host_available_bytes()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, interrupt)
-    started = Started.of(worker_command(config, options), options.sweep.processes, options.remeasure_fraction > 0)
+    started = Started.of(worker_command(config, options), options.sweep.processes,
+                         wants_spare(options.remeasure_fraction, multi_rank=False))  # outside torchrun: one rank
     config.stash[STARTED_KEY] = started
     config.add_cleanup(started.stop)

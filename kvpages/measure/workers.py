@@ -271,6 +271,13 @@ class Started:
             w.child.wait()
 
 
+def wants_spare(remeasure_fraction: float, multi_rank: bool) -> bool:
+    """Whether a sweep's workers include a spare for a first re-measurement round (a round without a start): where
+    re-measurement is on (`--kv-remeasure-budget` above 0) and the run has one rank (a multi-rank run is not
+    re-measured). The session decides it, and so does `kvpages.measure.spawn.start_early` for the workers it starts."""
+    return remeasure_fraction > 0 and not multi_rank
+
+
 def wait_ready(started: Sequence[Worker], limit_s: float) -> float:
     """Wait until every worker is ready; return the wall from the first launch to the last ready. One that exits
     first, or is not ready within `limit_s`, fails the run (WorkerFailed, naming it)."""
