@@ -94,7 +94,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
         --kv-results=*) RESULTS=${args[i]#*=} ;;
     esac
 done
-[[ -n $RESULTS ]] || { RESULTS=results; args=(--kv-results results "${args[@]}"); }
+[[ -n $RESULTS ]] || { RESULTS=results; args=(--kv-results results ${args[@]+"${args[@]}"}); }
 
 echo "== gpu_check.sh --device $DEVICE${ARCHIVE:+ --archive $ARCHIVE}${*:+ -- $*} ($(date -u +%Y-%m-%dT%H:%M:%SZ)," \
      "${HOSTNAME:-unknown host}, python: $PYTHON, run folders into $RESULTS/)"
@@ -304,7 +304,7 @@ else
 fi
 run_step cuda-tests "$TESTS_S" "$PYTHON" -m pytest tests/test_variants.py tests/test_inputs.py tests/test_meter.py \
     tests/test_mirror.py tests/test_syncs.py tests/test_crosscheck.py tests/test_gpu_path.py tests/test_scenarios.py \
-    tests/test_payloads.py tests/test_ranks.py -m cuda -q -p no:cacheprovider "${skip[@]}"
+    tests/test_payloads.py tests/test_ranks.py -m cuda -q -p no:cacheprovider ${skip[@]+"${skip[@]}"}
 
 pack
 summarize

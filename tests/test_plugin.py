@@ -342,6 +342,27 @@ def test_a_cpu_run_pins_one_core_that_is_not_core_0_only_where_3_or_more_are_ava
     assert one_core({0, 1}) is None and one_core({4}) is None
 
 
+@pytest.mark.parametrize("smi_out", ["00000000:4E:00.0", "WARNING: infoROM is corrupted at gpu 0000:4E:00.0\n00000000:4E:00.0\n"],
+                         ids=["bus-id", "warning-first"])
+def test_a_cuda_run_pins_the_cpus_of_the_gpus_numa_node_from_the_bus_id_nvidia_smi_prints(tmp_path, smi_out):
+    """`--kv-cpus auto` on CUDA reads the GPU's node from sysfs, by the bus id nvidia-smi prints; a warning nvidia-smi
+    prints before it (it still exits 0) is skipped, as environment.parse_smi skips it, not parsed as a bus id. Without
+    a line that is one, or where sysfs says nothing, it pins nothing (None)."""
+    from kvpages.measure.pinning import gpu_node_cpus, sysfs_bus_id
+
+    pci, nodes = tmp_path / "pci", tmp_path / "node"
+    (pci / "0000:4e:00.0").mkdir(parents=True)
+    (pci / "0000:4e:00.0" / "numa_node").write_text("1\n")
+    (nodes / "node1").mkdir(parents=True)
+    (nodes / "node1" / "cpulist").write_text("8-11,24\n")
+    assert sysfs_bus_id(smi_out) == "0000:4e:00.0"
+    assert gpu_node_cpus(smi_out, pci, nodes) == frozenset({8, 9, 10, 11, 24})
+    (pci / "0000:4e:00.0" / "local_cpulist").write_text("12-13\n")  # the device's own list first, where it has one
+    assert gpu_node_cpus(smi_out, pci, nodes) == frozenset({12, 13})
+    assert gpu_node_cpus("WARNING: infoROM is corrupted at gpu 0000:4E:00.0", pci, nodes) is None
+    assert gpu_node_cpus(None, pci, nodes) is None and gpu_node_cpus("00000000:99:00.0", pci, nodes) is None
+
+
 @pytest.mark.parametrize("terminal", [(), ("-p", "no:terminal")], ids=["summary", "no-terminal"])
 def test_a_finished_sweep_leaves_its_per_round_files_compressed(bench, terminal):
     """The session's analysis reads them plain and compresses them beside it; without a terminal summary the session's

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,18 +66,27 @@ def _threads() -> list[int]:
         return [0]
 
 
-def sysfs_bus_id(smi_bus_id: str) -> str:
-    """nvidia-smi's '00000000:18:00.0' as sysfs names the device: '0000:18:00.0'."""
-    domain, _, rest = smi_bus_id.strip().partition(":")
-    return f"{int(domain, 16):04x}:{rest.lower()}"
+_SMI_BUS_ID = re.compile(r"([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])")
 
 
-def gpu_node_cpus(smi_bus_id: str | None, root: Path = SYSFS_PCI, nodes: Path = SYSFS_NODES) -> frozenset[int] | None:
-    """The CPUs of the NUMA node the GPU hangs off: its PCI device's `local_cpulist`, else its `numa_node`'s cpulist;
-    None when sysfs does not say (no bus id, no such file, a node of -1)."""
-    if not smi_bus_id:
+def sysfs_bus_id(smi_out: str | None) -> str | None:
+    """The first line of nvidia-smi's output that is a bus id, '00000000:18:00.0', as sysfs names the device:
+    '0000:18:00.0'; None where no line is one (nvidia-smi prints a warning first where, say, a GPU's infoROM is
+    corrupt, and still exits 0)."""
+    for line in (smi_out or "").splitlines():
+        match = _SMI_BUS_ID.fullmatch(line.strip())
+        if match:
+            return f"{int(match[1], 16):04x}:{match[2].lower()}"
+    return None
+
+
+def gpu_node_cpus(smi_out: str | None, root: Path = SYSFS_PCI, nodes: Path = SYSFS_NODES) -> frozenset[int] | None:
+    """The CPUs of the NUMA node the GPU hangs off (`smi_out`: nvidia-smi's `pci.bus_id`): its PCI device's
+    `local_cpulist`, else its `numa_node`'s cpulist; None when they do not say (no bus id, no such file, a node of -1)."""
+    bus_id = sysfs_bus_id(smi_out)
+    if bus_id is None:
         return None
-    device = root / sysfs_bus_id(smi_bus_id)
+    device = root / bus_id
     try:
         return parse_cpu_list((device / "local_cpulist").read_text())
     except (OSError, ValueError):
@@ -96,8 +106,7 @@ def resolve(choice: str, threads: int, device: str) -> Pinning:
     if choice != AUTO:
         return Pinning(chosen(choice, allowed), threads, "--kv-cpus")
     if device == "cuda":
-        lines = (query_smi(gpu_uuid(), "pci.bus_id") or "").splitlines()
-        node = gpu_node_cpus(lines[0] if lines else None)
+        node = gpu_node_cpus(query_smi(gpu_uuid(), "pci.bus_id"))
         if node is None or not node & allowed:
             return Pinning(None, threads, "auto: the GPU's NUMA node is unknown here (sysfs and nvidia-smi)")
         return Pinning(node & allowed, threads, "auto: the CPUs of the GPU's NUMA node")
