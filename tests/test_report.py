@@ -14,7 +14,7 @@ from test_analysis import cli_each
 from kvpages.analysis.cite import coverage_text, pair_repro, sig
 from kvpages.analysis.findings import findings
 from kvpages.analysis.ratios import analyze
-from kvpages.analysis.verdicts import FASTER, SAME, SLOWER, UNCLEAR, bh_adjusted, judge
+from kvpages.analysis.verdicts import FASTER, SAME, SLOWER, UNCLEAR, bh_adjusted, holm_sentence, judge
 from kvpages.analysis.wording import CELL_CHARS, MEASURED, MODEL, NEEDS_GPU
 from kvpages.core.names import LABELS, label
 from kvpages.core.options import OPTIONS, BenchOptions
@@ -45,6 +45,28 @@ def test_judge_needs_an_interval_that_excludes_1_and_an_effect_beyond_the_minimu
     assert judge(Interval(0.5, 0.4, 0.6, 10, 0.979), 0.08, discovered=False) == UNCLEAR  # dropped by the family
     assert judge(Interval(1.6, 0.8, 2.1, 10, 0.979), 0.08) == UNCLEAR  # beyond the minimum, interval reaches 1
     assert judge(Interval(1.6, 0.0, math.inf, 1, math.nan), 0.08) == UNCLEAR
+    assert judge(Interval(1.0, 0.0, math.inf, 1, math.nan), 0.08) == UNCLEAR  # no interval: no sameness shown either
+    assert judge(Interval(1.03, 0.9, 1.15, 10, 0.979), 0.08) == SAME  # within it, and the interval reaches 1
+
+
+def test_a_difference_resolved_whose_interval_reaches_beyond_the_minimum_effect_is_unclear_not_same():
+    """The committed H200 runs' two cases: an estimate within the minimum effect is *same* only where its interval
+    reaches 1 or lies within the minimum effect; one that excludes 1 and reaches beyond it is a difference the run
+    resolved but cannot size."""
+    assert judge(Interval(2.227, 1.386, 3.679, 2, 0.001), 1.339) == UNCLEAR  # 2 processes: a 134% minimum effect
+    assert judge(Interval(1.068, 1.009, 1.146, 6, 0.01), 0.102) == UNCLEAR  # the merged PR at p=16, L=8192
+    assert judge(Interval(1.012, 1.008, 1.016, 6, 0.001), 0.02) == SAME  # excludes 1, but wholly within 2%
+    assert judge(Interval(0.93, 0.899, 0.97, 6, 0.001), 0.102) == UNCLEAR  # below 1, reaching past -10.2% at 0.899
+
+
+@pytest.mark.parametrize("family, said", [
+    (140, "0.05/140 = 0.00036 for its first call; the bootstrap's smallest p-value is 1/2000 = 0.0005, so it could "
+          "call nothing"),
+    (20, "0.05/20 = 0.0025 for its first call; the bootstrap's smallest p-value is 1/2000 = 0.0005, which a ratio "
+         "reaches only where at most 2 of the resamples cross 1"),
+])
+def test_the_method_says_whether_holm_could_call_anything_from_the_bootstraps_smallest_p_value(family, said):
+    assert said in holm_sentence(family)
 
 
 def test_benjamini_hochberg():
@@ -174,6 +196,21 @@ def cuda_labelled(folder: Path) -> Path:
     meta["environment"].update(device="cuda", pcie_link="Gen5 x16", link_crossed=True, link_note="CUDA run.")
     (folder / "meta.json").write_text(json.dumps(meta))
     return folder
+
+
+def test_the_crossover_names_each_shorter_point_that_is_not_slower(tmp_path):
+    """'slower at every shorter swept length' only where each is judged slower: the H200 run's p=16, L=8192 was not."""
+    points = {("host_stride", 512, 64): 10.0, ("device_stride", 512, 64): 20.0,
+              ("host_stride", 2048, 64): 10.0, ("device_stride", 2048, 64): 10.0,
+              ("host_stride", 8192, 64): 10.0, ("device_stride", 8192, 64): 5.0}
+    answer = {f.question: f.answer for f in findings(analyze(load_run(cuda_labelled(
+        synthetic_run(tmp_path / "cuda", points)))))}["Crossover"]
+    assert "faster than pre-PR from p=64: L=8192; slower at 1 of the 2 shorter swept points; same at p=64, L=2048" \
+        in answer, answer
+    points["device_stride", 2048, 64] = 20.0
+    answer = {f.question: f.answer for f in findings(analyze(load_run(cuda_labelled(
+        synthetic_run(tmp_path / "again", points)))))}["Crossover"]
+    assert "from p=64: L=8192; slower at every shorter swept length (1 of 1 page sizes cross)" in answer, answer
 
 
 def test_a_cuda_run_states_its_latency_findings_as_measured(tmp_path):

@@ -6,6 +6,8 @@ the model. The best alternative is a recommendation (kvpages.analysis.recommend)
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pandas as pd
 
 from kvpages.analysis.cite import sig
@@ -85,13 +87,13 @@ def _page1(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
                        worst.id, _status(analysis, gpu, worst.id))
     worst = max(rows, key=lambda r: r.ratio)
     slower = [r for r in rows if r.verdict == SLOWER]
-    held = sum(r.verdict == DISTURBED for r in rows)
+    others = Counter(r.verdict for r in rows if r.verdict != SLOWER)  # same, unclear or disturbed: each said
     shortcut = [r for r in analysis.ratios if r.variant == SHORTCUT and r.page_size == 1]
     back = (f"; the shortcut restored: {spread([r.ratio for r in shortcut])}, same at "
             f"{sum(r.verdict == SAME for r in shortcut)} of {len(shortcut)}") if shortcut else ""
     per_step = "" if step is None else f"; a B={step[1]} step, one D2H per request: {short(step[0])}"
     answer = (f"Bytes equal; the merged PR is slower than pre-PR at {len(slower)} of {len(rows)} lengths "
-              f"({spread([r.ratio for r in rows])}){f', {held} disturbed' if held else ''}{per_step}{back}.")
+              f"({spread([r.ratio for r in rows])}){''.join(f', {n} {v}' for v, n in sorted(others.items()))}{per_step}{back}.")
     return Finding("Page size 1: per call and per step", answer, figure(worst), worst.id, MEASURED)
 
 
@@ -124,7 +126,13 @@ def _crossover(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
         cited_row = analysis.ratio_at(CANDIDATE, c.dtype, c.layout, c.page_size, int(c.seq_len or 0))
         assert cited_row is not None
         each = ", ".join(f"p={x.page_size}: L={x.seq_len}" for x in found)
-        answer = (f"The merged PR is judged faster than pre-PR from {each}; slower at every shorter swept length "
+        crossing = {x.page_size: x.seq_len or 0 for x in found}
+        shorter = [r for r in rows if r.seq_len < crossing.get(r.page_size, 0)]
+        other = [r for r in shorter if r.verdict != SLOWER]
+        said = "slower at every shorter swept length" if not other else (
+            f"slower at {len(shorter) - len(other)} of the {len(shorter)} shorter swept points; "
+            + ", ".join(f"{r.verdict} at p={r.page_size}, L={r.seq_len}" for r in other))
+        answer = (f"The merged PR is judged faster than pre-PR from {each}; {said} "
                   f"({len(found)} of {len([x for x in analysis.crossovers if x.page_size > 1])} page sizes cross).")
         return Finding("Crossover", answer, figure(cited_row), cited_row.id, MEASURED)
     if below := [r for r in rows if r.verdict == DISTURBED and r.ci_high < 1]:  # below 1, but never judged so

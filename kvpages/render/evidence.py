@@ -105,7 +105,8 @@ def _terms(analysis: Analysis) -> list[str]:
         for t in (p.term(key) for p in terms.values()):
             owners = [p for p in analysis.profiles if p.term(key) == t]
             where = "" if len(terms) == 1 else f" ({', '.join(p.label for p in owners)})"
-            own = " *In-sample here*: fitted from this run." if any(p.in_sample(analysis.run.run_id) for p in owners) else ""
+            own = " *In-sample here*: fitted from this run." if t.fitted and any(
+                p.in_sample(analysis.run.run_id) for p in owners) else ""  # a prior it kept was not
             lines.append(f"- {t.name}{where}: {term_text(t)}. {t.source}{own}")
     return lines
 

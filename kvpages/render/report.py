@@ -11,7 +11,7 @@ from kvpages.analysis.gpu_answer import GpuAnswer, on_answer
 from kvpages.analysis.noise import components_text, efficiency
 from kvpages.analysis.pairs import DISTURBED, FRAGILE
 from kvpages.analysis.ratios import NOISY_SPREAD, Analysis
-from kvpages.analysis.verdicts import FDR, MIN_EFFECT_FLOOR
+from kvpages.analysis.verdicts import FDR, MIN_EFFECT_FLOOR, holm_sentence
 from kvpages.core.links import SCALES
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, label, per_request_of
 from kvpages.core.payloads import DEFAULT_PAYLOADS
@@ -51,9 +51,10 @@ def method_text(analysis: Analysis) -> str:
         "is the variant's own interval from the same resamples. **Verdicts** (`kvpages.analysis.verdicts.judge`): "
         "*faster* or *slower* only when the interval excludes 1, the effect reaches the run's minimum effect, and the "
         f"comparison survives the Benjamini-Hochberg step at a false-discovery rate of {FDR:.0%} over its family "
-        f"({families}), p-values from the same bootstrap; *same*: within the minimum effect; *unclear*: beyond it, "
-        f"but the interval reaches 1 or the correction drops it. Holm's family-wise control would need p below "
-        f"{FDR:g}/{len(analysis.ratios)}, which {analysis.noise.repetitions} repetitions and 2000 resamples barely reach. "
+        f"({families}), p-values from the same bootstrap; *same*: the estimate within the minimum effect and the "
+        f"interval reaching 1, or the whole interval within it; *unclear*: neither, the interval reaching 1, the "
+        f"correction dropping it, or a difference resolved (the interval excludes 1) whose interval reaches beyond the "
+        f"minimum effect while the estimate is within it. {holm_sentence(len(analysis.ratios))} "
         f"**Efficiency**: {efficiency(analysis)} (meta.json `timing`: each phase summed over the processes)."
     )
 
