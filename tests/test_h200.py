@@ -78,3 +78,25 @@ def test_what_to_do_has_four_recommendations_each_citable(h200, capsys):
         assert main(["cite", str(H200_DEFAULT), r.id]) == 0
         line = capsys.readouterr().out
         assert line.startswith(f"{r.id}: ") and "recommended" in line and line.count("\n") == 1
+
+
+def test_the_findings_say_which_shorter_points_are_not_slower_and_a_cpu_run_gets_the_per_step_answer_too(h200):
+    """p=16, L=8192 (1.07 [1.01, 1.15]) is a difference the run resolved but cannot size against its 10.2% minimum
+    effect: *unclear*, and the crossover finding names it instead of 'slower at every shorter swept length'. The CPU
+    reference run's page-size-1 finding, which asks per call and per step, quotes both H200 figures."""
+    from conftest import reference_runs
+
+    from kvpages.analysis.findings import findings
+    from kvpages.analysis.gpu_answer import gpu_answer
+
+    at = h200.ratio_at(CANDIDATE, "int32", "fragmented", 16, 8192)
+    assert at is not None and at.verdict == "unclear" and at.ci_low > 1
+    made = {f.question: f.answer for f in findings(h200)}
+    assert "slower at 11 of the 12 shorter swept points; unclear at p=16, L=8192" in made["Crossover"]
+    cpu = [r for r in reference_runs() if r.name.endswith("-cpu")]
+    if not cpu:
+        pytest.skip("no CPU run committed under results/")
+    reference = analyze(load_run(cpu[-1]))
+    answer = {f.question: f.answer for f in findings(reference, gpu_answer(reference, H200_DEFAULT))}
+    page1 = answer["Page size 1: per call and per step"]
+    assert "slower per call, 1.80 [1.61, 2.02] slower per step (run 20261204T181656Z-cuda-nvidia-h200)" in page1, page1

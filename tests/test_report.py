@@ -16,6 +16,7 @@ from kvpages.analysis.findings import findings
 from kvpages.analysis.ratios import analyze
 from kvpages.analysis.verdicts import FASTER, SAME, SLOWER, UNCLEAR, bh_adjusted, holm_sentence, judge
 from kvpages.analysis.wording import CELL_CHARS, MEASURED, MODEL, NEEDS_GPU
+from kvpages.analysis.wording import figure as figure_of
 from kvpages.core.names import LABELS, label
 from kvpages.core.options import OPTIONS, BenchOptions
 from kvpages.core.stats import Interval
@@ -196,6 +197,18 @@ def cuda_labelled(folder: Path) -> Path:
     meta["environment"].update(device="cuda", pcie_link="Gen5 x16", link_crossed=True, link_note="CUDA run.")
     (folder / "meta.json").write_text(json.dumps(meta))
     return folder
+
+
+def test_a_findings_figure_names_the_processes_its_centre_leaves_out(tmp_path):
+    """The H200 page-size-1 headline, 2.31, leaves out process 5 (2.21 with all 6): the finding says so beside it,
+    not only the Method section."""
+    folder = synthetic_run(tmp_path / "r", {("host_stride", 512, 1): 10.0, ("device_stride", 512, 1): 20.0},
+                           processes=6, repetitions=6, own_shifts={"device_stride": (1, 1, 1, 1, 1, 1.6)})
+    [row] = analyze(load_run(folder)).ratios
+    level = row.left_out.removeprefix("5 (").removesuffix(")")
+    assert row.left_out.startswith("5 (") and figure_of(row).endswith(f"; centre without process 5 ({level} the others)")
+    made = {f.question: f for f in findings(analyze(load_run(cuda_labelled(folder))))}  # a CUDA run: measured
+    assert made["Page size 1: per call and per step"].figure == figure_of(row)
 
 
 def test_the_crossover_names_each_shorter_point_that_is_not_slower(tmp_path):

@@ -54,10 +54,13 @@ class GpuAnswer:
             **{r.id: r for r in self.analysis.scenario_ratios if r.latency == "blocked"},
             **{r.id: r for r in self.analysis.ratios}})
 
-    def said(self, row_id: str) -> str:
-        """' Measured on NVIDIA H200: 2.31 [1.92, 2.48] slower (run 2026...).' ('' where the run has no such row)."""
-        found = self.ratio(row_id)
-        return "" if found is None else f" Measured on {self.machine}: {short(found)} (run {self.run_id})."
+    def said(self, row_id: str, *more: tuple[str, str]) -> str:
+        """' Measured on NVIDIA H200: 2.31 [1.92, 2.48] slower (run 2026...).' ('' where the run has no such row);
+        `more`: (row id, what it is) of further rows, each said where the run has it, the first then as 'per call'
+        (' Measured on NVIDIA H200: 2.31 [1.92, 2.48] slower per call, 1.80 [1.61, 2.02] slower per step (run ...).')."""
+        rows = ((row_id, "per call" if more else ""), *more)
+        found = [f"{short(r)} {what}".rstrip() for i, what in rows if (r := self.ratio(i)) is not None]
+        return "" if not found else f" Measured on {self.machine}: {', '.join(found)} (run {self.run_id})."
 
 
 def find_gpu_run(cpu: Analysis) -> Path | None:
