@@ -78,11 +78,17 @@ def test_what_to_do_has_four_recommendations_each_citable(h200, capsys):
         assert main(["cite", str(H200_DEFAULT), r.id]) == 0
         line = capsys.readouterr().out
         assert line.startswith(f"{r.id}: ") and "recommended" in line and line.count("\n") == 1
+    from kvpages.render.recommend import what_to_do  # the fifth candidate is said, with why, not dropped
+
+    assert what_to_do(h200).endswith("Not set against what it would replace in this run: Choose by length: the "
+                                     "`adaptive` variant, device stride from its threshold on, host stride below it "
+                                     "and at page size 1 (no rows of it here).")
 
 
 def test_the_findings_say_which_shorter_points_are_not_slower_and_a_cpu_run_gets_the_per_step_answer_too(h200):
     """p=16, L=8192 (1.07 [1.01, 1.15]) is a difference the run resolved but cannot size against its 10.2% minimum
-    effect: *unclear*, and the crossover finding names it instead of 'slower at every shorter swept length'. The CPU
+    effect: *unclear*, and the crossover finding names it instead of 'slower at every shorter swept length'; the
+    profile fitted from this run prices it in-sample, and the finding says so. The CPU
     reference run's page-size-1 finding, which asks per call and per step, quotes both H200 figures."""
     from conftest import reference_runs
 
@@ -93,6 +99,7 @@ def test_the_findings_say_which_shorter_points_are_not_slower_and_a_cpu_run_gets
     assert at is not None and at.verdict == "unclear" and at.ci_low > 1
     made = {f.question: f.answer for f in findings(h200)}
     assert "slower at 11 of the 12 shorter swept points; unclear at p=16, L=8192" in made["Crossover"]
+    assert "of the measured at every length, in-sample: it was fitted from this run" in made["Model vs measurement"]
     cpu = [r for r in reference_runs() if r.name.endswith("-cpu")]
     if not cpu:
         pytest.skip("no CPU run committed under results/")

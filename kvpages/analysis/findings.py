@@ -244,7 +244,9 @@ def _model_check(analysis: Analysis) -> Finding | None:
     if fitted and at1:
         n = analysis.predicting.index(fitted[0])
         worst = max(abs(f[n].ratio / r.ratio - 1) for r, f in at1)
-        off = f"; {fitted[0].name}'s merged PR / pre-PR at p=1 within {100 * worst:.2g}% of the measured at every length"
+        own = ", in-sample: it was fitted from this run" if fitted[0].in_sample(analysis.run.run_id) else ""
+        off = (f"; {fitted[0].name}'s merged PR / pre-PR at p=1 within {100 * worst:.2g}% of the measured at every "
+               f"length{own}")
     answer = (f"{profile.label} model / measured time of the merged PR per call: {sig(low)}-{sig(high)} over "
               f"{len(pairs)} points{off} (APPENDIX.md).")
     return Finding("Model vs measurement", answer, f"model / measured {sig(ratio)}", cited.id, MEASURED)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvpages.analysis.cite import sig
 from kvpages.analysis.gpu_answer import GpuAnswer
 from kvpages.analysis.ratios import Analysis
-from kvpages.analysis.recommend import MEASURED, Recommendation, recommendations
+from kvpages.analysis.recommend import CANDIDATES, MEASURED, Recommendation, recommendations
 from kvpages.render.text import table
 from kvpages.schema.rows import columns
 from kvpages.schema.writer import table_text
@@ -41,7 +41,16 @@ def what_to_do(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
                  "their bounds), and the measured column is the GPU run's where one of the same points exists.")
     header = ["what to do", "where", "candidate / replaced", "gain", "status",
               *([] if gpu is None else [f"measured on {gpu.machine} ({gpu.run_id})"]), "row id"]
-    return f"{lead}\n\n{table(header, rows)}"
+    return f"{lead}\n\n{table(header, rows)}{_unset(analysis, found)}"
+
+
+def _unset(analysis: Analysis, found: tuple[Recommendation, ...]) -> str:
+    """The candidates the section leaves out, each with why: a run without their rows (a variant not swept, or one
+    this device cannot run) says so instead of dropping them silently."""
+    made = {r.id for r in found}
+    why = ("no rows of it here", "its setting neither measured nor predicted here")
+    missing = [f"{c.action} ({why[bool(c.settings(analysis))]})" for c in CANDIDATES if f"rec-{c.key}" not in made]
+    return f"\n\nNot set against what it would replace in this run: {'; '.join(missing)}." if missing else ""
 
 
 def recommendations_text(analysis: Analysis) -> str | None:
