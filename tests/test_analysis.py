@@ -137,7 +137,7 @@ def test_compare_gates_on_ratios_quiet_on_a_rerun_and_catches_a_regression(tmp_p
     b = synthetic_run(tmp_path / "b", slower, seed=3, rep_spread=0.05)
     result = compare_runs(load_run(a), load_run(b))
     verdicts = {p.key[3]: p.verdict for p in result.relative.points}
-    assert verdicts == {512: "same", 8192: "slower", 131072: "same"}
+    assert verdicts[8192] == "slower" and {verdicts[512], verdicts[131072]} <= {"same", "unclear"}  # not moved
     assert [k[3] for k in result.only_b] == [2048] and result.only_a == []
     assert main(["compare", str(a), str(b), "--fail-above", "10"]) == 1
     captured = capsys.readouterr()

@@ -47,24 +47,30 @@ def test_judge_needs_an_interval_that_excludes_1_and_an_effect_beyond_the_minimu
     assert judge(Interval(1.6, 0.8, 2.1, 10, 0.979), 0.08) == UNCLEAR  # beyond the minimum, interval reaches 1
     assert judge(Interval(1.6, 0.0, math.inf, 1, math.nan), 0.08) == UNCLEAR
     assert judge(Interval(1.0, 0.0, math.inf, 1, math.nan), 0.08) == UNCLEAR  # no interval: no sameness shown either
-    assert judge(Interval(1.03, 0.9, 1.15, 10, 0.979), 0.08) == SAME  # within it, and the interval reaches 1
+    assert judge(Interval(1.03, 0.9, 1.15, 10, 0.979), 0.08) == UNCLEAR  # reaches 1, and past 8% either side
+    assert judge(Interval(1.03, 0.96, 1.07, 10, 0.979), 0.08) == SAME  # the whole interval within 8%
 
 
 def test_a_difference_resolved_whose_interval_reaches_beyond_the_minimum_effect_is_unclear_not_same():
-    """The committed H200 runs' two cases: an estimate within the minimum effect is *same* only where its interval
-    reaches 1 or lies within the minimum effect; one that excludes 1 and reaches beyond it is a difference the run
-    resolved but cannot size."""
+    """The committed H200 runs' cases: *same* needs the whole interval within the minimum effect; an estimate within
+    it whose interval excludes 1 and reaches past it is a difference the run resolved but cannot size, and one whose
+    interval reaches 1 and past it shows nothing either way."""
     assert judge(Interval(2.227, 1.386, 3.679, 2, 0.001), 1.339) == UNCLEAR  # 2 processes: a 134% minimum effect
     assert judge(Interval(1.068, 1.009, 1.146, 6, 0.01), 0.102) == UNCLEAR  # the merged PR at p=16, L=8192
     assert judge(Interval(1.012, 1.008, 1.016, 6, 0.001), 0.02) == SAME  # excludes 1, but wholly within 2%
     assert judge(Interval(0.93, 0.899, 0.97, 6, 0.001), 0.102) == UNCLEAR  # below 1, reaching past -10.2% at 0.899
+    assert judge(Interval(1.41, 0.738, 7.24, 2, 0.5), 1.339) == UNCLEAR  # reaches 1, and far past 134%
+    assert judge(Interval(1.0, math.nan, 1.05, 6, 0.5), 0.102) == UNCLEAR  # no lower bound: nothing shown
 
 
 @pytest.mark.parametrize("family, said", [
     (140, "0.05/140 = 0.00036 for its first call; the bootstrap's smallest p-value is 1/2000 = 0.0005, so it could "
           "call nothing"),
+    (100, "0.05/100 = 0.0005 for its first call; the bootstrap's smallest p-value is 1/2000 = 0.0005, which a ratio "
+          "reaches only where none of the resamples cross 1"),
     (20, "0.05/20 = 0.0025 for its first call; the bootstrap's smallest p-value is 1/2000 = 0.0005, which a ratio "
          "reaches only where at most 2 of the resamples cross 1"),
+    (40, "at most 1 of the resamples cross 1"),  # p = 2/2000 = 0.001 <= 0.05/40 = 0.00125; 4/2000 is not
 ])
 def test_the_method_says_whether_holm_could_call_anything_from_the_bootstraps_smallest_p_value(family, said):
     assert said in holm_sentence(family)
@@ -224,6 +230,12 @@ def test_the_crossover_names_each_shorter_point_that_is_not_slower(tmp_path):
     answer = {f.question: f.answer for f in findings(analyze(load_run(cuda_labelled(
         synthetic_run(tmp_path / "again", points)))))}["Crossover"]
     assert "from p=64: L=8192; slower at every shorter swept length (1 of 1 page sizes cross)" in answer, answer
+    for length in (512, 1024, 2048):  # three not slower: two named, the rest counted (a finding's cell stays short)
+        points["host_stride", length, 64] = points["device_stride", length, 64] = 10.0
+    answer = {f.question: f.answer for f in findings(analyze(load_run(cuda_labelled(
+        synthetic_run(tmp_path / "three", points)))))}["Crossover"]
+    assert "slower at 0 of the 3 shorter swept points; " in answer and answer.count(" at p=64, L=") == 2, answer
+    assert "and 1 more (APPENDIX.md) (1 of 1 page sizes cross)" in answer, answer
 
 
 def test_a_cuda_run_states_its_latency_findings_as_measured(tmp_path):

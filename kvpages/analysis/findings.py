@@ -97,6 +97,10 @@ def _page1(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
     return Finding("Page size 1: per call and per step", answer, figure(worst), worst.id, MEASURED)
 
 
+NAMED = 2
+"""The shorter points a crossover finding names that are not judged slower (the rest counted: CELL_CHARS)."""
+
+
 def _crossover(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
     rows = [r for r in analysis.ratios_of(CANDIDATE) if r.page_size > 1]
     if not rows:
@@ -126,12 +130,15 @@ def _crossover(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
         cited_row = analysis.ratio_at(CANDIDATE, c.dtype, c.layout, c.page_size, int(c.seq_len or 0))
         assert cited_row is not None
         each = ", ".join(f"p={x.page_size}: L={x.seq_len}" for x in found)
-        crossing = {x.page_size: x.seq_len or 0 for x in found}
-        shorter = [r for r in rows if r.seq_len < crossing.get(r.page_size, 0)]
+        crossing = {(x.dtype, x.layout, x.page_size): x.seq_len or 0 for x in found}
+        shorter = [r for r in rows if r.seq_len < crossing.get((r.dtype, r.layout, r.page_size), 0)]
         other = [r for r in shorter if r.verdict != SLOWER]
+        kinds = len({(r.dtype, r.layout) for r in rows}) > 1  # then each point names its dtype and layout
+        named = [f"{r.verdict} at {f'{r.dtype} {r.layout} ' if kinds else ''}p={r.page_size}, L={r.seq_len}"
+                 for r in other[:NAMED]]
+        more = f" and {len(other) - NAMED} more (APPENDIX.md)" if len(other) > NAMED else ""
         said = "slower at every shorter swept length" if not other else (
-            f"slower at {len(shorter) - len(other)} of the {len(shorter)} shorter swept points; "
-            + ", ".join(f"{r.verdict} at p={r.page_size}, L={r.seq_len}" for r in other))
+            f"slower at {len(shorter) - len(other)} of the {len(shorter)} shorter swept points; {', '.join(named)}{more}")
         answer = (f"The merged PR is judged faster than pre-PR from {each}; {said} "
                   f"({len(found)} of {len([x for x in analysis.crossovers if x.page_size > 1])} page sizes cross).")
         return Finding("Crossover", answer, figure(cited_row), cited_row.id, MEASURED)

@@ -1,11 +1,12 @@
 """Verdicts with an effect size, over a family of comparisons (no torch); `judge` is the one place they are decided:
 faster or slower only when the interval excludes 1, |log ratio| >= log(1 + min_effect) and the Benjamini-Hochberg
-step at `FDR` keeps it within its family (Holm's family-wise control could call nothing from 10 repetitions); `SAME`
-when no difference beyond the minimum effect is indicated: the estimate within it and the interval reaching 1, or the
-whole interval within it; else `UNCLEAR`, which includes an estimate within the minimum effect whose interval excludes
-1 and reaches beyond it (a difference resolved whose size the run cannot place: 2.23 [1.39, 3.68] under a 134%
-minimum effect is not *same*); `DISTURBED` for a pair whose processes stand apart beyond what could be left out or
-replaced (kvpages.core.stability). docs/method.md, "Ratios, intervals and verdicts", has the rest.
+step at `FDR` keeps it within its family (Holm's first cut falls below the bootstrap's smallest p-value from 100
+comparisons on: `holm_sentence`); `SAME` only when the whole interval lies within the minimum effect either side of 1
+(sameness shown, not a difference missed: before 2026-12-06 an estimate within it sufficed, so a 2-process run's
+2.23 [1.39, 3.68] under its 134% minimum effect read *same*); else `UNCLEAR`: neither shown (an estimate beyond it
+whose interval reaches 1 or which the correction drops, an interval reaching past it, or no interval); `DISTURBED`
+for a pair whose processes stand apart beyond what could be left out or replaced (kvpages.core.stability).
+docs/method.md, "Ratios, intervals and verdicts", has the rest.
 """
 
 from __future__ import annotations
@@ -27,15 +28,12 @@ def judge(interval: Interval, min_effect: float, discovered: bool = True, distur
     `disturbed`: its pair is not settled (kvpages.core.stability), so it is never faster or slower."""
     if disturbed:
         return DISTURBED
-    if not interval.known or not interval.ratio > 0:
+    if not interval.known or not interval.ratio > 0 or math.isnan(interval.ci_low):
         return UNCLEAR
     band = math.log1p(min_effect)
-    small = abs(math.log(interval.ratio)) < band
-    resolved = interval.ci_high < 1 or interval.ci_low > 1
-    within = interval.ci_low > 0 and -band < math.log(interval.ci_low) and math.log(interval.ci_high) < band
-    if within or (small and not resolved):
+    if interval.ci_low > 0 and -band < math.log(interval.ci_low) and math.log(interval.ci_high) < band:
         return SAME
-    if discovered and resolved and not small:
+    if discovered and abs(math.log(interval.ratio)) >= band and (interval.ci_high < 1 or interval.ci_low > 1):
         return FASTER if interval.ci_high < 1 else SLOWER
     return UNCLEAR
 
@@ -44,10 +42,10 @@ def holm_sentence(family: int) -> str:
     """Why a family is corrected by the Benjamini-Hochberg step and not Holm's: the first Holm step's cut against the
     smallest p-value the bootstrap gives (its resamples' floor)."""
     cut, floor = FDR / max(1, family), 1 / BOOTSTRAP_RESAMPLES
-    crossing = math.ceil(cut * BOOTSTRAP_RESAMPLES / 2) - 1  # p = 2 x (resamples across 1) / resamples, floored
-    reach = "so it could call nothing" if floor >= cut else (
-        f"which a ratio reaches only where at most {crossing} of the resamples cross 1")
-    return (f"Holm's family-wise control would need p below {FDR:g}/{family} = {cut:.2g} for its first call; the "
+    crossing = math.floor(cut * BOOTSTRAP_RESAMPLES / 2 + 1e-9)  # p = 2 x (resamples across 1) / resamples, floored
+    reach = "so it could call nothing" if floor > cut else "which a ratio reaches only where " + (
+        "none of the resamples cross 1" if crossing == 0 else f"at most {crossing} of the resamples cross 1")
+    return (f"Holm's family-wise control would need p at most {FDR:g}/{family} = {cut:.2g} for its first call; the "
             f"bootstrap's smallest p-value is 1/{BOOTSTRAP_RESAMPLES} = {floor:.2g}, {reach}.")
 
 

@@ -37,7 +37,7 @@ def figure(r: RatioRow | ScenarioRatio) -> str:
     """A ratio with its interval and verdict; 'same' says within what; a centre that leaves processes out names them
     (the interval still covers every process: the Method section)."""
     interval = r.interval if isinstance(r, ScenarioRatio) else interval_of(r)
-    said = f"same (within the {sig(100 * r.min_effect)}% minimum effect)" if r.verdict == SAME else r.verdict
+    said = f"same (interval within the {sig(100 * r.min_effect)}% minimum effect)" if r.verdict == SAME else r.verdict
     several = "es" if ";" in r.left_out else ""
     apart = f"; centre without process{several} {r.left_out.replace('x)', 'x the others)')}" if r.left_out else ""
     return f"{interval_text(interval)}: {said}{apart}"

@@ -28,8 +28,8 @@ def caption(analysis: Analysis, name: str) -> str:
                  "the ideal ceil(L/p) x itemsize: every variant but pre-PR sits on it; a variant that hands over 0 "
                  "bytes (the host mirror) is marked on the axis floor.",
         "ratio": f"Merged PR / {base} {time} per call at every point, on a colour scale capped at 1/4 and 4 and centred "
-                 f"on 1 (▲/▼: beyond the cap); each cell prints its interval; '~' with grey text: same (within the "
-                 f"{effect} minimum effect); '?' on a hatched cell: unclear.",
+                 f"on 1 (▲/▼: beyond the cap); each cell prints its interval; '~' with grey text: same (its interval "
+                 f"within the {effect} minimum effect); '?' on a hatched cell: unclear.",
         "link_model": f"A model, not a measurement: the predicted merged PR / {base} time per call on each link profile "
                       "(pre-PR's measured host work + device ops, syncs, copies and bytes / bandwidth; every term and "
                       "its source in the report's link model section), against the sequence length, a panel per page "

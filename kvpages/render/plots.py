@@ -183,8 +183,8 @@ def plot_ratio(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, f
     ticks = np.arange(-cap, cap + 1)
     bar.set_ticks(list(ticks), labels=[f"{2 ** t:g}" if t >= 0 else f"1/{2 ** -t:g}" for t in ticks])
     base = called(analysis.baseline, "")
-    bar.set_label(f"merged PR / {base} (red: higher; capped, ▲▼ beyond;\n[ ]: {coverage(analysis)}; ~ grey: same "
-                  f"within {sig(100 * analysis.noise.min_effect)}%; ? hatched: unclear)", fontsize=8)
+    bar.set_label(f"merged PR / {base} (red: higher; capped, ▲▼ beyond;\n[ ]: {coverage(analysis)}; ~ grey: same, "
+                  f"interval within {sig(100 * analysis.noise.min_effect)}%; ? hatched: unclear)", fontsize=8)
     set_title(ax, _title(analysis.run, f"merged PR / {base} {time_label(analysis)} per call", dtype,
                      layout), fontsize=10)
     return save(fig, stem, formats)

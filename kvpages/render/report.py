@@ -51,10 +51,9 @@ def method_text(analysis: Analysis) -> str:
         "is the variant's own interval from the same resamples. **Verdicts** (`kvpages.analysis.verdicts.judge`): "
         "*faster* or *slower* only when the interval excludes 1, the effect reaches the run's minimum effect, and the "
         f"comparison survives the Benjamini-Hochberg step at a false-discovery rate of {FDR:.0%} over its family "
-        f"({families}), p-values from the same bootstrap; *same*: the estimate within the minimum effect and the "
-        f"interval reaching 1, or the whole interval within it; *unclear*: neither, the interval reaching 1, the "
-        f"correction dropping it, or a difference resolved (the interval excludes 1) whose interval reaches beyond the "
-        f"minimum effect while the estimate is within it. {holm_sentence(len(analysis.ratios))} "
+        f"({families}), p-values from the same bootstrap; *same*: the whole interval within the minimum effect either "
+        f"side of 1; *unclear*: neither shown (an effect beyond it whose interval reaches 1 or which the correction "
+        f"drops, an interval reaching past it, or no interval). {holm_sentence(len(analysis.ratios))} "
         f"**Efficiency**: {efficiency(analysis)} (meta.json `timing`: each phase summed over the processes)."
     )
 
