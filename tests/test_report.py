@@ -212,7 +212,7 @@ def test_a_findings_figure_names_the_processes_its_centre_leaves_out(tmp_path):
                            processes=6, repetitions=6, own_shifts={"device_stride": (1, 1, 1, 1, 1, 1.6)})
     [row] = analyze(load_run(folder)).ratios
     level = row.left_out.removeprefix("5 (").removesuffix(")")
-    assert row.left_out.startswith("5 (") and figure_of(row).endswith(f"; centre without process 5 ({level} the others)")
+    assert row.left_out.startswith("5 (") and figure_of(row).endswith(f"; centre without process 5 (at {level} the others)")
     made = {f.question: f for f in findings(analyze(load_run(cuda_labelled(folder))))}  # a CUDA run: measured
     assert made["Page size 1: per call and per step"].figure == figure_of(row)
 

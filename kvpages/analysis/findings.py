@@ -42,8 +42,8 @@ def _status(analysis: Analysis, gpu: GpuAnswer | None, row_id: str) -> str:
     return MODEL if gpu is None or gpu.ratio(row_id) is None else f"model; measured on {gpu.machine} (answer)"
 
 
-def _gpu(gpu: GpuAnswer | None, row_id: str) -> str:
-    return "" if gpu is None else gpu.said(row_id)
+def _gpu(gpu: GpuAnswer | None, row_id: str, *more: tuple[str, str]) -> str:
+    return "" if gpu is None else gpu.said(row_id, *more)
 
 
 def _bytes(analysis: Analysis) -> Finding | None:
@@ -82,7 +82,7 @@ def _page1(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
                                            f"{predicted_range(scenario_predictions(analysis, step[0]), False)}")
         answer = (f"One kernel more before the same copy: predicted "
                   f"{predicted_range(tuple(p for _, f in priced for p in f), False)} pre-PR's time per call{on_step} "
-                  f"(model).{'' if gpu is None else gpu.said(worst.id, *([] if step is None else [(step[0].id, 'per step')]))}")
+                  f"(model).{_gpu(gpu, worst.id, *([] if step is None else [(step[0].id, 'per step')]))}")
         return Finding("Page size 1: per call and per step", answer, predicted_figure(point_predictions(analysis, worst)),
                        worst.id, _status(analysis, gpu, worst.id))
     worst = max(rows, key=lambda r: r.ratio)

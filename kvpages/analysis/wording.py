@@ -38,9 +38,15 @@ def figure(r: RatioRow | ScenarioRatio) -> str:
     (the interval still covers every process: the Method section)."""
     interval = r.interval if isinstance(r, ScenarioRatio) else interval_of(r)
     said = f"same (interval within the {sig(100 * r.min_effect)}% minimum effect)" if r.verdict == SAME else r.verdict
-    several = "es" if ";" in r.left_out else ""
-    apart = f"; centre without process{several} {r.left_out.replace('x)', 'x the others)')}" if r.left_out else ""
+    apart = f"; centre without {left_out_text(r.left_out)}" if r.left_out else ""
     return f"{interval_text(interval)}: {said}{apart}"
+
+
+def left_out_text(left_out: str) -> str:
+    """ratios.csv's `left_out` ('5 (0.779x)', '4 (0.712x); 5 (0.776x)') in words: 'process 5 (at 0.779x the
+    others)', each process so; '' for none."""
+    shifts = [s.partition(" (") for s in left_out.split("; ") if s]
+    return ", ".join(f"process {p} (at {f.rstrip(')')} the others)" for p, _, f in shifts)
 
 
 def short(r: RatioRow | ScenarioRatio) -> str:

@@ -7,6 +7,7 @@ import math
 
 from kvpages.analysis.pairs import DISTURBED, FRAGILE
 from kvpages.analysis.ratios import Analysis
+from kvpages.analysis.wording import left_out_text
 from kvpages.render.text import table
 from kvpages.schema.rows import RATIOS_CSV
 
@@ -66,8 +67,7 @@ def stability_paragraph(analysis: Analysis) -> str:
 
 def said(left_out: str, stability: str) -> str:
     """'process 5 (at 0.779x the others) left out' and what the stability adds."""
-    shifts = [s.partition(" (") for s in left_out.split("; ") if s]
-    parts = [", ".join(f"process {p} (at {f.rstrip(')')} the others)" for p, _, f in shifts) + " left out"] if shifts else []
+    parts = [f"{left_out_text(left_out)} left out"] if left_out else []
     if stability == FRAGILE:
         parts.append("fragile")
     elif stability == DISTURBED:
