@@ -87,7 +87,9 @@ def test_pairing_cancels_drift_shared_by_a_repetition():
 
 def test_crossover_per_page_size_including_not_within_range(crossing_run):
     found = {c.page_size: c for c in analyze(load_run(crossing_run)).crossovers}
-    assert found[64].seq_len == 8192 and found[64].describe() == "seq_len 8192"
+    assert found[64].seq_len == 8192 and found[64].after == max(s for s in found[64].swept if s < 8192)
+    assert found[64].describe() == f"seq_len 8192 (crossing in ({found[64].after}, 8192])"
+    assert found[1].after is None
     assert found[1].seq_len is None
     assert found[1].describe() == "not within the swept range (512..131072)"
     assert crossovers(analyze(load_run(crossing_run)).ratios, "nobody") == []
@@ -109,7 +111,7 @@ def test_every_ratio_and_interval_in_the_report_is_a_row_of_ratios_csv(crossing_
     table_cells = {(sig(r.ratio), sig(r.ci_low), sig(r.ci_high)) for r in table.itertuples()}
     assert set(printed) <= table_cells
     assert "no PCIe link was crossed" in report and "pytest bench/" in report and "Kalibera and Jones" in report
-    assert "| 64 | int32 | fragmented | seq_len 8192 |" in report
+    assert "| 64 | int32 | fragmented | seq_len 8192 (crossing in (512, 8192]) |" in report
 
 
 def test_noisy_rows_and_the_noise_floor_are_stated(tmp_path):

@@ -40,6 +40,18 @@ def test_a_measured_crossover_is_named_at_page_sizes_16_64_and_128(h200):
         assert at is not None and at.verdict == FASTER and at.ci_high < 1
 
 
+def test_a_crossover_says_how_finely_the_swept_lengths_place_it(h200):
+    """The default sweep jumps from 8192 to 32768: 'from L=32768' is where the grid first shows the win, and the
+    crossing itself lies anywhere in (8192, 32768]; the tables say so (the findings: the test below)."""
+    crossing = {c.page_size: c for c in h200.crossovers if c.page_size > 1}
+    assert sorted(crossing) == [16, 64, 128]
+    for p, c in crossing.items():
+        below = h200.ratio_at(CANDIDATE, "int32", "fragmented", p, 8192)
+        assert c.after == 8192 and below is not None and below.verdict != FASTER, (p, c)
+        assert c.describe() == "seq_len 32768 (crossing in (8192, 32768])"
+    assert "| 16 | int32 | fragmented | seq_len 32768 (crossing in (8192, 32768]) |" in render_appendix(h200)
+
+
 def test_every_printed_time_is_every_process_mean_or_the_report_names_the_process_left_out(h200):
     run, text = h200.run, render(h200) + render_appendix(h200)
     for r in h200.ratios_of(CANDIDATE):
@@ -99,11 +111,13 @@ def test_the_findings_say_which_shorter_points_are_not_slower_and_a_cpu_run_gets
     assert at is not None and at.verdict == "unclear" and at.ci_low > 1
     made = {f.question: f.answer for f in findings(h200)}
     assert "slower at 11 of the 12 shorter swept points; unclear at p=16, L=8192" in made["Crossover"]
+    assert "from L=32768 at p=16, 64, 128, each crossing in (8192, 32768]; " in made["Crossover"]
     assert "of the measured at every length, in-sample: it was fitted from this run" in made["Model vs measurement"]
     cpu = [r for r in reference_runs() if r.name.endswith("-cpu")]
     if not cpu:
         pytest.skip("no CPU run committed under results/")
     reference = analyze(load_run(cpu[-1]))
     answer = {f.question: f.answer for f in findings(reference, gpu_answer(reference, H200_DEFAULT))}
+    assert "Measured on NVIDIA H200: L=32768 at p=16, 64, 128, each crossing in (8192, 32768]." in answer["Crossover"]
     page1 = answer["Page size 1: per call and per step"]
     assert "slower per call, 1.80 [1.61, 2.02] slower per step (run 20261204T181656Z-cuda-nvidia-h200)" in page1, page1

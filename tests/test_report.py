@@ -224,12 +224,13 @@ def test_the_crossover_names_each_shorter_point_that_is_not_slower(tmp_path):
               ("host_stride", 8192, 64): 10.0, ("device_stride", 8192, 64): 5.0}
     answer = {f.question: f.answer for f in findings(analyze(load_run(cuda_labelled(
         synthetic_run(tmp_path / "cuda", points)))))}["Crossover"]
-    assert "faster than pre-PR from p=64: L=8192; slower at 1 of the 2 shorter swept points; same at p=64, L=2048" \
-        in answer, answer
+    said = "faster than pre-PR from L=8192 at p=64, crossing in (2048, 8192]; slower at 1 of the 2 shorter swept points"
+    assert f"{said}; same at p=64, L=2048" in answer, answer
     points["device_stride", 2048, 64] = 20.0
     answer = {f.question: f.answer for f in findings(analyze(load_run(cuda_labelled(
         synthetic_run(tmp_path / "again", points)))))}["Crossover"]
-    assert "from p=64: L=8192; slower at every shorter swept length (1 of 1 page sizes cross)" in answer, answer
+    said = "from L=8192 at p=64, crossing in (2048, 8192]; slower at every shorter swept length"
+    assert f"{said} (1 of 1 page sizes cross)" in answer, answer
     for length in (512, 1024, 2048):  # three not slower: two named, the rest counted (a finding's cell stays short)
         points["host_stride", length, 64] = points["device_stride", length, 64] = 10.0
     answer = {f.question: f.answer for f in findings(analyze(load_run(cuda_labelled(
@@ -246,7 +247,8 @@ def test_a_cuda_run_states_its_latency_findings_as_measured(tmp_path):
     assert made["Bytes per call"].status == MEASURED and "1/64" in made["Bytes per call"].figure
     page1 = made["Page size 1: per call and per step"]
     assert page1.status == MEASURED and "slower than pre-PR at 1 of 1 lengths" in page1.answer
-    assert made["Crossover"].status == MEASURED and "faster than pre-PR from p=64: L=512" in made["Crossover"].answer
+    crossing = "faster than pre-PR from L=512 at p=64, crossing at or below L=512, the shortest swept"
+    assert made["Crossover"].status == MEASURED and crossing in made["Crossover"].answer
     assert not any(q.startswith("Scheduler thread blocked") for q in made)  # no scenarios: nothing asked of them
     # the model set against the measurement at the same points, on the profile of the link the run crossed
     check = made["Model vs measurement"]

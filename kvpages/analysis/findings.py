@@ -15,7 +15,7 @@ from kvpages.analysis.families import ScenarioRatio
 from kvpages.analysis.gpu_answer import GpuAnswer, on_answer
 from kvpages.analysis.hybrid import hybrid_findings
 from kvpages.analysis.predict import crossover, point_predictions, scenario_predictions
-from kvpages.analysis.ratios import Analysis
+from kvpages.analysis.ratios import Analysis, Crossover
 from kvpages.analysis.recommend import PINNED, SHORTCUT
 from kvpages.analysis.verdicts import DISTURBED, FASTER, SAME, SLOWER
 from kvpages.analysis.wording import (
@@ -119,7 +119,7 @@ def _crossover(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
                             key=lambda r: r.seq_len)
         cited = first or max(rows, key=lambda r: (r.page_size, r.seq_len))
         measured = [] if gpu is None else [c for c in gpu.analysis.crossovers if c.page_size > 1 and c.seq_len]
-        said = "; ".join(f"p={c.page_size} L={c.seq_len}" for c in measured)
+        said = _crossings(measured)
         answer = (f"Predicted first below pre-PR (model, pageable profiles) at {'; '.join(parts)}."
                   f"{f' Measured on {gpu.machine}: {said}.' if gpu and said else ''}")
         return Finding("Crossover", answer, predicted_figure(point_predictions(analysis, cited)), cited.id,
@@ -129,7 +129,7 @@ def _crossover(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
         c = min(found, key=lambda c: (c.seq_len, c.page_size))
         cited_row = analysis.ratio_at(CANDIDATE, c.dtype, c.layout, c.page_size, int(c.seq_len or 0))
         assert cited_row is not None
-        each = ", ".join(f"p={x.page_size}: L={x.seq_len}" for x in found)
+        each = _crossings(found)
         crossing = {(x.dtype, x.layout, x.page_size): x.seq_len or 0 for x in found}
         shorter = [r for r in rows if r.seq_len < crossing.get((r.dtype, r.layout, r.page_size), 0)]
         other = [r for r in shorter if r.verdict != SLOWER]
@@ -152,6 +152,16 @@ def _crossover(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
         answer = (f"No crossover: at no swept point (p > 1) is the merged PR faster than pre-PR beyond the noise "
                   f"floor; closest at L={cited.seq_len}, p={cited.page_size}.")
     return Finding("Crossover", answer, figure(cited), cited.id, MEASURED)
+
+
+def _crossings(found: list[Crossover]) -> str:
+    """'L=32768 at p=16, 64, 128, each crossing in (8192, 32768]': where each page size is first judged faster, and
+    where between the swept lengths its crossing lies (the sweep's grid bounds it: a length between places it)."""
+    by: dict[tuple[int | None, str], list[int]] = {}
+    for c in found:
+        by.setdefault((c.seq_len, c.bracket()), []).append(c.page_size)
+    return "; ".join(f"L={length} at p={', '.join(str(p) for p in sorted(set(ps)))}, "
+                     f"{'each ' if len(set(ps)) > 1 else ''}crossing {where}" for (length, where), ps in by.items())
 
 
 def _moved(row, base: bool = False) -> str:

@@ -95,10 +95,22 @@ class Crossover:
     seq_len: int | None  # None: not within the swept range
     swept: tuple[int, ...]
 
+    @property
+    def after(self) -> int | None:
+        """The longest swept length below the crossing (judged not faster there): the crossing lies in
+        (after, seq_len], as finely as the sweep's lengths place it. None: no crossing, or at the shortest swept."""
+        return max((s for s in self.swept if self.seq_len is not None and s < self.seq_len), default=None)
+
+    def bracket(self) -> str:
+        """Where the crossing lies, as finely as the swept lengths place it."""
+        if self.after is None:
+            return f"at or below L={self.seq_len}, the shortest swept"
+        return f"in ({self.after}, {self.seq_len}]"
+
     def describe(self) -> str:
         if self.seq_len is None:
             return f"not within the swept range ({min(self.swept)}..{max(self.swept)})"
-        return f"seq_len {self.seq_len}"
+        return f"seq_len {self.seq_len} (crossing {self.bracket()})"
 
 
 def crossovers(ratios: tuple[RatioRow, ...], variant: str = CANDIDATE) -> list[Crossover]:

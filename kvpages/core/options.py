@@ -170,7 +170,8 @@ OPTIONS: tuple[Option, ...] = (
            f"fraction of the sweep's planned timed seconds; 0 turns it off (default {DEFAULT_REMEASURE_BUDGET:g})",
            _fraction(0.0, 10.0, False, str(DEFAULT_REMEASURE_BUDGET)), repr),
     Option("--kv-adaptive-threshold", "adaptive_threshold", "the length in tokens from which the `adaptive` variant "
-           f"strides on the device (default {DEFAULT_THRESHOLD}: the H200's measured crossover)",
+           f"strides on the device (default {DEFAULT_THRESHOLD}: the first length the H200 judged faster on the default "
+           "grid)",
            _integer(1, "a length in tokens", str(DEFAULT_THRESHOLD))),
     Option("--kv-threads", "threads", "torch intra-op threads in each timed process (default 1: the variants' ops "
            "are small, and more threads only add their wake-ups to the spread)", _integer(1, "a number of threads", "1")),
