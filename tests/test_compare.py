@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -102,3 +103,40 @@ def test_a_bad_format_exits_2_naming_the_choices(two_runs):
     done = cli("compare", str(a), str(b), "--format", "xml")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert "invalid choice: 'xml'" in done.stderr and all(f"'{name}'" in done.stderr for name in FORMATS)
+
+
+def test_a_shift_of_every_ratio_is_named_beside_the_verdicts_it_may_have_made(tmp_path):
+    """B's device_stride 6% slower in every process, at every point (what a change to the baseline does, and what the
+    box's state over minutes did to one `make noise` pair of 2026-12-07: 17 of 140 relative points slower, the whole
+    run's ratios +1.7%): the verdicts go that way, and the text, markdown and JSON say that every ratio moved together
+    and that those verdicts may be the shift's. Two runs without it say nothing of the kind."""
+    kw = dict(processes=6, repetitions=12, process_spread=0.005, rep_spread=0.005)
+    a = synthetic_run(tmp_path / "a", POINTS, seed=1, **kw)
+    b = synthetic_run(tmp_path / "b", POINTS, seed=2, own_shifts={"device_stride": (1.06,) * 6}, **kw)
+    result = compare_runs(load_run(a), load_run(b))
+    shift = result.shift
+    assert shift.factor == pytest.approx(1.06, rel=0.01) and (shift.up, shift.down) == (6, 0)
+    assert shift.sign_p() == pytest.approx(2 / 2**6) and shift.clear()
+    slower = sum(p.verdict == SLOWER for p in result.relative.points)
+    assert slower >= 1
+    note = result.shift_note()
+    assert note is not None and note.startswith(f"note: the relative points moved together: B's sit at a median of "
+                                                f"{shift.percent()} from A's (6 up and 0 down of 6; sign test p = 0.031")
+    held = re.search(rf": (\d+) of the {slower} faster or slower verdicts hold that {re.escape(shift.percent())} in "
+                     r"their interval, and may be the shift's alone$", note)
+    assert held is not None and 1 <= int(held.group(1)) <= slower, note
+    text = cli("compare", str(a), str(b))
+    assert text.returncode == 0 and note in text.stdout.splitlines()
+    assert f"> {note}" in cli("compare", str(a), str(b), "--format", "markdown").stdout.splitlines()
+    document = json.loads(cli("compare", str(a), str(b), "--format", "json").stdout)
+    assert document["schema_version"] == 2 and document["shift"] == {
+        "factor": shift.factor, "up": 6, "down": 0, "sign_p": shift.sign_p(), "note": note}
+    same = compare_runs(load_run(a), load_run(synthetic_run(tmp_path / "c", POINTS, seed=3, **kw)))
+    assert same.shift_note() is None and not any(p.verdict == SLOWER for p in same.relative.points)
+    document = json.loads(cli("compare", str(a), str(tmp_path / "c"), "--format", "json").stdout)
+    assert document["shift"]["note"] is None and document["shift"]["up"] + document["shift"]["down"] <= 6
+    regressed = dict(POINTS)  # one point 30% slower and nothing else: its verdict is not the run's shift
+    regressed["device_stride", 131072, 64] = 20.0 * 1.3
+    one = compare_runs(load_run(a), load_run(synthetic_run(tmp_path / "d", regressed, seed=4, **kw)))
+    slowed = [p for p in one.relative.points if p.verdict == SLOWER]
+    assert [p.key[3:] for p in slowed] == [(131072, 64)] and one.shift_note() is None

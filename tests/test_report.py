@@ -218,13 +218,14 @@ def test_a_findings_figure_names_the_processes_its_centre_leaves_out(tmp_path):
 
 
 def test_the_crossover_names_each_shorter_point_that_is_not_slower(tmp_path):
-    """'slower at every shorter swept length' only where each is judged slower: the H200 run's p=16, L=8192 was not."""
+    """'slower at every shorter swept length' only where each is judged slower: the H200 run's p=16, L=8192 was not.
+    The crossing of 1 lies above the longest shorter length whose interval lies above 1: not L=2048, at 1.0."""
     points = {("host_stride", 512, 64): 10.0, ("device_stride", 512, 64): 20.0,
               ("host_stride", 2048, 64): 10.0, ("device_stride", 2048, 64): 10.0,
               ("host_stride", 8192, 64): 10.0, ("device_stride", 8192, 64): 5.0}
     answer = {f.question: f.answer for f in findings(analyze(load_run(cuda_labelled(
         synthetic_run(tmp_path / "cuda", points)))))}["Crossover"]
-    said = "faster than pre-PR from L=8192 at p=64, crossing in (2048, 8192]; slower at 1 of the 2 shorter swept points"
+    said = "faster than pre-PR from L=8192 at p=64, crossing in (512, 8192]; slower at 1 of the 2 shorter swept points"
     assert f"{said}; same at p=64, L=2048" in answer, answer
     points["device_stride", 2048, 64] = 20.0
     answer = {f.question: f.answer for f in findings(analyze(load_run(cuda_labelled(
@@ -239,6 +240,35 @@ def test_the_crossover_names_each_shorter_point_that_is_not_slower(tmp_path):
     assert "and 1 more (APPENDIX.md) (1 of 1 page sizes cross)" in answer, answer
 
 
+def test_crossings_at_several_lengths_stay_one_short_cell(tmp_path):
+    """Four page sizes first judged faster at four lengths, each above a different shorter length: the finding names
+    each length once with its page sizes, says the intervals are each's own (the tables give them), and stays
+    within a finding's cell; one page size's crossing at the shortest swept length is 'at or below' it."""
+    lengths = (512, 2048, 8192, 32768, 131072)
+    first = {16: 2048, 32: 8192, 64: 32768, 128: 131072}
+    points = {}
+    for p, cross in first.items():
+        for length in lengths:
+            points["host_stride", length, p] = 10.0
+            points["device_stride", length, p] = 5.0 if length >= cross else 20.0
+    points["device_stride", 512, 32] = 10.0  # a shorter point not slower: named, and no interval above 1 below it
+    analysis = analyze(load_run(cuda_labelled(synthetic_run(tmp_path / "cuda", points))))
+    assert {c.page_size: c.describe() for c in analysis.crossovers} == {
+        16: "seq_len 2048 (crossing in (512, 2048])", 32: "seq_len 8192 (crossing in (2048, 8192])",
+        64: "seq_len 32768 (crossing in (8192, 32768])", 128: "seq_len 131072 (crossing in (32768, 131072])"}
+    answer = {f.question: f.answer for f in findings(analysis)}["Crossover"]
+    assert answer.startswith("The merged PR is judged faster than pre-PR from L=2048 at p=16; L=8192 at p=32; "
+                             "L=32768 at p=64; L=131072 at p=128, each crossing above the longest shorter length "
+                             "whose interval lies above 1 (APPENDIX.md); "), answer
+    assert len(answer) <= CELL_CHARS, len(answer)
+    points["device_stride", 2048, 16] = 5.0
+    points["device_stride", 512, 16] = 5.0  # p=16 now faster from the shortest swept length
+    answer = {f.question: f.answer for f in findings(analyze(load_run(cuda_labelled(synthetic_run(
+        tmp_path / "again", points)))))}["Crossover"]
+    assert answer.startswith("The merged PR is judged faster than pre-PR from L=512 at p=16; "), answer
+    assert len(answer) <= CELL_CHARS, len(answer)
+
+
 def test_a_cuda_run_states_its_latency_findings_as_measured(tmp_path):
     points = {("host_stride", 512, 1): 10.0, ("device_stride", 512, 1): 20.0, ("host_stride", 512, 64): 10.0,
               ("device_stride", 512, 64): 5.0}
@@ -247,7 +277,7 @@ def test_a_cuda_run_states_its_latency_findings_as_measured(tmp_path):
     assert made["Bytes per call"].status == MEASURED and "1/64" in made["Bytes per call"].figure
     page1 = made["Page size 1: per call and per step"]
     assert page1.status == MEASURED and "slower than pre-PR at 1 of 1 lengths" in page1.answer
-    crossing = "faster than pre-PR from L=512 at p=64, crossing at or below L=512, the shortest swept"
+    crossing = "faster than pre-PR from L=512 at p=64, crossing at or below L=512; no shorter length was swept (1 of 1"
     assert made["Crossover"].status == MEASURED and crossing in made["Crossover"].answer
     assert not any(q.startswith("Scheduler thread blocked") for q in made)  # no scenarios: nothing asked of them
     # the model set against the measurement at the same points, on the profile of the link the run crossed

@@ -4,12 +4,13 @@ judged as a run's ratios are (judge_family); the `--fail-above` gate keeps its o
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from kvpages.analysis.intervals import levels, paired_logs
-from kvpages.analysis.verdicts import VERDICTS, judge_family
+from kvpages.analysis.verdicts import FASTER, SLOWER, VERDICTS, judge_family
 from kvpages.core.estimator import between_runs
-from kvpages.core.stats import Interval, Levels, unknown
+from kvpages.core.stats import Interval, Levels, finite_median, unknown
 from kvpages.schema.reader import Run, RunError, row_key
 
 RELATIVE, ABSOLUTE = "relative", "absolute"
@@ -35,6 +36,41 @@ class Family:
         return {v: sum(p.verdict == v for p in self.points) for v in VERDICTS}
 
 
+SHIFT_P = 0.05
+"""The sign test's p-value below which the shift of a whole run's ratios is taken as more than its points' scatter."""
+
+
+@dataclass(frozen=True)
+class Shift:
+    """What moves every point of run B from run A's at once: `factor`, the median over points of B's figure over A's
+    (those both finite and positive), and how many points moved up and down. A change to the baseline moves every
+    ratio at once; so does the box's state over minutes, which no process of either run samples (`kvpages noise`)."""
+
+    factor: float
+    up: int
+    down: int
+
+    @classmethod
+    def of(cls, moved: list[float]) -> Shift:
+        """From each point's B over A."""
+        kept = [m for m in moved if m > 0 and math.isfinite(m)]
+        median = finite_median([math.log(m) for m in kept])
+        return cls(1.0 if math.isnan(median) else math.exp(median), sum(m > 1 for m in kept), sum(m < 1 for m in kept))
+
+    def percent(self) -> str:
+        return f"{self.factor - 1:+.1%}"
+
+    def sign_p(self) -> float:
+        """Two-sided sign test of 'a point is as likely to move up as down' (ties left out), the points taken as
+        independent (they share their runs' processes, so this p is if anything too small)."""
+        n, k = self.up + self.down, min(self.up, self.down)
+        return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+
+    def clear(self) -> bool:
+        """More than the points' scatter: p < SHIFT_P."""
+        return self.sign_p() < SHIFT_P
+
+
 @dataclass(frozen=True)
 class RunComparison:
     relative: Family  # per (variant, point): B's variant/baseline ratio over A's (gated: robust to machine and process)
@@ -55,6 +91,27 @@ class RunComparison:
         single = " and ".join(name for name, n in zip(("A", "B"), self.processes, strict=True) if n < 2)
         return (f"note: run {single} was timed in one process, so these intervals cover only what varies within a "
                 "process, and a shift of a whole process reads as a change; rerun with --kv-processes 2 or more")
+
+    @property
+    def shift(self) -> Shift:
+        """How the relative points moved together, B over A."""
+        return Shift.of([p.interval.ratio for p in self.relative.points])
+
+    def shift_note(self) -> str | None:
+        """One line where the relative points moved together beyond their scatter (`Shift.clear`) and some verdict's
+        interval holds that shift (the point moved no more than every point did): those verdicts may be the shift's;
+        None otherwise."""
+        shift = self.shift
+        judged = [p for p in self.relative.points if p.verdict in (FASTER, SLOWER)]
+        held = [p for p in judged if p.interval.ci_low <= shift.factor <= p.interval.ci_high]
+        if not shift.clear() or not held:
+            return None
+        return (f"note: the relative points moved together: B's sit at a median of {shift.percent()} from A's "
+                f"({shift.up} up and {shift.down} down of {len(self.relative.points)}; sign test p = "
+                f"{shift.sign_p():.2g}, the points taken as independent). A change to {self.baseline} moves every "
+                "ratio at once, and so does the box's state over minutes, which neither run's intervals sample (make "
+                f"noise measures it on this box): {len(held)} of the {len(judged)} faster or slower verdicts hold "
+                f"that {shift.percent()} in their interval, and may be the shift's alone")
 
     def regressions(self, fail_above_pct: float) -> list[PointComparison]:
         return [p for p in self.relative.points if p.interval.ci_low > 1 + fail_above_pct / 100]

@@ -119,7 +119,7 @@ def _crossover(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
                             key=lambda r: r.seq_len)
         cited = first or max(rows, key=lambda r: (r.page_size, r.seq_len))
         measured = [] if gpu is None else [c for c in gpu.analysis.crossovers if c.page_size > 1 and c.seq_len]
-        said = _crossings(measured)
+        said = _crossings(measured, len({(c.dtype, c.layout) for c in measured}) > 1)
         answer = (f"Predicted first below pre-PR (model, pageable profiles) at {'; '.join(parts)}."
                   f"{f' Measured on {gpu.machine}: {said}.' if gpu and said else ''}")
         return Finding("Crossover", answer, predicted_figure(point_predictions(analysis, cited)), cited.id,
@@ -129,15 +129,15 @@ def _crossover(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
         c = min(found, key=lambda c: (c.seq_len, c.page_size))
         cited_row = analysis.ratio_at(CANDIDATE, c.dtype, c.layout, c.page_size, int(c.seq_len or 0))
         assert cited_row is not None
-        each = _crossings(found)
+        kinds = len({(r.dtype, r.layout) for r in rows}) > 1  # then each point names its dtype and layout
+        each = _crossings(found, kinds)
         crossing = {(x.dtype, x.layout, x.page_size): x.seq_len or 0 for x in found}
         shorter = [r for r in rows if r.seq_len < crossing.get((r.dtype, r.layout, r.page_size), 0)]
         other = [r for r in shorter if r.verdict != SLOWER]
-        kinds = len({(r.dtype, r.layout) for r in rows}) > 1  # then each point names its dtype and layout
         named = [f"{r.verdict} at {f'{r.dtype} {r.layout} ' if kinds else ''}p={r.page_size}, L={r.seq_len}"
                  for r in other[:NAMED]]
         more = f" and {len(other) - NAMED} more (APPENDIX.md)" if len(other) > NAMED else ""
-        said = "slower at every shorter swept length" if not other else (
+        said = "no shorter length was swept" if not shorter else "slower at every shorter swept length" if not other else (
             f"slower at {len(shorter) - len(other)} of the {len(shorter)} shorter swept points; {', '.join(named)}{more}")
         answer = (f"The merged PR is judged faster than pre-PR from {each}; {said} "
                   f"({len(found)} of {len([x for x in analysis.crossovers if x.page_size > 1])} page sizes cross).")
@@ -154,14 +154,19 @@ def _crossover(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
     return Finding("Crossover", answer, figure(cited), cited.id, MEASURED)
 
 
-def _crossings(found: list[Crossover]) -> str:
-    """'L=32768 at p=16, 64, 128, each crossing in (8192, 32768]': where each page size is first judged faster, and
-    where between the swept lengths its crossing lies (the sweep's grid bounds it: a length between places it)."""
-    by: dict[tuple[int | None, str], list[int]] = {}
-    for c in found:
-        by.setdefault((c.seq_len, c.bracket()), []).append(c.page_size)
-    return "; ".join(f"L={length} at p={', '.join(str(p) for p in sorted(set(ps)))}, "
-                     f"{'each ' if len(set(ps)) > 1 else ''}crossing {where}" for (length, where), ps in by.items())
+def _crossings(found: list[Crossover], kinds: bool) -> str:
+    """'L=32768 at p=16, 64, 128, each crossing in (8192, 32768]': where each page size (of each dtype and layout, with
+    `kinds`) is first judged faster, and where between the swept lengths it crosses 1 (the sweep's grid bounds it):
+    one interval said once, several said to be each's own (the tables give them)."""
+    by: dict[int | None, list[str]] = {}
+    for c in sorted(found, key=lambda c: (c.seq_len or 0, c.dtype, c.layout, c.page_size)):
+        by.setdefault(c.seq_len, []).append(f"{c.dtype} {c.layout} p={c.page_size}" if kinds else str(c.page_size))
+    said = "; ".join(f"L={length} at {'' if kinds else 'p='}{', '.join(names)}" for length, names in by.items())
+    brackets = {c.bracket() for c in found}
+    each = "each " if len(found) > 1 else ""
+    if len(brackets) == 1:
+        return f"{said}, {each}crossing {brackets.pop()}"
+    return f"{said}, each crossing above the longest shorter length whose interval lies above 1 (APPENDIX.md)"
 
 
 def _moved(row, base: bool = False) -> str:

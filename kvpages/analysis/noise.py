@@ -9,7 +9,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from kvpages.analysis.compare import compare_runs
+from kvpages.analysis.compare import Shift, compare_runs
 from kvpages.analysis.ratios import Analysis, NoiseFloor
 from kvpages.analysis.verdicts import FASTER, SLOWER
 from kvpages.core.stats import CONFIDENCE, finite_median, two_sided_z
@@ -44,9 +44,6 @@ WIDTHS_CAP = 3.0
 """The most times one run's intervals are taken as wider than the other's (`width_ratio`): beyond it, what the
 narrower run's intervals would be asked to hold is too little to tell them from intervals too narrow."""
 
-
-SHIFT_P = 0.05
-"""The sign test's p-value below which the shift of a whole run's ratios is taken as more than its points' scatter."""
 
 Pairs = list[tuple[RatioRow, RatioRow]]
 """A variant's ratio rows in runs A and B, paired point by point."""
@@ -185,30 +182,16 @@ class AAFigures:
 
 
 @dataclass(frozen=True)
-class RunShift:
-    """What moves the ratios of every point of run B from run A's at once (the box's state over minutes, which no
-    process of one run samples): `factor`, the median over points of B's ratio over A's (those both finite and
-    positive), how many points moved up and down, and how the intervals hold each other with A's taken `factor`
-    times (`held`)."""
+class RunShift(Shift):
+    """A variant's `Shift` between two runs of the same code (the box's state over minutes, which no process of one
+    run samples), with how the intervals hold each other with A's taken `factor` times (`held`)."""
 
-    factor: float
-    up: int
-    down: int
     held: Held
-
-    def percent(self) -> str:
-        return f"{self.factor - 1:+.1%}"
-
-    def sign_p(self) -> float:
-        """Two-sided sign test of 'a point is as likely to move up as down' (ties left out), the points taken as
-        independent (they share their runs' processes, so this p is if anything too small)."""
-        n, k = self.up + self.down, min(self.up, self.down)
-        return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
 
     def explains(self, held: Held) -> bool:
         """Whether the intervals `held` as they are miss their targets only by this shift: it is more than the
-        points' scatter (p < SHIFT_P), and taken out, they meet them."""
-        return not held.meets_targets() and self.sign_p() < SHIFT_P and self.held.meets_targets()
+        points' scatter (`Shift.clear`), and taken out, they meet them."""
+        return not held.meets_targets() and self.clear() and self.held.meets_targets()
 
     def text(self) -> str:
         frac = self.held.frac
@@ -218,11 +201,9 @@ class RunShift:
                 f"{frac(self.held.a_in_b)} and B's inside A's at {frac(self.held.b_in_a)}")
 
     @classmethod
-    def of(cls, pairs: Pairs) -> RunShift:
-        moved = [rb.ratio / ra.ratio for ra, rb in pairs if ra.ratio > 0 and math.isfinite(rb.ratio / ra.ratio)]
-        median = finite_median([math.log(m) for m in moved if m > 0])
-        factor = 1.0 if math.isnan(median) else math.exp(median)
-        return cls(factor, sum(m > 1 for m in moved), sum(m < 1 for m in moved), Held.of(pairs, factor))
+    def of_pairs(cls, pairs: Pairs) -> RunShift:
+        moved = Shift.of([rb.ratio / ra.ratio for ra, rb in pairs if ra.ratio > 0])
+        return cls(moved.factor, moved.up, moved.down, Held.of(pairs, moved.factor))
 
 
 def components_text(noise: NoiseFloor) -> str:
@@ -253,7 +234,7 @@ def aa_figures(a: Analysis, b: Analysis, variant: str, fail_above_pct: float) ->
         slower=comparison.relative.counts()[SLOWER],
         faster=comparison.relative.counts()[FASTER],
         relative_points=len(comparison.relative.points),
-        run_shift=RunShift.of(pairs),
+        run_shift=RunShift.of_pairs(pairs),
     )
 
 

@@ -94,17 +94,13 @@ class Crossover:
     page_size: int
     seq_len: int | None  # None: not within the swept range
     swept: tuple[int, ...]
-
-    @property
-    def after(self) -> int | None:
-        """The longest swept length below the crossing (judged not faster there): the crossing lies in
-        (after, seq_len], as finely as the sweep's lengths place it. None: no crossing, or at the shortest swept."""
-        return max((s for s in self.swept if self.seq_len is not None and s < self.seq_len), default=None)
+    after: int | None = None  # the longest swept length below seq_len whose interval lies above 1 (None: none is)
 
     def bracket(self) -> str:
-        """Where the crossing lies, as finely as the swept lengths place it."""
+        """Where the ratio crosses 1, as finely as the swept lengths place it: above `after` (its interval above 1)
+        and at most `seq_len` (judged faster); with no shorter length above 1, at or below `seq_len`."""
         if self.after is None:
-            return f"at or below L={self.seq_len}, the shortest swept"
+            return f"at or below L={self.seq_len}"
         return f"in ({self.after}, {self.seq_len}]"
 
     def describe(self) -> str:
@@ -114,13 +110,19 @@ class Crossover:
 
 
 def crossovers(ratios: tuple[RatioRow, ...], variant: str = CANDIDATE) -> list[Crossover]:
-    """Per (dtype, layout, page size): the smallest seq_len at which `variant` is judged faster than the baseline."""
+    """Per (dtype, layout, page size): the smallest seq_len at which `variant` is judged faster than the baseline, and
+    the longest shorter one whose interval lies above 1 (the crossing of 1 between them)."""
     groups: dict[tuple[str, str, int], list[RatioRow]] = {}
     for r in ratios:
         if r.variant == variant:
             groups.setdefault((r.dtype, r.layout, r.page_size), []).append(r)
-    return [Crossover(*key, min((r.seq_len for r in group if r.verdict == FASTER), default=None),
-                      tuple(sorted(r.seq_len for r in group))) for key, group in sorted(groups.items())]
+    found = []
+    for key, group in sorted(groups.items()):
+        first = min((r.seq_len for r in group if r.verdict == FASTER), default=None)
+        after = None if first is None else max((r.seq_len for r in group if r.seq_len < first and r.ci_low > 1),
+                                               default=None)
+        found.append(Crossover(*key, first, tuple(sorted(r.seq_len for r in group)), after))
+    return found
 
 
 def fastest(run: Run, rows: list[Record], effect: float, baseline: str) -> tuple[str, ...]:

@@ -10,7 +10,16 @@ from kvpages.analysis.cite import coverage_text
 from kvpages.analysis.compare import ABSOLUTE, RELATIVE, Family, PointComparison, RunComparison
 from kvpages.analysis.verdicts import FASTER, SLOWER
 from kvpages.render.text import table
-from kvpages.schema.compare import COMPARE_SCHEMA_VERSION, ComparedPoint, ComparisonDocument, Gate, PointKey, RunInfo, finite
+from kvpages.schema.compare import (
+    COMPARE_SCHEMA_VERSION,
+    ComparedPoint,
+    ComparisonDocument,
+    Gate,
+    PointKey,
+    RelativeShift,
+    RunInfo,
+    finite,
+)
 from kvpages.schema.reader import Run
 
 
@@ -81,7 +90,7 @@ def text(c: Compared) -> str:
     for label, keys in (("only in A", c.result.only_a), ("only in B", c.result.only_b)):
         lines += [f"{label}: {' '.join(str(k) for k in key)}" for key in keys]
     lines += [f"{name}: {c.judged_line(family)}" for name, family in c.families().items()]
-    lines += [c.unit_line(), *filter(None, [c.result.caveat()])]
+    lines += [c.unit_line(), *filter(None, [c.result.caveat(), c.result.shift_note()])]
     gate = c.gate_line()
     if gate is not None and not c.regressions:
         lines.append(gate)
@@ -113,7 +122,7 @@ def markdown(c: Compared) -> str:
     only = [f"- only in {side}: `{' '.join(str(k) for k in key)}`"
             for side, keys in (("A", c.result.only_a), ("B", c.result.only_b)) for key in keys]
     parts += ["\n".join(only)] if only else []
-    parts += [f"> {c.result.caveat()}"] if c.result.caveat() else []
+    parts += [f"> {note}" for note in (c.result.caveat(), c.result.shift_note()) if note]
     return "\n\n".join(parts)
 
 
@@ -132,9 +141,11 @@ def document(c: Compared) -> ComparisonDocument:
     gate = None if c.fail_above_pct is None else Gate(c.fail_above_pct, 1 + c.fail_above_pct / 100,
                                                       len(c.regressions), not c.regressions)
     a, b = (RunInfo(r.run_id, r.device_name, r.process_count) for r in (c.a, c.b))
+    moved = c.result.shift
     return ComparisonDocument(
         COMPARE_SCHEMA_VERSION, a, b, c.result.baseline, c.result.unit, c.result.caveat(),
         {n: f.min_effect for n, f in families.items()}, {n: f.counts() for n, f in families.items()}, gate,
+        RelativeShift(moved.factor, moved.up, moved.down, moved.sign_p(), c.result.shift_note()),
         [point(n, p) for n, f in families.items() for p in f.points],
         [PointKey(*k) for k in c.result.only_a], [PointKey(*k) for k in c.result.only_b])
 

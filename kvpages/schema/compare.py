@@ -8,7 +8,7 @@ import json
 import math
 from dataclasses import dataclass
 
-COMPARE_SCHEMA_VERSION = 1
+COMPARE_SCHEMA_VERSION = 2  # 2: `shift`
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,18 @@ class Gate:
 
 
 @dataclass(frozen=True)
+class RelativeShift:
+    """How the relative points moved together (kvpages.analysis.compare.Shift): the median of their B/A, how many
+    moved up and down, the sign test's p, and the note the text prints where p < 0.05 (else null)."""
+
+    factor: float
+    up: int
+    down: int
+    sign_p: float
+    note: str | None
+
+
+@dataclass(frozen=True)
 class ComparisonDocument:
     schema_version: int
     a: RunInfo
@@ -66,6 +78,7 @@ class ComparisonDocument:
     min_effect: dict[str, float]  # per family ('relative', 'absolute')
     counts: dict[str, dict[str, int]]  # per family: how many points got each verdict
     gate: Gate | None
+    shift: RelativeShift
     points: list[ComparedPoint]
     only_a: list[PointKey]
     only_b: list[PointKey]
