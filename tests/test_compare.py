@@ -123,7 +123,8 @@ def test_a_shift_of_every_ratio_is_named_beside_the_verdicts_it_may_have_made(tm
     assert note is not None and note.startswith(f"note: the relative points moved together: B's sit at a median of "
                                                 f"{shift.percent()} from A's (6 up and 0 down of 6; sign test p = 0.031")
     held = re.search(rf": (\d+) of the {slower} faster or slower verdicts hold that {re.escape(shift.percent())} in "
-                     r"their interval, and may be the shift's alone$", note)
+                     r"their interval, and may be the shift's alone \(the absolute family shows whether the baseline "
+                     r"moved\)$", note)
     assert held is not None and 1 <= int(held.group(1)) <= slower, note
     text = cli("compare", str(a), str(b))
     assert text.returncode == 0 and note in text.stdout.splitlines()

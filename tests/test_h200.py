@@ -119,5 +119,9 @@ def test_the_findings_say_which_shorter_points_are_not_slower_and_a_cpu_run_gets
     reference = analyze(load_run(cpu[-1]))
     answer = {f.question: f.answer for f in findings(reference, gpu_answer(reference, H200_DEFAULT))}
     assert "Measured on NVIDIA H200: L=32768 at p=16, 64, 128, each crossing in (8192, 32768]." in answer["Crossover"]
+    quick = REPO / "results" / "20261204T184229Z-cuda-nvidia-h200"  # no crossing measured: the finding quotes none
+    if (quick / "meta.json").is_file():
+        crossed = {f.question: f.answer for f in findings(reference, gpu_answer(reference, quick))}["Crossover"]
+        assert crossed.startswith("Predicted first below pre-PR") and "Measured on" not in crossed, crossed
     page1 = answer["Page size 1: per call and per step"]
     assert "slower per call, 1.80 [1.61, 2.02] slower per step (run 20261204T181656Z-cuda-nvidia-h200)" in page1, page1

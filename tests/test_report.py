@@ -242,7 +242,7 @@ def test_the_crossover_names_each_shorter_point_that_is_not_slower(tmp_path):
 
 def test_crossings_at_several_lengths_stay_one_short_cell(tmp_path):
     """Four page sizes first judged faster at four lengths, each above a different shorter length: the finding names
-    each length once with its page sizes, says the intervals are each's own (the tables give them), and stays
+    each length once with its page sizes, leaves their differing intervals to the appendix's table, and stays
     within a finding's cell; one page size's crossing at the shortest swept length is 'at or below' it."""
     lengths = (512, 2048, 8192, 32768, 131072)
     first = {16: 2048, 32: 8192, 64: 32768, 128: 131072}
@@ -251,22 +251,23 @@ def test_crossings_at_several_lengths_stay_one_short_cell(tmp_path):
         for length in lengths:
             points["host_stride", length, p] = 10.0
             points["device_stride", length, p] = 5.0 if length >= cross else 20.0
-    points["device_stride", 512, 32] = 10.0  # a shorter point not slower: named, and no interval above 1 below it
+    points["device_stride", 512, 32] = 10.0  # a shorter point not slower: named; p=32 still crosses above 2048
     analysis = analyze(load_run(cuda_labelled(synthetic_run(tmp_path / "cuda", points))))
     assert {c.page_size: c.describe() for c in analysis.crossovers} == {
         16: "seq_len 2048 (crossing in (512, 2048])", 32: "seq_len 8192 (crossing in (2048, 8192])",
         64: "seq_len 32768 (crossing in (8192, 32768])", 128: "seq_len 131072 (crossing in (32768, 131072])"}
     answer = {f.question: f.answer for f in findings(analysis)}["Crossover"]
     assert answer.startswith("The merged PR is judged faster than pre-PR from L=2048 at p=16; L=8192 at p=32; "
-                             "L=32768 at p=64; L=131072 at p=128, each crossing above the longest shorter length "
-                             "whose interval lies above 1 (APPENDIX.md); "), answer
+                             "L=32768 at p=64; L=131072 at p=128, each crossing 1 where APPENDIX.md's crossover "
+                             "table places it; slower at 9 of the 10 shorter swept points; same at p=32, L=512 "), answer
     assert len(answer) <= CELL_CHARS, len(answer)
     points["device_stride", 2048, 16] = 5.0
     points["device_stride", 512, 16] = 5.0  # p=16 now faster from the shortest swept length
-    answer = {f.question: f.answer for f in findings(analyze(load_run(cuda_labelled(synthetic_run(
-        tmp_path / "again", points)))))}["Crossover"]
-    assert answer.startswith("The merged PR is judged faster than pre-PR from L=512 at p=16; "), answer
-    assert len(answer) <= CELL_CHARS, len(answer)
+    again = analyze(load_run(cuda_labelled(synthetic_run(tmp_path / "again", points))))
+    assert next(c for c in again.crossovers if c.page_size == 16).describe() == "seq_len 512 (crossing at or below L=512)"
+    answer = {f.question: f.answer for f in findings(again)}["Crossover"]
+    assert answer.startswith("The merged PR is judged faster than pre-PR from L=512 at p=16; L=8192 at p=32; "), answer
+    assert "each crossing 1 where APPENDIX.md's crossover table places it" in answer and len(answer) <= CELL_CHARS
 
 
 def test_a_cuda_run_states_its_latency_findings_as_measured(tmp_path):

@@ -108,10 +108,11 @@ class RunComparison:
             return None
         return (f"note: the relative points moved together: B's sit at a median of {shift.percent()} from A's "
                 f"({shift.up} up and {shift.down} down of {len(self.relative.points)}; sign test p = "
-                f"{shift.sign_p():.2g}, the points taken as independent). A change to {self.baseline} moves every "
-                "ratio at once, and so does the box's state over minutes, which neither run's intervals sample (make "
-                f"noise measures it on this box): {len(held)} of the {len(judged)} faster or slower verdicts hold "
-                f"that {shift.percent()} in their interval, and may be the shift's alone")
+                f"{shift.sign_p():.2g}, the points taken as independent). A change to {self.baseline}, or one every "
+                "variant shares, moves every ratio at once, and so does the box's state over minutes, which neither "
+                f"run's intervals sample (make noise measures it on this box): {len(held)} of the {len(judged)} "
+                f"faster or slower verdicts hold that {shift.percent()} in their interval, and may be the shift's "
+                "alone (the absolute family shows whether the baseline moved)")
 
     def regressions(self, fail_above_pct: float) -> list[PointComparison]:
         return [p for p in self.relative.points if p.interval.ci_low > 1 + fail_above_pct / 100]

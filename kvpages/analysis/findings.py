@@ -157,7 +157,9 @@ def _crossover(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
 def _crossings(found: list[Crossover], kinds: bool) -> str:
     """'L=32768 at p=16, 64, 128, each crossing in (8192, 32768]': where each page size (of each dtype and layout, with
     `kinds`) is first judged faster, and where between the swept lengths it crosses 1 (the sweep's grid bounds it):
-    one interval said once, several said to be each's own (the tables give them)."""
+    one interval said once, several left to the tables; "" for none."""
+    if not found:
+        return ""
     by: dict[int | None, list[str]] = {}
     for c in sorted(found, key=lambda c: (c.seq_len or 0, c.dtype, c.layout, c.page_size)):
         by.setdefault(c.seq_len, []).append(f"{c.dtype} {c.layout} p={c.page_size}" if kinds else str(c.page_size))
@@ -166,7 +168,7 @@ def _crossings(found: list[Crossover], kinds: bool) -> str:
     each = "each " if len(found) > 1 else ""
     if len(brackets) == 1:
         return f"{said}, {each}crossing {brackets.pop()}"
-    return f"{said}, each crossing above the longest shorter length whose interval lies above 1 (APPENDIX.md)"
+    return f"{said}, each crossing 1 where APPENDIX.md's crossover table places it"
 
 
 def _moved(row, base: bool = False) -> str:

@@ -15,7 +15,7 @@ from kvpages.analysis.contention import contention
 from kvpages.analysis.families import Record, ScenarioRatio, point_estimate, records, scenario_estimate, scenario_ratios, stability
 from kvpages.analysis.intervals import levels, paired_logs
 from kvpages.analysis.pairs import STABLE, PairEstimate
-from kvpages.analysis.verdicts import FASTER, MIN_EFFECT_FLOOR, SLOWER, judge, judge_family
+from kvpages.analysis.verdicts import DISTURBED, FASTER, MIN_EFFECT_FLOOR, SLOWER, judge, judge_family
 from kvpages.core.estimator import mean_estimate
 from kvpages.core.links import PREDICTION_PROFILES, LinkProfile
 from kvpages.core.names import (
@@ -94,7 +94,7 @@ class Crossover:
     page_size: int
     seq_len: int | None  # None: not within the swept range
     swept: tuple[int, ...]
-    after: int | None = None  # the longest swept length below seq_len whose interval lies above 1 (None: none is)
+    after: int | None = None  # the longest swept length below seq_len whose interval lies above 1, not disturbed
 
     def bracket(self) -> str:
         """Where the ratio crosses 1, as finely as the swept lengths place it: above `after` (its interval above 1)
@@ -111,7 +111,7 @@ class Crossover:
 
 def crossovers(ratios: tuple[RatioRow, ...], variant: str = CANDIDATE) -> list[Crossover]:
     """Per (dtype, layout, page size): the smallest seq_len at which `variant` is judged faster than the baseline, and
-    the longest shorter one whose interval lies above 1 (the crossing of 1 between them)."""
+    the longest shorter one whose interval lies above 1 and is not disturbed (the crossing of 1 between them)."""
     groups: dict[tuple[str, str, int], list[RatioRow]] = {}
     for r in ratios:
         if r.variant == variant:
@@ -119,8 +119,8 @@ def crossovers(ratios: tuple[RatioRow, ...], variant: str = CANDIDATE) -> list[C
     found = []
     for key, group in sorted(groups.items()):
         first = min((r.seq_len for r in group if r.verdict == FASTER), default=None)
-        after = None if first is None else max((r.seq_len for r in group if r.seq_len < first and r.ci_low > 1),
-                                               default=None)
+        after = None if first is None else max((r.seq_len for r in group if r.seq_len < first and r.ci_low > 1
+                                                and r.verdict != DISTURBED), default=None)
         found.append(Crossover(*key, first, tuple(sorted(r.seq_len for r in group)), after))
     return found
 
