@@ -13,7 +13,7 @@ from test_analysis import cli_each
 
 from kvpages.analysis.cite import coverage_text, pair_repro, sig
 from kvpages.analysis.findings import findings
-from kvpages.analysis.ratios import analyze
+from kvpages.analysis.ratios import Analysis, analyze
 from kvpages.analysis.verdicts import FASTER, SAME, SLOWER, UNCLEAR, bh_adjusted, holm_sentence, judge
 from kvpages.analysis.wording import CELL_CHARS, MEASURED, MODEL, NEEDS_GPU
 from kvpages.analysis.wording import figure as figure_of
@@ -205,6 +205,12 @@ def cuda_labelled(folder: Path) -> Path:
     return folder
 
 
+def crossover_answer(run: Path | Analysis) -> str:
+    """The Crossover finding's answer of `run` (a synthetic run folder, labelled CUDA first, or its analysis)."""
+    analysis = run if isinstance(run, Analysis) else analyze(load_run(cuda_labelled(run)))
+    return {f.question: f.answer for f in findings(analysis)}["Crossover"]
+
+
 def test_a_findings_figure_names_the_processes_its_centre_leaves_out(tmp_path):
     """The H200 page-size-1 headline, 2.31, leaves out process 5 (2.21 with all 6): the finding says so beside it,
     not only the Method section."""
@@ -223,19 +229,16 @@ def test_the_crossover_names_each_shorter_point_that_is_not_slower(tmp_path):
     points = {("host_stride", 512, 64): 10.0, ("device_stride", 512, 64): 20.0,
               ("host_stride", 2048, 64): 10.0, ("device_stride", 2048, 64): 10.0,
               ("host_stride", 8192, 64): 10.0, ("device_stride", 8192, 64): 5.0}
-    answer = {f.question: f.answer for f in findings(analyze(load_run(cuda_labelled(
-        synthetic_run(tmp_path / "cuda", points)))))}["Crossover"]
+    answer = crossover_answer(synthetic_run(tmp_path / "cuda", points))
     said = "faster than pre-PR from L=8192 at p=64, crossing in (512, 8192]; slower at 1 of the 2 shorter swept points"
     assert f"{said}; same at p=64, L=2048" in answer, answer
     points["device_stride", 2048, 64] = 20.0
-    answer = {f.question: f.answer for f in findings(analyze(load_run(cuda_labelled(
-        synthetic_run(tmp_path / "again", points)))))}["Crossover"]
+    answer = crossover_answer(synthetic_run(tmp_path / "again", points))
     said = "from L=8192 at p=64, crossing in (2048, 8192]; slower at every shorter swept length"
     assert f"{said} (1 of 1 page sizes cross)" in answer, answer
     for length in (512, 1024, 2048):  # three not slower: two named, the rest counted (a finding's cell stays short)
         points["host_stride", length, 64] = points["device_stride", length, 64] = 10.0
-    answer = {f.question: f.answer for f in findings(analyze(load_run(cuda_labelled(
-        synthetic_run(tmp_path / "three", points)))))}["Crossover"]
+    answer = crossover_answer(synthetic_run(tmp_path / "three", points))
     assert "slower at 0 of the 3 shorter swept points; " in answer and answer.count(" at p=64, L=") == 2, answer
     assert "and 1 more (APPENDIX.md) (1 of 1 page sizes cross)" in answer, answer
 
@@ -256,7 +259,7 @@ def test_crossings_at_several_lengths_stay_one_short_cell(tmp_path):
     assert {c.page_size: c.describe() for c in analysis.crossovers} == {
         16: "seq_len 2048 (crossing in (512, 2048])", 32: "seq_len 8192 (crossing in (2048, 8192])",
         64: "seq_len 32768 (crossing in (8192, 32768])", 128: "seq_len 131072 (crossing in (32768, 131072])"}
-    answer = {f.question: f.answer for f in findings(analysis)}["Crossover"]
+    answer = crossover_answer(analysis)
     assert answer.startswith("The merged PR is judged faster than pre-PR from L=2048 at p=16; L=8192 at p=32; "
                              "L=32768 at p=64; L=131072 at p=128, each crossing 1 where APPENDIX.md's crossover "
                              "table places it; slower at 9 of the 10 shorter swept points; same at p=32, L=512 "), answer
@@ -265,7 +268,7 @@ def test_crossings_at_several_lengths_stay_one_short_cell(tmp_path):
     points["device_stride", 512, 16] = 5.0  # p=16 now faster from the shortest swept length
     again = analyze(load_run(cuda_labelled(synthetic_run(tmp_path / "again", points))))
     assert next(c for c in again.crossovers if c.page_size == 16).describe() == "seq_len 512 (crossing at or below L=512)"
-    answer = {f.question: f.answer for f in findings(again)}["Crossover"]
+    answer = crossover_answer(again)
     assert answer.startswith("The merged PR is judged faster than pre-PR from L=512 at p=16; L=8192 at p=32; "), answer
     assert "each crossing 1 where APPENDIX.md's crossover table places it" in answer and len(answer) <= CELL_CHARS
 

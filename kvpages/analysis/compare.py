@@ -4,6 +4,7 @@ judged as a run's ratios are (judge_family); the `--fail-above` gate keeps its o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -92,9 +93,9 @@ class RunComparison:
         return (f"note: run {single} was timed in one process, so these intervals cover only what varies within a "
                 "process, and a shift of a whole process reads as a change; rerun with --kv-processes 2 or more")
 
-    @property
+    @functools.cached_property
     def shift(self) -> Shift:
-        """How the relative points moved together, B over A."""
+        """How the relative points moved together, B over A (once: the note and the JSON document both ask)."""
         return Shift.of([p.interval.ratio for p in self.relative.points])
 
     def shift_note(self) -> str | None:

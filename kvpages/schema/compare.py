@@ -58,7 +58,8 @@ class Gate:
 @dataclass(frozen=True)
 class RelativeShift:
     """How the relative points moved together (kvpages.analysis.compare.Shift): the median of their B/A, how many
-    moved up and down, the sign test's p, and the note the text prints where p < 0.05 (else null)."""
+    moved up and down, the sign test's p, and the note the text prints (`RunComparison.shift_note`: where p < 0.05 and
+    some faster or slower verdict's interval holds the median; else null)."""
 
     factor: float
     up: int
