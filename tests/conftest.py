@@ -5,6 +5,7 @@ test, imports this module before it starts the workers, and importing them took 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -199,12 +200,13 @@ def synthetic_run(folder: Path, medians_us: dict[tuple[str, int, int], float], s
                   rounds: int = 50, seed: int = 0, run_id: str | None = None, repetitions: int = 10,
                   rep_spread: float = 0.01, processes: int = 1, process_spread: float = 0.0,
                   shifts: tuple[float, ...] = (), own_shifts: dict[str, tuple[float, ...]] | None = None,
-                  own_spread: dict[str, float] | None = None) -> Path:
+                  own_spread: dict[str, float] | None = None, environment: dict[str, object] | None = None) -> Path:
     """A run folder whose (variant, seq_len, page_size) rows have `repetitions` blocks of samples around the
     given medians: repetition r comes from process r % processes, each process shifts each row's level by
     `process_spread`, and by `shifts[process]` (a factor every variant shares: the box moves them together) and
     `own_shifts[variant][process]` (that variant's alone); each block's level varies by `rep_spread` (a variant's
-    own: `own_spread`) around that, its rounds by `spread` around it.
+    own: `own_spread`) around that, its rounds by `spread` around it. `environment`: meta.json's environment fields
+    that differ from the synthetic machine's.
 
     For testing the analysis only; it never goes into results/.
     """
@@ -219,6 +221,7 @@ def synthetic_run(folder: Path, medians_us: dict[tuple[str, int, int], float], s
     folder.mkdir(parents=True)
     env = Environment("0", "3", "t", "n", "b", "p", "cpu-model", 2, 2, "cpu", "test-cpu", None, None, None,
                       None, None, False, "CPU run: no PCIe link was crossed.")
+    env = dataclasses.replace(env, **(environment or {}))
     infos = [ProcessInfo(p, 1000 + p, "worker" if p < processes - 1 else "session", 2.0, 1.0, 10.0, 0)
              for p in range(processes)] if processes > 1 else []
     writer = RunWriter(folder, RunMeta(run_id or folder.name, "test", {}, "pytest bench/", "t0", env,

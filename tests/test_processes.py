@@ -163,12 +163,12 @@ def test_noise_names_a_shift_of_the_whole_runs_ratios_and_what_the_intervals_wou
                                        **kw)))
     for first, second, sign in ((a, b, 1), (b, a, -1)):
         figures = aa_figures(first, second, "device_stride", 10)
-        shift = figures.run_shift
+        shift, held = figures.run_shift.moved, figures.run_shift.held
         assert shift.factor ** sign == pytest.approx(1.06, rel=0.01)
-        assert (shift.held.points, shift.up, shift.down) == ((6, 6, 0) if sign > 0 else (6, 0, 6))
+        assert (held.points, shift.up, shift.down) == ((6, 6, 0) if sign > 0 else (6, 0, 6))
         assert shift.sign_p() == pytest.approx(2 / 2**6)  # six of six the same way
         assert figures.held.a_in_b == figures.held.b_in_a == 0 and not figures.held.meets_targets()
-        assert shift.held.a_in_b >= 5 and shift.held.b_in_a >= 5 and shift.held.overlap == 6
+        assert held.a_in_b >= 5 and held.b_in_a >= 5 and held.overlap == 6
         text = figures.text()
         moved = f"{shift.factor - 1:+.1%}"  # 6% give or take the runs' own noise
         assert moved.startswith("+" if sign > 0 else "-")
@@ -182,7 +182,7 @@ def test_noise_names_a_shift_of_the_whole_runs_ratios_and_what_the_intervals_wou
     same = aa_figures(a, analyze(load_run(synthetic_run(tmp_path / "c", MEDIANS, seed=3, **kw))), "device_stride", 10)
     assert same.held.meets_targets() and not same.run_shift.explains(same.held)
     assert "without the shift" not in same.text()
-    shift = same.run_shift
+    shift = same.run_shift.moved
     assert dataclasses.replace(shift, up=3, down=3).sign_p() == 1.0
     assert dataclasses.replace(shift, up=0, down=0).sign_p() == 1.0  # every point a tie, or none
     assert dataclasses.replace(shift, up=3, down=11).sign_p() == pytest.approx(0.0574, abs=1e-4)  # the binomial's

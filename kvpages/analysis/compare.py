@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 from kvpages.analysis.intervals import levels, paired_logs
+from kvpages.analysis.machines import Machine
 from kvpages.analysis.verdicts import FASTER, SLOWER, VERDICTS, judge_family
 from kvpages.core.estimator import between_runs
 from kvpages.core.stats import Interval, Levels, finite_median, unknown
@@ -80,6 +81,8 @@ class RunComparison:
     only_b: list[tuple]
     baseline: str
     processes: tuple[int, int] = (1, 1)  # how many processes timed A and B
+    machines: tuple[Machine, Machine] | None = None  # where A and B ran (None: a run without meta.json)
+    boots: tuple[str | None, str | None] = (None, None)  # the boot each ran in (Environment.boot_id)
 
     @property
     def unit(self) -> str:
@@ -115,6 +118,25 @@ class RunComparison:
                 f"faster or slower verdicts hold that {shift.percent()} in their interval, and may be the shift's "
                 "alone (the absolute family shows whether the baseline moved)")
 
+    def machine_note(self) -> str | None:
+        """One line where A and B ran on different machines (`Machine.differences`), or on machines that read the
+        same but in different boots: what differs between them moves every point, and neither run's intervals sample
+        it; None where they ran in one sitting, or their meta.json cannot tell."""
+        if self.machines is None:
+            return None
+        a, b = self.machines
+        differ = a.differences(b)
+        if differ:
+            said = "; ".join(f"{what}: A {mine}, B {theirs}" for what, mine, theirs in differ)
+            return (f"note: A and B ran on different machines ({said}): ratios move between machines, not only "
+                    "absolute times, so a verdict here may be the machines' and not the change's; gate runs of one "
+                    "machine")
+        if None in self.boots or self.boots[0] == self.boots[1]:
+            return None
+        return (f"note: A and B ran in different boots of machines that read the same ({a.describe()}): a reboot, or "
+                "another box of that make; what differs between sittings moves every point, and neither run's "
+                "intervals sample it, so a verdict here may be the sittings' and not the change's")
+
     def regressions(self, fail_above_pct: float) -> list[PointComparison]:
         return [p for p in self.relative.points if p.interval.ci_low > 1 + fail_above_pct / 100]
 
@@ -146,8 +168,11 @@ def compare_runs(a: Run, b: Run, baseline: str | None = None) -> RunComparison:
             continue
         ratio_a, ratio_b = (float(rows[key]["median_us"] / rows[base_key]["median_us"]) for rows in (a_rows, b_rows))
         relative.append(_measured(key, paired_logs(a, base_key, key), paired_logs(b, base_key, key), (ratio_a, ratio_b)))
+    ran = None if a.meta is None or b.meta is None else (a.meta.environment, b.meta.environment)
     return RunComparison(_judged(relative), _judged(absolute), sorted(set(a_rows) - set(b_rows)),
-                         sorted(set(b_rows) - set(a_rows)), baseline, (a.process_count, b.process_count))
+                         sorted(set(b_rows) - set(a_rows)), baseline, (a.process_count, b.process_count),
+                         None if ran is None else (Machine.of(ran[0]), Machine.of(ran[1])),
+                         (None, None) if ran is None else (ran[0].boot_id, ran[1].boot_id))
 
 
 def _measured(key: tuple, a_logs: Levels | None, b_logs: Levels | None, fallback: tuple[float, float]

@@ -27,19 +27,32 @@ class Machine:
     driver_version: str | None
     pcie_link: str | None  # the link the slot trains to (nvidia-smi's `max`), not the one it idled at: an idle link downshifts
     hostname: str | None
+    cpu_id: str | None = None  # the CPU beyond its model name (Environment.cpu_id); None in runs before it was recorded
 
     @classmethod
     def of(cls, environment: Environment) -> Machine:
         link = environment.pcie_link
         found = _LINK_MAX.search(link) if link else None
         return cls(environment.device, environment.device_name, environment.driver_version,
-                   found.group(1) if found else link, environment.hostname)
+                   found.group(1) if found else link, environment.hostname, environment.cpu_id)
 
     def describe(self) -> str:
-        where = f"{self.device_name} @ {self.hostname or 'host unknown'}"
+        cpu = f" ({self.cpu_id})" if self.cpu_id else ""
+        where = f"{self.device_name}{cpu if self.device != 'cuda' else ''} @ {self.hostname or 'host unknown'}"
         if self.device != "cuda":
             return where
-        return f"{where}, driver {self.driver_version}, PCIe {self.pcie_link}"
+        return f"{where}, driver {self.driver_version}, PCIe {self.pcie_link}{f', CPU {self.cpu_id}' if cpu else ''}"
+
+    def differences(self, other: Machine) -> list[tuple[str, str, str]]:
+        """(what, this one's, the other's) for each part of the identity known for both that differs: a part one run
+        did not record (None, 'unknown') tells nothing."""
+        return [(what, str(mine), str(theirs)) for what, mine, theirs in zip(
+                    MACHINE_PARTS, dataclasses.astuple(self), dataclasses.astuple(other), strict=True)
+                if mine not in (None, "unknown") and theirs not in (None, "unknown") and mine != theirs]
+
+
+MACHINE_PARTS = ("device", "device name", "driver", "PCIe link", "host", "CPU")
+"""What each field of `Machine` is, in order, as `Machine.differences` names it."""
 
 
 def machine_of(run: Run) -> Machine:

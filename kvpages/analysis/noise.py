@@ -152,10 +152,10 @@ class AAFigures:
                     f"intervals are {self.median_width_a:.0%} (A) and {self.median_width_b:.0%} (B) wide (median), so "
                     "smaller differences are not resolved here")
         if shift.explains(held):
-            fit_line += (f"; without the shift of the whole run's ratios ({shift.percent()}, sign test p = "
-                         f"{shift.sign_p():.2g}), {shift.held.held_text()}: each run's intervals cover its own "
+            fit_line += (f"; without the shift of the whole run's ratios ({shift.moved.percent()}, sign test p = "
+                         f"{shift.moved.sign_p():.2g}), {shift.held.held_text()}: each run's intervals cover its own "
                          "processes, not what moves a whole run's ratios on this box over minutes, so a difference of "
-                         f"about {abs(shift.factor - 1):.1%} between two runs may be the box's, not the code's")
+                         f"about {abs(shift.moved.factor - 1):.1%} between two runs may be the box's, not the code's")
         lines = [
             f"A/A noise check of {self.variant}/{self.a.baseline}: A = {self.a.run.run_id}, B = {self.b.run.run_id}",
             f"points with the ratio in both runs: {held.points}",
@@ -182,28 +182,29 @@ class AAFigures:
 
 
 @dataclass(frozen=True)
-class RunShift(Shift):
-    """A variant's `Shift` between two runs of the same code (the box's state over minutes, which no process of one
-    run samples), with how the intervals hold each other with A's taken `factor` times (`held`)."""
+class RunShift:
+    """A variant's `Shift` between two runs of the same code (`moved`: the box's state over minutes, which no process
+    of one run samples), with how the intervals hold each other with A's taken that factor times (`held`)."""
 
+    moved: Shift
     held: Held
 
     def explains(self, held: Held) -> bool:
         """Whether the intervals `held` as they are miss their targets only by this shift: it is more than the
         points' scatter (`Shift.clear`), and taken out, they meet them."""
-        return not held.meets_targets() and self.clear() and self.held.meets_targets()
+        return not held.meets_targets() and self.moved.clear() and self.held.meets_targets()
 
     def text(self) -> str:
-        frac = self.held.frac
-        return (f"shift of the whole run's ratios: B's sit at a median of {self.percent()} from A's, {self.up} of "
-                f"{self.held.points} points up and {self.down} down (sign test p = {self.sign_p():.2g}); taken out, "
+        moved, frac = self.moved, self.held.frac
+        return (f"shift of the whole run's ratios: B's sit at a median of {moved.percent()} from A's, {moved.up} of "
+                f"{self.held.points} points up and {moved.down} down (sign test p = {moved.sign_p():.2g}); taken out, "
                 f"the intervals overlap at {frac(self.held.overlap)}, A's ratio is inside B's CI at "
                 f"{frac(self.held.a_in_b)} and B's inside A's at {frac(self.held.b_in_a)}")
 
     @classmethod
     def of_pairs(cls, pairs: Pairs) -> RunShift:
         moved = Shift.of([rb.ratio / ra.ratio for ra, rb in pairs if ra.ratio > 0])
-        return cls(moved.factor, moved.up, moved.down, Held.of(pairs, moved.factor))
+        return cls(moved, Held.of(pairs, moved.factor))
 
 
 def components_text(noise: NoiseFloor) -> str:

@@ -38,15 +38,64 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def cpu_model() -> str:
+def _read(path: str) -> str | None:
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+        with open(path) as f:
+            return f.read()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return None
+
+
+def _first_cpu(cpuinfo: str) -> dict[str, str]:
+    """The first processor's `key: value` lines of /proc/cpuinfo."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if fields:
+                break
+            continue
+        key, colon, value = line.partition(":")
+        if colon:
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """/proc/cpuinfo's model name (`cpuinfo`: its text; None: read it), else what `platform` says."""
+    name = _first_cpu(cpuinfo if cpuinfo is not None else _read("/proc/cpuinfo") or "").get("model name")
+    return name or platform.processor() or platform.machine()
+
+
+CPU_ID_FIELDS = (("cpu family", "family"), ("model", "model"), ("stepping", "stepping"), ("microcode", "microcode"),
+                 ("CPU implementer", "implementer"), ("CPU part", "part"), ("CPU variant", "variant"),
+                 ("CPU revision", "revision"))
+"""What /proc/cpuinfo says of a CPU beyond its model name (x86's, then Arm's fields), as `cpu_id` names them."""
+
+
+def cpu_id(cpuinfo: str | None = None, l3: str | None = None) -> str | None:
+    """What tells apart CPUs of one model name ('AMD EPYC' names every box of the dev fleet, whatever its generation):
+    'family 25 model 1 stepping 1 microcode 0x1000065, L3 32768K', from /proc/cpuinfo's first processor and the size
+    of its level-3 cache (`cpuinfo`, `l3`: their text; None: read them); None where Linux does not say."""
+    fields = _first_cpu(cpuinfo if cpuinfo is not None else _read("/proc/cpuinfo") or "")
+    named = " ".join(f"{label} {fields[key]}" for key, label in CPU_ID_FIELDS if fields.get(key))
+    cache = l3 if l3 is not None else _l3_size()
+    found = ", ".join(part for part in (named, f"L3 {cache}" if cache else "") if part)
+    return found or None
+
+
+def _l3_size() -> str | None:
+    """The size of CPU 0's level-3 cache as sysfs writes it ('32768K'); None where there is none or it is not said."""
+    caches = Path("/sys/devices/system/cpu/cpu0/cache")
+    for index in sorted(caches.glob("index*")) if caches.is_dir() else ():
+        if (_read(str(index / "level")) or "").strip() == "3":
+            return (_read(str(index / "size")) or "").strip() or None
+    return None
+
+
+def boot_id() -> str | None:
+    """This boot's id (Linux: a random UUID per boot): two runs with one are of one sitting of one machine."""
+    found = (_read("/proc/sys/kernel/random/boot_id") or "").strip()
+    return found or None
 
 
 SMI_FIELDS = "driver_version,pcie.link.gen.current,pcie.link.width.current,pcie.link.gen.max,pcie.link.width.max"
@@ -147,6 +196,8 @@ def capture(device: str, repo: Path, crosschecked: bool = False, threads: int | 
         pytest_benchmark_version=metadata.version("pytest-benchmark"),
         platform=platform.platform(),
         cpu_model=cpu_model(),
+        cpu_id=cpu_id(),
+        boot_id=boot_id(),
         cpu_count=os.cpu_count() or 0,
         torch_threads=torch.get_num_threads() if threads is None else threads,
         device=device,

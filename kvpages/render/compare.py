@@ -59,6 +59,11 @@ class Compared:
         return (f"{len(family.points)} points: {counts} (minimum effect {family.min_effect:.1%}; family corrected, "
                 "kvpages.analysis.verdicts.judge)")
 
+    def notes(self) -> tuple[str | None, ...]:
+        """The notes under the tables, each None where it does not apply: the intervals' caveat, where the runs ran,
+        and a shift of every ratio."""
+        return self.result.caveat(), self.result.machine_note(), self.result.shift_note()
+
     def unit_line(self) -> str:
         unit = "processes" if self.result.unit == "process" else "repetitions within a process"
         return (f"intervals between the runs sample {unit} (A: {self.result.processes[0]}, B: "
@@ -90,7 +95,7 @@ def text(c: Compared) -> str:
     for label, keys in (("only in A", c.result.only_a), ("only in B", c.result.only_b)):
         lines += [f"{label}: {' '.join(str(k) for k in key)}" for key in keys]
     lines += [f"{name}: {c.judged_line(family)}" for name, family in c.families().items()]
-    lines += [c.unit_line(), *filter(None, [c.result.caveat(), c.result.shift_note()])]
+    lines += [c.unit_line(), *filter(None, c.notes())]
     gate = c.gate_line()
     if gate is not None and not c.regressions:
         lines.append(gate)
@@ -122,7 +127,7 @@ def markdown(c: Compared) -> str:
     only = [f"- only in {side}: `{' '.join(str(k) for k in key)}`"
             for side, keys in (("A", c.result.only_a), ("B", c.result.only_b)) for key in keys]
     parts += ["\n".join(only)] if only else []
-    parts += [f"> {note}" for note in (c.result.caveat(), c.result.shift_note()) if note]
+    parts += [f"> {note}" for note in c.notes() if note]
     return "\n\n".join(parts)
 
 
@@ -140,10 +145,12 @@ def document(c: Compared) -> ComparisonDocument:
     families = c.families()
     gate = None if c.fail_above_pct is None else Gate(c.fail_above_pct, 1 + c.fail_above_pct / 100,
                                                       len(c.regressions), not c.regressions)
-    a, b = (RunInfo(r.run_id, r.device_name, r.process_count) for r in (c.a, c.b))
+    machines = c.result.machines or (None, None)
+    a, b = (RunInfo(r.run_id, r.device_name, r.process_count, None if m is None else m.describe(), boot)
+            for r, m, boot in zip((c.a, c.b), machines, c.result.boots, strict=True))
     moved = c.result.shift
     return ComparisonDocument(
-        COMPARE_SCHEMA_VERSION, a, b, c.result.baseline, c.result.unit, c.result.caveat(),
+        COMPARE_SCHEMA_VERSION, a, b, c.result.baseline, c.result.unit, c.result.caveat(), c.result.machine_note(),
         {n: f.min_effect for n, f in families.items()}, {n: f.counts() for n, f in families.items()}, gate,
         RelativeShift(moved.factor, moved.up, moved.down, moved.sign_p(), c.result.shift_note()),
         [point(n, p) for n, f in families.items() for p in f.points],

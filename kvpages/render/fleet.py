@@ -23,16 +23,17 @@ FLEET_MD = "FLEET.md"
 ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("device", "device"), ("device name", "device_name"), ("host", "hostname"), ("driver", "driver_version"),
     ("CUDA", "cuda_version"), ("PCIe link at the start", "pcie_link"), ("PCIe link after the first block", "pcie_link_loaded"),
-    ("SM clock after the first block (MHz)", "sm_clock_mhz_loaded"),
-    ("GPU UUID", "gpu_uuid"), ("CPU model", "cpu_model"), ("CPU cores", "cpu_count"), ("torch threads", "torch_threads"),
-    ("platform", "platform"), ("Python", "python_version"), ("torch", "torch_version"), ("numpy", "numpy_version"),
+    ("SM clock after the first block (MHz)", "sm_clock_mhz_loaded"), ("GPU UUID", "gpu_uuid"), ("CPU model", "cpu_model"),
+    ("CPU", "cpu_id"), ("CPU cores", "cpu_count"), ("torch threads", "torch_threads"), ("platform", "platform"),
+    ("Python", "python_version"), ("torch", "torch_version"), ("numpy", "numpy_version"),
     ("pytest-benchmark", "pytest_benchmark_version"), ("kvpages", "kvpages_version"),
 )
 """The rows of the machines table: (what it says, the meta.json `environment` field it reads)."""
 
 METHOD = (
     "Machines are told apart by meta.json's environment (kvpages.analysis.machines.Machine: device, device name, "
-    "driver, the PCIe link the slot trains to, host name); runs with equal identities are one machine. A machine's "
+    "driver, the PCIe link the slot trains to, host name, the CPU beyond its model name); runs with equal identities "
+    "are one machine, and a run that did not record a part is another machine than one that did. A machine's "
     "runs are **pooled as repetitions of one run**: each run's processes become processes of one two-stage bootstrap "
     "(run k's process p is numbered after the processes of the runs before it), each repetition stays paired with "
     "its baseline within its own run, and a row is pooled only where every run of the machine timed it; two runs of "

@@ -70,7 +70,7 @@ def environment_paragraph(run: Run) -> str:
     git = f"commit {e.git_commit[:12]}{' (dirty tree)' if e.git_dirty else ''}" if e.git_commit else "no git checkout"
     return (
         f"Run `{m.run_id}` measured on **{e.device}** ({e.device_name}{cuda})"
-        f"{f' on host {e.hostname}' if e.hostname else ''}; CPU {e.cpu_model}, "
+        f"{f' on host {e.hostname}' if e.hostname else ''}; CPU {e.cpu_model}{f' ({e.cpu_id})' if e.cpu_id else ''}, "
         f"{e.cpu_count} cores, {e.torch_threads} torch threads; Python {e.python_version}, torch {e.torch_version}, "
         f"numpy {e.numpy_version}, pytest-benchmark {e.pytest_benchmark_version}, kvpages {e.kvpages_version} at {git}. "
         f"Preset `{m.preset}`, {m.repetitions} interleaved repetition(s), order seed {m.order_seed}, profiler "

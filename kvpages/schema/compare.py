@@ -8,7 +8,7 @@ import json
 import math
 from dataclasses import dataclass
 
-COMPARE_SCHEMA_VERSION = 2  # 2: `shift`
+COMPARE_SCHEMA_VERSION = 3  # 2: `shift`; 3: each run's `machine` and `boot_id`, and `machine_note`
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,8 @@ class RunInfo:
     run_id: str
     device_name: str
     processes: int
+    machine: str | None  # kvpages.analysis.machines.Machine.describe(); null for a run without meta.json
+    boot_id: str | None  # the boot it ran in (meta.json's environment); null where not recorded
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class ComparisonDocument:
     baseline: str
     interval_unit: str
     caveat: str | None
+    machine_note: str | None  # RunComparison.machine_note: where A and B ran on different machines or boots
     min_effect: dict[str, float]  # per family ('relative', 'absolute')
     counts: dict[str, dict[str, int]]  # per family: how many points got each verdict
     gate: Gate | None
