@@ -143,35 +143,47 @@ def test_a_shift_of_every_ratio_is_named_beside_the_verdicts_it_may_have_made(tm
     assert [p.key[3:] for p in slowed] == [(131072, 64)] and one.shift_note() is None
 
 
-MILAN = {"cpu_id": "family 25 model 1 stepping 1 microcode 0x1000065, L3 32768K", "boot_id": "boot-1", "hostname": "vm"}
+MILAN = {"cpu_id": "vendor AuthenticAMD family 25 model 1 stepping 1 microcode 0x1000065, L3 32768K",
+         "boot_id": "boot-1", "hostname": "vm"}
+MILAN_ID = "test-cpu (vendor AuthenticAMD family 25 model 1 stepping 1 microcode 0x1000065, L3 32768K) @ vm"
 
 
 def test_a_note_names_what_differs_between_the_machines_or_the_boots_the_runs_ran_in(tmp_path):
     kw = {"rep_spread": 0.002, "spread": 0.001}
     a = synthetic_run(tmp_path / "a", POINTS, seed=1, environment=MILAN, **kw)
-    genoa = {**MILAN, "cpu_id": "family 25 model 17 stepping 1 microcode 0xa101148, L3 32768K", "boot_id": "boot-2"}
+    genoa = {**MILAN, "cpu_id": "vendor AuthenticAMD family 25 model 17 stepping 1 microcode 0xa101148, L3 32768K",
+             "boot_id": "boot-2"}
     b = synthetic_run(tmp_path / "b", POINTS, seed=2, environment=genoa, **kw)
     note = compare_runs(load_run(a), load_run(b)).machine_note()
-    assert note == ("note: A and B ran on different machines (CPU: A family 25 model 1 stepping 1 microcode 0x1000065, "
-                    "L3 32768K, B family 25 model 17 stepping 1 microcode 0xa101148, L3 32768K): ratios move between "
-                    "machines, not only absolute times, so a verdict here may be the machines' and not the change's; "
-                    "gate runs of one machine")
+    assert note == ("note: A and B ran on machines that differ (CPU: A 'vendor AuthenticAMD family 25 model 1 stepping 1 "
+                    "microcode 0x1000065, L3 32768K', B 'vendor AuthenticAMD family 25 model 17 stepping 1 microcode "
+                    "0xa101148, L3 32768K'): ratios move between machines, not only absolute times, so a verdict here "
+                    "may be the machines' and not the change's; gate runs of one machine")
     text = cli("compare", str(a), str(b), "--fail-above", "40")  # a note, not a verdict: the gate passes
     assert text.returncode == 0 and note in text.stdout.splitlines()
     assert f"> {note}" in cli("compare", str(a), str(b), "--format", "markdown").stdout.splitlines()
     document = json.loads(cli("compare", str(a), str(b), "--format", "json").stdout)
     assert document["machine_note"] == note and document["b"]["boot_id"] == "boot-2"
-    assert document["a"]["machine"] == "test-cpu (family 25 model 1 stepping 1 microcode 0x1000065, L3 32768K) @ vm"
+    assert document["a"]["machine"] == MILAN_ID
 
+    other_device = synthetic_run(tmp_path / "f", POINTS, seed=6, environment={**MILAN, "device": "cuda"}, **kw)
+    assert compare_runs(load_run(a), load_run(other_device)).machine_note().startswith(
+        "note: A and B ran in one boot of one box, but not alike (device: A 'cpu', B 'cuda'): ratios move between "
+        "devices and set-ups")
     rebooted = synthetic_run(tmp_path / "c", POINTS, seed=3, environment={**MILAN, "boot_id": "boot-3"}, **kw)
     assert compare_runs(load_run(a), load_run(rebooted)).machine_note() == (
-        "note: A and B ran in different boots of machines that read the same (test-cpu (family 25 model 1 stepping 1 "
-        "microcode 0x1000065, L3 32768K) @ vm): a reboot, or another box of that make; what differs between sittings "
-        "moves every point, and neither run's intervals sample it, so a verdict here may be the sittings' and not the "
-        "change's")
-    one_sitting = synthetic_run(tmp_path / "d", POINTS, seed=4, environment=MILAN, **kw)
+        f"note: A and B ran in different boots of machines whose recorded identity matches ('{MILAN_ID}'): a reboot, "
+        "or another box of the same model; what differs between boots may move every point, and neither run's "
+        "intervals sample it, so a verdict here may be the boots' and not the change's; to gate, rerun A in B's boot")
+    one_boot = synthetic_run(tmp_path / "d", POINTS, seed=4, environment=MILAN, **kw)
     older = synthetic_run(tmp_path / "e", POINTS, seed=5, environment={"hostname": "vm"}, **kw)  # recorded neither
-    for quiet in (one_sitting, older):
+    for quiet in (one_boot, older):
         assert compare_runs(load_run(a), load_run(quiet)).machine_note() is None
-        assert "ran on different machines" not in cli("compare", str(a), str(quiet)).stdout
+        assert "note: A and B ran" not in cli("compare", str(a), str(quiet)).stdout
     assert json.loads(cli("compare", str(a), str(older), "--format", "json").stdout)["machine_note"] is None
+    bare = tmp_path / "bare"  # a results CSV without its meta.json: that run's machine is unknown, A's is still said
+    bare.mkdir()
+    for name in ("results.csv", "samples.csv.gz"):
+        (bare / name).write_bytes((b / name).read_bytes())
+    document = json.loads(cli("compare", str(a), str(bare / "results.csv"), "--format", "json").stdout)
+    assert (document["a"]["machine"], document["b"]["machine"], document["machine_note"]) == (MILAN_ID, None, None)

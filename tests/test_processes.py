@@ -139,7 +139,8 @@ def test_compare_judges_processes_against_processes_and_catches_a_regression(tmp
     slower = compare_runs(a, c)
     assert slower.regressions(10) and slower.relative.counts()["slower"] == len(slower.relative.points)
     single = load_run(synthetic_run(tmp_path / "d", MEDIANS, seed=4))
-    assert "one process" in compare_runs(single, b).caveat()
+    assert compare_runs(single, b).caveat().startswith("note: run A was timed in one process, so")
+    assert compare_runs(single, single).caveat().startswith("note: runs A and B were each timed in one process, so")
 
 
 def test_noise_states_both_levels_and_whether_the_box_is_fit(tmp_path):

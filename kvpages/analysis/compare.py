@@ -81,8 +81,8 @@ class RunComparison:
     only_b: list[tuple]
     baseline: str
     processes: tuple[int, int] = (1, 1)  # how many processes timed A and B
-    machines: tuple[Machine, Machine] | None = None  # where A and B ran (None: a run without meta.json)
-    boots: tuple[str | None, str | None] = (None, None)  # the boot each ran in (Environment.boot_id)
+    machines: tuple[Machine | None, Machine | None] = (None, None)  # where A and B ran (None: no meta.json)
+    boots: tuple[str | None, str | None] = (None, None)  # the boot each ran in (Environment.boot_id; None: not known)
 
     @property
     def unit(self) -> str:
@@ -93,7 +93,8 @@ class RunComparison:
         if self.unit == "process":
             return None
         single = " and ".join(name for name, n in zip(("A", "B"), self.processes, strict=True) if n < 2)
-        return (f"note: run {single} was timed in one process, so these intervals cover only what varies within a "
+        runs = f"run {single} was" if len(single) == 1 else "runs A and B were each"
+        return (f"note: {runs} timed in one process, so these intervals cover only what varies within a "
                 "process, and a shift of a whole process reads as a change; rerun with --kv-processes 2 or more")
 
     @functools.cached_property
@@ -119,23 +120,29 @@ class RunComparison:
                 "alone (the absolute family shows whether the baseline moved)")
 
     def machine_note(self) -> str | None:
-        """One line where A and B ran on different machines (`Machine.differences`), or on machines that read the
-        same but in different boots: what differs between them moves every point, and neither run's intervals sample
-        it; None where they ran in one sitting, or their meta.json cannot tell."""
-        if self.machines is None:
-            return None
+        """One line where what meta.json records of A's and B's machines differs (`Machine.differences`), or where
+        none of it does but their boots do: neither run's intervals sample what differs between them; None where
+        nothing recorded for both differs."""
         a, b = self.machines
-        differ = a.differences(b)
-        if differ:
-            said = "; ".join(f"{what}: A {mine}, B {theirs}" for what, mine, theirs in differ)
-            return (f"note: A and B ran on different machines ({said}): ratios move between machines, not only "
+        if a is None or b is None:
+            return None
+        one_boot = None not in self.boots and self.boots[0] == self.boots[1]
+        if differ := a.differences(b):
+            said = "; ".join(f"{what}: A '{mine}', B '{theirs}'" for what, mine, theirs in differ)
+            if one_boot:
+                return (f"note: A and B ran in one boot of one box, but not alike ({said}): ratios move between "
+                        "devices and set-ups, not only absolute times, so a verdict here may be theirs and not the "
+                        "change's")
+            return (f"note: A and B ran on machines that differ ({said}): ratios move between machines, not only "
                     "absolute times, so a verdict here may be the machines' and not the change's; gate runs of one "
                     "machine")
-        if None in self.boots or self.boots[0] == self.boots[1]:
+        if None in self.boots or one_boot:
             return None
-        return (f"note: A and B ran in different boots of machines that read the same ({a.describe()}): a reboot, or "
-                "another box of that make; what differs between sittings moves every point, and neither run's "
-                "intervals sample it, so a verdict here may be the sittings' and not the change's")
+        where = f"'{a.describe()}'" if a == b else f"A '{a.describe()}', B '{b.describe()}'"
+        return (f"note: A and B ran in different boots of machines whose recorded identity matches ({where}): a "
+                "reboot, or another box of the same model; what differs between boots may move every point, and "
+                "neither run's intervals sample it, so a verdict here may be the boots' and not the change's; to "
+                "gate, rerun A in B's boot")
 
     def regressions(self, fail_above_pct: float) -> list[PointComparison]:
         return [p for p in self.relative.points if p.interval.ci_low > 1 + fail_above_pct / 100]
@@ -168,11 +175,11 @@ def compare_runs(a: Run, b: Run, baseline: str | None = None) -> RunComparison:
             continue
         ratio_a, ratio_b = (float(rows[key]["median_us"] / rows[base_key]["median_us"]) for rows in (a_rows, b_rows))
         relative.append(_measured(key, paired_logs(a, base_key, key), paired_logs(b, base_key, key), (ratio_a, ratio_b)))
-    ran = None if a.meta is None or b.meta is None else (a.meta.environment, b.meta.environment)
+    env_a, env_b = (None if run.meta is None else run.meta.environment for run in (a, b))
     return RunComparison(_judged(relative), _judged(absolute), sorted(set(a_rows) - set(b_rows)),
                          sorted(set(b_rows) - set(a_rows)), baseline, (a.process_count, b.process_count),
-                         None if ran is None else (Machine.of(ran[0]), Machine.of(ran[1])),
-                         (None, None) if ran is None else (ran[0].boot_id, ran[1].boot_id))
+                         (None if env_a is None else Machine.of(env_a), None if env_b is None else Machine.of(env_b)),
+                         (None if env_a is None else env_a.boot_id, None if env_b is None else env_b.boot_id))
 
 
 def _measured(key: tuple, a_logs: Levels | None, b_logs: Levels | None, fallback: tuple[float, float]

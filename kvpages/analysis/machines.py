@@ -46,13 +46,14 @@ class Machine:
     def differences(self, other: Machine) -> list[tuple[str, str, str]]:
         """(what, this one's, the other's) for each part of the identity known for both that differs: a part one run
         did not record (None, 'unknown') tells nothing."""
-        return [(what, str(mine), str(theirs)) for what, mine, theirs in zip(
-                    MACHINE_PARTS, dataclasses.astuple(self), dataclasses.astuple(other), strict=True)
-                if mine not in (None, "unknown") and theirs not in (None, "unknown") and mine != theirs]
+        return [(MACHINE_PARTS[part.name], str(mine), str(theirs)) for part in dataclasses.fields(self)
+                if (mine := getattr(self, part.name)) not in (None, "unknown")
+                and (theirs := getattr(other, part.name)) not in (None, "unknown") and mine != theirs]
 
 
-MACHINE_PARTS = ("device", "device name", "driver", "PCIe link", "host", "CPU")
-"""What each field of `Machine` is, in order, as `Machine.differences` names it."""
+MACHINE_PARTS = {"device": "device", "device_name": "device name", "driver_version": "driver", "pcie_link": "PCIe link",
+                 "hostname": "host", "cpu_id": "CPU"}
+"""What each field of `Machine` is, as `Machine.differences` names it (every field has one)."""
 
 
 def machine_of(run: Run) -> Machine:

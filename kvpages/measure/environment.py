@@ -46,38 +46,37 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _first_cpu(cpuinfo: str) -> dict[str, str]:
-    """The first processor's `key: value` lines of /proc/cpuinfo."""
+def _cpu_fields(cpuinfo: str) -> dict[str, str]:
+    """/proc/cpuinfo's `key: value` lines, each key's first: the first processor's, or where a kernel writes it once
+    after the processors (older Arm and PowerPC kernels)."""
     fields: dict[str, str] = {}
     for line in cpuinfo.splitlines():
-        if not line.strip():
-            if fields:
-                break
-            continue
         key, colon, value = line.partition(":")
-        if colon:
+        if colon and value.strip():
             fields.setdefault(key.strip(), value.strip())
     return fields
 
 
 def cpu_model(cpuinfo: str | None = None) -> str:
     """/proc/cpuinfo's model name (`cpuinfo`: its text; None: read it), else what `platform` says."""
-    name = _first_cpu(cpuinfo if cpuinfo is not None else _read("/proc/cpuinfo") or "").get("model name")
+    name = _cpu_fields(cpuinfo if cpuinfo is not None else _read("/proc/cpuinfo") or "").get("model name")
     return name or platform.processor() or platform.machine()
 
 
-CPU_ID_FIELDS = (("cpu family", "family"), ("model", "model"), ("stepping", "stepping"), ("microcode", "microcode"),
-                 ("CPU implementer", "implementer"), ("CPU part", "part"), ("CPU variant", "variant"),
-                 ("CPU revision", "revision"))
+CPU_ID_FIELDS = (("vendor_id", "vendor"), ("cpu family", "family"), ("model", "model"), ("stepping", "stepping"),
+                 ("microcode", "microcode"), ("CPU implementer", "implementer"), ("CPU part", "part"),
+                 ("CPU variant", "variant"), ("CPU revision", "revision"))
 """What /proc/cpuinfo says of a CPU beyond its model name (x86's, then Arm's fields), as `cpu_id` names them."""
 
 
 def cpu_id(cpuinfo: str | None = None, l3: str | None = None) -> str | None:
     """What tells apart CPUs of one model name ('AMD EPYC' names every box of the dev fleet, whatever its generation):
-    'family 25 model 1 stepping 1 microcode 0x1000065, L3 32768K', from /proc/cpuinfo's first processor and the size
-    of its level-3 cache (`cpuinfo`, `l3`: their text; None: read them); None where Linux does not say."""
-    fields = _first_cpu(cpuinfo if cpuinfo is not None else _read("/proc/cpuinfo") or "")
-    named = " ".join(f"{label} {fields[key]}" for key, label in CPU_ID_FIELDS if fields.get(key))
+    'vendor AuthenticAMD family 25 model 1 stepping 1 microcode 0x1000065, L3 32768K', from /proc/cpuinfo (its first
+    processor: CPU 0, not necessarily the core a run was pinned to, which on a CPU of two kinds of core may differ)
+    and the size of CPU 0's level-3 cache (`cpuinfo`, `l3`: their text; None: read them); None where neither is
+    found (not Linux, say)."""
+    fields = _cpu_fields(cpuinfo if cpuinfo is not None else _read("/proc/cpuinfo") or "")
+    named = " ".join(f"{label} {fields[key]}" for key, label in CPU_ID_FIELDS if key in fields)
     cache = l3 if l3 is not None else _l3_size()
     found = ", ".join(part for part in (named, f"L3 {cache}" if cache else "") if part)
     return found or None
@@ -93,7 +92,7 @@ def _l3_size() -> str | None:
 
 
 def boot_id() -> str | None:
-    """This boot's id (Linux: a random UUID per boot): two runs with one are of one sitting of one machine."""
+    """This boot's id (Linux: a random UUID per boot): two runs with one ran in one boot of one machine."""
     found = (_read("/proc/sys/kernel/random/boot_id") or "").strip()
     return found or None
 

@@ -145,9 +145,8 @@ def document(c: Compared) -> ComparisonDocument:
     families = c.families()
     gate = None if c.fail_above_pct is None else Gate(c.fail_above_pct, 1 + c.fail_above_pct / 100,
                                                       len(c.regressions), not c.regressions)
-    machines = c.result.machines or (None, None)
     a, b = (RunInfo(r.run_id, r.device_name, r.process_count, None if m is None else m.describe(), boot)
-            for r, m, boot in zip((c.a, c.b), machines, c.result.boots, strict=True))
+            for r, m, boot in zip((c.a, c.b), c.result.machines, c.result.boots, strict=True))
     moved = c.result.shift
     return ComparisonDocument(
         COMPARE_SCHEMA_VERSION, a, b, c.result.baseline, c.result.unit, c.result.caveat(), c.result.machine_note(),

@@ -24,9 +24,10 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("device", "device"), ("device name", "device_name"), ("host", "hostname"), ("driver", "driver_version"),
     ("CUDA", "cuda_version"), ("PCIe link at the start", "pcie_link"), ("PCIe link after the first block", "pcie_link_loaded"),
     ("SM clock after the first block (MHz)", "sm_clock_mhz_loaded"), ("GPU UUID", "gpu_uuid"), ("CPU model", "cpu_model"),
-    ("CPU", "cpu_id"), ("CPU cores", "cpu_count"), ("torch threads", "torch_threads"), ("platform", "platform"),
-    ("Python", "python_version"), ("torch", "torch_version"), ("numpy", "numpy_version"),
-    ("pytest-benchmark", "pytest_benchmark_version"), ("kvpages", "kvpages_version"),
+    ("CPU (vendor, family, model, stepping, microcode, L3)", "cpu_id"), ("CPU cores", "cpu_count"),
+    ("torch threads", "torch_threads"), ("platform", "platform"), ("Python", "python_version"),
+    ("torch", "torch_version"), ("numpy", "numpy_version"), ("pytest-benchmark", "pytest_benchmark_version"),
+    ("kvpages", "kvpages_version"),
 )
 """The rows of the machines table: (what it says, the meta.json `environment` field it reads)."""
 

@@ -16,7 +16,7 @@ class RunInfo:
     run_id: str
     device_name: str
     processes: int
-    machine: str | None  # kvpages.analysis.machines.Machine.describe(); null for a run without meta.json
+    machine: str | None  # kvpages.analysis.machines.Machine.describe(), one line of text; null without its meta.json
     boot_id: str | None  # the boot it ran in (meta.json's environment); null where not recorded
 
 
@@ -78,7 +78,7 @@ class ComparisonDocument:
     baseline: str
     interval_unit: str
     caveat: str | None
-    machine_note: str | None  # RunComparison.machine_note: where A and B ran on different machines or boots
+    machine_note: str | None  # RunComparison.machine_note: where A's and B's machines or boots differ
     min_effect: dict[str, float]  # per family ('relative', 'absolute')
     counts: dict[str, dict[str, int]]  # per family: how many points got each verdict
     gate: Gate | None

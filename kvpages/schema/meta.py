@@ -41,9 +41,9 @@ class Environment:
     """The git tree ids of kvpages/ and bench/ as they were on disk ('kvpages:<id> bench:<id>'), dirty tree or not:
     `git rev-parse <commit>:kvpages` of the commit with the same code gives the same id (docs/guide.md)."""
     cpu_id: str | None = None
-    """What tells CPUs of one `cpu_model` apart: family, model, stepping, microcode, L3 ('family 25 model 1 stepping 1
-    microcode 0x1000065, L3 32768K'); None: not recorded (runs before it) or not said (not Linux)."""
-    boot_id: str | None = None  # Linux's id of the boot the run ran in: runs with one ran in one sitting of one machine
+    """What tells CPUs of one `cpu_model` apart: vendor, family, model, stepping, microcode, L3 ('vendor AuthenticAMD
+    family 25 model 1 stepping 1 microcode 0x1000065, L3 32768K'); None: not recorded (runs before it) or not found."""
+    boot_id: str | None = None  # Linux's id of the boot the run ran in: runs with one ran in one boot of one machine
 
 
 @dataclass(frozen=True)
