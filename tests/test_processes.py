@@ -151,7 +151,11 @@ def test_noise_states_both_levels_and_whether_the_box_is_fit(tmp_path):
     assert 0 < a.noise.time_between_process < 0.2 and 0 < a.noise.time_within_process < 0.2
     text = aa_figures(a, b, "device_stride", 10).text()
     assert "between processes" in text and "between repetitions within one" in text
-    assert text.splitlines()[-1].startswith("fit for comparisons: ")
+    assert text.splitlines()[-1].startswith("fit for comparisons: ") and "note: A and B ran" not in text
+    rebooted = analyze(load_run(synthetic_run(tmp_path / "c", MEDIANS, seed=3, environment={"boot_id": "2"}, **kw)))
+    a_booted = analyze(load_run(synthetic_run(tmp_path / "d", MEDIANS, seed=1, environment={"boot_id": "1"}, **kw)))
+    lines = aa_figures(a_booted, rebooted, "device_stride", 10).text().splitlines()  # not back to back: it says so
+    assert lines[-2].startswith("note: A and B ran in different boots of machines whose recorded identity matches")
 
 
 def test_noise_names_a_shift_of_the_whole_runs_ratios_and_what_the_intervals_would_be_without_it(tmp_path):

@@ -140,6 +140,7 @@ class AAFigures:
     faster: int
     relative_points: int
     run_shift: RunShift
+    machine_note: str | None = None  # RunComparison.machine_note: an A/A pair is of one boot of one machine
 
     def text(self) -> str:
         held, shift, frac = self.held, self.run_shift, self.held.frac
@@ -177,6 +178,7 @@ class AAFigures:
         ]
         lines += [f"noise floor {name}: {components_text(run.noise)}" for name, run in runs]
         lines += [f"{name}: {timed}" for name, run in runs if (timed := efficiency(run))]
+        lines += [self.machine_note] if self.machine_note else []
         lines.append(fit_line)  # is this box fit for comparisons, judged by this pair against the calibrated values?
         return "\n".join(lines)
 
@@ -236,6 +238,7 @@ def aa_figures(a: Analysis, b: Analysis, variant: str, fail_above_pct: float) ->
         faster=comparison.relative.counts()[FASTER],
         relative_points=len(comparison.relative.points),
         run_shift=RunShift.of_pairs(pairs),
+        machine_note=comparison.machine_note(),
     )
 
 
