@@ -131,7 +131,7 @@ class RunComparison:
             said = "; ".join(f"{what}: A '{mine}', B '{theirs}'" for what, mine, theirs in differ)
             if one_boot:
                 return (f"note: A and B ran in one boot of one box, but not alike ({said}): ratios move between "
-                        "devices and set-ups, not only absolute times, so a verdict here may be theirs and not the "
+                        "devices and set-ups, not only absolute times, so a verdict here may be the set-ups' and not the "
                         "change's")
             return (f"note: A and B ran on machines that differ ({said}): ratios move between machines, not only "
                     "absolute times, so a verdict here may be the machines' and not the change's; gate runs of one "
