@@ -39,7 +39,7 @@ CPU revision\t: 3
 """
 
 
-def test_the_cpu_is_told_apart_beyond_its_model_name_by_the_first_of_each_field():
+def test_the_cpu_is_told_apart_beyond_its_model_name_by_the_first_block_that_says():
     from kvpages.measure.environment import cpu_id, cpu_model
 
     assert cpu_model(X86_CPUINFO) == "AMD EPYC"

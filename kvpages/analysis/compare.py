@@ -13,6 +13,7 @@ from kvpages.analysis.machines import Machine
 from kvpages.analysis.verdicts import FASTER, SLOWER, VERDICTS, judge_family
 from kvpages.core.estimator import between_runs
 from kvpages.core.stats import Interval, Levels, finite_median, unknown
+from kvpages.schema.meta import Environment
 from kvpages.schema.reader import Run, RunError, row_key
 
 RELATIVE, ABSOLUTE = "relative", "absolute"
@@ -81,8 +82,19 @@ class RunComparison:
     only_b: list[tuple]
     baseline: str
     processes: tuple[int, int] = (1, 1)  # how many processes timed A and B
-    machines: tuple[Machine | None, Machine | None] = (None, None)  # where A and B ran (None: no meta.json)
-    boots: tuple[str | None, str | None] = (None, None)  # the boot each ran in (Environment.boot_id; None: not known)
+    environments: tuple[Environment | None, Environment | None] = (None, None)  # A's and B's (None: no meta.json)
+
+    @property
+    def machines(self) -> tuple[Machine | None, Machine | None]:
+        """Where A and B ran (None: no meta.json)."""
+        a, b = self.environments
+        return None if a is None else Machine.of(a), None if b is None else Machine.of(b)
+
+    @property
+    def boots(self) -> tuple[str | None, str | None]:
+        """The boot each ran in (Environment.boot_id; None: not known)."""
+        a, b = self.environments
+        return None if a is None else a.boot_id, None if b is None else b.boot_id
 
     @property
     def unit(self) -> str:
@@ -175,11 +187,9 @@ def compare_runs(a: Run, b: Run, baseline: str | None = None) -> RunComparison:
             continue
         ratio_a, ratio_b = (float(rows[key]["median_us"] / rows[base_key]["median_us"]) for rows in (a_rows, b_rows))
         relative.append(_measured(key, paired_logs(a, base_key, key), paired_logs(b, base_key, key), (ratio_a, ratio_b)))
-    env_a, env_b = (None if run.meta is None else run.meta.environment for run in (a, b))
     return RunComparison(_judged(relative), _judged(absolute), sorted(set(a_rows) - set(b_rows)),
                          sorted(set(b_rows) - set(a_rows)), baseline, (a.process_count, b.process_count),
-                         (None if env_a is None else Machine.of(env_a), None if env_b is None else Machine.of(env_b)),
-                         (None if env_a is None else env_a.boot_id, None if env_b is None else env_b.boot_id))
+                         (None if a.meta is None else a.meta.environment, None if b.meta is None else b.meta.environment))
 
 
 def _measured(key: tuple, a_logs: Levels | None, b_logs: Levels | None, fallback: tuple[float, float]

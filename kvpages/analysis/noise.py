@@ -204,7 +204,7 @@ class RunShift:
                 f"{frac(self.held.a_in_b)} and B's inside A's at {frac(self.held.b_in_a)}")
 
     @classmethod
-    def of_pairs(cls, pairs: Pairs) -> RunShift:
+    def of(cls, pairs: Pairs) -> RunShift:
         moved = Shift.of([rb.ratio / ra.ratio for ra, rb in pairs if ra.ratio > 0])
         return cls(moved, Held.of(pairs, moved.factor))
 
@@ -237,7 +237,7 @@ def aa_figures(a: Analysis, b: Analysis, variant: str, fail_above_pct: float) ->
         slower=comparison.relative.counts()[SLOWER],
         faster=comparison.relative.counts()[FASTER],
         relative_points=len(comparison.relative.points),
-        run_shift=RunShift.of_pairs(pairs),
+        run_shift=RunShift.of(pairs),
         machine_note=comparison.machine_note(),
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import platform
 import re
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Collection
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -46,26 +48,31 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _cpu_fields(cpuinfo: str) -> dict[str, str]:
-    """/proc/cpuinfo's `key: value` lines, each key's first: the first processor's, or where a kernel writes it once
-    after the processors (older Arm and PowerPC kernels)."""
+def _cpu_fields(cpuinfo: str, wanted: Collection[str]) -> dict[str, str]:
+    """The `wanted` `key: value` lines of /proc/cpuinfo's first block that holds any of them: the first processor's,
+    or the block older Arm and PowerPC kernels write once after the processors. It reads no further (a box of 192
+    cores writes thousands of lines, and every timed process asks for its model name)."""
     fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
+    for line in io.StringIO(cpuinfo):
+        if not line.strip():
+            if fields:
+                break
+            continue
         key, colon, value = line.partition(":")
-        if colon and value.strip():
+        if colon and key.strip() in wanted and value.strip():
             fields.setdefault(key.strip(), value.strip())
     return fields
 
 
 def cpu_model(cpuinfo: str | None = None) -> str:
     """/proc/cpuinfo's model name (`cpuinfo`: its text; None: read it), else what `platform` says."""
-    name = _cpu_fields(cpuinfo if cpuinfo is not None else _read("/proc/cpuinfo") or "").get("model name")
-    return name or platform.processor() or platform.machine()
+    text = cpuinfo if cpuinfo is not None else _read("/proc/cpuinfo") or ""
+    return _cpu_fields(text, ("model name",)).get("model name") or platform.processor() or platform.machine()
 
 
-CPU_ID_FIELDS = (("vendor_id", "vendor"), ("cpu family", "family"), ("model", "model"), ("stepping", "stepping"),
-                 ("microcode", "microcode"), ("CPU implementer", "implementer"), ("CPU part", "part"),
-                 ("CPU variant", "variant"), ("CPU revision", "revision"))
+CPU_ID_FIELDS = {"vendor_id": "vendor", "cpu family": "family", "model": "model", "stepping": "stepping",
+                 "microcode": "microcode", "CPU implementer": "implementer", "CPU part": "part",
+                 "CPU variant": "variant", "CPU revision": "revision"}
 """What /proc/cpuinfo says of a CPU beyond its model name (x86's, then Arm's fields), as `cpu_id` names them."""
 
 
@@ -75,8 +82,8 @@ def cpu_id(cpuinfo: str | None = None, l3: str | None = None) -> str | None:
     processor: CPU 0, not necessarily the core a run was pinned to, which on a CPU of two kinds of core may differ)
     and the size of CPU 0's level-3 cache (`cpuinfo`, `l3`: their text; None: read them); None where neither is
     found (not Linux, say)."""
-    fields = _cpu_fields(cpuinfo if cpuinfo is not None else _read("/proc/cpuinfo") or "")
-    named = " ".join(f"{label} {fields[key]}" for key, label in CPU_ID_FIELDS if key in fields)
+    fields = _cpu_fields(cpuinfo if cpuinfo is not None else _read("/proc/cpuinfo") or "", CPU_ID_FIELDS)
+    named = " ".join(f"{label} {fields[key]}" for key, label in CPU_ID_FIELDS.items() if key in fields)
     cache = l3 if l3 is not None else _l3_size()
     found = ", ".join(part for part in (named, f"L3 {cache}" if cache else "") if part)
     return found or None
@@ -187,6 +194,7 @@ def capture(device: str, repo: Path, crosschecked: bool = False, threads: int | 
     status = _run(["git", "status", "--porcelain", "--", ".", ":(exclude)results"], cwd=repo)
     uuid = gpu_uuid() if device == "cuda" else None
     driver, pcie = nvidia_smi_facts(uuid)
+    cpuinfo = _read("/proc/cpuinfo") or ""
     return Environment(
         kvpages_version=kvpages.__version__,
         python_version=sys.version.split()[0],
@@ -194,8 +202,8 @@ def capture(device: str, repo: Path, crosschecked: bool = False, threads: int | 
         numpy_version=np.__version__,
         pytest_benchmark_version=metadata.version("pytest-benchmark"),
         platform=platform.platform(),
-        cpu_model=cpu_model(),
-        cpu_id=cpu_id(),
+        cpu_model=cpu_model(cpuinfo),
+        cpu_id=cpu_id(cpuinfo),
         boot_id=boot_id(),
         cpu_count=os.cpu_count() or 0,
         torch_threads=torch.get_num_threads() if threads is None else threads,
