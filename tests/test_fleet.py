@@ -37,6 +37,9 @@ REF = reference_runs()[-1] if reference_runs() else Path("none")
 REF_ID = REF.name
 REF_HOST = json.loads((REF / "meta.json").read_text())["environment"].get("hostname") if reference_runs() else None
 """The reference run's id and host (None in a run recorded before meta.json had it: host unknown)."""
+REF_MACHINE = Machine.of(Environment(**json.loads((REF / "meta.json").read_text())["environment"])).describe() \
+    if reference_runs() else ""
+"""How the reference run's machine is named (with its cpu_id where it recorded one)."""
 SLOWER_BY = 2.0
 """Machine B's device_stride takes this many times as long as the reference's (exact in binary: medians scale exactly)."""
 
@@ -278,7 +281,8 @@ def test_machine_identity_and_the_host_name(tmp_path):
     reference = load_run(older).meta
     assert reference is not None and reference.environment.hostname is None
     env = reference.environment
-    idle = Environment(**{**env.__dict__, "device": "cuda", "pcie_link": "Gen1 x16 (max Gen5 x16)", "hostname": "h"})
+    idle = Environment(**{**env.__dict__, "device": "cuda", "pcie_link": "Gen1 x16 (max Gen5 x16)", "hostname": "h",
+                          "cpu_id": None})  # a CUDA box that did not record its CPU
     loaded = Environment(**{**idle.__dict__, "pcie_link": "Gen5 x16 (max Gen5 x16)"})
     assert Machine.of(idle) == Machine.of(loaded) and Machine.of(idle).pcie_link == "Gen5 x16"
     assert Machine.of(idle) != Machine.of(Environment(**{**idle.__dict__, "hostname": "other"}))
@@ -337,7 +341,7 @@ def test_the_command_writes_the_report_and_chart_without_torch_and_never_overwri
     ("a file", "not a folder; kvpages fleet takes run folders"),
     ("one run", "give two or more run folders"),
     ("twice", "given twice"),
-    ("one machine", f"every run is of one machine (AMD EPYC @ {REF_HOST or 'host unknown'})"),
+    ("one machine", f"every run is of one machine ({REF_MACHINE})"),
     ("no shared point", "the machines share no timed point"),
     ("out is a file", "not a folder"),
 ])
