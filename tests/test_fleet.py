@@ -35,10 +35,10 @@ from kvpages.schema.rows import ratio_id
 pytestmark = pytest.mark.skipif(not reference_runs(), reason="no run committed under results/")
 REF = reference_runs()[-1] if reference_runs() else Path("none")
 REF_ID = REF.name
-REF_HOST = json.loads((REF / "meta.json").read_text())["environment"].get("hostname") if reference_runs() else None
+REF_ENV = json.loads((REF / "meta.json").read_text())["environment"] if reference_runs() else {}
+REF_HOST = REF_ENV.get("hostname")
 """The reference run's id and host (None in a run recorded before meta.json had it: host unknown)."""
-REF_MACHINE = Machine.of(Environment(**json.loads((REF / "meta.json").read_text())["environment"])).describe() \
-    if reference_runs() else ""
+REF_MACHINE = Machine.of(Environment(**REF_ENV)).describe() if REF_ENV else ""
 """How the reference run's machine is named (with its cpu_id where it recorded one)."""
 SLOWER_BY = 2.0
 """Machine B's device_stride takes this many times as long as the reference's (exact in binary: medians scale exactly)."""
