@@ -24,6 +24,8 @@ from kvpages.measure.worklog import (  # torch-free: every pytest session loads 
     WORKER_GO_FLAG,
     WORKER_SPARE_FLAG,
     WorkerLog,
+    collector_paused,
+    collector_resumed,
     exit_at_once,
     exit_without_collecting,
     process_started_at,
@@ -115,6 +117,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _wait_as_spare(config: pytest.Config, options: BenchOptions, worker: int, folder: Path) -> None:
     """A spare worker (kvpages.measure.workers): import what timing needs (and start CUDA, where asked for), say it is
     ready, and wait for its round before collecting, for its blocks are that round's; exit quietly if none comes."""
+    collector_paused()
     import torch
 
     import kvpages.measure.session  # noqa: F401 (the measuring side's imports, before the wait)
@@ -169,9 +172,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         kv.start([b for item in session.items if (b := _block_of(item)) is not None])
 
 
+@pytest.hookimpl(specname="pytest_collection_finish", wrapper=True)  # pytest takes only pytest_* names
+def pytest_collection_finish_resumed(session: pytest.Session):  # the cyclic collector as it was once collected
+    result = yield  # (where it raises, pytest_unconfigure resumes it)
+    collector_resumed()
+    return result
+
+
 def kv_session(config: pytest.Config) -> KvSession:
     """The session's `KvSession`, created (and torch imported) on first use."""
     if SESSION_KEY not in config.stash:
+        collector_paused()  # until its collection is done
         start_early(config, config.stash[OPTIONS_KEY])  # its workers' start-ups beside its own
         from kvpages.measure.session import KvSession
 
@@ -304,6 +315,7 @@ def pytest_sessionfinish_cleanly(session: pytest.Session, exitstatus: int):  # p
 def pytest_unconfigure(config: pytest.Config) -> None:
     """A sweep's worker leaves as soon as pytest is done, with pytest's exit status (kvpages.measure.worklog); after an
     error in pytest's end it leaves as pytest does, with its traceback and status."""
+    collector_resumed()  # after a collection that never finished
     kv, session = config.stash.get(SESSION_KEY, None), config.stash.get(FINISHED_KEY, None)
     if kv is not None and kv.log is not None and session is not None:
         exit_at_once(int(session.exitstatus))

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -87,6 +88,20 @@ def matplotlib_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("matplotlib")
     os.environ["MPLCONFIGDIR"] = str(folder)
     return folder
+
+
+@pytest.fixture(autouse=True)
+def registries_kept() -> Iterator[None]:
+    """The variants and step variants a test registers are dropped after it: a pytester session run in this process
+    registers its conftest's (broken_off_by_one, slow_host, ...) in the same registries, and a later test on this
+    worker that reads every registered variant (the README's table) saw them too, as the order of tests fell."""
+    registries = [sys.modules[name]._REGISTRY for name in ("kvpages.measure.variants", "kvpages.measure.steps")
+                  if name in sys.modules]  # (imported at collection by the test modules: torch is not imported here)
+    kept = [dict(registry) for registry in registries]
+    yield
+    for registry, before in zip(registries, kept, strict=True):
+        registry.clear()
+        registry.update(before)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the group marks

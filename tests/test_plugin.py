@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shlex
@@ -299,6 +300,45 @@ def test_runs_never_overwrite_each_other(bench):
     folders = run_dirs(bench.path)
     assert len(folders) == 2 and folders[0].name != folders[1].name
     assert all((f / "results.csv").exists() for f in folders)
+
+
+COLLECTOR = '''
+import gc
+import os
+
+
+def pytest_collection_modifyitems(items):
+    with open("collector.txt", "a") as f:
+        f.write(f"{os.getpid()} collecting {gc.isenabled()}\\n")
+
+
+def pytest_runtest_call(item):
+    with open("collector.txt", "a") as f:
+        f.write(f"{os.getpid()} timing {gc.isenabled()}\\n")
+'''
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_a_sweep_collects_without_the_cyclic_collector_and_then_leaves_it_as_it_was(bench, on):
+    """Every process of a sweep (the session and its worker here) imports torch and collects with the cyclic collector
+    paused (kvpages.measure.worklog.collector_paused), and has it back as it was for its blocks: on in a fresh process,
+    and in the session as its caller left it (pytester runs the session in this process)."""
+    bench.makeconftest(COLLECTOR)
+    was = gc.isenabled()
+    (gc.enable if on else gc.disable)()
+    try:
+        result = bench.runpytest("--kv-seq-lens", "64", "--kv-page-sizes", "4", "--kv-variants", "host_stride",
+                                 "--kv-scenarios", "none", "--kv-repetitions", "2", "--kv-processes", "2",
+                                 "--kv-remeasure-budget", "0", *CPU, *FAST[:-4], "--kv-breakdown", "off")
+        after = gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+    result.assert_outcomes(passed=1)
+    assert after is on
+    seen = {(pid == str(os.getpid()), what, state) for pid, what, state in
+            (line.split() for line in (bench.path / "collector.txt").read_text().splitlines())}
+    assert seen == {(True, "collecting", "False"), (True, "timing", str(on)),  # the session, in this process
+                    (False, "collecting", "False"), (False, "timing", "True")}  # its worker, a fresh process
 
 
 WHERE = '''
