@@ -17,7 +17,7 @@ import pytest
 from kvpages.core.affinity import CPU_CHOICES, chosen
 from kvpages.core.capacity import check_fits, host_available_bytes
 from kvpages.core.options import OPTIONS, BenchOptions
-from kvpages.measure.spawn import FREE_HOST_KEY, STARTED_KEY, start_early, worker_command
+from kvpages.measure.spawn import FREE_HOST_KEY, STARTED_KEY, benchmark_output, start_early, worker_command
 from kvpages.measure.worklog import (  # torch-free: every pytest session loads this plugin, a sweep or not
     WORKER_DIR_FLAG,
     WORKER_FLAG,
@@ -65,6 +65,9 @@ def pytest_configure(config: pytest.Config) -> None:
         options = BenchOptions.parse(config.getoption)
     except (ValueError, TypeError) as exc:
         raise pytest.UsageError(str(exc)) from None
+    if options.sglang or options.variants or options.baseline or options.step_variants or options.device == "cuda" \
+            or "WORLD_SIZE" in os.environ:  # torch is imported below: paused until collected (as in pytest_generate_tests)
+        collector_paused()
     for path in options.link_profiles or ():  # each read and checked now; the session records them in meta.json
         from kvpages.schema.profiles import read_profile
 
@@ -182,7 +185,6 @@ def pytest_collection_finish_resumed(session: pytest.Session):  # the cyclic col
 def kv_session(config: pytest.Config) -> KvSession:
     """The session's `KvSession`, created (and torch imported) on first use."""
     if SESSION_KEY not in config.stash:
-        collector_paused()  # until its collection is done
         start_early(config, config.stash[OPTIONS_KEY])  # its workers' start-ups beside its own
         from kvpages.measure.session import KvSession
 
@@ -203,17 +205,10 @@ def kv_session(config: pytest.Config) -> KvSession:
     return config.stash[SESSION_KEY]
 
 
-def benchmark_output(config: pytest.Config) -> bool:
-    """Whether pytest-benchmark shows or keeps its statistics of the blocks (its table, JSON, saved runs, ...)."""
-    o = config.option
-    return not getattr(o, "benchmark_quiet", False) or any(getattr(o, name, None) for name in (
-        "benchmark_json", "benchmark_save", "benchmark_autosave", "benchmark_compare", "benchmark_compare_fail",
-        "benchmark_histogram", "benchmark_save_data", "benchmark_cprofile", "benchmark_csv"))
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     for fixture, family in (("kv_case", "point_blocks"), ("kv_scenario", "scenario_blocks")):
         if fixture in metafunc.fixturenames:
+            collector_paused()  # torch's import (kv_session) and the collection; resumed once collected
             session = kv_session(metafunc.config)
             blocks = session.plan.collected(getattr(session.plan, family))
             metafunc.parametrize(fixture, blocks, ids=[block.id for block in blocks])

@@ -92,11 +92,13 @@ def matplotlib_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def registries_kept() -> Iterator[None]:
-    """The variants and step variants a test registers are dropped after it: a pytester session run in this process
-    registers its conftest's (broken_off_by_one, slow_host, ...) in the same registries, and a later test on this
-    worker that reads every registered variant (the README's table) saw them too, as the order of tests fell."""
-    registries = [sys.modules[name]._REGISTRY for name in ("kvpages.measure.variants", "kvpages.measure.steps")
-                  if name in sys.modules]  # (imported at collection by the test modules: torch is not imported here)
+    """The variants and step variants a test registers (and the SGLang sources loaded as variants) are dropped after
+    it: a pytester session run in this process registers its conftest's (broken_off_by_one, slow_host, ...) in the
+    same registries, and a later test on this worker that reads every registered variant (the README's table) saw them
+    too, as the order of tests fell. (A fixture runs in the workers only: `pytest -n`'s controller imports no torch.)"""
+    from kvpages.measure import sglang, steps, variants
+
+    registries: list[dict] = [variants._REGISTRY, steps._REGISTRY, sglang._LOADED]
     kept = [dict(registry) for registry in registries]
     yield
     for registry, before in zip(registries, kept, strict=True):

@@ -68,3 +68,11 @@ def start_early(config: pytest.Config, options: BenchOptions) -> None:
                          wants_spare(options.remeasure_fraction, multi_rank=False))  # outside torchrun: one rank
     config.stash[STARTED_KEY] = started
     config.add_cleanup(started.stop)
+
+
+def benchmark_output(config: pytest.Config) -> bool:
+    """Whether pytest-benchmark shows or keeps its statistics of the blocks (its table, JSON, saved runs, ...)."""
+    o = config.option
+    return not getattr(o, "benchmark_quiet", False) or any(getattr(o, name, None) for name in (
+        "benchmark_json", "benchmark_save", "benchmark_autosave", "benchmark_compare", "benchmark_compare_fail",
+        "benchmark_histogram", "benchmark_save_data", "benchmark_cprofile", "benchmark_csv"))

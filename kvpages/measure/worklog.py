@@ -65,8 +65,8 @@ _COLLECTOR_WAS: list[bool] = []
 def collector_paused() -> None:
     """A sweep process imports torch and collects without the cyclic collector (its passes over torch's objects as
     they are made: a worker's collection 1.80-1.86 -> 1.70-1.76 s of CPU, docs/method.md), until `collector_resumed`
-    once its collection is done (KvSession.start has frozen what is alive by then); asked again before that, it does
-    nothing."""
+    once its collection is done; KvSession.start freezes what is alive by then, with the garbage the collector would
+    have found meanwhile. Asked again before the resume, it does nothing."""
     if not _COLLECTOR_WAS:
         _COLLECTOR_WAS.append(gc.isenabled())  # as it was: a caller's disabled collector stays disabled
         gc.disable()
