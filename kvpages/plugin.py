@@ -65,9 +65,6 @@ def pytest_configure(config: pytest.Config) -> None:
         options = BenchOptions.parse(config.getoption)
     except (ValueError, TypeError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    if options.sglang or options.variants or options.baseline or options.step_variants or options.device == "cuda" \
-            or "WORLD_SIZE" in os.environ:  # torch is imported below: paused until collected (as in pytest_generate_tests)
-        collector_paused()
     for path in options.link_profiles or ():  # each read and checked now; the session records them in meta.json
         from kvpages.schema.profiles import read_profile
 
@@ -76,6 +73,7 @@ def pytest_configure(config: pytest.Config) -> None:
         except ValueError as exc:
             raise pytest.UsageError(f"--kv-link-profile: {exc}") from None
     if options.sglang:  # SGLang's own functions become variants before any name is checked
+        collector_paused()  # torch is imported here: paused until collected, as pytest_generate_tests pauses it
         from kvpages.measure.sglang import register_specs
 
         try:
@@ -83,6 +81,7 @@ def pytest_configure(config: pytest.Config) -> None:
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
     if options.variants or options.baseline or options.step_variants:  # each name registered, or the valid ones listed
+        collector_paused()  # (torch imported here too; so below)
         from kvpages.measure.steps import get_step_variant
         from kvpages.measure.variants import get_variant
 
@@ -100,6 +99,7 @@ def pytest_configure(config: pytest.Config) -> None:
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
     if options.device == "cuda":
+        collector_paused()
         import torch  # only when a CUDA device is asked for
 
         if not torch.cuda.is_available():
@@ -136,6 +136,7 @@ def _wait_as_spare(config: pytest.Config, options: BenchOptions, worker: int, fo
 
 def _ranked(config: pytest.Config, options: BenchOptions) -> BenchOptions:
     """The options of one rank of a multi-rank run, its launch stashed; unchanged outside one (a world of one rank)."""
+    collector_paused()
     from kvpages.measure.group import Launch, check_devices, ranked_options
 
     try:
