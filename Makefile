@@ -126,6 +126,13 @@ bench: $(STAMP)
 # (pytest 187.7 and 180.6 s: 902 passed), 0.840 and 0.849 of 4ce4a84's: 141-143 s scaled by its 168 s. Later that
 # day (17:37-17:51 UTC, ABBA): 9102dff 187.7 and 192.9 s (905 passed), 4ce4a84 226.3 and 222.9 s: 0.830 and 0.866,
 # 139-145 s scaled.
+# Where its CPU goes (2026-12-07, cef5644; each Python process's own CPU logged as it exited): 296 s of CPU in a 154 s
+# run. The 90 processes the tests start that import torch took 158 s, most of it that import (1.4-1.8 s of CPU
+# alone, measured apart, the collector off and on); the two workers' in-process tests 71 s; the other processes (the
+# charts', the notebook's kernel, mypy, ruff) the rest. Those fresh processes are what the tests of workers, ranks,
+# signals and gpu_check.sh test. Fresh clones' .ci/run, ABBA with 4ce4a84 (06:30-06:43 UTC): 173.5 and 176.9 s
+# against 206.9 and 207.0 s (pytest 163.6 and 166.4 s, 931 passed; 4ce4a84's 164.2 and 160.3 s, 636 passed): 0.839
+# and 0.855, 141-144 s scaled by its 168 s.
 TEST_WORKERS ?= 2
 TEST_PYTEST := tests/ bench/ --benchmark-disable --kv-preset quick -q -n $(TEST_WORKERS) --dist loadgroup
 
