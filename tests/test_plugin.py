@@ -332,8 +332,8 @@ def test_a_sweep_collects_without_the_cyclic_collector_and_then_times_with_it(be
     (--kv-variants), and has it back for its blocks (pytester runs the session in this process, whose collector is on)."""
     bench.makeconftest(COLLECTOR)
     result = bench.runpytest("--kv-seq-lens", "64", "--kv-page-sizes", "4", "--kv-variants", "host_stride",
-                             "--kv-scenarios", "none", "--kv-repetitions", "2", "--kv-processes", "2",
-                             "--kv-remeasure-budget", "0", *CPU, *FAST[:-4], "--kv-breakdown", "off")
+                             "--kv-scenarios", "none", "--kv-repetitions", "2", "--kv-remeasure-budget", "0", *CPU,
+                             *FAST, "--kv-processes", "2")  # the last --kv-processes given counts
     result.assert_outcomes(passed=1)
     assert gc.isenabled()
     seen = {(pid == str(os.getpid()), what, state) for pid, what, state in
