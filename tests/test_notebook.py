@@ -18,8 +18,9 @@ def test_notebook_is_committed_without_outputs():
 
 
 @pytest.mark.skipif(not reference_runs(), reason="no run committed under results/")
-def test_notebook_executes_against_the_reference_run(monkeypatch):
+def test_notebook_executes_against_the_reference_run(monkeypatch, tmp_path):
     monkeypatch.delenv("KVPAGES_RUN", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the kernel's temporary files: its chart scratch folder must not stay
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
     text = "\n".join(
@@ -33,3 +34,4 @@ def test_notebook_executes_against_the_reference_run(monkeypatch):
     assert len(images) >= 4
     errors = [out for cell in nb.cells for out in cell.get("outputs", []) if out.output_type == "error"]
     assert errors == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("kvpages-")] == []

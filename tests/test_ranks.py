@@ -34,7 +34,8 @@ def torchrun(folder: Path, *args: str, ranks: int = 2, timeout: float = 240) -> 
     """torchrun --standalone --nproc-per-node `ranks` -m pytest ... in `folder`, as a user runs it."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
                "-m", "pytest", "test_steps.py", "--benchmark-only", "--kv-results", "results", *args]
-    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=timeout)
+    env = {**os.environ, "TMPDIR": str(folder)}  # torchrun's log folder (torchelastic_*), which it leaves behind
+    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def left_behind(folder: Path) -> list[str]:
