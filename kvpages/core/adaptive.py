@@ -9,7 +9,7 @@ DEFAULT_THRESHOLD = 32768
 """--kv-adaptive-threshold's default, in tokens per call: the first length the H200 judged faster on its default grid
 (results/20261204T181656Z-cuda-nvidia-h200: the merged PR judged faster than pre-PR from L=32768 at p=16, 64 and 128,
 slower at each shorter swept length but p=16, L=8192, which is unclear with its interval above 1; the crossing itself
-lies in (8192, 32768], which that grid does not split), and the first the CPU reference (results/20261207T031852Z-cpu)
+lies in (8192, 32768], which that grid does not split), and the first the CPU reference (results/20261207T091135Z-cpu)
 predicts on PCIe Gen5 pageable at p=16, 64 and 128."""
 
 _threshold = [DEFAULT_THRESHOLD]  # this process's: the session sets it once from its options (`use_threshold`)
