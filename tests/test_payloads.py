@@ -194,8 +194,10 @@ def test_a_hybrid_step_writes_its_strategies_rows_and_the_reports_finding(steps_
     [cpu] = [f for f in findings(analyze(load_run(folder))) if f.question == "Per step, payloads hybrid"]
     assert max(len(cpu.answer), len(cpu.figure)) <= CELL_CHARS and cpu.status == MODEL
     assert "### A hybrid model's payloads" in report
-    # relabelled as a CUDA run that crossed PCIe: the finding is measured, each strategy against per payload
-    (folder / "scenarios.csv").write_text((folder / "scenarios.csv").read_text().replace("none (cpu)", "pcie pageable"))
+    # relabelled as a CUDA run that crossed PCIe, each row's link as a GPU's meter reads it (staging copies into pinned
+    # memory, the rest .cpu() into pageable): the finding is measured, each strategy against per payload
+    frame["link"] = ["pcie pinned" if v == STAGED else "pcie pageable" for v in frame["variant"]]
+    frame.to_csv(folder / "scenarios.csv", index=False)
     [measured] = [f for f in findings(analyze(load_run(cuda_labelled(folder)))) if f.question == "Per step, payloads hybrid"]
     assert measured.status == MEASURED and "measured blocked time vs per payload's: per request " in (
         measured.answer) and measured.id.endswith(":staged_device_stride") and "interval" in measured.figure
