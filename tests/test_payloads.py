@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 from test_report import cuda_labelled
+from torch.overrides import TorchFunctionMode
 
 from kvpages.analysis.findings import findings
 from kvpages.analysis.ratios import analyze
@@ -22,11 +24,13 @@ from kvpages.core.payloads import BATCHED, GATHERED, PAYLOAD_PRESETS, PER_SEND, 
 from kvpages.core.presets import PRESETS
 from kvpages.core.scenarios import RequestScenario, StepScenario, describe, sends_of, with_payloads
 from kvpages.measure.inputs import make_scenario_workload
+from kvpages.measure.order import Stamps, step_call
 from kvpages.measure.payloads import Conversions, host_translation, shuffled_pages, swa_mapping, translate
 from kvpages.measure.runner import Stop, check_metered
 from kvpages.measure.schedule import plan_scenarios
 from kvpages.measure.steps import get_step_variant, step_variant_names
-from kvpages.measure.targets import ScenarioTarget, measure
+from kvpages.measure.targets import ScenarioTarget, finish_for, measure
+from kvpages.measure.variants import call_args
 from kvpages.render.report import render
 from kvpages.schema.reader import load_run
 
@@ -207,6 +211,31 @@ def test_a_hybrid_step_writes_its_strategies_rows_and_the_reports_finding(steps_
 def test_a_run_written_before_the_payload_columns_reads_them_as_the_main_kv_alone():
     frame = load_run(REPO / "results" / "20261204T181656Z-cuda-nvidia-h200").scenarios  # the first H200 run's
     assert frame is not None and set(frame["payloads"]) == {"full"} and frame["device_ops"].isna().all()
+
+
+def test_only_the_staged_strategy_translates_before_the_forward_the_others_in_their_readback():
+    """SGLang's send path translates a SWA payload just before its copy, after the next forward is launched; only a
+    staged strategy moves that work ahead of the forward. The gathers' order is read from torch itself."""
+    seen: list[str] = []
+
+    class Order(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.index_select:
+                seen.append("translate")
+            return func(*args, **(kwargs or {}))
+
+    target, workload = ScenarioTarget(STEP), make_scenario_workload(STEP, "cpu", copies=1)
+    with ThreadPoolExecutor(1) as thread:
+        for name in STRATEGIES:
+            run = step_call(get_step_variant(name), finish_for(STEP), thread, Stamps(), lambda: seen.append("forward"))
+            args, kwargs = call_args(target.inputs_for(name, workload)[0], STEP.page_size)
+            seen.clear()
+            with Order():
+                run(*args, **kwargs)
+            translations = [i for i, what in enumerate(seen) if what == "translate"]
+            assert len(translations) == STEP.batch and seen.count("forward") == 1, (name, seen)
+            forward = seen.index("forward")
+            assert all(i < forward for i in translations) if name == STAGED else forward < translations[0], (name, seen)
 
 
 @pytest.mark.cuda

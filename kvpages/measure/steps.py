@@ -9,7 +9,9 @@ A step runs in SGLang's order (docs/method.md, "The scheduler's order in a step"
 `staged=True` variant's device work (its function returns the readback), the next forward, then the readback.
 
 On a scenario of several payloads (kvpages.core.payloads) the slices come as `Conversions` (kvpages.measure.payloads):
-`stage` translates the SWA payloads on the device, inside the call, and hands every variant the plain slices; a
+`stage` translates the SWA payloads on the device, inside the call, and hands every variant the plain slices: a staged
+variant's before the next forward, with the rest of its device work; every other's in its readback, after the forward,
+as SGLang's send path translates a payload just before its copy (`translate_loc_from_full_to_swa`). A
 `per_send=True` variant also gets `sends=`, the send of each slice. The strategies for such scenarios are
 `per_request[device_stride]`, `batched_device_stride` and the two at the bottom of this file.
 """
@@ -125,14 +127,13 @@ class StepVariant:
 
     def stage(self, kv_slices: Sequence[torch.Tensor] | Conversions, page_size: int, **extras: Any) -> Readback:
         """The work before the next forward (none unless staged), returning the readback to run after it; a scenario's
-        `Conversions` are translated first (module doc)."""
+        `Conversions` are translated first, where the variant's own device work runs (module doc)."""
         sends = tuple(range(len(kv_slices))) if not isinstance(kv_slices, Conversions) else kv_slices.sends
-        slices = kv_slices.indices() if isinstance(kv_slices, Conversions) else kv_slices
         if self.per_send:
             extras = {**extras, "sends": sends}
         if self.staged:
-            return cast(Readback, self.fn(slices, page_size, **extras))
-        return lambda: cast("Arrays | Pending", self.fn(slices, page_size, **extras))
+            return cast(Readback, self.fn(_translated(kv_slices), page_size, **extras))
+        return lambda: cast("Arrays | Pending", self.fn(_translated(kv_slices), page_size, **extras))
 
     def arrays(self, kv_slices: Sequence[torch.Tensor] | Conversions, page_size: int, **extras: Any) -> Arrays:
         """One step with no forward, any wait made here as the transfer thread's (kvpages.measure.meter)."""
@@ -141,6 +142,11 @@ class StepVariant:
             with transfer_wait():
                 return out.wait()
         return out
+
+
+def _translated(kv_slices: Sequence[torch.Tensor] | Conversions) -> Sequence[torch.Tensor]:
+    """The slices a variant converts: a scenario's `Conversions` translated here (its device gathers), plain slices as given."""
+    return kv_slices.indices() if isinstance(kv_slices, Conversions) else kv_slices
 
 
 _REGISTRY: dict[str, StepVariant] = {}
