@@ -12,6 +12,7 @@ from conftest import kvpages_here
 
 from kvpages.analysis.ratios import analyze
 from kvpages.core.names import STEP_BASELINE
+from kvpages.core.options import BenchOptions
 from kvpages.core.presets import PRESETS
 from kvpages.core.scenarios import LENGTHS, RequestScenario, StepScenario, draw_lengths, parse_lengths, prefill_chunks
 from kvpages.measure.inputs import make_scenario_workload
@@ -190,6 +191,18 @@ def test_a_wait_on_the_worker_thread_shows_ready_after_blocked(scenario_bench):
     assert {(r.variant, r.latency) for r in ratios} == {("slow_worker", "blocked"), ("slow_worker", "ready")}
 
 
+@pytest.mark.parametrize("preset", ["quick", "default"])
+def test_each_scenarios_repro_makes_that_scenario_again(preset):
+    """A row's repro (`narrowed`) builds its own scenario: a busy-queue step's, its queue too, not its idle twin."""
+    options = BenchOptions.parse({"--kv-preset": preset}.get)
+    assert any(s.busy_us for s in options.scenario_set)
+    for scenario in options.scenario_set:
+        _, narrowed = ScenarioTarget(scenario).narrowed(STEP_BASELINE, options, "cuda")
+        args = narrowed.to_args()
+        again = BenchOptions.parse(dict(zip(args[::2], args[1::2], strict=True)).get).scenario_set
+        assert scenario.id in {s.id for s in again} and {s.busy_us for s in again} == {scenario.busy_us}, args
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
@@ -201,6 +214,8 @@ def test_a_wait_on_the_worker_thread_shows_ready_after_blocked(scenario_bench):
         (("--kv-step-sizes", "4", "--kv-step-lens", "fixed:1000000000", "--kv-page-sizes", "1"),
          "beyond int32's maximum 2147483647"),
         (("--kv-scenarios", "some"), "--kv-scenarios: unknown scenario choice 'some'; valid: preset, none"),
+        (("--kv-busy-us", "500"), "--kv-busy-us 500: a busy queue of 500 µs is a step's: give the steps too (--kv-step-sizes)"),
+        (("--kv-step-sizes", "4", "--kv-busy-us", "-1"), "--kv-busy-us: -1 is not >= 0"),
         (("--kv-step-variants", "nope"), "--kv-step-variants: unknown step variant 'nope'; valid: per_request[host_stride]"),
         (("--kv-payloads", "mamba"), "--kv-payloads: unknown value 'mamba'; valid: full, swa, dsa, hybrid"),
         (("--kv-swa-window", "-4"), "--kv-swa-window: -4 is not >= 1"),

@@ -165,7 +165,8 @@ def test_every_option_renders_back():
                "--kv-layouts": "contiguous", "--kv-variants": "v", "--kv-device": "cpu", "--kv-seed": "1",
                "--kv-time-budget": "0.25", "--kv-repetitions": "3", "--kv-passes": "1", "--kv-processes": "2",
                "--kv-crosscheck": "off", "--kv-scenarios": "none", "--kv-request-lens": "64", "--kv-chunk-size": "32",
-               "--kv-prefix": "0", "--kv-step-sizes": "2", "--kv-step-lens": "fixed:16", "--kv-step-variants": "s",
+               "--kv-prefix": "0", "--kv-step-sizes": "2", "--kv-step-lens": "fixed:16", "--kv-busy-us": "500",
+               "--kv-step-variants": "s",
                "--kv-payloads": "full,hybrid", "--kv-swa-window": "128",
                "--kv-results": "r", "--kv-sglang": "0.5.15,/src/sglang/python", "--kv-baseline": "sglang@0.5.15",
                "--kv-breakdown": "off", "--kv-link-profile": "mine.toml,theirs.toml",
@@ -173,6 +174,8 @@ def test_every_option_renders_back():
                "--kv-threads": "2", "--kv-cpus": "0-1", "--kv-bandwidth-probe": "off",
                "--kv-rank-timeout": "30.0"}
     assert set(samples) == {o.flag for o in OPTIONS}
+    needs = {"--kv-busy-us": {"--kv-step-sizes": "2"}}  # a busy queue is a step's
     for option in OPTIONS:
-        rendered = BenchOptions.parse({option.flag: samples[option.flag]}.get).to_args()
-        assert rendered == (option.flag, samples[option.flag])
+        given = {**needs.get(option.flag, {}), option.flag: samples[option.flag]}
+        rendered = BenchOptions.parse(given.get).to_args()
+        assert dict(zip(rendered[::2], rendered[1::2], strict=True)) == given

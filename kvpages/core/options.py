@@ -138,6 +138,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kv-step-sizes", "step_sizes", "step scenarios by hand: comma-separated requests per step (B)", parse_positive_ints),
     Option("--kv-step-lens", "step_lens", "request lengths of a step: comma-separated integers, or fixed:L, "
            f"uniform:LO,HI, lognormal:MEDIAN,SIGMA,MAX (default {MIXED_LENGTHS})", _flagged(_lengths)),
+    Option("--kv-busy-us", "busy_us", "the steps' busy queue: microseconds of device work queued as the next forward "
+           "in each round, which a blocking copy waits behind (CUDA only; default 0: none)",
+           _integer(0, "a number of microseconds", "500")),
     Option("--kv-payloads", "payloads", "the payloads each send of the scenarios carries, comma-separated payload "
            f"presets from {', '.join(PAYLOAD_PRESETS)}; each scenario is made once per preset (default: the sweep "
            f"preset's own; {DEFAULT_PAYLOADS}: the main KV alone; `kvpages scenarios`)",
@@ -201,7 +204,7 @@ def with_options_table(text: str, where: str) -> str:
     return f"{head}{begin}{options_markdown()}\n{end}{tail}"
 
 
-BY_HAND = ("request_lens", "chunk_size", "prefix", "step_sizes", "step_lens")
+BY_HAND = ("request_lens", "chunk_size", "prefix", "step_sizes", "step_lens", "busy_us")
 """The options that give scenarios by hand instead of the preset's (`scenarios_from`'s parameters)."""
 
 
@@ -228,6 +231,7 @@ class BenchOptions:
     prefix: int | None = None
     step_sizes: tuple[int, ...] | None = None
     step_lens: str | None = None
+    busy_us: int | None = None
     payloads: tuple[str, ...] | None = None
     swa_window: int | None = None
     step_variants: tuple[str, ...] | None = None

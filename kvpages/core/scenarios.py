@@ -281,13 +281,17 @@ staged variant's indices and before every variant's readback (kvpages.measure.st
 
 def scenarios_from(page_sizes: tuple[int, ...], dtypes: tuple[str, ...], request_lens: tuple[int, ...] = (),
                    chunk_size: int = DEFAULT_CHUNK_SIZE, prefix: int = 0, step_sizes: tuple[int, ...] = (),
-                   step_lens: str = MIXED_LENGTHS) -> tuple[Scenario, ...]:
-    """Per dtype, both sides of each request length, then a step of each size, at every page size."""
+                   step_lens: str = MIXED_LENGTHS, busy_us: int = 0) -> tuple[Scenario, ...]:
+    """Per dtype, both sides of each request length, then a step of each size (behind a busy queue of `busy_us`), at
+    every page size."""
+    if busy_us and not step_sizes:
+        raise ValueError(f"a busy queue of {busy_us} µs is a step's: give the steps too (--kv-step-sizes)")
     out: list[Scenario] = []
     for dtype in dtypes:
         out += [RequestScenario(L, chunk_size, side, prefix if side == "decode" else 0, page_size=p, dtype=dtype)
                 for p in page_sizes for side in SIDES for L in request_lens]
-        out += [StepScenario(b, step_lens, page_size=p, dtype=dtype) for p in page_sizes for b in step_sizes]
+        out += [StepScenario(b, step_lens, page_size=p, dtype=dtype, busy_us=busy_us) for p in page_sizes
+                for b in step_sizes]
     return tuple(out)
 
 

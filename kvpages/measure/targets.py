@@ -323,10 +323,12 @@ class ScenarioTarget:
         common = options.replace(step_variants=(variant,), page_sizes=(s.page_size,), dtypes=(s.dtype,), device=device,
                                  time_budget_s=options.scenario_budget_s, results_dir=None, scenarios=None,
                                  request_lens=None, chunk_size=None, prefix=None, step_sizes=None, step_lens=None,
+                                 busy_us=None,
                                  payloads=None if s.payloads == DEFAULT_PAYLOADS else (s.payloads,),
                                  swa_window=s.swa_window if windowed else None)
         if isinstance(s, StepScenario):
-            return "bench/test_steps.py", common.replace(step_sizes=(s.batch,), step_lens=s.lengths_spec)
+            return "bench/test_steps.py", common.replace(step_sizes=(s.batch,), step_lens=s.lengths_spec,
+                                                         busy_us=s.busy_us or None)
         return "bench/test_steps.py", common.replace(request_lens=(s.prompt_len,), chunk_size=s.chunk_size,
                                                      prefix=s.prefix)
 
