@@ -235,12 +235,16 @@ def test_the_crossover_names_each_shorter_point_that_is_not_slower(tmp_path):
     points["device_stride", 2048, 64] = 20.0
     answer = crossover_answer(synthetic_run(tmp_path / "again", points))
     said = "from L=8192 at p=64, crossing in (2048, 8192]; slower at every shorter swept length"
-    assert f"{said} (1 of 1 page sizes cross)" in answer, answer
+    assert f"{said} (1 of 1 page sizes above 1 cross)" in answer, answer
+    for length in (512, 8192):  # SGLang's default page size, swept and never crossing: the count says so
+        points["host_stride", length, 1], points["device_stride", length, 1] = 10.0, 20.0
+    answer = crossover_answer(synthetic_run(tmp_path / "with-p1", points))
+    assert f"{said} (1 of 1 page sizes above 1 cross; p=1 does not)" in answer, answer
     for length in (512, 1024, 2048):  # three not slower: two named, the rest counted (a finding's cell stays short)
         points["host_stride", length, 64] = points["device_stride", length, 64] = 10.0
     answer = crossover_answer(synthetic_run(tmp_path / "three", points))
     assert "slower at 0 of the 3 shorter swept points; " in answer and answer.count(" at p=64, L=") == 2, answer
-    assert "and 1 more (APPENDIX.md) (1 of 1 page sizes cross)" in answer, answer
+    assert "and 1 more (APPENDIX.md) (1 of 1 page sizes above 1 cross; p=1 does not)" in answer, answer
 
 
 def test_crossings_at_several_lengths_stay_one_short_cell(tmp_path):

@@ -139,8 +139,11 @@ def _crossover(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
         more = f" and {len(other) - NAMED} more (APPENDIX.md)" if len(other) > NAMED else ""
         said = "no shorter length was swept" if not shorter else "slower at every shorter swept length" if not other else (
             f"slower at {len(shorter) - len(other)} of the {len(shorter)} shorter swept points; {', '.join(named)}{more}")
+        at_one = [x for x in analysis.crossovers if x.page_size == 1]  # SGLang's default: the finding above says it
+        one = "" if not at_one else "; p=1 does not" if all(x.seq_len is None for x in at_one) else "; p=1 does too"
         answer = (f"The merged PR is judged faster than pre-PR from {each}; {said} "
-                  f"({len(found)} of {len([x for x in analysis.crossovers if x.page_size > 1])} page sizes cross).")
+                  f"({len(found)} of {len([x for x in analysis.crossovers if x.page_size > 1])} page sizes above 1 "
+                  f"cross{one}).")
         return Finding("Crossover", answer, figure(cited_row), cited_row.id, MEASURED)
     if below := [r for r in rows if r.verdict == DISTURBED and r.ci_high < 1]:  # below 1, but never judged so
         cited = min(below, key=lambda r: (r.seq_len, r.page_size))

@@ -8,8 +8,9 @@ import math
 from kvpages.analysis.pairs import DISTURBED, FRAGILE
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.wording import left_out_text
+from kvpages.render.appendix import same_latencies
 from kvpages.render.text import table
-from kvpages.schema.rows import RATIOS_CSV
+from kvpages.schema.rows import RATIOS_CSV, SCENARIO_RATIOS_CSV
 
 SHOWN = 6  # pairs named in the report's paragraph; every one is in ratios.csv and APPENDIX.md
 
@@ -45,7 +46,8 @@ def remeasure_paragraph(analysis: Analysis) -> str:
 def stability_paragraph(analysis: Analysis) -> str:
     """The processes left out of pairs' centres, the fragile and the disturbed verdicts, named (the first SHOWN)."""
     rows = [r for r in analysis.ratios if r.left_out or r.stability != "stable"]
-    scenarios = [r for r in analysis.scenario_ratios if r.latency == "blocked" and (r.left_out or r.stability != "stable")]
+    latencies = ("blocked",) if same_latencies(analysis) else ("blocked", "ready")  # a CPU run's ready is its blocked
+    scenarios = [r for r in analysis.scenario_ratios if r.latency in latencies and (r.left_out or r.stability != "stable")]
     box = box_spread(analysis)
     lead = (f"**Spread and disturbances.** {box[0].upper() + box[1:]}: a label, not a veto; it stays in every interval "
             "and in the minimum effect. " if box else "**Spread and disturbances.** ")
@@ -54,14 +56,17 @@ def stability_paragraph(analysis: Analysis) -> str:
     counts = {what: sum(r.stability == what for r in rows) + sum(r.stability == what for r in scenarios)
               for what in (FRAGILE, DISTURBED)}
     named = [f"`{r.id}`: {said(r.left_out, r.stability)}" for r in rows[:SHOWN]]
-    named += [f"`{r.id}`: {said(r.left_out, r.stability)}" for r in scenarios[:max(0, SHOWN - len(named))]]
+    named += [f"`{r.id}`{'' if len(latencies) == 1 else f' ({r.latency})'}: {said(r.left_out, r.stability)}"
+              for r in scenarios[:max(0, SHOWN - len(named))]]
     more = len(rows) + len(scenarios) - len(named)
-    return (f"{lead}{len(rows)} per-call and {len(scenarios)} scenario pair(s) left a process out of their centre "
+    each = "" if len(latencies) == 1 else " (blocked and ready each a pair)"
+    where = f"`{RATIOS_CSV}` and `{SCENARIO_RATIOS_CSV}` (`left_out`, `stability`) and APPENDIX.md"
+    return (f"{lead}{len(rows)} per-call and {len(scenarios)} scenario pair(s){each} left a process out of their centre "
             "(it lay further from the median of the pair's processes than 3 robust standard deviations of this run's "
             "spread, or than the disturb factor), "
             f"{counts[FRAGILE]} verdict(s) are *fragile* (another verdict without one of the processes behind them) "
             f"and {counts[DISTURBED]} *disturbed* (more than a minority apart: no verdict): "
-            f"{'; '.join(named)}{f'; {more} more in `{RATIOS_CSV}` (`left_out`, `stability`) and APPENDIX.md' if more else ''}"
+            f"{'; '.join(named)}{f'; {more} more in {where}' if more else ''}"
             ".\n\n")
 
 
