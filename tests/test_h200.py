@@ -112,6 +112,10 @@ def test_the_findings_say_which_shorter_points_are_not_slower_and_a_cpu_run_gets
     made = {f.question: f.answer for f in findings(h200)}
     assert "slower at 11 of the 12 shorter swept points; unclear at p=16, L=8192" in made["Crossover"]
     assert "from L=32768 at p=16, 64, 128, each crossing in (8192, 32768]; " in made["Crossover"]
+    assert "(3 of 3 page sizes above 1 cross; p=1 does not)" in made["Crossover"]
+    # decode's finding cites its largest request (0.281, faster); the shorter ones are slower, and it says so
+    assert made["Per request: decode"].endswith(" At p=64: slower at L=2048, 8192; faster at L=32768, 131072.")
+    assert "At p=" not in made["Per request: prefill chunks"]  # slower at every length: nothing to add
     assert "of the measured at every length, in-sample: it was fitted from this run" in made["Model vs measurement"]
     cpu = [r for r in reference_runs() if r.name.endswith("-cpu")]
     if not cpu:

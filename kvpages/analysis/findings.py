@@ -203,8 +203,20 @@ def _scenario(analysis: Analysis, gpu: GpuAnswer | None, question: str, kind: st
         predictions = scenario_predictions(analysis, ratio)
         answer = f"{moved}; predicted {predicted_range(predictions, False)} {named}'s time (model).{_gpu(gpu, ratio.id)}"
         return Finding(question, answer, predicted_figure(predictions), ratio.id, _status(analysis, gpu, ratio.id))
-    answer = f"{moved}; {sig(ratio.variant_us)} µs against {named}'s {sig(ratio.baseline_us)} µs."
+    answer = (f"{moved}; {sig(ratio.variant_us)} µs against {named}'s {sig(ratio.baseline_us)} µs."
+              f"{_along(found, page_size, what[:2])}")
     return Finding(question, answer, figure(ratio), ratio.id, MEASURED)
+
+
+def _along(found: list[tuple[int, int, pd.Series, ScenarioRatio]], page_size: int, prefix: str) -> str:
+    """' At p=64: slower at L=2048, 8192; faster at L=32768, 131072.': the verdict at each swept size of the page size
+    the finding cites, so that its one point (the largest) is not read as every size's ('' where all agree)."""
+    sizes: dict[str, list[str]] = {}
+    for p, size, _, ratio in sorted(found, key=lambda t: t[1]):
+        if p == page_size:
+            sizes.setdefault(ratio.verdict, []).append(str(size))
+    said = "; ".join(f"{verdict} at {prefix}" + ", ".join(each) for verdict, each in sizes.items())
+    return f" At p={page_size}: {said}." if len(sizes) > 1 else ""
 
 
 def _blocked(analysis: Analysis, gpu: GpuAnswer | None) -> Finding:
