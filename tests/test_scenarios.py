@@ -214,7 +214,12 @@ def test_each_scenarios_repro_makes_that_scenario_again(preset):
         (("--kv-step-sizes", "4", "--kv-step-lens", "fixed:1000000000", "--kv-page-sizes", "1"),
          "beyond int32's maximum 2147483647"),
         (("--kv-scenarios", "some"), "--kv-scenarios: unknown scenario choice 'some'; valid: preset, none"),
-        (("--kv-busy-us", "500"), "--kv-busy-us 500: a busy queue of 500 µs is a step's: give the steps too (--kv-step-sizes)"),
+        (("--kv-busy-us", "500"), "--kv-busy-us 500: it shapes the scenarios of --kv-step-sizes, which is not given; "
+                                  "give --kv-step-sizes too"),
+        (("--kv-busy-us", "0"), "--kv-busy-us 0: it shapes the scenarios of --kv-step-sizes"),
+        (("--kv-step-lens", "fixed:16"), "--kv-step-lens fixed:16: it shapes the scenarios of --kv-step-sizes"),
+        (("--kv-chunk-size", "256"), "--kv-chunk-size 256: it shapes the scenarios of --kv-request-lens"),
+        (("--kv-prefix", "5", "--kv-step-sizes", "4"), "--kv-prefix 5: it shapes the scenarios of --kv-request-lens"),
         (("--kv-step-sizes", "4", "--kv-busy-us", "-1"), "--kv-busy-us: -1 is not >= 0"),
         (("--kv-step-variants", "nope"), "--kv-step-variants: unknown step variant 'nope'; valid: per_request[host_stride]"),
         (("--kv-payloads", "mamba"), "--kv-payloads: unknown value 'mamba'; valid: full, swa, dsa, hybrid"),

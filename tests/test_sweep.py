@@ -159,8 +159,9 @@ def test_options_render_back_to_what_parses_to_them(given):
 
 def test_every_option_renders_back():
     """A new option in OPTIONS must parse and render: the repro commands are made from it."""
-    from kvpages.core.options import OPTIONS
+    from kvpages.core.options import OPTIONS, SHAPES
 
+    flag = {o.field: o.flag for o in OPTIONS}
     samples = {"--kv-preset": "quick", "--kv-seq-lens": "8", "--kv-page-sizes": "2", "--kv-dtypes": "int64",
                "--kv-layouts": "contiguous", "--kv-variants": "v", "--kv-device": "cpu", "--kv-seed": "1",
                "--kv-time-budget": "0.25", "--kv-repetitions": "3", "--kv-passes": "1", "--kv-processes": "2",
@@ -174,7 +175,8 @@ def test_every_option_renders_back():
                "--kv-threads": "2", "--kv-cpus": "0-1", "--kv-bandwidth-probe": "off",
                "--kv-rank-timeout": "30.0"}
     assert set(samples) == {o.flag for o in OPTIONS}
-    needs = {"--kv-busy-us": {"--kv-step-sizes": "2"}}  # a busy queue is a step's
+    needs = {flag[name]: {flag[needed]: samples[flag[needed]]}
+             for name, needed in SHAPES.items()}  # a chunk size shapes requests, a busy queue steps: given with them
     for option in OPTIONS:
         given = {**needs.get(option.flag, {}), option.flag: samples[option.flag]}
         rendered = BenchOptions.parse(given.get).to_args()

@@ -196,7 +196,8 @@ def _scenario(analysis: Analysis, gpu: GpuAnswer | None, question: str, kind: st
         return None
     page_size, size, row, ratio = sorted(found, key=lambda t: (t[0], t[1]))[-1]  # the largest page size, then size
     base_row = base[(base["scenario"] == row["scenario"]) & (base["variant"] == analysis.scenario_baseline)].iloc[0]
-    what = f"L={size}" if kind == "request" else f"B={size}"
+    prefix = "L=" if kind == "request" else "B="
+    what = f"{prefix}{size}"
     moved = f"{what}, p={page_size}: {_moved(row)} against {_moved(base_row, base=True)}"
     named = called(analysis.scenario_baseline)
     if not analysis.run.link_crossed:
@@ -204,7 +205,7 @@ def _scenario(analysis: Analysis, gpu: GpuAnswer | None, question: str, kind: st
         answer = f"{moved}; predicted {predicted_range(predictions, False)} {named}'s time (model).{_gpu(gpu, ratio.id)}"
         return Finding(question, answer, predicted_figure(predictions), ratio.id, _status(analysis, gpu, ratio.id))
     answer = (f"{moved}; {sig(ratio.variant_us)} µs against {named}'s {sig(ratio.baseline_us)} µs."
-              f"{_along(found, page_size, what[:2])}")
+              f"{_along(found, page_size, prefix)}")
     return Finding(question, answer, figure(ratio), ratio.id, MEASURED)
 
 

@@ -206,6 +206,9 @@ def with_options_table(text: str, where: str) -> str:
 
 BY_HAND = ("request_lens", "chunk_size", "prefix", "step_sizes", "step_lens", "busy_us")
 """The options that give scenarios by hand instead of the preset's (`scenarios_from`'s parameters)."""
+SHAPES = {"chunk_size": "request_lens", "prefix": "request_lens", "step_lens": "step_sizes", "busy_us": "step_sizes"}
+"""The by-hand options that shape the scenarios another one gives (a chunk size, the requests'), and that one: given
+without it, they would shape none, so `BenchOptions.scenario_set` refuses them."""
 
 
 @dataclass(frozen=True)
@@ -299,6 +302,11 @@ class BenchOptions:
         given = " ".join(self.to_args(BY_HAND))
         if not given:
             return with_payloads(self.selected_preset.scenarios, self.payloads, self.swa_window)
+        flags = {o.field: o.flag for o in OPTIONS}
+        for name, needs in SHAPES.items():
+            if getattr(self, name) is not None and getattr(self, needs) is None:
+                raise ValueError(f"{' '.join(self.to_args((name,)))}: it shapes the scenarios of {flags[needs]}, "
+                                 f"which is not given; give {flags[needs]} too")
         try:
             by_hand = {name: getattr(self, name) for name in BY_HAND if getattr(self, name) is not None}
             return with_payloads(scenarios_from(self.sweep.page_sizes, self.sweep.dtypes, **by_hand), self.payloads,

@@ -284,8 +284,6 @@ def scenarios_from(page_sizes: tuple[int, ...], dtypes: tuple[str, ...], request
                    step_lens: str = MIXED_LENGTHS, busy_us: int = 0) -> tuple[Scenario, ...]:
     """Per dtype, both sides of each request length, then a step of each size (behind a busy queue of `busy_us`), at
     every page size."""
-    if busy_us and not step_sizes:
-        raise ValueError(f"a busy queue of {busy_us} µs is a step's: give the steps too (--kv-step-sizes)")
     out: list[Scenario] = []
     for dtype in dtypes:
         out += [RequestScenario(L, chunk_size, side, prefix if side == "decode" else 0, page_size=p, dtype=dtype)
