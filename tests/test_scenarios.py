@@ -203,6 +203,25 @@ def test_each_scenarios_repro_makes_that_scenario_again(preset):
         assert scenario.id in {s.id for s in again} and {s.busy_us for s in again} == {scenario.busy_us}, args
 
 
+def test_a_points_repro_from_a_run_with_scenarios_times_that_point_alone():
+    """A point's repro leaves out the run's scenarios and every option that would give or shape one (a repro that kept
+    `--kv-request-lens` beside `--kv-scenarios none` would be refused)."""
+    from kvpages.core.sweep import Point
+    from kvpages.measure.targets import PointTarget
+
+    given = {"--kv-preset": "quick", "--kv-request-lens": "1000", "--kv-chunk-size": "256", "--kv-step-sizes": "4",
+             "--kv-step-lens": "fixed:16", "--kv-busy-us": "500", "--kv-payloads": "hybrid", "--kv-swa-window": "128",
+             "--kv-step-variants": STEP_BASELINE}
+    options = BenchOptions.parse(given.get)
+    assert options.scenario_set
+    _, narrowed = PointTarget(Point(2048, 64)).narrowed("device_stride", options, "cpu")
+    args = narrowed.to_args()
+    assert not set(args[::2]) & {"--kv-request-lens", "--kv-step-sizes", "--kv-payloads", "--kv-step-variants"}, args
+    again = BenchOptions.parse(dict(zip(args[::2], args[1::2], strict=True)).get)
+    assert again.scenario_set == () and again.scenarios == "none"
+    assert again.variants == ("device_stride",) and again.sweep.seq_lens == (2048,)
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
@@ -214,6 +233,12 @@ def test_each_scenarios_repro_makes_that_scenario_again(preset):
         (("--kv-step-sizes", "4", "--kv-step-lens", "fixed:1000000000", "--kv-page-sizes", "1"),
          "beyond int32's maximum 2147483647"),
         (("--kv-scenarios", "some"), "--kv-scenarios: unknown scenario choice 'some'; valid: preset, none"),
+        (("--kv-scenarios", "none", "--kv-request-lens", "1000"),
+         "--kv-scenarios none leaves out every scenario, which --kv-request-lens 1000 would give or shape: give one or "
+         "the other"),
+        (("--kv-scenarios", "none", "--kv-payloads", "hybrid", "--kv-step-variants", "batched_device_stride"),
+         "--kv-scenarios none leaves out every scenario, which --kv-payloads hybrid --kv-step-variants "
+         "batched_device_stride would give or shape"),
         (("--kv-busy-us", "500"), "--kv-busy-us 500: it shapes the scenarios of --kv-step-sizes, which is not given; "
                                   "give --kv-step-sizes too"),
         (("--kv-busy-us", "0"), "--kv-busy-us 0: it shapes the scenarios of --kv-step-sizes"),

@@ -35,10 +35,9 @@ def pair_repro(repro: str, variant: str, baseline: str) -> str:
     options = _parsed(tuple(sorted((f, v) for f, v in given.items() if f not in (VARIANTS_FLAG, STEP_VARIANTS_FLAG))))
     if options is None:
         return ""
-    if steps:
-        pair = options.replace(step_variants=(variant, baseline))
-    else:  # a point: its pair alone, without the preset's whole requests and steps
-        pair = options.replace(variants=(variant, baseline), scenarios="none")
+    # a point: its pair alone, without the preset's whole requests and steps
+    pair = (options.replace(step_variants=(variant, baseline)) if steps
+            else options.without_scenarios(variants=(variant, baseline)))
     return shlex.join([*words[:first], *pair.to_args(), ANALYZE_FLAG])
 
 

@@ -206,6 +206,8 @@ def with_options_table(text: str, where: str) -> str:
 
 BY_HAND = ("request_lens", "chunk_size", "prefix", "step_sizes", "step_lens", "busy_us")
 """The options that give scenarios by hand instead of the preset's (`scenarios_from`'s parameters)."""
+SCENARIO_FIELDS = (*BY_HAND, "payloads", "swa_window", "step_variants")
+"""The options that give, shape or select the scenarios: `--kv-scenarios none` leaves every one out, so it refuses them."""
 SHAPES = {"chunk_size": "request_lens", "prefix": "request_lens", "step_lens": "step_sizes", "busy_us": "step_sizes"}
 """The by-hand options that shape the scenarios another one gives (a chunk size, the requests'), and that one: given
 without it, they would shape none, so `BenchOptions.scenario_set` refuses them."""
@@ -276,6 +278,11 @@ class BenchOptions:
     def replace(self, **changes: Any) -> BenchOptions:
         return dataclasses.replace(self, **changes)
 
+    def without_scenarios(self, **changes: Any) -> BenchOptions:
+        """These options (with `changes`) timing no scenario: `--kv-scenarios none`, and none of SCENARIO_FIELDS (a
+        point's repro)."""
+        return self.replace(scenarios="none", **dict.fromkeys(SCENARIO_FIELDS), **changes)
+
     @functools.cached_property
     def selected_preset(self) -> Preset:
         return get_preset(self.preset or "default")
@@ -298,6 +305,9 @@ class BenchOptions:
         """The preset's scenarios, none, or those given by hand (at the sweep's page sizes and dtypes), each with the
         payloads and window given (`with_payloads`)."""
         if self.scenarios == "none":
+            if shaped := " ".join(self.to_args(SCENARIO_FIELDS)):
+                raise ValueError(f"--kv-scenarios none leaves out every scenario, which {shaped} would give or shape: "
+                                 "give one or the other")
             return ()
         given = " ".join(self.to_args(BY_HAND))
         if not given:

@@ -200,9 +200,9 @@ class PointTarget:
 
     def narrowed(self, variant: str, options: BenchOptions, device: str) -> tuple[str, BenchOptions]:
         p = self.point
-        return "bench/", options.replace(
+        return "bench/", options.without_scenarios(
             variants=(variant,), seq_lens=(p.seq_len,), page_sizes=(p.page_size,), dtypes=(p.dtype,),
-            layouts=(p.layout,), seed=p.seed, device=device, scenarios="none", results_dir=None)
+            layouts=(p.layout,), seed=p.seed, device=device, results_dir=None)
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": "point", **asdict(self.point)}
