@@ -183,7 +183,8 @@ def test_torchrun_s_environment_describes_the_launch():
     ({"processes": 3}, "--kv-processes"),
     ({"crosscheck": "on"}, "--kv-crosscheck on"),
     ({"breakdown": "on"}, "--kv-breakdown on"),
-    ({"scenarios": "none"}, "times the step scenarios"),
+    ({"scenarios": "none"}, "times the step scenarios, and these options have none; leave out --kv-scenarios none$"),
+    ({"preset": "quick", "request_lens": (1000,)}, "have none; use a preset with steps .* or --kv-step-sizes$"),
 ])
 def test_options_a_multi_rank_run_cannot_honour_are_refused(given, refused):
     with pytest.raises(ValueError, match=refused):

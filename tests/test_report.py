@@ -194,6 +194,19 @@ def test_a_ratio_repro_reruns_the_pair_at_its_point_with_the_runs_options():
     assert pair_repro("", "a", "b") == ""
 
 
+def test_a_points_repro_made_before_it_left_out_the_scenario_options_still_gives_its_pair():
+    """A point's repro of a run given scenario options, as PointTarget.narrowed made it before 2026-12-07 (beside
+    `--kv-scenarios none`, which now refuses them): its pair is that point's alone, not a step's, and parses."""
+    old = ("pytest bench/ --benchmark-only --kv-device cpu --kv-variants device_stride --kv-seq-lens 2048 "
+           "--kv-page-sizes 64 --kv-scenarios none --kv-request-lens 1000 --kv-payloads hybrid "
+           "--kv-step-variants batched_device_stride")
+    words = shlex.split(pair_repro(old, "device_stride", "host_stride"))
+    given = dict(zip(words[3:-1:2], words[4:-1:2], strict=True))
+    assert not {"--kv-request-lens", "--kv-payloads", "--kv-step-variants"} & set(given), words
+    options = BenchOptions.parse(given.get)
+    assert options.variants == ("device_stride", "host_stride") and options.scenario_set == ()
+
+
 def cuda_labelled(folder: Path) -> Path:
     """A synthetic run folder relabelled as a CUDA run whose rows crossed PCIe Gen5 x16 into pageable memory."""
     import json

@@ -244,6 +244,9 @@ def test_a_points_repro_from_a_run_with_scenarios_times_that_point_alone():
         (("--kv-busy-us", "0"), "--kv-busy-us 0: it shapes the scenarios of --kv-step-sizes"),
         (("--kv-step-lens", "fixed:16"), "--kv-step-lens fixed:16: it shapes the scenarios of --kv-step-sizes"),
         (("--kv-chunk-size", "256"), "--kv-chunk-size 256: it shapes the scenarios of --kv-request-lens"),
+        (("--kv-chunk-size", "256", "--kv-busy-us", "5"),
+         "--kv-chunk-size 256: it shapes the scenarios of --kv-request-lens, which is not given; --kv-busy-us 5: it "
+         "shapes the scenarios of --kv-step-sizes, which is not given; give --kv-request-lens and --kv-step-sizes too"),
         (("--kv-prefix", "5", "--kv-step-sizes", "4"), "--kv-prefix 5: it shapes the scenarios of --kv-request-lens"),
         (("--kv-step-sizes", "4", "--kv-busy-us", "-1"), "--kv-busy-us: -1 is not >= 0"),
         (("--kv-step-variants", "nope"), "--kv-step-variants: unknown step variant 'nope'; valid: per_request[host_stride]"),

@@ -8,7 +8,7 @@ import math
 import shlex
 
 from kvpages.core.checks import UserError
-from kvpages.core.options import OPTIONS, BenchOptions
+from kvpages.core.options import OPTIONS, SCENARIO_FIELDS, BenchOptions
 from kvpages.core.stats import Interval
 from kvpages.schema.meta import Environment
 from kvpages.schema.rows import RatioRow, ScenarioRatioRow
@@ -16,6 +16,8 @@ from kvpages.schema.rows import RatioRow, ScenarioRatioRow
 ANALYZE_FLAG = "--kv-analyze"
 VARIANTS_FLAG, STEP_VARIANTS_FLAG = "--kv-variants", "--kv-step-variants"
 _FLAGS = {o.flag for o in OPTIONS}
+SCENARIOS_FLAG = next(o.flag for o in OPTIONS if o.field == "scenarios")
+_SCENARIO_FLAGS = {o.flag for o in OPTIONS if o.field in SCENARIO_FIELDS}
 
 
 class CiteError(UserError):
@@ -31,8 +33,10 @@ def pair_repro(repro: str, variant: str, baseline: str) -> str:
         return ""
     first = next((i for i, w in enumerate(words) if w.startswith("--kv-")), len(words))
     given = {flag: value for flag, value in itertools.pairwise(words) if flag in _FLAGS}
-    steps = STEP_VARIANTS_FLAG in given
-    options = _parsed(tuple(sorted((f, v) for f, v in given.items() if f not in (VARIANTS_FLAG, STEP_VARIANTS_FLAG))))
+    steps = STEP_VARIANTS_FLAG in given and given.get(SCENARIOS_FLAG) != "none"  # a point's times none
+    # the pair replaces the variants; a point's repro made before 2026-12-07 may name scenario options, left out too
+    left_out = {VARIANTS_FLAG, STEP_VARIANTS_FLAG} | (set() if steps else _SCENARIO_FLAGS)
+    options = _parsed(tuple(sorted((f, v) for f, v in given.items() if f not in left_out)))
     if options is None:
         return ""
     # a point: its pair alone, without the preset's whole requests and steps

@@ -281,7 +281,7 @@ class BenchOptions:
     def without_scenarios(self, **changes: Any) -> BenchOptions:
         """These options (with `changes`) timing no scenario: `--kv-scenarios none`, and none of SCENARIO_FIELDS (a
         point's repro)."""
-        return self.replace(scenarios="none", **dict.fromkeys(SCENARIO_FIELDS), **changes)
+        return self.replace(**{**dict.fromkeys(SCENARIO_FIELDS), "scenarios": "none", **changes})
 
     @functools.cached_property
     def selected_preset(self) -> Preset:
@@ -313,10 +313,12 @@ class BenchOptions:
         if not given:
             return with_payloads(self.selected_preset.scenarios, self.payloads, self.swa_window)
         flags = {o.field: o.flag for o in OPTIONS}
-        for name, needs in SHAPES.items():
-            if getattr(self, name) is not None and getattr(self, needs) is None:
-                raise ValueError(f"{' '.join(self.to_args((name,)))}: it shapes the scenarios of {flags[needs]}, "
-                                 f"which is not given; give {flags[needs]} too")
+        missing = {name: needs for name, needs in SHAPES.items()
+                   if getattr(self, name) is not None and getattr(self, needs) is None}
+        if missing:  # every one, in one line
+            said = "; ".join(f"{' '.join(self.to_args((name,)))}: it shapes the scenarios of {flags[needs]}, which is "
+                             "not given" for name, needs in missing.items())
+            raise ValueError(f"{said}; give {' and '.join(dict.fromkeys(flags[n] for n in missing.values()))} too")
         try:
             by_hand = {name: getattr(self, name) for name in BY_HAND if getattr(self, name) is not None}
             return with_payloads(scenarios_from(self.sweep.page_sizes, self.sweep.dtypes, **by_hand), self.payloads,

@@ -72,7 +72,9 @@ def ranked_options(options: BenchOptions, launch: Launch) -> BenchOptions:
                              "rank, with no worker processes, cross-check or breakdown; leave it out")
     if not any(s.kind == "step" for s in options.scenario_set):
         raise ValueError(f"a multi-rank run (torchrun, WORLD_SIZE={launch.world_size}) times the step scenarios, and "
-                         f"these options have none; use a preset with steps (e.g. --kv-preset ranks) or --kv-step-sizes")
+                         "these options have none; "
+                         + ("leave out --kv-scenarios none" if options.scenarios == "none" else
+                            "use a preset with steps (e.g. --kv-preset ranks) or --kv-step-sizes"))
     return options.replace(processes=1, crosscheck="off", breakdown="off")
 
 
