@@ -97,6 +97,23 @@ def test_what_to_do_has_four_recommendations_each_citable(h200, capsys):
                                      "and at page size 1 (no rows of it here).")
 
 
+def test_a_recommendation_says_where_else_its_verdict_differs(h200, capsys):
+    """Batching one D2H per step is recommended at the largest step, B=128; at B=1 it is slower (one request has
+    nothing to batch): the "where" cell, recommendations.csv's `along` and its citation say so, not B=128 alone."""
+    from kvpages.analysis.recommend import recommendations
+    from kvpages.cli import main
+    from kvpages.render.recommend import what_to_do
+
+    found = {r.id: r for r in recommendations(h200)}
+    batch = found["rec-batch-per-step"]
+    assert batch.setting == "a B=128 step at p=64" and batch.verdict == FASTER
+    assert batch.along == "slower at B=1; faster at B=8, 32"
+    assert f"| a B=128 step at p=64 (other sizes: {batch.along}) |" in what_to_do(h200)
+    assert main(["cite", str(H200_DEFAULT), batch.id]) == 0
+    assert f"a B=128 step at p=64 (other sizes: {batch.along}) = 0.508" in capsys.readouterr().out
+    assert found["rec-shortcut"].along == ""  # faster at every length of p=1, as at L=512
+
+
 def test_the_findings_say_which_shorter_points_are_not_slower_and_a_cpu_run_gets_the_per_step_answer_too(h200):
     """p=16, L=8192 (1.07 [1.01, 1.15]) is a difference the run resolved but cannot size against its 10.2% minimum
     effect: *unclear*, and the crossover finding names it instead of 'slower at every shorter swept length'; the

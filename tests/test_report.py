@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from pathlib import Path
 
@@ -316,6 +317,29 @@ def test_a_cuda_run_states_its_latency_findings_as_measured(tmp_path):
 
 
 @needs_reference
+def test_a_predicted_recommendation_names_the_other_sizes_where_it_is_not_below(reported_reference):
+    """On a CPU run, `along` names each other size of the cited setting's kind and page size whose prediction differs
+    (below or not below on every profile), each once, and REPORT.md's row shows it."""
+    from kvpages.analysis.recommend import recommendations
+
+    analysis = reported_reference.analysis
+    steps = analysis.run.scenarios
+    report = (reported_reference.path / "REPORT.md").read_text()
+    said = [r for r in recommendations(analysis) if r.along]
+    assert said, "the reference run's candidates agree at every size: nothing to check"
+    for r in said:
+        assert f"| {r.setting} (other sizes: {r.along}) |" in report
+        named = []
+        for part in r.along.split("; "):
+            verdict, sizes = part.split(" at ")
+            assert verdict in ("below", "not below"), r.along
+            named += [int(x) for x in sizes[2:].split(", ")]
+        assert len(named) == len(set(named)), r.along  # each size once
+        if (step := re.fullmatch(r"a B=(\d+) step at p=(\d+)", r.setting)) is not None:  # the other step sizes there
+            there = steps[(steps["kind"] == "step") & (steps["page_size"] == int(step[2]))]
+            assert set(named) <= set(there["requests"]) - {int(step[1])}, r
+
+
 def test_findings_and_recommendations_made_once_per_baseline_of_one_loaded_run():
     """One loaded run analysed against two baselines (as `compare` and the notebook may): each analysis gets the
     findings and recommendations of its own baseline, the same as a run loaded afresh gives."""

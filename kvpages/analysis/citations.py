@@ -42,7 +42,7 @@ def cite(analysis: Analysis, row_id: str) -> str:
     for rec in recommendations(analysis):
         if rec.id == row_id:
             done = "recommended" if rec.recommended else "not recommended"
-            return (f"{rec.id}: {rec.action}: {label(rec.candidate)} / {label(rec.against)} {rec.setting} = "
+            return (f"{rec.id}: {rec.action}: {label(rec.candidate)} / {label(rec.against)} {rec.where} = "
                     f"{sig(rec.ratio)} [{sig(rec.ci_low)}, {sig(rec.ci_high)}], {rec.basis} ({rec.verdict}): {done}; "
                     f"rows {rec.cites}; {where}")
     ids = all_ids(analysis)

@@ -22,6 +22,7 @@ from kvpages.analysis.verdicts import FASTER, judge_family
 from kvpages.core.adaptive import ADAPTIVE
 from kvpages.core.links import LinkProfile
 from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, STEP_CANDIDATE, per_request_name
+from kvpages.core.payloads import DEFAULT_PAYLOADS
 from kvpages.core.stats import Interval
 from kvpages.core.sweep import DTYPES, LAYOUTS
 
@@ -40,6 +41,12 @@ class Setting:
     seq_len: int | None = None  # a point's length; None: `scenario`
     scenario: str = ""
     said: str = ""  # 'per call at p=1, L=512', 'a B=128 step at p=64'
+    requests: int = 0  # a scenario's: its step's B
+
+    @property
+    def size(self) -> tuple[str, int]:
+        """('L=', 512) for a point, ('B=', 128) for a step: how `along` names it among its kind's other sizes."""
+        return ("L=", self.seq_len) if self.seq_len is not None else ("B=", self.requests)
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,13 @@ class Recommendation:
     basis: str  # MEASURED or PREDICTED
     verdict: str  # measured: the verdict; predicted: 'below on every profile' or not
     cites: str  # the rows of ratios.csv or scenario_ratios.csv behind it (each against pre-PR)
+    along: str = ""  # where the verdict at its kind's other sizes of its page size differs ('slower at B=1; faster at
+    # B=8, 32'; '' where each agrees with its own), judged as a family of their own: the setting named is not all
+
+    @property
+    def where(self) -> str:
+        """'a B=128 step at p=64 (other sizes: slower at B=1; faster at B=8, 32)': the setting, and `along`."""
+        return f"{self.setting} (other sizes: {self.along})" if self.along else self.setting
 
 
 @dataclass(frozen=True)
@@ -77,17 +91,16 @@ def _points(analysis: Analysis, candidate: str, against: str, keep: Callable[[in
 
 
 def _step(analysis: Analysis, candidate: str, against: str, page_size: int) -> list[Setting]:
-    """The largest step of page size `page_size` (idle queue) where both were timed."""
+    """Every step of page size `page_size` (idle queue, the default payloads) where both were timed, largest first."""
     frame = analysis.run.scenarios
     if frame is None:
         return []
-    steps = frame[(frame["kind"] == "step") & (frame["busy_us"] == 0) & (frame["page_size"] == page_size)]
+    steps = frame[(frame["kind"] == "step") & (frame["busy_us"] == 0) & (frame["page_size"] == page_size)
+                  & (frame["payloads"] == DEFAULT_PAYLOADS)]  # a hybrid step: kvpages.analysis.hybrid
     timed = set(steps[steps["variant"] == candidate]["scenario"]) & set(steps[steps["variant"] == against]["scenario"])
-    if not timed:
-        return []
-    top = steps[steps["scenario"].isin(timed)].sort_values("requests").iloc[-1]
-    return [Setting(candidate, against, page_size, scenario=str(top["scenario"]),
-                    said=f"a B={top['requests']} step at p={page_size}")]
+    rows = steps[steps["scenario"].isin(timed) & (steps["variant"] == against)].sort_values("requests", ascending=False)
+    return [Setting(candidate, against, page_size, scenario=str(row["scenario"]), requests=int(row["requests"]),
+                    said=f"a B={row['requests']} step at p={page_size}") for _, row in rows.iterrows()]
 
 
 def _main_p(analysis: Analysis) -> int:
@@ -167,27 +180,60 @@ def recommendations(analysis: Analysis) -> tuple[Recommendation, ...]:
 def _recommendations(analysis: Analysis) -> tuple[Recommendation, ...]:
     if analysis.baseline != BASELINE:
         return ()
-    chosen = [(c, s) for c in CANDIDATES for s in c.settings(analysis)[:1]]
+    chosen = [(c, settings) for c in CANDIDATES if (settings := c.settings(analysis))]
     if analysis.run.link_crossed:
-        found = [(c, s, e) for c, s in chosen if (e := _measured(analysis, s)) is not None]
-        judged = judge_family([e.found.interval for *_, e in found], [e.found.p_value for *_, e in found],
-                              [e.disturbed for *_, e in found], analysis.noise.min_effect)
-        return tuple(_made(c, s, e.found.interval, verdict == FASTER, MEASURED, verdict, _cites(analysis, s))
-                     for (c, s, e), verdict in zip(found, judged.verdicts, strict=True))
+        found = [(c, ss, e) for c, ss in chosen if (e := _measured(analysis, ss[0])) is not None]
+        judged = _judged(analysis, [e for *_, e in found])
+        return tuple(_made(c, ss, e.found.interval, verdict == FASTER, MEASURED, verdict, _cites(analysis, ss[0]),
+                           _along(analysis, ss, verdict))
+                     for (c, ss, e), verdict in zip(found, judged, strict=True))
     out = []
-    for c, s in chosen:
-        predictions = _predicted(analysis, s)
+    for c, ss in chosen:
+        predictions = _predicted(analysis, ss[0])
         if predictions:
-            below = all(p.ratio < 1 for p in predictions)
             ratios = sorted(p.ratio for p in predictions)
             interval = Interval(ratios[len(ratios) // 2], min(p.low for p in predictions),
                                 max(p.high for p in predictions), len(predictions), float("nan"), "profile")
-            out.append(_made(c, s, interval, below, PREDICTED, "below on every profile" if below else
-                             "not below on every profile", _cites(analysis, s)))
+            verdict = _below(predictions)
+            out.append(_made(c, ss, interval, verdict == BELOW, PREDICTED, verdict, _cites(analysis, ss[0]),
+                             _along(analysis, ss, verdict)))
     return tuple(out)
 
 
-def _made(c: _Candidate, s: Setting, interval: Interval, recommended: bool, basis: str, verdict: str,
-          cites: str) -> Recommendation:
+BELOW_ON = "on every profile"
+BELOW = f"below {BELOW_ON}"
+
+
+def _below(predictions: tuple[Prediction, ...]) -> str:
+    return BELOW if all(p.ratio < 1 for p in predictions) else f"not {BELOW}"
+
+
+def _judged(analysis: Analysis, estimates: list[PairEstimate]) -> tuple[str, ...]:
+    return judge_family([e.found.interval for e in estimates], [e.found.p_value for e in estimates],
+                        [e.disturbed for e in estimates], analysis.noise.min_effect).verdicts
+
+
+def _along(analysis: Analysis, settings: list[Setting], verdict: str) -> str:
+    """The verdicts at the other sizes of the first setting's kind and page size (`Recommendation.along`): measured,
+    judged as a family of their own; predicted, whether every profile puts the candidate below there."""
+    first = settings[0]
+    others = [s for s in settings[1:] if (s.seq_len is None) == (first.seq_len is None) and s.page_size == first.page_size]
+    if analysis.run.link_crossed:
+        found = [(s, e) for s in others if (e := _measured(analysis, s)) is not None]
+        said = list(zip([s for s, _ in found], _judged(analysis, [e for _, e in found]) if found else (), strict=True))
+    else:  # 'below' or 'not below' (on every profile)
+        said = [(s, _below(priced).removesuffix(f" {BELOW_ON}")) for s in others if (priced := _predicted(analysis, s))]
+        verdict = verdict.removesuffix(f" {BELOW_ON}")
+    if all(v == verdict for _, v in said):
+        return ""
+    sizes: dict[str, list[str]] = {}
+    for s, v in sorted(said, key=lambda t: t[0].size[1]):
+        sizes.setdefault(v, []).append(str(s.size[1]))
+    return "; ".join(f"{v} at {first.size[0]}{', '.join(each)}" for v, each in sizes.items())
+
+
+def _made(c: _Candidate, settings: list[Setting], interval: Interval, recommended: bool, basis: str, verdict: str,
+          cites: str, along: str) -> Recommendation:
+    s = settings[0]
     return Recommendation(f"rec-{c.key}", c.action, s.said, s.candidate, s.against, interval.ratio, interval.ci_low,
-                          interval.ci_high, recommended, basis, verdict, cites)
+                          interval.ci_high, recommended, basis, verdict, cites, along)
