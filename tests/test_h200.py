@@ -114,6 +114,38 @@ def test_a_recommendation_says_where_else_its_verdict_differs(h200, capsys):
     assert found["rec-shortcut"].along == ""  # faster at every length of p=1, as at L=512
 
 
+def test_a_recommendation_is_set_at_int32_steps_alone_in_a_run_with_another_dtypes(tmp_path):
+    """The same steps in a second dtype (the H200 run's idle p=64 steps and their samples copied as int64) change no
+    recommendation: each is set at int32, as its settings say, and no size is named twice."""
+    import shutil
+
+    import pandas as pd
+
+    from kvpages.analysis.recommend import recommendations
+
+    if not (H200_DEFAULT / "meta.json").is_file():
+        pytest.skip(f"{H200_DEFAULT.name} is not committed here")
+    run = tmp_path / H200_DEFAULT.name
+    shutil.copytree(H200_DEFAULT, run, ignore=shutil.ignore_patterns("*.png", "*.md", "crosscheck_trace.json.gz"))
+    rows = pd.read_csv(run / "scenarios.csv", keep_default_na=False, dtype=str)
+    steps = rows[(rows["kind"] == "step") & (rows["page_size"] == "64") & (rows["busy_us"] == "0")].copy()
+    assert "payloads" not in rows  # made before the hybrid payloads: every step carries the main KV alone
+    as_int64 = {name: name.replace("-int32", "-int64") for name in steps["scenario"]}
+    for column in ("scenario", "id"):
+        steps[column] = steps[column].str.replace("-int32", "-int64")
+    steps["dtype"] = "int64"
+    pd.concat([rows, steps]).to_csv(run / "scenarios.csv", index=False)
+    samples = pd.read_csv(run / "scenario_samples.csv.gz", keep_default_na=False, dtype=str)
+    copied = samples[samples["scenario"].isin(as_int64)].copy()
+    copied["scenario"] = copied["scenario"].map(as_int64)
+    pd.concat([samples, copied]).to_csv(run / "scenario_samples.csv.gz", index=False)
+    both = {r.id: r for r in recommendations(analyze(load_run(run)))}
+    assert "-int64" in "".join(load_run(run).scenarios["scenario"])
+    batch = both["rec-batch-per-step"]
+    assert (batch.setting, batch.along) == ("a B=128 step at p=64", "slower at B=1; faster at B=8, 32")
+    assert "-int64" not in batch.cites
+
+
 def test_the_findings_say_which_shorter_points_are_not_slower_and_a_cpu_run_gets_the_per_step_answer_too(h200):
     """p=16, L=8192 (1.07 [1.01, 1.15]) is a difference the run resolved but cannot size against its 10.2% minimum
     effect: *unclear*, and the crossover finding names it instead of 'slower at every shorter swept length'; the

@@ -317,10 +317,12 @@ def test_a_cuda_run_states_its_latency_findings_as_measured(tmp_path):
 
 
 @needs_reference
-def test_a_predicted_recommendation_names_the_other_sizes_where_it_is_not_below(reported_reference):
-    """On a CPU run, `along` names each other size of the cited setting's kind and page size whose prediction differs
-    (below or not below on every profile), each once, and REPORT.md's row shows it."""
+def test_a_predicted_recommendation_gives_its_verdict_at_the_other_sizes_where_one_differs(reported_reference):
+    """On a CPU run, `along` gives each other size of the cited setting's kind and page size once, below or not below
+    on every profile, and REPORT.md's row shows it; `adaptive` is the merged PR from its threshold on (a predicted
+    ratio of exactly 1), so choosing by length is not below at every length from there."""
     from kvpages.analysis.recommend import recommendations
+    from kvpages.core.adaptive import DEFAULT_THRESHOLD
 
     analysis = reported_reference.analysis
     steps = analysis.run.scenarios
@@ -338,6 +340,10 @@ def test_a_predicted_recommendation_names_the_other_sizes_where_it_is_not_below(
         if (step := re.fullmatch(r"a B=(\d+) step at p=(\d+)", r.setting)) is not None:  # the other step sizes there
             there = steps[(steps["kind"] == "step") & (steps["page_size"] == int(step[2]))]
             assert set(named) <= set(there["requests"]) - {int(step[1])}, r
+    by_length = next(r for r in said if r.id == "rec-by-length")
+    lengths = {int(x): verdict for part in by_length.along.split("; ") for verdict, sizes in [part.split(" at ")]
+               for x in sizes[2:].split(", ")}
+    assert lengths and all(v == "not below" for L, v in lengths.items() if L >= DEFAULT_THRESHOLD), by_length.along
 
 
 def test_findings_and_recommendations_made_once_per_baseline_of_one_loaded_run():

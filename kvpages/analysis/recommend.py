@@ -65,8 +65,8 @@ class Recommendation:
     basis: str  # MEASURED or PREDICTED
     verdict: str  # measured: the verdict; predicted: 'below on every profile' or not
     cites: str  # the rows of ratios.csv or scenario_ratios.csv behind it (each against pre-PR)
-    along: str = ""  # where the verdict at its kind's other sizes of its page size differs ('slower at B=1; faster at
-    # B=8, 32'; '' where each agrees with its own), judged as a family of their own: the setting named is not all
+    along: str = ""  # the verdict at each other size of its kind and page size, where any differs from its own
+    # ('slower at B=1; faster at B=8, 32'; '' where all agree), judged as a family of their own
 
     @property
     def where(self) -> str:
@@ -84,6 +84,7 @@ class _Candidate:
 def _points(analysis: Analysis, candidate: str, against: str, keep: Callable[[int, int], bool]) -> list[Setting]:
     """Every point where both were timed and `keep(page_size, seq_len)`, shortest first."""
     rows = sorted((r for r in analysis.ratios_of(against) if keep(r.page_size, r.seq_len)
+                   and (r.dtype, r.layout) == (DTYPE, LAYOUT)  # where `_measured` and `_predicted` set them
                    and analysis.ratio_at(candidate, r.dtype, r.layout, r.page_size, r.seq_len) is not None),
                   key=lambda r: (r.seq_len, r.page_size))
     return [Setting(candidate, against, r.page_size, r.seq_len, said=f"per call at p={r.page_size}, L={r.seq_len}")
@@ -96,9 +97,10 @@ def _step(analysis: Analysis, candidate: str, against: str, page_size: int) -> l
     if frame is None:
         return []
     steps = frame[(frame["kind"] == "step") & (frame["busy_us"] == 0) & (frame["page_size"] == page_size)
-                  & (frame["payloads"] == DEFAULT_PAYLOADS)]  # a hybrid step: kvpages.analysis.hybrid
+                  & (frame["dtype"] == DTYPE) & (frame["payloads"] == DEFAULT_PAYLOADS)]  # hybrid: analysis.hybrid
     timed = set(steps[steps["variant"] == candidate]["scenario"]) & set(steps[steps["variant"] == against]["scenario"])
-    rows = steps[steps["scenario"].isin(timed) & (steps["variant"] == against)].sort_values("requests", ascending=False)
+    rows = steps[steps["scenario"].isin(timed) & (steps["variant"] == against)].sort_values(["requests", "scenario"],
+                                                                                      ascending=False, kind="stable")
     return [Setting(candidate, against, page_size, scenario=str(row["scenario"]), requests=int(row["requests"]),
                     said=f"a B={row['requests']} step at p={page_size}") for _, row in rows.iterrows()]
 
