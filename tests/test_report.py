@@ -346,6 +346,27 @@ def test_a_predicted_recommendation_gives_its_verdict_at_the_other_sizes_where_o
     assert lengths and all(v == "not below" for L, v in lengths.items() if L >= DEFAULT_THRESHOLD), by_length.along
 
 
+def test_the_appendix_lists_the_predictions_each_finding_quotes_and_no_others(reported_reference):
+    """APPENDIX.md's "Predictions behind the findings" holds, per finding, the predictions its figure quotes, against
+    what the finding sets it (the hybrid step's staged strategy against per payload, not pre-PR), and none for a
+    finding that quotes none (the metered bytes)."""
+    from kvpages.analysis.cite import sig
+    from kvpages.analysis.findings import findings
+
+    analysis = reported_reference.analysis
+    section = (reported_reference.path / "APPENDIX.md").read_text().split("## Predictions behind the findings", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    made = findings(analysis, None)
+    assert any(f.question.startswith("Per step, payloads") for f in made)
+    for f in made:
+        rows = [line for line in section.splitlines() if line.startswith(f"| {f.question} | `{f.id}` |")]
+        assert len(rows) == len(f.predictions), f.question
+        assert bool(f.predictions) == f.figure.startswith("model: "), f.question
+        for p, row in zip(f.predictions, rows, strict=True):
+            assert f"{p.profile.name}{' (what-if)' if p.profile.pinned else ''} {sig(p.ratio)} [" in f.figure
+            assert f"| {sig(p.ratio)} [" in row, (f.question, row)
+
+
 def test_findings_and_recommendations_made_once_per_baseline_of_one_loaded_run():
     """One loaded run analysed against two baselines (as `compare` and the notebook may): each analysis gets the
     findings and recommendations of its own baseline, the same as a run loaded afresh gives."""

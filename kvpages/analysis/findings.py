@@ -83,8 +83,9 @@ def _page1(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
         answer = (f"One kernel more before the same copy: predicted "
                   f"{predicted_range(tuple(p for _, f in priced for p in f), False)} pre-PR's time per call{on_step} "
                   f"(model).{_gpu(gpu, worst.id, *([] if step is None else [(step[0].id, 'per step')]))}")
-        return Finding("Page size 1: per call and per step", answer, predicted_figure(point_predictions(analysis, worst)),
-                       worst.id, _status(analysis, gpu, worst.id))
+        quoted = point_predictions(analysis, worst)
+        return Finding("Page size 1: per call and per step", answer, predicted_figure(quoted), worst.id,
+                       _status(analysis, gpu, worst.id), predictions=quoted)
     worst = max(rows, key=lambda r: r.ratio)
     slower = [r for r in rows if r.verdict == SLOWER]
     others = Counter(r.verdict for r in rows if r.verdict != SLOWER)  # same, unclear or disturbed: each said
@@ -122,8 +123,9 @@ def _crossover(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
         said = _crossings(measured, len({(c.dtype, c.layout) for c in measured}) > 1)
         answer = (f"Predicted first below pre-PR (model, pageable profiles) at {'; '.join(parts)}."
                   f"{f' Measured on {gpu.machine}: {said}.' if gpu and said else ''}")
-        return Finding("Crossover", answer, predicted_figure(point_predictions(analysis, cited)), cited.id,
-                       _status(analysis, gpu, cited.id))
+        quoted = point_predictions(analysis, cited)
+        return Finding("Crossover", answer, predicted_figure(quoted), cited.id, _status(analysis, gpu, cited.id),
+                       predictions=quoted)
     found = [c for c in analysis.crossovers if c.seq_len is not None and c.page_size > 1]
     if found:
         c = min(found, key=lambda c: (c.seq_len, c.page_size))
@@ -203,7 +205,8 @@ def _scenario(analysis: Analysis, gpu: GpuAnswer | None, question: str, kind: st
     if not analysis.run.link_crossed:
         predictions = scenario_predictions(analysis, ratio)
         answer = f"{moved}; predicted {predicted_range(predictions, False)} {named}'s time (model).{_gpu(gpu, ratio.id)}"
-        return Finding(question, answer, predicted_figure(predictions), ratio.id, _status(analysis, gpu, ratio.id))
+        return Finding(question, answer, predicted_figure(predictions), ratio.id, _status(analysis, gpu, ratio.id),
+                       predictions=predictions)
     answer = (f"{moved}; {sig(ratio.variant_us)} µs against {named}'s {sig(ratio.baseline_us)} µs."
               f"{_along(found, page_size, prefix)}")
     return Finding(question, answer, figure(ratio), ratio.id, MEASURED)
@@ -305,7 +308,8 @@ def _faster(analysis: Analysis, variant: str) -> Finding | None:
         every = tuple(p for r in rows for p in point_predictions(analysis, r))
         answer = (f"Predicted (model) at {predicted_range(every)} {base}'s time per call, below it at "
                   f"{sum(p.ratio < 1 for p in every)} of {len(every)} (point, profile) pairs; {moved}.")
-        return Finding(question, answer, predicted_figure(point_predictions(analysis, largest)), largest.id, MODEL)
+        quoted = point_predictions(analysis, largest)
+        return Finding(question, answer, predicted_figure(quoted), largest.id, MODEL, predictions=quoted)
     count = {v: sum(r.verdict == v for r in rows) for v in (FASTER, SLOWER)}
     cited = min(rows, key=lambda r: r.ratio) if count[FASTER] else largest
     answer = (f"Faster than {base} at {count[FASTER]} of {len(rows)} swept points, slower at {count[SLOWER]}, the same "

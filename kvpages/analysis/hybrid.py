@@ -102,23 +102,25 @@ def _moved(at: dict[str, Record], shown: list[str]) -> str:
     return ", ".join(said) + " (metered)"
 
 
-def _predicted(analysis: Analysis, at: dict[str, Record], others: list[str]) -> tuple[str, str]:
+def _predicted(analysis: Analysis, at: dict[str, Record],
+               others: list[str]) -> tuple[str, str, tuple[Prediction, ...]]:
     today = at[TODAY]
     found = {v: predictions(analysis, at[v], today) for v in others}
     ranges = ", ".join(f"{STRATEGIES[v].said} {predicted_range(found[v], False)}" for v in others)
     answer = f"predicted scheduler-thread time vs per payload's: {ranges} (model). Blocked equals ready here"
     cited = STAGED if STAGED in found else others[-1]
-    return answer, predicted_figure(found[cited])
+    return answer, predicted_figure(found[cited]), found[cited]
 
 
-def _measured(analysis: Analysis, at: dict[str, Record], others: list[str]) -> tuple[str, str]:
+def _measured(analysis: Analysis, at: dict[str, Record],
+              others: list[str]) -> tuple[str, str, tuple[Prediction, ...]]:
     scenario = str(at[TODAY]["scenario"])
     pairs = {v: scenario_estimate(analysis.run, (scenario, TODAY), (scenario, v), "blocked") for v in others}
     said = ", ".join(f"{STRATEGIES[v].said} {sig(pair.found.interval.ratio)}" for v, pair in pairs.items()
                      if pair is not None)
     answer = f"measured blocked time vs per payload's: {said or 'no pair timed'}{_behind_queue(analysis, scenario)}"
     cited = pairs.get(STAGED) or next((p for p in pairs.values() if p is not None), None)
-    return answer, "-" if cited is None else interval_text(cited.found.interval)
+    return answer, "-" if cited is None else interval_text(cited.found.interval), ()
 
 
 def _behind_queue(analysis: Analysis, scenario: str) -> str:
@@ -142,9 +144,9 @@ def hybrid_findings(analysis: Analysis) -> tuple[Finding, ...]:
         if not others:
             continue
         today = at[TODAY]
-        answer, figure = (_measured if analysis.run.link_crossed else _predicted)(analysis, at, others)
+        answer, figure, quoted = (_measured if analysis.run.link_crossed else _predicted)(analysis, at, others)
         cited = at.get(STAGED, at[others[-1]])
         made.append(Finding(f"Per {today['kind']}, payloads {payloads}",
                             f"{_what(today)}: {_moved(at, [TODAY, *others])}; {answer}.", figure, str(cited["id"]),
-                            MEASURED if analysis.run.link_crossed else MODEL))
+                            MEASURED if analysis.run.link_crossed else MODEL, predictions=quoted))
     return tuple(made)

@@ -27,6 +27,7 @@ class Finding:
     id: str  # the ratios.csv or scenarios.csv row id behind the figure ('-': none)
     status: str
     timed: bool = True  # the figure rests on the row's times (False: metered bytes, exact whatever the timing noise)
+    predictions: tuple[Prediction, ...] = ()  # what a predicted figure quotes, per profile (APPENDIX.md lists them)
 
 
 def bytes_figure(r: RatioRow) -> str:

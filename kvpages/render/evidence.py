@@ -139,12 +139,7 @@ def predictions_section(analysis: Analysis, gpu: GpuAnswer | None = None) -> str
     profile by its label, with the variation at each end."""
     if analysis.run.link_crossed:
         return ""
-    rows = []
-    for f in findings(analysis, gpu):
-        r = next((x for x in analysis.ratios if x.id == f.id), None)
-        found = point_predictions(analysis, r) if r is not None else ()
-        if r is None and (s := next((x for x in analysis.scenario_ratios if x.id == f.id), None)) is not None:
-            found = scenario_predictions(analysis, s)
-        rows += [[f.question, f"`{f.id}`", profile_name(p.profile, analysis.run.run_id), bounded(p)] for p in found]
+    rows = [[f.question, f"`{f.id}`", profile_name(p.profile, analysis.run.run_id), bounded(p)]
+            for f in findings(analysis, gpu) for p in f.predictions]  # each against what its finding sets it
     return ("Each finding's predicted ratio per link profile, with the variation of the assumed terms that gives each "
             "end of its range.\n\n" + table(["finding", "row id", "profile", "predicted [low if ..., high if ...]"], rows))
