@@ -178,3 +178,7 @@ def test_the_findings_say_which_shorter_points_are_not_slower_and_a_cpu_run_gets
         assert crossed.startswith("Predicted first below pre-PR") and "Measured on" not in crossed, crossed
     page1 = answer["Page size 1: per call and per step"]
     assert "slower per call, 1.80 [1.61, 2.02] slower per step (run 20261204T181656Z-cuda-nvidia-h200)" in page1, page1
+    from kvpages.render.recommend import what_to_do  # the H200's column gives its other sizes too
+
+    measured = "| 0.508 [0.474, 0.543] faster (other sizes: slower at B=1; faster at B=8, 32) |"
+    assert measured in what_to_do(reference, gpu_answer(reference, H200_DEFAULT))

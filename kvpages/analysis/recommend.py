@@ -69,9 +69,14 @@ class Recommendation:
     # ('slower at B=1; faster at B=8, 32'; '' where all agree), judged as a family of their own
 
     @property
+    def others(self) -> str:
+        """' (other sizes: slower at B=1; faster at B=8, 32)': `along` as the report and `kvpages cite` say it."""
+        return f" (other sizes: {self.along})" if self.along else ""
+
+    @property
     def where(self) -> str:
         """'a B=128 step at p=64 (other sizes: slower at B=1; faster at B=8, 32)': the setting, and `along`."""
-        return f"{self.setting} (other sizes: {self.along})" if self.along else self.setting
+        return f"{self.setting}{self.others}"
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def what_to_do(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
     rows = []
     for r in sorted(found, key=lambda r: not r.recommended):
         on_gpu = measured.get(r.id)
-        beside = [] if gpu is None else [f"{_gain(on_gpu)} {on_gpu.verdict}" if on_gpu else "-"]
+        beside = [] if gpu is None else [f"{_gain(on_gpu)} {on_gpu.verdict}{on_gpu.others}" if on_gpu else "-"]
         rows.append([f"**{r.action}**" if r.recommended else r.action, r.where, f"`{r.candidate}` / `{r.against}`",
                      _gain(r), ("recommended" if r.recommended else "not recommended") + f" ({r.verdict})", *beside,
                      f"`{r.id}`"])
