@@ -159,9 +159,9 @@ def test_options_render_back_to_what_parses_to_them(given):
 
 def test_every_option_renders_back():
     """A new option in OPTIONS must parse and render: the repro commands are made from it."""
+    from kvpages.core.options import FLAG as flag
     from kvpages.core.options import OPTIONS, SHAPES
 
-    flag = {o.field: o.flag for o in OPTIONS}
     samples = {"--kv-preset": "quick", "--kv-seq-lens": "8", "--kv-page-sizes": "2", "--kv-dtypes": "int64",
                "--kv-layouts": "contiguous", "--kv-variants": "v", "--kv-device": "cpu", "--kv-seed": "1",
                "--kv-time-budget": "0.25", "--kv-repetitions": "3", "--kv-passes": "1", "--kv-processes": "2",

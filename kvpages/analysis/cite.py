@@ -8,16 +8,15 @@ import math
 import shlex
 
 from kvpages.core.checks import UserError
-from kvpages.core.options import OPTIONS, SCENARIO_FIELDS, BenchOptions
+from kvpages.core.options import FLAG, OPTIONS, SCENARIO_FIELDS, BenchOptions
 from kvpages.core.stats import Interval
 from kvpages.schema.meta import Environment
 from kvpages.schema.rows import RatioRow, ScenarioRatioRow
 
 ANALYZE_FLAG = "--kv-analyze"
-VARIANTS_FLAG, STEP_VARIANTS_FLAG = "--kv-variants", "--kv-step-variants"
+VARIANTS_FLAG, STEP_VARIANTS_FLAG, SCENARIOS_FLAG = FLAG["variants"], FLAG["step_variants"], FLAG["scenarios"]
 _FLAGS = {o.flag for o in OPTIONS}
-SCENARIOS_FLAG = next(o.flag for o in OPTIONS if o.field == "scenarios")
-_SCENARIO_FLAGS = {o.flag for o in OPTIONS if o.field in SCENARIO_FIELDS}
+_SCENARIO_FLAGS = {FLAG[field] for field in SCENARIO_FIELDS}
 
 
 class CiteError(UserError):

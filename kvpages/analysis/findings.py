@@ -29,6 +29,7 @@ from kvpages.analysis.wording import (
     predicted_range,
     short,
     spread,
+    verdicts_along,
 )
 from kvpages.core.links import profile_for
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, per_request_name
@@ -215,12 +216,8 @@ def _scenario(analysis: Analysis, gpu: GpuAnswer | None, question: str, kind: st
 def _along(found: list[tuple[int, int, pd.Series, ScenarioRatio]], page_size: int, prefix: str) -> str:
     """' At p=64: slower at L=2048, 8192; faster at L=32768, 131072.': the verdict at each swept size of the page size
     the finding cites, so that its one point (the largest) is not read as every size's ('' where all agree)."""
-    sizes: dict[str, list[str]] = {}
-    for p, size, _, ratio in sorted(found, key=lambda t: t[1]):
-        if p == page_size:
-            sizes.setdefault(ratio.verdict, []).append(str(size))
-    said = "; ".join(f"{verdict} at {prefix}" + ", ".join(each) for verdict, each in sizes.items())
-    return f" At p={page_size}: {said}." if len(sizes) > 1 else ""
+    sized = [(size, ratio.verdict) for p, size, _, ratio in found if p == page_size]
+    return f" At p={page_size}: {verdicts_along(sized, prefix)}." if len({v for _, v in sized}) > 1 else ""
 
 
 def _blocked(analysis: Analysis, gpu: GpuAnswer | None) -> Finding:

@@ -19,6 +19,7 @@ from kvpages.analysis.pairs import PairEstimate
 from kvpages.analysis.predict import Prediction, predict, row_call
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.verdicts import FASTER, judge_family
+from kvpages.analysis.wording import verdicts_along
 from kvpages.core.adaptive import ADAPTIVE
 from kvpages.core.links import LinkProfile
 from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, STEP_CANDIDATE, per_request_name
@@ -201,18 +202,19 @@ def _recommendations(analysis: Analysis) -> tuple[Recommendation, ...]:
             ratios = sorted(p.ratio for p in predictions)
             interval = Interval(ratios[len(ratios) // 2], min(p.low for p in predictions),
                                 max(p.high for p in predictions), len(predictions), float("nan"), "profile")
-            verdict = _below(predictions)
-            out.append(_made(c, ss, interval, verdict == BELOW, PREDICTED, verdict, _cites(analysis, ss[0]),
-                             _along(analysis, ss, verdict)))
+            below = _below(predictions)
+            out.append(_made(c, ss, interval, below, PREDICTED, f"{_said(below)} on every profile",
+                             _cites(analysis, ss[0]), _along(analysis, ss, _said(below))))
     return tuple(out)
 
 
-BELOW_ON = "on every profile"
-BELOW = f"below {BELOW_ON}"
+def _below(predictions: tuple[Prediction, ...]) -> bool:
+    """Whether every profile puts the candidate below what it replaces."""
+    return all(p.ratio < 1 for p in predictions)
 
 
-def _below(predictions: tuple[Prediction, ...]) -> str:
-    return BELOW if all(p.ratio < 1 for p in predictions) else f"not {BELOW}"
+def _said(below: bool) -> str:
+    return "below" if below else "not below"
 
 
 def _judged(analysis: Analysis, estimates: list[PairEstimate]) -> tuple[str, ...]:
@@ -221,22 +223,18 @@ def _judged(analysis: Analysis, estimates: list[PairEstimate]) -> tuple[str, ...
 
 
 def _along(analysis: Analysis, settings: list[Setting], verdict: str) -> str:
-    """The verdicts at the other sizes of the first setting's kind and page size (`Recommendation.along`): measured,
-    judged as a family of their own; predicted, whether every profile puts the candidate below there."""
+    """The verdicts at the other sizes of the first setting's kind and page size (`Recommendation.along`), where any
+    differs from `verdict`, the first's: measured, judged as a family of their own; predicted, 'below' or 'not below'
+    (on every profile)."""
     first = settings[0]
     others = [s for s in settings[1:] if (s.seq_len is None) == (first.seq_len is None) and s.page_size == first.page_size]
     if analysis.run.link_crossed:
         found = [(s, e) for s in others if (e := _measured(analysis, s)) is not None]
-        said = list(zip([s for s, _ in found], _judged(analysis, [e for _, e in found]) if found else (), strict=True))
-    else:  # 'below' or 'not below' (on every profile)
-        said = [(s, _below(priced).removesuffix(f" {BELOW_ON}")) for s in others if (priced := _predicted(analysis, s))]
-        verdict = verdict.removesuffix(f" {BELOW_ON}")
-    if all(v == verdict for _, v in said):
-        return ""
-    sizes: dict[str, list[str]] = {}
-    for s, v in sorted(said, key=lambda t: t[0].size[1]):
-        sizes.setdefault(v, []).append(str(s.size[1]))
-    return "; ".join(f"{v} at {first.size[0]}{', '.join(each)}" for v, each in sizes.items())
+        judged = _judged(analysis, [e for _, e in found]) if found else ()
+        said = [(s.size[1], v) for (s, _), v in zip(found, judged, strict=True)]
+    else:
+        said = [(s.size[1], _said(_below(priced))) for s in others if (priced := _predicted(analysis, s))]
+    return "" if all(v == verdict for _, v in said) else verdicts_along(said, first.size[0])
 
 
 def _made(c: _Candidate, settings: list[Setting], interval: Interval, recommended: bool, basis: str, verdict: str,

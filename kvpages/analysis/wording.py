@@ -4,6 +4,7 @@ CELL_CHARS; the detail behind it goes to the appendix."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvpages.analysis.cite import fraction, interval_of, interval_text, sig
@@ -28,6 +29,14 @@ class Finding:
     status: str
     timed: bool = True  # the figure rests on the row's times (False: metered bytes, exact whatever the timing noise)
     predictions: tuple[Prediction, ...] = ()  # what a predicted figure quotes, per profile (APPENDIX.md lists them)
+
+
+def verdicts_along(sized: Iterable[tuple[int, str]], prefix: str) -> str:
+    """'slower at B=1; faster at B=8, 32': each verdict with its sizes, shortest first (`prefix`: 'L=' or 'B=')."""
+    sizes: dict[str, list[str]] = {}
+    for size, verdict in sorted(sized):
+        sizes.setdefault(verdict, []).append(str(size))
+    return "; ".join(f"{verdict} at {prefix}{', '.join(each)}" for verdict, each in sizes.items())
 
 
 def bytes_figure(r: RatioRow) -> str:

@@ -184,6 +184,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kv-results", "results_dir", "folder that receives the run folder (default: <rootdir>/results)", lambda f, t: t),
 )
 
+FLAG = {o.field: o.flag for o in OPTIONS}
+"""Each option's flag by its field ('busy_us': '--kv-busy-us')."""
+
 OPTIONS_BEGIN = "<!-- options: written by `kvpages options --markdown docs/guide.md` from kvpages/core/options.py -->"
 OPTIONS_END = "<!-- end of options -->"
 
@@ -312,13 +315,12 @@ class BenchOptions:
         given = " ".join(self.to_args(BY_HAND))
         if not given:
             return with_payloads(self.selected_preset.scenarios, self.payloads, self.swa_window)
-        flags = {o.field: o.flag for o in OPTIONS}
         missing = {name: needs for name, needs in SHAPES.items()
                    if getattr(self, name) is not None and getattr(self, needs) is None}
         if missing:  # every one, in one line
-            said = "; ".join(f"{' '.join(self.to_args((name,)))}: it shapes the scenarios of {flags[needs]}, which is "
+            said = "; ".join(f"{' '.join(self.to_args((name,)))}: it shapes the scenarios of {FLAG[needs]}, which is "
                              "not given" for name, needs in missing.items())
-            raise ValueError(f"{said}; give {' and '.join(dict.fromkeys(flags[n] for n in missing.values()))} too")
+            raise ValueError(f"{said}; give {' and '.join(dict.fromkeys(FLAG[n] for n in missing.values()))} too")
         try:
             by_hand = {name: getattr(self, name) for name in BY_HAND if getattr(self, name) is not None}
             return with_payloads(scenarios_from(self.sweep.page_sizes, self.sweep.dtypes, **by_hand), self.payloads,

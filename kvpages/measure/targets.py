@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvpages.core.options import BenchOptions
+from kvpages.core.options import BY_HAND, BenchOptions
 from kvpages.core.payloads import DEFAULT_PAYLOADS, STRATEGIES, get_payloads
 from kvpages.core.scenarios import EXTRA_UPKEEP, SCENARIO_ROTATION, RequestScenario, Scenario, StepScenario, Upkeep, sends_of
 from kvpages.core.stats import latency_statistics, row_statistics
@@ -322,8 +322,7 @@ class ScenarioTarget:
         windowed = get_payloads(s.payloads).windowed
         common = options.replace(step_variants=(variant,), page_sizes=(s.page_size,), dtypes=(s.dtype,), device=device,
                                  time_budget_s=options.scenario_budget_s, results_dir=None, scenarios=None,
-                                 request_lens=None, chunk_size=None, prefix=None, step_sizes=None, step_lens=None,
-                                 busy_us=None,
+                                 **dict.fromkeys(BY_HAND),  # its own below
                                  payloads=None if s.payloads == DEFAULT_PAYLOADS else (s.payloads,),
                                  swa_window=s.swa_window if windowed else None)
         if isinstance(s, StepScenario):
