@@ -148,7 +148,8 @@ def test_bad_repetitions_and_passes():
      "--kv-repetitions": "4", "--kv-passes": "2", "--kv-crosscheck": "on", "--kv-variants": "a,b",
      "--kv-results": "out"},
     {"--kv-request-lens": "1000,2000", "--kv-chunk-size": "256", "--kv-prefix": "10", "--kv-step-sizes": "4",
-     "--kv-step-lens": "uniform:10,20", "--kv-step-variants": "x", "--kv-scenarios": "preset"},
+     "--kv-step-lens": "uniform:10,20", "--kv-step-variants": "x"},
+    {"--kv-scenarios": "preset", "--kv-payloads": "hybrid", "--kv-swa-window": "512"},
 ])
 def test_options_render_back_to_what_parses_to_them(given):
     options = BenchOptions.parse(given.get)

@@ -315,6 +315,9 @@ class BenchOptions:
         given = " ".join(self.to_args(BY_HAND))
         if not given:
             return with_payloads(self.selected_preset.scenarios, self.payloads, self.swa_window)
+        if self.scenarios == "preset":  # given as such, not the default
+            raise ValueError(f"--kv-scenarios preset takes the preset's scenarios, which {given} would replace: give "
+                             "one or the other")
         missing = {name: needs for name, needs in SHAPES.items()
                    if getattr(self, name) is not None and getattr(self, needs) is None}
         if missing:  # every one, in one line
