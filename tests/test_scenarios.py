@@ -242,6 +242,8 @@ def test_a_points_repro_from_a_run_with_scenarios_times_that_point_alone():
         (("--kv-scenarios", "preset", "--kv-request-lens", "1000", "--kv-chunk-size", "500"),
          "--kv-scenarios preset takes the preset's scenarios, which --kv-request-lens 1000 --kv-chunk-size 500 would "
          "replace: give one or the other"),
+        (("--kv-scenarios", "preset", "--kv-chunk-size", "256"),
+         "--kv-chunk-size 256: it shapes the scenarios of --kv-request-lens, which is not given"),
         (("--kv-busy-us", "500"), "--kv-busy-us 500: it shapes the scenarios of --kv-step-sizes, which is not given; "
                                   "give --kv-step-sizes too"),
         (("--kv-busy-us", "0"), "--kv-busy-us 0: it shapes the scenarios of --kv-step-sizes"),

@@ -315,15 +315,15 @@ class BenchOptions:
         given = " ".join(self.to_args(BY_HAND))
         if not given:
             return with_payloads(self.selected_preset.scenarios, self.payloads, self.swa_window)
-        if self.scenarios == "preset":  # given as such, not the default
-            raise ValueError(f"--kv-scenarios preset takes the preset's scenarios, which {given} would replace: give "
-                             "one or the other")
         missing = {name: needs for name, needs in SHAPES.items()
                    if getattr(self, name) is not None and getattr(self, needs) is None}
         if missing:  # every one, in one line
             said = "; ".join(f"{' '.join(self.to_args((name,)))}: it shapes the scenarios of {FLAG[needs]}, which is "
                              "not given" for name, needs in missing.items())
             raise ValueError(f"{said}; give {' and '.join(dict.fromkeys(FLAG[n] for n in missing.values()))} too")
+        if self.scenarios == "preset":  # given as such, not the default
+            raise ValueError(f"--kv-scenarios preset takes the preset's scenarios, which {given} would replace: give "
+                             "one or the other")
         try:
             by_hand = {name: getattr(self, name) for name in BY_HAND if getattr(self, name) is not None}
             return with_payloads(scenarios_from(self.sweep.page_sizes, self.sweep.dtypes, **by_hand), self.payloads,
