@@ -108,7 +108,7 @@ def _step(analysis: Analysis, candidate: str, against: str, page_size: int) -> l
     rows = steps[steps["scenario"].isin(timed) & (steps["variant"] == against)].sort_values(["requests", "scenario"],
                                                                                       ascending=False, kind="stable")
     return [Setting(candidate, against, page_size, scenario=str(row["scenario"]), requests=int(row["requests"]),
-                    said=f"a B={row['requests']} step at p={page_size}") for _, row in rows.iterrows()]
+                    said=f"a B={row['requests']} step at p={page_size}") for row in records(rows)]
 
 
 def _main_p(analysis: Analysis) -> int:
