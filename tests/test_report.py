@@ -208,6 +208,20 @@ def test_a_points_repro_made_before_it_left_out_the_scenario_options_still_gives
     assert options.variants == ("device_stride", "host_stride") and options.scenario_set == ()
 
 
+def test_a_steps_repro_made_before_preset_and_by_hand_scenarios_were_refused_together_still_gives_its_pair():
+    """A step's repro of a run given `--kv-scenarios preset` beside scenarios by hand, as ScenarioTarget.narrowed made it
+    before dc5886e (which now refuses the two together): its pair times the scenarios given by hand, as that run did."""
+    old = ("pytest bench/test_steps.py --benchmark-only --kv-device cpu --kv-step-variants 'per_request[device_stride]' "
+           "--kv-scenarios preset --kv-step-sizes 8")
+    words = shlex.split(pair_repro(old, "per_request[device_stride]", "per_request[host_stride]"))
+    assert words[:3] == ["pytest", "bench/test_steps.py", "--benchmark-only"] and words[-1] == "--kv-analyze", words
+    given = dict(zip(words[3:-1:2], words[4:-1:2], strict=True))
+    assert "--kv-scenarios" not in given
+    options = BenchOptions.parse(given.get)
+    assert options.step_variants == ("per_request[device_stride]", "per_request[host_stride]")
+    assert options.step_sizes == (8,) and {s.kind for s in options.scenario_set} == {"step"}
+
+
 def cuda_labelled(folder: Path) -> Path:
     """A synthetic run folder relabelled as a CUDA run whose rows crossed PCIe Gen5 x16 into pageable memory."""
     import json

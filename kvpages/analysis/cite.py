@@ -8,7 +8,7 @@ import math
 import shlex
 
 from kvpages.core.checks import UserError
-from kvpages.core.options import FLAG, OPTIONS, SCENARIO_FIELDS, BenchOptions
+from kvpages.core.options import BY_HAND, FLAG, OPTIONS, SCENARIO_FIELDS, BenchOptions
 from kvpages.core.stats import Interval
 from kvpages.schema.meta import Environment
 from kvpages.schema.rows import RatioRow, ScenarioRatioRow
@@ -17,6 +17,7 @@ ANALYZE_FLAG = "--kv-analyze"
 VARIANTS_FLAG, STEP_VARIANTS_FLAG, SCENARIOS_FLAG = FLAG["variants"], FLAG["step_variants"], FLAG["scenarios"]
 _FLAGS = {o.flag for o in OPTIONS}
 _SCENARIO_FLAGS = {FLAG[field] for field in SCENARIO_FIELDS}
+_BY_HAND_FLAGS = {FLAG[field] for field in BY_HAND}
 
 
 class CiteError(UserError):
@@ -32,6 +33,8 @@ def pair_repro(repro: str, variant: str, baseline: str) -> str:
         return ""
     first = next((i for i, w in enumerate(words) if w.startswith("--kv-")), len(words))
     given = {flag: value for flag, value in itertools.pairwise(words) if flag in _FLAGS}
+    if given.get(SCENARIOS_FLAG) == "preset" and _BY_HAND_FLAGS & set(given):  # made before dc5886e refused the two
+        del given[SCENARIOS_FLAG]  # together: the scenarios given by hand replaced the preset's, as they do without it
     steps = STEP_VARIANTS_FLAG in given and given.get(SCENARIOS_FLAG) != "none"  # a point's times none
     # the pair replaces the variants; a point's repro made before 2026-12-07 may name scenario options, left out too
     left_out = {VARIANTS_FLAG, STEP_VARIANTS_FLAG} | (set() if steps else _SCENARIO_FLAGS)
