@@ -12,10 +12,11 @@ from conftest import REPO
 from kvpages.analysis.ratios import analyze
 from kvpages.analysis.verdicts import FASTER, SLOWER
 from kvpages.core.names import BASELINE, CANDIDATE
-from kvpages.render.report import render, render_appendix
+from kvpages.render.report import render, render_appendix, report_files
 from kvpages.schema.reader import load_run
 
 H200_DEFAULT = REPO / "results" / "20261204T181656Z-cuda-nvidia-h200"
+CUDA_RUNS = sorted(meta.parent for meta in (REPO / "results").glob("*-cuda-*/meta.json"))
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +24,17 @@ def h200():
     if not (H200_DEFAULT / "meta.json").is_file():
         pytest.skip(f"{H200_DEFAULT.name} is not committed here")
     return analyze(load_run(H200_DEFAULT))
+
+
+@pytest.mark.parametrize("folder", CUDA_RUNS, ids=lambda folder: folder.name)
+def test_a_committed_cuda_runs_report_made_again_on_this_cpu_is_the_committed_one(folder, request):
+    """Every file `kvpages report` writes into a committed CUDA run (which has no GPU answer), made again from its
+    samples here, to the last digit: the analysis takes its logs from the C library (kvpages.core.stats.logs), so a CPU
+    whose numpy has AVX-512 kernels makes what the dev box's AMD EPYC made (20261204T184229Z's scenario_ratios.csv
+    differed in one row's last digits before)."""
+    analysis = request.getfixturevalue("h200") if folder == H200_DEFAULT else analyze(load_run(folder))
+    for name, text in report_files(analysis):
+        assert text == (folder / name).read_text(), (folder.name, name)
 
 
 def test_page_size_1_is_slower_wherever_the_interval_excludes_1_and_the_effect_passes_the_minimum(h200):

@@ -9,6 +9,7 @@ processes (its probe blocks), drawn with replacement."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from kvpages.analysis.intervals import levels
 from kvpages.analysis.ratios import Analysis
 from kvpages.core.links import MEMORIES, carries_host_work, device_ops
 from kvpages.core.names import case_id, point_id
+from kvpages.core.stats import exps, logs
 from kvpages.schema.probe import read_probe
 from kvpages.schema.reader import RunError, row_key
 
@@ -44,7 +46,7 @@ class Equation:
 
     @property
     def time_us(self) -> float:
-        return float(np.exp(self.units.mean()))
+        return math.exp(float(self.units.mean()))
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ class Design:
         """RESAMPLES x rows: each row's time over its own units drawn with replacement (independently per row)."""
         out = np.empty((RESAMPLES, len(self.equations)))
         for i, e in enumerate(self.equations):
-            out[:, i] = np.exp(e.units[rng.integers(0, e.units.size, (RESAMPLES, e.units.size))].mean(axis=1))
+            out[:, i] = exps(e.units[rng.integers(0, e.units.size, (RESAMPLES, e.units.size))].mean(axis=1))
         return out
 
     def of_run(self, k: int) -> Design:
@@ -108,9 +110,9 @@ def _probe_equations(analysis: Analysis, k: int, prefix: str) -> list[Equation]:
         raise RunError(str(exc)) from None
     blocks: dict[tuple[str, int], list[float]] = {}
     for row in probe:
-        blocks.setdefault((row.memory, row.bytes), []).append(np.log(row.median_us))
+        blocks.setdefault((row.memory, row.bytes), []).append(row.median_us)
     return [Equation(f"{prefix}probe-{memory}-{size >> 20}MiB", k, memory, 0.0, 1.0, 1.0, float(size),
-                     np.array(units), len(units), probe=True) for (memory, size), units in sorted(blocks.items())]
+                     logs(medians), len(medians), probe=True) for (memory, size), medians in sorted(blocks.items())]
 
 
 def design(analyses: Sequence[Analysis]) -> Design:

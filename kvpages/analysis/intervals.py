@@ -3,9 +3,7 @@ against the baseline pairs their levels repetition by repetition (`paired_logs`)
 
 from __future__ import annotations
 
-import numpy as np
-
-from kvpages.core.stats import Levels, block_medians, paired
+from kvpages.core.stats import Levels, block_medians, logs, paired
 from kvpages.schema.reader import Run
 
 
@@ -15,7 +13,7 @@ def levels(run: Run, key: tuple, latency: str | None = None) -> Levels | None:
         blocks = run.samples.get(key) if latency is None else (run.scenario_samples or {}).get(key, {}).get(latency)
         if blocks is None:
             return None
-        return Levels(np.log(block_medians(blocks)), run.block_processes(key, len(blocks)),
+        return Levels(logs(block_medians(blocks)), run.block_processes(key, len(blocks)),
                       run.block_repetitions(key, len(blocks)))
 
     return run.cached(("levels", key, latency), compute)

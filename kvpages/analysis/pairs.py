@@ -5,9 +5,8 @@ any one of the processes behind it is left out (`fragile_without`). docs/method.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
-
-import numpy as np
 
 from kvpages.analysis.intervals import levels, paired_logs
 from kvpages.analysis.verdicts import FASTER, SLOWER, judge
@@ -103,5 +102,5 @@ def fragile_without(pair: PairEstimate, verdict: str, min_effect: float, p_cut: 
     for process, interval, p_value in leave_one_out(logs):
         if judge(interval, min_effect, p_value <= p_cut) != verdict:
             rest = median(logs.values[logs.processes != process])
-            return Shift(process, float(np.exp(logs.values[logs.processes == process].mean() - rest)))
+            return Shift(process, math.exp(float(logs.values[logs.processes == process].mean()) - rest))
     return None

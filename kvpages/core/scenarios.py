@@ -26,6 +26,7 @@ import numpy as np
 
 from kvpages.core.checks import check_choice, check_positive
 from kvpages.core.payloads import DEFAULT_PAYLOADS, DEFAULT_SWA_WINDOW, MAIN, get_payloads
+from kvpages.core.stats import exps
 from kvpages.core.sweep import DTYPES, INDEX_MAX, ITEMSIZE, max_token_index, pool_pages
 
 SIDES = ("prefill", "decode")
@@ -167,7 +168,7 @@ def draw_lengths(spec: str, count: int, seed: int) -> tuple[int, ...]:
     if name == "uniform":
         return tuple(int(v) for v in rng.integers(int(params[0]), int(params[1]) + 1, count))
     median, sigma, cap = params
-    drawn = np.exp(rng.normal(math.log(median), sigma, count))
+    drawn = exps(rng.normal(math.log(median), sigma, count))
     return tuple(int(v) for v in np.clip(np.rint(drawn), 1, cap))
 
 

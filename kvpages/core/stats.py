@@ -49,6 +49,31 @@ def block_medians(blocks: list[np.ndarray]) -> np.ndarray:
     return np.array([median(b) for b in blocks])
 
 
+def logs(values: Iterable[float]) -> np.ndarray:
+    """The natural log of each value as the C library's `log` gives it (`math.log`), on every CPU: numpy's own kernel
+    for CPUs with AVX-512 rounds a few values one unit in the last place apart from it (elsewhere numpy calls the C
+    library), so a report re-made from a run on another CPU rewrote a CSV's last digits (the H200 run
+    20261204T184229Z's scenario_ratios.csv, re-made on an AVX-512 Intel Xeon: 1.3803579012146654 -> ...652). The
+    analysis takes these of block medians, a few per row (a few ms a run). 0 gives -inf and a negative value nan, as
+    numpy does (without its warning). Other last bits can still differ between CPU models: tests/test_calibrate.py
+    records one, in a one-run fit of `kvpages calibrate`."""
+    return np.array([math.log(v) if v > 0 else -math.inf if v == 0 else math.nan for v in values], dtype=np.float64)
+
+
+def exps(values: Iterable[float]) -> np.ndarray:
+    """e to each value as the C library's `exp` gives it (`math.exp`), on every CPU, for the reason `logs` gives
+    (numpy's AVX-512 kernel for exp differs from it in the last place more often: 4.6% of a million normal draws on
+    an AVX-512 Intel Xeon, 2026-12-07; its log, 74 of a million). Past the largest double, inf, as numpy gives."""
+    return np.array([_exp(v) for v in values], dtype=np.float64)
+
+
+def _exp(value: float) -> float:
+    try:
+        return math.exp(value)
+    except OverflowError:
+        return math.inf
+
+
 def median(block: np.ndarray) -> float:
     """np.median(block), bit for bit (the middle value, or the two middle ones' sum over 2, as it computes them), from
     one partition without its generic machinery (the analysis takes thousands of block medians); an empty block or one
@@ -305,7 +330,7 @@ def row_statistics(blocks_us: list[np.ndarray]) -> dict[str, float]:
     return {**q, "iqr_us": q["q3_us"] - q["q1_us"],
             "min_us": float(data.min()), "max_us": float(data.max()), "mean_us": float(data.mean()),
             "stddev_us": float(data.std(ddof=1)) if data.size > 1 else 0.0,
-            "rep_spread": log_spread(np.log(medians))}
+            "rep_spread": log_spread(logs(medians))}
 
 
 def log_spread(values: np.ndarray) -> float:

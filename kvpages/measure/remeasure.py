@@ -24,7 +24,7 @@ import numpy as np
 
 from kvpages.core.names import case_id
 from kvpages.core.stability import disturbance, run_spread
-from kvpages.core.stats import Levels, paired
+from kvpages.core.stats import Levels, logs, paired
 from kvpages.measure.recorder import Case, Recorder
 from kvpages.measure.schedule import Block, round_blocks
 from kvpages.measure.targets import Target
@@ -61,7 +61,7 @@ class Round:
 def levels_of(case: Case) -> Levels:
     """A case's log block medians (a scenario's blocked ones), with their processes and repetitions."""
     blocks = case.blocks
-    return Levels(np.log(np.array(case.medians_us)), np.array([b.process for b in blocks]),
+    return Levels(logs(case.medians_us), np.array([b.process for b in blocks]),
                   np.array([b.repetition for b in blocks]))
 
 
