@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from kvpages.core.checks import UserError
 from kvpages.core.names import CANDIDATE
@@ -59,15 +59,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     from kvpages.measure.variants import Variant, all_variants
 
     def show(listed: list[tuple[Variant | StepVariant, str, bool]]) -> None:  # (variant, what it moves, print its doc)
-        width = max(len(v.name) for v, _, _ in listed)
+        width, moved = max(len(v.name) for v, _, _ in listed), max(len(m) for _, m, _ in listed)
         for v, moves, doc in listed:
-            print(f"{v.name:<{width}}  {moves}  requires={','.join(v.requires) or '-':<4}  {v.description}")
+            print(f"{v.name:<{width}}  {moves:<{moved}}  requires={','.join(v.requires) or '-':<4}  {v.description}")
             if args.verbose and doc:
                 print("    " + v.doc.replace("\n", "\n    ") + "\n")
 
-    show([(v, f"moves={v.moves.value:<6}", True) for v in all_variants()])
+    show([(v, f"moves={v.moves.value}", True) for v in all_variants()])
     print("\nstep variants (whole requests and steps; `kvpages scenarios` lists the scenarios):")
-    show([(s, f"{'one D2H per step' if s.batched else 'upkeep D2H per step' if s.extras else 'one D2H per request':<19}",
+    show([(s, "one D2H per step" if s.batched else "upkeep D2H per step" if s.extras else "one D2H per request",
            s.batched) for s in all_step_variants()])
     return 0
 
@@ -358,6 +358,14 @@ def _no_reader() -> bool:
     return True
 
 
+def _refuse(parser: argparse.ArgumentParser, command: str, extra: list[str]) -> NoReturn:
+    """Arguments no option of `command` takes, refused by that command in one line that names its options."""
+    found = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    sub: argparse.ArgumentParser = found[0].choices[command]
+    options = ["/".join(a.option_strings) for a in sub._actions if a.option_strings and a.dest != "help"]
+    sub.error(f"unrecognized arguments: {' '.join(extra)}; its options: {', '.join(options) or 'none'}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The `kvpages` program (`argv` None: the console script and `python -m kvpages`), or a command run in-process
     with `argv`, which keeps its collector. The program runs without the cyclic collector (matplotlib's figures are
@@ -366,13 +374,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     program = argv is None
     if program:
         gc.disable()
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _refuse(parser, args.command, extra)
     try:
         return args.func(args)
     except (UserError, OSError) as exc:  # OSError: e.g. a run folder we may not write charts into
         if isinstance(exc, BrokenPipeError) and _no_reader():
             return 1
-        print(f"kvpages: error: {exc}", file=sys.stderr)
+        said = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename and exc.strerror else exc
+        print(f"kvpages: error: {said}", file=sys.stderr)
         return 2
     finally:
         if program:

@@ -168,7 +168,26 @@ def test_load_run_refuses_a_results_csv_that_its_samples_contradict(tmp_path, cr
     done = cli("report", str(crossing_run))
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert "row device_stride int32 fragmented 512 64 says median_us" in done.stderr
+    assert "its samples in samples.csv.gz give" in done.stderr  # the file the run holds, as it is named
     assert "the folder was edited or mixed up" in done.stderr
+
+
+@pytest.mark.parametrize("name", ["samples.csv", "scenario_samples.csv"])
+def test_a_run_folder_without_its_samples_is_refused_in_one_line_naming_the_file(tmp_path, name):
+    """A sweep's folder copied without a samples file (it had loaded with every interval n/a and every verdict
+    unclear, saying nothing); a results CSV with no meta.json beside it still loads without samples."""
+    folder = tmp_path / "run"
+    shutil.copytree(reference_runs()[-1], folder)
+    (folder / f"{name}.gz").unlink()
+    done = cli("summary", str(folder))
+    table = "results.csv" if name == "samples.csv" else "scenarios.csv"
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert f"{folder / table}: its " in done.stderr
+    assert f"neither {name} nor {name}.gz is beside it" in done.stderr
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(folder / "results.csv", bare / "results.csv")
+    assert load_run(bare / "results.csv").samples == {}
 
 
 def test_a_run_of_an_older_schema_is_refused_in_one_line_naming_its_version(tmp_path):
@@ -327,6 +346,23 @@ def test_kvpages_list_prints_the_registry():
     assert done.returncode == 0, done.stderr
     for v in all_variants():
         assert v.name in done.stdout and v.description in done.stdout
+    variants, steps = done.stdout.split("\n\n")
+    for table in (variants.splitlines(), steps.splitlines()[1:]):  # each a table: its columns line up
+        assert len(table) > 1 and len({line.index(" requires=") for line in table}) == 1
+
+
+def test_an_argument_a_command_does_not_take_is_refused_by_that_command_naming_its_options(tmp_path):
+    """`kvpages list -x` used to say only "kvpages: error: unrecognized arguments: -x"; a file a command cannot read
+    is named with the reason, without Python's errno prefix."""
+    page = tmp_path / "nope.md"
+    listed, plotted, cited, options = cli_each(["list", "-x"], ["plot", "results", "--svgg"],
+                                               ["cite", "results", "r-1", "r-2"], ["options", "--markdown", str(page)])
+    assert listed.returncode == 2 and listed.stderr == (
+        "kvpages list: error: unrecognized arguments: -x; its options: -v/--verbose (see kvpages list --help)\n")
+    assert plotted.returncode == 2 and plotted.stderr == ("kvpages plot: error: unrecognized arguments: --svgg; its "
+                                                          "options: --svg, --link-profile (see kvpages plot --help)\n")
+    assert cited.returncode == 2 and cited.stderr.startswith("kvpages cite: error: unrecognized arguments: r-2; its")
+    assert options.returncode == 2 and options.stderr == f"kvpages: error: {page}: No such file or directory\n"
 
 
 def test_a_cuda_run_compares_the_model_with_the_measurement(tmp_path):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from conftest import REPO
+from conftest import REPO, reference_runs
 
 from kvpages.cli import build_parser
 from kvpages.core.options import OPTIONS, with_options_table
@@ -59,6 +59,19 @@ def test_results_readme_documents_every_column():
     tables = [column for table in TABLES.values() for column in table.columns + table.sample_columns]
     for column in tables + list(RATIO_COLUMNS + CONTENTION_COLUMNS) + list(columns(Recommendation)):
         assert f"`{column}`" in text, column
+
+
+def test_the_guides_figures_of_the_reference_report_are_read_from_it():
+    """docs/guide.md says how long the reference run's REPORT.md is and that its charts come within its first lines:
+    both as the committed report has them (the length had said 124 lines where it held 164)."""
+    guide = (REPO / "docs" / "guide.md").read_text()
+    within = re.search(r"captioned charts \(within the first (\d+) lines\)", guide)
+    length = re.search(r"(\d+) lines on the\s+reference\s+run", guide)
+    assert within and length
+    report = (reference_runs()[-1] / "REPORT.md").read_text().splitlines()
+    assert int(length.group(1)) == len(report)
+    charts = [number for number, line in enumerate(report, 1) if line.startswith("![")]
+    assert charts and max(charts) <= int(within.group(1))
 
 
 def test_ci_runs_the_readme_test_command():

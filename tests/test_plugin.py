@@ -145,9 +145,9 @@ def test_each_rows_repro_command_reruns_that_case(bench):
 @pytest.mark.parametrize(
     "args, words",
     [
-        (("--kv-page-sizes", "0"), "--kv-page-sizes: 0 is not >= 1"),
+        (("--kv-page-sizes", "0"), "--kv-page-sizes: 0 is not >= 1; give comma-separated integers >= 1, e.g. 1,64"),
         (("--kv-page-sizes", "1,,4"), "has an empty item"),
-        (("--kv-seq-lens", "-5"), "--kv-seq-lens: -5 is not >= 1"),
+        (("--kv-seq-lens", "-5"), "--kv-seq-lens: -5 is not >= 1; give comma-separated integers >= 1, e.g. 2048,8192"),
         (("--kv-seq-lens", "abc"), "--kv-seq-lens: 'abc' is not an integer"),
         (("--kv-variants", "host_stride,bogus"), "--kv-variants: unknown variant 'bogus'; valid: host_stride, device_stride"),
         (("--kv-preset", "huge"), "--kv-preset: unknown preset 'huge'; valid: quick, default, full"),

@@ -227,7 +227,7 @@ def test_a_points_repro_from_a_run_with_scenarios_times_that_point_alone():
     [
         (("--kv-request-lens", "1000", "--kv-chunk-size", "0"), "--kv-chunk-size: 0 is not >= 1"),
         (("--kv-request-lens", "1000", "--kv-prefix", "1000"), "prefix 1000 must be >= 0 and < the prompt length 1000"),
-        (("--kv-step-sizes", "0"), "--kv-step-sizes: 0 is not >= 1"),
+        (("--kv-step-sizes", "0"), "--kv-step-sizes: 0 is not >= 1; give comma-separated integers >= 1, e.g. 8,32"),
         (("--kv-step-sizes", "4", "--kv-step-lens", "pareto:2"), "unknown length distribution 'pareto'"),
         (("--kv-step-sizes", "4", "--kv-step-lens", "1,two"), "give comma-separated integers >= 1"),
         (("--kv-step-sizes", "4", "--kv-step-lens", "fixed:1000000000", "--kv-page-sizes", "1"),

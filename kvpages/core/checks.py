@@ -36,16 +36,17 @@ def split_csv(option: str, text: str) -> list[str]:
     return items
 
 
-def parse_positive_ints(option: str, text: str) -> tuple[int, ...]:
-    """Parse '2048,8192' into (2048, 8192); every item must be an integer >= 1."""
+def parse_positive_ints(option: str, text: str, example: str = "2048,8192") -> tuple[int, ...]:
+    """Parse '2048,8192' into (2048, 8192); every item must be an integer >= 1 (`example`: the option's own, in the
+    error)."""
     values = []
     for item in split_csv(option, text):
         try:
             value = int(item)
         except ValueError:
-            raise ValueError(f"{option}: {item!r} is not an integer; give comma-separated integers >= 1, e.g. 2048,8192") from None
+            raise ValueError(f"{option}: {item!r} is not an integer; give comma-separated integers >= 1, e.g. {example}") from None
         if value < 1:
-            raise ValueError(f"{option}: {value} is not >= 1; give comma-separated integers >= 1, e.g. 2048,8192")
+            raise ValueError(f"{option}: {value} is not >= 1; give comma-separated integers >= 1, e.g. {example}")
         values.append(value)
     return tuple(values)
 

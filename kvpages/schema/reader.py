@@ -250,11 +250,12 @@ def load_run(path: str | Path) -> Run:
         folder, csv_path = path.parent, path
         meta = _read_meta(folder / META_JSON) if (folder / META_JSON).exists() else None
     rows = _read_typed(csv_path, POINTS)
-    lines = _read_lines(sample_file(folder, SAMPLES_CSV), POINTS)
+    samples_path = sample_file(folder, SAMPLES_CSV)
+    lines = _read_lines(samples_path, POINTS)
     blocks = lines.blocks(lambda line: tuple(line[c] for c in KEY_COLUMNS))
     samples = lines.series_of(blocks, "samples_us")
-    if samples:
-        _check_medians(rows, samples, row_key, "median_us", csv_path, SAMPLES_CSV)
+    if samples or meta is not None:  # a sweep's folder (meta.json) has every timed row's samples; a bare CSV may not
+        _check_medians(rows, samples, row_key, "median_us", csv_path, samples_path)
     scenarios, steps, step_blocks = _read_steps(folder, SCENARIOS, lambda r: (r["scenario"], r["variant"]))
     blocked, ready = (steps.series_of(step_blocks, f"{latency}_us") for latency in ("blocked", "ready"))
     scenario_samples = None if scenarios is None else {  # an empty ready cell: ready when blocked (ScenarioSampleSet)
@@ -343,21 +344,27 @@ def _read_steps(folder: Path, table: Table, key_of: Callable[[dict], tuple]
     if not path.exists():
         return None, _Lines(table), {}
     frame = _read_typed(path, table)
-    lines = _read_lines(sample_file(folder, table.samples_csv), table)
+    samples_path = sample_file(folder, table.samples_csv)
+    lines = _read_lines(samples_path, table)
     blocks = lines.blocks(key_of)
-    _check_medians(frame, lines.series_of(blocks, "blocked_us"), key_of, "blocked_median_us", path, table.samples_csv)
+    _check_medians(frame, lines.series_of(blocks, "blocked_us"), key_of, "blocked_median_us", path, samples_path)
     return frame, lines, blocks
 
 
 def _check_medians(rows: pd.DataFrame, samples: dict[tuple, list[np.ndarray]], key_of: Callable[[dict], tuple],
-                   column: str, path: Path, samples_csv: str) -> None:
-    """Refuse a table whose timed rows' medians are not those of their samples (a hand edit, a mix-up)."""
-    for row in rows[rows["status"].isin(TIMED)].to_dict("records"):
+                   column: str, path: Path, samples_path: Path) -> None:
+    """Refuse a table whose timed rows' medians are not those of their samples (a hand edit, a mix-up), or whose
+    samples file is missing (a folder copied without it: every interval is made from them)."""
+    timed = rows[rows["status"].isin(TIMED)].to_dict("records")
+    if timed and not samples_path.is_file():
+        raise RunError(f"{path}: its {len(timed)} timed row(s) need their samples, and neither {samples_path.name} "
+                       f"nor {samples_path.name}.gz is beside it; every interval is made from them")
+    for row in timed:
         key = key_of(row)
         blocks = samples.get(key)
         if blocks is None:
-            raise RunError(f"{path}: row {' '.join(map(str, key))} has no samples in {samples_csv}")
+            raise RunError(f"{path}: row {' '.join(map(str, key))} has no samples in {samples_path.name}")
         median = float(np.median(np.concatenate(blocks)))
         if not math.isclose(median, float(row[column]), rel_tol=MEDIAN_RTOL, abs_tol=1e-12):
             raise RunError(f"{path}: row {' '.join(map(str, key))} says {column} {row[column]!r}, but its samples in "
-                           f"{samples_csv} give {median!r}; the folder was edited or mixed up")
+                           f"{samples_path.name} give {median!r}; the folder was edited or mixed up")
