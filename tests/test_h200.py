@@ -37,6 +37,15 @@ def test_a_committed_cuda_runs_report_made_again_on_this_cpu_is_the_committed_on
         assert text == (folder / name).read_text(), (folder.name, name)
 
 
+def test_the_pairs_said_to_leave_a_process_out_are_the_rows_that_name_one(h200):
+    """The method paragraph's counts are the ratios' rows with a process in `left_out` (it had counted a fragile
+    verdict that left none out: 76 scenario pairs where scenario_ratios.csv names 75)."""
+    left = [sum(bool(r.left_out) for r in found) for found in (h200.ratios, h200.scenario_ratios)]
+    assert left[1] and any(not r.left_out and r.stability != "stable" for r in h200.scenario_ratios)
+    said = f"{left[0]} per-call and {left[1]} scenario pair(s) (blocked and ready each a pair) left a process out"
+    assert said in render(h200)
+
+
 def test_page_size_1_is_slower_wherever_the_interval_excludes_1_and_the_effect_passes_the_minimum(h200):
     rows = [r for r in h200.ratios_of(CANDIDATE) if r.page_size == 1]
     assert len(rows) == 7

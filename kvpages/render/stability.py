@@ -61,7 +61,8 @@ def stability_paragraph(analysis: Analysis) -> str:
     more = len(rows) + len(scenarios) - len(named)
     each = "" if len(latencies) == 1 else " (blocked and ready each a pair)"
     where = f"`{RATIOS_CSV}` and `{SCENARIO_RATIOS_CSV}` (`left_out`, `stability`) and APPENDIX.md"
-    return (f"{lead}{len(rows)} per-call and {len(scenarios)} scenario pair(s){each} left a process out of their centre "
+    left = [sum(bool(r.left_out) for r in found) for found in (rows, scenarios)]  # a fragile verdict may leave none out
+    return (f"{lead}{left[0]} per-call and {left[1]} scenario pair(s){each} left a process out of their centre "
             "(it lay further from the median of the pair's processes than 3 robust standard deviations of this run's "
             "spread, or than the disturb factor), "
             f"{counts[FRAGILE]} verdict(s) are *fragile* (another verdict without one of the processes behind them) "
