@@ -46,6 +46,16 @@ def test_the_pairs_said_to_leave_a_process_out_are_the_rows_that_name_one(h200):
     assert said in render(h200)
 
 
+def test_a_fragile_verdict_is_marked_in_the_table_that_prints_it(h200):
+    """A verdict that another one replaces without one of its processes reads 'slower, *fragile*' in its table cell,
+    the other latency's cell of the same row as it is (the cell had read 'slower' alone, the paragraph above the
+    tables naming none of them)."""
+    fragile = [r for r in h200.scenario_ratios if r.stability == "fragile"]
+    assert [r.latency for r in fragile] == ["ready"]
+    line = next(x for x in render_appendix(h200).splitlines() if x.startswith(f"| `{fragile[0].id}` |"))
+    assert line.endswith(f"{fragile[0].verdict}, *fragile* |") and line.count("*fragile*") == 1
+
+
 def test_page_size_1_is_slower_wherever_the_interval_excludes_1_and_the_effect_passes_the_minimum(h200):
     rows = [r for r in h200.ratios_of(CANDIDATE) if r.page_size == 1]
     assert len(rows) == 7

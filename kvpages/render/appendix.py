@@ -8,7 +8,7 @@ from kvpages.analysis.predict import row_call, with_link_model
 from kvpages.analysis.ratios import Analysis, variant_order
 from kvpages.core.links import profile_for
 from kvpages.core.names import CANDIDATE, called, label
-from kvpages.render.text import ci_text, count, coverage, interval_cell, table
+from kvpages.render.text import ci_text, count, coverage, interval_cell, table, verdict_text
 
 
 def groups(analysis: Analysis):
@@ -24,7 +24,7 @@ def variants_section(analysis: Analysis) -> str:
     for (dtype, layout, page_size), _ in groups(analysis):
         rows = [[f"`{r.id}`", count(r.variant_d2h_bytes), fraction(r.bytes_ratio), sig(r.variant_median_us),
                  f"{sig(100 * spread.get((r.variant, dtype, layout, page_size, r.seq_len), float('nan')))}%", sig(r.ratio),
-                 ci_text(r), r.verdict]
+                 ci_text(r), verdict_text(r.verdict, r.stability)]
                 for r in others if (r.dtype, r.layout, r.page_size) == (dtype, layout, page_size)]
         if rows:
             b = called(analysis.baseline)
@@ -83,7 +83,7 @@ def ratio_cell(analysis: Analysis, scenario: str, variant: str, latency: str) ->
     if variant == analysis.scenario_baseline:
         return "1"
     r = analysis.scenario_ratio(scenario, variant, latency)
-    return "" if r is None else interval_cell(r.interval, r.verdict)
+    return "" if r is None else interval_cell(r.interval, r.verdict, r.stability)
 
 
 def same_latencies(analysis: Analysis) -> bool:

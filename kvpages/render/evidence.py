@@ -14,7 +14,7 @@ from kvpages.core.links import ASSUMED, HOST_WORK, SCALES, TERM_KEYS, Term
 from kvpages.core.names import CANDIDATE, STEP_CANDIDATE, called
 from kvpages.core.payloads import DEFAULT_PAYLOADS
 from kvpages.render.captions import time_label
-from kvpages.render.text import ci_text, count, coverage, interval_cell, table
+from kvpages.render.text import ci_text, count, coverage, interval_cell, table, verdict_text
 
 
 def _predicted_header(analysis: Analysis) -> list[str]:
@@ -37,7 +37,7 @@ def per_call_table(analysis: Analysis) -> str:
             continue
         predicted = [] if analysis.run.link_crossed else [_span(p) for p in point_predictions(analysis, r)]
         rows.append([r.page_size, r.seq_len, fraction(r.bytes_ratio), sig(r.baseline_median_us), sig(r.variant_median_us),
-                     f"{sig(r.ratio)} {ci_text(r)} {r.verdict}", *predicted, f"`{r.id}`"])
+                     f"{sig(r.ratio)} {ci_text(r)} {verdict_text(r.verdict, r.stability)}", *predicted, f"`{r.id}`"])
     word = time_label(analysis, "µs")
     b = called(analysis.baseline)
     header = ["p", "L", f"bytes PR / {b}", f"{b} {word}", f"PR {word}", f"PR / {b} [{coverage(analysis)}]",
@@ -78,7 +78,7 @@ def scenario_table(analysis: Analysis) -> str:
         size = f"L={row['tokens']}" if row["kind"] == "request" else f"B={row['requests']}"
         predicted = [] if analysis.run.link_crossed else [_span(p) for p in scenario_predictions(analysis, r)]
         rows.append([f"{row['kind']} {row['side']}", size, row["variant"], count(row["d2h_bytes"]), row["d2h_transfers"],
-                     sig(r.baseline_us), sig(r.variant_us), interval_cell(r.interval, r.verdict), *predicted])
+                     sig(r.baseline_us), sig(r.variant_us), interval_cell(r.interval, r.verdict, r.stability), *predicted])
     word = time_label(analysis, "µs")
     b = called(analysis.scenario_baseline)
     header = ["what", "size", "step variant", "bytes", "D2H", f"{b} {word}", f"variant {word}",

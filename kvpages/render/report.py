@@ -24,7 +24,7 @@ from kvpages.render.kept import REPORT_MD, Files, charts_in, write_files
 from kvpages.render.ranks import render_ranks
 from kvpages.render.recommend import RECOMMENDATIONS_CSV, recommendations_text, what_to_do
 from kvpages.render.stability import left_out_section, remeasure_paragraph, stability_paragraph
-from kvpages.render.text import NAMES, ci_text, count, coverage, markdown_page, table
+from kvpages.render.text import NAMES, ci_text, count, coverage, markdown_page, table, verdict_text
 from kvpages.schema.ranks import CONTENTION_COLUMNS, CONTENTION_CSV
 from kvpages.schema.reader import Run
 from kvpages.schema.rows import NOISY_CSV, PARTIAL, RATIO_COLUMNS, RATIOS_CSV, SCENARIO_RATIO_COLUMNS, SCENARIO_RATIOS_CSV
@@ -148,7 +148,8 @@ def results_section(analysis: Analysis) -> str:
     parts = []
     for (dtype, layout, page_size), _ in groups(analysis):
         rows = [[r.seq_len, count(r.baseline_d2h_bytes), count(r.variant_d2h_bytes), fraction(r.bytes_ratio),
-                 sig(r.baseline_median_us), sig(r.variant_median_us), sig(r.ratio), ci_text(r), r.verdict,
+                 sig(r.baseline_median_us), sig(r.variant_median_us), sig(r.ratio), ci_text(r),
+                 verdict_text(r.verdict, r.stability),
                  " ≈ ".join(analysis.fastest.get((dtype, layout, page_size, r.seq_len), ())), f"`{r.id}`"]
                 for r in analysis.ratios_of(CANDIDATE) if (r.dtype, r.layout, r.page_size) == (dtype, layout, page_size)]
         if rows:
