@@ -85,18 +85,24 @@ def point_predictions(analysis: Analysis, r: RatioRow) -> tuple[Prediction, ...]
     return () if calls is None else tuple(predict(profile, calls) for profile in analysis.predicting)
 
 
-def scenario_predictions(analysis: Analysis, ratio: ScenarioRatio) -> tuple[Prediction, ...]:
-    """A whole request's or step's variant and baseline (scenarios.csv rows) on every prediction profile; () where
-    either cannot be priced."""
+def scenario_rows(analysis: Analysis) -> dict[str, dict[str, Record]]:
+    """scenarios.csv's rows by scenario and variant, made once per run (a frame filter per row looked up cost 5-8 ms)."""
     frame = analysis.run.scenarios
     assert frame is not None
-    def by_scenario() -> dict[str, dict[str, dict]]:  # once per run: one frame filter per call cost 8 ms each
-        every: dict[str, dict[str, dict]] = {}
-        for r in frame.to_dict("records"):
+
+    def by_scenario() -> dict[str, dict[str, Record]]:
+        every: dict[str, dict[str, Record]] = {}
+        for r in records(frame):
             every.setdefault(str(r["scenario"]), {})[str(r["variant"])] = r
         return every
 
-    rows = analysis.run.cached(("scenario rows",), by_scenario)[ratio.scenario]
+    return analysis.run.cached(("scenario rows",), by_scenario)
+
+
+def scenario_predictions(analysis: Analysis, ratio: ScenarioRatio) -> tuple[Prediction, ...]:
+    """A whole request's or step's variant and baseline (scenarios.csv rows) on every prediction profile; () where
+    either cannot be priced."""
+    rows = scenario_rows(analysis)[ratio.scenario]
     calls = [row_call(analysis, name, rows[name], int(rows[name]["calls"]), time)
              for name, time in ((ratio.variant, ratio.variant_us), (ratio.baseline, ratio.baseline_us))]
     if calls[0] is None or calls[1] is None:

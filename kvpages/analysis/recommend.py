@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvpages.analysis.families import point_estimate, records, scenario_estimate
+from kvpages.analysis.families import Record, point_estimate, scenario_estimate
 from kvpages.analysis.pairs import PairEstimate
-from kvpages.analysis.predict import Prediction, predict, row_call
+from kvpages.analysis.predict import Prediction, predict, row_call, scenario_rows
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.verdicts import FASTER, judge_family
 from kvpages.analysis.wording import verdicts_along
@@ -99,16 +99,19 @@ def _points(analysis: Analysis, candidate: str, against: str, keep: Callable[[in
 
 def _step(analysis: Analysis, candidate: str, against: str, page_size: int) -> list[Setting]:
     """Every step of page size `page_size` (idle queue, the default payloads) where both were timed, largest first."""
-    frame = analysis.run.scenarios
-    if frame is None:
+    if analysis.run.scenarios is None:
         return []
-    steps = frame[(frame["kind"] == "step") & (frame["busy_us"] == 0) & (frame["page_size"] == page_size)
-                  & (frame["dtype"] == DTYPE) & (frame["payloads"] == DEFAULT_PAYLOADS)]  # hybrid: analysis.hybrid
-    timed = set(steps[steps["variant"] == candidate]["scenario"]) & set(steps[steps["variant"] == against]["scenario"])
-    rows = steps[steps["scenario"].isin(timed) & (steps["variant"] == against)].sort_values(["requests", "scenario"],
-                                                                                      ascending=False, kind="stable")
+    rows = [variants[against] for variants in scenario_rows(analysis).values() if candidate in variants
+            and against in variants and _default_step(variants[against], page_size)]  # hybrid: analysis.hybrid
     return [Setting(candidate, against, page_size, scenario=str(row["scenario"]), requests=int(row["requests"]),
-                    said=f"a B={row['requests']} step at p={page_size}") for row in records(rows)]
+                    said=f"a B={row['requests']} step at p={page_size}")
+            for row in sorted(rows, key=lambda r: (r["requests"], r["scenario"]), reverse=True)]
+
+
+def _default_step(row: Record, page_size: int) -> bool:
+    """A step of page size `page_size` on an idle queue with the default payloads."""
+    return (row["kind"] == "step" and row["busy_us"] == 0 and row["page_size"] == page_size and row["dtype"] == DTYPE
+            and row["payloads"] == DEFAULT_PAYLOADS)
 
 
 def _main_p(analysis: Analysis) -> int:
@@ -151,10 +154,7 @@ def _predicted(analysis: Analysis, s: Setting) -> tuple[Prediction, ...]:
         calls = [None if row is None else row_call(analysis, v, row, 1) for v, row in zip((s.candidate, s.against),
                                                                                          found, strict=True)]
     else:
-        frame = analysis.run.scenarios
-        assert frame is not None
-        steps = [records(frame[(frame["scenario"] == s.scenario) & (frame["variant"] == v)])[0]
-                 for v in (s.candidate, s.against)]
+        steps = [scenario_rows(analysis)[s.scenario][v] for v in (s.candidate, s.against)]
         calls = [row_call(analysis, v, row, int(row["calls"]), analysis.scenario_time(row))
                  for v, row in zip((s.candidate, s.against), steps, strict=True)]
     if calls[0] is None or calls[1] is None:
