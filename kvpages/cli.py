@@ -1,8 +1,7 @@
 """The `kvpages` command: list, report on, compare and set side by side the variants, options and runs.
 Only `list` imports torch (the variant registry); each command imports what it uses, and the program imports neither
 numpy nor pandas before a command needs them (a kept report or kept charts need neither: kvpages.render.kept). User
-errors: one line, exit 2.
-"""
+errors: one line, exit 2."""
 
 from __future__ import annotations
 
@@ -11,11 +10,12 @@ import dataclasses
 import gc
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, NoReturn
 
-from kvpages.core.checks import UserError
+from kvpages.core.checks import UserError, said
 from kvpages.core.names import CANDIDATE
 
 if TYPE_CHECKING:
@@ -50,6 +50,8 @@ def _compare_formats() -> tuple[str, ...]:
 
 
 class _Parser(argparse.ArgumentParser):
+    commands: Mapping[str, argparse.ArgumentParser] = MappingProxyType({})  # the program's: each command's (build_parser)
+
     def error(self, message: str):  # one line, no usage dump
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
@@ -59,9 +61,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     from kvpages.measure.variants import Variant, all_variants
 
     def show(listed: list[tuple[Variant | StepVariant, str, bool]]) -> None:  # (variant, what it moves, print its doc)
-        width, moved = max(len(v.name) for v, _, _ in listed), max(len(m) for _, m, _ in listed)
+        needs = {v.name: ",".join(v.requires) or "-" for v, _, _ in listed}
+        width, moved, needed = (max(map(len, column)) for column in (needs, (m for _, m, _ in listed), needs.values()))
         for v, moves, doc in listed:
-            print(f"{v.name:<{width}}  {moves:<{moved}}  requires={','.join(v.requires) or '-':<4}  {v.description}")
+            print(f"{v.name:<{width}}  {moves:<{moved}}  requires={needs[v.name]:<{needed}}  {v.description}")
             if args.verbose and doc:
                 print("    " + v.doc.replace("\n", "\n    ") + "\n")
 
@@ -270,9 +273,10 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     parser = _Parser(prog="kvpages", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.commands = sub.choices
 
     def command(func: Callable[[argparse.Namespace], int], text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(func.__name__.removeprefix("cmd_"), help=text)
@@ -358,10 +362,11 @@ def _no_reader() -> bool:
     return True
 
 
-def _refuse(parser: argparse.ArgumentParser, command: str, extra: list[str]) -> NoReturn:
-    """Arguments no option of `command` takes, refused by that command in one line that names its options."""
-    found = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    sub: argparse.ArgumentParser = found[0].choices[command]
+def _refuse(parser: _Parser, given: list[str], command: str, extra: list[str]) -> NoReturn:
+    """Arguments nothing takes, refused in one line: by the program if given before the command, else by the command."""
+    if any(given.index(arg) < given.index(command) for arg in extra):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    sub = parser.commands[command]
     options = ["/".join(a.option_strings) for a in sub._actions if a.option_strings and a.dest != "help"]
     sub.error(f"unrecognized arguments: {' '.join(extra)}; its options: {', '.join(options) or 'none'}")
 
@@ -375,16 +380,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if program:
         gc.disable()
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(given := list(sys.argv[1:] if argv is None else argv))
     if extra:
-        _refuse(parser, args.command, extra)
+        _refuse(parser, given, args.command, extra)
     try:
         return args.func(args)
     except (UserError, OSError) as exc:  # OSError: e.g. a run folder we may not write charts into
         if isinstance(exc, BrokenPipeError) and _no_reader():
             return 1
-        said = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename and exc.strerror else exc
-        print(f"kvpages: error: {said}", file=sys.stderr)
+        print(f"kvpages: error: {said(exc)}", file=sys.stderr)
         return 2
     finally:
         if program:

@@ -349,14 +349,34 @@ def test_kvpages_list_prints_the_registry():
     variants, steps = done.stdout.split("\n\n")
     for table in (variants.splitlines(), steps.splitlines()[1:]):  # each a table: its columns line up
         assert len(table) > 1 and len({line.index(" requires=") for line in table}) == 1
+        assert len({line.index(v.description) for line in table for v in all_variants() if v.description in line}) <= 1
+
+
+def test_summary_and_cite_mark_a_fragile_verdict_as_the_reports_tables_do():
+    """The reference run's fragile per-call row: 'slower, *fragile*' in `kvpages summary`'s table and in its `kvpages
+    cite` line, as in REPORT.md (both had printed 'slower' alone)."""
+    reference = reference_runs()[-1]
+    ratios = pd.read_csv(reference / "ratios.csv")
+    fragile = ratios[ratios["stability"] == "fragile"]
+    assert len(fragile) == 1, "the reference run's one fragile row this test reads"
+    row = fragile.iloc[0]
+    summary, cited = cli_each(["summary", str(reference)], ["cite", str(reference), str(row["id"])])
+    assert summary.returncode == 0 and cited.returncode == 0, summary.stderr + cited.stderr
+    line = next(x for x in summary.stdout.splitlines() if x.split()[:2] == [str(row["seq_len"]), str(row["variant"])]
+                and f"{row['ratio']:.3g}" in x)
+    assert line.endswith(f"{row['verdict']}, *fragile*")
+    assert f"({row['verdict']}, *fragile*); " in cited.stdout
+    assert f"{row['verdict']}, *fragile*" in (reference / "REPORT.md").read_text()
 
 
 def test_an_argument_a_command_does_not_take_is_refused_by_that_command_naming_its_options(tmp_path):
     """`kvpages list -x` used to say only "kvpages: error: unrecognized arguments: -x"; a file a command cannot read
     is named with the reason, without Python's errno prefix."""
     page = tmp_path / "nope.md"
-    listed, plotted, cited, options = cli_each(["list", "-x"], ["plot", "results", "--svgg"],
-                                               ["cite", "results", "r-1", "r-2"], ["options", "--markdown", str(page)])
+    listed, plotted, cited, options, first = cli_each(
+        ["list", "-x"], ["plot", "results", "--svgg"], ["cite", "results", "r-1", "r-2"],
+        ["options", "--markdown", str(page)], ["--bogus", "list"])
+    assert first.returncode == 2 and first.stderr == "kvpages: error: unrecognized arguments: --bogus (see kvpages --help)\n"
     assert listed.returncode == 2 and listed.stderr == (
         "kvpages list: error: unrecognized arguments: -x; its options: -v/--verbose (see kvpages list --help)\n")
     assert plotted.returncode == 2 and plotted.stderr == ("kvpages plot: error: unrecognized arguments: --svgg; its "

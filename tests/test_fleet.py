@@ -156,7 +156,9 @@ def side_by_side(report: str) -> dict[str, list[str]]:
 
 
 def csv_cell(r: pd.Series) -> str:
-    return f"{sig(r['ratio'])} [{sig(r['ci_low'])}, {sig(r['ci_high'])}] {r['verdict']}"
+    """A row as its fleet cell prints it: a fragile or disturbed verdict says so."""
+    marked = "" if r["stability"] == "stable" else f", *{r['stability']}*"
+    return f"{sig(r['ratio'])} [{sig(r['ci_low'])}, {sig(r['ci_high'])}] {r['verdict']}{marked}"
 
 
 @pytest.mark.early

@@ -8,7 +8,7 @@ import difflib
 from kvpages.analysis.cite import CiteError, commit_text, interval_of, interval_text, sig
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.recommend import recommendations
-from kvpages.analysis.wording import bytes_figure
+from kvpages.analysis.wording import bytes_figure, verdict_text
 from kvpages.core.names import label
 
 
@@ -34,11 +34,11 @@ def cite(analysis: Analysis, row_id: str) -> str:
         if r.id == row_id:
             what = (f"{label(r.variant)} / {label(r.baseline)}, L={r.seq_len} p={r.page_size} {r.dtype} {r.layout}: "
                     f"{bytes_figure(r)}; latency = {interval_text(interval_of(r))}")
-            return f"{r.id}: {what} ({r.verdict}); {where}; repro: {r.repro}"
+            return f"{r.id}: {what} ({verdict_text(r.verdict, r.stability)}); {where}; repro: {r.repro}"
     for s in analysis.scenario_ratios:
         if s.id == row_id and s.latency == "blocked":
             what = f"{s.scenario}: {label(s.variant)} / {label(s.baseline)}, blocked = {interval_text(s.interval)}"
-            return f"{s.id}: {what} ({s.verdict}); {where}; repro: {s.repro}"
+            return f"{s.id}: {what} ({verdict_text(s.verdict, s.stability)}); {where}; repro: {s.repro}"
     for rec in recommendations(analysis):
         if rec.id == row_id:
             done = "recommended" if rec.recommended else "not recommended"

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from kvpages.analysis.cite import fraction, interval_of, interval_text, sig
 from kvpages.analysis.families import ScenarioRatio
+from kvpages.analysis.pairs import STABLE
 from kvpages.analysis.predict import Prediction
 from kvpages.analysis.verdicts import SAME
 from kvpages.core.links import LinkProfile
@@ -60,10 +61,16 @@ def left_out_text(left_out: str) -> str:
 
 
 def short(r: RatioRow | ScenarioRatio) -> str:
-    """'2.31 [1.92, 2.48] slower': a ratio as a sentence quotes it."""
+    """'2.31 [1.92, 2.48] slower': a ratio as a sentence quotes it (`verdict_text`)."""
     interval = r.interval if isinstance(r, ScenarioRatio) else interval_of(r)
     bounds = f" [{sig(interval.ci_low)}, {sig(interval.ci_high)}]" if interval.known else ""
-    return f"{sig(interval.ratio)}{bounds} {r.verdict}"
+    return f"{sig(interval.ratio)}{bounds} {verdict_text(r.verdict, r.stability)}"
+
+
+def verdict_text(verdict: str, stability: str) -> str:
+    """A row's verdict as a table cell, a quote or a citation prints it: 'slower', and 'slower, *fragile*' where
+    another verdict comes without one of its processes ('*disturbed*': more than a minority apart; docs/method.md)."""
+    return verdict if stability == STABLE else f"{verdict}, *{stability}*"
 
 
 def profile_name(profile: LinkProfile, run_id: str = "") -> str:

@@ -11,6 +11,14 @@ class UserError(ValueError):
     what is valid, and the `kvpages` program prints it in one line and exits 2 (kvpages.cli.main)."""
 
 
+def said(exc: Exception) -> str:
+    """A user error as its one line says it: an OSError with a path as 'path: reason' ('a -> b: reason' for a rename),
+    without Python's errno prefix; anything else as it reads."""
+    if isinstance(exc, OSError) and exc.filename and exc.strerror:
+        return f"{exc.filename}{f' -> {exc.filename2}' if exc.filename2 else ''}: {exc.strerror}"
+    return str(exc)
+
+
 def check_positive(name: str, value: object) -> int:
     """Return `value` if it is an integer >= 1 (a page size, a length, a count), else raise TypeError/ValueError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

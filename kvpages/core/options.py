@@ -67,9 +67,10 @@ def _integer(minimum: int, what: str, example: str) -> Callable[[str, str], int]
     return parse
 
 
-def _ints(example: str) -> Callable[[str, str], tuple[int, ...]]:
-    """Comma-separated integers >= 1, an error giving `example` (the option's own values)."""
-    return functools.partial(parse_positive_ints, example=example)
+def _ints(what: str, example: str, more: str = "") -> tuple[str, Callable[[str, str], tuple[int, ...]]]:
+    """An option of comma-separated integers >= 1: its help, giving `example` (its own values), and its parser, whose
+    error gives the same example."""
+    return f"{what}, e.g. {example}{more}", functools.partial(parse_positive_ints, example=example)
 
 
 def _flagged(check: Callable[[str], Any]) -> Callable[[str, str], Any]:
@@ -109,9 +110,8 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("--kv-preset", "preset", f"named sweep: {', '.join(PRESETS)} (default: default)", _choice(tuple(PRESETS), "preset")),
-    Option("--kv-seq-lens", "seq_lens", "comma-separated sequence lengths, e.g. 2048,8192 (overrides the preset)",
-           _ints("2048,8192")),
-    Option("--kv-page-sizes", "page_sizes", "comma-separated page sizes, e.g. 1,64 (overrides the preset)", _ints("1,64")),
+    Option("--kv-seq-lens", "seq_lens", *_ints("comma-separated sequence lengths", "2048,8192", " (overrides the preset)")),
+    Option("--kv-page-sizes", "page_sizes", *_ints("comma-separated page sizes", "1,64", " (overrides the preset)")),
     Option("--kv-dtypes", "dtypes", f"comma-separated index dtypes from {', '.join(DTYPES)} (overrides the preset)",
            lambda f, t: parse_choices(f, t, DTYPES)),
     Option("--kv-layouts", "layouts", f"comma-separated page layouts from {', '.join(LAYOUTS)} (overrides the preset)",
@@ -135,12 +135,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kv-scenarios", "scenarios", "whole requests and steps: preset (the preset's) or none (default: preset)",
            _choice(SCENARIO_CHOICES, "scenario choice")),
     Option("--kv-request-lens", "request_lens",
-           "request scenarios by hand: comma-separated prompt lengths (both sides of each)", _ints("2048,32768")),
+           *_ints("request scenarios by hand: comma-separated prompt lengths", "2048,32768", " (both sides of each)")),
     Option("--kv-chunk-size", "chunk_size", f"chunked-prefill size of the request scenarios (default {DEFAULT_CHUNK_SIZE})",
            _integer(1, "a number of tokens", str(DEFAULT_CHUNK_SIZE))),
     Option("--kv-prefix", "prefix", "decode-side prefix of the request scenarios, in tokens (default 0)",
            _integer(0, "a number of tokens", "0")),
-    Option("--kv-step-sizes", "step_sizes", "step scenarios by hand: comma-separated requests per step (B)", _ints("8,32")),
+    Option("--kv-step-sizes", "step_sizes", *_ints("step scenarios by hand: comma-separated requests per step (B)", "8,32")),
     Option("--kv-step-lens", "step_lens", "request lengths of a step: comma-separated integers, or fixed:L, "
            f"uniform:LO,HI, lognormal:MEDIAN,SIGMA,MAX (default {MIXED_LENGTHS})", _flagged(_lengths)),
     Option("--kv-busy-us", "busy_us", "the steps' busy queue: microseconds of device work queued as the next forward "

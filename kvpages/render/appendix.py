@@ -6,9 +6,10 @@ from kvpages.analysis.cite import fraction, sig
 from kvpages.analysis.families import records
 from kvpages.analysis.predict import row_call, with_link_model
 from kvpages.analysis.ratios import Analysis, variant_order
+from kvpages.analysis.wording import verdict_text
 from kvpages.core.links import profile_for
 from kvpages.core.names import CANDIDATE, called, label
-from kvpages.render.text import ci_text, count, coverage, interval_cell, table, verdict_text
+from kvpages.render.text import ci_text, count, coverage, interval_cell, table
 
 
 def groups(analysis: Analysis):

@@ -9,12 +9,12 @@ from kvpages.analysis.gpu_answer import GpuAnswer
 from kvpages.analysis.predict import Prediction, crossover, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.recommend import BATCHED
-from kvpages.analysis.wording import bounded, profile_name
+from kvpages.analysis.wording import bounded, profile_name, verdict_text
 from kvpages.core.links import ASSUMED, HOST_WORK, SCALES, TERM_KEYS, Term
 from kvpages.core.names import CANDIDATE, STEP_CANDIDATE, called
 from kvpages.core.payloads import DEFAULT_PAYLOADS
 from kvpages.render.captions import time_label
-from kvpages.render.text import ci_text, count, coverage, interval_cell, table, verdict_text
+from kvpages.render.text import ci_text, count, coverage, interval_cell, table
 
 
 def _predicted_header(analysis: Analysis) -> list[str]:

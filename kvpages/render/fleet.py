@@ -122,7 +122,7 @@ def ratios_section(fleet: Fleet) -> str:
     groups: dict[tuple, list[list[object]]] = {}
     for m in fleet.ratios:
         r: RatioRow = m.rows[0]
-        cells = [interval_cell(interval_of(x), x.verdict) for x in m.rows]
+        cells = [interval_cell(interval_of(x), x.verdict, x.stability) for x in m.rows]
         groups.setdefault((r.page_size, r.dtype, r.layout), []).append([f"`{r.variant}`", r.seq_len, *cells,
                                                                         _agreement(m)])
     parts = [f"### page_size {page_size} ({dtype}, {layout})\n\n"
@@ -142,7 +142,7 @@ def scenarios_section(fleet: Fleet) -> str:
     for m in fleet.scenario_ratios:
         s = m.rows[0]
         rows.append([f"`{scenario_row_id(s.scenario, s.variant)}`", s.latency,
-                     *(interval_cell(x.interval, x.verdict) for x in m.rows), _agreement(m)])
+                     *(interval_cell(x.interval, x.verdict, x.stability) for x in m.rows), _agreement(m)])
     baseline = fleet.members[0].analysis.scenario_baseline
     return (f"Every step variant against `{baseline}` on every whole request and step all machines timed, per "
             "latency (blocked: the scheduler thread; ready: the data on the host).\n\n"

@@ -12,6 +12,7 @@ from kvpages.analysis.noise import components_text, efficiency
 from kvpages.analysis.pairs import DISTURBED, FRAGILE
 from kvpages.analysis.ratios import NOISY_SPREAD, Analysis
 from kvpages.analysis.verdicts import FDR, MIN_EFFECT_FLOOR, holm_sentence
+from kvpages.analysis.wording import verdict_text
 from kvpages.core.links import SCALES
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, label, per_request_of
 from kvpages.core.payloads import DEFAULT_PAYLOADS
@@ -24,7 +25,7 @@ from kvpages.render.kept import REPORT_MD, Files, charts_in, write_files
 from kvpages.render.ranks import render_ranks
 from kvpages.render.recommend import RECOMMENDATIONS_CSV, recommendations_text, what_to_do
 from kvpages.render.stability import left_out_section, remeasure_paragraph, stability_paragraph
-from kvpages.render.text import NAMES, ci_text, count, coverage, markdown_page, table, verdict_text
+from kvpages.render.text import NAMES, ci_text, count, coverage, markdown_page, table
 from kvpages.schema.ranks import CONTENTION_COLUMNS, CONTENTION_CSV
 from kvpages.schema.reader import Run
 from kvpages.schema.rows import NOISY_CSV, PARTIAL, RATIO_COLUMNS, RATIOS_CSV, SCENARIO_RATIO_COLUMNS, SCENARIO_RATIOS_CSV

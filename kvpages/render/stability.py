@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from kvpages.analysis.pairs import DISTURBED, FRAGILE
+from kvpages.analysis.pairs import DISTURBED, FRAGILE, STABLE
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.wording import left_out_text
 from kvpages.render.appendix import same_latencies
@@ -45,9 +45,9 @@ def remeasure_paragraph(analysis: Analysis) -> str:
 
 def stability_paragraph(analysis: Analysis) -> str:
     """The processes left out of pairs' centres, the fragile and the disturbed verdicts, named (the first SHOWN)."""
-    rows = [r for r in analysis.ratios if r.left_out or r.stability != "stable"]
+    rows = [r for r in analysis.ratios if r.left_out or r.stability != STABLE]
     latencies = ("blocked",) if same_latencies(analysis) else ("blocked", "ready")  # a CPU run's ready is its blocked
-    scenarios = [r for r in analysis.scenario_ratios if r.latency in latencies and (r.left_out or r.stability != "stable")]
+    scenarios = [r for r in analysis.scenario_ratios if r.latency in latencies and (r.left_out or r.stability != STABLE)]
     box = box_spread(analysis)
     lead = (f"**Spread and disturbances.** {box[0].upper() + box[1:]}: a label, not a veto; it stays in every interval "
             "and in the minimum effect. " if box else "**Spread and disturbances.** ")
@@ -84,9 +84,9 @@ def said(left_out: str, stability: str) -> str:
 def left_out_section(analysis: Analysis) -> str:
     """APPENDIX.md: every pair whose centre left a process out, or whose verdict is fragile or disturbed, and why."""
     rows = [[f"`{r.id}`", r.processes, r.left_out or "-", r.stability, r.verdict] for r in analysis.ratios
-            if r.left_out or r.stability != "stable"]
+            if r.left_out or r.stability != STABLE]
     rows += [[f"`{r.id}` ({r.latency})", r.processes, r.left_out or "-", r.stability, r.verdict]
-             for r in analysis.scenario_ratios if r.left_out or r.stability != "stable"]
+             for r in analysis.scenario_ratios if r.left_out or r.stability != STABLE]
     if not rows:
         return "No pair left a process out, and every verdict holds without any one process."
     return ("Each pair's level in a process is its paired log-ratio there; a process further from the median of the "

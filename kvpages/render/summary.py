@@ -54,7 +54,7 @@ def summary_text(analysis: Analysis) -> str:
         cells = []
         for s, v in zip(table["seq_len"], table["variant"], strict=True):
             r = analysis.ratio_at(v, dtype, layout, page_size, s)
-            cells.append("1" if v == analysis.baseline else (interval_cell(interval_of(r), r.verdict) if r else ""))
+            cells.append("1" if v == analysis.baseline else (interval_cell(interval_of(r), r.verdict, r.stability) if r else ""))
         table[f"vs_{analysis.baseline} [{coverage(analysis)}]"] = cells
         table = table.sort_values(["seq_len", "variant"], key=variant_order)
         lines.append(f"\npage_size={page_size} ({dtype}, {layout})")

@@ -6,8 +6,8 @@ import math
 from collections.abc import Sequence
 
 from kvpages.analysis.cite import coverage_text, sig
-from kvpages.analysis.pairs import STABLE
 from kvpages.analysis.ratios import Analysis
+from kvpages.analysis.wording import verdict_text
 from kvpages.core.names import BASELINE, CANDIDATE, LABELS
 from kvpages.core.stats import Interval
 from kvpages.schema.ranks import ContentionRow
@@ -15,12 +15,6 @@ from kvpages.schema.rows import RatioRow
 
 NAMES = f"Names: **pre-PR** = `{BASELINE}`, {LABELS[BASELINE]}; **merged PR** = `{CANDIDATE}`, {LABELS[CANDIDATE]}."
 """What a report or a fleet report says first: the two variants its questions are about."""
-
-
-def verdict_text(verdict: str, stability: str) -> str:
-    """A row's verdict as a table prints it: 'slower', and 'slower, *fragile*' where another verdict comes without one
-    of its processes ('*disturbed*': more than a minority apart), as Method says; a reader citing the cell sees it."""
-    return verdict if stability in (STABLE, "") else f"{verdict}, *{stability}*"
 
 
 def table(header: list[str], rows: Sequence[Sequence[object]]) -> str:
@@ -46,7 +40,7 @@ def ci_text(r: RatioRow | ContentionRow | Interval) -> str:
     return f"[{sig(r.ci_low)}, {sig(r.ci_high)}]"
 
 
-def interval_cell(i: Interval, verdict: str, stability: str = STABLE) -> str:
+def interval_cell(i: Interval, verdict: str, stability: str) -> str:
     """A ratio in one table cell: '1.23 [1.10, 1.30] slower' ('[n/a]' where there is no interval; `verdict_text`)."""
     ci = f"[{sig(i.ci_low)}, {sig(i.ci_high)}]" if i.known else "[n/a]"
     return f"{sig(i.ratio)} {ci} {verdict_text(verdict, stability)}"
