@@ -15,7 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NoReturn
 
-from kvpages.core.checks import UserError, said
+from kvpages.core.checks import UserError, one_line
 from kvpages.core.names import CANDIDATE
 
 if TYPE_CHECKING:
@@ -388,7 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UserError, OSError) as exc:  # OSError: e.g. a run folder we may not write charts into
         if isinstance(exc, BrokenPipeError) and _no_reader():
             return 1
-        print(f"kvpages: error: {said(exc)}", file=sys.stderr)
+        print(f"kvpages: error: {one_line(exc)}", file=sys.stderr)
         return 2
     finally:
         if program:

@@ -11,7 +11,7 @@ class UserError(ValueError):
     what is valid, and the `kvpages` program prints it in one line and exits 2 (kvpages.cli.main)."""
 
 
-def said(exc: Exception) -> str:
+def one_line(exc: Exception) -> str:
     """A user error as its one line says it: an OSError with a path as 'path: reason' ('a -> b: reason' for a rename),
     without Python's errno prefix; anything else as it reads."""
     if isinstance(exc, OSError) and exc.filename and exc.strerror:
@@ -44,9 +44,9 @@ def split_csv(option: str, text: str) -> list[str]:
     return items
 
 
-def parse_positive_ints(option: str, text: str, example: str = "2048,8192") -> tuple[int, ...]:
-    """Parse '2048,8192' into (2048, 8192); every item must be an integer >= 1 (`example`: the option's own, in the
-    error)."""
+def parse_positive_ints(option: str, text: str, *, example: str) -> tuple[int, ...]:
+    """Parse '2048,8192' into (2048, 8192); every item must be an integer >= 1 (`example`: the option's own values, in
+    the error)."""
     values = []
     for item in split_csv(option, text):
         try:
