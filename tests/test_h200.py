@@ -143,6 +143,18 @@ def test_a_recommendation_says_where_else_its_verdict_differs(h200, capsys):
     assert main(["cite", str(H200_DEFAULT), batch.id]) == 0
     assert f"a B=128 step at p=64 (other sizes: {batch.along}) = 0.508" in capsys.readouterr().out
     assert found["rec-shortcut"].along == ""  # faster at every length of p=1, as at L=512
+    # each of those verdicts is a row of its own, with its figure, to cite; the section shows the candidates' rows
+    sizes = {r.id: r for r in found.values() if r.of == batch.id}
+    assert [(r.setting, r.verdict, r.recommended) for r in sizes.values()] == [
+        ("a B=1 step at p=64", "slower", False), ("a B=8 step at p=64", "faster", True),
+        ("a B=32 step at p=64", "faster", True)]
+    slower = sizes["rec-batch-per-step-B1"]
+    assert slower.ratio > slower.ci_low > 1 and slower.cites.startswith("step-B1-") and not slower.along
+    assert main(["cite", str(H200_DEFAULT), slower.id]) == 0
+    line = capsys.readouterr().out
+    assert "a B=1 step at p=64 = 1.88" in line and "not recommended" in line and "another size of rec-batch-per-step" in line
+    assert "rec-batch-per-step-B1" not in what_to_do(h200).split("\n\n")[1]  # the table: one row per candidate
+    assert all(r.of in found and not found[r.of].of for r in found.values() if r.of)
 
 
 def test_a_recommendation_is_set_at_int32_steps_alone_in_a_run_with_another_dtypes(tmp_path):

@@ -354,6 +354,10 @@ def test_a_predicted_recommendation_gives_its_verdict_at_the_other_sizes_where_o
         if (step := re.fullmatch(r"a B=(\d+) step at p=(\d+)", r.setting)) is not None:  # the other step sizes there
             there = steps[(steps["kind"] == "step") & (steps["page_size"] == int(step[2]))]
             assert set(named) <= set(there["requests"]) - {int(step[1])}, r
+        rows = {r2.id[len(r.id) + 2:]: r2.verdict for r2 in recommendations(analysis) if r2.of == r.id}  # -L2048
+        assert {str(x) for x in named} <= set(rows), r  # each size's verdict a row of its own (its `of` this row)
+        assert all(f"{v} on every profile" == rows[x] for part in r.along.split("; ") for v, sizes in
+                   [part.split(" at ")] for x in sizes[2:].split(", ")), (r.along, rows)
     by_length = next(r for r in said if r.id == "rec-by-length")
     lengths = {int(x): verdict for part in by_length.along.split("; ") for verdict, sizes in [part.split(" at ")]
                for x in sizes[2:].split(", ")}

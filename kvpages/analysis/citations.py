@@ -44,7 +44,7 @@ def cite(analysis: Analysis, row_id: str) -> str:
             done = "recommended" if rec.recommended else "not recommended"
             return (f"{rec.id}: {rec.action}: {label(rec.candidate)} / {label(rec.against)} {rec.where} = "
                     f"{sig(rec.ratio)} [{sig(rec.ci_low)}, {sig(rec.ci_high)}], {rec.basis} ({rec.verdict}): {done}; "
-                    f"rows {rec.cites}; {where}")
+                    f"rows {rec.cites}{f'; another size of {rec.of}' if rec.of else ''}; {where}")
     ids = all_ids(analysis)
     close = difflib.get_close_matches(row_id, ids, n=1)
     hint = f"did you mean {close[0]}? " if close else ""

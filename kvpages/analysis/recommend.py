@@ -67,7 +67,8 @@ class Recommendation:
     verdict: str  # measured: the verdict; predicted: 'below on every profile' or not
     cites: str  # the rows of ratios.csv or scenario_ratios.csv behind it (each against pre-PR)
     along: str = ""  # the verdict at each other size of its kind and page size, where any differs from its own
-    # ('slower at B=1; faster at B=8, 32'; '' where all agree), judged as a family of their own
+    # ('slower at B=1; faster at B=8, 32'; '' where all agree), judged as a family of their own: each a row of its own
+    of: str = ""  # that row's: the id of the candidate's row it is another size of ('' on the candidate's own row)
 
     @property
     def others(self) -> str:
@@ -186,26 +187,68 @@ def recommendations(analysis: Analysis) -> tuple[Recommendation, ...]:
 
 
 def _recommendations(analysis: Analysis) -> tuple[Recommendation, ...]:
+    """Each candidate's row at its first setting, then one row per other size of that setting's kind and page size
+    (`Recommendation.of`: the rows `along` words, so that each of its verdicts has a row of its own to cite)."""
     if analysis.baseline != BASELINE:
         return ()
     chosen = [(c, settings) for c in CANDIDATES if (settings := c.settings(analysis))]
+    heads = _judge(analysis, [ss[0] for _, ss in chosen])
+    own, others = [], []
+    for (c, ss), head in zip(chosen, heads, strict=True):
+        if head is None:
+            continue
+        first = ss[0]
+        judged = [j for j in _judge(analysis, [s for s in ss[1:] if (s.seq_len is None) == (first.seq_len is None)
+                                               and s.page_size == first.page_size]) if j is not None]
+        along = ("" if all(j.verdict == head.verdict for j in judged)
+                 else verdicts_along([(j.setting.size[1], j.verdict) for j in judged], first.size[0]))
+        key = f"rec-{c.key}"
+        own.append(head.row(analysis, key, c.action, along=along))
+        judged.sort(key=lambda j: j.setting.size[1])
+        sizes = [f"{j.setting.size[0][0]}{j.setting.size[1]}" for j in judged]
+        unique = len(set(sizes)) == len(sizes)  # two steps of one B (other distributions): named by their scenario
+        others += [j.row(analysis, f"{key}-{size if unique else j.setting.scenario}", c.action, of=key)
+                   for j, size in zip(judged, sizes, strict=True)]
+    return tuple(own + others)
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """A candidate at one setting: its gain and verdict (measured: the verdict; predicted: 'below' or 'not below')."""
+
+    setting: Setting
+    interval: Interval
+    verdict: str
+    measured: bool
+
+    def row(self, analysis: Analysis, id: str, action: str, along: str = "", of: str = "") -> Recommendation:
+        s, i = self.setting, self.interval
+        recommended = self.verdict == (FASTER if self.measured else _said(True))
+        verdict = self.verdict if self.measured else f"{self.verdict} on every profile"
+        return Recommendation(id, action, s.said, s.candidate, s.against, i.ratio, i.ci_low, i.ci_high, recommended,
+                              MEASURED if self.measured else PREDICTED, verdict, _cites(analysis, s), along, of)
+
+
+def _judge(analysis: Analysis, settings: list[Setting]) -> list[_Judged | None]:
+    """Each setting judged (None where it cannot be): measured on a run that crossed a link, the settings a family of
+    their own; else predicted, below or not below on every pageable profile (the gain the middle prediction, its
+    interval the range over the profiles and their bounds)."""
     if analysis.run.link_crossed:
-        found = [(c, ss, e) for c, ss in chosen if (e := _measured(analysis, ss[0])) is not None]
-        judged = _judged(analysis, [e for *_, e in found])
-        return tuple(_made(c, ss, e.found.interval, verdict == FASTER, MEASURED, verdict, _cites(analysis, ss[0]),
-                           _along(analysis, ss, verdict))
-                     for (c, ss, e), verdict in zip(found, judged, strict=True))
-    out = []
-    for c, ss in chosen:
-        predictions = _predicted(analysis, ss[0])
-        if predictions:
-            ratios = sorted(p.ratio for p in predictions)
-            interval = Interval(ratios[len(ratios) // 2], min(p.low for p in predictions),
-                                max(p.high for p in predictions), len(predictions), float("nan"), "profile")
-            below = _below(predictions)
-            out.append(_made(c, ss, interval, below, PREDICTED, f"{_said(below)} on every profile",
-                             _cites(analysis, ss[0]), _along(analysis, ss, _said(below))))
-    return tuple(out)
+        found = [_measured(analysis, s) for s in settings]
+        verdicts = iter(_judged(analysis, [e for e in found if e is not None]))
+        return [None if e is None else _Judged(s, e.found.interval, next(verdicts), True)
+                for s, e in zip(settings, found, strict=True)]
+    out: list[_Judged | None] = []
+    for s in settings:
+        predictions = _predicted(analysis, s)
+        if not predictions:
+            out.append(None)
+            continue
+        ratios = sorted(p.ratio for p in predictions)
+        interval = Interval(ratios[len(ratios) // 2], min(p.low for p in predictions), max(p.high for p in predictions),
+                            len(predictions), float("nan"), "profile")
+        out.append(_Judged(s, interval, _said(_below(predictions)), False))
+    return out
 
 
 def _below(predictions: tuple[Prediction, ...]) -> bool:
@@ -218,27 +261,7 @@ def _said(below: bool) -> str:
 
 
 def _judged(analysis: Analysis, estimates: list[PairEstimate]) -> tuple[str, ...]:
+    if not estimates:
+        return ()
     return judge_family([e.found.interval for e in estimates], [e.found.p_value for e in estimates],
                         [e.disturbed for e in estimates], analysis.noise.min_effect).verdicts
-
-
-def _along(analysis: Analysis, settings: list[Setting], verdict: str) -> str:
-    """The verdicts at the other sizes of the first setting's kind and page size (`Recommendation.along`), where any
-    differs from `verdict`, the first's: measured, judged as a family of their own; predicted, 'below' or 'not below'
-    (on every profile)."""
-    first = settings[0]
-    others = [s for s in settings[1:] if (s.seq_len is None) == (first.seq_len is None) and s.page_size == first.page_size]
-    if analysis.run.link_crossed:
-        found = [(s, e) for s in others if (e := _measured(analysis, s)) is not None]
-        judged = _judged(analysis, [e for _, e in found]) if found else ()
-        said = [(s.size[1], v) for (s, _), v in zip(found, judged, strict=True)]
-    else:
-        said = [(s.size[1], _said(_below(priced))) for s in others if (priced := _predicted(analysis, s))]
-    return "" if all(v == verdict for _, v in said) else verdicts_along(said, first.size[0])
-
-
-def _made(c: _Candidate, settings: list[Setting], interval: Interval, recommended: bool, basis: str, verdict: str,
-          cites: str, along: str) -> Recommendation:
-    s = settings[0]
-    return Recommendation(f"rec-{c.key}", c.action, s.said, s.candidate, s.against, interval.ratio, interval.ci_low,
-                          interval.ci_high, recommended, basis, verdict, cites, along)

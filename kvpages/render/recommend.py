@@ -24,7 +24,7 @@ def _gain(r: Recommendation) -> str:
 
 def what_to_do(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
     """The section: the rule, then one row per candidate, recommended first (on a CPU run, the GPU run's beside)."""
-    found = recommendations(analysis)
+    found = tuple(r for r in recommendations(analysis) if not r.of)
     if not found:
         return ""
     measured = {} if gpu is None else {r.id: r for r in recommendations(gpu.analysis)}
@@ -41,7 +41,16 @@ def what_to_do(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
                  "their bounds), and the measured column is the GPU run's where one of the same points exists.")
     header = ["what to do", "where", "candidate / replaced", "gain", "status",
               *([] if gpu is None else [f"measured on {gpu.machine} ({gpu.run_id})"]), "row id"]
-    return f"{lead}\n\n{table(header, rows)}{_unset(analysis, found)}"
+    return f"{lead}\n\n{table(header, rows)}{_other_sizes(analysis)}{_unset(analysis, found)}"
+
+
+def _other_sizes(analysis: Analysis) -> str:
+    """Where the other sizes' rows are (their verdicts are the "where" cells' "other sizes")."""
+    other = next((r for r in recommendations(analysis) if r.of), None)
+    if other is None:
+        return ""
+    return (f"\n\nrecommendations.csv also holds a row per other size of each setting, its `of` the candidate's row id "
+            f"(e.g. `{other.id}`: {other.setting}, {_gain(other)}, {other.verdict}).")
 
 
 def _unset(analysis: Analysis, found: tuple[Recommendation, ...]) -> str:
