@@ -14,7 +14,7 @@ from kvpages.analysis.cite import sig
 from kvpages.analysis.families import ScenarioRatio
 from kvpages.analysis.gpu_answer import GpuAnswer, on_answer
 from kvpages.analysis.hybrid import hybrid_findings
-from kvpages.analysis.predict import crossover, point_predictions, scenario_predictions
+from kvpages.analysis.predict import crossover, fitted_check, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis, Crossover
 from kvpages.analysis.recommend import PINNED, SHORTCUT
 from kvpages.analysis.verdicts import DISTURBED, FASTER, SAME, SLOWER
@@ -278,15 +278,12 @@ def _model_check(analysis: Analysis) -> Finding | None:
         return None
     low, high = min(p[0] for p in pairs), max(p[0] for p in pairs)
     ratio, cited, profile = max(pairs, key=lambda p: (p[1].page_size, p[1].seq_len))
-    fitted = [p for p in analysis.predicting if p.in_sample(analysis.run.run_id) or p.fitted]
-    at1 = [(r, found) for r in analysis.ratios_of(CANDIDATE) if r.page_size == 1 and (found := point_predictions(analysis, r))]
+    check = fitted_check(analysis, CANDIDATE)
     off = ""
-    if fitted and at1:
-        n = analysis.predicting.index(fitted[0])
-        worst = max(abs(f[n].ratio / r.ratio - 1) for r, f in at1)
-        own = ", in-sample: it was fitted from this run" if fitted[0].in_sample(analysis.run.run_id) else ""
-        off = (f"; {fitted[0].name}'s merged PR / pre-PR at p=1 within {100 * worst:.2g}% of the measured at every "
-               f"length{own}")
+    if check is not None:
+        own = ", in-sample: it was fitted from this run" if check.profile.in_sample(analysis.run.run_id) else ""
+        off = (f"; {check.profile.name}'s merged PR / pre-PR at p=1 within {check.within} of the measured at "
+               f"every length{own}")
     answer = (f"{profile.label} model / measured time of the merged PR per call: {sig(low)}-{sig(high)} over "
               f"{len(pairs)} points{off} (APPENDIX.md).")
     return Finding("Model vs measurement", answer, f"model / measured {sig(ratio)}", cited.id, MEASURED)

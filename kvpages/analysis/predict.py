@@ -6,6 +6,7 @@ its copies once; a row whose host work cannot be separated is not priced."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -83,6 +84,35 @@ def point_predictions(analysis: Analysis, r: RatioRow) -> tuple[Prediction, ...]
     """`r` on every prediction profile; () where it cannot be priced (`point_calls`)."""
     calls = point_calls(analysis, r)
     return () if calls is None else tuple(predict(profile, calls) for profile in analysis.predicting)
+
+
+@dataclass(frozen=True)
+class FittedCheck:
+    """A run that crossed a link, priced on its fitted profile (one fitted from it, else the first fitted one): the
+    merged PR / pre-PR it predicts at page size 1 against the measured ratio, per length (the model check's "within")."""
+
+    profile: LinkProfile
+    rows: tuple[tuple[RatioRow, Prediction], ...]
+
+    @property
+    def worst(self) -> float:
+        """The largest |predicted / measured - 1| over the lengths."""
+        return max(abs(p.ratio / r.ratio - 1) for r, p in self.rows)
+
+    @property
+    def within(self) -> str:
+        """`worst` as a bound, in percent rounded up to a tenth ('7.9%'), never under the worst difference."""
+        return f"{math.ceil(round(1000 * self.worst, 6)) / 10:.1f}%"
+
+
+def fitted_check(analysis: Analysis, merged: str) -> FittedCheck | None:
+    """`FittedCheck` of the merged PR (`merged`) where a fitted profile predicts and page size 1 was timed; else None."""
+    fitted = [p for p in analysis.predicting if p.in_sample(analysis.run.run_id) or p.fitted]
+    at1 = [(r, found) for r in analysis.ratios_of(merged) if r.page_size == 1 and (found := point_predictions(analysis, r))]
+    if not fitted or not at1:
+        return None
+    n = analysis.predicting.index(fitted[0])
+    return FittedCheck(fitted[0], tuple((r, found[n]) for r, found in at1))
 
 
 def scenario_rows(analysis: Analysis) -> dict[str, dict[str, Record]]:

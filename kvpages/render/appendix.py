@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvpages.analysis.cite import fraction, sig
 from kvpages.analysis.families import records
-from kvpages.analysis.predict import row_call, with_link_model
+from kvpages.analysis.predict import fitted_check, row_call, with_link_model
 from kvpages.analysis.ratios import Analysis, variant_order
 from kvpages.analysis.wording import verdict_text
 from kvpages.core.links import profile_for
@@ -77,7 +77,23 @@ def model_vs_measurement(analysis: Analysis) -> str:
     return ("\n\n#### Model vs measurement\n\nEach timed row beside the model of the link it crossed, its host work "
             "included (measured apart from its copy: kvpages.analysis.hostwork). The difference is what the model "
             "leaves out (device kernels, Python, synchronisation) or gets wrong (the profile's latency and "
-            "bandwidth).\n\n" + table(header, rows))
+            "bandwidth).\n\n" + table(header, rows) + _fitted_at_page_one(analysis))
+
+
+def _fitted_at_page_one(analysis: Analysis) -> str:
+    """The fitted profile's merged PR / pre-PR at page size 1 against the measured, per length (the findings' model
+    check says the largest difference)."""
+    check = fitted_check(analysis, CANDIDATE)
+    if check is None:
+        return ""
+    own = " (in-sample: fitted from this run)" if check.profile.in_sample(analysis.run.run_id) else ""
+    rows = [[f"`{r.id}`", f"{sig(r.ratio)} {ci_text(r)}", sig(p.ratio), f"{100 * (p.ratio / r.ratio - 1):+.2f}%"]
+            for r, p in check.rows]
+    header = ["ratios.csv id", f"measured [{coverage(analysis)}]", f"{check.profile.name} predicts", "predicted / measured - 1"]
+    return (f"\n\n#### The fitted profile at page size 1\n\n{check.profile.name}{own}: the merged PR / pre-PR it predicts "
+            f"at p=1 against the measured ratio, at each length; the findings' \"within {check.within}\" is the largest "
+            "difference, rounded up.\n\n"
+            + table(header, rows))
 
 
 def ratio_cell(analysis: Analysis, scenario: str, variant: str, latency: str) -> str:
