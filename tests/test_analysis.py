@@ -155,7 +155,7 @@ def test_noise_prints_the_aa_figures(tmp_path, capsys):
     assert main(["noise", str(a), str(b)]) == 0
     out = capsys.readouterr().out
     for words in ("A/A noise check of device_stride/host_stride", "points with the ratio in both runs: 3",
-                  "intervals overlap: 3/3 (100%)", "A's ratio inside B's CI:", "median CI width / ratio:",
+                  "intervals overlap: 3/3 (100.0%)", "A's ratio inside B's CI:", "median CI width / ratio:",
                   "crossover A: p16: seq_len 131072", "--fail-above 10: OK", "fit for comparisons: "):
         assert words in out
 

@@ -201,6 +201,22 @@ def test_a_recommendation_is_set_at_int32_steps_alone_in_a_run_with_another_dtyp
     assert "-int64" not in batch.cites
 
 
+def test_judged_faster_from_a_length_names_each_longer_length_that_is_not(h200):
+    """"From L=32768" says every longer swept length is faster too, as it is in the H200 run; where one is not (here
+    p=64, L=131072 made unclear), the finding names it instead of implying it."""
+    import dataclasses
+
+    from kvpages.analysis.findings import _crossover
+
+    assert "(not at every longer length" not in _crossover(h200, None).answer
+    changed = tuple(dataclasses.replace(r, verdict="unclear") if (r.variant, r.page_size, r.seq_len) == (CANDIDATE, 64, 131072)
+                    else r for r in h200.ratios)
+    answer = _crossover(dataclasses.replace(h200, ratios=changed), None).answer
+    assert answer.startswith("The merged PR is judged faster than pre-PR from L=32768 at p=16, 64, 128, each crossing in "
+                             "(8192, 32768] (not at every longer length: unclear at p=64, L=131072); slower at 11 of the "
+                             "12 shorter"), answer
+
+
 def test_the_findings_say_which_shorter_points_are_not_slower_and_a_cpu_run_gets_the_per_step_answer_too(h200):
     """p=16, L=8192 (1.07 [1.01, 1.15]) is a difference the run resolved but cannot size against its 10.2% minimum
     effect: *unclear*, and the crossover finding names it instead of 'slower at every shorter swept length'; the
@@ -237,3 +253,27 @@ def test_the_findings_say_which_shorter_points_are_not_slower_and_a_cpu_run_gets
 
     measured = "| 0.508 [0.474, 0.543] faster (other sizes: slower at B=1; faster at B=8, 32) |"
     assert measured in what_to_do(reference, gpu_answer(reference, H200_DEFAULT))
+
+
+def test_a_bound_the_report_prints_is_never_under_the_value_it_bounds(h200):
+    """"At most" the largest block-median spread (25.628% in this run) is rounded up, not to the nearest tenth (it
+    once read 25.6%); and a share printed beside the share it needs prints as the two compare."""
+    from kvpages.analysis.cite import percent_down, percent_up
+    from kvpages.render.report import noise_paragraph
+
+    spread = h200.noise.max_spread
+    assert f"at most {percent_up(spread)};" in noise_paragraph(h200) and float(percent_up(spread)[:-1]) >= 100 * spread
+    assert (percent_up(0.25628), percent_up(0.079), percent_up(0.101357)) == ("25.7%", "7.9%", "10.2%")
+    assert (percent_down(0.94964), percent_up(0.95), percent_down(0.95)) == ("94.9%", "95.0%", "95.0%")
+
+
+def test_the_bytes_caption_names_each_variant_off_the_ideal_and_where(h200):
+    """The bytes chart's caption says which variants sit on ceil(L/p) x itemsize from the rows, not from a fixed
+    sentence: pre-PR is on it at p=1 (it copies L indices there), off it elsewhere, and a variant of 0 bytes is the
+    caption's next clause."""
+    from kvpages.render.captions import caption
+
+    rows = h200.run.ok_rows()
+    off = rows[(rows["variant"] == BASELINE) & (rows["page_size"] > 1)]
+    text = caption(h200, "bytes_int32_fragmented.png")
+    assert f"every variant sits on it but pre-PR ({len(off)} of {int((rows['variant'] == BASELINE).sum())} points);" in text

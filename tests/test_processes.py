@@ -182,7 +182,7 @@ def test_noise_names_a_shift_of_the_whole_runs_ratios_and_what_the_intervals_wou
         fit = text.splitlines()[-1]
         assert fit.startswith("fit for comparisons: NO:")
         assert (f"without the shift of the whole run's ratios ({moved}, sign test p = 0.031), intervals overlap at "
-                f"100% of points") in fit
+                f"100.0% of points") in fit
         assert f"a difference of about {moved[1:]} between two runs may be the box's, not the code's" in fit
     same = aa_figures(a, analyze(load_run(synthetic_run(tmp_path / "c", MEDIANS, seed=3, **kw))), "device_stride", 10)
     assert same.held.meets_targets() and not same.run_shift.explains(same.held)
@@ -225,7 +225,7 @@ def test_noise_asks_of_each_direction_what_calibrated_intervals_of_these_widths_
     assert overlap == a_in_b == 1 and n_b <= b_in_a < TARGETS["coverage"]  # equal widths' 75% would say NO
     assert held.meets_targets() and not dataclasses.replace(held, widths=1.0).meets_targets()
     fit = figures.text().splitlines()[-1]
-    assert fit.startswith(f"fit for comparisons: yes: {held.held_text()}, false verdicts 0%")
+    assert fit.startswith(f"fit for comparisons: yes: {held.held_text()}, false verdicts 0.0%")
     assert "calibrated at these widths, A's 0.33x B's (the most it is taken as): " in fit
     assert f"the intervals are {figures.median_width_a:.0%} (A) and {figures.median_width_b:.0%} (B) wide" in fit
     too_narrow = dataclasses.replace(held, b_in_a=max(round(n_b * held.points) - 1, 0))  # A's hold too few of B's

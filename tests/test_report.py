@@ -332,10 +332,10 @@ def test_a_cuda_run_states_its_latency_findings_as_measured(tmp_path):
 
 @needs_reference
 def test_a_predicted_recommendation_gives_its_verdict_at_the_other_sizes_where_one_differs(reported_reference):
-    """On a CPU run, `along` gives each other size of the cited setting's kind and page size once, below or not below
-    on every profile, and REPORT.md's row shows it; `adaptive` is the merged PR from its threshold on (a predicted
-    ratio of exactly 1), so choosing by length is not below at every length from there."""
-    from kvpages.analysis.recommend import recommendations
+    """On a CPU run, `along` gives each other size of the cited setting's kind and page size once, below (on every
+    pageable profile) or not below (on some), and REPORT.md's row shows it; `adaptive` is the merged PR from its
+    threshold on (a predicted ratio of exactly 1), so choosing by length is not below at every length from there."""
+    from kvpages.analysis.recommend import PREDICTED_VERDICTS, recommendations
     from kvpages.core.adaptive import DEFAULT_THRESHOLD
 
     analysis = reported_reference.analysis
@@ -356,7 +356,7 @@ def test_a_predicted_recommendation_gives_its_verdict_at_the_other_sizes_where_o
             assert set(named) <= set(there["requests"]) - {int(step[1])}, r
         rows = {r2.id[len(r.id) + 2:]: r2.verdict for r2 in recommendations(analysis) if r2.of == r.id}  # -L2048
         assert {str(x) for x in named} <= set(rows), r  # each size's verdict a row of its own (its `of` this row)
-        assert all(f"{v} on every profile" == rows[x] for part in r.along.split("; ") for v, sizes in
+        assert all(PREDICTED_VERDICTS[v] == rows[x] for part in r.along.split("; ") for v, sizes in
                    [part.split(" at ")] for x in sizes[2:].split(", ")), (r.along, rows)
     by_length = next(r for r in said if r.id == "rec-by-length")
     lengths = {int(x): verdict for part in by_length.along.split("; ") for verdict, sizes in [part.split(" at ")]
@@ -397,3 +397,18 @@ def test_findings_and_recommendations_made_once_per_baseline_of_one_loaded_run()
     assert findings(other) != findings(own)
     assert findings(other) == findings(analyze(load_run(path), "device_stride"))
     assert recommendations(own) and recommendations(other) == ()  # the candidates are set against pre-PR only
+
+
+@needs_reference
+def test_the_bytes_caption_names_adaptive_where_it_copies_every_index(reported_reference):
+    """`adaptive` is host stride below its threshold: there it hands over L indices, off the ideal line, and the
+    caption of the reference run's bytes chart says at how many points (it once said every variant but pre-PR sat on
+    the line)."""
+    from kvpages.core.adaptive import ADAPTIVE, DEFAULT_THRESHOLD
+
+    rows = reported_reference.analysis.run.ok_rows()
+    mine = rows[rows["variant"] == ADAPTIVE]
+    below = mine[(mine["seq_len"] < DEFAULT_THRESHOLD) & (mine["page_size"] > 1)]
+    assert len(below) and (below["d2h_bytes"] == below["seq_len"] * 4).all()
+    report = (reported_reference.path / "REPORT.md").read_text()
+    assert f"and `{ADAPTIVE}` ({len(below)} of {len(mine)} points); a variant that hands over 0 bytes" in report

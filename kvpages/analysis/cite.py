@@ -72,6 +72,24 @@ def sig(value: float, digits: int = 3) -> str:
     return f"{rounded:,.{max(places, 0)}f}"
 
 
+def percent(value: float) -> str:
+    """A fraction as a percentage, its figure as `sig` prints it (0.101526 -> '10.2%'): the one way a minimum effect
+    is printed."""
+    return f"{sig(100 * value)}%"
+
+
+def percent_up(value: float) -> str:
+    """A fraction in percent rounded up to a tenth, so never under it: an upper bound ('at most', 'within'), or a
+    share printed beside a lower bound it must reach (0.25628 -> '25.7%')."""
+    return f"{math.ceil(round(1000 * value, 6)) / 10:.1f}%"
+
+
+def percent_down(value: float) -> str:
+    """A fraction in percent rounded down to a tenth, so never over it. A share held and the share it needs print as
+    they compare when the one is rounded down and the other up (0.94964 against 0.95: '94.9%', '95.0%')."""
+    return f"{math.floor(round(1000 * value, 6)) / 10:.1f}%"
+
+
 def commit_text(environment: Environment) -> str | None:
     """The run's commit as a citation gives it: its first 12 hex digits, '(dirty)' when the tree was; None without."""
     if not environment.git_commit:

@@ -6,6 +6,7 @@ the model. The best alternative is a recommendation (kvpages.analysis.recommend)
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pandas as pd
@@ -35,6 +36,7 @@ from kvpages.core.links import profile_for
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, per_request_name
 from kvpages.core.payloads import DEFAULT_PAYLOADS
 from kvpages.core.sglang import PREFIX
+from kvpages.schema.rows import RatioRow
 
 
 def _status(analysis: Analysis, gpu: GpuAnswer | None, row_id: str) -> str:
@@ -137,14 +139,14 @@ def _crossover(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
         crossing = {(x.dtype, x.layout, x.page_size): x.seq_len or 0 for x in found}
         shorter = [r for r in rows if r.seq_len < crossing.get((r.dtype, r.layout, r.page_size), 0)]
         other = [r for r in shorter if r.verdict != SLOWER]
-        named = [f"{r.verdict} at {f'{r.dtype} {r.layout} ' if kinds else ''}p={r.page_size}, L={r.seq_len}"
-                 for r in other[:NAMED]]
-        more = f" and {len(other) - NAMED} more (APPENDIX.md)" if len(other) > NAMED else ""
         said = "no shorter length was swept" if not shorter else "slower at every shorter swept length" if not other else (
-            f"slower at {len(shorter) - len(other)} of the {len(shorter)} shorter swept points; {', '.join(named)}{more}")
+            f"slower at {len(shorter) - len(other)} of the {len(shorter)} shorter swept points; {_verdicts_at(other, kinds)}")
         at_one = [x for x in analysis.crossovers if x.page_size == 1]  # SGLang's default: the finding above says it
         one = "" if not at_one else "; p=1 does not" if all(x.seq_len is None for x in at_one) else "; p=1 does too"
-        answer = (f"The merged PR is judged faster than pre-PR from {each}; {said} "
+        after = [r for r in rows if r.seq_len > crossing.get((r.dtype, r.layout, r.page_size), math.inf)
+                 and r.verdict != FASTER]  # "from" holds only where every longer length is faster too
+        but = f" (not at every longer length: {_verdicts_at(after, kinds)})" if after else ""
+        answer = (f"The merged PR is judged faster than pre-PR from {each}{but}; {said} "
                   f"({len(found)} of {len([x for x in analysis.crossovers if x.page_size > 1])} page sizes above 1 "
                   f"cross{one}).")
         return Finding("Crossover", answer, figure(cited_row), cited_row.id, MEASURED)
@@ -158,6 +160,14 @@ def _crossover(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
         answer = (f"No crossover: at no swept point (p > 1) is the merged PR faster than pre-PR beyond the noise "
                   f"floor; closest at L={cited.seq_len}, p={cited.page_size}.")
     return Finding("Crossover", answer, figure(cited), cited.id, MEASURED)
+
+
+def _verdicts_at(rows: list[RatioRow], kinds: bool) -> str:
+    """'unclear at p=16, L=8192, same at p=64, L=2048' (the first NAMED, then how many more are in APPENDIX.md); each
+    point names its dtype and layout with `kinds`."""
+    named = [f"{r.verdict} at {f'{r.dtype} {r.layout} ' if kinds else ''}p={r.page_size}, L={r.seq_len}"
+             for r in rows[:NAMED]]
+    return ", ".join(named) + (f" and {len(rows) - NAMED} more (APPENDIX.md)" if len(rows) > NAMED else "")
 
 
 def _crossings(found: list[Crossover], kinds: bool) -> str:

@@ -9,6 +9,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from kvpages.analysis.cite import percent_down, percent_up
 from kvpages.analysis.compare import Shift, compare_runs
 from kvpages.analysis.ratios import Analysis, NoiseFloor
 from kvpages.analysis.verdicts import FASTER, SLOWER
@@ -115,12 +116,13 @@ class Held:
     def held_text(self) -> str:
         """The shares held beside what calibrated intervals of these widths hold and what is asked, for a verdict."""
         (overlap, a_in_b, b_in_a), (e_o, e_a, e_b), (n_o, n_a, n_b) = self.shares(), self.expected, self.needs()
-        return (f"intervals overlap at {overlap:.0%} of points (calibrated at {self.widths_text()}: {e_o:.1%}, needs >= "
-                f"{n_o:.1%}), A's ratio inside B's CI at {a_in_b:.0%} and B's inside A's at {b_in_a:.0%} (calibrated "
-                f"{e_a:.0%} and {e_b:.0%}, needs >= {n_a:.0%} and {n_b:.0%})")
+        held, need = percent_down, percent_up  # so that a share and its need print as they compare
+        return (f"intervals overlap at {held(overlap)} of points (calibrated at {self.widths_text()}: {e_o:.1%}, needs "
+                f">= {need(n_o)}), A's ratio inside B's CI at {held(a_in_b)} and B's inside A's at {held(b_in_a)} "
+                f"(calibrated {e_a:.1%} and {e_b:.1%}, needs >= {need(n_a)} and {need(n_b)})")
 
     def frac(self, k: int) -> str:
-        return f"{k}/{self.points} ({k / self.points:.0%})" if self.points else "0/0"
+        return f"{k}/{self.points} ({percent_down(k / self.points)})" if self.points else "0/0"
 
 
 @dataclass(frozen=True)
@@ -148,8 +150,8 @@ class AAFigures:
         false = (self.slower + self.faster) / max(self.relative_points, 1)
         fit = held.meets_targets() and false <= TARGETS["false_verdicts"]
         (e_overlap, e_a, e_b), (n_overlap, n_a, n_b) = held.expected, held.needs()
-        fit_line = (f"fit for comparisons: {'yes' if fit else 'NO'}: {held.held_text()}, false verdicts {false:.0%} "
-                    f"(calibrated {CALIBRATED['false_verdicts']:.0%}, needs <= {TARGETS['false_verdicts']:.0%}); the "
+        fit_line = (f"fit for comparisons: {'yes' if fit else 'NO'}: {held.held_text()}, false verdicts {percent_up(false)} "
+                    f"(calibrated {CALIBRATED['false_verdicts']:.1%}, needs <= {percent_down(TARGETS['false_verdicts'])}); the "
                     f"intervals are {self.median_width_a:.0%} (A) and {self.median_width_b:.0%} (B) wide (median), so "
                     "smaller differences are not resolved here")
         if shift.explains(held):
@@ -161,12 +163,12 @@ class AAFigures:
             f"A/A noise check of {self.variant}/{self.a.baseline}: A = {self.a.run.run_id}, B = {self.b.run.run_id}",
             f"points with the ratio in both runs: {held.points}",
             f"intervals overlap: {frac(held.overlap)} (calibrated at {held.widths_text()}: {e_overlap:.1%}; target >= "
-            f"{n_overlap:.1%})",
+            f"{percent_up(n_overlap)})",
             f"A's ratio inside B's CI: {frac(held.a_in_b)}; B's ratio inside A's CI: {frac(held.b_in_a)} (calibrated at "
             f"{held.widths_text()}: {e_a:.0%} and {e_b:.0%}, {CALIBRATED['coverage']:.0%} each at equal widths; target "
-            f">= {n_a:.0%} and {n_b:.0%})",
-            f"median CI width / ratio: A {self.median_width_a:.1%}, B {self.median_width_b:.1%} "
-            f"(target <= {TARGETS['width']:.0%})",
+            f">= {percent_up(n_a)} and {percent_up(n_b)})",
+            f"median CI width / ratio: A {percent_up(self.median_width_a)}, B {percent_up(self.median_width_b)} "
+            f"(target <= {percent_down(TARGETS['width'])})",
             f"ratio moved by more than 10%: {frac(self.moved_10pct)}",
             *(f"crossover {name}: {'; '.join(f'p{c.page_size}: {c.describe()}' for c in run.crossovers) or 'none computed'}"
               for name, run in runs),

@@ -6,13 +6,13 @@ its copies once; a row whose host work cannot be separated is not priced."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from kvpages.analysis.cite import percent_up
 from kvpages.analysis.families import Record, ScenarioRatio, records
 from kvpages.analysis.hostwork import host_side, point_host_work, scenario_host_work
 from kvpages.analysis.ratios import Analysis
@@ -101,8 +101,8 @@ class FittedCheck:
 
     @property
     def within(self) -> str:
-        """`worst` as a bound, in percent rounded up to a tenth ('7.9%'), never under the worst difference."""
-        return f"{math.ceil(round(1000 * self.worst, 6)) / 10:.1f}%"
+        """`worst` as a bound ('7.9%': `percent_up`)."""
+        return percent_up(self.worst)
 
 
 def fitted_check(analysis: Analysis, merged: str) -> FittedCheck | None:

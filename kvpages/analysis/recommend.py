@@ -64,7 +64,7 @@ class Recommendation:
     ci_high: float
     recommended: bool
     basis: str  # MEASURED or PREDICTED
-    verdict: str  # measured: the verdict; predicted: 'below on every profile' or not
+    verdict: str  # measured: the verdict; predicted: `PREDICTED_VERDICTS`'s
     cites: str  # the rows of ratios.csv or scenario_ratios.csv behind it (each against pre-PR)
     along: str = ""  # the verdict at each other size of its kind and page size, where any differs from its own
     # ('slower at B=1; faster at B=8, 32'; '' where all agree), judged as a family of their own: each a row of its own
@@ -224,7 +224,7 @@ class _Judged:
     def row(self, analysis: Analysis, id: str, action: str, along: str = "", of: str = "") -> Recommendation:
         s, i = self.setting, self.interval
         recommended = self.verdict == (FASTER if self.measured else _said(True))
-        verdict = self.verdict if self.measured else f"{self.verdict} on every profile"
+        verdict = self.verdict if self.measured else PREDICTED_VERDICTS[self.verdict]
         return Recommendation(id, action, s.said, s.candidate, s.against, i.ratio, i.ci_low, i.ci_high, recommended,
                               MEASURED if self.measured else PREDICTED, verdict, _cites(analysis, s), along, of)
 
@@ -258,6 +258,10 @@ def _below(predictions: tuple[Prediction, ...]) -> bool:
 
 def _said(below: bool) -> str:
     return "below" if below else "not below"
+
+
+PREDICTED_VERDICTS = {_said(True): "below on every pageable profile", _said(False): "not below on some pageable profile"}
+"""A predicted verdict as recommendations.csv and the report say it (`_below`: over the pageable profiles)."""
 
 
 def _judged(analysis: Analysis, estimates: list[PairEstimate]) -> tuple[str, ...]:

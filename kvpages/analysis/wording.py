@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvpages.analysis.cite import fraction, interval_of, interval_text, sig
+from kvpages.analysis.cite import fraction, interval_of, interval_text, percent, sig
 from kvpages.analysis.families import ScenarioRatio
 from kvpages.analysis.pairs import STABLE
 from kvpages.analysis.predict import Prediction
@@ -48,7 +48,7 @@ def figure(r: RatioRow | ScenarioRatio) -> str:
     """A ratio with its interval and verdict; 'same' says within what; a centre that leaves processes out names them
     (the interval still covers every process: the Method section)."""
     interval = r.interval if isinstance(r, ScenarioRatio) else interval_of(r)
-    said = f"same (interval within the {sig(100 * r.min_effect)}% minimum effect)" if r.verdict == SAME else r.verdict
+    said = f"same (interval within the {percent(r.min_effect)} minimum effect)" if r.verdict == SAME else r.verdict
     apart = f"; centre without {left_out_text(r.left_out)}" if r.left_out else ""
     return f"{interval_text(interval)}: {said}{apart}"
 

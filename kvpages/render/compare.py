@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvpages.analysis.cite import coverage_text
+from kvpages.analysis.cite import coverage_text, percent
 from kvpages.analysis.compare import ABSOLUTE, RELATIVE, Family, PointComparison, RunComparison
 from kvpages.analysis.verdicts import FASTER, SLOWER
 from kvpages.render.text import table
@@ -56,7 +56,7 @@ class Compared:
 
     def judged_line(self, family: Family) -> str:
         counts = ", ".join(f"{n} {v}" for v, n in family.counts().items())
-        return (f"{len(family.points)} points: {counts} (minimum effect {family.min_effect:.1%}; family corrected, "
+        return (f"{len(family.points)} points: {counts} (minimum effect {percent(family.min_effect)}; family corrected, "
                 "kvpages.analysis.verdicts.judge)")
 
     def notes(self) -> tuple[str | None, ...]:

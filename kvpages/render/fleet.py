@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kvpages.analysis.cite import commit_text, interval_of
+from kvpages.analysis.cite import commit_text, interval_of, percent
 from kvpages.analysis.findings import findings
 from kvpages.analysis.fleet import Fleet, Matched, Missing, sweep_of
 from kvpages.analysis.machines import meta_of
@@ -79,7 +79,7 @@ def machines_section(fleet: Fleet) -> str:
         ["sweep"] + [_cell([sweep_of(meta_of(r)) for r in m.runs]) for m in members],
         ["repetitions, processes"] + [f"{n.repetitions} in {n.processes} process(es)" for n in noise],
         ["intervals"] + [coverage(m.analysis) for m in members],
-        ["minimum effect"] + [f"{n.min_effect:.1%}" for n in noise],
+        ["minimum effect"] + [percent(n.min_effect) for n in noise],
         ["completed"] + [_cell(["yes" if meta_of(r).completed else f"NO ({meta_of(r).end_note})" for r in m.runs])
                          for m in members],
     ]

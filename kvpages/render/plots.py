@@ -13,7 +13,7 @@ import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.patches import Rectangle
 
-from kvpages.analysis.cite import sig
+from kvpages.analysis.cite import percent, sig
 from kvpages.analysis.families import Record, records
 from kvpages.analysis.predict import point_predictions
 from kvpages.analysis.ratios import Analysis
@@ -184,7 +184,7 @@ def plot_ratio(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, f
     bar.set_ticks(list(ticks), labels=[f"{2 ** t:g}" if t >= 0 else f"1/{2 ** -t:g}" for t in ticks])
     base = called(analysis.baseline, "")
     bar.set_label(f"merged PR / {base} (red: higher; capped, ▲▼ beyond;\n[ ]: {coverage(analysis)}; ~ grey: same, "
-                  f"interval within {sig(100 * analysis.noise.min_effect)}%; ? hatched: unclear)", fontsize=8)
+                  f"interval within {percent(analysis.noise.min_effect)}; ? hatched: unclear)", fontsize=8)
     set_title(ax, _title(analysis.run, f"merged PR / {base} {time_label(analysis)} per call", dtype,
                      layout), fontsize=10)
     return save(fig, stem, formats)

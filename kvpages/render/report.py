@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvpages.analysis.cite import fraction, sig
+from kvpages.analysis.cite import fraction, percent, percent_up, sig
 from kvpages.analysis.findings import findings
 from kvpages.analysis.gpu_answer import GpuAnswer, on_answer
 from kvpages.analysis.noise import components_text, efficiency
@@ -88,9 +88,9 @@ def noise_paragraph(analysis: Analysis) -> str:
     same = sum(r.verdict == "same" for r in analysis.ratios)
     return (
         f"Block medians of one (variant, point) vary between repetitions by {n.median_spread:.1%} (median over rows; "
-        f"at most {n.max_spread:.1%}; every process pooled). A ratio's {coverage(analysis)} reaches "
+        f"at most {percent_up(n.max_spread)}; every process pooled). A ratio's {coverage(analysis)} reaches "
         f"±{n.median_ci_half_width:.1%} of the ratio at the median point: that is this run's noise floor, and its "
-        f"**minimum effect is {n.min_effect:.1%}** (the noise floor, at least {MIN_EFFECT_FLOOR:.0%}); {same} of "
+        f"**minimum effect is {percent(n.min_effect)}** (the noise floor, at least {MIN_EFFECT_FLOOR:.0%}); {same} of "
         f"{len(analysis.ratios)} ratios are *same* within it. By level: {components_text(n)}. Compare runs with "
         "`kvpages compare`, which gates on ratios."
     )
@@ -163,7 +163,7 @@ def crossover_section(analysis: Analysis) -> str:
         return "No crossover can be computed: no point has both variants timed."
     rows = [[c.page_size, c.dtype, c.layout, c.describe()] for c in analysis.crossovers]
     return (f"Smallest swept seq_len at which the merged PR is judged *faster* than {called(analysis.baseline)} (interval below 1, "
-            f"beyond the {analysis.noise.min_effect:.1%} minimum effect, kept by the family correction).\n\n"
+            f"beyond the {percent(analysis.noise.min_effect)} minimum effect, kept by the family correction).\n\n"
             + table(["page_size", "dtype", "layout", "crossover"], rows))
 
 

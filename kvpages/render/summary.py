@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvpages.analysis.cite import interval_of, sig
+from kvpages.analysis.cite import interval_of, percent, sig
 from kvpages.analysis.families import records
 from kvpages.analysis.ratios import Analysis, variant_order
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_BASELINE, STEP_CANDIDATE, label, per_request_of
@@ -44,7 +44,7 @@ def summary_text(analysis: Analysis) -> str:
     lines.append(f"{label(BASELINE)}; {label(CANDIDATE)}.")
     lines.append(f"{noise.repetitions} interleaved repetitions per (variant, point) in {noise.processes} "
                  f"process(es); ratios are paired per repetition, {level}, with their {coverage(analysis)}; "
-                 f"minimum effect {sig(100 * noise.min_effect)}%.")
+                 f"minimum effect {percent(noise.min_effect)}.")
     for (dtype, layout, page_size), group in groups(analysis):
         lengths = sorted(group["seq_len"].unique())
         shown = {lengths[0], 8192 if 8192 in lengths else lengths[len(lengths) // 2], lengths[-1]}
