@@ -122,7 +122,8 @@ def test_every_figure_in_the_findings_table_is_a_row_of_the_csvs(reported_refere
 @needs_reference
 def test_cite_reproduces_a_finding_in_one_line_and_refuses_a_bad_id(reference):
     report = (reference / "REPORT.md").read_text()
-    row_ids = [row_id for _, _, _, row_id, _ in findings_rows(report)[1:4]]
+    quoted = findings_rows(report)[1:4]  # page size 1, the crossover, a prefill request: each a model figure here
+    row_ids = [row_id for _, _, _, row_id, _ in quoted]
     *cited, unknown, listed, bad = cli_each(*(["cite", str(reference), row_id.strip("`")] for row_id in row_ids),
                                             ["cite", str(reference), "r-device_stride-s999-p64-int32-fragmented"],
                                             ["cite", str(reference), "--list"],
@@ -134,6 +135,8 @@ def test_cite_reproduces_a_finding_in_one_line_and_refuses_a_bad_id(reference):
         assert done.stdout.count("\n") == 1 and (r is None or f"{sig(r['ratio'])} [" in done.stdout)
         assert "commit " in done.stdout and "CPU run: no link crossed" in done.stdout
         assert "repro: pytest bench/" in done.stdout and "--kv-analyze" in done.stdout
+    for (_, _, figure, _, _), done in zip(quoted, cited, strict=True):  # the figure the report puts beside the id
+        assert figure.startswith("model: ") and f"; on a GPU box, {figure}; " in done.stdout, (figure, done.stdout)
     assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1
     assert "did you mean r-device_stride-s" in unknown.stderr and "--list" in unknown.stderr
     assert listed.returncode == 0 and "r-device_stride-s8192-p64-int32-fragmented" in listed.stdout.split()

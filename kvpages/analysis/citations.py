@@ -4,11 +4,14 @@ the command that re-runs it (no torch); a row of ratios.csv, scenario_ratios.csv
 from __future__ import annotations
 
 import difflib
+import functools
+from collections.abc import Callable
 
 from kvpages.analysis.cite import CiteError, commit_text, interval_of, interval_text, sig
+from kvpages.analysis.predict import Prediction, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.recommend import recommendations
-from kvpages.analysis.wording import bytes_figure, verdict_text
+from kvpages.analysis.wording import bytes_figure, predicted_figure, verdict_text
 from kvpages.core.names import label
 
 
@@ -26,6 +29,14 @@ def _machine(analysis: Analysis) -> str:
     return f"{where}, PCIe {link or 'unknown'}"
 
 
+def _modelled(analysis: Analysis, predictions: Callable[[], tuple[Prediction, ...]]) -> str:
+    """On a run that crossed no link, what its report quotes beside the row's id: the same ratio predicted per link
+    profile ('; on a GPU box, model: pcie5_pageable 1.63 [1.37-2.08]; ...'); nothing on a run that crossed one."""
+    if analysis.run.link_crossed:
+        return ""
+    return f"; on a GPU box, {predicted_figure(predictions(), analysis.run.run_id)}"
+
+
 def cite(analysis: Analysis, row_id: str) -> str:
     """The one-line citation of a row id (module doc); CiteError names how to list the valid ones."""
     meta = analysis.run.meta
@@ -34,11 +45,13 @@ def cite(analysis: Analysis, row_id: str) -> str:
         if r.id == row_id:
             what = (f"{label(r.variant)} / {label(r.baseline)}, L={r.seq_len} p={r.page_size} {r.dtype} {r.layout}: "
                     f"{bytes_figure(r)}; latency = {interval_text(interval_of(r))}")
-            return f"{r.id}: {what} ({verdict_text(r.verdict, r.stability)}); {where}; repro: {r.repro}"
+            model = _modelled(analysis, functools.partial(point_predictions, analysis, r))
+            return f"{r.id}: {what} ({verdict_text(r.verdict, r.stability)}){model}; {where}; repro: {r.repro}"
     for s in analysis.scenario_ratios:
         if s.id == row_id and s.latency == "blocked":
             what = f"{s.scenario}: {label(s.variant)} / {label(s.baseline)}, blocked = {interval_text(s.interval)}"
-            return f"{s.id}: {what} ({verdict_text(s.verdict, s.stability)}); {where}; repro: {s.repro}"
+            model = _modelled(analysis, functools.partial(scenario_predictions, analysis, s))
+            return f"{s.id}: {what} ({verdict_text(s.verdict, s.stability)}){model}; {where}; repro: {s.repro}"
     for rec in recommendations(analysis):
         if rec.id == row_id:
             done = "recommended" if rec.recommended else "not recommended"
