@@ -315,7 +315,7 @@ def build_parser() -> _Parser:
     p.add_argument("--name", help="name the profiles <NAME>_pageable and <NAME>_pinned (default: fit_<first run id>)")
     p = command(cmd_cite, "print one row's figure in one line: interval and coverage, machine, commit, command")
     p.add_argument("run", type=Path, help="run folder, e.g. results/<run-id>")
-    p.add_argument("id", nargs="?", help="a row id of ratios.csv (r-...) or scenarios.csv (req-..., step-...)")
+    p.add_argument("id", nargs="?", help="a row id: r-..., req-..., step-... or rec-... (--list)")
     p.add_argument("--list", action="store_true", help="list the run's row ids instead")
     p = command(cmd_compare, "compare run B against run A point by point")
     p.add_argument("a", type=Path, help="baseline run folder")

@@ -493,3 +493,25 @@ def test_a_cuda_run_prices_pre_prs_copy_once(tmp_path):
             assert p.baseline_us == pytest.approx(host + copy, rel=0.01), (r.page_size, p.profile.name)
             if r.page_size == 1:  # the merged PR: the same copy and one kernel more
                 assert p.variant_us - p.baseline_us == pytest.approx(p.profile.us("launch_us") + p.profile.us("kernel_us"))
+
+
+def test_summary_says_the_plan_and_what_re_measurement_added_and_noise_refuses_a_variant_neither_run_has():
+    """The reference run planned 6 repetitions in 6 processes; a re-measurement process added a seventh repetition to
+    some rows. `summary` once said '7 interleaved repetitions per (variant, point) in 7 process(es)'. `noise --variant`
+    naming a variant the runs lack once ended in a traceback (a NaN width formatted as a bound)."""
+    reference = reference_runs()[-1]
+    meta = json.loads((reference / "meta.json").read_text())
+    rows = pd.read_csv(reference / "results.csv")
+    ok = rows[rows["status"] == "ok"]
+    extra = sum(p["role"] == "remeasure" for p in meta["processes"])
+    summary, noise = cli_each(["summary", str(reference)],
+                              ["noise", str(reference), str(reference), "--variant", "no_such_variant"])
+    said = (f"{meta['repetitions']} interleaved repetition(s) per (variant, point) in {len(meta['processes']) - extra} "
+            "process(es)")
+    assert summary.returncode == 0 and said in summary.stdout
+    if extra:
+        added = int((ok["repetitions"] > meta["repetitions"]).sum())
+        assert f", and {extra} re-measurement process(es) that added repetitions to {added} of {len(ok)} per-call rows" \
+            in summary.stdout
+    assert noise.returncode == 2 and noise.stderr.count("\n") == 1 and "Traceback" not in noise.stderr
+    assert noise.stderr.startswith("kvpages: error: --variant 'no_such_variant': no ratio of it in both runs; theirs: ")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import Rehearsal, kvpages_here, synthetic_run
 
+from kvpages.analysis.cite import sig
 from kvpages.analysis.compare import compare_runs
 from kvpages.analysis.verdicts import FDR, MIN_EFFECT_FLOOR, SAME, SLOWER, VERDICTS, judge
 from kvpages.render.compare import FORMATS
@@ -67,10 +68,9 @@ def test_markdown_is_a_table_ready_for_a_pull_request_comment(two_runs):
     for p, row in zip(result.relative.points + result.absolute.points, rows, strict=True):
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[0] == f"`{p.key[0]}`" and cells[-1].strip("*") == p.verdict
-        assert cells[7] == f"{p.interval.ratio:.3f}"
-        a_shown, b_shown, ratio_shown = (float(c) for c in cells[5:8])  # a reader's own division agrees
-        rounding = ratio_shown * 0.0005 * (1 / a_shown + 1 / b_shown) + 0.0005
-        assert abs(b_shown / a_shown - ratio_shown) <= rounding * 1.01
+        assert cells[7] == sig(p.interval.ratio)  # three significant figures, as every figure (0.0625, not 0.063)
+        a_shown, b_shown, ratio_shown = (float(c.replace(",", "")) for c in cells[5:8])  # a reader's own division agrees
+        assert abs(b_shown / a_shown / ratio_shown - 1) <= 3 * 0.005 * 1.01  # each within half a unit of its third figure
     assert "<details><summary>Absolute" in done.stdout and "</details>" in done.stdout
 
 

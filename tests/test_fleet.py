@@ -243,7 +243,10 @@ def test_two_runs_of_one_machine_are_one_column_whose_intervals_resample_both_ru
     report = render(fleet)
     table = {row[0]: row[1:] for row in table_rows(section(report, "Machines"))}
     assert table[""] == ["M1", "M2"] and table["runs"][0] == f"`{REF_ID}`, `20261205T000000Z-cpu`"
-    assert table["repetitions, processes"][0] == f"{reps} in {procs} process(es)"
+    from kvpages.analysis.wording import repetitions_text  # each run's plan and what its re-measurement added
+
+    said = repetitions_text(a)
+    assert table["repetitions, processes"][0] == said and said.startswith(f"{a.meta.repetitions} interleaved repetition(s)")
 
 
 
@@ -299,6 +302,9 @@ def test_machine_identity_and_the_host_name(tmp_path):
     assert Machine.of(cpu).differences(Machine.of(unrecorded)) == []  # ...nor said to differ
     assert Machine.of(cpu).differences(Machine.of(Environment(**{**cpu.__dict__, "cpu_id": genoa}))) == [
         ("CPU", milan, genoa)]
+    gpus = [Machine.of(Environment(**{**loaded.__dict__, "gpu_uuid": f"GPU-{n}" * 4})) for n in "ab"]  # one VM name
+    assert gpus[0] != gpus[1] and gpus[0].differences(gpus[1]) == [("GPU", "GPU-aGPU-aGPU-aGPU-a", "GPU-bGPU-bGPU-bGPU-b")]
+    assert gpus[0].describe().endswith(", PCIe Gen5 x16, GPU-aGPU-aGP")  # its first 12 characters
     from kvpages.measure.environment import capture, cpu_id
 
     captured = capture("cpu", REPO)
@@ -380,3 +386,22 @@ def test_a_fleet_is_not_a_gate_and_the_chart_covers_every_shared_point(folders, 
     assert any(not m.agree for m in fleet.ratios)  # the verdicts differ, and still no gate
     assert "verdicts differ at" in report and "`kvpages compare A B --fail-above PCT` is the gate" in report
     assert math.isfinite(fleet.ratios[0].rows[0].ratio)
+
+
+def test_the_committed_h200_runs_are_two_gpus_and_a_pooled_machine_of_two_sweeps_says_so(tmp_path):
+    """The three H200 runs ran on two VMs of one name, driver and link but two GPUs (meta.json's `gpu_uuid`): two
+    machines, not one; the quick runs' machine pools runs of two sweeps, so its findings are over the points both
+    timed, and FLEET.md says so instead of 'as its own report states them'."""
+    h200 = sorted(p for p in (REPO / "results").glob("*-cuda-*") if (p / "meta.json").is_file())
+    if len(h200) < 3:
+        pytest.skip("the three H200 runs are not committed here")
+    fleet = fleet_of(analysed(h200))
+    uuids = [json.loads((p / "meta.json").read_text())["environment"]["gpu_uuid"] for p in h200]
+    assert [m.machine.gpu_uuid for m in fleet.members] == list(dict.fromkeys(uuids)) and len(fleet.members) == 2
+    assert [len(m.runs) for m in fleet.members] == [uuids.count(u) for u in dict.fromkeys(uuids)]
+    pooled = next(m for m in fleet.members if len(m.runs) > 1)
+    text = render(fleet)
+    from kvpages.analysis.fleet import sweep_of
+
+    two_sweeps = len({sweep_of(r.meta) for r in pooled.runs if r.meta is not None}) > 1
+    assert (f"({pooled.id}: runs of different sweeps, pooled where every one of its runs timed a row" in text) == two_sweeps

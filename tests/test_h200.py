@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import REPO
 
+from kvpages.analysis.cite import sig
 from kvpages.analysis.ratios import analyze
 from kvpages.analysis.verdicts import FASTER, SLOWER
 from kvpages.core.names import BASELINE, CANDIDATE
@@ -97,7 +98,6 @@ def test_the_fitted_profile_prices_page_size_1_within_25_percent_of_the_measured
                                                                                                                tmp_path):
     """Pre-PR's copy priced once (its host work is its time less its page-size-1 twin's, none at p=1): the fitted H200
     profile puts the merged PR / pre-PR at page size 1 within 25% of the measured ratio at every length."""
-    from kvpages.analysis.cite import sig
     from kvpages.analysis.predict import point_predictions
 
     fitted = next(i for i, p in enumerate(h200.predicting) if p.name == "h200_measured_pageable")
@@ -277,3 +277,23 @@ def test_the_bytes_caption_names_each_variant_off_the_ideal_and_where(h200):
     off = rows[(rows["variant"] == BASELINE) & (rows["page_size"] > 1)]
     text = caption(h200, "bytes_int32_fragmented.png")
     assert f"every variant sits on it but pre-PR ({len(off)} of {int((rows['variant'] == BASELINE).sum())} points);" in text
+
+
+def test_cite_of_a_step_gives_ready_where_it_differs_and_summary_names_a_centre_that_leaves_a_process_out(h200, capsys):
+    """The deferred readback at B=128, p=1 is faster blocked and slower ready, the ready verdict the run's one fragile
+    scenario verdict: its citation once gave the blocked figure alone. `summary`'s times pool every process, so a ratio
+    whose centre leaves one out is named under its table (31.8 / 17.8 is not its 1.86)."""
+    from kvpages.analysis.wording import verdict_text
+    from kvpages.cli import main
+
+    step = "step-B128-lognormal_4096_1.0_65536-p1-int32"
+    blocked, ready = (h200.scenario_ratio(step, "deferred_device_stride", at) for at in ("blocked", "ready"))
+    assert blocked is not None and ready is not None and (blocked.verdict, ready.verdict) == ("faster", "slower")
+    assert main(["cite", str(H200_DEFAULT), f"{step}:deferred_device_stride"]) == 0
+    line = capsys.readouterr().out
+    assert f"; ready = {sig(ready.interval.ratio)} [" in line and f"({verdict_text(ready.verdict, ready.stability)})" in line
+    assert main(["summary", str(H200_DEFAULT)]) == 0
+    text = capsys.readouterr().out
+    apart = [r for r in h200.ratios if r.left_out and r.page_size == 16 and r.seq_len == 512]
+    assert apart and "ratios whose centre leaves a process out (time_us pools every process): " in text
+    assert all(f"{r.variant} at L=512 without process " in text for r in apart)

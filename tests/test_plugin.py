@@ -54,7 +54,7 @@ def test_quick_preset_writes_a_complete_run(bench):
     n_variants, reps = len(variant_names()), PRESETS["quick"].sweep.repetitions
     result.assert_outcomes(passed=4 * (n_variants - 1) * reps, skipped=4 * reps)  # the pinned variant needs CUDA
     result.stdout.fnmatch_lines(["*kvpages summary*", "*CPU run: no PCIe link was crossed*",
-                                 f"{reps} interleaved repetitions*", "run folder: *",
+                                 f"{reps} interleaved repetition(s) per (variant, point) in *", "run folder: *",
                                  "kvpages: timed * s of * s (*%), the session's wall from its start to the end of its breakdown; "
                                  "then its analysis * s"])
     [folder] = run_dirs(bench.path)

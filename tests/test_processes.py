@@ -18,6 +18,7 @@ from test_analysis import covers
 from test_plugin import BENCH, CPU, run_dirs
 from test_ranks import left_behind
 
+from kvpages.analysis.cite import percent_up
 from kvpages.analysis.compare import compare_runs
 from kvpages.analysis.noise import CALIBRATED, TARGETS, WIDTHS_CAP, Held, aa_figures, allocation_text, calibrated
 from kvpages.analysis.ratios import NoiseFloor, analyze
@@ -227,7 +228,7 @@ def test_noise_asks_of_each_direction_what_calibrated_intervals_of_these_widths_
     fit = figures.text().splitlines()[-1]
     assert fit.startswith(f"fit for comparisons: yes: {held.held_text()}, false verdicts 0.0%")
     assert "calibrated at these widths, A's 0.33x B's (the most it is taken as): " in fit
-    assert f"the intervals are {figures.median_width_a:.0%} (A) and {figures.median_width_b:.0%} (B) wide" in fit
+    assert f"the intervals are {percent_up(figures.median_width_a)} (A) and {percent_up(figures.median_width_b)} (B) wide" in fit
     too_narrow = dataclasses.replace(held, b_in_a=max(round(n_b * held.points) - 1, 0))  # A's hold too few of B's
     assert not too_narrow.meets_targets()
     assert not dataclasses.replace(held, overlap=held.points - 1).meets_targets()  # 83% overlapping, 94% asked

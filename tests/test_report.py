@@ -361,6 +361,8 @@ def test_a_predicted_recommendation_gives_its_verdict_at_the_other_sizes_where_o
         assert {str(x) for x in named} <= set(rows), r  # each size's verdict a row of its own (its `of` this row)
         assert all(PREDICTED_VERDICTS[v] == rows[x] for part in r.along.split("; ") for v, sizes in
                    [part.split(" at ")] for x in sizes[2:].split(", ")), (r.along, rows)
+    for r in recommendations(analysis):  # a predicted gain's range is written as every model figure's: [low-high]
+        assert r.gain == f"{sig(r.ratio)} [{sig(r.ci_low)}-{sig(r.ci_high)}]" and (r.of or f"| {r.gain} |" in report)
     by_length = next(r for r in said if r.id == "rec-by-length")
     lengths = {int(x): verdict for part in by_length.along.split("; ") for verdict, sizes in [part.split(" at ")]
                for x in sizes[2:].split(", ")}

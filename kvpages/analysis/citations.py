@@ -7,7 +7,7 @@ import difflib
 import functools
 from collections.abc import Callable
 
-from kvpages.analysis.cite import CiteError, commit_text, interval_of, interval_text, sig
+from kvpages.analysis.cite import CiteError, commit_text, interval_of, interval_text
 from kvpages.analysis.predict import Prediction, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.recommend import recommendations
@@ -51,12 +51,15 @@ def cite(analysis: Analysis, row_id: str) -> str:
         if s.id == row_id and s.latency == "blocked":
             what = f"{s.scenario}: {label(s.variant)} / {label(s.baseline)}, blocked = {interval_text(s.interval)}"
             model = _modelled(analysis, functools.partial(scenario_predictions, analysis, s))
-            return f"{s.id}: {what} ({verdict_text(s.verdict, s.stability)}){model}; {where}; repro: {s.repro}"
+            ready = analysis.scenario_ratio(s.scenario, s.variant, "ready")  # another figure where a queue was behind it
+            also = "" if ready is None or (ready.interval, ready.verdict) == (s.interval, s.verdict) else (
+                f"; ready = {interval_text(ready.interval)} ({verdict_text(ready.verdict, ready.stability)})")
+            return f"{s.id}: {what} ({verdict_text(s.verdict, s.stability)}){also}{model}; {where}; repro: {s.repro}"
     for rec in recommendations(analysis):
         if rec.id == row_id:
             done = "recommended" if rec.recommended else "not recommended"
             return (f"{rec.id}: {rec.action}: {label(rec.candidate)} / {label(rec.against)} {rec.where} = "
-                    f"{sig(rec.ratio)} [{sig(rec.ci_low)}, {sig(rec.ci_high)}], {rec.basis} ({rec.verdict}): {done}; "
+                    f"{rec.gain}, {rec.basis} ({rec.verdict}): {done}; "
                     f"rows {rec.cites}{f'; another size of {rec.of}' if rec.of else ''}; {where}")
     ids = all_ids(analysis)
     close = difflib.get_close_matches(row_id, ids, n=1)

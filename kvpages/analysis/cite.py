@@ -80,14 +80,15 @@ def percent(value: float) -> str:
 
 def percent_up(value: float) -> str:
     """A fraction in percent rounded up to a tenth, so never under it: an upper bound ('at most', 'within'), or a
-    share printed beside a lower bound it must reach (0.25628 -> '25.7%')."""
-    return f"{math.ceil(round(1000 * value, 6)) / 10:.1f}%"
+    share printed beside a lower bound it must reach (0.25628 -> '25.7%'); 'n/a' for no value."""
+    return f"{math.ceil(round(1000 * value, 6)) / 10:.1f}%" if math.isfinite(value) else "n/a"
 
 
 def percent_down(value: float) -> str:
     """A fraction in percent rounded down to a tenth, so never over it. A share held and the share it needs print as
-    they compare when the one is rounded down and the other up (0.94964 against 0.95: '94.9%', '95.0%')."""
-    return f"{math.floor(round(1000 * value, 6)) / 10:.1f}%"
+    they compare when the one is rounded down and the other up (0.94964 against 0.95: '94.9%', '95.0%'); 'n/a' for no
+    value."""
+    return f"{math.floor(round(1000 * value, 6)) / 10:.1f}%" if math.isfinite(value) else "n/a"
 
 
 def commit_text(environment: Environment) -> str | None:

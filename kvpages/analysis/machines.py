@@ -28,20 +28,22 @@ class Machine:
     pcie_link: str | None  # the link the slot trains to (nvidia-smi's `max`), not the one it idled at: an idle link downshifts
     hostname: str | None
     cpu_id: str | None = None  # the CPU beyond its model name (Environment.cpu_id); None in runs before it was recorded
+    gpu_uuid: str | None = None  # the GPU itself (CUDA runs): two VMs of one name and model may hold different GPUs
 
     @classmethod
     def of(cls, environment: Environment) -> Machine:
         link = environment.pcie_link
         found = _LINK_MAX.search(link) if link else None
         return cls(environment.device, environment.device_name, environment.driver_version,
-                   found.group(1) if found else link, environment.hostname, environment.cpu_id)
+                   found.group(1) if found else link, environment.hostname, environment.cpu_id, environment.gpu_uuid)
 
     def describe(self) -> str:
         cpu = f" ({self.cpu_id})" if self.cpu_id else ""
         where = f"{self.device_name}{cpu if self.device != 'cuda' else ''} @ {self.hostname or 'host unknown'}"
         if self.device != "cuda":
             return where
-        return f"{where}, driver {self.driver_version}, PCIe {self.pcie_link}{f', CPU {self.cpu_id}' if cpu else ''}"
+        gpu = f", {self.gpu_uuid[:12]}" if self.gpu_uuid else ""
+        return f"{where}, driver {self.driver_version}, PCIe {self.pcie_link}{gpu}{f', CPU {self.cpu_id}' if cpu else ''}"
 
     def differences(self, other: Machine) -> list[tuple[str, str, str]]:
         """(what, this one's, the other's) for each part of the identity known for both that differs: a part one run
@@ -52,7 +54,7 @@ class Machine:
 
 
 MACHINE_PARTS = {"device": "device", "device_name": "device name", "driver_version": "driver", "pcie_link": "PCIe link",
-                 "hostname": "host", "cpu_id": "CPU"}
+                 "hostname": "host", "cpu_id": "CPU", "gpu_uuid": "GPU"}
 """What each field of `Machine` is, as `Machine.differences` names it (every field has one)."""
 
 

@@ -13,6 +13,7 @@ from kvpages.analysis.cite import percent_down, percent_up
 from kvpages.analysis.compare import Shift, compare_runs
 from kvpages.analysis.ratios import Analysis, NoiseFloor
 from kvpages.analysis.verdicts import FASTER, SLOWER
+from kvpages.core.checks import UserError
 from kvpages.core.stats import CONFIDENCE, finite_median, two_sided_z
 from kvpages.schema.meta import RunMeta
 from kvpages.schema.rows import RatioRow
@@ -152,7 +153,8 @@ class AAFigures:
         (e_overlap, e_a, e_b), (n_overlap, n_a, n_b) = held.expected, held.needs()
         fit_line = (f"fit for comparisons: {'yes' if fit else 'NO'}: {held.held_text()}, false verdicts {percent_up(false)} "
                     f"(calibrated {CALIBRATED['false_verdicts']:.1%}, needs <= {percent_down(TARGETS['false_verdicts'])}); the "
-                    f"intervals are {self.median_width_a:.0%} (A) and {self.median_width_b:.0%} (B) wide (median), so "
+                    f"intervals are {percent_up(self.median_width_a)} (A) and {percent_up(self.median_width_b)} (B) wide "
+                    "(median), so "
                     "smaller differences are not resolved here")
         if shift.explains(held):
             fit_line += (f"; without the shift of the whole run's ratios ({shift.moved.percent()}, sign test p = "
@@ -165,7 +167,7 @@ class AAFigures:
             f"intervals overlap: {frac(held.overlap)} (calibrated at {held.widths_text()}: {e_overlap:.1%}; target >= "
             f"{percent_up(n_overlap)})",
             f"A's ratio inside B's CI: {frac(held.a_in_b)}; B's ratio inside A's CI: {frac(held.b_in_a)} (calibrated at "
-            f"{held.widths_text()}: {e_a:.0%} and {e_b:.0%}, {CALIBRATED['coverage']:.0%} each at equal widths; target "
+            f"{held.widths_text()}: {e_a:.1%} and {e_b:.1%}, {CALIBRATED['coverage']:.1%} each at equal widths; target "
             f">= {percent_up(n_a)} and {percent_up(n_b)})",
             f"median CI width / ratio: A {percent_up(self.median_width_a)}, B {percent_up(self.median_width_b)} "
             f"(target <= {percent_down(TARGETS['width'])})",
@@ -226,6 +228,10 @@ def components_text(noise: NoiseFloor) -> str:
 
 
 def aa_figures(a: Analysis, b: Analysis, variant: str, fail_above_pct: float) -> AAFigures:
+    """The A/A figures; a UserError names the variants both runs have where `variant` is not one of them."""
+    both = sorted({r.variant for r in a.ratios} & {r.variant for r in b.ratios})
+    if variant not in both:
+        raise UserError(f"--variant {variant!r}: no ratio of it in both runs; theirs: {', '.join(both) or 'none'}")
     a_ratios, b_ratios = ({(r.dtype, r.layout, r.page_size, r.seq_len): r for r in x.ratios_of(variant)} for x in (a, b))
     pairs = [(a_ratios[k], b_ratios[k]) for k in sorted(set(a_ratios) & set(b_ratios))]
     comparison = compare_runs(a.run, b.run, a.baseline)

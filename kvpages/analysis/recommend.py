@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvpages.analysis.cite import sig
 from kvpages.analysis.families import Record, point_estimate, scenario_estimate
 from kvpages.analysis.pairs import PairEstimate
 from kvpages.analysis.predict import Prediction, predict, row_call, scenario_rows
@@ -69,6 +70,13 @@ class Recommendation:
     along: str = ""  # the verdict at each other size of its kind and page size, where any differs from its own
     # ('slower at B=1; faster at B=8, 32'; '' where all agree), judged as a family of their own: each a row of its own
     of: str = ""  # that row's: the id of the candidate's row it is another size of ('' on the candidate's own row)
+
+    @property
+    def gain(self) -> str:
+        """'0.508 [0.474, 0.543]' measured (its interval); '0.500 [0.369-0.732]' predicted (the range over the profiles
+        and their bounds, as every model figure is written)."""
+        low, high = sig(self.ci_low), sig(self.ci_high)
+        return f"{sig(self.ratio)} [{low}, {high}]" if self.basis == MEASURED else f"{sig(self.ratio)} [{low}-{high}]"
 
     @property
     def others(self) -> str:
@@ -131,8 +139,8 @@ CANDIDATES = (
                + _step(a, per_request_name(ADAPTIVE), STEP_CANDIDATE, _main_p(a))),
     _Candidate("batch-per-step", "Batch one D2H per scheduler step instead of one per request",
                lambda a: _step(a, BATCHED, STEP_CANDIDATE, 64) or _step(a, BATCHED, STEP_CANDIDATE, _main_p(a))),
-    _Candidate("no-pinned-short", "Avoid the per-request pinned pattern (SGLang 0.5.23) at short lengths: a plain "
-                                  "`.cpu()` there",
+    _Candidate("no-pinned-short", "Avoid the per-request pinned pattern (SGLang 0.5.23): a plain `.cpu()` "
+                                  "instead",
                lambda a: _points(a, CANDIDATE, PINNED, lambda p, L: p == _main_p(a))),
     _Candidate("host-page-table", "Keep a host page table (the floor: vLLM's and TensorRT-LLM's connectors read "
                                   "host-side block ids)",

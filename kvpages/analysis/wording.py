@@ -13,6 +13,8 @@ from kvpages.analysis.pairs import STABLE
 from kvpages.analysis.predict import Prediction
 from kvpages.analysis.verdicts import SAME
 from kvpages.core.links import LinkProfile
+from kvpages.schema.meta import REMEASURE
+from kvpages.schema.reader import Run
 from kvpages.schema.rows import RatioRow
 
 CELL_CHARS = 300
@@ -112,3 +114,19 @@ def spread(values: list[float]) -> str:
     """'1.17-2.31x' (or '2.31x' for one), as an answer quotes a range of ratios."""
     low, high = sig(min(values)), sig(max(values))
     return f"{low}x" if low == high else f"{low}-{high}x"
+
+
+def repetitions_text(run: Run) -> str:
+    """'6 interleaved repetition(s) per (variant, point) in 6 process(es), and 1 re-measurement process(es) that added
+    repetitions to 37 of 168 per-call rows': the run's plan, then what a re-measurement added (a row's `repetitions`)."""
+    ok = run.ok_rows()
+    known = ok["repetitions"].dropna()
+    if run.meta is None:
+        return f"{int(known.max()) if len(known) else 1} interleaved repetition(s) per (variant, point)"
+    more = sum(p.role == REMEASURE for p in run.meta.processes)
+    said = (f"{run.meta.repetitions} interleaved repetition(s) per (variant, point) in "
+            f"{max(len(run.meta.processes) - more, 1)} process(es)")
+    if more:
+        added = int((known > run.meta.repetitions).sum())
+        said += f", and {more} re-measurement process(es) that added repetitions to {added} of {len(ok)} per-call rows"
+    return said

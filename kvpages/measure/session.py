@@ -41,7 +41,7 @@ from kvpages.measure.targets import Context, PointTarget, ScenarioTarget, Target
 from kvpages.measure.variants import variant_names
 from kvpages.measure.workers import Started, Worker, WorkerCommand, Workers, run_alone, run_workers, wants_spare
 from kvpages.measure.worklog import WorkerEnd, WorkerLog, log_path, read_readings, write_cases
-from kvpages.schema.meta import ProcessInfo, Remeasurement, RunMeta, RunTiming
+from kvpages.schema.meta import REMEASURE, ProcessInfo, Remeasurement, RunMeta, RunTiming
 from kvpages.schema.profiles import read_profile
 from kvpages.schema.writer import RunWriter, create_run_dir, utc_now
 
@@ -343,7 +343,7 @@ def close_run(kv: KvSession, exitstatus: int, total_s: float) -> RunTiming:
     rounds = [] if kv.remeasurer is None else kv.remeasurer.workers
     meta.processes = [w.info() for w in kv.workers.runs] + [
         own_process(kv.process, kv.phase, kv.workers, kv.started_at, total_s, rounds)] + [
-        dataclasses.replace(w.info(), role="remeasure") for w in rounds]
+        dataclasses.replace(w.info(), role=REMEASURE) for w in rounds]
     meta.remeasure = remeasure_record(kv.remeasurer, kv.options, kv.processes, group is not None)
     completed, note = end_note(kv.recorder.recorded, kv.recorder.partial, len(kv.plan.planned), exitstatus,
                                group is not None, None if group is None else group.failure)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvpages.analysis.cite import coverage_text, percent
+from kvpages.analysis.cite import coverage_text, percent, sig
 from kvpages.analysis.compare import ABSOLUTE, RELATIVE, Family, PointComparison, RunComparison
 from kvpages.analysis.verdicts import FASTER, SLOWER
 from kvpages.render.text import table
@@ -47,9 +47,11 @@ class Compared:
         return f"OK: no point slower relative to {base} by more than {pct:g}% beyond noise"
 
     def titles(self) -> dict[str, str]:
-        return {RELATIVE: f"Relative (gated): each variant / {self.result.baseline} within its run, B over A",
-                ABSOLUTE: "Absolute (not gated: absolute times move between processes and machines): median µs, "
-                          "B over A"}
+        return {RELATIVE: f"Relative (gated): each variant / {self.result.baseline} within its run, B over A; each run's "
+                          "over every process that timed it (its report's ratio, ratios.csv's, may leave a disturbed "
+                          "process out of its centre: `left_out`)",
+                ABSOLUTE: "Absolute (not gated: absolute times move between processes and machines): µs per call, the "
+                          "geometric mean of block medians over every process, B over A"}
 
     def families(self) -> dict[str, Family]:
         return {RELATIVE: self.result.relative, ABSOLUTE: self.result.absolute}
@@ -72,7 +74,7 @@ class Compared:
 
 def _interval_text(p: PointComparison) -> str:
     i = p.interval
-    return f"[{i.ci_low:.3f}, {i.ci_high:.3f}]" if i.known else "[n/a]"
+    return f"[{sig(i.ci_low)}, {sig(i.ci_high)}]" if i.known else "[n/a]"
 
 
 def _header(points: list[PointComparison]) -> str:
@@ -90,8 +92,8 @@ def text(c: Compared) -> str:
                   f"{'B ' + what[name]:>10} {'B/A':>7}  {_header(family.points):<17} verdict"]
         for p in family.points:
             variant, dtype, layout, seq_len, page_size = p.key
-            lines.append(f"{variant:<24} {dtype:<6} {layout:<11} {seq_len:>8} {page_size:>5} {p.a_value:>10.3f} "
-                         f"{p.b_value:>10.3f} {p.interval.ratio:>7.3f}  {_interval_text(p):<17} {p.verdict}")
+            lines.append(f"{variant:<24} {dtype:<6} {layout:<11} {seq_len:>8} {page_size:>5} {sig(p.a_value):>10} "
+                         f"{sig(p.b_value):>10} {sig(p.interval.ratio):>7}  {_interval_text(p):<17} {p.verdict}")
     for label, keys in (("only in A", c.result.only_a), ("only in B", c.result.only_b)):
         lines += [f"{label}: {' '.join(str(k) for k in key)}" for key in keys]
     lines += [f"{name}: {c.judged_line(family)}" for name, family in c.families().items()]
@@ -111,7 +113,7 @@ def markdown(c: Compared) -> str:
     def rows(family: Family, unit: str) -> str:
         return table(["variant", "dtype", "layout", "seq_len", "page size", f"A {unit}", f"B {unit}", "B/A",
                       _header(family.points), "verdict"],
-                     [[f"`{p.key[0]}`", *p.key[1:], f"{p.a_value:.3f}", f"{p.b_value:.3f}", f"{p.interval.ratio:.3f}",
+                     [[f"`{p.key[0]}`", *p.key[1:], sig(p.a_value), sig(p.b_value), sig(p.interval.ratio),
                        _interval_text(p), verdict(p)] for p in family.points])
 
     gate = c.gate_line()

@@ -11,7 +11,7 @@ from kvpages.analysis.cite import commit_text, interval_of, percent
 from kvpages.analysis.findings import findings
 from kvpages.analysis.fleet import Fleet, Matched, Missing, sweep_of
 from kvpages.analysis.machines import meta_of
-from kvpages.analysis.wording import Finding
+from kvpages.analysis.wording import Finding, repetitions_text
 from kvpages.core.names import BASELINE
 from kvpages.render.fleet_chart import CHART_CAPTION, CHART_PNG, plot_fleet
 from kvpages.render.text import NAMES, coverage, interval_cell, markdown_page, table
@@ -77,7 +77,7 @@ def machines_section(fleet: Fleet) -> str:
     rows += [
         ["git commit"] + [_cell([commit_text(meta_of(r).environment) for r in m.runs]) for m in members],
         ["sweep"] + [_cell([sweep_of(meta_of(r)) for r in m.runs]) for m in members],
-        ["repetitions, processes"] + [f"{n.repetitions} in {n.processes} process(es)" for n in noise],
+        ["repetitions, processes"] + [_cell([repetitions_text(r) for r in m.runs]) for m in members],
         ["intervals"] + [coverage(m.analysis) for m in members],
         ["minimum effect"] + [percent(n.min_effect) for n in noise],
         ["completed"] + [_cell(["yes" if meta_of(r).completed else f"NO ({meta_of(r).end_note})" for r in m.runs])
@@ -105,8 +105,12 @@ def findings_section(fleet: Fleet) -> str:
     rows = [[q] + [_finding_cell(made[m.id].get(q)) for m in fleet.members] for q in questions]
     answers = [f"**{m.label}**\n\n" + "\n".join(f"- {f.question} ({f.status}): {f.answer}" for f in made[m.id].values())
                for m in fleet.members]
-    return ("Each machine's findings, as its own report states them: a figure is a ratio variant / pre-PR with its "
-            f"interval, and the id is its row of that machine's `{RATIOS_CSV}` or `{SCENARIO_RATIOS_CSV}`.\n\n"
+    narrowed = [m.id for m in fleet.members if len({sweep_of(meta_of(r)) for r in m.runs}) > 1]
+    pooled = (f" ({', '.join(narrowed)}: runs of different sweeps, pooled where every one of its runs timed a row, so "
+              "over those points alone, not each run's own)" if narrowed else "")
+    return ("Each machine's findings, from its runs pooled (a machine of one run: as its own report states them)"
+            f"{pooled}: a figure is a ratio variant / pre-PR with its interval, and the id is its row of that machine's "
+            f"`{RATIOS_CSV}` or `{SCENARIO_RATIOS_CSV}`.\n\n"
             + table(["question", *(m.id for m in fleet.members)], rows) + "\n\n" + "\n\n".join(answers))
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from kvpages.analysis.cite import sig
 from kvpages.analysis.gpu_answer import GpuAnswer
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.recommend import CANDIDATES, MEASURED, Recommendation, recommendations
@@ -18,8 +17,6 @@ RULE = ("Each candidate is set against what it would replace, at the setting nam
         "time, below 1 a saving.")
 
 
-def _gain(r: Recommendation) -> str:
-    return f"{sig(r.ratio)} [{sig(r.ci_low)}, {sig(r.ci_high)}]"
 
 
 def what_to_do(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
@@ -31,9 +28,9 @@ def what_to_do(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
     rows = []
     for r in sorted(found, key=lambda r: not r.recommended):
         on_gpu = measured.get(r.id)
-        beside = [] if gpu is None else [f"{_gain(on_gpu)} {on_gpu.verdict}{on_gpu.others}" if on_gpu else "-"]
+        beside = [] if gpu is None else [f"{on_gpu.gain} {on_gpu.verdict}{on_gpu.others}" if on_gpu else "-"]
         rows.append([f"**{r.action}**" if r.recommended else r.action, r.where, f"`{r.candidate}` / `{r.against}`",
-                     _gain(r), ("recommended" if r.recommended else "not recommended") + f" ({r.verdict})", *beside,
+                     r.gain, ("recommended" if r.recommended else "not recommended") + f" ({r.verdict})", *beside,
                      f"`{r.id}`"])
     lead = RULE
     if found[0].basis != MEASURED:
@@ -50,7 +47,7 @@ def _other_sizes(analysis: Analysis) -> str:
     if other is None:
         return ""
     return (f"\n\nrecommendations.csv also holds a row per other size of each setting, its `of` the candidate's row id "
-            f"(e.g. `{other.id}`: {other.setting}, {_gain(other)}, {other.verdict}).")
+            f"(e.g. `{other.id}`: {other.setting}, {other.gain}, {other.verdict}).")
 
 
 def _unset(analysis: Analysis, found: tuple[Recommendation, ...]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvpages.analysis.cite import interval_of, percent, sig
 from kvpages.analysis.families import records
 from kvpages.analysis.ratios import Analysis, variant_order
+from kvpages.analysis.wording import left_out_text, repetitions_text
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_BASELINE, STEP_CANDIDATE, label, per_request_of
 from kvpages.render.appendix import groups, ratio_cell
 from kvpages.render.ranks import contention_summary
@@ -39,26 +40,28 @@ def summary_text(analysis: Analysis) -> str:
     if not run.link_crossed:
         lines.append("CPU run: no PCIe link was crossed; bytes are those handed to the host boundary.")
     noise = analysis.noise
-    level = (f"intervals over the {noise.processes} processes" if noise.interval_unit == "process"
+    level = ("intervals over the processes that timed each pair" if noise.interval_unit == "process"
              else "intervals over the repetitions of one process")
     lines.append(f"{label(BASELINE)}; {label(CANDIDATE)}.")
-    lines.append(f"{noise.repetitions} interleaved repetitions per (variant, point) in {noise.processes} "
-                 f"process(es); ratios are paired per repetition, {level}, with their {coverage(analysis)}; "
-                 f"minimum effect {percent(noise.min_effect)}.")
+    lines.append(f"{repetitions_text(run)}; ratios are paired per repetition, {level}, with their "
+                 f"{coverage(analysis)}; minimum effect {percent(noise.min_effect)}.")
     for (dtype, layout, page_size), group in groups(analysis):
         lengths = sorted(group["seq_len"].unique())
         shown = {lengths[0], 8192 if 8192 in lengths else lengths[len(lengths) // 2], lengths[-1]}
         chosen = group[group["seq_len"].isin(shown)]
         table = chosen[["seq_len", "variant", "d2h_bytes"]].copy()
         table["time_us"] = [sig(analysis.time_of(r)) for r in records(chosen)]
-        cells = []
+        cells, apart = [], []
         for s, v in zip(table["seq_len"], table["variant"], strict=True):
             r = analysis.ratio_at(v, dtype, layout, page_size, s)
             cells.append("1" if v == analysis.baseline else (interval_cell(interval_of(r), r.verdict, r.stability) if r else ""))
+            apart += [f"{v} at L={s} without {left_out_text(r.left_out)}"] if r and r.left_out else []
         table[f"vs_{analysis.baseline} [{coverage(analysis)}]"] = cells
         table = table.sort_values(["seq_len", "variant"], key=variant_order)
         lines.append(f"\npage_size={page_size} ({dtype}, {layout})")
         lines.append(table.to_string(index=False))
+        if apart:  # then the ratio is not the quotient of the times shown, which pool every process
+            lines.append(f"ratios whose centre leaves a process out (time_us pools every process): {'; '.join(apart)}")
     return "\n".join(lines + scenario_summary(analysis))
 
 

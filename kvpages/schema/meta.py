@@ -46,6 +46,10 @@ class Environment:
     boot_id: str | None = None  # Linux's id of the boot the run ran in: runs with one ran in one boot of one machine
 
 
+REMEASURE = "remeasure"
+"""ProcessInfo.role of a re-measurement round's process (its repetitions come after the planned ones)."""
+
+
 @dataclass(frozen=True)
 class ProcessInfo:
     """One process that timed part of a run (samples lines name it by `index`), and where its wall time went: its
@@ -53,7 +57,8 @@ class ProcessInfo:
 
     index: int
     pid: int
-    role: str  # 'worker' (a fresh pytest process started for its share) or 'session' (the pytest session the user ran)
+    role: str  # 'worker' (a fresh pytest process started for its share), 'session' (the pytest session the user ran) or
+    # REMEASURE (a re-measurement round's process: kvpages.measure.remeasure)
     startup_s: float  # until its first block: imports, collection (the session's: less the cross-check and the workers meanwhile)
     inputs_s: float  # building, loading and validating its inputs
     wall_s: float  # the session's: less the workers it ran one after another
