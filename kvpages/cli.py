@@ -297,7 +297,7 @@ def build_parser() -> _Parser:
         (cmd_plot, "regenerate the charts of a run folder (or results CSV) into that folder; where the folder and its "
                    "charts are as the last plot left them, nothing is drawn (KVPAGES_CACHE=off draws them anyway)"),
         (cmd_report, "write REPORT.md into a run folder and print it"),
-        (cmd_summary, "print bytes and median latency per page size at a few sequence lengths"),
+        (cmd_summary, "print bytes, time per call and ratio per page size at a few sequence lengths"),
     ):
         command(func, text).add_argument("run", type=Path, help="run folder, e.g. results/<run-id>, or its results.csv")
     sub.choices["plot"].add_argument("--svg", action="store_true", help="also write SVG")

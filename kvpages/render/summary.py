@@ -31,8 +31,8 @@ def scenario_summary(analysis: Analysis) -> list[str]:
 
 
 def summary_text(analysis: Analysis) -> str:
-    """Per page size: D2H bytes, median latency and the ratio to the baseline (with its CI) at a few lengths;
-    then the whole requests and steps."""
+    """Per page size: D2H bytes, time per call (the geometric mean of its block medians) and the ratio to the baseline
+    (with its CI) at a few lengths; then the whole requests and steps."""
     run = analysis.run
     if run.ok_rows().empty:
         return "\n".join(scenario_summary(analysis) + contention_summary(analysis)) or "no timed rows"
