@@ -15,7 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NoReturn
 
-from kvpages.core.checks import UserError, one_line
+from kvpages.core.checks import UserError, check_runs, one_line
 from kvpages.core.names import CANDIDATE
 
 if TYPE_CHECKING:
@@ -207,6 +207,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     if args.name is not None and not NAME.fullmatch(args.name):
         raise UserError(f"--name {args.name!r}: a profile name is lower-case letters, digits and '_', e.g. h200_lab")
+    check_runs(*args.run, out=args.out)
     analyses = [Loaded.of(path).analysis for path in args.run]  # kept between commands
     runs = [a.run for a in analyses]
     pcie = runs[0].meta.environment.pcie_link if runs[0].meta else None
@@ -234,17 +235,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_pct(flag: str, value: float | None) -> None:
-    if value is not None and not value >= 0:
-        raise UserError(f"{flag}: {value} must be a percentage >= 0")
-
-
 def cmd_compare(args: argparse.Namespace) -> int:
     from kvpages.analysis.cache import kept_run
     from kvpages.analysis.compare import compare_runs
     from kvpages.render.compare import FORMATS, Compared
 
-    _check_pct("--fail-above", args.fail_above)
+    check_runs(args.a, args.b, fail_above=args.fail_above)
     a, b = kept_run(args.a), kept_run(args.b)  # each as its kept analysis holds it, else read now
     compared = Compared(a, b, compare_runs(a, b), args.fail_above)
     print(FORMATS[args.format or next(iter(FORMATS))](compared))
@@ -257,7 +253,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_noise(args: argparse.Namespace) -> int:
     from kvpages.analysis.noise import aa_figures
 
-    _check_pct("--fail-above", args.fail_above)
+    check_runs(args.a, args.b, fail_above=args.fail_above)
     a, b = _analysis(args.a), _analysis(args.b)
     print(aa_figures(a, b, args.variant, args.fail_above).text())
     return 0

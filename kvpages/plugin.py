@@ -83,7 +83,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if options.variants or options.baseline or options.step_variants:  # each name registered, or the valid ones listed
         collector_paused()  # (torch imported here too; so below)
         from kvpages.measure.steps import get_step_variant
-        from kvpages.measure.variants import get_variant
+        from kvpages.measure.variants import check_runnable, get_variant
 
         for flag, names, lookup in (("--kv-variants", options.variants or (), get_variant),
                                     ("--kv-baseline", (options.baseline,) if options.baseline else (), get_variant),
@@ -93,6 +93,10 @@ def pytest_configure(config: pytest.Config) -> None:
                     lookup(name)
                 except ValueError as exc:
                     raise pytest.UsageError(f"{flag}: {exc}") from None
+        try:  # a run of points alone must time some variant on its device
+            check_runnable(options.variants if options.scenarios == "none" else None, options.device_choice)
+        except ValueError as exc:
+            raise pytest.UsageError(f"--kv-variants: {exc}") from None
     if options.cpus not in (None, *CPU_CHOICES):
         try:
             chosen(options.cpus, os.sched_getaffinity(0))

@@ -310,12 +310,16 @@ def test_incompatible_schema_version_and_nothing_in_common(tmp_path, crossing_ru
     write(tmp_path / "old" / "meta.json", json.dumps(meta).encode())
     write(tmp_path / "old" / "results.csv", (crossing_run / "results.csv").read_bytes())
     other = synthetic_run(tmp_path / "other", {("host_stride", 77, 7): 1.0})
-    old, apart, negative, unknown = cli_each(
+    old, apart, negative, endless, twice, unknown = cli_each(
         ["report", str(tmp_path / "old")], ["compare", str(crossing_run), str(other)],
-        ["compare", str(crossing_run), str(crossing_run), "--fail-above", "-3"], ["frobnicate"])
+        ["compare", str(crossing_run), str(other), "--fail-above", "-3"],
+        ["noise", str(crossing_run), str(other), "--fail-above", "inf"],
+        ["compare", str(crossing_run), f"{crossing_run}/../{crossing_run.name}"], ["frobnicate"])
     assert old.returncode == 2 and "meta.json: schema version 99; this kvpages reads schema version 5 only" in old.stderr
     assert apart.returncode == 2 and "no timed (variant, point) in common" in apart.stderr
-    assert negative.returncode == 2 and "--fail-above: -3.0 must be a percentage >= 0" in negative.stderr
+    assert negative.returncode == 2 and negative.stderr.endswith("--fail-above -3.0: give a finite percentage >= 0, e.g. 10\n")
+    assert endless.returncode == 2 and "--fail-above inf: give a finite percentage >= 0" in endless.stderr  # gates nothing
+    assert twice.returncode == 2 and twice.stderr.count("\n") == 1 and f"given twice (as {crossing_run} too)" in twice.stderr
     assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1 and "invalid choice: 'frobnicate'" in unknown.stderr
 
 
@@ -495,7 +499,7 @@ def test_a_cuda_run_prices_pre_prs_copy_once(tmp_path):
                 assert p.variant_us - p.baseline_us == pytest.approx(p.profile.us("launch_us") + p.profile.us("kernel_us"))
 
 
-def test_summary_says_the_plan_and_what_re_measurement_added_and_noise_refuses_a_variant_neither_run_has():
+def test_summary_says_the_plan_and_what_re_measurement_added_and_noise_refuses_a_variant_neither_run_has(tmp_path):
     """The reference run planned 6 repetitions in 6 processes; a re-measurement process added a seventh repetition to
     some rows. `summary` once said '7 interleaved repetitions per (variant, point) in 7 process(es)'. `noise --variant`
     naming a variant the runs lack once ended in a traceback (a NaN width formatted as a bound)."""
@@ -504,8 +508,10 @@ def test_summary_says_the_plan_and_what_re_measurement_added_and_noise_refuses_a
     rows = pd.read_csv(reference / "results.csv")
     ok = rows[rows["status"] == "ok"]
     extra = sum(p["role"] == "remeasure" for p in meta["processes"])
+    twin = tmp_path / reference.name  # a copy: the run itself given twice is refused first
+    shutil.copytree(reference, twin)
     summary, noise = cli_each(["summary", str(reference)],
-                              ["noise", str(reference), str(reference), "--variant", "no_such_variant"])
+                              ["noise", str(reference), str(twin), "--variant", "no_such_variant"])
     said = (f"{meta['repetitions']} interleaved repetition(s) per (variant, point) in {len(meta['processes']) - extra} "
             "process(es)")
     assert summary.returncode == 0 and said in summary.stdout

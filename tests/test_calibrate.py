@@ -246,3 +246,16 @@ def test_a_bad_profile_name_is_refused_before_the_run_is_read(tmp_path, name):
     done = kvpages_here("calibrate", tmp_path / "no-such-run", "--name", name)
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert f"--name {name!r}" in done.stderr and "lower-case letters, digits and '_'" in done.stderr
+
+
+def test_a_run_given_twice_or_an_out_that_is_a_file_is_refused_before_the_fit(tmp_path):
+    """One run given twice would fit each row twice (its intervals as if from two runs); an `--out` that is a file once
+    failed after the fit was printed. Both are refused first, in one line."""
+    run = MEASURED[0]
+    page = tmp_path / "a-file"
+    page.write_text("")
+    twice, onto_file = (kvpages_here("calibrate", *args) for args in (
+        (run, run, "--out", tmp_path / "out"), (run, "--out", page)))
+    assert twice.returncode == 2 and twice.stderr.count("\n") == 1 and "given twice" in twice.stderr
+    assert onto_file.returncode == 2 and onto_file.stdout == "" and f"--out {page}: a file, not a folder" in onto_file.stderr
+    assert not (tmp_path / "out").exists()

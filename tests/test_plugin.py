@@ -37,10 +37,11 @@ def run_dirs(root: Path) -> list[Path]:
 
 
 def test_a_run_with_nothing_timed_is_reported_without_charts(bench):
-    """--kv-analyze on a run whose every case was skipped (the pinned variant needs CUDA): the summary and the report
-    say so, nothing is drawn, and the session passes (no chart process failing as `kvpages plot` refuses)."""
+    """--kv-analyze on a run whose every case was skipped (the pinned variant needs CUDA; this session collects the
+    points alone, its scenarios left on): the summary and the report say so, nothing is drawn, and the session passes
+    (no chart process failing as `kvpages plot` refuses). With `--kv-scenarios none` it is a usage error (below)."""
     result = bench.runpytest("--kv-variants", "device_stride_pinned", "--kv-seq-lens", "64", "--kv-page-sizes", "4",
-                             "--kv-scenarios", "none", "--kv-repetitions", "1", "--kv-analyze", *CPU, *FAST)
+                             "--kv-repetitions", "1", "--kv-analyze", *CPU, *FAST)
     result.assert_outcomes(skipped=1)
     assert result.ret == 0
     result.stdout.fnmatch_lines(["no timed rows", "run folder: *", "report: *REPORT.md (with ratios.csv)"])
@@ -166,6 +167,11 @@ def test_each_rows_repro_command_reruns_that_case(bench):
         (("--kv-bandwidth-probe", "maybe"), "--kv-bandwidth-probe: unknown bandwidth probe mode 'maybe'"),
         (("--kv-remeasure-budget", "abc"), "--kv-remeasure-budget: 'abc' is not a number in [0, 10]; give e.g. 0.25"),
         (("--kv-crosscheck", "maybe"), "--kv-crosscheck: unknown cross-check mode 'maybe'; valid: auto, on, off"),
+        (("--kv-results", "test_kv_sweep.py"), "--kv-results test_kv_sweep.py: a file, not a folder; give a folder"),
+        (("--kv-variants", "device_stride_pinned", "--kv-scenarios", "none"), "--kv-variants: none can run on cpu "
+         "(device_stride_pinned requires CUDA (pinned host memory, CUDA event); this run's device is cpu), so nothing "
+         "would be timed; those that can: host_stride, device_stride"),
+        (("--kv-baseline", "sglang@nosuch"), "(an sglang@<label> variant exists once --kv-sglang loads SGLang's functions)"),
         (("--kv-seq-lens", "3000000000"), "--kv-seq-lens 3000000000: seq_len 3000000000 at page_size 1 needs token "
                                           "indices up to"),
         (("--kv-seq-lens", "3000000000"), "the largest valid seq_len for int32 at page_size 1 is"),

@@ -181,7 +181,9 @@ def test_noise_names_a_shift_of_the_whole_runs_ratios_and_what_the_intervals_wou
         assert (f"shift of the whole run's ratios: B's sit at a median of {moved} from A's, "
                 f"{shift.up} of 6 points up and {shift.down} down (sign test p = 0.031)") in text
         fit = text.splitlines()[-1]
-        assert fit.startswith("fit for comparisons: NO:")
+        assert fit.startswith("fit for comparisons: NO (short of the targets: intervals overlapping 0.0% < 95.0%; A's "
+                              "ratio inside B's CI 0.0% < ")  # what fell short, first
+        assert "; B's ratio inside A's CI 0.0% < " in fit.split("): ")[0]
         assert (f"without the shift of the whole run's ratios ({moved}, sign test p = 0.031), intervals overlap at "
                 f"100.0% of points") in fit
         assert f"a difference of about {moved[1:]} between two runs may be the box's, not the code's" in fit

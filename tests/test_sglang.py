@@ -5,6 +5,7 @@ stays as it is."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -255,7 +256,9 @@ def test_a_baseline_of_one_s_own_reaches_ratios_findings_citations_and_compare(p
     assert f"`{first.id}`" in (folder / "REPORT.md").read_text() and first.id.endswith("-vs-sglang@old")
     assert main(["cite", str(folder), first.id]) == 0
     assert "sglang@new / sglang@old" in capsys.readouterr().out
-    assert main(["compare", str(folder), str(folder)]) == 0
+    twin = tmp_path / "twin"  # a copy: one run given twice is refused
+    shutil.copytree(folder, twin)
+    assert main(["compare", str(folder), str(twin)]) == 0
     assert "each variant / sglang@old within its run" in capsys.readouterr().out
     other = synthetic_run(tmp_path / "default", {("sglang@new", 300, 16): 1.0, ("host_stride", 300, 16): 1.0})
     assert main(["compare", str(other), str(folder)]) == 2

@@ -104,6 +104,12 @@ class Held:
                 TARGETS["coverage"] - (CALIBRATED["coverage"] - a_in_b),
                 TARGETS["coverage"] - (CALIBRATED["coverage"] - b_in_a))
 
+    def short_of(self) -> list[str]:
+        """Each share below what it needs, in words ('B's ratio inside A's CI 25.0% < 38.1%')."""
+        names = ("intervals overlapping", "A's ratio inside B's CI", "B's ratio inside A's CI")
+        return [f"{name} {percent_down(held)} < {percent_up(need)}"
+                for name, held, need in zip(names, self.shares(), self.needs(), strict=True) if held < need]
+
     def meets_targets(self) -> bool:
         """Whether the intervals overlap and hold each other's ratios as often as `needs` asks."""
         return all(held >= need for held, need in zip(self.shares(), self.needs(), strict=True))
@@ -151,7 +157,10 @@ class AAFigures:
         false = (self.slower + self.faster) / max(self.relative_points, 1)
         fit = held.meets_targets() and false <= TARGETS["false_verdicts"]
         (e_overlap, e_a, e_b), (n_overlap, n_a, n_b) = held.expected, held.needs()
-        fit_line = (f"fit for comparisons: {'yes' if fit else 'NO'}: {held.held_text()}, false verdicts {percent_up(false)} "
+        short = held.short_of() + ([f"false verdicts {percent_up(false)} > {percent_down(TARGETS['false_verdicts'])}"]
+                                   if false > TARGETS["false_verdicts"] else [])
+        verdict = "yes" if fit else f"NO (short of the targets: {'; '.join(short)})"
+        fit_line = (f"fit for comparisons: {verdict}: {held.held_text()}, false verdicts {percent_up(false)} "
                     f"(calibrated {CALIBRATED['false_verdicts']:.1%}, needs <= {percent_down(TARGETS['false_verdicts'])}); the "
                     f"intervals are {percent_up(self.median_width_a)} (A) and {percent_up(self.median_width_b)} (B) wide "
                     "(median), so "

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 
 class UserError(ValueError):
@@ -66,3 +68,16 @@ def parse_choices(option: str, text: str, choices: Sequence[str]) -> tuple[str, 
         if item not in choices:
             raise ValueError(f"{option}: unknown value {item!r}; valid: {', '.join(choices)}")
     return tuple(items)
+
+
+def check_runs(*paths: Path, fail_above: float | None = None, out: Path | None = None) -> None:
+    """What `compare`, `noise` and `calibrate` check before any work: their run folders are not one given twice, a
+    gate (`--fail-above`) is a finite percentage >= 0, and `--out` is not a file; UserError names the bad one."""
+    seen: dict[Path, Path] = {}
+    for path in paths:
+        if (given := seen.setdefault(path.resolve(), path)) is not path:
+            raise UserError(f"{path}: given twice (as {given} too); give another run")
+    if fail_above is not None and not (math.isfinite(fail_above) and fail_above >= 0):
+        raise UserError(f"--fail-above {fail_above}: give a finite percentage >= 0, e.g. 10")
+    if out is not None and out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: a file, not a folder; give a folder (made if missing)")

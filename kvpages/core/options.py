@@ -7,6 +7,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kvpages.core.adaptive import DEFAULT_THRESHOLD
@@ -65,6 +66,13 @@ def _integer(minimum: int, what: str, example: str) -> Callable[[str, str], int]
         return value
 
     return parse
+
+
+def _folder(flag: str, text: str) -> str:
+    """A folder a run is written under: made if missing, refused where a file stands."""
+    if Path(text).exists() and not Path(text).is_dir():
+        raise ValueError(f"{flag} {text}: a file, not a folder; give a folder (made if missing)")
+    return text
 
 
 def _ints(what: str, example: str, more: str = "") -> tuple[str, Callable[[str, str], tuple[int, ...]]]:
@@ -186,7 +194,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kv-cpus", "cpus", f"the CPUs each timed process is pinned to while it times: {', '.join(CPU_CHOICES)} or "
            "a list such as 2,3 or 8-15 (default auto: the GPU's NUMA node on CUDA; on a CPU run one core that is not core "
            "0, where there are 3 CPUs or more)", _flagged(parse_cpus)),
-    Option("--kv-results", "results_dir", "folder that receives the run folder (default: <rootdir>/results)", lambda f, t: t),
+    Option("--kv-results", "results_dir", "folder that receives the run folder (default: <rootdir>/results)", _folder),
 )
 
 FLAG = {o.field: o.flag for o in OPTIONS}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ import torch
 
 from kvpages.core.adaptive import on_device
 from kvpages.core.checks import check_positive
+from kvpages.core.sglang import PREFIX
 
 VariantFn = Callable[..., np.ndarray]
 """`fn(kv_indices, page_size, **extras) -> page indices on the host`."""
@@ -197,8 +198,24 @@ def variant_names() -> tuple[str, ...]:
 
 def get_variant(name: str) -> Variant:
     if name not in _REGISTRY:
-        raise ValueError(f"unknown variant {name!r}; valid: {', '.join(_REGISTRY)}")
+        loaded = "" if name.startswith(PREFIX) and any(n.startswith(PREFIX) for n in _REGISTRY) else (
+            f" (an {PREFIX}<label> variant exists once --kv-sglang loads SGLang's functions)" if name.startswith(PREFIX)
+            else "")
+        raise ValueError(f"unknown variant {name!r}; valid: {', '.join(_REGISTRY)}{loaded}")
     return _REGISTRY[name]
+
+
+def check_runnable(names: Collection[str] | None, device: str) -> None:
+    """Some of `names` can run on `device` ('auto': CUDA where available); else a ValueError naming why each cannot
+    and the variants that can (a run of them alone would time nothing)."""
+    if not names:
+        return
+    device = device if device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    why = {name: get_variant(name).unavailable_reason(device) for name in names}
+    if all(why.values()):
+        can = [v.name for v in all_variants() if v.unavailable_reason(device) is None]
+        raise ValueError(f"none can run on {device} ({'; '.join(f'{n} {r}' for n, r in why.items())}), so nothing "
+                         f"would be timed; those that can: {', '.join(can)}")
 
 
 def all_variants() -> tuple[Variant, ...]:

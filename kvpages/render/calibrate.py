@@ -14,7 +14,7 @@ def calibration_text(calibration: Calibration) -> str:
              f"rows, up to {calibration.repetitions} repetitions each):"]
     lines += [f"refused: {line}" for line in calibration.refused]
     for profile in calibration.profiles:
-        lines.append(f"\n{profile.name}: {profile.label}, {profile.memory}")
+        lines.append(f"\n{profile.name}: {profile.label}")  # the label names its memory (pageable, pinned)
         for key in TERM_KEYS:
             t = profile.term(key)
             if t.low is not None and t.high is not None:
