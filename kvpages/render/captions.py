@@ -22,11 +22,12 @@ def caption(analysis: Analysis, name: str) -> str:
     time = time_label(analysis)
     stem = name.rsplit(".", 1)[0]
     base = called(analysis.baseline)
+    ideal = _on_the_ideal(analysis, stem) if stem.startswith("bytes_") else ""  # the rows read for that chart alone
     texts = {
         "latency": f"Measured {time} per call against the sequence length, a panel per page size: each marker is a "
                    f"variant's time (the geometric mean of its block medians), {band}.",
         "bytes": "Metered bytes handed to the host per call against the sequence length, a panel per page size, with "
-                 f"the ideal ceil(L/p) x itemsize: {_on_the_ideal(analysis, stem)}; a variant that hands over 0 "
+                 f"the ideal ceil(L/p) x itemsize: {ideal}; a variant that hands over 0 "
                  "bytes (the host mirror) is marked on the axis floor.",
         "ratio": f"Merged PR / {base} {time} per call at every point, on a colour scale capped at 1/4 and 4 and centred "
                  f"on 1 (▲/▼: beyond the cap); each cell prints its interval; '~' with grey text: same (its interval "
