@@ -106,7 +106,12 @@ class FittedCheck:
 
 
 def fitted_check(analysis: Analysis, merged: str) -> FittedCheck | None:
-    """`FittedCheck` of the merged PR (`merged`) where a fitted profile predicts and page size 1 was timed; else None."""
+    """`FittedCheck` of the merged PR (`merged`) where a fitted profile predicts and page size 1 was timed; else None.
+    Made once per run and baseline (the findings' model check and the appendix's table both read it)."""
+    return analysis.run.cached(("fitted check", merged, analysis.baseline), lambda: _fitted_check(analysis, merged))
+
+
+def _fitted_check(analysis: Analysis, merged: str) -> FittedCheck | None:
     fitted = [p for p in analysis.predicting if p.in_sample(analysis.run.run_id) or p.fitted]
     at1 = [(r, found) for r in analysis.ratios_of(merged) if r.page_size == 1 and (found := point_predictions(analysis, r))]
     if not fitted or not at1:

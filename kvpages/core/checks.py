@@ -79,5 +79,11 @@ def check_runs(*paths: Path, fail_above: float | None = None, out: Path | None =
             raise UserError(f"{path}: given twice (as {given} too); give another run")
     if fail_above is not None and not (math.isfinite(fail_above) and fail_above >= 0):
         raise UserError(f"--fail-above {fail_above}: give a finite percentage >= 0, e.g. 10")
-    if out is not None and out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: a file, not a folder; give a folder (made if missing)")
+    if out is not None:
+        check_folder("--out", out)
+
+
+def check_folder(flag: str, path: Path) -> None:
+    """A folder a command writes under: made if missing; a UserError where a file stands."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{flag} {path}: a file, not a folder; give a folder (made if missing)")

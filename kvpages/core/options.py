@@ -12,7 +12,7 @@ from typing import Any
 
 from kvpages.core.adaptive import DEFAULT_THRESHOLD
 from kvpages.core.affinity import CPU_CHOICES, parse_cpus
-from kvpages.core.checks import check_choice, parse_choices, parse_positive_ints, split_csv
+from kvpages.core.checks import check_choice, check_folder, parse_choices, parse_positive_ints, split_csv
 from kvpages.core.names import BASELINE
 from kvpages.core.payloads import DEFAULT_PAYLOADS, DEFAULT_SWA_WINDOW, PAYLOAD_PRESETS
 from kvpages.core.presets import PRESETS, Preset, get_preset
@@ -69,9 +69,8 @@ def _integer(minimum: int, what: str, example: str) -> Callable[[str, str], int]
 
 
 def _folder(flag: str, text: str) -> str:
-    """A folder a run is written under: made if missing, refused where a file stands."""
-    if Path(text).exists() and not Path(text).is_dir():
-        raise ValueError(f"{flag} {text}: a file, not a folder; give a folder (made if missing)")
+    """A folder a run is written under (`check_folder`)."""
+    check_folder(flag, Path(text))
     return text
 
 

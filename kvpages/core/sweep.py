@@ -9,6 +9,7 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from kvpages.core.checks import check_choice, check_positive
 from kvpages.core.names import point_id
@@ -16,6 +17,14 @@ from kvpages.core.names import point_id
 DTYPES: tuple[str, ...] = ("int32", "int64")
 """Index dtypes: int32 is what SGLang's `req_to_token` holds."""
 ITEMSIZE: dict[str, int] = {"int32": 4, "int64": 8}
+
+
+def paged_bytes(seq_len: Any, page_size: Any, itemsize: Any) -> Any:  # ints, or numpy arrays or pandas columns
+    """The bytes of ceil(seq_len / page_size) indices of `itemsize` bytes: the ideal a call that hands the host one
+    index per page moves (the bytes chart's line, its caption, and a variant's declared bytes)."""
+    return -(-seq_len // page_size) * itemsize
+
+
 INDEX_MAX: dict[str, int] = {"int32": 2**31 - 1, "int64": 2**63 - 1}
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 LAYOUTS: tuple[str, ...] = ("fragmented", "contiguous")

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from kvpages.core.options import DEFAULT_RANK_TIMEOUT_S, BenchOptions
+from kvpages.measure.variants import device_of
 from kvpages.schema.meta import RankInfo, RanksMeta
 
 BACKEND = "gloo"
@@ -79,8 +80,7 @@ def ranked_options(options: BenchOptions, launch: Launch) -> BenchOptions:
 
 
 def check_devices(launch: Launch, device_choice: str) -> None:
-    wants_cuda = device_choice == "cuda" or (device_choice == "auto" and torch.cuda.is_available())
-    if wants_cuda and launch.local_world_size > torch.cuda.device_count():
+    if device_of(device_choice) == "cuda" and launch.local_world_size > torch.cuda.device_count():
         raise ValueError(f"torchrun --nproc-per-node {launch.local_world_size}: this host has "
                          f"{torch.cuda.device_count()} CUDA device(s), one per rank is needed; start at most that many "
                          "ranks, or give --kv-device cpu")

@@ -38,7 +38,7 @@ from kvpages.measure.schedule import Block, in_run_order, plan, plan_scenarios
 from kvpages.measure.signals import deferred_interruption, interrupt
 from kvpages.measure.steps import get_step_variant, step_variant_names
 from kvpages.measure.targets import Context, PointTarget, ScenarioTarget, Target
-from kvpages.measure.variants import variant_names
+from kvpages.measure.variants import device_of, variant_names
 from kvpages.measure.workers import Started, Worker, WorkerCommand, Workers, run_alone, run_workers, wants_spare
 from kvpages.measure.worklog import WorkerEnd, WorkerLog, log_path, read_readings, write_cases
 from kvpages.schema.meta import REMEASURE, ProcessInfo, Remeasurement, RunMeta, RunTiming
@@ -197,8 +197,7 @@ class KvSession:
         self.options = options
         adaptive.use_threshold(options.adaptive_threshold or adaptive.DEFAULT_THRESHOLD)  # before any call of `adaptive`
         self.started_at = started_at  # perf_counter when this process started (kvpages.measure.worklog)
-        auto = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = auto if options.device_choice == "auto" else options.device_choice
+        self.device = device_of(options.device_choice)
         self.rootdir = rootdir
         self.results_dir = Path(options.results_dir) if options.results_dir else rootdir / "results"
         group = None if launch is None else Group(launch, self.device, options.rank_timeout_s)  # joins the ranks

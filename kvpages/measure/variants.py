@@ -25,6 +25,7 @@ import torch
 from kvpages.core.adaptive import on_device
 from kvpages.core.checks import check_positive
 from kvpages.core.sglang import PREFIX
+from kvpages.core.sweep import paged_bytes
 
 VariantFn = Callable[..., np.ndarray]
 """`fn(kv_indices, page_size, **extras) -> page indices on the host`."""
@@ -42,7 +43,7 @@ class Moves(enum.Enum):
         if self is Moves.NONE:
             return 0
         pages = self is Moves.PAGES or (self is Moves.BY_LENGTH and on_device(seq_len, page_size))
-        return (-(-seq_len // page_size) if pages else seq_len) * itemsize
+        return paged_bytes(seq_len, page_size, itemsize) if pages else seq_len * itemsize
 
     @property
     def expected_transfers(self) -> int | None:
@@ -198,11 +199,15 @@ def variant_names() -> tuple[str, ...]:
 
 def get_variant(name: str) -> Variant:
     if name not in _REGISTRY:
-        loaded = "" if name.startswith(PREFIX) and any(n.startswith(PREFIX) for n in _REGISTRY) else (
-            f" (an {PREFIX}<label> variant exists once --kv-sglang loads SGLang's functions)" if name.startswith(PREFIX)
-            else "")
-        raise ValueError(f"unknown variant {name!r}; valid: {', '.join(_REGISTRY)}{loaded}")
+        unloaded = name.startswith(PREFIX) and not any(n.startswith(PREFIX) for n in _REGISTRY)
+        hint = f" (an {PREFIX}<label> variant exists once --kv-sglang loads SGLang's functions)" if unloaded else ""
+        raise ValueError(f"unknown variant {name!r}; valid: {', '.join(_REGISTRY)}{hint}")
     return _REGISTRY[name]
+
+
+def device_of(choice: str) -> str:
+    """The device `--kv-device` `choice` runs on: 'auto' is CUDA where torch has it, else the CPU."""
+    return ("cuda" if torch.cuda.is_available() else "cpu") if choice == "auto" else choice
 
 
 def check_runnable(names: Collection[str] | None, device: str) -> None:
@@ -210,7 +215,7 @@ def check_runnable(names: Collection[str] | None, device: str) -> None:
     and the variants that can (a run of them alone would time nothing)."""
     if not names:
         return
-    device = device if device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    device = device_of(device)
     why = {name: get_variant(name).unavailable_reason(device) for name in names}
     if all(why.values()):
         can = [v.name for v in all_variants() if v.unavailable_reason(device) is None]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvpages.analysis.cite import percent
 from kvpages.analysis.ratios import Analysis
 from kvpages.core.names import called, variant_sort_key
-from kvpages.core.sweep import ITEMSIZE
+from kvpages.core.sweep import ITEMSIZE, paged_bytes
 from kvpages.render.text import coverage
 
 
@@ -61,7 +61,7 @@ def _on_the_ideal(analysis: Analysis, stem: str) -> str:
     caption's next clause."""
     rows = analysis.run.ok_rows()
     at = rows[(rows["dtype"] + "_" + rows["layout"]) == stem.removeprefix("bytes_")]
-    ideal = -(-at["seq_len"] // at["page_size"]) * at["dtype"].map(ITEMSIZE)
+    ideal = paged_bytes(at["seq_len"], at["page_size"], at["dtype"].map(ITEMSIZE))
     moved = at[at["d2h_bytes"] > 0]
     off = (moved["d2h_bytes"] != ideal[moved.index]).groupby(moved["variant"]).agg(["sum", "size"])
     off = off[off["sum"] > 0].sort_index(key=lambda names: names.map(variant_sort_key))

@@ -22,7 +22,7 @@ from kvpages.analysis.wording import profile_name
 from kvpages.core.names import CANDIDATE, called, variant_sort_key
 from kvpages.core.payloads import DEFAULT_PAYLOADS
 from kvpages.core.stats import Interval
-from kvpages.core.sweep import ITEMSIZE
+from kvpages.core.sweep import ITEMSIZE, paged_bytes
 from kvpages.render.breakdown import plot_breakdown
 from kvpages.render.captions import time_label
 from kvpages.render.figures import log_x, log_y, new_figure, powers, save, set_title
@@ -128,7 +128,7 @@ def plot_bytes(analysis: Analysis, frame, dtype: str, layout: str, stem: Path, f
             if zero:  # 0 bytes has no place on a log axis: marked on its floor (the axis' lower edge)
                 ax.plot(zero, [0.0] * len(zero), ls="none", marker="v", ms=6, color=style(v).color, clip_on=False,
                         transform=ax.get_xaxis_transform(), label=f"{v}: 0 bytes (on the axis floor)")
-        ax.plot(seq, np.ceil(seq / page_size) * ITEMSIZE[dtype], color="black", ls="--", lw=1, zorder=5,
+        ax.plot(seq, paged_bytes(seq, page_size, ITEMSIZE[dtype]), color="black", ls="--", lw=1, zorder=5,
                 label="ideal ceil(seq_len/page_size)*itemsize")
         log_x(ax)
         ax.set_yscale("log")
