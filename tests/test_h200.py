@@ -137,7 +137,9 @@ def test_what_to_do_has_four_recommendations_each_citable(h200, capsys):
 
     assert what_to_do(h200).endswith("Not set against what it would replace in this run: Choose by length: the "
                                      "`adaptive` variant, device stride from its threshold on, host stride below it "
-                                     "and at page size 1 (no rows of it here).")
+                                     "and at page size 1 (no rows of it here); Stage a hybrid model's payloads: one "
+                                     "D2H per step, read by the transfer worker (no host sync on the scheduler "
+                                     "thread), instead of a D2H and host sync per payload (no rows of it here).")
 
 
 def test_a_recommendation_says_where_else_its_verdict_differs(h200, capsys):

@@ -15,8 +15,10 @@ import torch
 from test_report import cuda_labelled
 from torch.overrides import TorchFunctionMode
 
+from kvpages.analysis.citations import cite
 from kvpages.analysis.findings import findings
 from kvpages.analysis.ratios import analyze
+from kvpages.analysis.recommend import recommendations
 from kvpages.analysis.wording import CELL_CHARS, MEASURED, MODEL
 from kvpages.core.names import STEP_BASELINE, STEP_CANDIDATE
 from kvpages.core.options import BenchOptions
@@ -189,22 +191,29 @@ def test_a_hybrid_step_writes_its_strategies_rows_and_the_reports_finding(steps_
     assert "blocked = ready" in hybrid.loc[STAGED, "note"] and "--kv-payloads hybrid --kv-swa-window 512" in hybrid.loc[
         STAGED, "repro"]
     assert set(frame[frame["payloads"] == "full"]["variant"]).isdisjoint({GATHERED, STAGED})
-    report = render(analyze(load_run(folder)))
+    analysis = analyze(load_run(folder))
+    report = render(analysis)
     [finding] = [line for line in report.splitlines() if line.startswith("| Per step, payloads hybrid |")]
     for said in ("B=4, p=64, hybrid: per payload 12 D2H/12 syncs, per request 4/4, batched 1/1, staged 1/0 (metered)",
                  "predicted scheduler-thread time vs per payload's: per request ", "Blocked equals ready here",
                  "model: pcie5_pageable "):
         assert said in finding, said
-    [cpu] = [f for f in findings(analyze(load_run(folder))) if f.question == "Per step, payloads hybrid"]
+    [cpu] = [f for f in findings(analysis) if f.question == "Per step, payloads hybrid"]
     assert max(len(cpu.answer), len(cpu.figure)) <= CELL_CHARS and cpu.status == MODEL
+    # its row: staging against per payload, as its figure (not the staged step against pre-PR), which cite prints
+    assert cpu.id == "rec-stage-payloads" and f"; on a GPU box, {cpu.figure}; rows " in cite(analysis, cpu.id)
     assert "### A hybrid model's payloads" in report
     # relabelled as a CUDA run that crossed PCIe, each row's link as a GPU's meter reads it (staging copies into pinned
     # memory, the rest .cpu() into pageable): the finding is measured, each strategy against per payload
     frame["link"] = ["pcie pinned" if v == STAGED else "pcie pageable" for v in frame["variant"]]
     frame.to_csv(folder / "scenarios.csv", index=False)
-    [measured] = [f for f in findings(analyze(load_run(cuda_labelled(folder)))) if f.question == "Per step, payloads hybrid"]
+    on_cuda = analyze(load_run(cuda_labelled(folder)))
+    [measured] = [f for f in findings(on_cuda) if f.question == "Per step, payloads hybrid"]
     assert measured.status == MEASURED and "measured blocked time vs per payload's: per request " in (
-        measured.answer) and measured.id.endswith(":staged_device_stride") and "interval" in measured.figure
+        measured.answer) and "interval" in measured.figure
+    [staging] = [r for r in recommendations(on_cuda) if r.id == measured.id]  # the same pair, judged
+    assert (staging.id, staging.candidate, staging.against) == ("rec-stage-payloads", STAGED, STEP_CANDIDATE)
+    assert measured.figure.startswith(f"{staging.gain}, ") and staging.basis == "measured here"
     assert max(len(measured.answer), len(measured.figure)) <= CELL_CHARS
 
 

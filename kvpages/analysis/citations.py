@@ -10,7 +10,7 @@ from collections.abc import Callable
 from kvpages.analysis.cite import CiteError, commit_text, interval_of, interval_text
 from kvpages.analysis.predict import Prediction, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis
-from kvpages.analysis.recommend import recommendations
+from kvpages.analysis.recommend import modelled, recommendations
 from kvpages.analysis.wording import bytes_figure, predicted_figure, verdict_text
 from kvpages.core.names import label
 
@@ -58,8 +58,9 @@ def cite(analysis: Analysis, row_id: str) -> str:
     for rec in recommendations(analysis):
         if rec.id == row_id:
             done = "recommended" if rec.recommended else "not recommended"
+            model = _modelled(analysis, functools.partial(modelled, analysis, rec.id))
             return (f"{rec.id}: {rec.action}: {label(rec.candidate)} / {label(rec.against)} {rec.where} = "
-                    f"{rec.gain}, {rec.basis} ({rec.verdict}): {done}; "
+                    f"{rec.gain}, {rec.basis} ({rec.verdict}): {done}{model}; "
                     f"rows {rec.cites}{f'; another size of {rec.of}' if rec.of else ''}; {where}")
     ids = all_ids(analysis)
     close = difflib.get_close_matches(row_id, ids, n=1)

@@ -17,7 +17,7 @@ from kvpages.analysis.gpu_answer import GpuAnswer, on_answer
 from kvpages.analysis.hybrid import hybrid_findings
 from kvpages.analysis.predict import crossover, fitted_check, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis, Crossover
-from kvpages.analysis.recommend import PINNED, SHORTCUT
+from kvpages.analysis.recommend import PINNED, SHORTCUT, staged_rows
 from kvpages.analysis.verdicts import DISTURBED, FASTER, SAME, SLOWER
 from kvpages.analysis.wording import (
     MEASURED,
@@ -334,7 +334,7 @@ def _findings(analysis: Analysis, gpu: GpuAnswer | None) -> tuple[Finding, ...]:
                 _scenario(analysis, gpu, "Per request: prefill chunks", "request", STEP_CANDIDATE, "prefill"),
                 _scenario(analysis, gpu, "Per request: decode", "request", STEP_CANDIDATE, "decode"),
                 _scenario(analysis, gpu, "Per step, one D2H per request", "step", STEP_CANDIDATE, None),
-                *hybrid_findings(analysis)]
+                *hybrid_findings(analysis, staged_rows(analysis))]
     else:  # against another baseline: SGLang's own functions, then the merged PR and pre-PR
         timed = {r.variant for r in analysis.ratios}
         subjects = sorted(v for v in timed if v.startswith(PREFIX)) + [v for v in (CANDIDATE, BASELINE) if v in timed]

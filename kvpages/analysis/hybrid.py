@@ -62,7 +62,7 @@ def cost(analysis: Analysis, row: Record) -> Cost | None:
                 host)
 
 
-def predictions(analysis: Analysis, row: Record, today: Record, ready: bool = False) -> tuple[Prediction, ...]:
+def strategy_predictions(analysis: Analysis, row: Record, today: Record, ready: bool = False) -> tuple[Prediction, ...]:
     """`row`'s scheduler-thread time (`ready`: its ready time) against per payload's, on every prediction profile; ()
     where either cannot be priced."""
     mine, base = cost(analysis, row), cost(analysis, today)
@@ -105,7 +105,7 @@ def _moved(at: dict[str, Record], shown: list[str]) -> str:
 def _predicted(analysis: Analysis, at: dict[str, Record],
                others: list[str]) -> tuple[str, str, tuple[Prediction, ...]]:
     today = at[TODAY]
-    found = {v: predictions(analysis, at[v], today) for v in others}
+    found = {v: strategy_predictions(analysis, at[v], today) for v in others}
     ranges = ", ".join(f"{STRATEGIES[v].said} {predicted_range(found[v], False)}" for v in others)
     answer = f"predicted scheduler-thread time vs per payload's: {ranges} (model). Blocked equals ready here"
     cited = STAGED if STAGED in found else others[-1]
@@ -134,10 +134,12 @@ def _behind_queue(analysis: Analysis, scenario: str) -> str:
     return f"; behind the busy queue per payload {sig(times[TODAY])} µs, staged {sig(times[STAGED])} µs"
 
 
-def hybrid_findings(analysis: Analysis) -> tuple[Finding, ...]:
+def hybrid_findings(analysis: Analysis, staged_rows: dict[str, str]) -> tuple[Finding, ...]:
     """Per payload preset beyond the main KV: what each strategy's request or step moves (metered) and costs against
     per payload, SGLang today (modelled on a CPU run, measured on a CUDA run; module doc); the detail: the report's
-    hybrid table (kvpages.render.hybrid)."""
+    hybrid table (kvpages.render.hybrid). Its row id: the row of recommendations.csv that sets the staged strategy
+    against per payload there, as its figure does (`staged_rows`: by scenario, kvpages.analysis.recommend), else the
+    scenario row of the strategy it quotes (against pre-PR)."""
     made = []
     for payloads, at in hybrid_rows(analysis).items():
         others = [v for v in STRATEGIES if v in at and v != TODAY and STRATEGIES[v].on_device]
@@ -145,8 +147,8 @@ def hybrid_findings(analysis: Analysis) -> tuple[Finding, ...]:
             continue
         today = at[TODAY]
         answer, figure, quoted = (_measured if analysis.run.link_crossed else _predicted)(analysis, at, others)
-        cited = at.get(STAGED, at[others[-1]])
+        cited = staged_rows.get(str(today["scenario"])) or str(at.get(STAGED, at[others[-1]])["id"])
         made.append(Finding(f"Per {today['kind']}, payloads {payloads}",
-                            f"{_what(today)}: {_moved(at, [TODAY, *others])}; {answer}.", figure, str(cited["id"]),
+                            f"{_what(today)}: {_moved(at, [TODAY, *others])}; {answer}.", figure, cited,
                             MEASURED if analysis.run.link_crossed else MODEL, predictions=quoted))
     return tuple(made)

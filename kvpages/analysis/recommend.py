@@ -7,24 +7,28 @@ one rule (no torch; docs/method.md, "What to do"):
 - predicted, on a CPU run: *recommended (predicted)* when every prediction profile puts the candidate below the merged
   PR there; the gain is the range of those predictions (the link model; the host-side ratio is not a gain).
 
+A step is set by its scheduler thread's time (blocked): on a CPU run the staged strategy of a hybrid model's payloads,
+which waits on no host sync, is priced as kvpages.analysis.hybrid prices it (its launches alone); every other candidate
+waits for its copies, and its price is its ready time.
+
 A candidate that does not pass is listed too, with its figure, so the section shows what was weighed."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvpages.analysis.cite import sig
 from kvpages.analysis.families import Record, point_estimate, scenario_estimate
+from kvpages.analysis.hybrid import TODAY, hybrid_rows, strategy_predictions
 from kvpages.analysis.pairs import PairEstimate
 from kvpages.analysis.predict import Prediction, predict, row_call, scenario_rows
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.verdicts import FASTER, judge_family
 from kvpages.analysis.wording import verdicts_along
 from kvpages.core.adaptive import ADAPTIVE
-from kvpages.core.links import LinkProfile
 from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, STEP_CANDIDATE, per_request_name
-from kvpages.core.payloads import DEFAULT_PAYLOADS
+from kvpages.core.payloads import DEFAULT_PAYLOADS, STAGED
 from kvpages.core.stats import Interval
 from kvpages.core.sweep import DTYPES, LAYOUTS
 
@@ -44,6 +48,7 @@ class Setting:
     scenario: str = ""
     said: str = ""  # 'per call at p=1, L=512', 'a B=128 step at p=64'
     requests: int = 0  # a scenario's: its step's B
+    staged: bool = False  # priced by the scheduler thread's time (a staged strategy: module doc)
 
     @property
     def size(self) -> tuple[str, int]:
@@ -123,6 +128,14 @@ def _default_step(row: Record, page_size: int) -> bool:
             and row["payloads"] == DEFAULT_PAYLOADS)
 
 
+def _staged(analysis: Analysis) -> list[Setting]:
+    """Each payload preset's step (kvpages.analysis.hybrid.hybrid_rows: its largest) where the staged strategy and
+    per payload were both timed."""
+    return [Setting(STAGED, TODAY, int(row["page_size"]), scenario=str(row["scenario"]), requests=int(row["requests"]),
+                    said=f"a B={row['requests']} step at p={row['page_size']}, payloads {payloads}", staged=True)
+            for payloads, at in hybrid_rows(analysis).items() if STAGED in at and (row := at[TODAY])["kind"] == "step"]
+
+
 def _main_p(analysis: Analysis) -> int:
     """The page size a recommendation is shown at: 64 (the default steps') where swept, else the largest."""
     swept = {r.page_size for r in analysis.ratios_of(CANDIDATE)}
@@ -146,6 +159,9 @@ CANDIDATES = (
                                   "host-side block ids)",
                lambda a: _step(a, per_request_name(FLOOR), STEP_CANDIDATE, 64) + _points(a, FLOOR, CANDIDATE,
                                                                                         lambda p, L: True)),
+    _Candidate("stage-payloads", "Stage a hybrid model's payloads: one D2H per step, read by the transfer worker (no "
+                                 "host sync on the scheduler thread), instead of a D2H and host sync per payload",
+               _staged),
 )
 
 
@@ -157,7 +173,11 @@ def _measured(analysis: Analysis, s: Setting) -> PairEstimate | None:
 
 
 def _predicted(analysis: Analysis, s: Setting) -> tuple[Prediction, ...]:
-    """The candidate against what it replaces on every prediction profile; () where either cannot be priced."""
+    """The candidate against what it replaces on every prediction profile (the what-if pinned ones too: the
+    pageable ones alone decide, `_judge`); () where either cannot be priced."""
+    if s.staged:
+        timed = scenario_rows(analysis)[s.scenario]
+        return strategy_predictions(analysis, timed[s.candidate], timed[s.against])
     if s.seq_len is not None:
         found = [analysis.row_at(v, DTYPE, LAYOUT, s.page_size, s.seq_len) for v in (s.candidate, s.against)]
         calls = [None if row is None else row_call(analysis, v, row, 1) for v, row in zip((s.candidate, s.against),
@@ -168,12 +188,7 @@ def _predicted(analysis: Analysis, s: Setting) -> tuple[Prediction, ...]:
                  for v, row in zip((s.candidate, s.against), steps, strict=True)]
     if calls[0] is None or calls[1] is None:
         return ()
-    return tuple(predict(p, (calls[0], calls[1])) for p in _pageable(analysis.predicting))
-
-
-def _pageable(profiles: tuple[LinkProfile, ...]) -> tuple[LinkProfile, ...]:
-    """The profiles `.cpu()` copies over (a what-if pinned profile does not decide a recommendation)."""
-    return tuple(p for p in profiles if not p.pinned)
+    return tuple(predict(p, (calls[0], calls[1])) for p in analysis.predicting)
 
 
 def _cites(analysis: Analysis, s: Setting) -> str:
@@ -188,17 +203,41 @@ def _cites(analysis: Analysis, s: Setting) -> str:
     return " ".join(i for i in ids if i)
 
 
+@dataclass(frozen=True)
+class _Made:
+    """A run's recommendations, each row's setting and (a CPU run's) predictions on every profile, by row id."""
+
+    rows: tuple[Recommendation, ...] = ()
+    settings: dict[str, Setting] = field(default_factory=dict)
+    predictions: dict[str, tuple[Prediction, ...]] = field(default_factory=dict)
+
+
 def recommendations(analysis: Analysis) -> tuple[Recommendation, ...]:
     """Every candidate at its first setting where the run can set it against what it replaces (module doc); made once
     per run and baseline (the report, its CSV and the findings cite them)."""
+    return _made(analysis).rows
+
+
+def modelled(analysis: Analysis, row_id: str) -> tuple[Prediction, ...]:
+    """A recommendation's candidate against what it replaces on every prediction profile (its predicted gain is over
+    the pageable ones), as a finding quotes it; () on a run that crossed a link, or for no such row."""
+    return _made(analysis).predictions.get(row_id, ())
+
+
+def staged_rows(analysis: Analysis) -> dict[str, str]:
+    """The staged strategy's recommendation row ids, by scenario (a hybrid finding cites them: kvpages.analysis.hybrid)."""
+    return {s.scenario: i for i, s in _made(analysis).settings.items() if s.staged}
+
+
+def _made(analysis: Analysis) -> _Made:
     return analysis.run.cached(("recommendations", analysis.baseline), lambda: _recommendations(analysis))
 
 
-def _recommendations(analysis: Analysis) -> tuple[Recommendation, ...]:
+def _recommendations(analysis: Analysis) -> _Made:
     """Each candidate's row at its first setting, then one row per other size of that setting's kind and page size
     (`Recommendation.of`: the rows `along` words, so that each of its verdicts has a row of its own to cite)."""
     if analysis.baseline != BASELINE:
-        return ()
+        return _Made()
     chosen = [(c, settings) for c in CANDIDATES if (settings := c.settings(analysis))]
     heads = _judge(analysis, [ss[0] for _, ss in chosen])
     own, others = [], []
@@ -211,13 +250,15 @@ def _recommendations(analysis: Analysis) -> tuple[Recommendation, ...]:
         along = ("" if all(j.verdict == head.verdict for j in judged)
                  else verdicts_along([(j.setting.size[1], j.verdict) for j in judged], first.size[0]))
         key = f"rec-{c.key}"
-        own.append(head.row(analysis, key, c.action, along=along))
+        own.append((head, head.row(analysis, key, c.action, along=along)))
         judged.sort(key=lambda j: j.setting.size[1])
         sizes = [f"{j.setting.size[0][0]}{j.setting.size[1]}" for j in judged]
         unique = len(set(sizes)) == len(sizes)  # two steps of one B (other distributions): named by their scenario
-        others += [j.row(analysis, f"{key}-{size if unique else j.setting.scenario}", c.action, of=key)
+        others += [(j, j.row(analysis, f"{key}-{size if unique else j.setting.scenario}", c.action, of=key))
                    for j, size in zip(judged, sizes, strict=True)]
-    return tuple(own + others)
+    made = own + others
+    return _Made(tuple(r for _, r in made), {r.id: j.setting for j, r in made},
+                 {r.id: j.predictions for j, r in made if j.predictions})
 
 
 @dataclass(frozen=True)
@@ -228,6 +269,7 @@ class _Judged:
     interval: Interval
     verdict: str
     measured: bool
+    predictions: tuple[Prediction, ...] = ()  # predicted: on every profile
 
     def row(self, analysis: Analysis, id: str, action: str, along: str = "", of: str = "") -> Recommendation:
         s, i = self.setting, self.interval
@@ -248,14 +290,15 @@ def _judge(analysis: Analysis, settings: list[Setting]) -> list[_Judged | None]:
                 for s, e in zip(settings, found, strict=True)]
     out: list[_Judged | None] = []
     for s in settings:
-        predictions = _predicted(analysis, s)
+        every = _predicted(analysis, s)
+        predictions = tuple(p for p in every if not p.profile.pinned)  # what `.cpu()` copies over decides
         if not predictions:
             out.append(None)
             continue
         ratios = sorted(p.ratio for p in predictions)
         interval = Interval(ratios[len(ratios) // 2], min(p.low for p in predictions), max(p.high for p in predictions),
                             len(predictions), float("nan"), "profile")
-        out.append(_Judged(s, interval, _said(_below(predictions)), False))
+        out.append(_Judged(s, interval, _said(_below(predictions)), False, every))
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from kvpages.analysis.cite import interval_text, sig
 from kvpages.analysis.families import Record, records, scenario_estimate
-from kvpages.analysis.hybrid import TODAY, predictions
+from kvpages.analysis.hybrid import TODAY, strategy_predictions
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.wording import profile_name
 from kvpages.core.payloads import DEFAULT_PAYLOADS, STRATEGIES
@@ -23,7 +23,7 @@ def _against(analysis: Analysis, row: Record, today: Record | None) -> list[str]
         return ["1" if row["variant"] == TODAY else "-" if found is None else interval_text(found.found.interval)]
     if today is None or row["busy_us"] or row["variant"] == TODAY:
         return ["-" if today is None or row["busy_us"] else "1"] * len(analysis.predicting)
-    priced = predictions(analysis, row, today)
+    priced = strategy_predictions(analysis, row, today)
     return [f"{sig(p.ratio)} [{sig(p.low)}-{sig(p.high)}]" for p in priced] or ["not priced"] * len(analysis.predicting)
 
 

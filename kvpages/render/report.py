@@ -137,7 +137,8 @@ def findings_section(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
                   "(results/ holds it; `--gpu-run` names another). ")
     return (f"{model}Measured ratios are variant / {called(analysis.baseline)} with their {coverage(analysis)} (see "
             "Method); each id is a row of "
-            f"`{RATIOS_CSV}` (`r-...`) or `scenarios.csv` / `{SCENARIO_RATIOS_CSV}` (`req-...`, `step-...`); "
+            f"`{RATIOS_CSV}` (`r-...`), `scenarios.csv` / `{SCENARIO_RATIOS_CSV}` (`req-...`, `step-...`) or "
+            f"`{RECOMMENDATIONS_CSV}` (`rec-...`: a candidate against what it would replace, as its finding sets it); "
             "`kvpages cite <run> <id>` prints it in one line with its command.\n\n"
             + table(["question", "answer", "figure", "row id", "status"], rows))
 
