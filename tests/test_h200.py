@@ -133,6 +133,7 @@ def test_what_to_do_has_four_recommendations_each_citable(h200, capsys):
         assert main(["cite", str(H200_DEFAULT), r.id]) == 0
         line = capsys.readouterr().out
         assert line.startswith(f"{r.id}: ") and "recommended" in line and line.count("\n") == 1
+        assert "; repro: pytest bench/" in line and line.rstrip().endswith(" --kv-analyze")  # the pair, re-run together
     from kvpages.render.recommend import what_to_do  # the fifth candidate is said, with why, not dropped
 
     assert what_to_do(h200).endswith("Not set against what it would replace in this run: Choose by length: the "

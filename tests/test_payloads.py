@@ -178,7 +178,7 @@ def steps_bench(pytester: pytest.Pytester) -> pytest.Pytester:
 
 def test_a_hybrid_step_writes_its_strategies_rows_and_the_reports_finding(steps_bench):
     result = steps_bench.runpytest(*FAST, "--kv-step-sizes", "4", "--kv-step-lens", "fixed:2048", "--kv-page-sizes", "64",
-                                   "--kv-payloads", "full,hybrid", "--kv-swa-window", "512", "--kv-analyze")
+                                   "--kv-payloads", "full,swa,hybrid", "--kv-swa-window", "512", "--kv-analyze")
     assert result.ret == 0, result.stdout.str()[-3000:]
     [folder] = list((steps_bench.path / "results").iterdir())
     frame = pd.read_csv(folder / "scenarios.csv")
@@ -202,6 +202,11 @@ def test_a_hybrid_step_writes_its_strategies_rows_and_the_reports_finding(steps_
     assert max(len(cpu.answer), len(cpu.figure)) <= CELL_CHARS and cpu.status == MODEL
     # its row: staging against per payload, as its figure (not the staged step against pre-PR), which cite prints
     assert cpu.id == "rec-stage-payloads" and f"; on a GPU box, {cpu.figure}; rows " in cite(analysis, cpu.id)
+    # staging is set on the hybrid preset alone: the swa step's finding cites its staged row against pre-PR, and says so
+    assert [r.id for r in recommendations(analysis) if r.candidate == STAGED] == ["rec-stage-payloads"]
+    [swa] = [f for f in findings(analysis) if f.question == "Per step, payloads swa"]
+    assert swa.id.endswith("-swa-w512:staged_device_stride") and "The figure: staged against pre-PR per payload" in swa.answer
+    assert f"; on a GPU box, {swa.figure}; " in cite(analysis, swa.id) and max(len(swa.answer), len(swa.figure)) <= CELL_CHARS
     assert "### A hybrid model's payloads" in report
     # relabelled as a CUDA run that crossed PCIe, each row's link as a GPU's meter reads it (staging copies into pinned
     # memory, the rest .cpu() into pageable): the finding is measured, each strategy against per payload
@@ -214,6 +219,8 @@ def test_a_hybrid_step_writes_its_strategies_rows_and_the_reports_finding(steps_
     [staging] = [r for r in recommendations(on_cuda) if r.id == measured.id]  # the same pair, judged
     assert (staging.id, staging.candidate, staging.against) == ("rec-stage-payloads", STAGED, STEP_CANDIDATE)
     assert measured.figure.startswith(f"{staging.gain}, ") and staging.basis == "measured here"
+    [swa_measured] = [f for f in findings(on_cuda) if f.question == "Per step, payloads swa"]
+    assert f"blocked = {swa_measured.figure} (" in cite(on_cuda, swa_measured.id)  # its row against pre-PR, as cited
     assert max(len(measured.answer), len(measured.figure)) <= CELL_CHARS
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import shlex
@@ -21,6 +22,7 @@ from kvpages.analysis.wording import figure as figure_of
 from kvpages.core.names import LABELS, label
 from kvpages.core.options import OPTIONS, BenchOptions
 from kvpages.core.stats import Interval
+from kvpages.schema.beside import gpu_run_beside
 from kvpages.schema.reader import load_run
 from kvpages.schema.rows import ratio_id, scenario_row_id
 
@@ -125,10 +127,13 @@ def test_cite_reproduces_a_finding_in_one_line_and_refuses_a_bad_id(reference):
     report = (reference / "REPORT.md").read_text()
     quoted = findings_rows(report)[1:4]  # page size 1, the crossover, a prefill request: each a model figure here
     row_ids = [row_id for _, _, _, row_id, _ in quoted]
-    *cited, unknown, listed, bad = cli_each(*(["cite", str(reference), row_id.strip("`")] for row_id in row_ids),
-                                            ["cite", str(reference), "r-device_stride-s999-p64-int32-fragmented"],
-                                            ["cite", str(reference), "--list"],
-                                            ["cite", str(reference.parent / "nope"), "r-x"])
+    committed = reference_runs()[-1]  # beside the CUDA run its report quotes (the copy is alone in its folder)
+    on_gpu = next(row_id.strip("`") for _, _, _, row_id, status in findings_rows((committed / "REPORT.md").read_text())
+                  if status.startswith("needs a GPU run; measured on"))  # the busy queue's: the GPU run's row, by its id
+    *cited, unknown, listed, bad, elsewhere = cli_each(
+        *(["cite", str(reference), row_id.strip("`")] for row_id in row_ids),
+        ["cite", str(reference), "r-device_stride-s999-p64-int32-fragmented"], ["cite", str(reference), "--list"],
+        ["cite", str(reference.parent / "nope"), "r-x"], ["cite", str(committed), on_gpu])
     for row_id, done in zip(row_ids, cited, strict=True):
         assert done.returncode == 0, done.stderr
         r = pd.read_csv(reference / "ratios.csv").set_index("id").loc[row_id.strip("`")] if row_id.startswith("`r-") \
@@ -142,6 +147,10 @@ def test_cite_reproduces_a_finding_in_one_line_and_refuses_a_bad_id(reference):
     assert "did you mean r-device_stride-s" in unknown.stderr and "--list" in unknown.stderr
     assert listed.returncode == 0 and "r-device_stride-s8192-p64-int32-fragmented" in listed.stdout.split()
     assert bad.returncode == 2 and "no such file or folder" in bad.stderr
+    gpu_run = gpu_run_beside(committed)  # the run its report quotes: where to cite that row
+    assert gpu_run is not None
+    assert elsewhere.returncode == 2 and elsewhere.stderr.count("\n") == 1, elsewhere.stderr
+    assert f"is a row of run {gpu_run.name}" in elsewhere.stderr and f"`kvpages cite {gpu_run} {on_gpu}`" in elsewhere.stderr
 
 
 @needs_reference
@@ -389,6 +398,15 @@ def test_the_appendix_lists_the_predictions_each_finding_quotes_and_no_others(re
         for p, row in zip(f.predictions, rows, strict=True):
             assert f"{p.profile.name}{' (what-if)' if p.profile.pinned else ''} {sig(p.ratio)} [" in f.figure
             assert f"| {sig(p.ratio)} [" in row, (f.question, row)
+
+
+def test_a_measured_gain_of_a_pair_without_an_interval_says_so():
+    """A pair of one repetition has no interval (kept as [0, inf]): its gain says so, as a finding's figure does."""
+    from kvpages.analysis.recommend import MEASURED, Recommendation
+
+    alone = Recommendation("rec-x", "do", "here", "a", "b", 1.16, 0.0, math.inf, False, MEASURED, "unclear", "")
+    assert alone.gain == "1.16 (no interval)"
+    assert dataclasses.replace(alone, ci_high=1.42).gain == "1.16 [0, 1.42]"
 
 
 def test_findings_and_recommendations_made_once_per_baseline_of_one_loaded_run():

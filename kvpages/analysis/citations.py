@@ -8,9 +8,10 @@ import functools
 from collections.abc import Callable
 
 from kvpages.analysis.cite import CiteError, commit_text, interval_of, interval_text
+from kvpages.analysis.gpu_answer import gpu_answer
 from kvpages.analysis.predict import Prediction, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis
-from kvpages.analysis.recommend import modelled, recommendations
+from kvpages.analysis.recommend import recommendation_predictions, recommendation_repro, recommendations
 from kvpages.analysis.wording import bytes_figure, predicted_figure, verdict_text
 from kvpages.core.names import label
 
@@ -58,11 +59,17 @@ def cite(analysis: Analysis, row_id: str) -> str:
     for rec in recommendations(analysis):
         if rec.id == row_id:
             done = "recommended" if rec.recommended else "not recommended"
-            model = _modelled(analysis, functools.partial(modelled, analysis, rec.id))
+            model = _modelled(analysis, functools.partial(recommendation_predictions, analysis, rec.id))
+            repro = recommendation_repro(analysis, rec.id)
             return (f"{rec.id}: {rec.action}: {label(rec.candidate)} / {label(rec.against)} {rec.where} = "
                     f"{rec.gain}, {rec.basis} ({rec.verdict}): {done}{model}; "
-                    f"rows {rec.cites}{f'; another size of {rec.of}' if rec.of else ''}; {where}")
+                    f"rows {rec.cites}{f'; another size of {rec.of}' if rec.of else ''}; {where}"
+                    f"{f'; repro: {repro}' if repro else ''}")
     ids = all_ids(analysis)
+    gpu = gpu_answer(analysis)  # a CPU run's report quotes rows of the CUDA run beside it by their ids
+    if gpu is not None and row_id in all_ids(gpu.analysis):
+        raise CiteError(f"{row_id!r} is a row of run {gpu.run_id}, the GPU run {analysis.run.run_id}'s report quotes, "
+                        f"not of this run: `kvpages cite {gpu.analysis.run.path} {row_id}`")
     close = difflib.get_close_matches(row_id, ids, n=1)
     hint = f"did you mean {close[0]}? " if close else ""
     raise CiteError(f"{row_id!r} is not a row id of run {analysis.run.run_id}; {hint}"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from kvpages.analysis.cite import interval_text, sig
 from kvpages.analysis.families import Record, records, scenario_estimate
 from kvpages.analysis.hostwork import scenario_host_work
-from kvpages.analysis.predict import Prediction, predict_prices
+from kvpages.analysis.predict import Prediction, predict_prices, scenario_predictions
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.wording import MEASURED, MODEL, Finding, predicted_figure, predicted_range
 from kvpages.core.links import LinkProfile
@@ -89,8 +89,9 @@ def hybrid_rows(analysis: Analysis) -> dict[str, dict[str, Record]]:
 
 
 def _what(row: Record) -> str:
-    """'B=32, p=64, hybrid' (a step) or 'prefill L=32768, p=64, hybrid' (a request)."""
-    size = f"B={row['requests']}" if row["kind"] == "step" else f"{row['side']} L={row['tokens']}"
+    """'B=32, p=64, hybrid' (a step) or 'prefill, 4608 tokens over its payloads, p=64, hybrid' (a request: `tokens`
+    sums every payload's conversions, not the prompt's length)."""
+    size = f"B={row['requests']}" if row["kind"] == "step" else f"{row['side']}, {row['tokens']} tokens over its payloads"
     return f"{size}, p={row['page_size']}, {row['payloads']}"
 
 
@@ -102,25 +103,37 @@ def _moved(at: dict[str, Record], shown: list[str]) -> str:
     return ", ".join(said) + " (metered)"
 
 
-def _predicted(analysis: Analysis, at: dict[str, Record],
-               others: list[str]) -> tuple[str, str, tuple[Prediction, ...]]:
+def _predicted(analysis: Analysis, at: dict[str, Record], others: list[str]) -> tuple[str, str, tuple[Prediction, ...]]:
+    """The answer, and the staged strategy's figure against per payload with the predictions it quotes."""
     today = at[TODAY]
     found = {v: strategy_predictions(analysis, at[v], today) for v in others}
     ranges = ", ".join(f"{STRATEGIES[v].said} {predicted_range(found[v], False)}" for v in others)
     answer = f"predicted scheduler-thread time vs per payload's: {ranges} (model). Blocked equals ready here"
-    cited = STAGED if STAGED in found else others[-1]
-    return answer, predicted_figure(found[cited]), found[cited]
+    staged = found.get(STAGED, ())
+    return answer, predicted_figure(staged), staged
 
 
-def _measured(analysis: Analysis, at: dict[str, Record],
-              others: list[str]) -> tuple[str, str, tuple[Prediction, ...]]:
+def _measured(analysis: Analysis, at: dict[str, Record], others: list[str]) -> tuple[str, str, tuple[Prediction, ...]]:
+    """The answer, and the staged strategy's figure against per payload (no predictions)."""
     scenario = str(at[TODAY]["scenario"])
     pairs = {v: scenario_estimate(analysis.run, (scenario, TODAY), (scenario, v), "blocked") for v in others}
     said = ", ".join(f"{STRATEGIES[v].said} {sig(pair.found.interval.ratio)}" for v, pair in pairs.items()
                      if pair is not None)
     answer = f"measured blocked time vs per payload's: {said or 'no pair timed'}{_behind_queue(analysis, scenario)}"
-    cited = pairs.get(STAGED) or next((p for p in pairs.values() if p is not None), None)
-    return answer, "-" if cited is None else interval_text(cited.found.interval), ()
+    staged = pairs.get(STAGED)
+    return answer, "-" if staged is None else interval_text(staged.found.interval), ()
+
+
+def _against_pre_pr(analysis: Analysis, at: dict[str, Record], strategy: str) -> tuple[str, str, tuple[Prediction, ...]]:
+    """`strategy`'s row against pre-PR per payload (scenario_ratios.csv) and the figure `kvpages cite` prints of it:
+    a finding's row and figure where no recommendation sets staging against per payload at its step."""
+    ratio = analysis.scenario_ratio(str(at[TODAY]["scenario"]), strategy, "blocked")
+    if ratio is None:
+        return str(at[strategy]["id"]), "-", ()
+    if analysis.run.link_crossed:
+        return ratio.id, interval_text(ratio.interval), ()
+    quoted = scenario_predictions(analysis, ratio)
+    return ratio.id, predicted_figure(quoted), quoted
 
 
 def _behind_queue(analysis: Analysis, scenario: str) -> str:
@@ -134,12 +147,13 @@ def _behind_queue(analysis: Analysis, scenario: str) -> str:
     return f"; behind the busy queue per payload {sig(times[TODAY])} µs, staged {sig(times[STAGED])} µs"
 
 
-def hybrid_findings(analysis: Analysis, staged_rows: dict[str, str]) -> tuple[Finding, ...]:
+def hybrid_findings(analysis: Analysis, cite_as: dict[str, str]) -> tuple[Finding, ...]:
     """Per payload preset beyond the main KV: what each strategy's request or step moves (metered) and costs against
     per payload, SGLang today (modelled on a CPU run, measured on a CUDA run; module doc); the detail: the report's
-    hybrid table (kvpages.render.hybrid). Its row id: the row of recommendations.csv that sets the staged strategy
-    against per payload there, as its figure does (`staged_rows`: by scenario, kvpages.analysis.recommend), else the
-    scenario row of the strategy it quotes (against pre-PR)."""
+    hybrid table (kvpages.render.hybrid). Its row and figure: where a row of recommendations.csv sets the staged
+    strategy against per payload there (`cite_as`: its id by scenario, kvpages.analysis.recommend.staged_rows), that
+    row and the same comparison; else the staged (or the last) strategy's row against pre-PR per payload and its
+    figure, which the answer says. Either way `kvpages cite` of the row prints the figure."""
     made = []
     for payloads, at in hybrid_rows(analysis).items():
         others = [v for v in STRATEGIES if v in at and v != TODAY and STRATEGIES[v].on_device]
@@ -147,7 +161,11 @@ def hybrid_findings(analysis: Analysis, staged_rows: dict[str, str]) -> tuple[Fi
             continue
         today = at[TODAY]
         answer, figure, quoted = (_measured if analysis.run.link_crossed else _predicted)(analysis, at, others)
-        cited = staged_rows.get(str(today["scenario"])) or str(at.get(STAGED, at[others[-1]])["id"])
+        cited = cite_as.get(str(today["scenario"]))
+        if cited is None:  # no row sets staging against per payload here: a strategy's row against pre-PR
+            strategy = STAGED if STAGED in at else others[-1]
+            cited, figure, quoted = _against_pre_pr(analysis, at, strategy)
+            answer += f". The figure: {STRATEGIES[strategy].said} against pre-PR per payload"
         made.append(Finding(f"Per {today['kind']}, payloads {payloads}",
                             f"{_what(today)}: {_moved(at, [TODAY, *others])}; {answer}.", figure, cited,
                             MEASURED if analysis.run.link_crossed else MODEL, predictions=quoted))

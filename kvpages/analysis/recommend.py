@@ -7,18 +7,19 @@ one rule (no torch; docs/method.md, "What to do"):
 - predicted, on a CPU run: *recommended (predicted)* when every prediction profile puts the candidate below the merged
   PR there; the gain is the range of those predictions (the link model; the host-side ratio is not a gain).
 
-A step is set by its scheduler thread's time (blocked): on a CPU run the staged strategy of a hybrid model's payloads,
+A step is set by its scheduler thread's time (blocked). On a CPU run the staged strategy of a hybrid model's payloads,
 which waits on no host sync, is priced as kvpages.analysis.hybrid prices it (its launches alone); every other candidate
-waits for its copies, and its price is its ready time.
+is priced by the link model's time per call, request or step (each copy waited for where it makes one).
 
 A candidate that does not pass is listed too, with its figure, so the section shows what was weighed."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvpages.analysis.cite import sig
+from kvpages.analysis.cite import pair_repro, sig
 from kvpages.analysis.families import Record, point_estimate, scenario_estimate
 from kvpages.analysis.hybrid import TODAY, hybrid_rows, strategy_predictions
 from kvpages.analysis.pairs import PairEstimate
@@ -28,7 +29,7 @@ from kvpages.analysis.verdicts import FASTER, judge_family
 from kvpages.analysis.wording import verdicts_along
 from kvpages.core.adaptive import ADAPTIVE
 from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, STEP_CANDIDATE, per_request_name
-from kvpages.core.payloads import DEFAULT_PAYLOADS, STAGED
+from kvpages.core.payloads import DEFAULT_PAYLOADS, PAYLOAD_PRESETS, STAGED
 from kvpages.core.stats import Interval
 from kvpages.core.sweep import DTYPES, LAYOUTS
 
@@ -78,10 +79,12 @@ class Recommendation:
 
     @property
     def gain(self) -> str:
-        """'0.508 [0.474, 0.543]' measured (its interval); '0.500 [0.369-0.732]' predicted (the range over the profiles
-        and their bounds, as every model figure is written)."""
+        """'0.508 [0.474, 0.543]' measured (its interval; '0.508 (no interval)' for a pair of one repetition); '0.500
+        [0.369-0.732]' predicted (the range over the profiles and their bounds, as every model figure is written)."""
         low, high = sig(self.ci_low), sig(self.ci_high)
-        return f"{sig(self.ratio)} [{low}, {high}]" if self.basis == MEASURED else f"{sig(self.ratio)} [{low}-{high}]"
+        if self.basis != MEASURED:
+            return f"{sig(self.ratio)} [{low}-{high}]"
+        return f"{sig(self.ratio)} [{low}, {high}]" if math.isfinite(self.ci_high) else f"{sig(self.ratio)} (no interval)"
 
     @property
     def others(self) -> str:
@@ -124,16 +127,34 @@ def _step(analysis: Analysis, candidate: str, against: str, page_size: int) -> l
 
 def _default_step(row: Record, page_size: int) -> bool:
     """A step of page size `page_size` on an idle queue with the default payloads."""
+    return _idle_step(row, page_size, DEFAULT_PAYLOADS)
+
+
+def _idle_step(row: Record, page_size: int, payloads: str) -> bool:
+    """A step of page size `page_size` on an idle queue with the payloads `payloads`."""
     return (row["kind"] == "step" and row["busy_us"] == 0 and row["page_size"] == page_size and row["dtype"] == DTYPE
-            and row["payloads"] == DEFAULT_PAYLOADS)
+            and row["payloads"] == payloads)
+
+
+STAGED_PRESET = "hybrid"
+"""The payload preset the staging candidate is set on where the run has it; else the first of PAYLOAD_PRESETS it has."""
 
 
 def _staged(analysis: Analysis) -> list[Setting]:
-    """Each payload preset's step (kvpages.analysis.hybrid.hybrid_rows: its largest) where the staged strategy and
-    per payload were both timed."""
+    """The staged strategy against per payload on one payload preset's idle-queue steps (`STAGED_PRESET`): first the
+    step its finding quotes (kvpages.analysis.hybrid.hybrid_rows), then its other steps, largest first (its other
+    sizes); none where that step did not time the staged strategy. Another preset's finding cites its own rows."""
+    chosen = hybrid_rows(analysis)
+    preset = STAGED_PRESET if STAGED_PRESET in chosen else next((p for p in PAYLOAD_PRESETS if p in chosen), None)
+    if preset is None or STAGED not in chosen[preset] or chosen[preset][TODAY]["kind"] != "step":
+        return []
+    first = chosen[preset][TODAY]
+    others = sorted((at[TODAY] for at in scenario_rows(analysis).values() if STAGED in at and TODAY in at
+                     and _idle_step(at[TODAY], int(first["page_size"]), preset)
+                     and at[TODAY]["scenario"] != first["scenario"]), key=lambda r: r["requests"], reverse=True)
     return [Setting(STAGED, TODAY, int(row["page_size"]), scenario=str(row["scenario"]), requests=int(row["requests"]),
-                    said=f"a B={row['requests']} step at p={row['page_size']}, payloads {payloads}", staged=True)
-            for payloads, at in hybrid_rows(analysis).items() if STAGED in at and (row := at[TODAY])["kind"] == "step"]
+                    said=f"a B={row['requests']} step at p={row['page_size']}, payloads {preset}", staged=True)
+            for row in (first, *others)]
 
 
 def _main_p(analysis: Analysis) -> int:
@@ -218,10 +239,21 @@ def recommendations(analysis: Analysis) -> tuple[Recommendation, ...]:
     return _made(analysis).rows
 
 
-def modelled(analysis: Analysis, row_id: str) -> tuple[Prediction, ...]:
+def recommendation_predictions(analysis: Analysis, row_id: str) -> tuple[Prediction, ...]:
     """A recommendation's candidate against what it replaces on every prediction profile (its predicted gain is over
     the pageable ones), as a finding quotes it; () on a run that crossed a link, or for no such row."""
     return _made(analysis).predictions.get(row_id, ())
+
+
+def recommendation_repro(analysis: Analysis, row_id: str) -> str:
+    """The command that re-runs a recommendation's candidate and what it replaces together, interleaved
+    (`pair_repro` of the candidate's row); '' where there is none."""
+    s = _made(analysis).settings.get(row_id)
+    if s is None:
+        return ""
+    row = (analysis.row_at(s.candidate, DTYPE, LAYOUT, s.page_size, s.seq_len) if s.seq_len is not None
+           else scenario_rows(analysis)[s.scenario].get(s.candidate))
+    return "" if row is None else pair_repro(str(row["repro"]), s.candidate, s.against)
 
 
 def staged_rows(analysis: Analysis) -> dict[str, str]:
