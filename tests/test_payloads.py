@@ -205,7 +205,7 @@ def test_a_hybrid_step_writes_its_strategies_rows_and_the_reports_finding(steps_
     # staging is set on the hybrid preset alone: the swa step's finding cites its staged row against pre-PR, and says so
     assert [r.id for r in recommendations(analysis) if r.candidate == STAGED] == ["rec-stage-payloads"]
     [swa] = [f for f in findings(analysis) if f.question == "Per step, payloads swa"]
-    assert swa.id.endswith("-swa-w512:staged_device_stride") and "The figure: staged against pre-PR per payload" in swa.answer
+    assert swa.id.endswith("-swa-w512:staged_device_stride") and "; figure: staged / pre-PR per payload." in swa.answer
     assert f"; on a GPU box, {swa.figure}; " in cite(analysis, swa.id) and max(len(swa.answer), len(swa.figure)) <= CELL_CHARS
     assert "### A hybrid model's payloads" in report
     # relabelled as a CUDA run that crossed PCIe, each row's link as a GPU's meter reads it (staging copies into pinned

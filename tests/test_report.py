@@ -6,6 +6,7 @@ import dataclasses
 import math
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -150,7 +151,7 @@ def test_cite_reproduces_a_finding_in_one_line_and_refuses_a_bad_id(reference):
     gpu_run = gpu_run_beside(committed)  # the run its report quotes: where to cite that row
     assert gpu_run is not None
     assert elsewhere.returncode == 2 and elsewhere.stderr.count("\n") == 1, elsewhere.stderr
-    assert f"is a row of run {gpu_run.name}" in elsewhere.stderr and f"`kvpages cite {gpu_run} {on_gpu}`" in elsewhere.stderr
+    assert f"it is a row of {gpu_run.name}" in elsewhere.stderr and f"`kvpages cite {gpu_run} {on_gpu}`" in elsewhere.stderr
 
 
 @needs_reference
@@ -436,3 +437,23 @@ def test_the_bytes_caption_names_adaptive_where_it_copies_every_index(reported_r
     assert len(below) and (below["d2h_bytes"] == below["seq_len"] * 4).all()
     report = (reported_reference.path / "REPORT.md").read_text()
     assert f"and `{ADAPTIVE}` ({len(below)} of {len(mine)} points); a variant that hands over 0 bytes" in report
+
+
+def test_a_step_whose_candidate_did_not_time_leaves_that_size_out_of_its_recommendation(reported_reference, tmp_path):
+    """A candidate's row at one step that ran out of memory (no counters, so nothing to price) leaves that step out of
+    the recommendation's other sizes; the report is still made (its counters read as None raised a TypeError)."""
+    from kvpages.analysis.recommend import BATCHED, recommendations
+    from kvpages.render.report import render
+
+    run = tmp_path / reported_reference.path.name
+    shutil.copytree(reported_reference.path, run)
+    frame = pd.read_csv(run / "scenarios.csv")
+    hit = (frame["variant"] == BATCHED) & (frame["scenario"] == "step-B8-lognormal_4096_1.0_65536-p64-int32")
+    assert hit.sum() == 1
+    frame.loc[hit, "status"] = "out_of_memory"
+    frame.loc[hit, ["d2h_bytes", "d2h_transfers", "host_syncs", "device_ops"]] = None
+    frame.to_csv(run / "scenarios.csv", index=False)
+    analysis = analyze(load_run(run))
+    ids = {r.id for r in recommendations(analysis)}
+    assert {"rec-batch-per-step", "rec-batch-per-step-B32"} <= ids and "rec-batch-per-step-B8" not in ids, ids
+    assert "## What to do" in render(analysis)

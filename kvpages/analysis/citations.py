@@ -7,13 +7,13 @@ import difflib
 import functools
 from collections.abc import Callable
 
-from kvpages.analysis.cite import CiteError, commit_text, interval_of, interval_text
-from kvpages.analysis.gpu_answer import gpu_answer
-from kvpages.analysis.predict import Prediction, point_predictions, scenario_predictions
+from kvpages.analysis.cite import CiteError, commit_text, interval_of, interval_text, sig
+from kvpages.analysis.gpu_answer import GpuAnswer, gpu_answer
+from kvpages.analysis.predict import Prediction, model_over_measured, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.recommend import recommendation_predictions, recommendation_repro, recommendations
 from kvpages.analysis.wording import bytes_figure, predicted_figure, verdict_text
-from kvpages.core.names import label
+from kvpages.core.names import CANDIDATE, label
 
 
 def all_ids(analysis: Analysis) -> list[str]:
@@ -38,6 +38,15 @@ def _modelled(analysis: Analysis, predictions: Callable[[], tuple[Prediction, ..
     return f"; on a GPU box, {predicted_figure(predictions(), analysis.run.run_id)}"
 
 
+def _quoted_gpu_run(analysis: Analysis) -> GpuAnswer | None:
+    """The CUDA run a CPU run's report quotes by its rows' ids, for a hint; None where there is none or it cannot be
+    read (the hint must not turn a mistyped id into another folder's error)."""
+    try:
+        return gpu_answer(analysis)
+    except (OSError, ValueError, EOFError):  # a RunError is a ValueError
+        return None
+
+
 def cite(analysis: Analysis, row_id: str) -> str:
     """The one-line citation of a row id (module doc); CiteError names how to list the valid ones."""
     meta = analysis.run.meta
@@ -47,6 +56,9 @@ def cite(analysis: Analysis, row_id: str) -> str:
             what = (f"{label(r.variant)} / {label(r.baseline)}, L={r.seq_len} p={r.page_size} {r.dtype} {r.layout}: "
                     f"{bytes_figure(r)}; latency = {interval_text(interval_of(r))}")
             model = _modelled(analysis, functools.partial(point_predictions, analysis, r))
+            checked = model_over_measured(analysis, r) if analysis.run.link_crossed and r.variant == CANDIDATE else None
+            if checked is not None:  # what the report's "Model vs measurement" quotes of this row
+                model += f"; {checked[1].name} model / measured time of the merged PR per call {sig(checked[0])}"
             return f"{r.id}: {what} ({verdict_text(r.verdict, r.stability)}){model}; {where}; repro: {r.repro}"
     for s in analysis.scenario_ratios:
         if s.id == row_id and s.latency == "blocked":
@@ -66,10 +78,10 @@ def cite(analysis: Analysis, row_id: str) -> str:
                     f"rows {rec.cites}{f'; another size of {rec.of}' if rec.of else ''}; {where}"
                     f"{f'; repro: {repro}' if repro else ''}")
     ids = all_ids(analysis)
-    gpu = gpu_answer(analysis)  # a CPU run's report quotes rows of the CUDA run beside it by their ids
+    gpu = _quoted_gpu_run(analysis)
     if gpu is not None and row_id in all_ids(gpu.analysis):
-        raise CiteError(f"{row_id!r} is a row of run {gpu.run_id}, the GPU run {analysis.run.run_id}'s report quotes, "
-                        f"not of this run: `kvpages cite {gpu.analysis.run.path} {row_id}`")
+        raise CiteError(f"{row_id!r} is not a row of run {analysis.run.run_id}; it is a row of {gpu.run_id}, the GPU run "
+                        f"its report quotes: `kvpages cite {gpu.analysis.run.path} {row_id}`")
     close = difflib.get_close_matches(row_id, ids, n=1)
     hint = f"did you mean {close[0]}? " if close else ""
     raise CiteError(f"{row_id!r} is not a row id of run {analysis.run.run_id}; {hint}"

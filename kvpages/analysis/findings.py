@@ -6,6 +6,7 @@ the model. The best alternative is a recommendation (kvpages.analysis.recommend)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 
@@ -15,9 +16,9 @@ from kvpages.analysis.cite import sig
 from kvpages.analysis.families import ScenarioRatio
 from kvpages.analysis.gpu_answer import GpuAnswer, on_answer
 from kvpages.analysis.hybrid import hybrid_findings
-from kvpages.analysis.predict import crossover, fitted_check, point_predictions, scenario_predictions
+from kvpages.analysis.predict import crossover, fitted_check, model_over_measured, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis, Crossover
-from kvpages.analysis.recommend import PINNED, SHORTCUT, staged_rows
+from kvpages.analysis.recommend import PINNED, SHORTCUT, staging_row_ids
 from kvpages.analysis.verdicts import DISTURBED, FASTER, SAME, SLOWER
 from kvpages.analysis.wording import (
     MEASURED,
@@ -32,7 +33,6 @@ from kvpages.analysis.wording import (
     spread,
     verdicts_along,
 )
-from kvpages.core.links import profile_for
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_CANDIDATE, called, per_request_name
 from kvpages.core.payloads import DEFAULT_PAYLOADS
 from kvpages.core.sglang import PREFIX
@@ -276,14 +276,7 @@ def _pinned(analysis: Analysis, gpu: GpuAnswer | None) -> Finding | None:
 def _model_check(analysis: Analysis) -> Finding | None:
     """The model's merged PR time per call against the measured one, at every point whose link has a profile, and
     the fitted profile's merged PR / pre-PR at page size 1 against the measured ratio."""
-    pcie = analysis.run.meta.environment.pcie_link if analysis.run.meta else None
-    pairs = []
-    for r in analysis.ratios_of(CANDIDATE):
-        row = analysis.row_at(CANDIDATE, r.dtype, r.layout, r.page_size, r.seq_len)
-        profile = None if row is None else profile_for(pcie, str(row["link"]), analysis.profiles)
-        if profile is not None and row is not None:
-            modeled = profile.predicted_us(CANDIDATE, r.page_size, 1, r.variant_d2h_bytes, int(row["d2h_transfers"]), 0.0)
-            pairs.append((modeled / r.variant_median_us, r, profile))
+    pairs = [(found[0], r, found[1]) for r in analysis.ratios_of(CANDIDATE) if (found := model_over_measured(analysis, r))]
     if not pairs:
         return None
     low, high = min(p[0] for p in pairs), max(p[0] for p in pairs)
@@ -334,7 +327,7 @@ def _findings(analysis: Analysis, gpu: GpuAnswer | None) -> tuple[Finding, ...]:
                 _scenario(analysis, gpu, "Per request: prefill chunks", "request", STEP_CANDIDATE, "prefill"),
                 _scenario(analysis, gpu, "Per request: decode", "request", STEP_CANDIDATE, "decode"),
                 _scenario(analysis, gpu, "Per step, one D2H per request", "step", STEP_CANDIDATE, None),
-                *hybrid_findings(analysis, staged_rows(analysis))]
+                *hybrid_findings(analysis, staging_row_ids(analysis))]
     else:  # against another baseline: SGLang's own functions, then the merged PR and pre-PR
         timed = {r.variant for r in analysis.ratios}
         subjects = sorted(v for v in timed if v.startswith(PREFIX)) + [v for v in (CANDIDATE, BASELINE) if v in timed]
@@ -346,5 +339,21 @@ def _findings(analysis: Analysis, gpu: GpuAnswer | None) -> tuple[Finding, ...]:
         made.append(_pinned(analysis, gpu))
     if analysis.run.link_crossed:
         made.append(_model_check(analysis))
-    return tuple(f for f in made if f is not None)
+    return tuple(_against_answer(f, gpu) for f in made if f is not None)
+
+
+def _against_answer(f: Finding, gpu: GpuAnswer | None) -> Finding:
+    """`f`, its status naming each fitted profile whose predicted range (at the terms' bounds) leaves out what the GPU
+    run measured at its row: a profile fitted from that run that misses it says the model does not carry over there
+    (its host work is this CPU's; docs/method.md, "The link model")."""
+    if gpu is None or (measured := gpu.ratio(f.id)) is None:
+        return f
+    ratio, run_id = measured.interval.ratio if isinstance(measured, ScenarioRatio) else measured.ratio, gpu.run_id
+    missed = [p.profile.name + (" (fitted from that run)" if p.profile.in_sample(run_id) else "")
+              for p in f.predictions if p.profile.fitted and not p.low <= ratio <= p.high]
+    return dataclasses.replace(f, status=f"{f.status}; {OUTSIDE} {' and '.join(missed)}") if missed else f
+
+
+OUTSIDE = "outside the range of"
+"""How a CPU run's finding's status says that the GPU run's measured figure misses a fitted profile's range."""
 

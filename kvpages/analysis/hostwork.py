@@ -2,7 +2,10 @@
 mirror's slice, measured apart from the copy and never a time that already holds one, so a CUDA run's copy is
 priced once (docs/method.md, "The link model").
 
-- A variant that hands the host nothing (the host mirror): its time; no copy is inside it.
+- A variant that hands the host nothing (the host mirror): its time; no copy is inside it. A whole request or step of
+  it also copies its upkeep (the page indices allocated in the step): on a run that crossed no link its time (that
+  copy crossed nothing), on a CUDA run none (its time holds that copy). Its twin at page size 1 is no guide: there it
+  slices L entries of its table, not L/p (until 2026-12-07 the twin's time was subtracted, which left it none).
 - A variant that copies every token index and strides on the host (pre-PR; an undeclared variant the meter saw do
   the same; `adaptive` below its threshold): its time at page size p less its *twin*'s, the same slice at page size 1,
   which moved the same bytes in the same transfers and strides nothing; 0 at p = 1. A whole request or step likewise,
@@ -21,7 +24,7 @@ import numpy as np
 from kvpages.analysis.families import Record, records
 from kvpages.analysis.ratios import Analysis
 from kvpages.core.links import BY_ROW, carries_host_work
-from kvpages.core.names import per_request_of
+from kvpages.core.names import FLOOR, per_request_of
 from kvpages.schema.rows import TIMED
 
 TWIN_PAGE_SIZE = 1
@@ -72,6 +75,10 @@ def _host_work(analysis: Analysis, variant: str, row: Record, time: Callable[[],
         return HostWork(0.0, "none: it strides on the device")
     if int(row["d2h_bytes"]) == 0:
         return HostWork(time(), "its time: it copies nothing")
+    if (per_request_of(variant) or variant) == FLOOR:  # a host mirror's request or step, with its upkeep (module doc)
+        if not analysis.run.link_crossed:
+            return HostWork(time(), "its time: its upkeep's copy crossed no link here")
+        return HostWork(None, "not separable: its time holds its upkeep's copy")
     if int(row["page_size"]) == TWIN_PAGE_SIZE:
         return HostWork(0.0, "none at page size 1: no stride")
     if twin is not None and (twin["d2h_bytes"], twin["d2h_transfers"]) == (row["d2h_bytes"], row["d2h_transfers"]):

@@ -89,9 +89,9 @@ def hybrid_rows(analysis: Analysis) -> dict[str, dict[str, Record]]:
 
 
 def _what(row: Record) -> str:
-    """'B=32, p=64, hybrid' (a step) or 'prefill, 4608 tokens over its payloads, p=64, hybrid' (a request: `tokens`
-    sums every payload's conversions, not the prompt's length)."""
-    size = f"B={row['requests']}" if row["kind"] == "step" else f"{row['side']}, {row['tokens']} tokens over its payloads"
+    """'B=32, p=64, hybrid' (a step) or 'prefill 4608 tokens (all payloads), p=64, hybrid' (a request: `tokens` sums
+    every payload's conversions, not the prompt's length)."""
+    size = f"B={row['requests']}" if row["kind"] == "step" else f"{row['side']} {row['tokens']} tokens (all payloads)"
     return f"{size}, p={row['page_size']}, {row['payloads']}"
 
 
@@ -124,12 +124,14 @@ def _measured(analysis: Analysis, at: dict[str, Record], others: list[str]) -> t
     return answer, "-" if staged is None else interval_text(staged.found.interval), ()
 
 
-def _against_pre_pr(analysis: Analysis, at: dict[str, Record], strategy: str) -> tuple[str, str, tuple[Prediction, ...]]:
+def _against_pre_pr(analysis: Analysis, at: dict[str, Record],
+                    strategy: str) -> tuple[str, str, tuple[Prediction, ...]] | None:
     """`strategy`'s row against pre-PR per payload (scenario_ratios.csv) and the figure `kvpages cite` prints of it:
-    a finding's row and figure where no recommendation sets staging against per payload at its step."""
+    a finding's row and figure where no recommendation sets staging against per payload at its step; None where
+    pre-PR per payload was not timed there."""
     ratio = analysis.scenario_ratio(str(at[TODAY]["scenario"]), strategy, "blocked")
     if ratio is None:
-        return str(at[strategy]["id"]), "-", ()
+        return None
     if analysis.run.link_crossed:
         return ratio.id, interval_text(ratio.interval), ()
     quoted = scenario_predictions(analysis, ratio)
@@ -151,9 +153,10 @@ def hybrid_findings(analysis: Analysis, cite_as: dict[str, str]) -> tuple[Findin
     """Per payload preset beyond the main KV: what each strategy's request or step moves (metered) and costs against
     per payload, SGLang today (modelled on a CPU run, measured on a CUDA run; module doc); the detail: the report's
     hybrid table (kvpages.render.hybrid). Its row and figure: where a row of recommendations.csv sets the staged
-    strategy against per payload there (`cite_as`: its id by scenario, kvpages.analysis.recommend.staged_rows), that
-    row and the same comparison; else the staged (or the last) strategy's row against pre-PR per payload and its
-    figure, which the answer says. Either way `kvpages cite` of the row prints the figure."""
+    strategy against per payload there (`cite_as`: its id by scenario, kvpages.analysis.recommend.staging_row_ids),
+    that row and the same comparison; else the staged (or the last) strategy's row against pre-PR per payload and its
+    figure, which the answer says; either way `kvpages cite` of the row prints the figure's numbers. Where neither
+    row exists (pre-PR per payload not timed there), the staged figure without a row ('-')."""
     made = []
     for payloads, at in hybrid_rows(analysis).items():
         others = [v for v in STRATEGIES if v in at and v != TODAY and STRATEGIES[v].on_device]
@@ -161,11 +164,11 @@ def hybrid_findings(analysis: Analysis, cite_as: dict[str, str]) -> tuple[Findin
             continue
         today = at[TODAY]
         answer, figure, quoted = (_measured if analysis.run.link_crossed else _predicted)(analysis, at, others)
-        cited = cite_as.get(str(today["scenario"]))
-        if cited is None:  # no row sets staging against per payload here: a strategy's row against pre-PR
-            strategy = STAGED if STAGED in at else others[-1]
-            cited, figure, quoted = _against_pre_pr(analysis, at, strategy)
-            answer += f". The figure: {STRATEGIES[strategy].said} against pre-PR per payload"
+        cited = cite_as.get(str(today["scenario"]), "-")
+        strategy = STAGED if STAGED in at else others[-1]
+        if cited == "-" and (found := _against_pre_pr(analysis, at, strategy)) is not None:  # no row sets staging
+            cited, figure, quoted = found  # against per payload here: the strategy's row against pre-PR
+            answer += f"; figure: {STRATEGIES[strategy].said} / pre-PR per payload"
         made.append(Finding(f"Per {today['kind']}, payloads {payloads}",
                             f"{_what(today)}: {_moved(at, [TODAY, *others])}; {answer}.", figure, cited,
                             MEASURED if analysis.run.link_crossed else MODEL, predictions=quoted))

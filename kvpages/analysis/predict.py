@@ -16,7 +16,7 @@ from kvpages.analysis.cite import percent_up
 from kvpages.analysis.families import Record, ScenarioRatio, records
 from kvpages.analysis.hostwork import host_side, point_host_work, scenario_host_work
 from kvpages.analysis.ratios import Analysis
-from kvpages.core.links import LinkProfile, bounds_text, variations
+from kvpages.core.links import LinkProfile, bounds_text, profile_for, variations
 from kvpages.schema.rows import RatioRow
 
 Call = tuple[str, int, int, float, float, float, bool]
@@ -84,6 +84,19 @@ def point_predictions(analysis: Analysis, r: RatioRow) -> tuple[Prediction, ...]
     """`r` on every prediction profile; () where it cannot be priced (`point_calls`)."""
     calls = point_calls(analysis, r)
     return () if calls is None else tuple(predict(profile, calls) for profile in analysis.predicting)
+
+
+def model_over_measured(analysis: Analysis, r: RatioRow) -> tuple[float, LinkProfile] | None:
+    """On a run that crossed a link: `r`'s variant's modelled time per call (no host work added: the merged PR strides
+    on the device) over its measured time, on the profile of the link its row crossed; None where none matches (the
+    report's "Model vs measurement" and `kvpages cite` of its row)."""
+    row = analysis.row_at(r.variant, r.dtype, r.layout, r.page_size, r.seq_len)
+    pcie = analysis.run.meta.environment.pcie_link if analysis.run.meta else None
+    profile = None if row is None else profile_for(pcie, str(row["link"]), analysis.profiles)
+    if row is None or profile is None:
+        return None
+    modeled = profile.predicted_us(r.variant, r.page_size, 1, r.variant_d2h_bytes, int(row["d2h_transfers"]), 0.0)
+    return modeled / r.variant_median_us, profile
 
 
 @dataclass(frozen=True)

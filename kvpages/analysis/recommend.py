@@ -32,6 +32,7 @@ from kvpages.core.names import BASELINE, CANDIDATE, FLOOR, STEP_CANDIDATE, per_r
 from kvpages.core.payloads import DEFAULT_PAYLOADS, PAYLOAD_PRESETS, STAGED
 from kvpages.core.stats import Interval
 from kvpages.core.sweep import DTYPES, LAYOUTS
+from kvpages.schema.rows import TIMED
 
 SHORTCUT, PINNED, BATCHED = "device_stride_shortcut", "device_stride_pinned", "batched_device_stride"
 MEASURED, PREDICTED = "measured here", "predicted (model)"
@@ -49,7 +50,7 @@ class Setting:
     scenario: str = ""
     said: str = ""  # 'per call at p=1, L=512', 'a B=128 step at p=64'
     requests: int = 0  # a scenario's: its step's B
-    staged: bool = False  # priced by the scheduler thread's time (a staged strategy: module doc)
+    scheduler: bool = False  # priced by the scheduler thread's time alone (a staged strategy: module doc)
 
     @property
     def size(self) -> tuple[str, int]:
@@ -116,24 +117,22 @@ def _points(analysis: Analysis, candidate: str, against: str, keep: Callable[[in
 
 def _step(analysis: Analysis, candidate: str, against: str, page_size: int) -> list[Setting]:
     """Every step of page size `page_size` (idle queue, the default payloads) where both were timed, largest first."""
-    if analysis.run.scenarios is None:
-        return []
-    rows = [variants[against] for variants in scenario_rows(analysis).values() if candidate in variants
-            and against in variants and _default_step(variants[against], page_size)]  # hybrid: analysis.hybrid
     return [Setting(candidate, against, page_size, scenario=str(row["scenario"]), requests=int(row["requests"]),
                     said=f"a B={row['requests']} step at p={page_size}")
-            for row in sorted(rows, key=lambda r: (r["requests"], r["scenario"]), reverse=True)]
+            for row in _steps(analysis, candidate, against, page_size, DEFAULT_PAYLOADS)]
 
 
-def _default_step(row: Record, page_size: int) -> bool:
-    """A step of page size `page_size` on an idle queue with the default payloads."""
-    return _idle_step(row, page_size, DEFAULT_PAYLOADS)
-
-
-def _idle_step(row: Record, page_size: int, payloads: str) -> bool:
-    """A step of page size `page_size` on an idle queue with the payloads `payloads`."""
-    return (row["kind"] == "step" and row["busy_us"] == 0 and row["page_size"] == page_size and row["dtype"] == DTYPE
-            and row["payloads"] == payloads)
+def _steps(analysis: Analysis, candidate: str, against: str, page_size: int, payloads: str) -> list[Record]:
+    """`against`'s rows of the idle-queue steps of page size `page_size` and payloads `payloads` (int32) where it and
+    `candidate` were both timed (a row skipped, out of memory or mismatched has no counters to price), largest
+    first."""
+    if analysis.run.scenarios is None:
+        return []
+    rows = [at[against] for at in scenario_rows(analysis).values()
+            if all(v in at and at[v]["status"] in TIMED for v in (candidate, against))
+            and at[against]["kind"] == "step" and at[against]["busy_us"] == 0 and at[against]["page_size"] == page_size
+            and at[against]["dtype"] == DTYPE and at[against]["payloads"] == payloads]
+    return sorted(rows, key=lambda r: (r["requests"], r["scenario"]), reverse=True)
 
 
 STAGED_PRESET = "hybrid"
@@ -149,11 +148,10 @@ def _staged(analysis: Analysis) -> list[Setting]:
     if preset is None or STAGED not in chosen[preset] or chosen[preset][TODAY]["kind"] != "step":
         return []
     first = chosen[preset][TODAY]
-    others = sorted((at[TODAY] for at in scenario_rows(analysis).values() if STAGED in at and TODAY in at
-                     and _idle_step(at[TODAY], int(first["page_size"]), preset)
-                     and at[TODAY]["scenario"] != first["scenario"]), key=lambda r: r["requests"], reverse=True)
+    others = [r for r in _steps(analysis, STAGED, TODAY, int(first["page_size"]), preset)
+              if r["scenario"] != first["scenario"]]
     return [Setting(STAGED, TODAY, int(row["page_size"]), scenario=str(row["scenario"]), requests=int(row["requests"]),
-                    said=f"a B={row['requests']} step at p={row['page_size']}, payloads {preset}", staged=True)
+                    said=f"a B={row['requests']} step at p={row['page_size']}, payloads {preset}", scheduler=True)
             for row in (first, *others)]
 
 
@@ -196,7 +194,7 @@ def _measured(analysis: Analysis, s: Setting) -> PairEstimate | None:
 def _predicted(analysis: Analysis, s: Setting) -> tuple[Prediction, ...]:
     """The candidate against what it replaces on every prediction profile (the what-if pinned ones too: the
     pageable ones alone decide, `_judge`); () where either cannot be priced."""
-    if s.staged:
+    if s.scheduler:
         timed = scenario_rows(analysis)[s.scenario]
         return strategy_predictions(analysis, timed[s.candidate], timed[s.against])
     if s.seq_len is not None:
@@ -256,9 +254,10 @@ def recommendation_repro(analysis: Analysis, row_id: str) -> str:
     return "" if row is None else pair_repro(str(row["repro"]), s.candidate, s.against)
 
 
-def staged_rows(analysis: Analysis) -> dict[str, str]:
-    """The staged strategy's recommendation row ids, by scenario (a hybrid finding cites them: kvpages.analysis.hybrid)."""
-    return {s.scenario: i for i, s in _made(analysis).settings.items() if s.staged}
+def staging_row_ids(analysis: Analysis) -> dict[str, str]:
+    """The ids of the rows that set staging against per payload, by scenario (a hybrid finding cites its step's:
+    kvpages.analysis.hybrid)."""
+    return {s.scenario: i for i, s in _made(analysis).settings.items() if s.candidate == STAGED}
 
 
 def _made(analysis: Analysis) -> _Made:

@@ -39,7 +39,8 @@ SCALES = (0.5, 2.0)
 HOST_WORK = ("numpy's stride and divide, measured apart from the copy: pre-PR's time at page size p less its time at "
              "page size 1 on the same slice (the same copy of the same bytes, without the stride; none at p=1), each "
              "the run's timed figure on cold inputs rotated through the pool; the host mirror's slice, its whole time "
-             "(it copies nothing). Never a time that holds a copy, so a CUDA run's copy is priced once")
+             "(it copies nothing; a request or step of it, its whole time on a CPU run, where its upkeep's copy crossed "
+             "no link). Never a time that holds a copy, so a CUDA run's copy is priced once")
 """Which figure of the measured host work the prediction adds (kvpages.analysis.hostwork; the report states it)."""
 
 

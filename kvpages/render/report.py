@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvpages.analysis.cite import fraction, percent, percent_up, sig
-from kvpages.analysis.findings import findings
+from kvpages.analysis.findings import OUTSIDE, findings
 from kvpages.analysis.gpu_answer import GpuAnswer, on_answer
 from kvpages.analysis.noise import components_text, efficiency
 from kvpages.analysis.pairs import DISTURBED, FRAGILE
@@ -135,6 +135,10 @@ def findings_section(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
     if gpu is not None:
         model += (f"Beside each prediction, the figure {gpu.machine} measured at the same row id in run `{gpu.run_id}` "
                   "(results/ holds it; `--gpu-run` names another). ")
+        if any(OUTSIDE in f.status for f in findings(analysis, gpu)):
+            model += (f"A status '{OUTSIDE} P' says that measured figure lies outside what the fitted profile P "
+                      "predicts even at its terms' bounds: the host work the model adds is this CPU's, not that box's, "
+                      "so the model does not carry over there (the link model per row: APPENDIX.md). ")
     return (f"{model}Measured ratios are variant / {called(analysis.baseline)} with their {coverage(analysis)} (see "
             "Method); each id is a row of "
             f"`{RATIOS_CSV}` (`r-...`), `scenarios.csv` / `{SCENARIO_RATIOS_CSV}` (`req-...`, `step-...`) or "
