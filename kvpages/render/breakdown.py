@@ -150,7 +150,8 @@ def breakdown_summary(analysis: Analysis) -> str:
     outside = "CUDA calls" if cuda else "aten"
     return (f"Shares of one call's wall time from the profiled passes (the profiler inflates absolute times: the timed "
             f"figures above are the times). `{BASELINE}`'s time outside {outside} (Python and numpy: its stride and "
-            f"divide on the host, none at p=1) at L={longest}: {listed}.")
+            f"divide on the host, and at p=1, which strides nothing, the rest of its host side) at L={longest}: "
+            f"{listed}.")
 
 
 def floor_section(analysis: Analysis) -> str:

@@ -34,8 +34,9 @@ def what_to_do(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
                      f"`{r.id}`"])
     lead = RULE
     if found[0].basis != MEASURED:
-        lead += (" **On this CPU run the section is predicted** (the gain's interval is the range over the profiles and "
-                 "their bounds), and the measured column is the GPU run's where one of the same points exists.")
+        lead += (" **On this CPU run the section is predicted** (the gain is the middle pageable profile's prediction, "
+                 "its interval the range over those profiles and their bounds; `kvpages cite` of a row gives each "
+                 "profile's), and the measured column is the GPU run's where one of the same points exists.")
     header = ["what to do", "where", "candidate / replaced", "gain", "status",
               *([] if gpu is None else [f"measured on {gpu.machine} ({gpu.run_id})"]), "row id"]
     return f"{lead}\n\n{table(header, rows)}{_other_sizes(analysis)}{_unset(analysis, found)}"

@@ -192,7 +192,8 @@ def scenario_main(analysis: Analysis) -> str:
             f"`.astype(np.int32)`) and whole steps (a step's requests), never multiplied from points: "
             f"`{STEP_CANDIDATE}` ({label(CANDIDATE)}) against `{analysis.scenario_baseline}` "
             f"({label(per_request_of(analysis.scenario_baseline) or BASELINE)}). "
-            "Every step variant, ready times and the batched hypotheses are in the appendix.")
+            "Every step variant, ready times and the batched hypotheses: APPENDIX.md, \"Every step variant, per "
+            "request and per step\".")
     if same_latencies(analysis):
         lead += (" On this CPU run blocked equals ready for every row (no device queue, no worker-thread wait), so "
                  "they are one column.")

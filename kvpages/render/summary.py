@@ -60,8 +60,10 @@ def summary_text(analysis: Analysis) -> str:
         table = table.sort_values(["seq_len", "variant"], key=variant_order)
         lines.append(f"\npage_size={page_size} ({dtype}, {layout})")
         lines.append(table.to_string(index=False))
-        if apart:  # then the ratio is not the quotient of the times shown, which pool every process
-            lines.append(f"ratios whose centre leaves a process out (time_us pools every process): {'; '.join(apart)}")
+        if apart:  # each time is over the processes its variant's pair keeps (Analysis.time_band)
+            lines.append(f"ratios whose centre leaves a process out (each time_us is over the processes its variant's "
+                         f"pair keeps, {analysis.baseline}'s over the merged PR's pair's: a ratio is the quotient of the "
+                         f"times shown where its pair keeps the merged PR's processes): {'; '.join(apart)}")
     return "\n".join(lines + scenario_summary(analysis))
 
 
