@@ -1,11 +1,13 @@
-"""What to do: each candidate change set against the merged PR at the settings it names, from the run's own data, by
-one rule (no torch; docs/method.md, "What to do"):
+"""What to do: each candidate change set against what it would replace (the merged PR's path, per call, request or
+step, or per payload) at the settings it names, from the run's own data, by one rule (no torch; docs/method.md, "What
+to do"):
 
-- measured, on a run that crossed a link: *recommended* when the candidate is judged faster than the merged PR there
+- measured, on a run that crossed a link: *recommended* when the candidate is judged faster than what it replaces there
   (its interval below 1, the effect beyond the run's minimum effect, kept by the Benjamini-Hochberg step over the
-  candidates' comparisons); the gain is that ratio, candidate / merged PR, with its interval;
-- predicted, on a CPU run: *recommended (predicted)* when every prediction profile puts the candidate below the merged
-  PR there; the gain is the range of those predictions (the link model; the host-side ratio is not a gain).
+  candidates' comparisons); the gain is that ratio, candidate / replaced, with its interval;
+- predicted, on a CPU run: *recommended (predicted)* when every pageable prediction profile puts the candidate below
+  what it replaces there; the gain is the middle of those predictions, its interval their range at the terms' bounds
+  (the link model; the host-side ratio is not a gain).
 
 A step is set by its scheduler thread's time (blocked). On a CPU run the staged strategy of a hybrid model's payloads,
 which waits on no host sync, is priced as kvpages.analysis.hybrid prices it (its launches alone); every other candidate
