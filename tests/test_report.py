@@ -358,7 +358,7 @@ def test_a_predicted_recommendation_gives_its_verdict_at_the_other_sizes_where_o
     said = [r for r in recommendations(analysis) if r.along]
     assert said, "the reference run's candidates agree at every size: nothing to check"
     for r in said:
-        assert f"| {r.setting} (other sizes: {r.along}) |" in report
+        assert f"| {r.where} |" in report and r.where.startswith(f"{r.setting} (other sizes: {r.along}")
         named = []
         for part in r.along.split("; "):
             verdict, sizes = part.split(" at ")
@@ -372,6 +372,16 @@ def test_a_predicted_recommendation_gives_its_verdict_at_the_other_sizes_where_o
         assert {str(x) for x in named} <= set(rows), r  # each size's verdict a row of its own (its `of` this row)
         assert all(PREDICTED_VERDICTS[v] == rows[x] for part in r.along.split("; ") for v, sizes in
                    [part.split(" at ")] for x in sizes[2:].split(", ")), (r.along, rows)
+    crossed = [r for r in recommendations(analysis) if r.across]  # the other kind at that page size: each a row too
+    assert {r.id for r in crossed} >= {"rec-shortcut", "rec-host-page-table"}, [r.id for r in crossed]
+    for r in crossed:
+        assert f"| {r.where} |" in report and r.where.endswith(f"{r.across})")
+        kind, _, verdicts = r.across.partition(": ")
+        prefix = {"per step": "B", "per call": "L"}[kind]
+        rows = {r2.id[len(r.id) + 1:]: r2.verdict for r2 in recommendations(analysis) if r2.of == r.id}  # B128, L512
+        for part in verdicts.split("; "):
+            verdict, sizes = part.split(" at ")
+            assert all(rows[f"{prefix}{x}"] == PREDICTED_VERDICTS[verdict] for x in sizes[2:].split(", ")), (r.id, rows)
     for r in recommendations(analysis):  # a predicted gain's range is written as every model figure's: [low-high]
         assert r.gain == f"{sig(r.ratio)} [{sig(r.ci_low)}-{sig(r.ci_high)}]" and (r.of or f"| {r.gain} |" in report)
     by_length = next(r for r in said if r.id == "rec-by-length")

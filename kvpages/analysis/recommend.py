@@ -79,6 +79,8 @@ class Recommendation:
     along: str = ""  # the verdict at each other size of its kind and page size, where any differs from its own
     # ('slower at B=1; faster at B=8, 32'; '' where all agree), judged as a family of their own: each a row of its own
     of: str = ""  # that row's: the id of the candidate's row it is another size of ('' on the candidate's own row)
+    across: str = ""  # the verdict at each size of the other kind at its page size ('per step: faster at B=1, 8, 32,
+    # 128' beside a per-call setting), each a row of its own; '' where it has none
 
     @property
     def gain(self) -> str:
@@ -96,8 +98,11 @@ class Recommendation:
 
     @property
     def where(self) -> str:
-        """'a B=128 step at p=64 (other sizes: slower at B=1; faster at B=8, 32)': the setting, and `along`."""
-        return f"{self.setting}{self.others}"
+        """'a B=128 step at p=64 (other sizes: slower at B=1; faster at B=8, 32)': the setting, `along` and `across`
+        ('per call at p=1, L=512 (...; per step: faster at B=1, 8, 32, 128)')."""
+        if not self.across:
+            return f"{self.setting}{self.others}"
+        return f"{self.setting} ({f'other sizes: {self.along}; ' if self.along else ''}{self.across})"
 
 
 @dataclass(frozen=True)
@@ -267,8 +272,9 @@ def _made(analysis: Analysis) -> _Made:
 
 
 def _recommendations(analysis: Analysis) -> _Made:
-    """Each candidate's row at its first setting, then one row per other size of that setting's kind and page size
-    (`Recommendation.of`: the rows `along` words, so that each of its verdicts has a row of its own to cite)."""
+    """Each candidate's row at its first setting, then one row per other size of that setting's kind and page size,
+    and per size of the other kind (a step beside a call) at that page size (`Recommendation.of`: the rows `along` and
+    `across` word, so that each of their verdicts has a row of its own to cite; each kind a family of its own)."""
     if analysis.baseline != BASELINE:
         return _Made()
     chosen = [(c, settings) for c in CANDIDATES if (settings := c.settings(analysis))]
@@ -278,13 +284,16 @@ def _recommendations(analysis: Analysis) -> _Made:
         if head is None:
             continue
         first = ss[0]
-        judged = [j for j in _judge(analysis, [s for s in ss[1:] if (s.seq_len is None) == (first.seq_len is None)
-                                               and s.page_size == first.page_size]) if j is not None]
+        judged, crossed = ([j for j in _judge(analysis, [s for s in ss[1:] if s.page_size == first.page_size
+                                                         and (s.seq_len is None) == same]) if j is not None]
+                           for same in (first.seq_len is None, first.seq_len is not None))
         along = ("" if all(j.verdict == head.verdict for j in judged)
                  else verdicts_along([(j.setting.size[1], j.verdict) for j in judged], first.size[0]))
+        across = "" if not crossed else (f"{'per step' if first.seq_len is not None else 'per call'}: " + verdicts_along(
+            [(j.setting.size[1], j.verdict) for j in crossed], crossed[0].setting.size[0]))
         key = f"rec-{c.key}"
-        own.append((head, head.row(analysis, key, c.action, along=along)))
-        judged.sort(key=lambda j: j.setting.size[1])
+        own.append((head, head.row(analysis, key, c.action, along=along, across=across)))
+        judged = sorted(judged, key=lambda j: j.setting.size[1]) + sorted(crossed, key=lambda j: j.setting.size[1])
         sizes = [f"{j.setting.size[0][0]}{j.setting.size[1]}" for j in judged]
         unique = len(set(sizes)) == len(sizes)  # two steps of one B (other distributions): named by their scenario
         others += [(j, j.row(analysis, f"{key}-{size if unique else j.setting.scenario}", c.action, of=key))
@@ -304,12 +313,13 @@ class _Judged:
     measured: bool
     predictions: tuple[Prediction, ...] = ()  # predicted: on every profile
 
-    def row(self, analysis: Analysis, id: str, action: str, along: str = "", of: str = "") -> Recommendation:
+    def row(self, analysis: Analysis, id: str, action: str, along: str = "", of: str = "",
+            across: str = "") -> Recommendation:
         s, i = self.setting, self.interval
         recommended = self.verdict == (FASTER if self.measured else _said(True))
         verdict = self.verdict if self.measured else PREDICTED_VERDICTS[self.verdict]
         return Recommendation(id, action, s.said, s.candidate, s.against, i.ratio, i.ci_low, i.ci_high, recommended,
-                              MEASURED if self.measured else PREDICTED, verdict, _cites(analysis, s), along, of)
+                              MEASURED if self.measured else PREDICTED, verdict, _cites(analysis, s), along, of, across)
 
 
 def _judge(analysis: Analysis, settings: list[Setting]) -> list[_Judged | None]:
