@@ -467,3 +467,15 @@ def test_a_step_whose_candidate_did_not_time_leaves_that_size_out_of_its_recomme
     ids = {r.id for r in recommendations(analysis)}
     assert {"rec-batch-per-step", "rec-batch-per-step-B32"} <= ids and "rec-batch-per-step-B8" not in ids, ids
     assert "## What to do" in render(analysis)
+
+
+def test_other_sizes_are_named_by_size_and_steps_sharing_a_b_by_their_scenario():
+    """A row per other size is named by its size ('L2048', 'B8'); where two steps share a B (two distributions of
+    lengths), every step by its scenario, and the calls keep their lengths (they were all named '' once)."""
+    from kvpages.analysis.recommend import Setting, size_names
+
+    calls = [Setting("a", "b", 1, seq_len=L) for L in (2048, 8192)]
+    steps = [Setting("a", "b", 1, scenario=f"step-B{b}-{d}", requests=b) for b, d in ((8, "x"), (32, "x"))]
+    assert size_names(calls + steps) == ["L2048", "L8192", "B8", "B32"]
+    twice = steps + [Setting("a", "b", 1, scenario="step-B8-y", requests=8)]
+    assert size_names(calls + twice) == ["L2048", "L8192", "step-B8-x", "step-B32-x", "step-B8-y"]

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pandas as pd
 
-from kvpages.analysis.cite import sig
+from kvpages.analysis.cite import interval_of, sig
 from kvpages.analysis.families import ScenarioRatio
 from kvpages.analysis.gpu_answer import GpuAnswer, on_answer
 from kvpages.analysis.hybrid import hybrid_findings
@@ -343,14 +343,14 @@ def _findings(analysis: Analysis, gpu: GpuAnswer | None) -> tuple[Finding, ...]:
 
 
 def _against_answer(f: Finding, gpu: GpuAnswer | None) -> Finding:
-    """`f`, its status naming each fitted profile whose predicted range (at the terms' bounds) leaves out what the GPU
-    run measured at its row: a profile fitted from that run that misses it says the model does not carry over there
-    (its host work is this CPU's; docs/method.md, "The link model")."""
+    """`f`, its status naming each fitted profile whose predicted range (at the terms' bounds) the GPU run's measured
+    interval at its row lies wholly outside: a profile fitted from that run that misses it says the model does not
+    carry over there (most likely its host work, this CPU's; docs/method.md, "The link model")."""
     if gpu is None or (measured := gpu.ratio(f.id)) is None:
         return f
-    ratio, run_id = measured.interval.ratio if isinstance(measured, ScenarioRatio) else measured.ratio, gpu.run_id
+    found, run_id = measured.interval if isinstance(measured, ScenarioRatio) else interval_of(measured), gpu.run_id
     missed = [p.profile.name + (" (fitted from that run)" if p.profile.in_sample(run_id) else "")
-              for p in f.predictions if p.profile.fitted and not p.low <= ratio <= p.high]
+              for p in f.predictions if p.profile.fitted and (found.ci_high < p.low or found.ci_low > p.high)]
     return dataclasses.replace(f, status=f"{f.status}; {OUTSIDE} {' and '.join(missed)}") if missed else f
 
 

@@ -4,8 +4,9 @@ priced once (docs/method.md, "The link model").
 
 - A variant that hands the host nothing (the host mirror): its time; no copy is inside it. A whole request or step of
   it also copies its upkeep (the page indices allocated in the step): on a run that crossed no link its time (that
-  copy crossed nothing), on a CUDA run none (its time holds that copy). Its twin at page size 1 is no guide: there it
-  slices L entries of its table, not L/p (until 2026-12-07 the twin's time was subtracted, which left it none).
+  copy crossed nothing); on a CUDA run not separable, so not priced (its time holds that copy). Its twin at page size
+  1 is no guide: there it slices L entries of its table, not L/p (until 2026-12-07 the twin's time was subtracted,
+  which left it none).
 - A variant that copies every token index and strides on the host (pre-PR; an undeclared variant the meter saw do
   the same; `adaptive` below its threshold): its time at page size p less its *twin*'s, the same slice at page size 1,
   which moved the same bytes in the same transfers and strides nothing; 0 at p = 1. A whole request or step likewise,

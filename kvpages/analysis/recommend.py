@@ -294,13 +294,20 @@ def _recommendations(analysis: Analysis) -> _Made:
         key = f"rec-{c.key}"
         own.append((head, head.row(analysis, key, c.action, along=along, across=across)))
         judged = sorted(judged, key=lambda j: j.setting.size[1]) + sorted(crossed, key=lambda j: j.setting.size[1])
-        sizes = [f"{j.setting.size[0][0]}{j.setting.size[1]}" for j in judged]
-        unique = len(set(sizes)) == len(sizes)  # two steps of one B (other distributions): named by their scenario
-        others += [(j, j.row(analysis, f"{key}-{size if unique else j.setting.scenario}", c.action, of=key))
-                   for j, size in zip(judged, sizes, strict=True)]
+        others += [(j, j.row(analysis, f"{key}-{name}", c.action, of=key))
+                   for j, name in zip(judged, size_names([j.setting for j in judged]), strict=True)]
     made = own + others
     return _Made(tuple(r for _, r in made), {r.id: j.setting for j, r in made},
                  {r.id: j.predictions for j, r in made if j.predictions})
+
+
+def size_names(settings: list[Setting]) -> list[str]:
+    """Each other size's name in its row id: 'L2048' (a call), 'B8' (a step); where two steps share a B (other
+    distributions of lengths), every step by its scenario instead (a call's length is unique at one page size)."""
+    names = [f"{s.size[0][0]}{s.size[1]}" for s in settings]
+    steps = [n for s, n in zip(settings, names, strict=True) if s.seq_len is None]
+    shared = len(set(steps)) < len(steps)
+    return [s.scenario if shared and s.seq_len is None else n for s, n in zip(settings, names, strict=True)]
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,10 @@ def _other_sizes(analysis: Analysis) -> str:
     other = next((r for r in recommendations(analysis) if r.of), None)
     if other is None:
         return ""
-    return (f"\n\nrecommendations.csv also holds a row per other size of each setting, and per size of the other kind "
-            f"(per step, per call) at its page size, its `of` the candidate's row id "
+    across = ", and per size of the other kind (per step, per call) at its page size" if any(
+        r.across for r in recommendations(analysis)) else ""
+    return (f"\n\nrecommendations.csv also holds a row per other size of each setting{across}, its `of` the candidate's "
+            f"row id "
             f"(e.g. `{other.id}`: {other.setting}, {other.gain}, {other.verdict}).")
 
 

@@ -136,9 +136,10 @@ def findings_section(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
         model += (f"Beside each prediction, the figure {gpu.machine} measured at the same row id in run `{gpu.run_id}` "
                   "(results/ holds it; `--gpu-run` names another). ")
         if any(OUTSIDE in f.status for f in findings(analysis, gpu)):
-            model += (f"A status '{OUTSIDE} P' says that measured figure lies outside what the fitted profile P "
-                      "predicts even at its terms' bounds: the host work the model adds is this CPU's, not that box's, "
-                      "so the model does not carry over there (the link model per row: APPENDIX.md). ")
+            model += (f"A status '{OUTSIDE} P' says that measured figure's interval lies wholly outside what the "
+                      "fitted profile P predicts even at its terms' bounds: the model does not carry over there, most "
+                      "likely because the host work it adds is this CPU's, not that box's (the link model per row: "
+                      "APPENDIX.md). ")
     return (f"{model}Measured ratios are variant / {called(analysis.baseline)} with their {coverage(analysis)} (see "
             "Method); each id is a row of "
             f"`{RATIOS_CSV}` (`r-...`), `scenarios.csv` / `{SCENARIO_RATIOS_CSV}` (`req-...`, `step-...`) or "
