@@ -246,6 +246,7 @@ BAD_INPUTS = {
     "empty file": (lambda t: write(t / "e.csv", b""), "e.csv: empty file"),
     "binary file": (lambda t: write(t / "b.csv", b"\x89PNG\r\n\x1a\n\x00\x00"), "b.csv: binary file"),
     "columns": (lambda t: write(t / "c.csv", b"variant,seq_len\nx,1\n"), "c.csv: missing required columns: device, device_name"),
+    "not a csv": (lambda t: write(t / "meta.json", b"{}"), "meta.json: not a CSV; give a run folder or its results.csv"),
 }
 """Each bad input a command can be given: how it is made in a folder, and what the error says of it."""
 READERS = ("plot", "report", "summary")

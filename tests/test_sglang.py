@@ -16,6 +16,7 @@ from conftest import built_once, synthetic_run
 from kvpages.analysis.findings import findings
 from kvpages.analysis.predict import point_predictions
 from kvpages.analysis.ratios import analyze
+from kvpages.analysis.wording import CELL_CHARS
 from kvpages.cli import main
 from kvpages.core.options import BenchOptions
 from kvpages.core.sglang import COMMON, load_all, load_function, parse_specs, resolve
@@ -253,6 +254,8 @@ def test_a_baseline_of_one_s_own_reaches_ratios_findings_citations_and_compare(p
         assert p.variant_us == pytest.approx(p.profile.modeled_us(r.variant_d2h_bytes, 1, 1))
     first = findings(analysis)[0]
     assert first.question == "sglang@new vs sglang@old" and first.answer.startswith("Predicted (model) at ")
+    assert "priced at one device op per call (sglang@), blind to a path it skips" in first.answer  # a shortcut, say
+    assert len(first.answer) <= CELL_CHARS, first.answer
     assert f"`{first.id}`" in (folder / "REPORT.md").read_text() and first.id.endswith("-vs-sglang@old")
     assert main(["cite", str(folder), first.id]) == 0
     assert "sglang@new / sglang@old" in capsys.readouterr().out

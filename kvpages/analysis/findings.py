@@ -303,8 +303,10 @@ def _faster(analysis: Analysis, variant: str) -> Finding | None:
     moved = f"bytes {sig(low) if sig(low) == sig(high) else f'{sig(low)}-{sig(high)}'}x {base}'s (metered)"
     if not analysis.run.link_crossed:
         every = tuple(p for r in rows for p in point_predictions(analysis, r))
+        blind = ("; priced at one device op per call (sglang@), blind to a path it skips: measured in APPENDIX.md"
+                 if variant.startswith(PREFIX) else "")
         answer = (f"Predicted (model) at {predicted_range(every)} {base}'s time per call, below it at "
-                  f"{sum(p.ratio < 1 for p in every)} of {len(every)} (point, profile) pairs; {moved}.")
+                  f"{sum(p.ratio < 1 for p in every)} of {len(every)} (point, profile) pairs; {moved}{blind}.")
         quoted = point_predictions(analysis, largest)
         return Finding(question, answer, predicted_figure(quoted), largest.id, MODEL, predictions=quoted)
     count = {v: sum(r.verdict == v for r in rows) for v in (FASTER, SLOWER)}

@@ -134,7 +134,8 @@ def findings_section(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
              "together (which variation gives each end: APPENDIX.md). ")
     if gpu is not None:
         model += (f"Beside each prediction, the figure {gpu.machine} measured at the same row id in run `{gpu.run_id}` "
-                  "(results/ holds it; `--gpu-run` names another). ")
+                  "(results/ holds it; `--gpu-run` names another); an id only that run has is cited there "
+                  f"(`kvpages cite results/{gpu.run_id} <id>`). ")
         if any(OUTSIDE in f.status for f in findings(analysis, gpu)):
             model += (f"A status '{OUTSIDE} P' says that measured figure's interval lies wholly outside what the "
                       "fitted profile P predicts even at its terms' bounds: the model does not carry over there, most "

@@ -246,6 +246,8 @@ def load_run(path: str | Path) -> Run:
         if not csv_path.exists():
             raise RunError(f"{path}: no {RESULTS_CSV} here; not a kvpages run folder")
         meta: RunMeta | None = _read_meta(folder / META_JSON)
+    elif path.suffix != ".csv":
+        raise RunError(f"{path}: not a CSV; give a run folder or its {RESULTS_CSV}")
     else:
         folder, csv_path = path.parent, path
         meta = _read_meta(folder / META_JSON) if (folder / META_JSON).exists() else None
