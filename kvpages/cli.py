@@ -242,6 +242,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     check_runs(args.a, args.b, fail_above=args.fail_above)
     a, b = kept_run(args.a), kept_run(args.b)  # each as its kept analysis holds it, else read now
+    kinds = [run.meta.environment.device if run.meta else None for run in (a, b)]
+    if args.fail_above is not None and None not in kinds and kinds[0] != kinds[1]:  # host-side work against transfers
+        raise UserError(f"--fail-above: A ran on {kinds[0]} and B on {kinds[1]}; a gate compares runs of one kind of "
+                        "device (without --fail-above, compare shows the two side by side)")
     compared = Compared(a, b, compare_runs(a, b), args.fail_above)
     print(FORMATS[args.format or next(iter(FORMATS))](compared))
     if compared.regressions:

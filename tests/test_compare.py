@@ -167,6 +167,8 @@ def test_a_note_names_what_differs_between_the_machines_or_the_boots_the_runs_ra
     assert document["a"]["machine"] == MILAN_ID
 
     other_device = synthetic_run(tmp_path / "f", POINTS, seed=6, environment={**MILAN, "device": "cuda"}, **kw)
+    gate = cli("compare", str(a), str(other_device), "--fail-above", "10")  # host work against transfers: no gate
+    assert gate.returncode == 2 and gate.stderr.count("\n") == 1 and "--fail-above: A ran on cpu and B on cuda" in gate.stderr
     assert compare_runs(load_run(a), load_run(other_device)).machine_note().startswith(
         "note: A and B ran in one boot of one box, but not alike (device: A 'cpu', B 'cuda'): ratios move between "
         "devices and set-ups")
