@@ -479,3 +479,15 @@ def test_other_sizes_are_named_by_size_and_steps_sharing_a_b_by_their_scenario()
     assert size_names(calls + steps) == ["L2048", "L8192", "B8", "B32"]
     twice = steps + [Setting("a", "b", 1, scenario="step-B8-y", requests=8)]
     assert size_names(calls + twice) == ["L2048", "L8192", "step-B8-x", "step-B32-x", "step-B8-y"]
+
+
+def test_the_gpu_runs_figure_beside_a_predicted_recommendation_says_when_it_misses_the_range():
+    from kvpages.analysis.recommend import MEASURED, PREDICTED, Recommendation
+    from kvpages.render.recommend import measured_cell
+
+    predicted = Recommendation("rec-x", "do", "here", "a", "b", 0.106, 0.0465, 0.263, True, PREDICTED, "below", "")
+    inside = dataclasses.replace(predicted, ratio=0.05, ci_low=0.0412, ci_high=0.0592, basis=MEASURED, verdict="faster")
+    assert measured_cell(predicted, inside) == "0.0500 [0.0412, 0.0592] faster"  # the intervals overlap
+    outside = dataclasses.replace(inside, ratio=0.586, ci_low=0.568, ci_high=0.617)
+    assert measured_cell(predicted, outside) == "0.586 [0.568, 0.617] faster; outside the predicted range"
+    assert measured_cell(predicted, None) == "-"

@@ -27,8 +27,7 @@ def what_to_do(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
     measured = {} if gpu is None else {r.id: r for r in recommendations(gpu.analysis)}
     rows = []
     for r in sorted(found, key=lambda r: not r.recommended):
-        on_gpu = measured.get(r.id)
-        beside = [] if gpu is None else [f"{on_gpu.gain} {on_gpu.verdict}{on_gpu.others}" if on_gpu else "-"]
+        beside = [] if gpu is None else [measured_cell(r, measured.get(r.id))]
         rows.append([f"**{r.action}**" if r.recommended else r.action, r.where, f"`{r.candidate}` / `{r.against}`",
                      r.gain, ("recommended" if r.recommended else "not recommended") + f" ({r.verdict})", *beside,
                      f"`{r.id}`"])
@@ -40,6 +39,15 @@ def what_to_do(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
     header = ["what to do", "where", "candidate / replaced", "gain", "status",
               *([] if gpu is None else [f"measured on {gpu.machine} ({gpu.run_id})"]), "row id"]
     return f"{lead}\n\n{table(header, rows)}{_other_sizes(analysis)}{_unset(analysis, found)}"
+
+
+def measured_cell(predicted: Recommendation, measured: Recommendation | None) -> str:
+    """The GPU run's figure beside a CPU run's predicted row: its gain and verdict, and 'outside the predicted range'
+    where its interval misses the prediction's range at the terms' bounds wholly; '-' where it has no such row."""
+    if measured is None:
+        return "-"
+    missed = measured.ci_high < predicted.ci_low or measured.ci_low > predicted.ci_high
+    return f"{measured.gain} {measured.verdict}{measured.others}{'; outside the predicted range' if missed else ''}"
 
 
 def _other_sizes(analysis: Analysis) -> str:
