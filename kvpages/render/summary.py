@@ -30,6 +30,15 @@ def scenario_summary(analysis: Analysis) -> list[str]:
             table.to_string(index=False)]
 
 
+def _kept(left_out: str) -> set[str]:
+    """The processes a pair leaves out of its centre (ratios.csv's `left_out`: '5 (0.779x)', '4 (...); 5 (...)')."""
+    return {part.partition(" (")[0] for part in left_out.split("; ") if part}
+
+
+def _kept_text(left_out: str) -> str:
+    return f"leaves out {left_out_text(left_out)}" if left_out else "keeps every process"
+
+
 def summary_text(analysis: Analysis) -> str:
     """Per page size: D2H bytes, time per call (the geometric mean of its block medians) and the ratio to the baseline
     (with its CI) at a few lengths; then the whole requests and steps."""
@@ -55,15 +64,17 @@ def summary_text(analysis: Analysis) -> str:
         for s, v in zip(table["seq_len"], table["variant"], strict=True):
             r = analysis.ratio_at(v, dtype, layout, page_size, s)
             cells.append("1" if v == analysis.baseline else (interval_cell(interval_of(r), r.verdict, r.stability) if r else ""))
-            apart += [f"{v} at L={s} without {left_out_text(r.left_out)}"] if r and r.left_out else []
+            merged = analysis.ratio_at(CANDIDATE, dtype, layout, page_size, s)
+            if r and v != CANDIDATE and _kept(r.left_out) != _kept(merged.left_out if merged else ""):
+                apart.append(f"{v} at L={s} ({_kept_text(r.left_out)}; the merged PR's pair "
+                             f"{_kept_text(merged.left_out if merged else '')})")
         table[f"vs_{analysis.baseline} [{coverage(analysis)}]"] = cells
         table = table.sort_values(["seq_len", "variant"], key=variant_order)
         lines.append(f"\npage_size={page_size} ({dtype}, {layout})")
         lines.append(table.to_string(index=False))
         if apart:  # each time is over the processes its variant's pair keeps (Analysis.time_band)
-            lines.append(f"ratios whose centre leaves a process out (each time_us is over the processes its variant's "
-                         f"pair keeps, {analysis.baseline}'s over the merged PR's pair's: a ratio is the quotient of the "
-                         f"times shown where its pair keeps the merged PR's processes): {'; '.join(apart)}")
+            lines.append(f"ratios that are not the quotient of the times shown (each time_us is over the processes its "
+                         f"variant's pair keeps, {analysis.baseline}'s over the merged PR's pair's): {'; '.join(apart)}")
     return "\n".join(lines + scenario_summary(analysis))
 
 
