@@ -91,6 +91,12 @@ def percent_down(value: float) -> str:
     return f"{math.floor(round(1000 * value, 6)) / 10:.1f}%" if math.isfinite(value) else "n/a"
 
 
+def wholly_outside(low: float, high: float, lowest: float, highest: float) -> bool:
+    """Whether the interval [low, high] lies wholly outside the range [lowest, highest] (a measured figure that a
+    prediction's range at its terms' bounds misses)."""
+    return high < lowest or low > highest
+
+
 def commit_text(environment: Environment) -> str | None:
     """The run's commit as a citation gives it: its first 12 hex digits, '(dirty)' when the tree was; None without."""
     if not environment.git_commit:

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pandas as pd
 
-from kvpages.analysis.cite import interval_of, sig
+from kvpages.analysis.cite import sig, wholly_outside
 from kvpages.analysis.families import ScenarioRatio
 from kvpages.analysis.gpu_answer import GpuAnswer, on_answer
 from kvpages.analysis.hybrid import hybrid_findings
@@ -29,6 +29,7 @@ from kvpages.analysis.wording import (
     figure,
     predicted_figure,
     predicted_range,
+    ratio_interval,
     short,
     spread,
     verdicts_along,
@@ -350,9 +351,9 @@ def _against_answer(f: Finding, gpu: GpuAnswer | None) -> Finding:
     carry over there (most likely its host work, this CPU's; docs/method.md, "The link model")."""
     if gpu is None or (measured := gpu.ratio(f.id)) is None:
         return f
-    found, run_id = measured.interval if isinstance(measured, ScenarioRatio) else interval_of(measured), gpu.run_id
+    found, run_id = ratio_interval(measured), gpu.run_id
     missed = [p.profile.name + (" (fitted from that run)" if p.profile.in_sample(run_id) else "")
-              for p in f.predictions if p.profile.fitted and (found.ci_high < p.low or found.ci_low > p.high)]
+              for p in f.predictions if p.profile.fitted and wholly_outside(found.ci_low, found.ci_high, p.low, p.high)]
     return dataclasses.replace(f, status=f"{f.status}; {OUTSIDE} {' and '.join(missed)}") if missed else f
 
 

@@ -201,20 +201,24 @@ def _measured(analysis: Analysis, s: Setting) -> PairEstimate | None:
 def _predicted(analysis: Analysis, s: Setting) -> tuple[Prediction, ...]:
     """The candidate against what it replaces on every prediction profile (the what-if pinned ones too: the
     pageable ones alone decide, `_judge`); () where either cannot be priced."""
+    mine, theirs = _row(analysis, s, s.candidate), _row(analysis, s, s.against)
+    if mine is None or theirs is None:
+        return ()
     if s.scheduler:
-        timed = scenario_rows(analysis)[s.scenario]
-        return strategy_predictions(analysis, timed[s.candidate], timed[s.against])
-    if s.seq_len is not None:
-        found = [analysis.row_at(v, DTYPE, LAYOUT, s.page_size, s.seq_len) for v in (s.candidate, s.against)]
-        calls = [None if row is None else row_call(analysis, v, row, 1) for v, row in zip((s.candidate, s.against),
-                                                                                         found, strict=True)]
-    else:
-        steps = [scenario_rows(analysis)[s.scenario][v] for v in (s.candidate, s.against)]
-        calls = [row_call(analysis, v, row, int(row["calls"]), analysis.scenario_time(row))
-                 for v, row in zip((s.candidate, s.against), steps, strict=True)]
+        return strategy_predictions(analysis, mine, theirs)
+    calls = [row_call(analysis, v, row, 1) if s.seq_len is not None
+             else row_call(analysis, v, row, int(row["calls"]), analysis.scenario_time(row))
+             for v, row in ((s.candidate, mine), (s.against, theirs))]
     if calls[0] is None or calls[1] is None:
         return ()
     return tuple(predict(p, (calls[0], calls[1])) for p in analysis.predicting)
+
+
+def _row(analysis: Analysis, s: Setting, variant: str) -> Record | None:
+    """`variant`'s results.csv row at `s`'s point, or its scenarios.csv row on `s`'s scenario; None where it has none."""
+    if s.seq_len is not None:
+        return analysis.row_at(variant, DTYPE, LAYOUT, s.page_size, s.seq_len)
+    return scenario_rows(analysis)[s.scenario].get(variant)
 
 
 def _cites(analysis: Analysis, s: Setting) -> str:
@@ -254,11 +258,8 @@ def recommendation_repro(analysis: Analysis, row_id: str) -> str:
     """The command that re-runs a recommendation's candidate and what it replaces together, interleaved
     (`pair_repro` of the candidate's row); '' where there is none."""
     s = _made(analysis).settings.get(row_id)
-    if s is None:
-        return ""
-    row = (analysis.row_at(s.candidate, DTYPE, LAYOUT, s.page_size, s.seq_len) if s.seq_len is not None
-           else scenario_rows(analysis)[s.scenario].get(s.candidate))
-    return "" if row is None else pair_repro(str(row["repro"]), s.candidate, s.against)
+    row = None if s is None else _row(analysis, s, s.candidate)
+    return "" if s is None or row is None else pair_repro(str(row["repro"]), s.candidate, s.against)
 
 
 def staging_row_ids(analysis: Analysis) -> dict[str, str]:
@@ -287,10 +288,8 @@ def _recommendations(analysis: Analysis) -> _Made:
         judged, crossed = ([j for j in _judge(analysis, [s for s in ss[1:] if s.page_size == first.page_size
                                                          and (s.seq_len is None) == same]) if j is not None]
                            for same in (first.seq_len is None, first.seq_len is not None))
-        along = ("" if all(j.verdict == head.verdict for j in judged)
-                 else verdicts_along([(j.setting.size[1], j.verdict) for j in judged], first.size[0]))
-        across = "" if not crossed else (f"{'per step' if first.seq_len is not None else 'per call'}: " + verdicts_along(
-            [(j.setting.size[1], j.verdict) for j in crossed], crossed[0].setting.size[0]))
+        along = "" if all(j.verdict == head.verdict for j in judged) else _along(judged)
+        across = f"{'per step' if first.seq_len is not None else 'per call'}: {_along(crossed)}" if crossed else ""
         key = f"rec-{c.key}"
         own.append((head, head.row(analysis, key, c.action, along=along, across=across)))
         judged = sorted(judged, key=lambda j: j.setting.size[1]) + sorted(crossed, key=lambda j: j.setting.size[1])
@@ -299,6 +298,11 @@ def _recommendations(analysis: Analysis) -> _Made:
     made = own + others
     return _Made(tuple(r for _, r in made), {r.id: j.setting for j, r in made},
                  {r.id: j.predictions for j, r in made if j.predictions})
+
+
+def _along(judged: list[_Judged]) -> str:
+    """'slower at B=1; faster at B=8, 32': each judged size's verdict (one kind of setting, `verdicts_along`)."""
+    return verdicts_along([(j.setting.size[1], j.verdict) for j in judged], judged[0].setting.size[0])
 
 
 def size_names(settings: list[Setting]) -> list[str]:

@@ -13,6 +13,7 @@ from kvpages.analysis.pairs import STABLE
 from kvpages.analysis.predict import Prediction
 from kvpages.analysis.verdicts import SAME
 from kvpages.core.links import LinkProfile
+from kvpages.core.stats import Interval
 from kvpages.schema.meta import REMEASURE
 from kvpages.schema.reader import Run
 from kvpages.schema.rows import RatioRow
@@ -46,10 +47,15 @@ def bytes_figure(r: RatioRow) -> str:
     return f"{r.variant_d2h_bytes:,} / {r.baseline_d2h_bytes:,} bytes = {fraction(r.bytes_ratio)} (metered, exact)"
 
 
+def ratio_interval(r: RatioRow | ScenarioRatio) -> Interval:
+    """A per-call or a scenario ratio's interval."""
+    return r.interval if isinstance(r, ScenarioRatio) else interval_of(r)
+
+
 def figure(r: RatioRow | ScenarioRatio) -> str:
     """A ratio with its interval and verdict; 'same' says within what; a centre that leaves processes out names them
     (the interval still covers every process: the Method section)."""
-    interval = r.interval if isinstance(r, ScenarioRatio) else interval_of(r)
+    interval = ratio_interval(r)
     said = f"same (interval within the {percent(r.min_effect)} minimum effect)" if r.verdict == SAME else r.verdict
     apart = f"; centre without {left_out_text(r.left_out)}" if r.left_out else ""
     return f"{interval_text(interval)}: {said}{apart}"
@@ -58,13 +64,17 @@ def figure(r: RatioRow | ScenarioRatio) -> str:
 def left_out_text(left_out: str) -> str:
     """ratios.csv's `left_out` ('5 (0.779x)', '4 (0.712x); 5 (0.776x)') in words: 'process 5 (at 0.779x the
     others)', each process so; '' for none."""
-    shifts = [s.partition(" (") for s in left_out.split("; ") if s]
-    return ", ".join(f"process {p} (at {f.rstrip(')')} the others)" for p, _, f in shifts)
+    return ", ".join(f"process {p} (at {f} the others)" for p, f in left_out_parts(left_out))
+
+
+def left_out_parts(left_out: str) -> list[tuple[str, str]]:
+    """ratios.csv's `left_out` ('4 (0.712x); 5 (0.776x)') as (process, factor) pairs: [('4', '0.712x'), ...]."""
+    return [(p, f.rstrip(")")) for p, _, f in (s.partition(" (") for s in left_out.split("; ") if s)]
 
 
 def short(r: RatioRow | ScenarioRatio) -> str:
     """'2.31 [1.92, 2.48] slower': a ratio as a sentence quotes it (`verdict_text`)."""
-    interval = r.interval if isinstance(r, ScenarioRatio) else interval_of(r)
+    interval = ratio_interval(r)
     bounds = f" [{sig(interval.ci_low)}, {sig(interval.ci_high)}]" if interval.known else ""
     return f"{sig(interval.ratio)}{bounds} {verdict_text(r.verdict, r.stability)}"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvpages.analysis.cite import wholly_outside
 from kvpages.analysis.gpu_answer import GpuAnswer
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.recommend import CANDIDATES, MEASURED, Recommendation, recommendations
@@ -15,8 +16,6 @@ RULE = ("Each candidate is set against what it would replace, at the setting nam
         "(interval below 1, beyond the minimum effect, kept by the Benjamini-Hochberg step over these comparisons); on "
         "a CPU run, when every pageable prediction profile puts it below (predicted). Gain: candidate / replaced "
         "time, below 1 a saving.")
-
-
 
 
 def what_to_do(analysis: Analysis, gpu: GpuAnswer | None = None) -> str:
@@ -46,7 +45,7 @@ def measured_cell(predicted: Recommendation, measured: Recommendation | None) ->
     where its interval misses the prediction's range at the terms' bounds wholly; '-' where it has no such row."""
     if measured is None:
         return "-"
-    missed = measured.ci_high < predicted.ci_low or measured.ci_low > predicted.ci_high
+    missed = wholly_outside(measured.ci_low, measured.ci_high, predicted.ci_low, predicted.ci_high)
     return f"{measured.gain} {measured.verdict}{measured.others}{'; outside the predicted range' if missed else ''}"
 
 
@@ -58,8 +57,7 @@ def _other_sizes(analysis: Analysis) -> str:
     across = ", and per size of the other kind (per step, per call) at its page size" if any(
         r.across for r in recommendations(analysis)) else ""
     return (f"\n\nrecommendations.csv also holds a row per other size of each setting{across}, its `of` the candidate's "
-            f"row id "
-            f"(e.g. `{other.id}`: {other.setting}, {other.gain}, {other.verdict}).")
+            f"row id (e.g. `{other.id}`: {other.setting}, {other.gain}, {other.verdict}).")
 
 
 def _unset(analysis: Analysis, found: tuple[Recommendation, ...]) -> str:

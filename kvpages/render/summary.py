@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvpages.analysis.cite import interval_of, percent, sig
 from kvpages.analysis.families import records
 from kvpages.analysis.ratios import Analysis, variant_order
-from kvpages.analysis.wording import left_out_text, repetitions_text
+from kvpages.analysis.wording import left_out_parts, left_out_text, repetitions_text
 from kvpages.core.names import BASELINE, CANDIDATE, STEP_BASELINE, STEP_CANDIDATE, label, per_request_of
 from kvpages.render.appendix import groups, ratio_cell
 from kvpages.render.ranks import contention_summary
@@ -32,7 +32,7 @@ def scenario_summary(analysis: Analysis) -> list[str]:
 
 def _kept(left_out: str) -> set[str]:
     """The processes a pair leaves out of its centre (ratios.csv's `left_out`: '5 (0.779x)', '4 (...); 5 (...)')."""
-    return {part.partition(" (")[0] for part in left_out.split("; ") if part}
+    return {process for process, _ in left_out_parts(left_out)}
 
 
 def _kept_text(left_out: str) -> str:
