@@ -147,9 +147,11 @@ def test_what_to_do_has_four_recommendations_each_citable(h200, capsys):
                                      "thread), instead of a D2H and host sync per payload (no rows of it here).")
 
 
-def test_a_recommendation_says_where_else_its_verdict_differs(h200, capsys):
+def test_a_recommendation_says_its_verdict_at_every_other_size(h200, capsys):
     """Batching one D2H per step is recommended at the largest step, B=128; at B=1 it is slower (one request has
-    nothing to batch): the "where" cell, recommendations.csv's `along` and its citation say so, not B=128 alone."""
+    nothing to batch): the "where" cell, recommendations.csv's `along` and its citation say so, not B=128 alone. A
+    candidate whose verdict agrees at every size says that too: a plain `.cpu()` beats the pinned pattern at p=64 at
+    every swept length, not at L=512 alone."""
     from kvpages.analysis.recommend import recommendations
     from kvpages.cli import main
     from kvpages.render.recommend import what_to_do
@@ -161,7 +163,11 @@ def test_a_recommendation_says_where_else_its_verdict_differs(h200, capsys):
     assert f"| a B=128 step at p=64 (other sizes: {batch.along}) |" in what_to_do(h200)
     assert main(["cite", str(H200_DEFAULT), batch.id]) == 0
     assert f"a B=128 step at p=64 (other sizes: {batch.along}) = 0.508" in capsys.readouterr().out
-    assert found["rec-shortcut"].along == ""  # faster at every length of p=1, as at L=512
+    lengths = "L=2048, 3000, 8192, 32768, 131072, 524288"
+    assert found["rec-shortcut"].along == f"faster at {lengths}"  # as at L=512
+    pinned = found["rec-no-pinned-short"]
+    assert (pinned.setting, pinned.verdict, pinned.along) == ("per call at p=64, L=512", FASTER, f"faster at {lengths}")
+    assert f"| per call at p=64, L=512 (other sizes: faster at {lengths}) |" in what_to_do(h200)
     # each of those verdicts is a row of its own, with its figure, to cite; the section shows the candidates' rows
     sizes = {r.id: r for r in found.values() if r.of == batch.id}
     assert [(r.setting, r.verdict, r.recommended) for r in sizes.values()] == [

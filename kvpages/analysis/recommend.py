@@ -76,8 +76,8 @@ class Recommendation:
     basis: str  # MEASURED or PREDICTED
     verdict: str  # measured: the verdict; predicted: `PREDICTED_VERDICTS`'s
     cites: str  # the rows of ratios.csv or scenario_ratios.csv behind it (each against pre-PR)
-    along: str = ""  # the verdict at each other size of its kind and page size, where any differs from its own
-    # ('slower at B=1; faster at B=8, 32'; '' where all agree), judged as a family of their own: each a row of its own
+    along: str = ""  # the verdict at each other size of its kind and page size (agreeing or not)
+    # ('slower at B=1; faster at B=8, 32'; '' where it has none), judged as a family of their own: each a row of its own
     of: str = ""  # that row's: the id of the candidate's row it is another size of ('' on the candidate's own row)
     across: str = ""  # the verdict at each size of the other kind at its page size ('per step: faster at B=1, 8, 32,
     # 128' beside a per-call setting), each a row of its own; '' where it has none
@@ -288,7 +288,7 @@ def _recommendations(analysis: Analysis) -> _Made:
         judged, crossed = ([j for j in _judge(analysis, [s for s in ss[1:] if s.page_size == first.page_size
                                                          and (s.seq_len is None) == same]) if j is not None]
                            for same in (first.seq_len is None, first.seq_len is not None))
-        along = "" if all(j.verdict == head.verdict for j in judged) else _along(judged)
+        along = _along(judged) if judged else ""
         across = f"{'per step' if first.seq_len is not None else 'per call'}: {_along(crossed)}" if crossed else ""
         key = f"rec-{c.key}"
         own.append((head, head.row(analysis, key, c.action, along=along, across=across)))
