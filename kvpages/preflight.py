@@ -36,7 +36,8 @@ NEEDS: tuple[Need, ...] = (
     Need("matplotlib", "matplotlib", "the charts"),
     *((Need("tomli", "tomli", "the link profiles (Python 3.11+ has tomllib)"),) if sys.version_info < (3, 11) else ()),
 )
-"""What a sweep with --kv-analyze needs; the CUDA-marked tests need only the first four."""
+"""What a sweep with --kv-analyze needs, and what the CUDA-marked tests of gpu_check.sh's step 6 need (test_payloads.py
+reads run folders with pandas): gpu_check.sh checks them all first."""
 
 
 def missing() -> list[Need]:

@@ -285,6 +285,10 @@ def test_cuda_behind_the_busy_queue_staging_blocks_the_scheduler_thread_less_tha
     quiet = frame[frame["scenario"] == busy_step.rsplit("-busy", 1)[0]].set_index("variant")
     added = busy["blocked_median_us"] - quiet.loc[busy.index, "blocked_median_us"]  # what the queue adds to each
     queued = busy["busy_measured_us"]
-    assert added[STEP_CANDIDATE] > 0.8 * queued[STEP_CANDIDATE]  # its first .cpu() waits for the forward
+    # per payload: its first .cpu() waits for the forward, so the scheduler thread is blocked at least that long (not
+    # "the queue adds 80% of it": the SWA translations it launches after the forward, before that .cpu(), overlap the
+    # forward: in the H200's quick run, batching, 9 launches before its first sync, was blocked 581 µs behind a 503 µs
+    # forward, of which the queue added 398 µs, under 80% of it)
+    assert busy.loc[STEP_CANDIDATE, "blocked_median_us"] > 0.9 * queued[STEP_CANDIDATE]
     assert added[STAGED] < 0.5 * queued[STAGED]  # launched before the forward, read by the transfer worker
     assert (busy.loc[STAGED, "host_syncs"], busy.loc[STEP_CANDIDATE, "host_syncs"]) == (0, 24)
