@@ -145,7 +145,7 @@ def test_the_sweep_checks_its_link_profile_before_any_work_and_records_it(pytest
     assert [p.name for p in analyze(load_run(run)).predicting][-1] == "mine"
 
 
-def test_every_model_finding_of_the_reference_run_carries_its_range_and_the_crossover_what_it_hangs_on(reported_reference):
+def test_every_model_finding_of_the_reference_run_carries_its_range_and_the_crossover_what_moves_it(reported_reference):
     analysis = reported_reference.analysis
     if analysis.run.link_crossed:
         pytest.skip("the newest reference run crossed a link: its findings are measured, not predicted")
@@ -182,6 +182,6 @@ def test_a_fitted_profile_bounds_each_term_by_its_interval_so_its_ranges_shrink(
     rows = [x for x in analysis.ratios_of(CANDIDATE) if x.page_size == 64]
     wide_crossover, narrow_crossover = crossover(analysis, rows, assumed), crossover(analysis, rows, fitted)
     assert wide_crossover.seq_len == narrow_crossover.seq_len == 8192
-    assert wide_crossover.hangs_on() == "L=131072 if launch 2x, kernel 2x, all 2x"
+    assert wide_crossover.moved == (("launch 2x", 131072), ("kernel 2x", 131072), ("all 2x", 131072))
     assert wide_crossover.span == "L=8192 to L=131072"
-    assert narrow_crossover.hangs_on() == "stays for every term within its fitted interval"
+    assert narrow_crossover.moved == ()  # every term within its fitted interval: it stays at L=8192

@@ -16,7 +16,7 @@ from kvpages.analysis.cite import percent_up
 from kvpages.analysis.families import Record, ScenarioRatio, records
 from kvpages.analysis.hostwork import host_side, point_host_work, scenario_host_work
 from kvpages.analysis.ratios import Analysis
-from kvpages.core.links import LinkProfile, bounds_text, profile_for, variations
+from kvpages.core.links import LinkProfile, profile_for, variations
 from kvpages.schema.rows import RatioRow
 
 Call = tuple[str, int, int, float, float, float, bool]
@@ -174,13 +174,6 @@ class PredictedCrossover:
     @staticmethod
     def at(seq_len: int | None) -> str:
         return f"L={seq_len}" if seq_len else "none"
-
-    def hangs_on(self) -> str:
-        """'stays for every term within 0.5-2x', or 'L=131072 if sync 2x, all 2x; none if launch 2x'."""
-        if not self.moved:
-            return f"stays for {bounds_text(self.profile)}"
-        places = sorted({seq_len for _, seq_len in self.moved}, key=lambda c: c or float("inf"))  # 'none' last
-        return "; ".join(f"{self.at(place)} if {', '.join(s for s, c in self.moved if c == place)}" for place in places)
 
     @property
     def span(self) -> str:

@@ -18,16 +18,7 @@ from kvpages.analysis.pairs import STABLE, PairEstimate
 from kvpages.analysis.verdicts import DISTURBED, FASTER, MIN_EFFECT_FLOOR, SLOWER, judge, judge_family
 from kvpages.core.estimator import mean_estimate
 from kvpages.core.links import PREDICTION_PROFILES, LinkProfile
-from kvpages.core.names import (
-    CANDIDATE,
-    FLOOR,
-    STEP_BASELINE,
-    per_request_name,
-    per_request_of,
-    point_id,
-    step_baseline,
-    variant_sort_key,
-)
+from kvpages.core.names import CANDIDATE, FLOOR, STEP_BASELINE, per_request_name, per_request_of, step_baseline, variant_sort_key
 from kvpages.core.stats import Interval, finite_median, unknown
 from kvpages.schema.breakdown import BreakdownRow, read_breakdown
 from kvpages.schema.profiles import built_in_profiles
@@ -37,12 +28,6 @@ from kvpages.schema.rows import RatioRow, ratio_id
 
 NOISY_SPREAD = 0.10  # a row whose block medians vary by at least this much (log-sd, ~ the CV) is flagged as noisy
 POINT_COLUMNS = ("dtype", "layout", "page_size", "seq_len")
-
-def point_of(key: tuple) -> str:
-    """The point id (meta.json's name for it) of a results.csv row key."""
-    _, dtype, layout, seq_len, page_size = key
-    return point_id(seq_len, page_size, dtype, layout)
-
 
 @dataclass(frozen=True)
 class _Pair:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvpages.analysis.cite import sig
+from kvpages.core.checks import with_table
 from kvpages.core.links import LinkProfile
 
 GAP_FACTOR = 2.0
@@ -166,9 +167,4 @@ def record_markdown(profiles: tuple[LinkProfile, ...]) -> str:
 
 def with_record_table(text: str, where: str, profiles: tuple[LinkProfile, ...]) -> str:
     """`text` (a docs page, `where` in errors) with the table between RECORD_BEGIN and RECORD_END written anew."""
-    before, begin, after = text.partition(RECORD_BEGIN + "\n")
-    end_at = after.find(RECORD_END)
-    if not begin or end_at < 0:
-        raise ValueError(f"{where}: no public record to rewrite: it needs a line {RECORD_BEGIN!r}, then the table, "
-                         f"then a line {RECORD_END!r}")
-    return before + begin + record_markdown(profiles) + "\n" + after[end_at:]
+    return with_table(text, where, "public record", RECORD_BEGIN, RECORD_END, record_markdown(profiles))

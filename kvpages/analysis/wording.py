@@ -87,7 +87,7 @@ def verdict_text(verdict: str, stability: str) -> str:
 
 def profile_name(profile: LinkProfile, run_id: str = "") -> str:
     """How a prediction names its profile; `run_id`: the run priced, so a profile fitted from it says *in-sample*."""
-    own = " (in-sample: fitted from this run)" if run_id and profile.in_sample(run_id) else ""
+    own = in_sample(profile, run_id)
     if profile.origin != "built-in":
         return f"{profile.label} ({'fitted' if profile.fitted else 'your'} profile {profile.name}){own}"
     return f"{profile.label}{' (what-if)' if profile.pinned else ''}{own}"
@@ -100,13 +100,23 @@ def bounded(p: Prediction) -> str:
     return f"{sig(p.ratio)} [{sig(p.low)} if {p.low_by}, {sig(p.high)} if {p.high_by}]"
 
 
+def span(p: Prediction) -> str:
+    """'1.48 [1.28-1.89]': a predicted ratio and its range at the terms' bounds."""
+    return f"{sig(p.ratio)} [{sig(p.low)}-{sig(p.high)}]"
+
+
+def in_sample(profile: LinkProfile, run_id: str) -> str:
+    """' (in-sample: fitted from this run)' where `profile` was fitted from run `run_id`, else ''."""
+    return " (in-sample: fitted from this run)" if run_id and profile.in_sample(run_id) else ""
+
+
 def predicted_figure(predictions: tuple[Prediction, ...], run_id: str = "") -> str:
     """'model: pcie5_pageable 1.48 [1.28-1.89]; nvlink_c2c 1.27 [1.1-1.6]; ...': each profile's predicted ratio and
     its range at the terms' bounds, by the profile's name (its label, and the variation at each end: the appendix)."""
     def one(p: Prediction) -> str:
         what = p.profile.name + (" (what-if)" if p.profile.pinned else "")
         what += " (in-sample)" if run_id and p.profile.in_sample(run_id) else ""
-        return f"{what} {sig(p.ratio)} [{sig(p.low)}-{sig(p.high)}]"
+        return f"{what} {span(p)}"
 
     return "model: " + "; ".join(one(p) for p in predictions) if predictions else "not priced here"
 

@@ -87,3 +87,13 @@ def check_folder(flag: str, path: Path) -> None:
     """A folder a command writes under: made if missing; a UserError where a file stands."""
     if path.exists() and not path.is_dir():
         raise UserError(f"{flag} {path}: a file, not a folder; give a folder (made if missing)")
+
+
+def with_table(text: str, where: str, what: str, begin: str, end: str, table: str) -> str:
+    """`text` (a docs page, `where` in errors) with `table` between its line `begin` and its `end` (`what`: the table,
+    as an error names it)."""
+    head, found, rest = text.partition(begin + "\n")
+    _, closed, tail = rest.partition(end)
+    if not found or not closed:
+        raise ValueError(f"{where}: no {what} to rewrite: it needs a line {begin!r}, then the table, then a line {end!r}")
+    return f"{head}{found}{table}\n{closed}{tail}"

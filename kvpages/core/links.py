@@ -161,18 +161,6 @@ def variations(profile: LinkProfile) -> tuple[Variation, ...]:
     return tuple(out)
 
 
-def bounds_text(profile: LinkProfile) -> str:
-    """How far the bounds move the terms: '0.5-2x' for assumed terms, 'their fitted intervals' where fitted."""
-    keys = varied(profile)
-    fitted = [SHORT[k] for k in keys if profile.term(k).fitted]
-    scaled = f"{SCALES[0]:g}-{SCALES[1]:g}x"
-    if not fitted:
-        return f"every term within {scaled}"
-    if len(fitted) == len(keys):
-        return "every term within its fitted interval"
-    return f"{', '.join(fitted)} within their fitted intervals, the rest within {scaled}"
-
-
 PREDICTION_PROFILES = ("pcie5_pageable", "nvlink_c2c", "pcie5_pinned", "h200_measured_pageable")
 """The built-in profiles a CPU run's findings predict on: `.cpu()` copies into pageable memory, so pre-PR and the merged
 PR are priced on the pageable PCIe Gen5 link and on GH200's C2C, from public figures; the pinned profile is a labelled

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvpages.core.adaptive import DEFAULT_THRESHOLD
 from kvpages.core.affinity import CPU_CHOICES, parse_cpus
-from kvpages.core.checks import check_choice, check_folder, parse_choices, parse_positive_ints, split_csv
+from kvpages.core.checks import check_choice, check_folder, parse_choices, parse_positive_ints, split_csv, with_table
 from kvpages.core.names import BASELINE
 from kvpages.core.payloads import DEFAULT_PAYLOADS, DEFAULT_SWA_WINDOW, PAYLOAD_PRESETS
 from kvpages.core.presets import PRESETS, Preset, get_preset
@@ -116,7 +116,8 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("--kv-preset", "preset", f"named sweep: {', '.join(PRESETS)} (default: default)", _choice(tuple(PRESETS), "preset")),
+    Option("--kv-preset", "preset", "named sweep: " + "; ".join(f"{p.name} ({p.purpose})" for p in PRESETS.values())
+           + " (default: default)", _choice(tuple(PRESETS), "preset")),
     Option("--kv-seq-lens", "seq_lens", *_ints("comma-separated sequence lengths", "2048,8192", " (overrides the preset)")),
     Option("--kv-page-sizes", "page_sizes", *_ints("comma-separated page sizes", "1,64", " (overrides the preset)")),
     Option("--kv-dtypes", "dtypes", f"comma-separated index dtypes from {', '.join(DTYPES)} (overrides the preset)",
@@ -211,12 +212,7 @@ def options_markdown() -> str:
 
 def with_options_table(text: str, where: str) -> str:
     """`text` (a docs page, `where` in errors) with the table between OPTIONS_BEGIN and OPTIONS_END rewritten."""
-    head, begin, rest = text.partition(OPTIONS_BEGIN + "\n")
-    _, end, tail = rest.partition(OPTIONS_END)
-    if not begin or not end:
-        raise ValueError(f"{where}: no options table to rewrite: it needs a line {OPTIONS_BEGIN!r}, then the table, "
-                         f"then a line {OPTIONS_END!r}")
-    return f"{head}{begin}{options_markdown()}\n{end}{tail}"
+    return with_table(text, where, "options table", OPTIONS_BEGIN, OPTIONS_END, options_markdown())
 
 
 BY_HAND = ("request_lens", "chunk_size", "prefix", "step_sizes", "step_lens", "busy_us")

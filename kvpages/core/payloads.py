@@ -154,11 +154,7 @@ class Strategy:
     said: str  # how a finding names it
     copies: str
     on_device: bool
-    summary: str
     staged: bool = False
-
-    def copies_of(self, calls: int, sends: int) -> int:
-        return {PER_CALL: calls, PER_SEND: sends, PER_STEP: 1}[self.copies]
 
     def device_ops(self, calls: int, sends: int, translations: int, dtype: str) -> int:
         """The device ops the meter must count: a strided divide per call (on the device), a gather per D2H of several
@@ -168,14 +164,11 @@ class Strategy:
 
 
 STRATEGIES = {s.name: s for s in (
-    Strategy(STEP_BASELINE, "pre-PR per payload", PER_CALL, False,
-             "every token index of each payload to the host (SGLang <= 0.5.15)"),
-    Strategy(STEP_CANDIDATE, "per payload", PER_CALL, True, "a conversion, D2H and host sync per payload (SGLang today)"),
-    Strategy(GATHERED, "per request", PER_SEND, True, "a send's payloads gathered into one device buffer: one D2H per "
-             "request"),
-    Strategy(BATCHED, "batched", PER_STEP, True, "every payload of every request in one D2H"),
-    Strategy(STAGED, "staged", PER_STEP, True, "staged on a side stream, read by the transfer worker: no host sync on "
-             "the scheduler thread", staged=True),
+    Strategy(STEP_BASELINE, "pre-PR per payload", PER_CALL, False),  # every token index of each payload to the host
+    Strategy(STEP_CANDIDATE, "per payload", PER_CALL, True),  # a conversion, D2H and host sync per payload (SGLang today)
+    Strategy(GATHERED, "per request", PER_SEND, True),  # a send's payloads gathered into one device buffer
+    Strategy(BATCHED, "batched", PER_STEP, True),  # every payload of every request in one D2H
+    Strategy(STAGED, "staged", PER_STEP, True, staged=True),  # on a side stream, read by the transfer worker
 )}
 PAYLOADS_ONLY = (GATHERED, STAGED)
 """The strategies timed on a scenario of several payloads only (on one payload each is another's twin)."""

@@ -52,13 +52,13 @@ PRESETS: dict[str, Preset] = {preset.name: preset for preset in (
     Preset(Sweep("quick", seq_lens=(512, 8192), page_sizes=(1, 64), time_budget_s=0.06, repetitions=6, passes=6),
            (RequestScenario(32768, 8192, "prefill", page_size=64), StepScenario(8, MIXED_LENGTHS, page_size=64),
             StepScenario(8, MIXED_LENGTHS, page_size=64, busy_us=BUSY_US)),
-           0.03, "seconds; what CI and the GPU check run"),
+           0.03, "seconds: what CI and the GPU check run"),
     # 0.4 s per (variant, point) over its 6 processes, as before re-measurement (whose first round runs in a spare
     # started with the planned workers, and a later one only when it times more than a start costs); at most 2000
     # rounds a block (a short call's 12 ms: its median is settled long before, and samples.csv stays ~2.6 MB)
     Preset(Sweep("default", seq_lens=_DEFAULT_SEQ_LENS, page_sizes=(1, 16, 64, 128), time_budget_s=0.4,
                  processes=DEFAULT_PROCESSES, repetitions=DEFAULT_REPETITIONS, passes=1, max_rounds=2000),
-           _DEFAULT_SCENARIOS, 0.10, "`make bench`"),
+           _DEFAULT_SCENARIOS, 0.10, "`make bench`: about a minute on two CPU cores"),
     # 1M and 2M tokens: the longest contexts served today; a point that does not fit is skipped (out of memory)
     Preset(Sweep("full", seq_lens=_DEFAULT_SEQ_LENS + (1048576, 2097152), page_sizes=(1, 16, 32, 64, 128, 256),
                  dtypes=DTYPES, time_budget_s=0.5, processes=DEFAULT_PROCESSES, repetitions=DEFAULT_REPETITIONS, passes=1),
@@ -66,7 +66,7 @@ PRESETS: dict[str, Preset] = {preset.name: preset for preset in (
            "every page size, both dtypes, up to 2M tokens, every payload preset"),
     Preset(Sweep("ranks", seq_lens=(8192,), page_sizes=(1, 64), time_budget_s=0.05, processes=1, repetitions=12, passes=1),
            scenarios_from((1, 64), ("int32",), step_sizes=(8, 32, 128)), 0.1,
-           "the steps under torchrun: every rank at once against rank 0 alone (docs/guide.md: many ranks)"),
+           "the steps under torchrun: every rank at once against each alone"),
 )}
 
 

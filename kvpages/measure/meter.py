@@ -31,7 +31,6 @@ class Transfer:
     nbytes: int
     crossed_link: bool  # the source lived on an accelerator
     pinned: bool  # the destination is pinned (page-locked) host memory
-    blocking: bool = True  # the calling thread waits for it (all but a non_blocking=True copy)
 
 
 @dataclass(frozen=True)
@@ -193,7 +192,7 @@ class D2HMeter(TorchFunctionMode):
     def _record(self, op: str, src: torch.Tensor, dst: torch.Tensor | None, non_blocking: bool = False) -> None:
         crossed = src.device.type != "cpu"
         pinned = bool(crossed and dst is not None and dst.is_pinned())
-        self.transfers.append(Transfer(op, src.numel() * src.element_size(), crossed, pinned, not non_blocking))
+        self.transfers.append(Transfer(op, src.numel() * src.element_size(), crossed, pinned))
         if not non_blocking and self.count is not None:
             self.count.add()
 

@@ -6,7 +6,7 @@ from kvpages.analysis.cite import fraction, sig
 from kvpages.analysis.families import records
 from kvpages.analysis.predict import fitted_check, row_call, with_link_model
 from kvpages.analysis.ratios import Analysis, variant_order
-from kvpages.analysis.wording import verdict_text
+from kvpages.analysis.wording import in_sample, verdict_text
 from kvpages.core.links import profile_for
 from kvpages.core.names import CANDIDATE, called, label
 from kvpages.render.text import ci_text, count, coverage, interval_cell, table
@@ -86,7 +86,7 @@ def _fitted_at_page_one(analysis: Analysis) -> str:
     check = fitted_check(analysis, CANDIDATE)
     if check is None:
         return ""
-    own = " (in-sample: fitted from this run)" if check.profile.in_sample(analysis.run.run_id) else ""
+    own = in_sample(check.profile, analysis.run.run_id)
     rows = [[f"`{r.id}`", f"{sig(r.ratio)} {ci_text(r)}", sig(p.ratio), f"{100 * (p.ratio / r.ratio - 1):+.2f}%"]
             for r, p in check.rows]
     header = ["ratios.csv id", f"measured [{coverage(analysis)}]", f"{check.profile.name} predicts", "predicted / measured - 1"]

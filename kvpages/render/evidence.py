@@ -6,10 +6,10 @@ from __future__ import annotations
 from kvpages.analysis.cite import fraction, sig
 from kvpages.analysis.findings import findings
 from kvpages.analysis.gpu_answer import GpuAnswer
-from kvpages.analysis.predict import Prediction, crossover, point_predictions, scenario_predictions
+from kvpages.analysis.predict import crossover, point_predictions, scenario_predictions
 from kvpages.analysis.ratios import Analysis
 from kvpages.analysis.recommend import BATCHED
-from kvpages.analysis.wording import bounded, profile_name, verdict_text
+from kvpages.analysis.wording import bounded, profile_name, span, verdict_text
 from kvpages.core.links import ASSUMED, HOST_WORK, SCALES, TERM_KEYS, Term
 from kvpages.core.names import CANDIDATE, STEP_CANDIDATE, called
 from kvpages.core.payloads import DEFAULT_PAYLOADS
@@ -23,10 +23,6 @@ def _predicted_header(analysis: Analysis) -> list[str]:
     return [f"model: {profile_name(p)} [range at the bounds]" for p in analysis.predicting]
 
 
-def _span(p: Prediction) -> str:
-    return f"{sig(p.ratio)} [{sig(p.low)}-{sig(p.high)}]"
-
-
 def per_call_table(analysis: Analysis) -> str:
     """The merged PR against pre-PR per call, at the shortest and longest length of each page size."""
     ratios = analysis.ratios_of(CANDIDATE)
@@ -35,7 +31,7 @@ def per_call_table(analysis: Analysis) -> str:
         at = [x.seq_len for x in ratios if x.page_size == r.page_size]
         if r.seq_len not in (min(at), max(at)):
             continue
-        predicted = [] if analysis.run.link_crossed else [_span(p) for p in point_predictions(analysis, r)]
+        predicted = [] if analysis.run.link_crossed else [span(p) for p in point_predictions(analysis, r)]
         rows.append([r.page_size, r.seq_len, fraction(r.bytes_ratio), sig(r.baseline_median_us), sig(r.variant_median_us),
                      f"{sig(r.ratio)} {ci_text(r)} {verdict_text(r.verdict, r.stability)}", *predicted, f"`{r.id}`"])
     word = time_label(analysis, "µs")
@@ -76,7 +72,7 @@ def scenario_table(analysis: Analysis) -> str:
         if r is None:
             continue
         size = f"L={row['tokens']}" if row["kind"] == "request" else f"B={row['requests']}"
-        predicted = [] if analysis.run.link_crossed else [_span(p) for p in scenario_predictions(analysis, r)]
+        predicted = [] if analysis.run.link_crossed else [span(p) for p in scenario_predictions(analysis, r)]
         rows.append([f"{row['kind']} {row['side']}", size, row["variant"], count(row["d2h_bytes"]), row["d2h_transfers"],
                      sig(r.baseline_us), sig(r.variant_us), interval_cell(r.interval, r.verdict, r.stability), *predicted])
     word = time_label(analysis, "µs")

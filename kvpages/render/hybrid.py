@@ -8,7 +8,7 @@ from kvpages.analysis.cite import interval_text, sig
 from kvpages.analysis.families import Record, records, scenario_estimate
 from kvpages.analysis.hybrid import TODAY, strategy_predictions
 from kvpages.analysis.ratios import Analysis
-from kvpages.analysis.wording import profile_name
+from kvpages.analysis.wording import profile_name, span
 from kvpages.core.payloads import DEFAULT_PAYLOADS, STRATEGIES
 from kvpages.render.captions import time_label
 from kvpages.render.text import count, table
@@ -24,7 +24,7 @@ def _against(analysis: Analysis, row: Record, today: Record | None) -> list[str]
     if today is None or row["busy_us"] or row["variant"] == TODAY:
         return ["-" if today is None or row["busy_us"] else "1"] * len(analysis.predicting)
     priced = strategy_predictions(analysis, row, today)
-    return [f"{sig(p.ratio)} [{sig(p.low)}-{sig(p.high)}]" for p in priced] or ["not priced"] * len(analysis.predicting)
+    return [span(p) for p in priced] or ["not priced"] * len(analysis.predicting)
 
 
 def hybrid_table(analysis: Analysis) -> str:

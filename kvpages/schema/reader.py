@@ -140,11 +140,6 @@ class Run:
     def baseline(self) -> str:
         return self.meta.baseline if self.meta else BASELINE
 
-    def remeasure_points(self, which: str) -> frozenset[str]:
-        """meta.json's re-measured (`which` = 'remeasured') or still `unstable` point ids; none in a run without."""
-        found = None if self.meta is None else self.meta.remeasure
-        return frozenset(() if found is None else getattr(found, which))
-
     @property
     def process_count(self) -> int:
         return max(1, len(self.meta.processes)) if self.meta else 1

@@ -261,8 +261,9 @@ class RankSampleSet(StepBlock):
 @dataclass(frozen=True)
 class RankRow(_Status):
     """A (scenario, step variant) of a multi-rank run as one rank, or the whole step, saw it, at once or alone (`role`:
-    kvpages.schema.ranks.ROLES; `rank` empty for the step's); latencies as ScenarioRow's, per step; the step's bytes
-    summed over the ranks; `skew_median_us`: RankSampleSet's, empty when the ranks span hosts (no common clock)."""
+    rank, alone, step or alone_max, kvpages.schema.ranks; `rank` empty for the step's); latencies as ScenarioRow's,
+    per step; the step's bytes summed over the ranks; `skew_median_us`: RankSampleSet's, empty when the ranks span
+    hosts (no common clock)."""
 
     scenario: str
     variant: str
