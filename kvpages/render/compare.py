@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from kvpages.analysis.cite import coverage_text, percent, sig
 from kvpages.analysis.compare import ABSOLUTE, RELATIVE, Family, PointComparison, RunComparison
 from kvpages.analysis.verdicts import FASTER, SLOWER
-from kvpages.render.text import table
+from kvpages.render.text import bracket, table
 from kvpages.schema.compare import (
     COMPARE_SCHEMA_VERSION,
     ComparedPoint,
@@ -72,11 +72,6 @@ class Compared:
                 f"{self.result.processes[1]} processes)")
 
 
-def _interval_text(p: PointComparison) -> str:
-    i = p.interval
-    return f"[{sig(i.ci_low)}, {sig(i.ci_high)}]" if i.known else "[n/a]"
-
-
 def _header(points: list[PointComparison]) -> str:
     known = [p.interval for p in points if p.interval.known]
     return f"{coverage_text(known[0].confidence)} CI" if known else "CI"
@@ -93,7 +88,7 @@ def text(c: Compared) -> str:
         for p in family.points:
             variant, dtype, layout, seq_len, page_size = p.key
             lines.append(f"{variant:<24} {dtype:<6} {layout:<11} {seq_len:>8} {page_size:>5} {sig(p.a_value):>10} "
-                         f"{sig(p.b_value):>10} {sig(p.interval.ratio):>7}  {_interval_text(p):<17} {p.verdict}")
+                         f"{sig(p.b_value):>10} {sig(p.interval.ratio):>7}  {bracket(p.interval):<17} {p.verdict}")
     for label, keys in (("only in A", c.result.only_a), ("only in B", c.result.only_b)):
         lines += [f"{label}: {' '.join(str(k) for k in key)}" for key in keys]
     lines += [f"{name}: {c.judged_line(family)}" for name, family in c.families().items()]
@@ -114,7 +109,7 @@ def markdown(c: Compared) -> str:
         return table(["variant", "dtype", "layout", "seq_len", "page size", f"A {unit}", f"B {unit}", "B/A",
                       _header(family.points), "verdict"],
                      [[f"`{p.key[0]}`", *p.key[1:], sig(p.a_value), sig(p.b_value), sig(p.interval.ratio),
-                       _interval_text(p), verdict(p)] for p in family.points])
+                       bracket(p.interval), verdict(p)] for p in family.points])
 
     gate = c.gate_line()
     parts = [f"### kvpages compare: B `{c.b.run_id}` against A `{c.a.run_id}`",

@@ -40,10 +40,14 @@ def ci_text(r: RatioRow | ContentionRow | Interval) -> str:
     return f"[{sig(r.ci_low)}, {sig(r.ci_high)}]"
 
 
+def bracket(i: Interval) -> str:
+    """'[1.10, 1.30]', or '[n/a]' where there is no interval."""
+    return f"[{sig(i.ci_low)}, {sig(i.ci_high)}]" if i.known else "[n/a]"
+
+
 def interval_cell(i: Interval, verdict: str, stability: str) -> str:
-    """A ratio in one table cell: '1.23 [1.10, 1.30] slower' ('[n/a]' where there is no interval; `verdict_text`)."""
-    ci = f"[{sig(i.ci_low)}, {sig(i.ci_high)}]" if i.known else "[n/a]"
-    return f"{sig(i.ratio)} {ci} {verdict_text(verdict, stability)}"
+    """A ratio in one table cell: '1.23 [1.10, 1.30] slower' (`bracket`; `verdict_text`)."""
+    return f"{sig(i.ratio)} {bracket(i)} {verdict_text(verdict, stability)}"
 
 
 def coverage(analysis: Analysis) -> str:
