@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -129,9 +130,12 @@ def test_the_synchronize_runs_after_each_profiled_call_outside_its_range():
     ranges = [e for e in events if CALL_MARK in str(e["name"]) and str(e["name"]).startswith("kvpages:")]
     syncs = [e for e in events if e["name"] == "probe:sync"]
     assert len(ranges) == len(cases) * CALLS * PASSES and len(syncs) >= len(ranges)
-    for r in ranges:
+    ranges = sorted(ranges, key=lambda e: float(e["ts"]))
+    for r, following in zip(ranges, [*ranges[1:], None], strict=True):
         start, end = float(r["ts"]), float(r["ts"]) + float(r["dur"])
         assert not [s for s in syncs if start <= float(s["ts"]) < end], f"a synchronize inside {r['name']}"
+        before = math.inf if following is None else float(following["ts"])  # after this call, before the next
+        assert [s for s in syncs if end <= float(s["ts"]) < before], f"no synchronize after {r['name']}"
 
 
 def test_a_trace_without_a_case_is_an_error():

@@ -198,6 +198,7 @@ def test_a_folder_that_cannot_be_written_keeps_nothing_and_the_command_works(tmp
     run = synthetic_run(tmp_path / "run", MEDIANS)
     code, out, _ = run_cli("summary", str(run))
     assert code == 0 and "page_size=64" in out
+    assert blocked.read_text() == "not a folder" and sorted(tmp_path.iterdir()) == sorted([blocked, run])  # kept: none
 
 
 def test_a_report_keeps_what_it_made_and_another_gpu_answer_in_its_place_is_answered_afresh(tmp_path, kept,

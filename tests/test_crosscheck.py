@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 
@@ -234,7 +235,9 @@ def test_a_sweep_with_the_crosscheck_on_runs_it_in_its_own_process(pytester):
     assert run.meta.crosscheck == "on (own process)" and run.meta.timing and run.meta.timing.crosscheck_s > 0
     assert_phases_add_up(run.meta)
     assert (run.rows["note"] == "").all()
-    assert (folder / "crosscheck_trace.json.gz").stat().st_size > 0
+    events = json.loads(gzip.decompress((folder / "crosscheck_trace.json.gz").read_bytes()))["traceEvents"]
+    profiled = {e["pid"] for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"}
+    assert profiled and os.getpid() not in profiled  # the calls were profiled in another process than the session's
 
 
 UNUSABLE_PROFILER = '''

@@ -277,13 +277,16 @@ def scenario_run(folder: Path, busy_status: str, busy_measured_us: float | None 
 
 def test_the_busy_queue_chart_shows_blocked_against_ready_per_variant(tmp_path):
     run = load_run(scenario_run(tmp_path / "run", "ok"))
-    written = plot_run(analyze(run))
+    written = plot_run(analyze(run), ("png", "svg"))
     busy = run.path / "scenario_busy.png"
     assert busy in written and busy.stat().st_size > 0
     assert run.path / "scenario_steps.png" in written  # the quiet step keeps its own chart
     rows = run.scenarios[run.scenarios["busy_us"] > 0]
-    measured = "busy_measured_us" in {f.name for f in dataclasses.fields(ScenarioRow)}
-    assert _busy_reference(rows) == ((512.0, "measured busy queue") if measured else (500.0, "nominal busy queue"))
+    assert _busy_reference(rows) == (512.0, "measured busy queue")
+    drawn = (run.path / "scenario_busy.svg").read_text()  # each text of the chart as a comment of its own
+    for _, row in rows.iterrows():  # each variant's blocked and ready bars carry their medians
+        assert all(f"<!-- {row[f'{what}_median_us']:.0f} -->" in drawn for what in ("blocked", "ready")), row["variant"]
+    assert "<!-- measured busy queue (512 µs) -->" in drawn
 
 
 def test_without_a_measured_busy_time_the_reference_line_is_the_nominal_one(tmp_path):

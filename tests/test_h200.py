@@ -13,6 +13,7 @@ from conftest import REPO
 from kvpages.analysis.cite import sig
 from kvpages.analysis.ratios import analyze
 from kvpages.analysis.verdicts import FASTER, SLOWER
+from kvpages.analysis.wording import left_out_parts, profile_name
 from kvpages.core.names import BASELINE, CANDIDATE
 from kvpages.render.report import render, render_appendix, report_files
 from kvpages.schema.reader import load_run
@@ -86,13 +87,23 @@ def test_a_crossover_says_how_finely_the_swept_lengths_place_it(h200):
 
 
 def test_every_printed_time_is_every_process_mean_or_the_report_names_the_process_left_out(h200):
+    """Each printed time is the geometric mean of the block medians of every process its pair keeps: all of them, or
+    all but those `left_out` names, which the report then names beside the row's id."""
     run, text = h200.run, render(h200) + render_appendix(h200)
+    left = 0
     for r in h200.ratios_of(CANDIDATE):
+        out = {int(process) for process, _ in left_out_parts(r.left_out)}
+        left += bool(out)
         for variant, printed in ((CANDIDATE, r.variant_median_us), (BASELINE, r.baseline_median_us)):
-            blocks = run.samples[(variant, r.dtype, r.layout, r.seq_len, r.page_size)]
-            every = math.exp(np.mean(np.log([np.median(b) for b in blocks])))
-            if abs(printed / every - 1) > 0.05:
-                assert r.left_out and f"`{r.id}`" in text and r.left_out in text, (r.id, printed, every)
+            key = (variant, r.dtype, r.layout, r.seq_len, r.page_size)
+            blocks = run.samples[key]
+            kept = [np.median(b) for b, p in zip(blocks, run.block_processes(key, len(blocks)), strict=True)
+                    if int(p) not in out]
+            assert len(kept) < len(blocks) if out else len(kept) == len(blocks) == 6, r.id
+            assert printed == pytest.approx(math.exp(np.mean(np.log(kept))), rel=1e-12), (r.id, variant)
+        if out:
+            assert f"`{r.id}`" in text and r.left_out in text, r.id
+    assert left, "no pair of the H200 run leaves a process out: the naming is unchecked"
 
 
 def test_the_fitted_profile_prices_page_size_1_within_25_percent_of_the_measured_ratio_and_the_chart_shows_both(h200,
@@ -119,8 +130,11 @@ def test_the_fitted_profile_prices_page_size_1_within_25_percent_of_the_measured
     assert f"within {bound:.1f}% of the measured" in check
     from kvpages.render.plots import plot_run
 
-    [chart] = [c for c in plot_run(h200, out_dir=tmp_path) if c.name.startswith("link_model")]  # not into results/
-    assert chart.stat().st_size > 0  # its panels: each profile's prediction and the measured ratio with its interval
+    [chart] = [c for c in plot_run(h200, ("svg",), out_dir=tmp_path) if c.name.startswith("link_model")]  # not results/
+    drawn = chart.read_text()  # each text of the chart as a comment of its own: every profile's line and the measured
+    labels = [profile_name(p, h200.run.run_id) for p in h200.predicting] + ["measured here [95% interval]"]
+    assert all(f"<!-- {label} -->" in drawn for label in labels), labels
+    assert "<!-- NVIDIA H200, pageable (fitted) (in-sample: fitted from this run) -->" in drawn
 
 
 def test_what_to_do_has_four_recommendations_each_citable(h200, capsys):

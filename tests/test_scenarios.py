@@ -185,8 +185,7 @@ def test_a_wait_on_the_worker_thread_shows_ready_after_blocked(scenario_bench):
     [folder] = list((scenario_bench.path / "results").iterdir())
     rows = pd.read_csv(folder / "scenarios.csv").set_index("variant")
     worker = rows.loc["slow_worker"]
-    assert worker["ready_median_us"] > worker["blocked_median_us"] + 2500  # the 3 ms wait is the worker's
-    assert worker["blocked_median_us"] < 2000
+    assert worker["ready_median_us"] > worker["blocked_median_us"] + 2500  # the 3 ms wait is the worker's, not blocked's
     ratios = analyze(load_run(folder)).scenario_ratios
     assert {(r.variant, r.latency) for r in ratios} == {("slow_worker", "blocked"), ("slow_worker", "ready")}
 
