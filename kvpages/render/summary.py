@@ -30,7 +30,7 @@ def scenario_summary(analysis: Analysis) -> list[str]:
             table.to_string(index=False)]
 
 
-def _kept(left_out: str) -> set[str]:
+def _left_out(left_out: str) -> set[str]:
     """The processes a pair leaves out of its centre (ratios.csv's `left_out`: '5 (0.779x)', '4 (...); 5 (...)')."""
     return {process for process, _ in left_out_parts(left_out)}
 
@@ -65,9 +65,9 @@ def summary_text(analysis: Analysis) -> str:
             r = analysis.ratio_at(v, dtype, layout, page_size, s)
             cells.append("1" if v == analysis.baseline else (interval_cell(interval_of(r), r.verdict, r.stability) if r else ""))
             merged = analysis.ratio_at(CANDIDATE, dtype, layout, page_size, s)
-            if r and v != CANDIDATE and _kept(r.left_out) != _kept(merged.left_out if merged else ""):
-                apart.append(f"{v} at L={s} ({_kept_text(r.left_out)}; the merged PR's pair "
-                             f"{_kept_text(merged.left_out if merged else '')})")
+            merged_out = merged.left_out if merged else ""
+            if r and v != CANDIDATE and _left_out(r.left_out) != _left_out(merged_out):
+                apart.append(f"{v} at L={s} ({_kept_text(r.left_out)}; the merged PR's pair {_kept_text(merged_out)})")
         table[f"vs_{analysis.baseline} [{coverage(analysis)}]"] = cells
         table = table.sort_values(["seq_len", "variant"], key=variant_order)
         lines.append(f"\npage_size={page_size} ({dtype}, {layout})")

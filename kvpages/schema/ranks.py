@@ -10,9 +10,9 @@ CONTENTION_CSV = "contention.csv"
 
 RANK, ALONE, STEP, ALONE_MAX = "rank", "alone", "step", "alone_max"
 """The roles of a block. rank: one rank's calls when every rank converts at once; alone: one rank's calls while the
-others wait at the barrier; step: per cycle, the maximum over the ranks at once (what the scheduler step waits for); alone_max: per
-cycle, the maximum over the ranks of their alone calls (the step the ranks would make if they did not slow each
-other down). The k-th value of every role's block is the k-th cycle's."""
+others wait at the barrier; step: per cycle, the maximum over the ranks at once (what the scheduler step waits for);
+alone_max: per cycle, the maximum over the ranks of their alone calls (the step the ranks would make if they did not
+slow each other down). The k-th value of every role's block is the k-th cycle's."""
 
 
 @dataclass(frozen=True)
